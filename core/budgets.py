@@ -1,0 +1,181 @@
+"""Budgets: ids that are paths of scopes, limits per period, and the period windows.
+
+A budget id is a path of scopes, `org:acme/team:search/key:k1`. A call is checked against every
+budget on its path that exists (and its run budget), so the path is also the unit of sharding:
+the top scope is the Redis hash tag of every key one call touches.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from functools import lru_cache
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from core.errors import InvalidRequest, InvariantBroken
+from core.limits import BUDGET_ID_LEN_MAX, CEILING_MICROS_MAX, SCOPES_MAX
+
+# ASCII only, and none of the characters the key layout or a hash tag gives meaning to:
+# '{' '}' (hash tags), '|' and ' ' (separators inside a reservation), '/' and ':' (the path).
+_SCOPE = re.compile(r"[a-z][a-z0-9_-]{0,31}:[A-Za-z0-9._-]{1,64}")
+_TZ = re.compile(r"[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*")
+RUN_SCOPE_KIND = "run"
+
+
+class Period(StrEnum):
+    DAY = "day"
+    MONTH = "month"
+    TOTAL = "total"
+
+
+@dataclass(frozen=True, order=True)
+class BudgetId:
+    path: str
+
+    @classmethod
+    def parse(cls, raw: object) -> BudgetId:
+        if not isinstance(raw, str) or not raw or len(raw) > BUDGET_ID_LEN_MAX:
+            raise InvalidRequest("budget_id must be 1 to 256 characters", field="budget_id")
+        scopes = raw.split("/")
+        if len(scopes) > SCOPES_MAX or not all(_SCOPE.fullmatch(s) for s in scopes):
+            raise InvalidRequest(
+                "budget_id must be a path of up to 8 scopes 'kind:name' (kind a-z0-9_-, "
+                "name A-Za-z0-9._-), such as 'org:acme/team:search'",
+                field="budget_id",
+            )
+        return cls(raw)
+
+    @property
+    def tag(self) -> str:
+        """The top scope: the hash tag that keeps one call's keys in one cluster slot."""
+        return self.path.split("/", 1)[0]
+
+    def lineage(self) -> tuple[BudgetId, ...]:
+        """This budget and its ancestors, top scope first."""
+        scopes = self.path.split("/")
+        return tuple(BudgetId("/".join(scopes[: i + 1])) for i in range(len(scopes)))
+
+    def run(self, run_id: str) -> BudgetId:
+        """The budget of one agent run made under this budget."""
+        return BudgetId.parse(f"{self.path}/{RUN_SCOPE_KIND}:{run_id}")
+
+    def covers(self, other: BudgetId) -> bool:
+        return other.path == self.path or other.path.startswith(self.path + "/")
+
+    def __str__(self) -> str:
+        return self.path
+
+
+@dataclass(frozen=True)
+class Limit:
+    period: Period
+    ceiling_micros: int
+
+
+@dataclass(frozen=True)
+class BudgetDef:
+    budget_id: BudgetId
+    limits: tuple[Limit, ...]
+    timezone: str = "UTC"
+    outage_allowance_micros: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.limits:
+            raise InvalidRequest("a budget needs at least one limit", field="limits")
+        if len({lim.period for lim in self.limits}) != len(self.limits):
+            raise InvalidRequest("one limit per period", field="limits")
+        for lim in self.limits:
+            check_micros(lim.ceiling_micros, "ceiling_micros", CEILING_MICROS_MAX, minimum=0)
+        check_micros(
+            self.outage_allowance_micros, "outage_allowance_micros", CEILING_MICROS_MAX, minimum=0
+        )
+        check_timezone(self.timezone)
+
+
+def check_micros(value: object, field: str, maximum: int, *, minimum: int = 1) -> int:
+    """An integer amount in [minimum, maximum]; bools and floats are refused, not coerced."""
+    if type(value) is not int or not minimum <= value <= maximum:
+        raise InvalidRequest(
+            f"{field} must be an integer from {minimum} to {maximum}", field=field
+        )
+    return value
+
+
+def check_timezone(name: str) -> ZoneInfo:
+    if not _TZ.fullmatch(name) or len(name) > 64:
+        raise InvalidRequest(f"unknown timezone {name!r}", field="timezone")
+    try:
+        return _zone(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise InvalidRequest(f"unknown timezone {name!r}", field="timezone") from exc
+
+
+@lru_cache(maxsize=256)
+def _zone(name: str) -> ZoneInfo:
+    return ZoneInfo(name)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One calendar period in one time zone, as UTC milliseconds [start_ms, end_ms)."""
+
+    key: str
+    start_ms: int
+    end_ms: int
+
+    @property
+    def period(self) -> Period:
+        return Period(self.key.split(":", 1)[0])
+
+
+def period_of(window_key: str) -> Period:
+    return Period(window_key.split(":", 1)[0])
+
+
+def _ms(dt: datetime) -> int:
+    return int(dt.timestamp() * 1000)
+
+
+def _month_start(year: int, month: int, zone: ZoneInfo) -> datetime:
+    year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
+    return datetime(year, month, 1, tzinfo=zone)
+
+
+@lru_cache(maxsize=4096)
+def _windows_for_day(tz: str, year: int, month: int, day: int) -> tuple[Window, ...]:
+    zone = _zone(tz)
+    out: list[Window] = []
+    base = datetime(year, month, day)
+    for shift in (-1, 0, 1):
+        d = base + timedelta(days=shift)
+        start = datetime(d.year, d.month, d.day, tzinfo=zone)
+        nxt = d + timedelta(days=1)
+        end = datetime(nxt.year, nxt.month, nxt.day, tzinfo=zone)
+        out.append(Window(f"day:{d:%Y-%m-%d}", _ms(start), _ms(end)))
+    for shift in (-1, 0, 1):
+        start = _month_start(year, month + shift, zone)
+        end = _month_start(year, month + shift + 1, zone)
+        out.append(Window(f"month:{start:%Y-%m}", _ms(start), _ms(end)))
+    return tuple(out)
+
+
+def windows_around(tz: str, now_ms: int) -> tuple[Window, ...]:
+    """Day and month windows before, at and after `now_ms` in `tz`.
+
+    The ledger picks the one that holds its own time, so a caller whose clock is off by less
+    than a day still names the right window.
+    """
+    local = datetime.fromtimestamp(now_ms / 1000, tz=_zone(tz))
+    return _windows_for_day(tz, local.year, local.month, local.day)
+
+
+def window_at(tz: str, period: Period, now_ms: int) -> Window | None:
+    """The window of `period` holding `now_ms`; None for `total`, which never resets."""
+    if period is Period.TOTAL:
+        return None
+    for w in windows_around(tz, now_ms):
+        if w.period is period and w.start_ms <= now_ms < w.end_ms:
+            return w
+    raise InvariantBroken("windows_around always holds now_ms")

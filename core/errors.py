@@ -1,0 +1,98 @@
+"""The one error tree of spend-ceiling.
+
+    CeilingError                    root of every error raised on purpose
+    +-- InvalidRequest              bad input; nothing was reserved or written
+    +-- ModelUnpriced               no price for the model; never priced at zero
+    +-- Unauthorized / Forbidden    no valid key / a key outside its scope
+    +-- BudgetNotFound              no budget applies to the call
+    +-- BudgetRefused               the ledger said no
+    |   +-- BudgetExceeded          committed spend leaves no room; retry after the reset
+    |   +-- BudgetBusy              it would fit once open reservations settle
+    +-- ReservationNotFound         unknown id, or another owner's
+    +-- IdempotencyConflict         same id, other parameters
+    +-- ReservationResolved         settle after release, release after settle
+    +-- LedgerUnavailable           fail closed: unreachable, reset, or not shared
+    +-- InvariantBroken             a programmer error; crashes loudly
+
+Operating errors are values callers handle; InvariantBroken is not. Stores translate their
+backend's exceptions into this tree; api/errors.py maps it to HTTP in one table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CeilingError(Exception):
+    """Root of every error the core raises on purpose."""
+
+    code = "ceiling_error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class InvalidRequest(CeilingError):
+    code = "invalid_request"
+
+
+class ModelUnpriced(CeilingError):
+    code = "model_unpriced"
+
+
+class Unauthorized(CeilingError):
+    code = "unauthorized"
+
+
+class Forbidden(CeilingError):
+    code = "forbidden"
+
+
+class BudgetNotFound(CeilingError):
+    code = "budget_not_found"
+
+
+class BudgetRefused(CeilingError):
+    """The ledger refused a reservation; details name the budget and period that refused."""
+
+
+class BudgetExceeded(BudgetRefused):
+    code = "budget_exceeded"
+
+
+class BudgetBusy(BudgetRefused):
+    code = "budget_busy"
+
+
+class ReservationNotFound(CeilingError):
+    code = "reservation_not_found"
+
+
+class IdempotencyConflict(CeilingError):
+    code = "idempotency_conflict"
+
+
+class ReservationResolved(CeilingError):
+    code = "reservation_resolved"
+
+
+class LedgerUnavailable(CeilingError):
+    """Fail closed. `reason` is one of: ledger_unreachable, ledger_reset, ledger_not_shared."""
+
+    code = "ledger_unavailable"
+
+    def __init__(self, message: str, *, reason: str, **details: Any) -> None:
+        super().__init__(message, reason=reason, **details)
+        self.reason = reason
+
+
+class InvariantBroken(CeilingError):
+    code = "invariant_broken"
+
+
+def ensure(condition: bool, why: str) -> None:
+    """Check a programmer's invariant; unlike assert, survives `python -O`."""
+    if not condition:
+        raise InvariantBroken(why)

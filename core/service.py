@@ -1,0 +1,274 @@
+"""The reserve/settle service: price -> reserve -> (the caller calls the model) -> settle.
+
+Everything the HTTP layer, the CLI and the gateway do with money goes through here, so input is
+checked in one place: bad input raises InvalidRequest before the ledger is touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from core.budgets import BudgetDef, BudgetId, check_micros
+from core.errors import InvalidRequest, ReservationNotFound, Unauthorized
+from core.estimate import input_tokens_upper_bound
+from core.ledger import (
+    ExpirePolicy,
+    KeyRecord,
+    LedgerStore,
+    LegStatus,
+    Release,
+    Reservation,
+    ReservationRef,
+    ReserveRequest,
+    RunLimit,
+    Settlement,
+)
+from core.limits import (
+    AMOUNT_MICROS_MAX,
+    CEILING_MICROS_MAX,
+    RESERVATION_ID_LEN_MAX,
+    RESERVATION_TTL_MS_DEFAULT,
+    RESERVATION_TTL_MS_MAX,
+    RESERVATION_TTL_MS_MIN,
+)
+from core.prices import PriceTable, Usage
+
+# Reservation ids and idempotency keys: printable ASCII without separators the ledger uses.
+_RESERVATION_ID = re.compile(rf"[A-Za-z0-9_.-]{{1,{RESERVATION_ID_LEN_MAX}}}")
+_IDEMPOTENCY_KEY = re.compile(rf"[\x21-\x7e]{{1,{RESERVATION_ID_LEN_MAX}}}")
+_RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+API_KEY_PREFIX = "sk-ceil-"
+# Models of reservations this instance made, so a token-priced settle needs no extra read.
+MODEL_CACHE_MAX = 50_000
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated API key, and the run it acts for if it named one."""
+
+    key: KeyRecord
+    run_id: str | None = None
+
+    @property
+    def tag(self) -> str:
+        return self.key.budget_id.tag
+
+    def ref(self, reservation_id: str) -> ReservationRef:
+        if not isinstance(reservation_id, str) or not _RESERVATION_ID.fullmatch(reservation_id):
+            raise ReservationNotFound("no such reservation", reservation_id=str(reservation_id))
+        return ReservationRef(self.tag, reservation_id, self.key.key_id)
+
+    def run_limit(self) -> RunLimit | None:
+        if self.run_id is None or self.key.run_ceiling_micros is None:
+            return None
+        return RunLimit(self.key.budget_id.run(self.run_id), self.key.run_ceiling_micros)
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """A call to price: an LLM call by model and tokens, or an amount the caller priced."""
+
+    model: str | None = None
+    input_tokens: int | None = None
+    messages: object = None
+    output_tokens_max: int | None = None
+    choices: int = 1
+    amount_micros: int | None = None
+    ttl_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class SettleSpec:
+    usage: Usage | None = None
+    actual_micros: int | None = None
+
+
+@dataclass(frozen=True)
+class NewKey:
+    key_id: str
+    api_key: str
+    record: KeyRecord
+
+
+def hash_api_key(api_key: str) -> str:
+    # Keys are 256 random bits, so a plain SHA-256 cannot be brute-forced; no salt is needed.
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def check_run_id(run_id: str | None) -> str | None:
+    if run_id is not None and not _RUN_ID.fullmatch(run_id):
+        raise InvalidRequest("run id must be 1 to 64 of A-Za-z0-9._-", field="run_id")
+    return run_id
+
+
+class CeilingService:
+    def __init__(
+        self,
+        store: LedgerStore,
+        prices: PriceTable,
+        *,
+        lease_ttl_ms: int = RESERVATION_TTL_MS_DEFAULT,
+        expire_policy: ExpirePolicy = ExpirePolicy.CHARGE,
+    ) -> None:
+        self.store = store
+        self.prices = prices
+        self.lease_ttl_ms = lease_ttl_ms
+        self.expire_policy = expire_policy
+        self._models: OrderedDict[str, str] = OrderedDict()
+
+    # -- pricing -------------------------------------------------------------------------
+
+    def worst_case_micros(self, spec: CallSpec) -> tuple[int, str]:
+        """The amount to reserve and the model it was priced for ('' if the caller priced it)."""
+        if spec.amount_micros is not None:
+            if spec.model is not None or spec.output_tokens_max is not None:
+                raise InvalidRequest("give either amount_micros or a model call, not both")
+            return check_micros(spec.amount_micros, "amount_micros", AMOUNT_MICROS_MAX), ""
+        if spec.model is None:
+            raise InvalidRequest("give a model call or amount_micros", field="model")
+        if spec.output_tokens_max is None:
+            raise InvalidRequest(
+                "max_output_tokens is required: without an output cap there is no worst case",
+                field="max_output_tokens",
+            )
+        if (spec.input_tokens is None) == (spec.messages is None):
+            raise InvalidRequest("give exactly one of input_tokens and messages")
+        tokens = (
+            spec.input_tokens
+            if spec.input_tokens is not None
+            else input_tokens_upper_bound(spec.messages)
+        )
+        amount = self.prices.worst_case_micros(
+            spec.model, tokens, spec.output_tokens_max, spec.choices
+        )
+        return max(amount, 1), spec.model
+
+    def _ttl_ms(self, ttl_ms: int | None) -> int:
+        if ttl_ms is None:
+            return self.lease_ttl_ms
+        ttl_ok = RESERVATION_TTL_MS_MIN <= ttl_ms <= RESERVATION_TTL_MS_MAX
+        if type(ttl_ms) is not int or not ttl_ok:
+            raise InvalidRequest(
+                f"ttl_ms must be an integer from {RESERVATION_TTL_MS_MIN} to "
+                f"{RESERVATION_TTL_MS_MAX}",
+                field="ttl_ms",
+            )
+        return ttl_ms
+
+    # -- reserve / settle / release --------------------------------------------------------
+
+    async def reserve(
+        self, caller: Caller, spec: CallSpec, idempotency_key: str | None = None
+    ) -> Reservation:
+        amount, model = self.worst_case_micros(spec)
+        ttl_ms = self._ttl_ms(spec.ttl_ms)
+        reservation_id = self._reservation_id(caller, idempotency_key)
+        fingerprint = hashlib.sha256(
+            json.dumps(
+                [model, spec.input_tokens, spec.messages, spec.output_tokens_max, spec.choices,
+                 spec.amount_micros, ttl_ms, caller.run_id],
+                sort_keys=True, default=str,
+            ).encode()
+        ).hexdigest()[:32]
+        reservation = await self.store.reserve(
+            ReserveRequest(
+                ref=ReservationRef(caller.tag, reservation_id, caller.key.key_id),
+                budget_ids=caller.key.budget_id.lineage(),
+                amount_micros=amount,
+                ttl_ms=ttl_ms,
+                fingerprint=fingerprint,
+                price_version=self.prices.version,
+                model=model,
+                expire_policy=self.expire_policy,
+                run=caller.run_limit(),
+            )
+        )
+        self._remember_model(reservation_id, model)
+        return reservation
+
+    def _reservation_id(self, caller: Caller, idempotency_key: str | None) -> str:
+        if idempotency_key is None:
+            return uuid.uuid4().hex
+        if not _IDEMPOTENCY_KEY.fullmatch(idempotency_key):
+            raise InvalidRequest(
+                "Idempotency-Key must be 1 to 128 printable ASCII characters",
+                field="Idempotency-Key",
+            )
+        # Namespaced by key: two keys that pick the same idempotency key never collide.
+        return hashlib.sha256(f"{caller.key.key_id}\n{idempotency_key}".encode()).hexdigest()[:32]
+
+    def _remember_model(self, reservation_id: str, model: str) -> None:
+        self._models[reservation_id] = model
+        if len(self._models) > MODEL_CACHE_MAX:
+            self._models.popitem(last=False)
+
+    async def settle(self, caller: Caller, reservation_id: str, spec: SettleSpec) -> Settlement:
+        ref = caller.ref(reservation_id)
+        if (spec.usage is None) == (spec.actual_micros is None):
+            raise InvalidRequest("give either token usage or actual_micros")
+        if spec.usage is None:
+            actual = check_micros(spec.actual_micros, "actual_micros", AMOUNT_MICROS_MAX, minimum=0)
+        else:
+            model = self._models.get(reservation_id)
+            if model is None:
+                view = await self.store.reservation(ref)
+                if view is None:
+                    raise ReservationNotFound("no such reservation", reservation_id=reservation_id)
+                model = view.model
+            if not model:
+                raise InvalidRequest(
+                    "this reservation was made for an amount; settle it with actual_micros",
+                    field="actual_micros",
+                )
+            actual = self.prices.cost_micros(model, spec.usage)
+        return await self.store.settle(ref, actual)
+
+    async def release(self, caller: Caller, reservation_id: str) -> Release:
+        return await self.store.release(caller.ref(reservation_id))
+
+    async def my_budgets(self, caller: Caller) -> tuple[LegStatus, ...]:
+        return await self.store.status(caller.key.budget_id.lineage(), caller.run_limit())
+
+    # -- keys and budgets (admin) -----------------------------------------------------------
+
+    async def authenticate(self, api_key: str | None, run_id: str | None = None) -> Caller:
+        if not api_key or not api_key.startswith(API_KEY_PREFIX) or len(api_key) > 128:
+            raise Unauthorized("a valid API key is required")
+        key_hash = hash_api_key(api_key)
+        record = await self.store.get_key(key_hash)
+        if record is None or not hmac.compare_digest(record.key_hash, key_hash):
+            raise Unauthorized("a valid API key is required")
+        return Caller(record, check_run_id(run_id))
+
+    async def create_key(self, budget_id: BudgetId, run_ceiling_micros: int | None) -> NewKey:
+        if run_ceiling_micros is not None:
+            check_micros(run_ceiling_micros, "run_ceiling_micros", CEILING_MICROS_MAX, minimum=0)
+        if await self.store.get_budget(budget_id) is None:
+            raise InvalidRequest(
+                f"budget {budget_id} does not exist; create it first", field="budget_id"
+            )
+        api_key = API_KEY_PREFIX + secrets.token_urlsafe(32)
+        key_id = "key_" + secrets.token_hex(8)
+        record = KeyRecord(key_id, hash_api_key(api_key), budget_id, run_ceiling_micros)
+        await self.store.put_key(record)
+        return NewKey(key_id, api_key, record)
+
+    async def revoke_key(self, key_id: str) -> bool:
+        return await self.store.delete_key(key_id)
+
+    async def put_budget(self, budget: BudgetDef) -> None:
+        await self.store.put_budget(budget)
+
+    async def budget(self, budget_id: BudgetId) -> tuple[BudgetDef, tuple[LegStatus, ...]] | None:
+        definition = await self.store.get_budget(budget_id)
+        if definition is None:
+            return None
+        legs = await self.store.status((budget_id,))
+        return definition, legs

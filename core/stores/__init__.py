@@ -1,0 +1,1 @@
+"""Ledger stores: one LedgerStore protocol (core.ledger), one adapter per backend."""

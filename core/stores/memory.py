@@ -1,0 +1,344 @@
+"""MemoryStore: the ledger in one process's memory, for a single replica.
+
+It keeps the same semantics as the lua/ scripts (the conformance suite runs against both) and is
+atomic because no operation awaits between reading and writing: on one event loop, each runs to
+completion. It is not a test double, and it is not shared: two processes hold two ceilings, so it
+reports `shared = False` and the service refuses it unless CEILING_SINGLE_REPLICA=1.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+from core.budgets import BudgetDef, BudgetId, Period, window_at
+from core.errors import (
+    BudgetNotFound,
+    IdempotencyConflict,
+    ReservationNotFound,
+    ReservationResolved,
+    ensure,
+)
+from core.ledger import (
+    STATE_CODES,
+    ExpirePolicy,
+    KeyRecord,
+    LegStatus,
+    Probe,
+    Release,
+    Reservation,
+    ReservationRef,
+    ReservationView,
+    ReserveRequest,
+    RunLimit,
+    Settlement,
+    refusal,
+)
+from core.limits import RECLAIM_BATCH_MAX, RECORD_RETENTION_MS
+from core.stores.scripted import Clock
+
+# Resolved records dropped per call once their retention has passed: bounds the work of one call.
+PRUNE_BATCH_MAX = 64
+
+
+@dataclass
+class _Counter:
+    committed: int = 0
+    reserved: int = 0
+    overshoot: int = 0
+
+
+@dataclass(frozen=True)
+class _Leg:
+    budget_id: str
+    window_key: str
+    ceiling_micros: int
+    resets_at_ms: int | None
+    outage_allowance_micros: int
+
+
+@dataclass
+class _Record:
+    state: str  # 'o' open, 's' settled, 'r' released, 'x' expired
+    fingerprint: str
+    owner: str
+    amount_micros: int
+    expires_at_ms: int
+    policy: ExpirePolicy
+    legs: tuple[_Leg, ...]
+    price_version: str
+    model: str
+    actual_micros: int | None = None
+    released_micros: int = 0
+    overshoot_micros: int = 0
+    late: bool = False
+    outcome: str = ""
+
+
+@dataclass
+class _Tag:
+    records: dict[str, _Record] = field(default_factory=dict)
+    open_heap: list[tuple[int, str]] = field(default_factory=list)
+    resolved: deque[tuple[int, str]] = field(default_factory=deque)
+
+
+def _wall_clock() -> int:
+    return int(time.time() * 1000)
+
+
+class MemoryStore:
+    """A ledger for one process. See core.ledger.LedgerStore for the contract."""
+
+    backend = "memory"
+    shared = False
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self._clock = clock or _wall_clock
+        self._ledger_id = uuid.uuid4().hex
+        self._defs: dict[str, BudgetDef] = {}
+        self._counters: dict[tuple[str, str], _Counter] = {}
+        self._tags: dict[str, _Tag] = {}
+        self._keys: dict[str, KeyRecord] = {}
+        self._key_ids: dict[str, str] = {}
+
+    async def open(self) -> str:
+        return self._ledger_id
+
+    # -- internals -------------------------------------------------------------------
+
+    def _tag(self, tag: str) -> _Tag:
+        return self._tags.setdefault(tag, _Tag())
+
+    def _counter(self, leg: _Leg) -> _Counter:
+        return self._counters.setdefault((leg.budget_id, leg.window_key), _Counter())
+
+    def _status(self, legs: tuple[_Leg, ...]) -> tuple[LegStatus, ...]:
+        out = []
+        for leg in legs:
+            c = self._counters.get((leg.budget_id, leg.window_key), _Counter())
+            out.append(
+                LegStatus(
+                    leg.budget_id, leg.window_key, leg.ceiling_micros, c.committed, c.reserved,
+                    c.overshoot, leg.resets_at_ms, leg.outage_allowance_micros,
+                )
+            )
+        return tuple(out)
+
+    def _legs(
+        self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None, now_ms: int
+    ) -> tuple[_Leg, ...]:
+        legs: list[_Leg] = []
+        for bid in budget_ids:
+            d = self._defs.get(bid.path)
+            if d is None:
+                continue
+            for period in Period:
+                lim = next((x for x in d.limits if x.period is period), None)
+                if lim is None:
+                    continue
+                w = window_at(d.timezone, period, now_ms)
+                legs.append(
+                    _Leg(
+                        bid.path, w.key if w else "total", lim.ceiling_micros,
+                        w.end_ms if w else None, d.outage_allowance_micros,
+                    )
+                )
+        if run:
+            legs.append(_Leg(run.budget_id.path, "total", run.ceiling_micros, None, 0))
+        return tuple(legs)
+
+    def _resolve(self, t: _Tag, rid: str, now_ms: int) -> None:
+        t.resolved.append((now_ms + RECORD_RETENTION_MS, rid))
+
+    def _prune(self, t: _Tag, now_ms: int) -> None:
+        for _ in range(PRUNE_BATCH_MAX):
+            if not t.resolved or t.resolved[0][0] > now_ms:
+                return
+            _, rid = t.resolved.popleft()
+            rec = t.records.get(rid)
+            if rec is not None and rec.state != "o":
+                del t.records[rid]
+
+    def _reclaim(self, t: _Tag, now_ms: int, batch_max: int) -> int:
+        n = 0
+        while t.open_heap and t.open_heap[0][0] <= now_ms and n < batch_max:
+            _, rid = heapq.heappop(t.open_heap)
+            rec = t.records.get(rid)
+            if rec is None or rec.state != "o":
+                continue
+            for leg in rec.legs:
+                c = self._counter(leg)
+                c.reserved -= rec.amount_micros
+                if rec.policy is ExpirePolicy.CHARGE:
+                    c.committed += rec.amount_micros
+            rec.state = "x"
+            rec.outcome = "unknown" if rec.policy is ExpirePolicy.CHARGE else "released"
+            self._resolve(t, rid, now_ms)
+            n += 1
+        return n
+
+    # -- the ledger operations ------------------------------------------------------------
+
+    async def reserve(self, request: ReserveRequest) -> Reservation:
+        ref = request.ref
+        ensure(all(b.tag == ref.tag for b in request.budget_ids), "one tag per reservation")
+        now_ms = self._clock()
+        t = self._tag(ref.tag)
+        prior = t.records.get(ref.reservation_id)
+        if prior is not None:
+            if prior.fingerprint != request.fingerprint or prior.owner != ref.owner:
+                raise IdempotencyConflict(
+                    "this reservation id was used with other parameters",
+                    reservation_id=ref.reservation_id,
+                )
+            return Reservation(
+                ref.reservation_id, prior.amount_micros, prior.expires_at_ms, now_ms, True,
+                self._status(prior.legs),
+            )
+        self._prune(t, now_ms)
+        self._reclaim(t, now_ms, RECLAIM_BATCH_MAX)
+        legs = self._legs(request.budget_ids, request.run, now_ms)
+        if not legs:
+            raise BudgetNotFound(
+                "no budget applies to this call", budget_id=request.budget_ids[-1].path
+            )
+        amount = request.amount_micros
+        exceeded = busy = None
+        for leg in legs:
+            c = self._counters.get((leg.budget_id, leg.window_key), _Counter())
+            if c.committed + amount > leg.ceiling_micros:
+                exceeded = exceeded or leg
+            elif c.committed + c.reserved + amount > leg.ceiling_micros:
+                busy = busy or leg
+        failing = exceeded or busy
+        if failing:
+            raise refusal("exceeded" if exceeded else "busy", self._status((failing,))[0], now_ms)
+        for leg in legs:
+            self._counter(leg).reserved += amount
+        expires_at_ms = now_ms + request.ttl_ms
+        t.records[ref.reservation_id] = _Record(
+            "o", request.fingerprint, ref.owner, amount, expires_at_ms, request.expire_policy,
+            legs, request.price_version, request.model,
+        )
+        heapq.heappush(t.open_heap, (expires_at_ms, ref.reservation_id))
+        return Reservation(
+            ref.reservation_id, amount, expires_at_ms, now_ms, False, self._status(legs)
+        )
+
+    def _record(self, ref: ReservationRef) -> tuple[_Tag, _Record]:
+        t = self._tag(ref.tag)
+        rec = t.records.get(ref.reservation_id)
+        if rec is None or rec.owner != ref.owner:
+            raise ReservationNotFound("no such reservation", reservation_id=ref.reservation_id)
+        return t, rec
+
+    async def settle(self, ref: ReservationRef, actual_micros: int) -> Settlement:
+        t, rec = self._record(ref)
+        if rec.state == "s":
+            if rec.actual_micros != actual_micros:
+                raise IdempotencyConflict(
+                    "this reservation was settled before with another amount",
+                    reservation_id=ref.reservation_id,
+                )
+            return Settlement(
+                actual_micros, rec.released_micros, rec.overshoot_micros, rec.late, True
+            )
+        if rec.state == "r":
+            raise ReservationResolved(
+                "this reservation was released; it cannot be settled",
+                reservation_id=ref.reservation_id,
+            )
+        amount = rec.amount_micros
+        held, committed_delta, reserved_delta = amount, actual_micros, -amount
+        late = rec.state == "x"
+        if late:
+            reserved_delta = 0
+            if rec.policy is ExpirePolicy.CHARGE:
+                committed_delta = actual_micros - amount
+            else:
+                held = 0
+        overshoot = max(0, actual_micros - held)
+        for leg in rec.legs:
+            c = self._counter(leg)
+            c.reserved += reserved_delta
+            c.committed += committed_delta
+            c.overshoot += overshoot
+        rec.state, rec.actual_micros, rec.late = "s", actual_micros, late
+        rec.released_micros, rec.overshoot_micros = max(0, held - actual_micros), overshoot
+        self._resolve(t, ref.reservation_id, self._clock())
+        return Settlement(actual_micros, rec.released_micros, overshoot, late, False)
+
+    async def release(self, ref: ReservationRef) -> Release:
+        t, rec = self._record(ref)
+        if rec.state == "s":
+            raise ReservationResolved(
+                "this reservation was settled; it cannot be released",
+                reservation_id=ref.reservation_id,
+            )
+        if rec.state == "r":
+            return Release(rec.released_micros, True)
+        released = rec.amount_micros
+        for leg in rec.legs:
+            c = self._counter(leg)
+            if rec.state == "o":
+                c.reserved -= rec.amount_micros
+            elif rec.policy is ExpirePolicy.CHARGE:
+                c.committed -= rec.amount_micros
+        if rec.state == "x" and rec.policy is not ExpirePolicy.CHARGE:
+            released = 0
+        rec.state, rec.released_micros = "r", released
+        self._resolve(t, ref.reservation_id, self._clock())
+        return Release(released, False)
+
+    async def reservation(self, ref: ReservationRef) -> ReservationView | None:
+        rec = self._tag(ref.tag).records.get(ref.reservation_id)
+        if rec is None or rec.owner != ref.owner:
+            return None
+        return ReservationView(
+            ref.reservation_id, STATE_CODES[rec.state], rec.amount_micros, rec.expires_at_ms,
+            rec.model, rec.price_version, rec.actual_micros, rec.outcome,
+        )
+
+    async def expire(self, tag: str, batch_max: int) -> int:
+        return self._reclaim(self._tag(tag), self._clock(), batch_max)
+
+    # -- budgets and keys -----------------------------------------------------------------
+
+    async def put_budget(self, budget: BudgetDef) -> None:
+        self._defs[budget.budget_id.path] = budget
+
+    async def get_budget(self, budget_id: BudgetId) -> BudgetDef | None:
+        return self._defs.get(budget_id.path)
+
+    async def status(
+        self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None
+    ) -> tuple[LegStatus, ...]:
+        if not budget_ids:
+            return ()
+        return self._status(self._legs(budget_ids, run, self._clock()))
+
+    async def put_key(self, record: KeyRecord) -> None:
+        self._keys[record.key_hash] = record
+        self._key_ids[record.key_id] = record.key_hash
+
+    async def get_key(self, key_hash: str) -> KeyRecord | None:
+        return self._keys.get(key_hash)
+
+    async def delete_key(self, key_id: str) -> bool:
+        key_hash = self._key_ids.pop(key_id, None)
+        if key_hash is None:
+            return False
+        del self._keys[key_hash]
+        return True
+
+    async def probe(self, instance_id: str) -> Probe:
+        return Probe(
+            self.backend, False, True, 0.0, self._ledger_id, False,
+            ("ledger_not_shared", "ledger_not_durable"), 1,
+        )
+
+    async def close(self) -> None:
+        return None

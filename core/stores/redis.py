@@ -1,0 +1,89 @@
+"""RedisStore: the ledger on one Redis (or a managed Redis) through redis-py's asyncio client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis import exceptions as rex
+from redis.asyncio.client import Redis
+
+from core.errors import InvariantBroken, LedgerUnavailable
+from core.stores.scripted import Clock, ScriptedStore
+from core.stores.scripts import Script
+
+# One ledger call may take this long, retries included, before the caller fails closed. A
+# reserve is one round trip of well under a millisecond; two seconds is an outage, not load.
+LEDGER_CALL_TIMEOUT_S = 2.0
+# Connections one instance keeps to Redis: enough for the concurrency of one serverless instance
+# or one uvicorn worker; a pool that is too small queues calls instead of failing them.
+POOL_CONNECTIONS_MAX = 64
+
+
+def translate(exc: BaseException) -> Exception:
+    """The core error for a redis-py exception; stores never let a client exception out."""
+    if isinstance(exc, rex.ResponseError) and str(exc).startswith("BADARG"):
+        return InvariantBroken(f"the ledger refused an argument: {exc}")
+    if isinstance(exc, rex.ConnectionError | rex.TimeoutError | TimeoutError | OSError):
+        return LedgerUnavailable(f"the ledger is unreachable: {exc}", reason="ledger_unreachable")
+    return LedgerUnavailable(f"the ledger answered with an error: {exc}", reason="ledger_error")
+
+
+class RedisTransport:
+    backend = "redis"
+
+    def __init__(self, client: Redis) -> None:
+        self._client = client
+        self._scripts: dict[str, Any] = {}
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
+        # redis-py's Script object sends EVALSHA and, on NOSCRIPT, loads the script and retries.
+        runner = self._scripts.get(script.name)
+        if runner is None:
+            runner = self._scripts[script.name] = self._client.register_script(script.source)
+        try:
+            async with asyncio.timeout(LEDGER_CALL_TIMEOUT_S):
+                return await runner(keys=list(keys), args=list(args))
+        except (rex.RedisError, OSError, TimeoutError) as exc:
+            raise translate(exc) from exc
+
+    async def execute(self, *args: str) -> Any:
+        try:
+            async with asyncio.timeout(LEDGER_CALL_TIMEOUT_S):
+                return await self._client.execute_command(*args)  # type: ignore[no-untyped-call]
+        except (rex.RedisError, OSError, TimeoutError) as exc:
+            raise translate(exc) from exc
+
+    async def durable(self) -> bool | None:
+        try:
+            async with asyncio.timeout(LEDGER_CALL_TIMEOUT_S):
+                config = await self._client.config_get("appendonly")
+                config.update(await self._client.config_get("save"))
+        except (rex.ResponseError, TimeoutError):
+            return None  # managed Redis often disables CONFIG; durability cannot be told
+        except (rex.RedisError, OSError) as exc:
+            raise translate(exc) from exc
+        return config.get("appendonly") == "yes" or bool(config.get("save"))
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def redis_client(url: str) -> Redis:
+    return aioredis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=LEDGER_CALL_TIMEOUT_S,
+        socket_connect_timeout=LEDGER_CALL_TIMEOUT_S,
+        max_connections=POOL_CONNECTIONS_MAX,
+        health_check_interval=30,
+    )
+
+
+class RedisStore(ScriptedStore):
+    """The shared ledger on one Redis. Safe to replay: every script is idempotent by id."""
+
+    def __init__(self, url: str, *, clock: Clock | None = None) -> None:
+        super().__init__(RedisTransport(redis_client(url)), clock=clock)

@@ -1,0 +1,450 @@
+"""ScriptedStore: the LedgerStore of every backend that runs the lua/ scripts.
+
+The domain side (arguments, replies, ledger identity, time zones, probe) lives here once; a
+Transport (redis-py, redis-py cluster, the Upstash REST SDK) only carries commands and translates
+its client's exceptions into the core error tree.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, Protocol
+
+from core.budgets import BudgetDef, BudgetId, Limit, Period, windows_around
+from core.errors import (
+    BudgetNotFound,
+    CeilingError,
+    IdempotencyConflict,
+    InvariantBroken,
+    LedgerUnavailable,
+    ReservationNotFound,
+    ReservationResolved,
+    ensure,
+)
+from core.ledger import (
+    STATE_CODES,
+    KeyRecord,
+    LegStatus,
+    Probe,
+    Release,
+    Reservation,
+    ReservationRef,
+    ReservationView,
+    ReserveRequest,
+    RunLimit,
+    Settlement,
+    refusal,
+)
+from core.limits import (
+    COUNTER_RETENTION_MS,
+    RECLAIM_BATCH_MAX,
+    RECORD_RETENTION_MS,
+    TZ_CACHE_MAX,
+    WINDOW_RETRIES_MAX,
+)
+from core.stores import keys
+from core.stores.scripts import Script, script
+
+Clock = Callable[[], int]
+"""Milliseconds since the epoch. Only tests inject one; in production the ledger uses Redis TIME."""
+
+# An instance counts as live in health's `instances_seen` for this long after its last probe.
+INSTANCE_SEEN_WINDOW_MS = 10 * 60_000
+# The probe's value lives a minute: long enough to read back, short enough to leave no trace.
+PROBE_TTL_MS = 60_000
+LEG_FIELDS = 8
+
+
+class Transport(Protocol):
+    """Carries commands to one Redis-speaking backend. Raises only core errors."""
+
+    backend: str
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
+        """EVALSHA, loading the script and retrying once when the server does not know it."""
+        ...
+
+    async def execute(self, *args: str) -> Any: ...
+
+    async def durable(self) -> bool | None:
+        """Whether the backend persists writes (AOF or RDB); None when it cannot be told."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def _ledger_reset() -> LedgerUnavailable:
+    return LedgerUnavailable(
+        "the ledger's data is gone or was replaced (flushed, or restarted without persistence); "
+        "enforcement is refused until an operator re-initialises it",
+        reason="ledger_reset",
+    )
+
+
+def _legs(flat: Sequence[Any]) -> tuple[LegStatus, ...]:
+    ensure(len(flat) % LEG_FIELDS == 0, "leg status comes in groups of 8")
+    out = []
+    for i in range(0, len(flat), LEG_FIELDS):
+        bid, wkey, ceil, committed, reserved, overshoot, wend, allow = flat[i : i + LEG_FIELDS]
+        out.append(
+            LegStatus(
+                budget_id=str(bid),
+                window_key=str(wkey),
+                ceiling_micros=int(ceil),
+                committed_micros=int(committed),
+                reserved_micros=int(reserved),
+                overshoot_micros=int(overshoot),
+                resets_at_ms=None if wkey == "total" else int(wend),
+                outage_allowance_micros=int(allow),
+            )
+        )
+    return tuple(out)
+
+
+class ScriptedStore:
+    """A shared ledger on a Redis-speaking backend. See core.ledger.LedgerStore."""
+
+    shared = True
+
+    def __init__(self, transport: Transport, *, clock: Clock | None = None) -> None:
+        self.backend = transport.backend
+        self._t = transport
+        self._clock = clock
+        self._ledger_id: str | None = None
+        self._reset = False
+        self._tz: dict[str, str] = {}
+        self._offset_ms = 0
+
+    # -- identity and time -------------------------------------------------------------
+
+    async def open(self) -> str:
+        if self._reset:
+            raise _ledger_reset()
+        if self._ledger_id is None:
+            found = await self._t.execute("GET", keys.LEDGER_ID_KEY)
+            if found is None:
+                await self._t.execute("SET", keys.LEDGER_ID_KEY, uuid.uuid4().hex, "NX")
+                found = await self._t.execute("GET", keys.LEDGER_ID_KEY)
+            ensure(isinstance(found, str), "the ledger id is a string")
+            self._ledger_id = str(found)
+        return self._ledger_id
+
+    async def _identity_lost(self) -> bool:
+        """Called when a tag is not stamped with our ledger id: is the whole ledger gone?"""
+        found = await self._t.execute("GET", keys.LEDGER_ID_KEY)
+        if found != self._ledger_id:
+            self._reset = True
+        return self._reset
+
+    def _now_arg(self) -> str:
+        return str(self._clock()) if self._clock else ""
+
+    def _now_estimate(self) -> int:
+        if self._clock:
+            return self._clock()
+        return int(time.time() * 1000) + self._offset_ms
+
+    def _learn_now(self, ledger_now_ms: int) -> None:
+        if not self._clock:
+            self._offset_ms = ledger_now_ms - int(time.time() * 1000)
+
+    def _remember_tz(self, budget_id: str, tz: str) -> None:
+        if len(self._tz) >= TZ_CACHE_MAX:
+            self._tz.clear()
+        self._tz[budget_id] = tz
+
+    # -- scripts that need period windows ------------------------------------------------
+
+    async def _run_windowed(
+        self,
+        op: Script,
+        script_keys: Sequence[str],
+        head: list[str],
+        budget_ids: tuple[BudgetId, ...],
+        run: RunLimit | None,
+    ) -> list[Any]:
+        """Run reserve or status; retry when the script says our tz or clock guess was off."""
+        now_ms = self._now_estimate()
+        for _ in range(WINDOW_RETRIES_MAX + 1):
+            zones = {self._tz.get(b.path, "UTC") for b in budget_ids}
+            args = [*head, str(len(zones))]
+            for tz in sorted(zones):
+                ws = windows_around(tz, now_ms)
+                args += [tz, str(len(ws))]
+                for w in ws:
+                    args += [w.key, str(w.start_ms), str(w.end_ms)]
+            args.append(str(len(budget_ids) + (1 if run else 0)))
+            for b in budget_ids:
+                args += [b.path, self._tz.get(b.path, "UTC"), ""]
+            if run:
+                args += [run.budget_id.path, "UTC", str(run.ceiling_micros)]
+            reply = await self._t.run(op, script_keys, args)
+            if reply[0] == "tz":
+                self._remember_tz(str(reply[1]), str(reply[2]))
+            elif reply[0] == "clock":
+                now_ms = int(reply[1])
+            else:
+                return list(reply)
+        raise InvariantBroken("period windows did not match the ledger's time after retries")
+
+    # -- the ledger operations -------------------------------------------------------------
+
+    async def reserve(self, request: ReserveRequest) -> Reservation:
+        ledger_id = await self.open()
+        ref = request.ref
+        ensure(all(b.tag == ref.tag for b in request.budget_ids), "one tag per reservation")
+        head = [
+            ledger_id,
+            self._now_arg(),
+            ref.reservation_id,
+            ref.owner,
+            request.fingerprint,
+            str(request.amount_micros),
+            str(request.ttl_ms),
+            request.price_version,
+            request.model,
+            request.expire_policy.value,
+            str(RECLAIM_BATCH_MAX),
+            str(RECORD_RETENTION_MS),
+            str(COUNTER_RETENTION_MS),
+        ]
+        reply = await self._run_windowed(
+            script("reserve"),
+            (keys.meta(ref.tag), keys.reservation(ref.tag, ref.reservation_id),
+             keys.open_leases(ref.tag)),
+            head,
+            request.budget_ids,
+            request.run,
+        )
+        kind = reply[0]
+        if kind == "ok":
+            now_ms = int(reply[4])
+            self._learn_now(now_ms)
+            return Reservation(
+                reservation_id=str(reply[1]),
+                reserved_micros=int(reply[2]),
+                expires_at_ms=int(reply[3]),
+                now_ms=now_ms,
+                replayed=reply[5] == 1,
+                legs=_legs(reply[6:]),
+            )
+        if kind in ("exceeded", "busy"):
+            raise refusal(kind, _legs(reply[3:])[0], int(reply[1]))
+        if kind == "conflict":
+            raise IdempotencyConflict(
+                "this reservation id was used with other parameters",
+                reservation_id=ref.reservation_id,
+            )
+        if kind == "ledger_reset" and await self._identity_lost():
+            raise _ledger_reset()
+        raise BudgetNotFound(
+            "no budget applies to this call", budget_id=request.budget_ids[-1].path
+        )
+
+    async def settle(self, ref: ReservationRef, actual_micros: int) -> Settlement:
+        ledger_id = await self.open()
+        reply = await self._t.run(
+            script("settle"),
+            (keys.meta(ref.tag), keys.reservation(ref.tag, ref.reservation_id),
+             keys.open_leases(ref.tag)),
+            [ledger_id, self._now_arg(), ref.reservation_id, ref.owner, str(actual_micros),
+             str(RECORD_RETENTION_MS)],
+        )
+        kind = reply[0]
+        if kind == "ok":
+            return Settlement(
+                charged_micros=int(reply[1]),
+                released_micros=int(reply[2]),
+                overshoot_micros=int(reply[3]),
+                late=reply[4] == 1,
+                replayed=reply[5] == 1,
+            )
+        if kind == "conflict":
+            raise IdempotencyConflict(
+                "this reservation was settled before with another amount",
+                reservation_id=ref.reservation_id,
+            )
+        if kind == "released":
+            raise ReservationResolved(
+                "this reservation was released; it cannot be settled",
+                reservation_id=ref.reservation_id,
+            )
+        await self._not_found(kind, ref)
+
+    async def release(self, ref: ReservationRef) -> Release:
+        ledger_id = await self.open()
+        reply = await self._t.run(
+            script("release"),
+            (keys.meta(ref.tag), keys.reservation(ref.tag, ref.reservation_id),
+             keys.open_leases(ref.tag)),
+            [ledger_id, self._now_arg(), ref.reservation_id, ref.owner, str(RECORD_RETENTION_MS)],
+        )
+        kind = reply[0]
+        if kind == "ok":
+            return Release(released_micros=int(reply[1]), replayed=reply[2] == 1)
+        if kind == "settled":
+            raise ReservationResolved(
+                "this reservation was settled; it cannot be released",
+                reservation_id=ref.reservation_id,
+            )
+        await self._not_found(kind, ref)
+
+    async def reservation(self, ref: ReservationRef) -> ReservationView | None:
+        await self.open()
+        st, owner, amt, exp, model, ver, charged, outcome = await self._t.execute(
+            "HMGET", keys.reservation(ref.tag, ref.reservation_id),
+            "st", "owner", "amt", "exp", "model", "ver", "charged", "outcome",
+        )
+        if st is None or owner != ref.owner:
+            return None
+        return ReservationView(
+            ref.reservation_id, STATE_CODES[st], int(amt), int(exp), str(model or ""),
+            str(ver or ""), None if charged is None else int(charged), str(outcome or ""),
+        )
+
+    async def _not_found(self, kind: str, ref: ReservationRef) -> NoReturn:
+        if kind == "ledger_reset" and await self._identity_lost():
+            raise _ledger_reset()
+        raise ReservationNotFound(
+            "no such reservation", reservation_id=ref.reservation_id
+        )
+
+    async def expire(self, tag: str, batch_max: int) -> int:
+        ledger_id = await self.open()
+        reply = await self._t.run(
+            script("expire"),
+            (keys.meta(tag), keys.open_leases(tag)),
+            [ledger_id, self._now_arg(), str(batch_max), str(RECORD_RETENTION_MS)],
+        )
+        if reply[0] == "ok":
+            return int(reply[1])
+        if await self._identity_lost():
+            raise _ledger_reset()
+        return 0
+
+    # -- budgets -----------------------------------------------------------------------
+
+    async def put_budget(self, budget: BudgetDef) -> None:
+        ledger_id = await self.open()
+        bid = budget.budget_id
+        args = [ledger_id, budget.timezone, str(budget.outage_allowance_micros)]
+        for lim in budget.limits:
+            args += [lim.period.value, str(lim.ceiling_micros)]
+        reply = await self._t.run(
+            script("put_budget"), (keys.meta(bid.tag), keys.definition(bid.tag, bid.path)), args
+        )
+        if reply[0] != "ok":
+            self._reset = True
+            raise _ledger_reset()
+        self._remember_tz(bid.path, budget.timezone)
+
+    async def get_budget(self, budget_id: BudgetId) -> BudgetDef | None:
+        await self.open()
+        tz, allow, *ceils = await self._t.execute(
+            "HMGET", keys.definition(budget_id.tag, budget_id.path),
+            "tz", "allow", "ceil:day", "ceil:month", "ceil:total",
+        )
+        if tz is None:
+            return None
+        limits = tuple(
+            Limit(p, int(c)) for p, c in zip(Period, ceils, strict=True) if c is not None
+        )
+        return BudgetDef(budget_id, limits, str(tz), int(allow))
+
+    async def status(
+        self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None
+    ) -> tuple[LegStatus, ...]:
+        ledger_id = await self.open()
+        if not budget_ids:
+            return ()
+        tag = budget_ids[0].tag
+        ensure(all(b.tag == tag for b in budget_ids), "one tag per status read")
+        reply = await self._run_windowed(
+            script("status"), (keys.meta(tag),), [ledger_id, self._now_arg()], budget_ids, run
+        )
+        if reply[0] == "ok":
+            self._learn_now(int(reply[1]))
+            return _legs(reply[2:])
+        if await self._identity_lost():
+            raise _ledger_reset()
+        return ()
+
+    # -- API keys ------------------------------------------------------------------------
+
+    async def put_key(self, record: KeyRecord) -> None:
+        await self.open()
+        await self._t.execute("SET", keys.api_key_id(record.key_id), record.key_hash)
+        await self._t.execute(
+            "HSET", keys.api_key(record.key_hash),
+            "key_id", record.key_id,
+            "budget_id", record.budget_id.path,
+            "run", "" if record.run_ceiling_micros is None else str(record.run_ceiling_micros),
+        )
+
+    async def get_key(self, key_hash: str) -> KeyRecord | None:
+        await self.open()
+        key_id, budget_id, run = await self._t.execute(
+            "HMGET", keys.api_key(key_hash), "key_id", "budget_id", "run"
+        )
+        if key_id is None:
+            if await self._identity_lost():
+                raise _ledger_reset()
+            return None
+        return KeyRecord(
+            key_id=str(key_id),
+            key_hash=key_hash,
+            budget_id=BudgetId(str(budget_id)),
+            run_ceiling_micros=int(run) if run else None,
+        )
+
+    async def delete_key(self, key_id: str) -> bool:
+        await self.open()
+        key_hash = await self._t.execute("GET", keys.api_key_id(key_id))
+        if key_hash is None:
+            return False
+        # The record that authenticates goes first: from here on the key is refused.
+        await self._t.execute("DEL", keys.api_key(str(key_hash)))
+        await self._t.execute("DEL", keys.api_key_id(key_id))
+        return True
+
+    # -- health --------------------------------------------------------------------------
+
+    async def probe(self, instance_id: str) -> Probe:
+        reasons: list[str] = []
+        try:
+            ledger_id = await self.open()
+            started = time.perf_counter()
+            found = await self._t.execute("GET", keys.LEDGER_ID_KEY)
+            latency_ms = round((time.perf_counter() - started) * 1000, 3)
+            if found != ledger_id:
+                self._reset = True
+                raise _ledger_reset()
+            token = uuid.uuid4().hex
+            await self._t.execute("SET", keys.probe(instance_id), token, "PX", str(PROBE_TTL_MS))
+            if await self._t.execute("GET", keys.probe(instance_id)) != token:
+                reasons.append("ledger_not_shared")
+            seconds, micros = await self._t.execute("TIME")
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            await self._t.execute("ZADD", keys.INSTANCES_KEY, str(now_ms), instance_id)
+            await self._t.execute(
+                "ZREMRANGEBYSCORE", keys.INSTANCES_KEY, "-inf",
+                str(now_ms - INSTANCE_SEEN_WINDOW_MS),
+            )
+            seen = int(await self._t.execute("ZCARD", keys.INSTANCES_KEY))
+            durable = await self._t.durable()
+        except CeilingError as exc:
+            reason = exc.reason if isinstance(exc, LedgerUnavailable) else "ledger_unreachable"
+            return Probe(
+                self.backend, self.shared, reason != "ledger_unreachable", None,
+                self._ledger_id, None, (reason,), None,
+            )
+        if durable is False:
+            reasons.append("ledger_not_durable")
+        return Probe(
+            self.backend, self.shared, True, latency_ms, ledger_id, durable, tuple(reasons), seen
+        )
+
+    async def close(self) -> None:
+        await self._t.close()

@@ -1,0 +1,117 @@
+"""A real redis-server on a free loopback port, started and stopped by pid.
+
+Used by the test fixtures, the demo and the benchmarks. `durable=True` is the configuration
+spend-ceiling ships for production: AOF with fsync every second, and `noeviction`, because an
+evicted counter is a refilled budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+# redis-server answers PING within a few ms of starting; 10 s means it is not coming up.
+START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    found = shutil.which("redis-server")
+    if found is None:
+        raise RuntimeError(
+            "redis-server is not installed; `bash infra/test.sh` installs it (apt-get install "
+            "redis-server)"
+        )
+    return found
+
+
+@dataclass
+class RedisServer:
+    port: int = field(default_factory=free_port)
+    durable: bool = False
+    extra_args: tuple[str, ...] = ()
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sc-redis-")))
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def args(self) -> list[str]:
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+            if self.durable
+            else ["--appendonly", "no", "--save", ""]
+        )
+        return [
+            redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+            "--dir", str(self.workdir), "--maxmemory-policy", "noeviction",
+            "--daemonize", "no", "--loglevel", "warning", *persistence, *self.extra_args,
+        ]
+
+    def start(self) -> RedisServer:
+        self.process = subprocess.Popen(
+            self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.process.returncode}")
+            if self.ping():
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer on port {self.port}")
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop by pid: SIGTERM lets Redis write its AOF; kill=True is a crash."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            self.process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def restart(self, *, wipe: bool = False) -> None:
+        """Stop and start on the same port; wipe=True also deletes what it persisted."""
+        self.stop()
+        if wipe:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir.mkdir(parents=True)
+        self.start()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)

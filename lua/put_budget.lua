@@ -1,0 +1,29 @@
+-- put_budget: create or replace one budget's definition; spend already booked stays.
+--
+-- KEYS[1] meta hash   KEYS[2] definition hash 'sc:{TAG}:def:<budget_id>'
+-- ARGV: ledger_id, timezone, outage_allowance_micros, then (period, ceiling_micros) pairs
+-- Returns {'ok'} or {'ledger_reset'}.
+-- Why: the first budget of a tag stamps the tag with the ledger id, which every other script
+-- checks. A tag stamped with another id belongs to a ledger this instance does not know.
+local allow = int(ARGV[3], 'outage_allowance_micros')
+local fields = {'tz', ARGV[2], 'allow', istr(allow)}
+local i = 4
+while ARGV[i] do
+  local p = ARGV[i]
+  if p ~= 'day' and p ~= 'month' and p ~= 'total' then fail('BADARG', 'period') end
+  fields[#fields + 1] = 'ceil:' .. p
+  fields[#fields + 1] = istr(int(ARGV[i + 1], 'ceiling_micros'))
+  i = i + 2
+end
+if i == 4 then fail('BADARG', 'limits') end
+
+local stamped = redis.call('HGET', KEYS[1], 'ledger')
+if stamped and stamped ~= ARGV[1] then
+  return {'ledger_reset'}
+end
+if not stamped then
+  redis.call('HSET', KEYS[1], 'ledger', ARGV[1])
+end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], unpack(fields))
+return {'ok'}
