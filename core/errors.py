@@ -33,6 +33,16 @@ class CeilingError(Exception):
         self.message = message
         self.details = details
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Errors cross process boundaries (worker pools, the fleet); keyword details must survive.
+        return _rebuild, (type(self), self.message, self.details)
+
+
+def _rebuild(cls: type[CeilingError], message: str, details: dict[str, Any]) -> CeilingError:
+    error = cls.__new__(cls)
+    CeilingError.__init__(error, message, **details)
+    return error
+
 
 class InvalidRequest(CeilingError):
     code = "invalid_request"
@@ -85,7 +95,10 @@ class LedgerUnavailable(CeilingError):
 
     def __init__(self, message: str, *, reason: str, **details: Any) -> None:
         super().__init__(message, reason=reason, **details)
-        self.reason = reason
+
+    @property
+    def reason(self) -> str:
+        return str(self.details["reason"])
 
 
 class InvariantBroken(CeilingError):

@@ -250,9 +250,11 @@ class CeilingService:
     async def create_key(self, budget_id: BudgetId, run_ceiling_micros: int | None) -> NewKey:
         if run_ceiling_micros is not None:
             check_micros(run_ceiling_micros, "run_ceiling_micros", CEILING_MICROS_MAX, minimum=0)
-        if await self.store.get_budget(budget_id) is None:
+        # A key nothing applies to could never spend: refuse it now, not at its first call.
+        defined = [await self.store.get_budget(b) for b in budget_id.lineage()]
+        if not any(defined):
             raise InvalidRequest(
-                f"budget {budget_id} does not exist; create it first", field="budget_id"
+                f"no budget exists on the path {budget_id}; create one first", field="budget_id"
             )
         api_key = API_KEY_PREFIX + secrets.token_urlsafe(32)
         key_id = "key_" + secrets.token_hex(8)

@@ -6,31 +6,27 @@ A missing redis-server is a failure, not a skip: `bash infra/test.sh` installs i
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from core.ledger import LedgerStore
-from core.stores.memory import MemoryStore
-from core.stores.redis import RedisStore
 from infra.redis_server import RedisServer
+from tests.support import SHARED_STORE_BUILDERS, STORE_FACTORIES, ManualClock
 
-# 2026-03-14 12:00:00 UTC: mid-day, mid-month, so a test crosses a boundary only on purpose.
-CLOCK_START_MS = int(datetime(2026, 3, 14, 12, tzinfo=UTC).timestamp() * 1000)
+pytest_plugins = [
+    f"tests.plugins.{p.stem}"
+    for p in sorted((Path(__file__).parent / "plugins").glob("[!_]*.py"))
+]
 
 
-class ManualClock:
-    """Ledger time that tests move by hand; nothing sleeps to make a lease expire."""
-
-    def __init__(self, now_ms: int = CLOCK_START_MS) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-    def advance(self, ms: int) -> None:
-        self.now_ms += ms
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Parametrized here, not in the fixture, so kinds that plugins register are included.
+    if "store_kind" in metafunc.fixturenames:
+        metafunc.parametrize("store_kind", sorted(STORE_FACTORIES))
+    if "shared_store_kind" in metafunc.fixturenames:
+        metafunc.parametrize("shared_store_kind", sorted(SHARED_STORE_BUILDERS))
 
 
 @pytest.fixture(scope="session")
@@ -50,20 +46,12 @@ def tag() -> str:
     return f"org:t{uuid.uuid4().hex[:12]}"
 
 
-StoreFactory = Callable[[pytest.FixtureRequest, ManualClock], LedgerStore]
-
-STORE_FACTORIES: dict[str, StoreFactory] = {
-    "memory": lambda request, clock: MemoryStore(clock=clock),
-    "redis": lambda request, clock: RedisStore(
-        request.getfixturevalue("redis_server").url, clock=clock
-    ),
-}
-
-
-@pytest.fixture(params=sorted(STORE_FACTORIES))
-async def store(request: pytest.FixtureRequest, clock: ManualClock) -> AsyncIterator[LedgerStore]:
+@pytest.fixture
+async def store(
+    request: pytest.FixtureRequest, store_kind: str, clock: ManualClock
+) -> AsyncIterator[LedgerStore]:
     """Every store kind, each with the injected clock: the conformance suite runs on all."""
-    s = STORE_FACTORIES[request.param](request, clock)
+    s = STORE_FACTORIES[store_kind](request, clock)
     await s.open()
     yield s
     await s.close()

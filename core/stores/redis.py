@@ -9,6 +9,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis import exceptions as rex
 from redis.asyncio.client import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from core.errors import InvariantBroken, LedgerUnavailable
 from core.stores.scripted import Clock, ScriptedStore
@@ -20,6 +22,10 @@ LEDGER_CALL_TIMEOUT_S = 2.0
 # Connections one instance keeps to Redis: enough for the concurrency of one serverless instance
 # or one uvicorn worker; a pool that is too small queues calls instead of failing them.
 POOL_CONNECTIONS_MAX = 64
+# Retries of one command after a connection error: enough to get past connections that a Redis
+# restart or failover broke, few enough to stay inside LEDGER_CALL_TIMEOUT_S.
+RETRIES_MAX = 2
+RETRY_BACKOFF_S_MAX = 0.05
 
 
 def translate(exc: BaseException) -> Exception:
@@ -72,14 +78,21 @@ class RedisTransport:
 
 
 def redis_client(url: str) -> Redis:
-    return aioredis.Redis.from_url(
+    # A blocking pool: past POOL_CONNECTIONS_MAX concurrent calls, a call waits for a connection
+    # (within the call's timeout) instead of failing with "Too many connections".
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
         decode_responses=True,
         socket_timeout=LEDGER_CALL_TIMEOUT_S,
         socket_connect_timeout=LEDGER_CALL_TIMEOUT_S,
         max_connections=POOL_CONNECTIONS_MAX,
+        timeout=LEDGER_CALL_TIMEOUT_S,
         health_check_interval=30,
+        # A connection broken by a Redis restart fails its next command; retry on a fresh one.
+        # Replaying a script is safe: every script is idempotent by reservation id.
+        retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_S_MAX, base=0.01), RETRIES_MAX),
     )
+    return aioredis.Redis(connection_pool=pool)
 
 
 class RedisStore(ScriptedStore):

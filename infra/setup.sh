@@ -1,0 +1,25 @@
+# Sourced by infra/test.sh and infra/demo.sh: install what a fresh Linux machine is missing.
+# Idempotent and quiet when everything is there already.
+
+_sudo() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "setup: installing redis-server (apt-get)" >&2
+  _sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive _sudo apt-get install -y -qq redis-server redis-tools >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "setup: Python >= 3.11 is required (found $("$PYTHON" --version 2>&1))" >&2
+  exit 1
+fi
+stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+  echo "setup: creating .venv and installing dependencies" >&2
+  "$PYTHON" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip >/dev/null
+  .venv/bin/pip install -q -e ".[dev]"
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi

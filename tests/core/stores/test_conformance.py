@@ -1,0 +1,421 @@
+"""The definition of a ledger store: every store kind must pass every test here.
+
+Amounts are read back from the ledger's own counters (status), never from the values the
+operation returned, so a store cannot pass by reporting what the test expects.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from core.budgets import BudgetDef, BudgetId, Limit, Period
+from core.errors import (
+    BudgetBusy,
+    BudgetExceeded,
+    BudgetNotFound,
+    IdempotencyConflict,
+    ReservationNotFound,
+    ReservationResolved,
+)
+from core.ledger import (
+    ExpirePolicy,
+    KeyRecord,
+    LedgerStore,
+    LegStatus,
+    ReservationRef,
+    ReservationState,
+    ReserveRequest,
+    RunLimit,
+)
+from tests.support import ManualClock
+
+TTL_MS = 60_000
+OWNER = "key_owner"
+
+
+def request(
+    tag: str,
+    path: str,
+    amount_micros: int,
+    *,
+    rid: str | None = None,
+    fingerprint: str = "fp",
+    ttl_ms: int = TTL_MS,
+    policy: ExpirePolicy = ExpirePolicy.CHARGE,
+    run: RunLimit | None = None,
+    owner: str = OWNER,
+) -> ReserveRequest:
+    return ReserveRequest(
+        ref=ReservationRef(tag, rid or uuid.uuid4().hex, owner),
+        budget_ids=BudgetId(path).lineage(),
+        amount_micros=amount_micros,
+        ttl_ms=ttl_ms,
+        fingerprint=fingerprint,
+        price_version="test-prices",
+        model="test-model",
+        expire_policy=policy,
+        run=run,
+    )
+
+
+async def put(
+    store: LedgerStore, path: str, *limits: tuple[Period, int], tz: str = "UTC", allow: int = 0
+) -> BudgetId:
+    bid = BudgetId.parse(path)
+    await store.put_budget(BudgetDef(bid, tuple(Limit(p, c) for p, c in limits), tz, allow))
+    return bid
+
+
+async def leg(store: LedgerStore, path: str, period: Period = Period.TOTAL) -> LegStatus:
+    legs = await store.status((BudgetId(path),))
+    return next(x for x in legs if x.period is period)
+
+
+async def test_put_and_get_budget_round_trip(store: LedgerStore, tag: str) -> None:
+    bid = await put(store, tag, (Period.DAY, 5), (Period.TOTAL, 50), tz="Europe/Paris", allow=3)
+    got = await store.get_budget(bid)
+    assert got == BudgetDef(bid, (Limit(Period.DAY, 5), Limit(Period.TOTAL, 50)), "Europe/Paris", 3)
+    assert await store.get_budget(BudgetId(f"{tag}/team:none")) is None
+
+
+async def test_reserve_holds_in_every_budget_and_period_on_the_path(
+    store: LedgerStore, tag: str
+) -> None:
+    await put(store, tag, (Period.DAY, 1_000), (Period.TOTAL, 5_000))
+    await put(store, f"{tag}/team:a", (Period.MONTH, 300))
+    r = await store.reserve(request(tag, f"{tag}/team:a/key:k", 100))
+    assert r.reserved_micros == 100
+    assert [(x.budget_id, x.period) for x in r.legs] == [
+        (tag, Period.DAY), (tag, Period.TOTAL), (f"{tag}/team:a", Period.MONTH)
+    ]
+    assert (await leg(store, tag, Period.DAY)).reserved_micros == 100
+    assert (await leg(store, tag)).reserved_micros == 100
+    team = await leg(store, f"{tag}/team:a", Period.MONTH)
+    assert (team.reserved_micros, team.remaining_micros) == (100, 200)
+
+
+async def test_refusal_is_all_or_nothing(store: LedgerStore, tag: str) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    await put(store, f"{tag}/team:a", (Period.TOTAL, 50))
+    with pytest.raises(BudgetExceeded) as info:
+        await store.reserve(request(tag, f"{tag}/team:a", 60))
+    assert info.value.details["budget_id"] == f"{tag}/team:a"
+    assert info.value.details["remaining_micros"] == 50
+    assert (await leg(store, tag)).reserved_micros == 0
+    assert (await leg(store, f"{tag}/team:a")).reserved_micros == 0
+
+
+async def test_exceeded_and_busy_are_told_apart(store: LedgerStore, tag: str) -> None:
+    await put(store, tag, (Period.DAY, 100))
+    held = await store.reserve(request(tag, tag, 70))
+    with pytest.raises(BudgetBusy) as busy:
+        await store.reserve(request(tag, tag, 40))
+    assert busy.value.details["retry_after_s"] >= 1
+    await store.settle(ReservationRef(tag, held.reservation_id, OWNER), 70)
+    with pytest.raises(BudgetExceeded) as exceeded:
+        await store.reserve(request(tag, tag, 40))
+    # A day budget names when it resets; the clock starts at noon UTC, so in 12 hours.
+    assert exceeded.value.details["retry_after_s"] == 12 * 3600
+    assert exceeded.value.details["period"] == "day"
+
+
+async def test_total_budget_has_no_retry_after(store: LedgerStore, tag: str) -> None:
+    await put(store, tag, (Period.TOTAL, 10))
+    with pytest.raises(BudgetExceeded) as info:
+        await store.reserve(request(tag, tag, 11))
+    assert "retry_after_s" not in info.value.details
+
+
+async def test_twenty_nickels_fit_a_dollar_and_the_twenty_first_does_not(
+    store: LedgerStore, tag: str
+) -> None:
+    # Integer micro-dollars: in floats, twenty 0.05s sum to 1.0000000000000002 > 1.00.
+    await put(store, tag, (Period.TOTAL, 1_000_000))
+    held = [await store.reserve(request(tag, tag, 50_000)) for _ in range(20)]
+    with pytest.raises(BudgetBusy):
+        await store.reserve(request(tag, tag, 50_000))
+    for r in held:
+        await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 50_000)
+    with pytest.raises(BudgetExceeded):
+        await store.reserve(request(tag, tag, 50_000))
+    total = await leg(store, tag)
+    assert (total.committed_micros, total.reserved_micros, total.remaining_micros) == (
+        1_000_000, 0, 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("actual", "released", "overshoot"), [(30, 70, 0), (100, 0, 0), (130, 0, 30), (0, 100, 0)]
+)
+async def test_settle_books_the_actual_and_records_overshoot(
+    store: LedgerStore, tag: str, actual: int, released: int, overshoot: int
+) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    r = await store.reserve(request(tag, tag, 100))
+    s = await store.settle(ReservationRef(tag, r.reservation_id, OWNER), actual)
+    assert (s.charged_micros, s.released_micros, s.overshoot_micros) == (
+        actual, released, overshoot
+    )
+    total = await leg(store, tag)
+    assert (total.committed_micros, total.reserved_micros, total.overshoot_micros) == (
+        actual, 0, overshoot
+    )
+
+
+async def test_settle_replays_its_first_answer_and_refuses_another_amount(
+    store: LedgerStore, tag: str
+) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    r = await store.reserve(request(tag, tag, 100))
+    ref = ReservationRef(tag, r.reservation_id, OWNER)
+    first = await store.settle(ref, 40)
+    again = await store.settle(ref, 40)
+    assert (again.charged_micros, again.released_micros, again.replayed) == (40, 60, True)
+    assert not first.replayed
+    with pytest.raises(IdempotencyConflict):
+        await store.settle(ref, 41)
+    assert (await leg(store, tag)).committed_micros == 40
+
+
+async def test_reserve_replay_returns_the_first_answer_and_holds_once(
+    store: LedgerStore, tag: str
+) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    rid = uuid.uuid4().hex
+    first = await store.reserve(request(tag, tag, 100, rid=rid))
+    again = await store.reserve(request(tag, tag, 100, rid=rid))
+    assert (again.reservation_id, again.reserved_micros, again.expires_at_ms) == (
+        first.reservation_id, 100, first.expires_at_ms
+    )
+    assert again.replayed
+    assert not first.replayed
+    assert (await leg(store, tag)).reserved_micros == 100
+    with pytest.raises(IdempotencyConflict):
+        await store.reserve(request(tag, tag, 100, rid=rid, fingerprint="other"))
+    with pytest.raises(IdempotencyConflict):
+        await store.reserve(request(tag, tag, 100, rid=rid, owner="key_other"))
+
+
+async def test_release_returns_the_hold_once(store: LedgerStore, tag: str) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    r = await store.reserve(request(tag, tag, 100))
+    ref = ReservationRef(tag, r.reservation_id, OWNER)
+    first = await store.release(ref)
+    again = await store.release(ref)
+    assert (first.released_micros, first.replayed) == (100, False)
+    assert (again.released_micros, again.replayed) == (100, True)
+    total = await leg(store, tag)
+    assert (total.committed_micros, total.reserved_micros) == (0, 0)
+    with pytest.raises(ReservationResolved):
+        await store.settle(ref, 10)
+
+
+async def test_release_after_settle_is_refused(store: LedgerStore, tag: str) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    r = await store.reserve(request(tag, tag, 100))
+    ref = ReservationRef(tag, r.reservation_id, OWNER)
+    await store.settle(ref, 10)
+    with pytest.raises(ReservationResolved):
+        await store.release(ref)
+    assert (await leg(store, tag)).committed_micros == 10
+
+
+async def test_another_owner_cannot_see_settle_or_release(store: LedgerStore, tag: str) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    r = await store.reserve(request(tag, tag, 100))
+    stranger = ReservationRef(tag, r.reservation_id, "key_stranger")
+    with pytest.raises(ReservationNotFound):
+        await store.settle(stranger, 1)
+    with pytest.raises(ReservationNotFound):
+        await store.release(stranger)
+    assert await store.reservation(stranger) is None
+    assert (await leg(store, tag)).reserved_micros == 100
+
+
+async def test_unknown_reservation_is_not_found(store: LedgerStore, tag: str) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    ref = ReservationRef(tag, "nope", OWNER)
+    with pytest.raises(ReservationNotFound):
+        await store.settle(ref, 1)
+    with pytest.raises(ReservationNotFound):
+        await store.release(ref)
+
+
+async def test_no_budget_on_the_path_is_refused(store: LedgerStore, tag: str) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    other = f"org:o{uuid.uuid4().hex[:12]}"
+    with pytest.raises(BudgetNotFound):
+        await store.reserve(request(other, f"{other}/team:x", 1))
+
+
+async def test_budgets_that_do_not_exist_on_the_path_do_not_apply(
+    store: LedgerStore, tag: str
+) -> None:
+    await put(store, f"{tag}/team:a", (Period.TOTAL, 100))
+    r = await store.reserve(request(tag, f"{tag}/team:a/key:k", 60))
+    assert [x.budget_id for x in r.legs] == [f"{tag}/team:a"]
+
+
+async def test_expiry_charges_the_hold_and_marks_the_outcome_unknown(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    r = await store.reserve(request(tag, tag, 100))
+    ref = ReservationRef(tag, r.reservation_id, OWNER)
+    clock.advance(TTL_MS - 1)
+    assert await store.expire(tag, 100) == 0
+    clock.advance(1)
+    assert await store.expire(tag, 100) == 1
+    assert await store.expire(tag, 100) == 0
+    total = await leg(store, tag)
+    assert (total.committed_micros, total.reserved_micros) == (100, 0)
+    view = await store.reservation(ref)
+    assert view is not None
+    assert (view.state, view.outcome) == (ReservationState.EXPIRED, "unknown")
+
+
+@pytest.mark.parametrize(("actual", "committed", "overshoot"), [(30, 30, 0), (130, 130, 30)])
+async def test_a_late_settle_corrects_what_expiry_charged(
+    store: LedgerStore, tag: str, clock: ManualClock, actual: int, committed: int, overshoot: int
+) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    r = await store.reserve(request(tag, tag, 100))
+    clock.advance(TTL_MS)
+    await store.expire(tag, 100)
+    s = await store.settle(ReservationRef(tag, r.reservation_id, OWNER), actual)
+    assert s.late
+    assert s.charged_micros == actual
+    total = await leg(store, tag)
+    assert (total.committed_micros, total.reserved_micros, total.overshoot_micros) == (
+        committed, 0, overshoot
+    )
+
+
+async def test_release_policy_returns_the_hold_and_a_late_settle_is_all_overshoot(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    r = await store.reserve(request(tag, tag, 100, policy=ExpirePolicy.RELEASE))
+    clock.advance(TTL_MS)
+    assert await store.expire(tag, 100) == 1
+    assert (await leg(store, tag)).committed_micros == 0
+    s = await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 40)
+    assert (s.charged_micros, s.released_micros, s.overshoot_micros) == (40, 0, 40)
+    total = await leg(store, tag)
+    assert (total.committed_micros, total.overshoot_micros) == (40, 40)
+
+
+async def test_a_late_release_refunds_what_expiry_charged(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    r = await store.reserve(request(tag, tag, 100))
+    clock.advance(TTL_MS)
+    await store.expire(tag, 100)
+    released = await store.release(ReservationRef(tag, r.reservation_id, OWNER))
+    assert released.released_micros == 100
+    total = await leg(store, tag)
+    assert (total.committed_micros, total.reserved_micros) == (0, 0)
+
+
+async def test_reserve_reclaims_expired_leases_before_it_checks(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    await put(store, tag, (Period.TOTAL, 100))
+    await store.reserve(request(tag, tag, 100, policy=ExpirePolicy.RELEASE))
+    with pytest.raises(BudgetBusy):
+        await store.reserve(request(tag, tag, 100))
+    clock.advance(TTL_MS)
+    r = await store.reserve(request(tag, tag, 100))
+    assert r.legs[0].reserved_micros == 100
+
+
+async def test_settle_charges_the_period_it_reserved_in_not_today(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    await put(store, tag, (Period.DAY, 1_000))
+    clock.now_ms = int(datetime(2026, 3, 14, 23, 59, 59, tzinfo=UTC).timestamp() * 1000)
+    r = await store.reserve(request(tag, tag, 100))
+    assert r.legs[0].window_key == "day:2026-03-14"
+    clock.advance(1_000)
+    await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 80)
+    today = await leg(store, tag, Period.DAY)
+    assert (today.window_key, today.committed_micros, today.reserved_micros) == (
+        "day:2026-03-15", 0, 0
+    )
+    clock.advance(-1_000)
+    yesterday = await leg(store, tag, Period.DAY)
+    assert (yesterday.window_key, yesterday.committed_micros) == ("day:2026-03-14", 80)
+
+
+async def test_periods_follow_the_budget_time_zone(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    await put(store, tag, (Period.DAY, 1_000), (Period.MONTH, 5_000), tz="America/New_York")
+    # 03:00 UTC on March 1st is still February 28th, 22:00 in New York.
+    clock.now_ms = int(datetime(2026, 3, 1, 3, tzinfo=UTC).timestamp() * 1000)
+    r = await store.reserve(request(tag, tag, 10))
+    assert [x.window_key for x in r.legs] == ["day:2026-02-28", "month:2026-02"]
+    assert r.legs[0].resets_at_ms == int(datetime(2026, 3, 1, 5, tzinfo=UTC).timestamp() * 1000)
+
+
+async def test_a_day_resets_at_midnight(store: LedgerStore, tag: str, clock: ManualClock) -> None:
+    await put(store, tag, (Period.DAY, 100))
+    r = await store.reserve(request(tag, tag, 100))
+    await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 100)
+    with pytest.raises(BudgetExceeded):
+        await store.reserve(request(tag, tag, 1))
+    clock.advance(12 * 3_600_000)
+    assert (await store.reserve(request(tag, tag, 100))).legs[0].window_key == "day:2026-03-15"
+
+
+async def test_replacing_a_budget_keeps_its_spend(store: LedgerStore, tag: str) -> None:
+    await put(store, tag, (Period.TOTAL, 100))
+    r = await store.reserve(request(tag, tag, 60))
+    await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 60)
+    await put(store, tag, (Period.TOTAL, 200))
+    total = await leg(store, tag)
+    assert (total.ceiling_micros, total.committed_micros, total.remaining_micros) == (200, 60, 140)
+
+
+async def test_a_run_budget_is_checked_with_the_others(store: LedgerStore, tag: str) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    run = RunLimit(BudgetId(f"{tag}/run:r1"), 150)
+    await store.reserve(request(tag, tag, 100, run=run))
+    with pytest.raises(BudgetBusy) as info:
+        await store.reserve(request(tag, tag, 100, run=run))
+    assert info.value.details["budget_id"] == f"{tag}/run:r1"
+    legs = await store.status((BudgetId(tag),), run)
+    assert [(x.budget_id, x.reserved_micros) for x in legs] == [(tag, 100), (f"{tag}/run:r1", 100)]
+
+
+async def test_api_keys_are_stored_by_hash_and_revoked(store: LedgerStore, tag: str) -> None:
+    record = KeyRecord("key_1" + tag[-6:], "h" + uuid.uuid4().hex, BudgetId(tag), 500)
+    await store.put_key(record)
+    assert await store.get_key(record.key_hash) == record
+    assert await store.delete_key(record.key_id)
+    assert not await store.delete_key(record.key_id)
+    assert await store.get_key(record.key_hash) is None
+
+
+async def test_reservation_view_reports_the_price_version_and_model(
+    store: LedgerStore, tag: str
+) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    r = await store.reserve(request(tag, tag, 100))
+    view = await store.reservation(ReservationRef(tag, r.reservation_id, OWNER))
+    assert view is not None
+    assert (view.state, view.model, view.price_version, view.reserved_micros) == (
+        ReservationState.OPEN, "test-model", "test-prices", 100
+    )
+
+
+async def test_probe_reports_what_the_store_is(store: LedgerStore) -> None:
+    probe = await store.probe("instance-a")
+    assert probe.reachable
+    assert probe.shared is store.shared
+    assert probe.backend == store.backend
+    assert ("ledger_not_shared" in probe.reasons) is not store.shared

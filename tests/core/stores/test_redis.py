@@ -1,0 +1,187 @@
+"""What only a real Redis can show: its own clock, script loading, a wiped ledger, an outage."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from core.budgets import BudgetId, Period
+from core.errors import BudgetNotFound, LedgerUnavailable, Unauthorized
+from core.ledger import KeyRecord, ReservationRef
+from core.stores import keys
+from core.stores.redis import LEDGER_CALL_TIMEOUT_S, RedisStore
+from core.stores.scripts import script
+from infra.redis_server import RedisServer, free_port
+from tests.core.stores.test_conformance import OWNER, leg, put, request
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A Redis of this test's own, for tests that flush or stop it."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def raw(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+async def test_ledger_time_is_redis_time_not_the_instance_clock(
+    redis_server: RedisServer, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RedisStore(redis_server.url)
+    await put(store, tag, (Period.DAY, 1_000))
+    # This instance's clock runs three days and seven minutes ahead of the ledger.
+    skew_s = 3 * 86_400 + 420
+    real_time = time.time
+    monkeypatch.setattr("core.stores.scripted.time.time", lambda: real_time() + skew_s)
+    before_ms = int(real_time() * 1000)
+    r = await store.reserve(request(tag, tag, 10))
+    after_ms = int(real_time() * 1000)
+    assert before_ms + 60_000 - 50 <= r.expires_at_ms <= after_ms + 60_000 + 50
+    today = datetime.fromtimestamp(r.now_ms / 1000, tz=UTC).strftime("%Y-%m-%d")
+    assert r.legs[0].window_key == f"day:{today}"
+    await store.close()
+
+
+async def test_a_flushed_script_cache_is_reloaded(
+    redis_server: RedisServer, raw: aioredis.Redis, tag: str
+) -> None:
+    store = RedisStore(redis_server.url)
+    await put(store, tag, (Period.TOTAL, 1_000))
+    await raw.script_flush()
+    r = await store.reserve(request(tag, tag, 10))
+    assert r.reserved_micros == 10
+    await store.close()
+
+
+async def test_a_flushed_ledger_is_detected_not_served_as_empty(
+    own_redis: RedisServer, tag: str
+) -> None:
+    store = RedisStore(own_redis.url)
+    await put(store, tag, (Period.TOTAL, 100))
+    await store.put_key(KeyRecord("key_a", "hash_a", BudgetId(tag), None))
+    r = await store.reserve(request(tag, tag, 100))
+    raw = aioredis.Redis.from_url(own_redis.url)
+    await raw.flushall()
+    await raw.aclose()
+    with pytest.raises(LedgerUnavailable) as info:
+        await store.reserve(request(tag, tag, 100))
+    assert info.value.reason == "ledger_reset"
+    with pytest.raises(LedgerUnavailable):
+        await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 10)
+    with pytest.raises(LedgerUnavailable):
+        await store.get_key("hash_a")
+    probe = await store.probe("i1")
+    assert probe.reasons == ("ledger_reset",)
+    await store.close()
+
+    # A new instance finds an empty ledger: nothing to enforce against, so nothing is admitted.
+    fresh = RedisStore(own_redis.url)
+    with pytest.raises(BudgetNotFound):
+        await fresh.reserve(request(tag, tag, 1))
+    assert await fresh.get_key("hash_a") is None
+    await fresh.close()
+
+
+async def test_a_restart_without_persistence_is_a_reset(own_redis: RedisServer, tag: str) -> None:
+    store = RedisStore(own_redis.url)
+    await put(store, tag, (Period.TOTAL, 100))
+    own_redis.restart(wipe=True)
+    with pytest.raises(LedgerUnavailable) as info:
+        await store.reserve(request(tag, tag, 1))
+    assert info.value.reason == "ledger_reset"
+    await store.close()
+
+
+async def test_an_unreachable_ledger_fails_closed_quickly(tag: str) -> None:
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0")
+    started = time.monotonic()
+    with pytest.raises(LedgerUnavailable) as info:
+        await store.reserve(request(tag, tag, 1))
+    assert info.value.reason == "ledger_unreachable"
+    assert time.monotonic() - started < LEDGER_CALL_TIMEOUT_S * 3
+    probe = await store.probe("i1")
+    assert (probe.reachable, probe.reasons) == (False, ("ledger_unreachable",))
+    await store.close()
+
+
+async def test_a_ledger_that_comes_back_is_used_without_a_new_store(
+    own_redis: RedisServer, tag: str
+) -> None:
+    own_redis.durable = True
+    own_redis.restart()
+    store = RedisStore(own_redis.url)
+    await put(store, tag, (Period.TOTAL, 100))
+    own_redis.stop()
+    with pytest.raises(LedgerUnavailable):
+        await store.reserve(request(tag, tag, 1))
+    own_redis.start()
+    assert (await store.reserve(request(tag, tag, 1))).reserved_micros == 1
+    assert (await store.probe("i1")).reasons == ()
+    await store.close()
+
+
+@pytest.mark.parametrize("bad", ["-0", "1.5", "1e3", "9007199254740993", "", "-1", "0x10"])
+async def test_the_reserve_script_refuses_a_bad_amount_before_writing(
+    redis_server: RedisServer, raw: aioredis.Redis, tag: str, bad: str
+) -> None:
+    store = RedisStore(redis_server.url)
+    ledger_id = await store.open()
+    await put(store, tag, (Period.TOTAL, 1_000))
+    rid = "bad-amount"
+    args = [ledger_id, "", rid, OWNER, "fp", bad, "60000", "v", "m", "charge", "16", "1000",
+            "1000", "0", "1", tag, "UTC", ""]
+    reserve = script("reserve")
+    with pytest.raises(ResponseError, match="BADARG"):
+        await raw.eval(reserve.source, 3, keys.meta(tag), keys.reservation(tag, rid),
+                       keys.open_leases(tag), *args)
+    assert not await raw.exists(keys.reservation(tag, rid))
+    assert (await leg(store, tag)).reserved_micros == 0
+    await store.close()
+
+
+async def test_amounts_near_the_limits_survive_lua_exactly(
+    redis_server: RedisServer, tag: str
+) -> None:
+    store = RedisStore(redis_server.url)
+    ceiling = 10**15 - 7
+    amount = 10**12 - 3
+    await put(store, tag, (Period.TOTAL, ceiling))
+    for _ in range(3):
+        r = await store.reserve(request(tag, tag, amount))
+        await store.settle(ReservationRef(tag, r.reservation_id, OWNER), amount + 1)
+    total = await leg(store, tag)
+    assert (total.committed_micros, total.overshoot_micros) == (3 * (amount + 1), 3)
+    assert total.remaining_micros == ceiling - 3 * (amount + 1)
+    await store.close()
+
+
+async def test_every_key_a_call_writes_carries_its_tag(
+    redis_server: RedisServer, raw: aioredis.Redis, tag: str
+) -> None:
+    store = RedisStore(redis_server.url)
+    await put(store, tag, (Period.DAY, 1_000), (Period.TOTAL, 1_000))
+    await put(store, f"{tag}/team:a", (Period.MONTH, 1_000))
+    r = await store.reserve(request(tag, f"{tag}/team:a/key:k", 10))
+    await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 5)
+    written = [k async for k in raw.scan_iter(match=f"*{tag}*")]
+    assert len(written) >= 6
+    assert all(k.startswith(f"sc:{{{tag}}}:") for k in written)
+    await store.close()
+
+
+def test_unauthorized_is_a_ceiling_error_that_pickles() -> None:
+    import pickle
+
+    error = pickle.loads(pickle.dumps(LedgerUnavailable("x", reason="ledger_reset")))
+    assert (error.reason, error.message) == ("ledger_reset", "x")
+    assert pickle.loads(pickle.dumps(Unauthorized("no"))).code == "unauthorized"

@@ -1,0 +1,166 @@
+"""A Hypothesis state machine drives random ledger steps and checks the books after each one.
+
+Checked after every step, on every store kind:
+- for every counter, committed + reserved <= ceiling + overshoot (equivalently: where no settle
+  overshot, committed + reserved <= ceiling);
+- reserved is never negative;
+- a reservation moves only forward (open -> settled | released | expired -> settled | released)
+  and is never resolved twice;
+- the books reconcile to the micro-dollar: each counter's reserved is the sum of the open
+  reservations, and its committed the sum of what settles charged plus what expiry charged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from core.budgets import BudgetDef, BudgetId, Limit, Period
+from core.errors import BudgetRefused, IdempotencyConflict, ReservationResolved
+from core.ledger import (
+    ExpirePolicy,
+    LedgerStore,
+    ReservationRef,
+    ReservationState,
+    ReserveRequest,
+)
+from tests.support import STORE_FACTORIES, ManualClock
+
+T = TypeVar("T")
+TTL_MS = 30_000
+OWNER = "key_sm"
+FORWARD = {
+    ReservationState.OPEN: {ReservationState.OPEN, ReservationState.SETTLED,
+                            ReservationState.RELEASED, ReservationState.EXPIRED},
+    ReservationState.EXPIRED: {ReservationState.EXPIRED, ReservationState.SETTLED,
+                               ReservationState.RELEASED},
+    ReservationState.SETTLED: {ReservationState.SETTLED},
+    ReservationState.RELEASED: {ReservationState.RELEASED},
+}
+
+
+def machine_for(request: pytest.FixtureRequest, kind: str) -> type[RuleBasedStateMachine]:
+    class LedgerMachine(RuleBasedStateMachine):
+        reservations = Bundle("reservations")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.loop = asyncio.new_event_loop()
+            self.clock = ManualClock()
+            self.store: LedgerStore = STORE_FACTORIES[kind](request, self.clock)
+            self.tag = f"org:sm{uuid.uuid4().hex[:12]}"
+            self.path = BudgetId(f"{self.tag}/team:t/key:k")
+            self.states: dict[str, ReservationState] = {}
+            self.amounts: dict[str, int] = {}
+            self.overshoot: dict[str, int] = {}
+            self.run(self.store.open())
+            self.run(self.store.put_budget(BudgetDef(
+                BudgetId(self.tag), (Limit(Period.DAY, 700), Limit(Period.TOTAL, 1_000)))))
+            self.run(self.store.put_budget(BudgetDef(
+                BudgetId(f"{self.tag}/team:t"), (Limit(Period.MONTH, 900),))))
+
+        def run(self, coro: Coroutine[Any, Any, T]) -> T:
+            return self.loop.run_until_complete(coro)
+
+        def teardown(self) -> None:
+            self.run(self.store.close())
+            self.loop.close()
+
+        def ref(self, rid: str) -> ReservationRef:
+            return ReservationRef(self.tag, rid, OWNER)
+
+        @rule(
+            target=reservations,
+            amount=st.integers(1, 400),
+            policy=st.sampled_from(ExpirePolicy),
+        )
+        def reserve(self, amount: int, policy: ExpirePolicy) -> str:
+            rid = uuid.uuid4().hex
+            try:
+                self.run(self.store.reserve(ReserveRequest(
+                    self.ref(rid), self.path.lineage(), amount, TTL_MS, "fp", "v", "m", policy,
+                )))
+            except BudgetRefused:
+                return rid  # never admitted: settle and release must not find it
+            self.amounts[rid] = amount
+            return rid
+
+        @rule(rid=reservations, ratio=st.sampled_from([0, 0.5, 1, 1.5]))
+        def settle(self, rid: str, ratio: float) -> None:
+            if rid not in self.amounts:
+                return
+            actual = int(self.amounts[rid] * ratio)
+            try:
+                s = self.run(self.store.settle(self.ref(rid), actual))
+            except (ReservationResolved, IdempotencyConflict):
+                return
+            if not s.replayed:
+                self.overshoot[rid] = s.overshoot_micros
+
+        @rule(rid=reservations)
+        def release(self, rid: str) -> None:
+            if rid not in self.amounts:
+                return
+            try:
+                self.run(self.store.release(self.ref(rid)))
+            except ReservationResolved:
+                return
+            self.overshoot.pop(rid, None)
+
+        @rule(ms=st.integers(1, TTL_MS))
+        def advance_clock(self, ms: int) -> None:
+            self.clock.advance(ms)
+
+        @rule()
+        def expire(self) -> None:
+            self.run(self.store.expire(self.tag, 1_000))
+
+        @invariant()
+        def books_reconcile(self) -> None:
+            views = {
+                rid: self.run(self.store.reservation(self.ref(rid))) for rid in self.amounts
+            }
+            open_micros = committed_micros = 0
+            for rid, view in views.items():
+                assert view is not None
+                assert view.state in FORWARD[self.states.get(rid, ReservationState.OPEN)]
+                self.states[rid] = view.state
+                if view.state is ReservationState.OPEN:
+                    open_micros += view.reserved_micros
+                elif view.state is ReservationState.SETTLED:
+                    assert view.charged_micros is not None
+                    committed_micros += view.charged_micros
+                elif view.state is ReservationState.EXPIRED and view.outcome == "unknown":
+                    committed_micros += view.reserved_micros
+            overshoot_micros = sum(self.overshoot.values())
+            for leg in self.run(self.store.status(self.path.lineage())):
+                assert leg.reserved_micros >= 0
+                assert leg.reserved_micros == open_micros
+                assert leg.committed_micros == committed_micros
+                assert leg.overshoot_micros == overshoot_micros
+                assert leg.committed_micros + leg.reserved_micros <= (
+                    leg.ceiling_micros + leg.overshoot_micros
+                )
+
+    return LedgerMachine
+
+
+@pytest.mark.slow
+def test_ledger_state_machine(request: pytest.FixtureRequest, store_kind: str) -> None:
+    run_state_machine_as_test(
+        machine_for(request, store_kind),
+        settings=settings(max_examples=40, stateful_step_count=30, deadline=None),
+    )

@@ -1,0 +1,190 @@
+"""The service: bad input is refused with a typed error before the ledger is touched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.budgets import BudgetDef, BudgetId, Limit, Period
+from core.errors import (
+    BudgetExceeded,
+    IdempotencyConflict,
+    InvalidRequest,
+    ModelUnpriced,
+    ReservationNotFound,
+    Unauthorized,
+)
+from core.ledger import LedgerStore
+from core.prices import PriceTable, Usage
+from core.service import Caller, CallSpec, CeilingService, SettleSpec
+
+
+@pytest.fixture
+def service(store: LedgerStore, tmp_path: Path) -> CeilingService:
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps({"models": {"acme-llm": {
+        "input_usd_per_mtok": "1.00", "output_usd_per_mtok": "2.00"}}}))
+    return CeilingService(store, PriceTable.from_file(str(path)))
+
+
+async def caller_for(service: CeilingService, tag: str, ceiling_micros: int = 10_000) -> Caller:
+    await service.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, ceiling_micros),)))
+    key = await service.create_key(BudgetId(f"{tag}/key:k"), run_ceiling_micros=None)
+    return await service.authenticate(key.api_key)
+
+
+async def books(service: CeilingService, caller: Caller) -> tuple[int, int]:
+    legs = await service.my_budgets(caller)
+    return legs[0].committed_micros, legs[0].reserved_micros
+
+
+BAD_SPECS: list[dict[str, Any]] = [
+    {"model": "acme-llm", "input_tokens": -1, "output_tokens_max": 10},
+    {"model": "acme-llm", "input_tokens": 0, "output_tokens_max": 0},
+    {"model": "acme-llm", "input_tokens": 1.5, "output_tokens_max": 10},
+    {"model": "acme-llm", "input_tokens": 10**12, "output_tokens_max": 10},
+    {"model": "acme-llm", "input_tokens": 10, "output_tokens_max": "10"},
+    {"model": "acme-llm", "input_tokens": 10, "output_tokens_max": True},
+    {"model": "acme-llm", "input_tokens": 10},
+    {"model": "acme-llm", "input_tokens": 10, "output_tokens_max": 10, "choices": 0},
+    {"model": "acme-llm", "output_tokens_max": 10},
+    {"model": "acme-llm", "input_tokens": 1, "messages": [{"a": 1}], "output_tokens_max": 10},
+    {"model": "", "input_tokens": 10, "output_tokens_max": 10},
+    {"amount_micros": 0},
+    {"amount_micros": -5},
+    {"amount_micros": 1.5},
+    {"amount_micros": "5"},
+    {"amount_micros": 2**53},
+    {"amount_micros": 10, "model": "acme-llm"},
+    {"amount_micros": 10, "ttl_ms": 10},
+    {"amount_micros": 10, "ttl_ms": 10**9},
+    {},
+]
+
+
+@pytest.mark.parametrize("spec", BAD_SPECS)
+async def test_bad_input_is_refused_and_changes_nothing(
+    service: CeilingService, tag: str, spec: dict[str, Any]
+) -> None:
+    caller = await caller_for(service, tag)
+    with pytest.raises(InvalidRequest):
+        await service.reserve(caller, CallSpec(**spec))
+    assert await books(service, caller) == (0, 0)
+
+
+async def test_an_unpriced_model_is_refused_and_changes_nothing(
+    service: CeilingService, tag: str
+) -> None:
+    caller = await caller_for(service, tag)
+    with pytest.raises(ModelUnpriced):
+        await service.reserve(caller, CallSpec("no-such-model", 10, output_tokens_max=10))
+    assert await books(service, caller) == (0, 0)
+
+
+@pytest.mark.parametrize("bad", ["", "a" * 129, "with space", "tab\t", "é"])
+async def test_bad_idempotency_keys_are_refused(
+    service: CeilingService, tag: str, bad: str
+) -> None:
+    caller = await caller_for(service, tag)
+    with pytest.raises(InvalidRequest):
+        await service.reserve(caller, CallSpec(amount_micros=5), idempotency_key=bad)
+    assert await books(service, caller) == (0, 0)
+
+
+async def test_price_reserve_settle_by_tokens(service: CeilingService, tag: str) -> None:
+    caller = await caller_for(service, tag)
+    r = await service.reserve(caller, CallSpec("acme-llm", 1_000, output_tokens_max=500, choices=2))
+    assert r.reserved_micros == 1_000 + 2 * 500 * 2
+    s = await service.settle(caller, r.reservation_id, SettleSpec(Usage(1_000, 300)))
+    assert (s.charged_micros, s.released_micros) == (1_600, 1_400)
+    assert await books(service, caller) == (1_600, 0)
+
+
+async def test_a_settle_by_tokens_from_another_instance_reads_the_model(
+    service: CeilingService, store: LedgerStore, tag: str
+) -> None:
+    caller = await caller_for(service, tag)
+    r = await service.reserve(caller, CallSpec("acme-llm", 100, output_tokens_max=100))
+    other_instance = CeilingService(store, service.prices)
+    s = await other_instance.settle(caller, r.reservation_id, SettleSpec(Usage(100, 50)))
+    assert s.charged_micros == 200
+
+
+async def test_messages_are_bounded_by_their_bytes(service: CeilingService, tag: str) -> None:
+    caller = await caller_for(service, tag)
+    msgs = [{"role": "user", "content": "x" * 400}]
+    r = await service.reserve(caller, CallSpec("acme-llm", messages=msgs, output_tokens_max=1))
+    assert r.reserved_micros >= 400 + 2
+
+
+async def test_an_idempotency_key_makes_a_retry_return_the_first_reservation(
+    service: CeilingService, tag: str
+) -> None:
+    caller = await caller_for(service, tag)
+    first = await service.reserve(caller, CallSpec(amount_micros=70), idempotency_key="call-1")
+    again = await service.reserve(caller, CallSpec(amount_micros=70), idempotency_key="call-1")
+    assert again.reservation_id == first.reservation_id
+    assert again.replayed
+    assert await books(service, caller) == (0, 70)
+    with pytest.raises(IdempotencyConflict):
+        await service.reserve(caller, CallSpec(amount_micros=71), idempotency_key="call-1")
+
+
+async def test_keys_authenticate_and_revoke(service: CeilingService, tag: str) -> None:
+    await service.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, 10),)))
+    key = await service.create_key(BudgetId(tag), run_ceiling_micros=5)
+    assert key.api_key.startswith("sk-ceil-")
+    caller = await service.authenticate(key.api_key, run_id="run-1")
+    assert caller.run_limit() is not None
+    for bad in (None, "", "sk-ceil-wrong", key.api_key + "x", "Bearer " + key.api_key):
+        with pytest.raises(Unauthorized):
+            await service.authenticate(bad)
+    with pytest.raises(InvalidRequest):
+        await service.authenticate(key.api_key, run_id="bad run id")
+    assert await service.revoke_key(key.key_id)
+    with pytest.raises(Unauthorized):
+        await service.authenticate(key.api_key)
+
+
+async def test_a_key_needs_an_existing_budget(service: CeilingService, tag: str) -> None:
+    with pytest.raises(InvalidRequest):
+        await service.create_key(BudgetId(f"{tag}/key:nobody"), run_ceiling_micros=None)
+
+
+async def test_a_run_has_its_own_ceiling(service: CeilingService, tag: str) -> None:
+    await service.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, 1_000),)))
+    key = await service.create_key(BudgetId(tag), run_ceiling_micros=100)
+    run_a = await service.authenticate(key.api_key, run_id="a")
+    run_b = await service.authenticate(key.api_key, run_id="b")
+    await service.reserve(run_a, CallSpec(amount_micros=100))
+    r = await service.reserve(run_b, CallSpec(amount_micros=100))
+    await service.settle(run_b, r.reservation_id, SettleSpec(actual_micros=100))
+    with pytest.raises(BudgetExceeded) as info:
+        await service.reserve(run_b, CallSpec(amount_micros=1))
+    assert info.value.details["budget_id"] == f"{tag}/run:b"
+
+
+@pytest.mark.parametrize("rid", ["", "a{b}", "../x", "a b", "x" * 129])
+async def test_malformed_reservation_ids_are_not_found(
+    service: CeilingService, tag: str, rid: str
+) -> None:
+    caller = await caller_for(service, tag)
+    with pytest.raises(ReservationNotFound):
+        await service.settle(caller, rid, SettleSpec(actual_micros=1))
+
+
+async def test_an_amount_reservation_settles_only_by_amount(
+    service: CeilingService, tag: str
+) -> None:
+    caller = await caller_for(service, tag)
+    r = await service.reserve(caller, CallSpec(amount_micros=50))
+    with pytest.raises(InvalidRequest):
+        await service.settle(caller, r.reservation_id, SettleSpec(Usage(1, 1)))
+    with pytest.raises(InvalidRequest):
+        await service.settle(caller, r.reservation_id, SettleSpec(Usage(1, 1), 5))
+    with pytest.raises(InvalidRequest):
+        await service.settle(caller, r.reservation_id, SettleSpec(actual_micros=-1))
+    assert await books(service, caller) == (0, 50)

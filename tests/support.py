@@ -1,0 +1,51 @@
+"""Shared by fixtures and plugins: the injected clock and the registry of store kinds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from functools import partial
+
+import pytest
+
+from core.ledger import LedgerStore
+from core.stores.memory import MemoryStore
+from core.stores.redis import RedisStore
+
+# 2026-03-14 12:00:00 UTC: mid-day, mid-month, so a test crosses a boundary only on purpose.
+CLOCK_START_MS = int(datetime(2026, 3, 14, 12, tzinfo=UTC).timestamp() * 1000)
+
+
+class ManualClock:
+    """Ledger time that tests move by hand; nothing sleeps to make a lease expire."""
+
+    def __init__(self, now_ms: int = CLOCK_START_MS) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+
+
+StoreFactory = Callable[[pytest.FixtureRequest, ManualClock], LedgerStore]
+
+# Every store kind the conformance suite runs against. Plugins in tests/plugins/ add the kinds
+# that need a server of their own (an Upstash REST bridge, a Redis Cluster).
+STORE_FACTORIES: dict[str, StoreFactory] = {
+    "memory": lambda request, clock: MemoryStore(clock=clock),
+    "redis": lambda request, clock: RedisStore(
+        request.getfixturevalue("redis_server").url, clock=clock
+    ),
+}
+
+
+SharedStoreBuilder = Callable[[pytest.FixtureRequest], Callable[[], LedgerStore]]
+
+# Store kinds that several OS processes can share, as a picklable builder (a functools.partial
+# of the store class) that a child process calls to open its own connection. Production path:
+# no injected clock, the ledger's own time.
+SHARED_STORE_BUILDERS: dict[str, SharedStoreBuilder] = {
+    "redis": lambda request: partial(RedisStore, request.getfixturevalue("redis_server").url),
+}
