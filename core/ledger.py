@@ -179,6 +179,11 @@ class LedgerStore(Protocol):
 
     async def release(self, ref: ReservationRef) -> Release: ...
 
+    async def book(self, request: ReserveRequest, actual_micros: int, admitted_at_ms: int) -> bool:
+        """Book spend admitted during an outage, unconditionally, in the periods of
+        `admitted_at_ms`; idempotent by reservation id. Returns False if it was booked before."""
+        ...
+
     async def reservation(self, ref: ReservationRef) -> ReservationView | None:
         """The stored reservation, or None if unknown or another owner's."""
         ...

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from core.budgets import BudgetDef, BudgetId, check_micros
-from core.errors import InvalidRequest, ReservationNotFound, Unauthorized
+from core.errors import InvalidRequest, LedgerUnavailable, ReservationNotFound, Unauthorized
 from core.estimate import input_tokens_upper_bound
 from core.ledger import (
     ExpirePolicy,
@@ -38,6 +38,7 @@ from core.limits import (
     RESERVATION_TTL_MS_MAX,
     RESERVATION_TTL_MS_MIN,
 )
+from core.outage import OutageAllowance
 from core.prices import PriceTable, Usage
 
 # Reservation ids and idempotency keys: printable ASCII without separators the ledger uses.
@@ -47,6 +48,8 @@ _RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 API_KEY_PREFIX = "sk-ceil-"
 # Models of reservations this instance made, so a token-priced settle needs no extra read.
 MODEL_CACHE_MAX = 50_000
+# Keys this instance authenticated, remembered only to authenticate them during a ledger outage.
+KEY_CACHE_MAX = 10_000
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,8 @@ class CeilingService:
         self.lease_ttl_ms = lease_ttl_ms
         self.expire_policy = expire_policy
         self._models: OrderedDict[str, str] = OrderedDict()
+        self._keys: OrderedDict[str, KeyRecord] = OrderedDict()
+        self.outage = OutageAllowance()
 
     # -- pricing -------------------------------------------------------------------------
 
@@ -177,21 +182,31 @@ class CeilingService:
                 sort_keys=True, default=str,
             ).encode()
         ).hexdigest()[:32]
-        reservation = await self.store.reserve(
-            ReserveRequest(
-                ref=ReservationRef(caller.tag, reservation_id, caller.key.key_id),
-                budget_ids=caller.key.budget_id.lineage(),
-                amount_micros=amount,
-                ttl_ms=ttl_ms,
-                fingerprint=fingerprint,
-                price_version=self.prices.version,
-                model=model,
-                expire_policy=self.expire_policy,
-                run=caller.run_limit(),
-            )
+        request = ReserveRequest(
+            ref=ReservationRef(caller.tag, reservation_id, caller.key.key_id),
+            budget_ids=caller.key.budget_id.lineage(),
+            amount_micros=amount,
+            ttl_ms=ttl_ms,
+            fingerprint=fingerprint,
+            price_version=self.prices.version,
+            model=model,
+            expire_policy=self.expire_policy,
+            run=caller.run_limit(),
         )
         self._remember_model(reservation_id, model)
+        try:
+            reservation = await self.store.reserve(request)
+        except LedgerUnavailable as exc:
+            if exc.reason == "ledger_reset":
+                raise  # a wiped ledger is not an outage: the spend it held is gone
+            return self.outage.admit(request, exc)
+        self.outage.learn(request.budget_ids, reservation.legs)
+        await self.flush_journal()
         return reservation
+
+    async def flush_journal(self) -> int:
+        """Book what this instance admitted during an outage, once the ledger answers."""
+        return await self.outage.flush(self.store) if self.outage.journal_size else 0
 
     def _reservation_id(self, caller: Caller, idempotency_key: str | None) -> str:
         if idempotency_key is None:
@@ -203,6 +218,15 @@ class CeilingService:
             )
         # Namespaced by key: two keys that pick the same idempotency key never collide.
         return hashlib.sha256(f"{caller.key.key_id}\n{idempotency_key}".encode()).hexdigest()[:32]
+
+    def _remember_key(self, key_hash: str, record: KeyRecord | None) -> None:
+        if record is None:
+            self._keys.pop(key_hash, None)  # revoked: forget it for outages too
+            return
+        self._keys[key_hash] = record
+        self._keys.move_to_end(key_hash)
+        if len(self._keys) > KEY_CACHE_MAX:
+            self._keys.popitem(last=False)
 
     def _remember_model(self, reservation_id: str, model: str) -> None:
         self._models[reservation_id] = model
@@ -218,7 +242,7 @@ class CeilingService:
         else:
             model = self._models.get(reservation_id)
             if model is None:
-                view = await self.store.reservation(ref)
+                view = await self.store.reservation(ref)  # reserved by another instance
                 if view is None:
                     raise ReservationNotFound("no such reservation", reservation_id=reservation_id)
                 model = view.model
@@ -228,13 +252,24 @@ class CeilingService:
                     field="actual_micros",
                 )
             actual = self.prices.cost_micros(model, spec.usage)
+        journaled = self.outage.settle(ref, actual)
+        if journaled is not None:
+            await self.flush_journal()
+            return journaled
         return await self.store.settle(ref, actual)
 
     async def release(self, caller: Caller, reservation_id: str) -> Release:
-        return await self.store.release(caller.ref(reservation_id))
+        ref = caller.ref(reservation_id)
+        journaled = self.outage.release(ref)
+        if journaled is not None:
+            return journaled
+        return await self.store.release(ref)
 
     async def my_budgets(self, caller: Caller) -> tuple[LegStatus, ...]:
-        return await self.store.status(caller.key.budget_id.lineage(), caller.run_limit())
+        budget_ids = caller.key.budget_id.lineage()
+        legs = await self.store.status(budget_ids, caller.run_limit())
+        self.outage.learn(budget_ids, legs)
+        return legs
 
     # -- keys and budgets (admin) -----------------------------------------------------------
 
@@ -242,7 +277,16 @@ class CeilingService:
         if not api_key or not api_key.startswith(API_KEY_PREFIX) or len(api_key) > 128:
             raise Unauthorized("a valid API key is required")
         key_hash = hash_api_key(api_key)
-        record = await self.store.get_key(key_hash)
+        try:
+            record = await self.store.get_key(key_hash)
+        except LedgerUnavailable as exc:
+            # In an outage, a key this instance saw is still known, so that a budget's outage
+            # allowance can be used; without an allowance the reserve fails closed anyway.
+            record = self._keys.get(key_hash)
+            if record is None or exc.reason == "ledger_reset":
+                raise
+        else:
+            self._remember_key(key_hash, record)
         if record is None or not hmac.compare_digest(record.key_hash, key_hash):
             raise Unauthorized("a valid API key is required")
         return Caller(record, check_run_id(run_id))

@@ -31,7 +31,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
+    """The configuration spend-ceiling ships: AOF and noeviction, so health can say `ok`."""
+    with RedisServer(durable=True) as server:
         yield server
 
 

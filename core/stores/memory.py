@@ -293,6 +293,27 @@ class MemoryStore:
         self._resolve(t, ref.reservation_id, self._clock())
         return Release(released, False)
 
+    async def book(self, request: ReserveRequest, actual_micros: int, admitted_at_ms: int) -> bool:
+        ref = request.ref
+        t = self._tag(ref.tag)
+        if ref.reservation_id in t.records:
+            return False
+        legs = self._legs(request.budget_ids, request.run, admitted_at_ms)
+        if not legs:
+            raise BudgetNotFound("no budget applies to this journal entry")
+        for leg in legs:
+            c = self._counter(leg)
+            c.committed += actual_micros
+            c.overshoot += actual_micros
+        t.records[ref.reservation_id] = _Record(
+            "s", request.fingerprint, ref.owner, request.amount_micros, admitted_at_ms,
+            ExpirePolicy.CHARGE, legs, request.price_version, request.model,
+            actual_micros=actual_micros, overshoot_micros=actual_micros, late=True,
+            outcome="journal",
+        )
+        self._resolve(t, ref.reservation_id, self._clock())
+        return True
+
     async def reservation(self, ref: ReservationRef) -> ReservationView | None:
         rec = self._tag(ref.tag).records.get(ref.reservation_id)
         if rec is None or rec.owner != ref.owner:

@@ -164,9 +164,10 @@ class ScriptedStore:
         head: list[str],
         budget_ids: tuple[BudgetId, ...],
         run: RunLimit | None,
+        now_ms: int | None = None,
     ) -> list[Any]:
-        """Run reserve or status; retry when the script says our tz or clock guess was off."""
-        now_ms = self._now_estimate()
+        """Run a script that needs period windows; retry when it says our tz or clock was off."""
+        now_ms = self._now_estimate() if now_ms is None else now_ms
         for _ in range(WINDOW_RETRIES_MAX + 1):
             zones = {self._tz.get(b.path, "UTC") for b in budget_ids}
             args = [*head, str(len(zones))]
@@ -290,6 +291,25 @@ class ScriptedStore:
                 reservation_id=ref.reservation_id,
             )
         await self._not_found(kind, ref)
+
+    async def book(self, request: ReserveRequest, actual_micros: int, admitted_at_ms: int) -> bool:
+        ledger_id = await self.open()
+        ref = request.ref
+        head = [
+            ledger_id, str(admitted_at_ms), ref.reservation_id, ref.owner, request.fingerprint,
+            str(request.amount_micros), str(actual_micros), request.price_version, request.model,
+            str(RECORD_RETENTION_MS), str(COUNTER_RETENTION_MS),
+        ]
+        reply = await self._run_windowed(
+            script("book"),
+            (keys.meta(ref.tag), keys.reservation(ref.tag, ref.reservation_id)),
+            head, request.budget_ids, request.run, now_ms=admitted_at_ms,
+        )
+        if reply[0] == "ok":
+            return bool(reply[1] == 0)
+        if reply[0] == "ledger_reset" and await self._identity_lost():
+            raise _ledger_reset()
+        raise BudgetNotFound("no budget applies to this journal entry")
 
     async def reservation(self, ref: ReservationRef) -> ReservationView | None:
         await self.open()

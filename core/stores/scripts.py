@@ -8,7 +8,6 @@ from functools import cache
 from pathlib import Path
 
 LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
-OPERATIONS = ("reserve", "settle", "release", "expire", "put_budget", "status")
 
 
 @dataclass(frozen=True)

@@ -419,3 +419,24 @@ async def test_probe_reports_what_the_store_is(store: LedgerStore) -> None:
     assert probe.shared is store.shared
     assert probe.backend == store.backend
     assert ("ledger_not_shared" in probe.reasons) is not store.shared
+
+
+async def test_book_writes_journaled_spend_once_in_the_period_it_was_admitted(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    await put(store, tag, (Period.DAY, 100), (Period.TOTAL, 1_000))
+    admitted_at_ms = clock.now_ms - 86_400_000  # yesterday, while the ledger was unreachable
+    entry = request(tag, tag, 80)
+    assert await store.book(entry, 150, admitted_at_ms)
+    assert not await store.book(entry, 150, admitted_at_ms)
+    total = await leg(store, tag)
+    assert (total.committed_micros, total.overshoot_micros) == (150, 150)
+    today = await leg(store, tag, Period.DAY)
+    assert today.committed_micros == 0
+    clock.advance(-86_400_000)
+    assert (await leg(store, tag, Period.DAY)).committed_micros == 150
+    view = await store.reservation(entry.ref)
+    assert view is not None
+    assert (view.state, view.charged_micros, view.outcome) == (
+        ReservationState.SETTLED, 150, "journal"
+    )

@@ -1,0 +1,1 @@
+"""The HTTP service: FastAPI handlers over core. Parse -> call core -> serialize."""

@@ -1,0 +1,156 @@
+"""`ceiling`: serve the API, manage budgets and keys, read health. The same core as the API."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from api.routes.health import health_body
+from api.routes.sidecar import leg_json
+from api.runtime import Runtime, runtime
+from core.budgets import BudgetDef, BudgetId, Limit, Period
+from core.errors import CeilingError
+from core.money import usd_to_micros
+from core.service import CeilingService
+
+
+def _amount(text: str) -> int:
+    """'1000000' is micro-dollars; '$1.00' is dollars."""
+    if text.startswith("$"):
+        return usd_to_micros(text[1:])
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give micro-dollars (1000000) or $1.00")
+    return int(text)
+
+
+def _limit(text: str) -> Limit:
+    period, _, amount = text.partition("=")
+    if period not in Period.__members__.values() or not amount:
+        raise argparse.ArgumentTypeError(f"{text!r}: give PERIOD=AMOUNT, PERIOD day|month|total")
+    return Limit(Period(period), _amount(amount))
+
+
+def serve(args: argparse.Namespace) -> int:
+    rt = Runtime.from_env(os.environ)
+    if rt.service is None:
+        print(f"ceiling serve: refusing to start: {rt.problem}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from api.index import app
+
+    # Start-up objects live for the whole process: freezing them keeps the collector from
+    # walking them on every cycle, which cut loaded p99 latency ~2.5x here.
+    gc.collect()
+    gc.freeze()
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0
+
+
+def _run(work: Callable[[CeilingService], Awaitable[Any]]) -> int:
+    async def go() -> Any:
+        service = runtime().enforcing()
+        try:
+            return await work(service)
+        finally:
+            await service.store.close()
+
+    try:
+        result = asyncio.run(go())
+    except CeilingError as exc:
+        print(json.dumps({"error": {"code": exc.code, "message": exc.message, **exc.details}}),
+              file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+async def _budget_json(service: CeilingService, budget_id: BudgetId) -> Any:
+    found = await service.budget(budget_id)
+    if found is None:
+        return None
+    definition, legs = found
+    return {"budget_id": budget_id.path, "timezone": definition.timezone,
+            "outage_allowance_micros": definition.outage_allowance_micros,
+            "periods": [leg_json(x) for x in legs]}
+
+
+def budgets_set(args: argparse.Namespace) -> int:
+    async def work(service: CeilingService) -> Any:
+        bid = BudgetId.parse(args.budget_id)
+        await service.put_budget(BudgetDef(bid, tuple(args.limit), args.timezone, args.allowance))
+        return await _budget_json(service, bid)
+
+    return _run(work)
+
+
+def budgets_show(args: argparse.Namespace) -> int:
+    return _run(lambda service: _budget_json(service, BudgetId.parse(args.budget_id)))
+
+
+def keys_create(args: argparse.Namespace) -> int:
+    async def work(service: CeilingService) -> Any:
+        new = await service.create_key(BudgetId.parse(args.budget_id), args.run_ceiling)
+        return {"key_id": new.key_id, "api_key": new.api_key, "budget_id": args.budget_id}
+
+    return _run(work)
+
+
+def keys_revoke(args: argparse.Namespace) -> int:
+    async def work(service: CeilingService) -> Any:
+        return {"key_id": args.key_id, "revoked": await service.revoke_key(args.key_id)}
+
+    return _run(work)
+
+
+def health(args: argparse.Namespace) -> int:
+    body = asyncio.run(health_body())
+    print(json.dumps(body, indent=2))
+    return 0 if body["status"] == "ok" else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ceiling", description=__doc__)
+    sub = p.add_subparsers(required=True)
+    s = sub.add_parser("serve", help="serve the API (uvicorn, one worker)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.set_defaults(func=serve)
+    b = sub.add_parser("budgets").add_subparsers(required=True)
+    bs = b.add_parser("set", help="create or replace a budget")
+    bs.add_argument("budget_id")
+    bs.add_argument("--limit", type=_limit, action="append", required=True,
+                    help="PERIOD=AMOUNT, e.g. day=$5.00 or total=1000000 (repeatable)")
+    bs.add_argument("--timezone", default="UTC")
+    bs.add_argument("--allowance", type=_amount, default=0, help="outage allowance")
+    bs.set_defaults(func=budgets_set)
+    bw = b.add_parser("show")
+    bw.add_argument("budget_id")
+    bw.set_defaults(func=budgets_show)
+    k = sub.add_parser("keys").add_subparsers(required=True)
+    kc = k.add_parser("create", help="create an API key (printed once)")
+    kc.add_argument("budget_id")
+    kc.add_argument("--run-ceiling", type=_amount, default=None)
+    kc.set_defaults(func=keys_create)
+    kr = k.add_parser("revoke")
+    kr.add_argument("key_id")
+    kr.set_defaults(func=keys_revoke)
+    h = sub.add_parser("health", help="print health; exit 0 only when ok")
+    h.set_defaults(func=health)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The one place that knows HTTP status codes: core errors in, JSON error bodies out.
+
+Body: {"error": {"type", "code", "message", ...details}}. A budget refusal says which budget
+and whether retrying can help, so a client that retries blindly is not invited to: 402 for a
+budget that is spent until it resets, 429 with Retry-After only when open reservations are in
+the way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from core.errors import CeilingError, LedgerUnavailable
+
+# code -> (HTTP status, error type)
+STATUS: dict[str, tuple[int, str]] = {
+    "invalid_request": (422, "invalid_request_error"),
+    "model_unpriced": (422, "invalid_request_error"),
+    "unauthorized": (401, "authentication_error"),
+    "forbidden": (403, "permission_error"),
+    "budget_not_found": (404, "invalid_request_error"),
+    "reservation_not_found": (404, "invalid_request_error"),
+    "not_found": (404, "invalid_request_error"),
+    "method_not_allowed": (405, "invalid_request_error"),
+    "payload_too_large": (413, "invalid_request_error"),
+    "budget_exceeded": (402, "budget_error"),
+    "budget_busy": (429, "budget_error"),
+    "idempotency_conflict": (409, "idempotency_error"),
+    "idempotency_in_flight": (409, "idempotency_error"),
+    "reservation_resolved": (409, "invalid_request_error"),
+    "ledger_unavailable": (503, "ledger_error"),
+    "ledger_not_shared": (503, "ledger_error"),
+    "invalid_configuration": (503, "configuration_error"),
+    "invariant_broken": (500, "internal_error"),
+}
+
+
+class PayloadTooLarge(Exception):
+    """Raised by the body-size limit while a request streams in."""
+
+
+def error_response(
+    code: str, message: str, details: dict[str, Any] | None = None
+) -> JSONResponse:
+    status, error_type = STATUS[code]
+    details = details or {}
+    headers = {}
+    if "retry_after_s" in details and status in (429, 409, 503):
+        headers["Retry-After"] = str(details["retry_after_s"])
+    body = {"error": {"type": error_type, "code": code, "message": message, **details}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def ceiling_error_response(exc: CeilingError) -> JSONResponse:
+    code = exc.code
+    details = dict(exc.details)
+    if isinstance(exc, LedgerUnavailable):
+        code = "ledger_not_shared" if exc.reason == "ledger_not_shared" else "ledger_unavailable"
+        details.setdefault("retry_after_s", 1)
+        details["forwarded"] = False
+    return error_response(code, exc.message, details)
+
+
+async def _on_ceiling_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, CeilingError)
+    return ceiling_error_response(exc)
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = [
+        {"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"), "problem": e["msg"]}
+        for e in exc.errors()
+    ]
+    return error_response(
+        "invalid_request", "the request does not match the API; nothing was reserved",
+        {"problems": problems[:20]},
+    )
+
+
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+        exc.status_code, "invalid_request"
+    )
+    return error_response(code, str(exc.detail))
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(CeilingError, _on_ceiling_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)

@@ -1,0 +1,70 @@
+"""Health for uptime monitors: 200 only when `ok`. It never raises: a failing ledger shows in
+the body, with 503."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from api.runtime import VERSION, runtime
+
+router = APIRouter()
+
+# Reasons that mean this instance cannot enforce at all (as opposed to enforcing with a caveat).
+DOWN_REASONS = frozenset({"ledger_unreachable", "ledger_reset", "ledger_error", "ledger_auth",
+                          "invalid_configuration"})
+
+
+async def health_body() -> dict[str, Any]:
+    rt = runtime()
+    body: dict[str, Any] = {
+        "status": "down",
+        "reasons": [],
+        "ledger": {"backend": None, "shared": False, "reachable": False, "latency_ms": None,
+                   "ledger_id": None},
+        "single_replica": bool(rt.config and rt.config.single_replica),
+        "instance_id": rt.instance_id,
+        "version": VERSION,
+        "instances_seen": None,
+    }
+    if rt.service is None:
+        problem = rt.problem
+        body["reasons"] = [
+            getattr(problem, "reason", None) or (problem.code if problem else "unknown")
+        ]
+        return body
+    try:
+        probe = await rt.service.store.probe(rt.instance_id)
+        if probe.reachable:
+            await rt.service.flush_journal()
+    except Exception as exc:  # noqa: BLE001 (health must answer, whatever broke)
+        body["reasons"] = ["health_error"]
+        body["error"] = type(exc).__name__
+        return body
+    reasons = list(probe.reasons)
+    body["reasons"] = reasons
+    body["ledger"] = {"backend": probe.backend, "shared": probe.shared,
+                      "reachable": probe.reachable, "latency_ms": probe.latency_ms,
+                      "ledger_id": probe.ledger_id}
+    body["instances_seen"] = probe.instances_seen
+    body["outage_journal_entries"] = rt.service.outage.journal_size
+    if not probe.reachable or DOWN_REASONS.intersection(reasons):
+        body["status"] = "down"
+    elif reasons:
+        body["status"] = "degraded"
+    else:
+        body["status"] = "ok"
+    return body
+
+
+@router.api_route("/health", methods=["GET", "HEAD"])
+async def health() -> JSONResponse:
+    body = await health_body()
+    return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+
+@router.api_route("/health/live", methods=["GET", "HEAD"])
+async def live() -> JSONResponse:
+    return JSONResponse({"status": "live", "instance_id": runtime().instance_id})

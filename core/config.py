@@ -1,0 +1,113 @@
+"""Configuration from the environment (names in CONTRACT.md), read and checked once.
+
+A configuration that cannot hold the ceiling is refused here, at load, with a message that says
+how to fix it: a lease shorter than the upstream timeout would let a slow call's budget be
+granted twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from core.errors import InvalidRequest
+from core.ledger import ExpirePolicy
+from core.limits import RESERVATION_TTL_MS_MAX, RESERVATION_TTL_MS_MIN
+
+# Upstream calls longer than ten minutes are not LLM calls we can hold a lease for.
+UPSTREAM_TIMEOUT_S_DEFAULT = 600.0
+# The lease outlives the upstream timeout by this much: the settle after a call that used its
+# whole timeout still finds its lease open.
+LEASE_MARGIN_MS = 60_000
+
+
+class ConfigError(InvalidRequest):
+    """The environment does not describe a service that can enforce; the message says why."""
+
+    code = "invalid_configuration"
+
+
+@dataclass(frozen=True)
+class Config:
+    redis_url: str | None = None
+    redis_cluster: bool = False
+    upstash_url: str | None = None
+    upstash_token: str | None = None
+    single_replica: bool = False
+    admin_token: str | None = None
+    upstream_url: str | None = None
+    upstream_api_key: str | None = None
+    upstream_timeout_s: float = UPSTREAM_TIMEOUT_S_DEFAULT
+    lease_ttl_ms: int = math.ceil(UPSTREAM_TIMEOUT_S_DEFAULT * 1000) + LEASE_MARGIN_MS
+    prices_file: str | None = None
+    expire_policy: ExpirePolicy = ExpirePolicy.CHARGE
+
+    @property
+    def ledger_configured(self) -> bool:
+        return bool(self.redis_url or self.upstash_url)
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    value = env.get(name, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise ConfigError(f"{name} must be 1 or 0, not {value!r}")
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name} must be a number, not {raw!r}") from exc
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a positive number, not {raw!r}")
+    return value
+
+
+def load(env: Mapping[str, str]) -> Config:
+    upstream_timeout_s = _number(env, "CEILING_UPSTREAM_TIMEOUT_S", UPSTREAM_TIMEOUT_S_DEFAULT)
+    floor_ms = math.ceil(upstream_timeout_s * 1000) + LEASE_MARGIN_MS
+    default_ttl_ms = min(max(floor_ms, RESERVATION_TTL_MS_MIN), RESERVATION_TTL_MS_MAX)
+    lease_ttl_ms = int(_number(env, "CEILING_LEASE_TTL_MS", default_ttl_ms))
+    if not RESERVATION_TTL_MS_MIN <= lease_ttl_ms <= RESERVATION_TTL_MS_MAX:
+        raise ConfigError(
+            f"CEILING_LEASE_TTL_MS must be from {RESERVATION_TTL_MS_MIN} to "
+            f"{RESERVATION_TTL_MS_MAX}"
+        )
+    if lease_ttl_ms < floor_ms:
+        raise ConfigError(
+            f"CEILING_LEASE_TTL_MS={lease_ttl_ms} is shorter than the upstream timeout "
+            f"({upstream_timeout_s} s) plus {LEASE_MARGIN_MS} ms: a slow call's lease would "
+            "expire while it runs and its budget could be granted twice. Raise "
+            "CEILING_LEASE_TTL_MS or lower CEILING_UPSTREAM_TIMEOUT_S."
+        )
+    policy = env.get("CEILING_EXPIRE_POLICY", "charge").strip() or "charge"
+    if policy not in ExpirePolicy.__members__.values():
+        raise ConfigError("CEILING_EXPIRE_POLICY must be 'charge' or 'release'")
+    upstash_url = env.get("UPSTASH_REDIS_REST_URL") or env.get("KV_REST_API_URL") or None
+    upstash_token = env.get("UPSTASH_REDIS_REST_TOKEN") or env.get("KV_REST_API_TOKEN") or None
+    if upstash_url and not upstash_token:
+        raise ConfigError("UPSTASH_REDIS_REST_URL is set without UPSTASH_REDIS_REST_TOKEN")
+    redis_url = env.get("REDIS_URL") or None
+    if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError("REDIS_URL must start with redis://, rediss:// or unix://")
+    return Config(
+        redis_url=redis_url,
+        redis_cluster=_flag(env, "REDIS_CLUSTER"),
+        upstash_url=upstash_url,
+        upstash_token=upstash_token,
+        single_replica=_flag(env, "CEILING_SINGLE_REPLICA"),
+        admin_token=env.get("CEILING_ADMIN_TOKEN") or None,
+        upstream_url=env.get("CEILING_UPSTREAM_URL") or None,
+        upstream_api_key=env.get("CEILING_UPSTREAM_API_KEY") or None,
+        upstream_timeout_s=upstream_timeout_s,
+        lease_ttl_ms=lease_ttl_ms,
+        prices_file=env.get("CEILING_PRICES_FILE") or None,
+        expire_policy=ExpirePolicy(policy),
+    )

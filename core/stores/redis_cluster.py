@@ -1,0 +1,170 @@
+"""RedisClusterStore: the ledger on a sharded Redis Cluster (redis-py's asyncio cluster client).
+
+The scripts are the ones a single Redis runs. Every key one call touches is 'sc:{TAG}:...', so a
+call's script runs whole on the master that owns its tag's slot, and tags spread over the
+masters. A call can never span two slots: the transport refuses keys of two hash tags before
+anything is sent, and the server refuses a script that reaches a key another node owns; both
+are programmer errors (InvariantBroken).
+
+Replication is asynchronous: a write the master acknowledged may not have reached its replica
+when the master dies, and the promoted replica then serves a ledger that lacks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from redis import exceptions as rex
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+from core.errors import InvariantBroken, LedgerUnavailable, ensure
+from core.stores.redis import LEDGER_CALL_TIMEOUT_S, POOL_CONNECTIONS_MAX, translate
+from core.stores.scripted import Clock, ScriptedStore
+from core.stores.scripts import Script
+
+# Ledger calls one instance has in flight, the same bound as the single-Redis pool's connections.
+CALLS_IN_FLIGHT_MAX = POOL_CONNECTIONS_MAX
+# Per node. Twice the calls in flight: after a topology refresh redis-py closes the connections
+# it marked stale in background tasks and counts them against this limit until they are closed
+# (ClusterNode.release), and a call that finds the limit reached fails instead of waiting.
+NODE_CONNECTIONS_MAX = 2 * CALLS_IN_FLIGHT_MAX
+T = TypeVar("T")
+
+
+def hash_tag(key: str) -> str | None:
+    """What Redis Cluster hashes: the text between the first '{' and the next '}', if any."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    if start < 0 or end <= start + 1:
+        return None
+    return key[start + 1 : end]
+
+
+def ensure_one_slot(keys: Sequence[str]) -> None:
+    """One script call, one tag: the keys a script builds in Lua share KEYS[1]'s tag, so this
+    is what keeps every key of the call in one slot, by construction rather than by luck of
+    the hash."""
+    tags = {hash_tag(key) for key in keys}
+    ensure(
+        bool(keys) and None not in tags and len(tags) == 1,
+        f"a script call must touch one hash tag, got keys {list(keys)}",
+    )
+
+
+# CLUSTERDOWN while a failed master's replica is not yet promoted, redirections (MOVED, ASK,
+# TRYAGAIN) still unresolved after the client's retries, no reachable node: the tag's slot has
+# no master that answers now. Fail closed; the same call succeeds after the failover.
+SLOT_UNSERVED_ERRORS = (
+    rex.ClusterError, rex.AskError, rex.TryAgainError, rex.RedisClusterException
+)
+# How Redis 7 words a script's access to a key of another slot, as a plain script error: a key
+# this node does not own; or, for a script that declares flags ('#!lua'), any other slot. A
+# script without flags may touch other slots of its own node unchecked.
+SCRIPT_CROSS_SLOT_ERRORS = ("non local key", "do not hash to the same slot")
+CLIENT_ERRORS = (rex.RedisError, rex.RedisClusterException, OSError, TimeoutError)
+
+
+def translate_cluster(exc: BaseException) -> Exception:
+    """The core error for a redis-py cluster exception, after the client's own retries."""
+    if isinstance(exc, rex.ClusterCrossSlotError) or (
+        isinstance(exc, rex.ResponseError) and any(m in str(exc) for m in SCRIPT_CROSS_SLOT_ERRORS)
+    ):
+        return InvariantBroken(f"a ledger command touched keys of two slots: {exc}")
+    if isinstance(exc, SLOT_UNSERVED_ERRORS):
+        return LedgerUnavailable(
+            f"the ledger's cluster cannot serve this slot now: {exc}", reason="ledger_unreachable"
+        )
+    return translate(exc)
+
+
+class RedisClusterTransport:
+    backend = "redis-cluster"
+
+    def __init__(self, client: RedisCluster) -> None:
+        self._client = client
+        # redis-py's cluster client has no blocking pool: a node with all its connections in use
+        # fails the next call at once (MaxConnectionsError). Calls wait here instead, within
+        # their time bound, as they wait for a connection of the single-Redis pool.
+        self._in_flight = asyncio.Semaphore(CALLS_IN_FLIGHT_MAX)
+
+    async def _bounded(self, call: Callable[[], Awaitable[T]]) -> T:
+        async with asyncio.timeout(LEDGER_CALL_TIMEOUT_S), self._in_flight:
+            return await call()
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
+        ensure_one_slot(keys)
+        try:
+            return await self._bounded(lambda: self._eval(script, keys, args))
+        except CLIENT_ERRORS as exc:
+            raise translate_cluster(exc) from exc
+
+    async def _eval(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
+        # The client routes EVALSHA and EVAL by their keys, to the slot's master.
+        try:
+            return await self._client.evalsha(script.sha1, len(keys), *keys, *args)
+        except rex.NoScriptError:
+            # Not SCRIPT LOAD: the cluster client sends it to every master, so one master down
+            # would fail a call whose own slot is healthy. EVAL runs on the slot's master and
+            # leaves the script in its cache (a replica promoted by a failover starts empty:
+            # Redis 7 does not replicate the script cache).
+            return await self._client.eval(script.source, len(keys), *keys, *args)
+
+    async def execute(self, *args: str) -> Any:
+        # Single-key commands go to their key's master; keyless ones (TIME) to any node.
+        try:
+            return await self._bounded(lambda: self._client.execute_command(*args))
+        except CLIENT_ERRORS as exc:
+            raise translate_cluster(exc) from exc
+
+    async def durable(self) -> bool | None:
+        """Durable only if every master persists: each holds the only copy of its slots' data
+        that the ledger trusts (its replica may lag)."""
+        try:
+            configs = await self._bounded(self._master_configs)
+        except SLOT_UNSERVED_ERRORS as exc:
+            raise translate_cluster(exc) from exc
+        except (rex.ResponseError, TimeoutError):
+            return None  # managed clusters often disable CONFIG; durability cannot be told
+        except CLIENT_ERRORS as exc:
+            raise translate_cluster(exc) from exc
+        return all(c.get("appendonly") == "yes" or bool(c.get("save")) for c in configs)
+
+    async def _master_configs(self) -> list[dict[str | None, str | None]]:
+        await self._client.initialize()  # learns the masters on first use; a no-op after
+        masters = self._client.get_primaries()
+        ensure(bool(masters), "a cluster that answered has masters")
+        return list(await asyncio.gather(*(self._master_config(m) for m in masters)))
+
+    async def _master_config(self, master: ClusterNode) -> dict[str | None, str | None]:
+        config: dict[str | None, str | None] = {}
+        for name in ("appendonly", "save"):
+            # One parameter per CONFIG GET: Redis before 7.0 takes only one.
+            config.update(await self._client.config_get(name, target_nodes=master))
+        return config
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def redis_cluster_client(url: str) -> RedisCluster:
+    """A client that learns the whole cluster from the one node `url` names."""
+    return RedisCluster.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=LEDGER_CALL_TIMEOUT_S,
+        socket_connect_timeout=LEDGER_CALL_TIMEOUT_S,
+        max_connections=NODE_CONNECTIONS_MAX,
+        # A ledger call needs only its own tag's slot. With full coverage required, one slot
+        # range without a master would make the client refuse every tag on every master.
+        require_full_coverage=False,
+        health_check_interval=30,
+    )
+
+
+class RedisClusterStore(ScriptedStore):
+    """The shared ledger on a Redis Cluster. Safe to replay: every script is idempotent by id."""
+
+    def __init__(self, url: str, *, clock: Clock | None = None) -> None:
+        super().__init__(RedisClusterTransport(redis_cluster_client(url)), clock=clock)

@@ -1,0 +1,184 @@
+"""UpstashStore: the ledger over Upstash's REST API, through the upstash-redis SDK's asyncio client.
+
+What the SDK (1.8) does, and what this module does about it:
+- Its httpx client is created with `timeout=None`: a request to an endpoint that stopped
+  answering waits forever. Every call here is bounded by `asyncio.timeout`.
+- It replays a request after any exception, a lost reply included (`rest_retries`, default one
+  replay after a 3 s pause). A lost reply of a script that ran would be run again: that is safe
+  only because every script is idempotent by reservation id (see lua/reserve.lua) and every other
+  command we send (GET, SET NX, HSET, DEL, ZADD) means the same when repeated. The replay is kept,
+  after a short pause, because the common lost reply is a keep-alive connection the server
+  closed, which a new connection cures.
+- It does not look at the HTTP status: a wrong token comes back as the error `Unauthorized`,
+  which is told apart here and reported as `ledger_auth`.
+- Replies are base64 on the wire and decoded by the SDK, then shaped per command (TIME as a pair
+  of ints, SET as a bool) much as redis-py shapes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from upstash_redis.asyncio import Redis as UpstashRedis
+from upstash_redis.errors import UpstashError
+
+from core.errors import CeilingError, InvariantBroken, LedgerUnavailable, ensure
+from core.stores.scripted import Clock, ScriptedStore
+from core.stores.scripts import Script
+
+# One ledger call, the SDK's replay and a script load included, before the caller fails closed.
+# Upstash answers from its region in tens of milliseconds and a new TLS connection adds a few
+# round trips; two seconds is an outage, not load.
+UPSTASH_CALL_TIMEOUT_S = 2.0
+# Replays of a request whose reply was lost, and the pause before one: long enough to let a
+# closed connection be replaced, short enough to fit in the call's timeout.
+REPLAYS_MAX = 1
+REPLAY_PAUSE_S = 0.05
+# How Upstash (and Redis behind it) says the token is wrong or missing.
+AUTH_ERRORS = ("Unauthorized", "WRONGPASS", "NOAUTH")
+# The endpoint and token, by the names Upstash's console uses, then by Vercel's (KV_*).
+ENV_PAIRS = (
+    ("UPSTASH_REDIS_REST_URL", "UPSTASH_REDIS_REST_TOKEN"),
+    ("KV_REST_API_URL", "KV_REST_API_TOKEN"),
+)
+
+
+@dataclass(frozen=True)
+class UpstashConfig:
+    url: str
+    token: str = field(repr=False)
+
+
+def upstash_config(environ: Mapping[str, str] = os.environ) -> UpstashConfig | None:
+    """The Upstash endpoint the environment names, or None when it names none.
+
+    A pair set by half, or a `redis://` URL where the REST URL belongs (Upstash's console shows
+    both), is refused with LedgerUnavailable(reason="ledger_config") and a message that says
+    what to set.
+    """
+    for url_var, token_var in ENV_PAIRS:
+        url, token = environ.get(url_var, ""), environ.get(token_var, "")
+        if url and token:
+            if not url.startswith(("https://", "http://")):
+                raise LedgerUnavailable(
+                    f"{url_var} must be the REST URL (https://...), not {url.split(':')[0]}://; "
+                    "Upstash's console lists it under REST API",
+                    reason="ledger_config",
+                )
+            return UpstashConfig(url.rstrip("/"), token)
+        if url or token:
+            given, missing = (url_var, token_var) if url else (token_var, url_var)
+            raise LedgerUnavailable(
+                f"{given} is set but {missing} is not; set both to use Upstash",
+                reason="ledger_config",
+            )
+    return None
+
+
+def translate(exc: BaseException, call_timeout_s: float) -> CeilingError:
+    """The core error for an SDK or httpx exception; stores never let a client exception out."""
+    if isinstance(exc, UpstashError):
+        message = str(exc)
+        if message.startswith("BADARG"):
+            return InvariantBroken(f"the ledger refused an argument: {message}")
+        if message.startswith(AUTH_ERRORS):
+            return LedgerUnavailable(
+                f"Upstash refused the token ({message}): check UPSTASH_REDIS_REST_TOKEN "
+                "(or KV_REST_API_TOKEN); it is the REST token, not the database password",
+                reason="ledger_auth",
+            )
+        return LedgerUnavailable(f"the ledger answered with an error: {message}",
+                                 reason="ledger_error")
+    if isinstance(exc, TimeoutError):
+        return LedgerUnavailable(f"Upstash did not answer within {call_timeout_s} s",
+                                 reason="ledger_unreachable")
+    if isinstance(exc, httpx.TransportError | OSError):
+        return LedgerUnavailable(f"Upstash is unreachable: {exc!r}", reason="ledger_unreachable")
+    # A body that is not Upstash's JSON (a proxy's HTML error page, a reply without "result").
+    return LedgerUnavailable(f"the ledger's reply is not Upstash's protocol: {exc!r}",
+                             reason="ledger_error")
+
+
+def is_noscript(exc: UpstashError) -> bool:
+    message = str(exc)
+    return message.startswith("NOSCRIPT") or "no matching script" in message.lower()
+
+
+class UpstashTransport:
+    backend = "upstash"
+
+    def __init__(
+        self, client: UpstashRedis, *, call_timeout_s: float = UPSTASH_CALL_TIMEOUT_S
+    ) -> None:
+        self._client = client
+        self._call_timeout_s = call_timeout_s
+
+    @contextlib.asynccontextmanager
+    async def _call(self) -> AsyncIterator[None]:
+        """Bounds one ledger call in time and turns whatever the SDK raises into a core error."""
+        try:
+            async with asyncio.timeout(self._call_timeout_s):
+                yield
+        except (UpstashError, httpx.HTTPError, OSError, TimeoutError, ValueError, KeyError) as exc:
+            raise translate(exc, self._call_timeout_s) from exc
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
+        evalsha = ["EVALSHA", script.sha1, str(len(keys)), *keys, *args]
+        async with self._call():
+            try:
+                return await self._client.execute(evalsha)
+            except UpstashError as exc:
+                if not is_noscript(exc):
+                    raise
+            # SCRIPT LOAD, not EVAL: it guarantees the next EVALSHA finds the script.
+            loaded = await self._client.execute(["SCRIPT", "LOAD", script.source])
+            ensure(loaded == script.sha1, f"the ledger hashed {script.name} as we do")
+            return await self._client.execute(evalsha)
+
+    async def execute(self, *args: str) -> Any:
+        async with self._call():
+            return await self._client.execute(list(args))
+
+    async def durable(self) -> bool | None:
+        # Upstash refuses CONFIG, and its persistence is the provider's: nothing over REST tells.
+        return None
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+def upstash_client(url: str, token: str) -> UpstashRedis:
+    return UpstashRedis(
+        url,
+        token,
+        rest_retries=REPLAYS_MAX,
+        rest_retry_interval=REPLAY_PAUSE_S,
+        # Headers naming our runtime on every decision tell the provider nothing it needs.
+        allow_telemetry=False,
+        # Each reply's sync token makes the next read of this client see its writes, even where
+        # Upstash serves reads from a replica.
+        read_your_writes=True,
+    )
+
+
+class UpstashStore(ScriptedStore):
+    """The shared ledger on Upstash. Safe to replay: every script is idempotent by id."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        clock: Clock | None = None,
+        call_timeout_s: float = UPSTASH_CALL_TIMEOUT_S,
+    ) -> None:
+        super().__init__(
+            UpstashTransport(upstash_client(url, token), call_timeout_s=call_timeout_s),
+            clock=clock,
+        )
