@@ -14,6 +14,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+from core import output_stats
 from core.budgets import BudgetDef, BudgetId, Period, window_at
 from core.errors import (
     BudgetNotFound,
@@ -103,6 +104,7 @@ class MemoryStore:
         self._tags: dict[str, _Tag] = {}
         self._keys: dict[str, KeyRecord] = {}
         self._key_ids: dict[str, str] = {}
+        self._outputs: dict[str, dict[int, int]] = {}
 
     async def open(self) -> str:
         return self._ledger_id
@@ -340,6 +342,19 @@ class MemoryStore:
         if not budget_ids:
             return ()
         return self._status(self._legs(budget_ids, run, self._clock()))
+
+    async def observe_output(self, model: str, output_tokens: int) -> None:
+        histogram = self._outputs.setdefault(output_stats.model_key(model), {})
+        b = output_stats.bucket(output_tokens)
+        histogram[b] = histogram.get(b, 0) + 1
+        if sum(histogram.values()) > output_stats.OBSERVATIONS_MAX:
+            for k in list(histogram):
+                histogram[k] //= 2
+                if not histogram[k]:
+                    del histogram[k]
+
+    async def output_histogram(self, model: str) -> dict[int, int]:
+        return dict(self._outputs.get(output_stats.model_key(model), {}))
 
     async def put_key(self, record: KeyRecord) -> None:
         self._keys[record.key_hash] = record

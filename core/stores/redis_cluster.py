@@ -72,6 +72,11 @@ def translate_cluster(exc: BaseException) -> Exception:
         isinstance(exc, rex.ResponseError) and any(m in str(exc) for m in SCRIPT_CROSS_SLOT_ERRORS)
     ):
         return InvariantBroken(f"a ledger command touched keys of two slots: {exc}")
+    if isinstance(exc, TimeoutError):
+        return LedgerUnavailable(
+            f"the ledger's cluster did not answer within {LEDGER_CALL_TIMEOUT_S} s",
+            reason="ledger_unreachable",
+        )
     if isinstance(exc, SLOT_UNSERVED_ERRORS):
         return LedgerUnavailable(
             f"the ledger's cluster cannot serve this slot now: {exc}", reason="ledger_unreachable"

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
+from core import output_stats
 from core.budgets import BudgetDef, BudgetId, Limit, Period, windows_around
 from core.errors import (
     BudgetNotFound,
@@ -390,6 +391,19 @@ class ScriptedStore:
         if await self._identity_lost():
             raise _ledger_reset()
         return ()
+
+    # -- output lengths ------------------------------------------------------------------
+
+    async def observe_output(self, model: str, output_tokens: int) -> None:
+        await self._t.run(
+            script("observe"), (output_stats.model_key(model),),
+            [str(output_stats.bucket(output_tokens)), str(output_stats.OBSERVATIONS_MAX)],
+        )
+
+    async def output_histogram(self, model: str) -> dict[int, int]:
+        flat = await self._t.execute("HGETALL", output_stats.model_key(model))
+        pairs = flat.items() if isinstance(flat, dict) else zip(flat[::2], flat[1::2], strict=True)
+        return {int(k): int(v) for k, v in pairs if k != "n"}
 
     # -- API keys ------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from core import output_stats
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.errors import (
     BudgetBusy,
@@ -440,3 +441,13 @@ async def test_book_writes_journaled_spend_once_in_the_period_it_was_admitted(
     assert (view.state, view.charged_micros, view.outcome) == (
         ReservationState.SETTLED, 150, "journal"
     )
+
+
+async def test_output_lengths_are_counted_per_model(store: LedgerStore) -> None:
+    model = f"model-{uuid.uuid4().hex[:8]}"
+    for tokens in [10] * 90 + [3_000] * 10:
+        await store.observe_output(model, tokens)
+    histogram = await store.output_histogram(model)
+    assert histogram == {16: 90, output_stats.bucket(3_000): 10}
+    assert output_stats.p95(histogram) == output_stats.bucket(3_000)
+    assert await store.output_histogram(model + "-other") == {}

@@ -1,0 +1,54 @@
+"""The `ceiling` command talks to the same core as the API."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import httpx
+
+from infra.redis_server import RedisServer
+from infra.service import ServiceProcess
+
+
+def ceiling(redis_server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "REDIS_URL": redis_server.url}
+    return subprocess.run([sys.executable, "-m", "api.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_budgets_and_keys_from_the_command_line(
+    redis_server: RedisServer, service: ServiceProcess
+) -> None:
+    tag = f"org:c{uuid.uuid4().hex[:10]}"
+    made = ceiling(redis_server, "budgets", "set", tag, "--limit", "day=$1.50",
+                   "--limit", "total=5000000", "--timezone", "Asia/Tokyo")
+    assert made.returncode == 0, made.stderr
+    shown = json.loads(ceiling(redis_server, "budgets", "show", tag).stdout)
+    assert [(p["period"], p["ceiling_micros"]) for p in shown["periods"]] == [
+        ("day", 1_500_000), ("total", 5_000_000)]
+    assert shown["timezone"] == "Asia/Tokyo"
+    key = json.loads(ceiling(redis_server, "keys", "create", tag).stdout)
+    auth = {"Authorization": f"Bearer {key['api_key']}"}
+    r = httpx.post(f"{service.url}/v1/reservations", headers=auth, json={"amount_micros": 5})
+    assert r.status_code == 201
+    revoked = json.loads(ceiling(redis_server, "keys", "revoke", key["key_id"]).stdout)
+    assert revoked == {"key_id": key["key_id"], "revoked": True}
+    r = httpx.post(f"{service.url}/v1/reservations", headers=auth, json={"amount_micros": 5})
+    assert r.status_code == 401
+
+
+def test_bad_input_on_the_command_line_is_an_error(redis_server: RedisServer) -> None:
+    bad = ceiling(redis_server, "budgets", "set", "org:x{y}", "--limit", "day=5")
+    assert bad.returncode == 1
+    assert json.loads(bad.stderr)["error"]["code"] == "invalid_request"
+    assert ceiling(redis_server, "budgets", "set", "org:x", "--limit", "week=5").returncode == 2
+
+
+def test_health_from_the_command_line(redis_server: RedisServer) -> None:
+    done = ceiling(redis_server, "health")
+    assert done.returncode == 0, done.stdout
+    assert json.loads(done.stdout)["status"] == "ok"
