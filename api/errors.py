@@ -8,7 +8,7 @@ the way.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -66,13 +66,15 @@ def ceiling_error_response(exc: CeilingError) -> JSONResponse:
     return error_response(code, exc.message, details)
 
 
+# Starlette calls each handler only with the exception class it was registered for.
+
+
 async def _on_ceiling_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, CeilingError)
-    return ceiling_error_response(exc)
+    return ceiling_error_response(cast(CeilingError, exc))
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
+    exc = cast(RequestValidationError, exc)
     problems = [
         {"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"), "problem": e["msg"]}
         for e in exc.errors()
@@ -84,7 +86,7 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
 
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
+    exc = cast(StarletteHTTPException, exc)
     code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
         exc.status_code, "invalid_request"
     )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 
 from core.config import Config, ConfigError, load
-from core.errors import CeilingError, LedgerUnavailable
+from core.errors import CeilingError, InvariantBroken, LedgerUnavailable
 from core.ledger import LedgerStore
 from core.prices import PriceTable
 from core.service import CeilingService
@@ -76,8 +76,7 @@ class Runtime:
     def enforcing(self) -> CeilingService:
         """The service, or the reason this instance refuses to enforce (fail closed)."""
         if self.service is None:
-            assert self.problem is not None
-            raise self.problem
+            raise self.problem or InvariantBroken("a runtime has a service or a problem")
         return self.service
 
 

@@ -40,6 +40,7 @@ from core.ledger import (
 )
 from core.limits import (
     COUNTER_RETENTION_MS,
+    INT_EXACT_MAX,
     RECLAIM_BATCH_MAX,
     RECORD_RETENTION_MS,
     TZ_CACHE_MAX,
@@ -86,22 +87,17 @@ def _ledger_reset() -> LedgerUnavailable:
 
 def _legs(flat: Sequence[Any]) -> tuple[LegStatus, ...]:
     ensure(len(flat) % LEG_FIELDS == 0, "leg status comes in groups of 8")
-    out = []
-    for i in range(0, len(flat), LEG_FIELDS):
-        bid, wkey, ceil, committed, reserved, overshoot, wend, allow = flat[i : i + LEG_FIELDS]
-        out.append(
-            LegStatus(
-                budget_id=str(bid),
-                window_key=str(wkey),
-                ceiling_micros=int(ceil),
-                committed_micros=int(committed),
-                reserved_micros=int(reserved),
-                overshoot_micros=int(overshoot),
-                resets_at_ms=None if wkey == "total" else int(wend),
-                outage_allowance_micros=int(allow),
-            )
+    # Positional, in LegStatus' field order: every reserve parses one per leg, and keyword
+    # arguments to a frozen dataclass cost a third more on this path.
+    return tuple(
+        LegStatus(
+            str(bid), str(wkey), int(ceil), int(committed), int(reserved), int(overshoot),
+            None if wkey == "total" else int(wend), int(allow),
         )
-    return tuple(out)
+        for bid, wkey, ceil, committed, reserved, overshoot, wend, allow in zip(
+            *(iter(flat),) * LEG_FIELDS, strict=True
+        )
+    )
 
 
 class ScriptedStore:
@@ -117,6 +113,9 @@ class ScriptedStore:
         self._reset = False
         self._tz: dict[str, str] = {}
         self._offset_ms = 0
+        # Per set of zones: the windows part of ARGV, and the span [from_ms, until_ms) it holds
+        # for (the local day it was built for, in every zone).
+        self._window_args: dict[tuple[str, ...], tuple[int, int, list[str]]] = {}
 
     # -- identity and time -------------------------------------------------------------
 
@@ -158,6 +157,28 @@ class ScriptedStore:
 
     # -- scripts that need period windows ------------------------------------------------
 
+    def _windows_arg(self, zones: tuple[str, ...], now_ms: int) -> list[str]:
+        """The windows part of ARGV; rebuilt only when a local day passes in one of the zones."""
+        cached = self._window_args.get(zones)
+        if cached is not None and cached[0] <= now_ms < cached[1]:
+            return cached[2]
+        args = [str(len(zones))]
+        from_ms, until_ms = 0, INT_EXACT_MAX
+        for tz in zones:
+            ws = windows_around(tz, now_ms)
+            args += [tz, str(len(ws))]
+            for w in ws:
+                args += [w.key, str(w.start_ms), str(w.end_ms)]
+            # The windows are a function of the local date alone: they hold all of that day.
+            today = next(
+                w for w in ws if w.period is Period.DAY and w.start_ms <= now_ms < w.end_ms
+            )
+            from_ms, until_ms = max(from_ms, today.start_ms), min(until_ms, today.end_ms)
+        if len(self._window_args) >= TZ_CACHE_MAX:
+            self._window_args.clear()
+        self._window_args[zones] = (from_ms, until_ms, args)
+        return args
+
     async def _run_windowed(
         self,
         op: Script,
@@ -170,13 +191,8 @@ class ScriptedStore:
         """Run a script that needs period windows; retry when it says our tz or clock was off."""
         now_ms = self._now_estimate() if now_ms is None else now_ms
         for _ in range(WINDOW_RETRIES_MAX + 1):
-            zones = {self._tz.get(b.path, "UTC") for b in budget_ids}
-            args = [*head, str(len(zones))]
-            for tz in sorted(zones):
-                ws = windows_around(tz, now_ms)
-                args += [tz, str(len(ws))]
-                for w in ws:
-                    args += [w.key, str(w.start_ms), str(w.end_ms)]
+            zones = tuple(sorted({self._tz.get(b.path, "UTC") for b in budget_ids}))
+            args = [*head, *self._windows_arg(zones, now_ms)]
             args.append(str(len(budget_ids) + (1 if run else 0)))
             for b in budget_ids:
                 args += [b.path, self._tz.get(b.path, "UTC"), ""]

@@ -4,11 +4,11 @@ What the SDK (1.8) does, and what this module does about it:
 - Its httpx client is created with `timeout=None`: a request to an endpoint that stopped
   answering waits forever. Every call here is bounded by `asyncio.timeout`.
 - It replays a request after any exception, a lost reply included (`rest_retries`, default one
-  replay after a 3 s pause). A lost reply of a script that ran would be run again: that is safe
-  only because every script is idempotent by reservation id (see lua/reserve.lua) and every other
-  command we send (GET, SET NX, HSET, DEL, ZADD) means the same when repeated. The replay is kept,
-  after a short pause, because the common lost reply is a keep-alive connection the server
-  closed, which a new connection cures.
+  replay after a 3 s pause). A script whose reply was lost runs again: that is safe only because
+  every script is idempotent by reservation id (see lua/reserve.lua) and every other command
+  ScriptedStore sends (reads, SET NX, HSET, DEL, ZADD) means the same when repeated. The replay
+  is kept, after a short pause, because the common lost reply is a keep-alive connection the
+  server closed while idle, which a new connection cures.
 - It does not look at the HTTP status: a wrong token comes back as the error `Unauthorized`,
   which is told apart here and reported as `ledger_auth`.
 - Replies are base64 on the wire and decoded by the SDK, then shaped per command (TIME as a pair
@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
@@ -42,43 +40,6 @@ REPLAYS_MAX = 1
 REPLAY_PAUSE_S = 0.05
 # How Upstash (and Redis behind it) says the token is wrong or missing.
 AUTH_ERRORS = ("Unauthorized", "WRONGPASS", "NOAUTH")
-# The endpoint and token, by the names Upstash's console uses, then by Vercel's (KV_*).
-ENV_PAIRS = (
-    ("UPSTASH_REDIS_REST_URL", "UPSTASH_REDIS_REST_TOKEN"),
-    ("KV_REST_API_URL", "KV_REST_API_TOKEN"),
-)
-
-
-@dataclass(frozen=True)
-class UpstashConfig:
-    url: str
-    token: str = field(repr=False)
-
-
-def upstash_config(environ: Mapping[str, str] = os.environ) -> UpstashConfig | None:
-    """The Upstash endpoint the environment names, or None when it names none.
-
-    A pair set by half, or a `redis://` URL where the REST URL belongs (Upstash's console shows
-    both), is refused with LedgerUnavailable(reason="ledger_config") and a message that says
-    what to set.
-    """
-    for url_var, token_var in ENV_PAIRS:
-        url, token = environ.get(url_var, ""), environ.get(token_var, "")
-        if url and token:
-            if not url.startswith(("https://", "http://")):
-                raise LedgerUnavailable(
-                    f"{url_var} must be the REST URL (https://...), not {url.split(':')[0]}://; "
-                    "Upstash's console lists it under REST API",
-                    reason="ledger_config",
-                )
-            return UpstashConfig(url.rstrip("/"), token)
-        if url or token:
-            given, missing = (url_var, token_var) if url else (token_var, url_var)
-            raise LedgerUnavailable(
-                f"{given} is set but {missing} is not; set both to use Upstash",
-                reason="ledger_config",
-            )
-    return None
 
 
 def translate(exc: BaseException, call_timeout_s: float) -> CeilingError:

@@ -17,4 +17,6 @@ def test_p95_needs_enough_observations() -> None:
 
 def test_model_keys_are_digests() -> None:
     assert model_key("GPT-4o") == model_key("gpt-4o")
-    assert "{" not in model_key("a{b}/c d")
+    key = model_key("a{b}/c d")
+    assert key.startswith("sc:{out:")
+    assert key.count("{") == 1

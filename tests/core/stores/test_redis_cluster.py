@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
+from redis import exceptions as rex
+from redis.crc import key_slot
 
 from core.budgets import BudgetId, Period
 from core.errors import InvariantBroken, LedgerUnavailable
@@ -23,6 +26,7 @@ from core.stores.redis_cluster import (
     RedisClusterTransport,
     hash_tag,
     redis_cluster_client,
+    translate_cluster,
 )
 from core.stores.scripts import Script, script
 from infra.redis_cluster import LocalCluster
@@ -56,12 +60,14 @@ async def transport(redis_cluster: LocalCluster) -> AsyncIterator[RedisClusterTr
     await t.close()
 
 
-def tag_on(cluster: LocalCluster, master: RedisServer, prefix: str) -> str:
-    """A tag, named from `prefix`, whose slot `master` owns."""
+def tag_on(cluster: LocalCluster, master: RedisServer, prefix: str, *, not_with: str = "") -> str:
+    """A tag, named from `prefix`, whose slot `master` owns (and not the slot of `not_with`)."""
+    taken = key_slot(keys.meta(not_with).encode()) if not_with else None
     return next(
         t
         for t in (f"{prefix}-{i}" for i in range(10_000))
-        if cluster.holder_of_key(keys.meta(t)).port == master.port
+        if key_slot(keys.meta(t).encode()) != taken
+        and cluster.holder_of_key(keys.meta(t)).port == master.port
     )
 
 
@@ -84,6 +90,32 @@ def strict(name: str) -> Script:
 )
 def test_the_hash_tag_is_what_redis_cluster_hashes(key: str, expected: str | None) -> None:
     assert hash_tag(key) == expected
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (rex.ClusterDownError("CLUSTERDOWN The cluster is down"), "ledger_unreachable"),
+        (rex.MovedError("3999 127.0.0.1:6381"), "ledger_unreachable"),
+        (rex.TryAgainError("TRYAGAIN"), "ledger_unreachable"),
+        (rex.ClusterError("TTL exhausted."), "ledger_unreachable"),
+        (rex.SlotNotCoveredError("slot 42 is not covered"), "ledger_unreachable"),
+        (rex.RedisClusterException("Redis Cluster cannot be connected"), "ledger_unreachable"),
+        (rex.MaxConnectionsError(), "ledger_unreachable"),
+        (TimeoutError(), "ledger_unreachable"),
+        (rex.ResponseError("WRONGTYPE Operation against a key"), "ledger_error"),
+        (rex.ClusterCrossSlotError("Keys in request don't hash to the same slot"), "invariant"),
+        (rex.ResponseError("Script attempted to access a non local key"), "invariant"),
+        (rex.ResponseError("BADARG amount_micros"), "invariant"),
+    ],
+)
+def test_client_errors_become_core_errors(exc: Exception, expected: str) -> None:
+    error = translate_cluster(exc)
+    if expected == "invariant":
+        assert isinstance(error, InvariantBroken)
+    else:
+        assert isinstance(error, LedgerUnavailable)
+        assert error.reason == expected
 
 
 async def test_the_tags_of_many_orgs_spread_over_every_master(
@@ -149,7 +181,7 @@ async def test_a_key_outside_the_slot_is_refused_as_a_programmer_error(
     # The controls that show the test above could fail: each call reaches outside its slot.
     master = redis_cluster.masters()[0]
     home = tag_on(redis_cluster, master, f"{tag}-home")
-    same_node = tag_on(redis_cluster, master, f"{tag}-near")
+    same_node = tag_on(redis_cluster, master, f"{tag}-near", not_with=home)
     other = next(m for m in redis_cluster.masters() if m.port != master.port)
     other_node = tag_on(redis_cluster, other, f"{tag}-far")
     touch = "return redis.call('GET', '{key}')"
@@ -197,7 +229,7 @@ async def test_a_master_failover_fails_closed_then_resumes_without_double_counti
     stop = asyncio.Event()
 
     async def worker(w: int) -> None:
-        for i in range(10**9):
+        for i in itertools.count():
             if stop.is_set():
                 return
             ref = ReservationRef(t, f"w{w}-{i}", OWNER)
