@@ -45,7 +45,13 @@ SharedStoreBuilder = Callable[[pytest.FixtureRequest], Callable[[], LedgerStore]
 
 # Store kinds that several OS processes can share, as a picklable builder (a functools.partial
 # of the store class) that a child process calls to open its own connection. Production path:
-# no injected clock, the ledger's own time.
+# no injected clock, the ledger's own time. The timeout is generous: these tests count what is
+# admitted under contention, on a shared 2-core machine, and a call that times out would fail
+# closed and not be counted.
+CONTENTION_CALL_TIMEOUT_S = 60.0
 SHARED_STORE_BUILDERS: dict[str, SharedStoreBuilder] = {
-    "redis": lambda request: partial(RedisStore, request.getfixturevalue("redis_server").url),
+    "redis": lambda request: partial(
+        RedisStore, request.getfixturevalue("redis_server").url,
+        call_timeout_s=CONTENTION_CALL_TIMEOUT_S,
+    ),
 }

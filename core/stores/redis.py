@@ -40,14 +40,15 @@ def translate(exc: BaseException) -> Exception:
 class RedisTransport:
     backend = "redis"
 
-    def __init__(self, client: Redis) -> None:
+    def __init__(self, client: Redis, *, call_timeout_s: float = LEDGER_CALL_TIMEOUT_S) -> None:
         self._client = client
+        self._call_timeout_s = call_timeout_s
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
         # EVALSHA and, on NOSCRIPT, load and retry once: what redis-py's Script object does, but
         # without its per-call import and its isinstance() through typing.Protocol (~10 us a call).
         try:
-            async with asyncio.timeout(LEDGER_CALL_TIMEOUT_S):
+            async with asyncio.timeout(self._call_timeout_s):
                 try:
                     return await self._client.evalsha(script.sha1, len(keys), *keys, *args)
                 except rex.NoScriptError:
@@ -58,14 +59,14 @@ class RedisTransport:
 
     async def execute(self, *args: str) -> Any:
         try:
-            async with asyncio.timeout(LEDGER_CALL_TIMEOUT_S):
+            async with asyncio.timeout(self._call_timeout_s):
                 return await self._client.execute_command(*args)  # type: ignore[no-untyped-call]
         except (rex.RedisError, OSError, TimeoutError) as exc:
             raise translate(exc) from exc
 
     async def durable(self) -> bool | None:
         try:
-            async with asyncio.timeout(LEDGER_CALL_TIMEOUT_S):
+            async with asyncio.timeout(self._call_timeout_s):
                 config = await self._client.config_get("appendonly")
                 config.update(await self._client.config_get("save"))
         except (rex.ResponseError, TimeoutError):
@@ -78,16 +79,16 @@ class RedisTransport:
         await self._client.aclose()
 
 
-def redis_client(url: str) -> Redis:
+def redis_client(url: str, call_timeout_s: float = LEDGER_CALL_TIMEOUT_S) -> Redis:
     # A blocking pool: past POOL_CONNECTIONS_MAX concurrent calls, a call waits for a connection
     # (within the call's timeout) instead of failing with "Too many connections".
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         decode_responses=True,
-        socket_timeout=LEDGER_CALL_TIMEOUT_S,
-        socket_connect_timeout=LEDGER_CALL_TIMEOUT_S,
+        socket_timeout=call_timeout_s,
+        socket_connect_timeout=call_timeout_s,
         max_connections=POOL_CONNECTIONS_MAX,
-        timeout=LEDGER_CALL_TIMEOUT_S,
+        timeout=call_timeout_s,
         health_check_interval=30,
         # A connection broken by a Redis restart fails its next command; retry on a fresh one.
         # Replaying a script is safe: every script is idempotent by reservation id.
@@ -99,5 +100,11 @@ def redis_client(url: str) -> Redis:
 class RedisStore(ScriptedStore):
     """The shared ledger on one Redis. Safe to replay: every script is idempotent by id."""
 
-    def __init__(self, url: str, *, clock: Clock | None = None) -> None:
-        super().__init__(RedisTransport(redis_client(url)), clock=clock)
+    def __init__(
+        self, url: str, *, clock: Clock | None = None,
+        call_timeout_s: float = LEDGER_CALL_TIMEOUT_S,
+    ) -> None:
+        super().__init__(
+            RedisTransport(redis_client(url, call_timeout_s), call_timeout_s=call_timeout_s),
+            clock=clock,
+        )
