@@ -70,6 +70,27 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+# Upstash's own names, then Vercel KV's (which is Upstash); a pair is used whole or not at all.
+UPSTASH_ENV_PAIRS = (
+    ("UPSTASH_REDIS_REST_URL", "UPSTASH_REDIS_REST_TOKEN"),
+    ("KV_REST_API_URL", "KV_REST_API_TOKEN"),
+)
+
+
+def _upstash(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    for url_var, token_var in UPSTASH_ENV_PAIRS:
+        url, token = env.get(url_var, ""), env.get(token_var, "")
+        if url and token:
+            if not url.startswith(("https://", "http://")):
+                # Upstash's console shows a rediss:// URL beside the REST one; this is the REST one.
+                raise ConfigError(f"{url_var} must be the REST URL (https://...)")
+            return url.rstrip("/"), token
+        if url or token:
+            given, missing = (url_var, token_var) if url else (token_var, url_var)
+            raise ConfigError(f"{given} is set but {missing} is not; set both to use Upstash")
+    return None, None
+
+
 def load(env: Mapping[str, str]) -> Config:
     upstream_timeout_s = _number(env, "CEILING_UPSTREAM_TIMEOUT_S", UPSTREAM_TIMEOUT_S_DEFAULT)
     floor_ms = math.ceil(upstream_timeout_s * 1000) + LEASE_MARGIN_MS
@@ -90,10 +111,7 @@ def load(env: Mapping[str, str]) -> Config:
     policy = env.get("CEILING_EXPIRE_POLICY", "charge").strip() or "charge"
     if policy not in ExpirePolicy.__members__.values():
         raise ConfigError("CEILING_EXPIRE_POLICY must be 'charge' or 'release'")
-    upstash_url = env.get("UPSTASH_REDIS_REST_URL") or env.get("KV_REST_API_URL") or None
-    upstash_token = env.get("UPSTASH_REDIS_REST_TOKEN") or env.get("KV_REST_API_TOKEN") or None
-    if upstash_url and not upstash_token:
-        raise ConfigError("UPSTASH_REDIS_REST_URL is set without UPSTASH_REDIS_REST_TOKEN")
+    upstash_url, upstash_token = _upstash(env)
     redis_url = env.get("REDIS_URL") or None
     if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError("REDIS_URL must start with redis://, rediss:// or unix://")

@@ -89,7 +89,9 @@ class ReservationResolved(CeilingError):
 
 
 class LedgerUnavailable(CeilingError):
-    """Fail closed. `reason` is one of: ledger_unreachable, ledger_reset, ledger_not_shared."""
+    """Fail closed. `reason` is one of: ledger_unreachable (no answer in time), ledger_error (an
+    error reply), ledger_auth (credentials refused), ledger_reset (the ledger's data is gone),
+    ledger_not_shared (no shared ledger configured)."""
 
     code = "ledger_unavailable"
 

@@ -33,7 +33,9 @@ def translate(exc: BaseException) -> Exception:
     if isinstance(exc, rex.ResponseError) and str(exc).startswith("BADARG"):
         return InvariantBroken(f"the ledger refused an argument: {exc}")
     if isinstance(exc, rex.ConnectionError | rex.TimeoutError | TimeoutError | OSError):
-        return LedgerUnavailable(f"the ledger is unreachable: {exc}", reason="ledger_unreachable")
+        # asyncio.timeout raises a TimeoutError with no message of its own.
+        why = str(exc) or "no answer within the call's time limit"
+        return LedgerUnavailable(f"the ledger is unreachable: {why}", reason="ledger_unreachable")
     return LedgerUnavailable(f"the ledger answered with an error: {exc}", reason="ledger_error")
 
 

@@ -74,7 +74,7 @@ def translate_cluster(exc: BaseException) -> Exception:
         return InvariantBroken(f"a ledger command touched keys of two slots: {exc}")
     if isinstance(exc, TimeoutError):
         return LedgerUnavailable(
-            f"the ledger's cluster did not answer within {LEDGER_CALL_TIMEOUT_S} s",
+            "the ledger's cluster did not answer within the call's time bound",
             reason="ledger_unreachable",
         )
     if isinstance(exc, SLOT_UNSERVED_ERRORS):
@@ -85,17 +85,22 @@ def translate_cluster(exc: BaseException) -> Exception:
 
 
 class RedisClusterTransport:
+    """Carries the ledger's commands to a Redis Cluster; raises only core errors."""
+
     backend = "redis-cluster"
 
-    def __init__(self, client: RedisCluster) -> None:
+    def __init__(
+        self, client: RedisCluster, *, call_timeout_s: float = LEDGER_CALL_TIMEOUT_S
+    ) -> None:
         self._client = client
+        self._call_timeout_s = call_timeout_s
         # redis-py's cluster client has no blocking pool: a node with all its connections in use
         # fails the next call at once (MaxConnectionsError). Calls wait here instead, within
         # their time bound, as they wait for a connection of the single-Redis pool.
         self._in_flight = asyncio.Semaphore(CALLS_IN_FLIGHT_MAX)
 
     async def _bounded(self, call: Callable[[], Awaitable[T]]) -> T:
-        async with asyncio.timeout(LEDGER_CALL_TIMEOUT_S), self._in_flight:
+        async with asyncio.timeout(self._call_timeout_s), self._in_flight:
             return await call()
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
@@ -153,13 +158,13 @@ class RedisClusterTransport:
         await self._client.aclose()
 
 
-def redis_cluster_client(url: str) -> RedisCluster:
+def redis_cluster_client(url: str, call_timeout_s: float = LEDGER_CALL_TIMEOUT_S) -> RedisCluster:
     """A client that learns the whole cluster from the one node `url` names."""
     return RedisCluster.from_url(
         url,
         decode_responses=True,
-        socket_timeout=LEDGER_CALL_TIMEOUT_S,
-        socket_connect_timeout=LEDGER_CALL_TIMEOUT_S,
+        socket_timeout=call_timeout_s,
+        socket_connect_timeout=call_timeout_s,
         max_connections=NODE_CONNECTIONS_MAX,
         # A ledger call needs only its own tag's slot. With full coverage required, one slot
         # range without a master would make the client refuse every tag on every master.
@@ -171,5 +176,13 @@ def redis_cluster_client(url: str) -> RedisCluster:
 class RedisClusterStore(ScriptedStore):
     """The shared ledger on a Redis Cluster. Safe to replay: every script is idempotent by id."""
 
-    def __init__(self, url: str, *, clock: Clock | None = None) -> None:
-        super().__init__(RedisClusterTransport(redis_cluster_client(url)), clock=clock)
+    def __init__(
+        self, url: str, *, clock: Clock | None = None,
+        call_timeout_s: float = LEDGER_CALL_TIMEOUT_S,
+    ) -> None:
+        super().__init__(
+            RedisClusterTransport(
+                redis_cluster_client(url, call_timeout_s), call_timeout_s=call_timeout_s
+            ),
+            clock=clock,
+        )

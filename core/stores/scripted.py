@@ -486,8 +486,9 @@ class ScriptedStore:
             durable = await self._t.durable()
         except CeilingError as exc:
             reason = exc.reason if isinstance(exc, LedgerUnavailable) else "ledger_unreachable"
+            reachable = reason not in ("ledger_unreachable", "ledger_auth")
             return Probe(
-                self.backend, self.shared, reason != "ledger_unreachable", None,
+                self.backend, self.shared, reachable, None,
                 self._ledger_id, None, (reason,), None,
             )
         if durable is False:

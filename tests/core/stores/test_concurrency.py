@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import random
-import time
+import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
@@ -20,15 +20,17 @@ from tests.support import SHARED_STORE_BUILDERS, ManualClock
 PROCESSES = 4
 REQUESTS = 1_000
 CEILING_MICROS = 500
-# Children start together at this many seconds after the parent hands out the work, so their
-# requests overlap instead of running one process after another.
-START_DELAY_S = 2.0
+# Children wait for each other (connected and ready) before they send, so their requests
+# overlap instead of running one process after another; a start-up slower than this is broken.
+READY_TIMEOUT_S = 120.0
 
 
-async def _reserve_many(build: Callable[[], LedgerStore], tag: str, n: int, start_at: float) -> int:
+async def _reserve_many(
+    build: Callable[[], LedgerStore], tag: str, n: int, ready: threading.Barrier
+) -> int:
     store = build()
     await store.open()
-    await asyncio.sleep(max(0.0, start_at - time.time()))
+    await asyncio.to_thread(ready.wait, READY_TIMEOUT_S)
 
     async def one() -> int:
         try:
@@ -42,8 +44,10 @@ async def _reserve_many(build: Callable[[], LedgerStore], tag: str, n: int, star
     return admitted
 
 
-def _child(build: Callable[[], LedgerStore], tag: str, n: int, start_at: float) -> int:
-    return asyncio.run(_reserve_many(build, tag, n, start_at))
+def _child(
+    build: Callable[[], LedgerStore], tag: str, n: int, ready: threading.Barrier
+) -> int:
+    return asyncio.run(_reserve_many(build, tag, n, ready))
 
 
 @pytest.mark.slow
@@ -53,11 +57,11 @@ async def test_exactly_the_ceiling_is_admitted_across_processes(
     build = SHARED_STORE_BUILDERS[shared_store_kind](request)
     store = build()
     await put(store, tag, (Period.TOTAL, CEILING_MICROS))
-    start_at = time.time() + START_DELAY_S
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(PROCESSES, mp_context=ctx) as pool:
+    with ctx.Manager() as manager, ProcessPoolExecutor(PROCESSES, mp_context=ctx) as pool:
+        ready = manager.Barrier(PROCESSES)
         futures = [
-            asyncio.wrap_future(pool.submit(_child, build, tag, REQUESTS // PROCESSES, start_at))
+            asyncio.wrap_future(pool.submit(_child, build, tag, REQUESTS // PROCESSES, ready))
             for _ in range(PROCESSES)
         ]
         admitted = await asyncio.gather(*futures)

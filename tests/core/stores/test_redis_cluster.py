@@ -129,7 +129,7 @@ async def test_the_tags_of_many_orgs_spread_over_every_master(
     found: dict[str, int] = {}
     for master in masters:
         # Straight to each master, not through the cluster client: what it really stores.
-        direct = aioredis.Redis(port=master.port, decode_responses=True)
+        direct = aioredis.Redis(host="127.0.0.1", port=master.port, decode_responses=True)
         async for key in direct.scan_iter(match=f"sc:{{{tag}-*", count=1_000):
             found[str(hash_tag(key))] = master.port
         await direct.aclose()
@@ -204,7 +204,9 @@ async def test_durable_only_when_every_master_persists(
     redis_cluster: LocalCluster, transport: RedisClusterTransport
 ) -> None:
     assert await transport.durable() is True
-    lax = aioredis.Redis(port=redis_cluster.masters()[-1].port, decode_responses=True)
+    lax = aioredis.Redis(
+        host="127.0.0.1", port=redis_cluster.masters()[-1].port, decode_responses=True
+    )
     await lax.config_set("appendonly", "no")
     try:
         assert await transport.durable() is False

@@ -1,0 +1,36 @@
+import pytest
+
+from core.config import ConfigError, load
+from core.ledger import ExpirePolicy
+
+
+def test_defaults_hold_a_lease_past_the_upstream_timeout() -> None:
+    config = load({})
+    assert config.lease_ttl_ms >= config.upstream_timeout_s * 1000
+    assert config.expire_policy is ExpirePolicy.CHARGE
+    assert not config.ledger_configured
+
+
+def test_a_lease_shorter_than_the_upstream_timeout_is_refused() -> None:
+    with pytest.raises(ConfigError, match="CEILING_LEASE_TTL_MS"):
+        load({"CEILING_UPSTREAM_TIMEOUT_S": "120", "CEILING_LEASE_TTL_MS": "60000"})
+    assert load({"CEILING_UPSTREAM_TIMEOUT_S": "30"}).lease_ttl_ms == 90_000
+
+
+@pytest.mark.parametrize("env", [
+    {"UPSTASH_REDIS_REST_URL": "https://x.upstash.io"},
+    {"KV_REST_API_TOKEN": "t"},
+    {"UPSTASH_REDIS_REST_URL": "rediss://x.upstash.io", "UPSTASH_REDIS_REST_TOKEN": "t"},
+    {"REDIS_URL": "http://x"},
+    {"CEILING_SINGLE_REPLICA": "maybe"},
+    {"CEILING_UPSTREAM_TIMEOUT_S": "-1"},
+    {"CEILING_EXPIRE_POLICY": "forgive"},
+])
+def test_configurations_that_cannot_enforce_are_refused(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError):
+        load(env)
+
+
+def test_vercel_kv_names_are_accepted() -> None:
+    config = load({"KV_REST_API_URL": "https://kv.example/", "KV_REST_API_TOKEN": "t"})
+    assert (config.upstash_url, config.upstash_token) == ("https://kv.example", "t")
