@@ -3,10 +3,13 @@
 
 _sudo() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "setup: installing redis-server (apt-get)" >&2
+# redis-server: the ledger the tests and the demo run against. faketime: the clock-skew tests
+# move instance clocks with libfaketime.
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v faketime >/dev/null 2>&1; then
+  echo "setup: installing redis-server and faketime (apt-get)" >&2
   _sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive _sudo apt-get install -y -qq redis-server redis-tools >/dev/null
+  DEBIAN_FRONTEND=noninteractive _sudo apt-get install -y -qq redis-server redis-tools faketime \
+    >/dev/null
 fi
 
 PYTHON=${PYTHON:-python3}

@@ -7,4 +7,7 @@ cd "$(dirname "$0")/.."
 source infra/setup.sh
 .venv/bin/ruff check .
 .venv/bin/mypy
+# Known vulnerabilities in the installed dependencies; fails the run when one is found. (A package
+# index without vulnerability data makes pip-audit skip packages: it says so in its output.)
+.venv/bin/pip-audit --skip-editable --progress-spinner off
 exec .venv/bin/pytest "$@"
