@@ -50,13 +50,16 @@ class ServiceProcess:
             env=env, stdout=out, stderr=out,
         )
         deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"service exited with {self.process.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health/live", timeout=1.0).status_code == 200:
-                    return self
-            time.sleep(0.05)
+        # One client for all polls: a new one per poll costs ~77 ms of CPU (its SSL context),
+        # which 25 instances starting at once pay many times over.
+        with httpx.Client(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"service exited with {self.process.returncode}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.url}/health/live").status_code == 200:
+                        return self
+                time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"service did not answer on port {self.port}")
 

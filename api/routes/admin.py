@@ -18,7 +18,7 @@ from core.service import CeilingService
 router = APIRouter(prefix="/v1/admin")
 
 
-def admin(authorization: Annotated[str | None, Header()] = None) -> None:
+async def admin(authorization: Annotated[str | None, Header()] = None) -> None:
     config = runtime().config
     expected = config.admin_token if config else None
     if not expected:
