@@ -1,97 +1,136 @@
-"""The demo: 25 instances, each with its own memory, spend against one $0.05 ceiling.
+"""The demo (`bash infra/demo.sh`): 25 instances against one ceiling, judged by the provider's bill.
 
-Each instance is an OS process (as each serverless instance is), and each gets one call at the
-same moment: price the worst case, reserve it, "call the model", settle the actual cost. With
-per-instance memory ledgers every instance sees an untouched budget; with the shared Redis
-ledger the instances see one budget. The bill is what the calls actually cost, summed outside
-the ledger.
+1. 25 service instances, each with its own memory ledger (CEILING_SINGLE_REPLICA=1), 25 Locust
+   workers (worker i -> instance i) calling until refused: 25 ceilings instead of one, and every
+   instance's health says `degraded`.
+2. The same 25 instances on one shared Redis ledger: the same scenario, then a larger budget
+   spent to exhaustion. The provider's bill stays within the ceiling and equals the ledger's
+   committed spend to the micro-dollar.
+3. The spend limits people ship, against the same stub provider, beside the enforced path
+   (bench.baselines).
+
+Exits non-zero when the shared ledger let the provider bill more than the ceiling, or a shared
+run did not finish cleanly. Everything runs on 127.0.0.1 and is stopped by pid when it ends.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import multiprocessing
+import signal
+import sys
 import time
-import uuid
-from concurrent.futures import ProcessPoolExecutor
+from collections import Counter
+from dataclasses import dataclass
+from types import FrameType
 
-from core.budgets import BudgetDef, BudgetId, Limit, Period
-from core.errors import BudgetRefused
-from core.ledger import LedgerStore, ReservationRef, ReserveRequest
-from core.money import micros_to_usd, usd_to_micros
-from core.stores.memory import MemoryStore
-from core.stores.redis import RedisStore
-from infra.redis_server import RedisServer
-
-INSTANCES = 25
-CEILING_MICROS = usd_to_micros("0.05")
-WORST_CASE_MICROS = usd_to_micros("0.01")
-ACTUAL_MICROS = usd_to_micros("0.008")
-BUDGET = BudgetId("org:demo")
-# The instances start their call together, this long after the parent hands out the work.
-START_DELAY_S = 1.5
+from bench import baselines
+from bench.common import table
+from core.money import micros_to_usd
+from infra.fleet import EXHAUSTION, HANDFUL, INSTANCES, Fleet, LedgerMode, LoadResult
+from infra.stub_provider import StubProvider
 
 
-async def _one_call(redis_url: str | None, start_at: float) -> int:
-    """One instance serving one call; returns what the provider billed (0 if refused)."""
-    store: LedgerStore = RedisStore(redis_url) if redis_url else MemoryStore()
-    if redis_url is None:  # per-instance memory: the budget exists only in this instance
-        await store.put_budget(BudgetDef(BUDGET, (Limit(Period.TOTAL, CEILING_MICROS),)))
-    await store.open()
-    await asyncio.sleep(max(0.0, start_at - time.time()))
-    ref = ReservationRef(BUDGET.tag, uuid.uuid4().hex, "demo")
-    try:
-        await store.reserve(ReserveRequest(
-            ref, BUDGET.lineage(), WORST_CASE_MICROS, 60_000, "demo", "demo-prices"))
-    except BudgetRefused:
-        await store.close()
-        return 0
-    await asyncio.sleep(0.05)  # the model call
-    await store.settle(ref, ACTUAL_MICROS)
-    await store.close()
-    return ACTUAL_MICROS
+@dataclass(frozen=True)
+class FleetRun:
+    """One fleet's start-up, health and load runs, as the summary reports them."""
+
+    mode: LedgerMode
+    start_s: float
+    health: Counter[str]
+    reasons: tuple[str, ...]
+    results: tuple[LoadResult, ...]
+    # Per run: what the instances' ledgers say was committed, one answer per instance.
+    committed_micros: tuple[tuple[int, ...], ...]
 
 
-async def _define_budget(redis_url: str) -> None:
-    store = RedisStore(redis_url)
-    await store.put_budget(BudgetDef(BUDGET, (Limit(Period.TOTAL, CEILING_MICROS),)))
-    await store.close()
+def run_fleet(mode: LedgerMode, instances: int, seed: int, workloads: tuple[str, ...]) -> FleetRun:
+    print(f"\n== {instances} instances, {mode.value} ledger ==", flush=True)
+    with Fleet(mode=mode, instances=instances, provider=StubProvider(seed=seed)) as fleet:
+        print(f"started {instances} instance processes in {fleet.start_s:.1f} s", flush=True)
+        bodies = fleet.health()
+        health = Counter(b["status"] for b in bodies)
+        reasons = tuple(sorted({r for b in bodies for r in b["reasons"]}))
+        print(f"health: {dict(health)}; reasons: {', '.join(reasons) or 'none'}", flush=True)
+        results, committed = [], []
+        for workload in (HANDFUL, EXHAUSTION):
+            if workload.user_class not in workloads:
+                continue
+            result = fleet.run_load(workload)
+            results.append(result)
+            committed.append(tuple(fleet.committed_micros(result.budget_id)))
+            print(describe(result, committed[-1]), flush=True)
+    return FleetRun(mode, fleet.start_s, health, reasons, tuple(results), tuple(committed))
 
 
-def _instance(redis_url: str | None, start_at: float) -> int:
-    return asyncio.run(_one_call(redis_url, start_at))
+def describe(result: LoadResult, committed_micros: tuple[int, ...]) -> str:
+    lines = [
+        f"{result.user_class}: {result.workers} workers, {result.billed_calls} calls billed "
+        f"${micros_to_usd(result.billed_micros)} against a ${micros_to_usd(result.ceiling_micros)}"
+        f" ceiling: overrun {result.overrun_pct:.1f}% (locust exit {result.exit_code})",
+    ]
+    if len(set(committed_micros)) == 1:
+        lines.append(f"  the shared ledger's committed spend: ${micros_to_usd(committed_micros[0])}"
+                     f" (the provider's bill: ${micros_to_usd(result.billed_micros)})")
+    else:
+        lines.append(f"  each instance's own ledger says it committed at most "
+                     f"${micros_to_usd(max(committed_micros))}: every one of them believes the "
+                     f"ceiling held; together they committed "
+                     f"${micros_to_usd(sum(committed_micros))}")
+    if result.billed_at_first_refusal_micros is not None:
+        lines.append(f"  spent when refusals began: "
+                     f"${micros_to_usd(result.billed_at_first_refusal_micros)}; at the end "
+                     f"{result.utilization_pct:.1f}% of the ceiling")
+    return "\n".join(lines)
 
 
-def _fleet(redis_url: str | None) -> list[int]:
-    start_at = time.time() + START_DELAY_S
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(INSTANCES, mp_context=ctx) as pool:
-        return list(pool.map(_instance, [redis_url] * INSTANCES, [start_at] * INSTANCES))
+def summary(runs: list[FleetRun]) -> str:
+    rows = []
+    for run in runs:
+        health = ", ".join(f"{n}/{sum(run.health.values())} {s}" for s, n in run.health.items())
+        for result, committed in zip(run.results, run.committed_micros, strict=True):
+            books = ("= bill" if set(committed) == {result.billed_micros}
+                     else f"{len(set(committed))} ledgers, max ${micros_to_usd(max(committed))}")
+            rows.append((
+                f"{run.mode.value}: {result.user_class}", str(result.workers),
+                micros_to_usd(result.ceiling_micros), str(result.billed_calls),
+                micros_to_usd(result.billed_micros), f"{result.overrun_pct:.1f}%",
+                f"{result.utilization_pct:.1f}%", books, health,
+            ))
+    return table(("ledger: scenario", "workers", "ceiling $", "calls", "billed $", "overrun",
+                  "used", "ledger says", "health"), rows)
 
 
-def _row(name: str, bills: list[int]) -> str:
-    billed = sum(bills)
-    overrun = max(0, billed - CEILING_MICROS) * 100 / CEILING_MICROS
-    admitted = sum(1 for b in bills if b)
-    return (f"{name:<28} {admitted:>3}/{INSTANCES}  ${micros_to_usd(billed):>10}  "
-            f"{overrun:>7.0f}%")
+def held(run: FleetRun) -> bool:
+    return all(r.exit_code == 0 and r.overrun_micros == 0 and set(c) == {r.billed_micros}
+               for r, c in zip(run.results, run.committed_micros, strict=True))
 
 
-def main() -> None:
-    argparse.ArgumentParser(description=__doc__).parse_args()
-    print(f"ceiling ${micros_to_usd(CEILING_MICROS)}; {INSTANCES} instances, one call each; "
-          f"worst case ${micros_to_usd(WORST_CASE_MICROS)}, actual ${micros_to_usd(ACTUAL_MICROS)}")
-    with RedisServer(durable=True) as redis_server:
-        asyncio.run(_define_budget(redis_server.url))
-        memory = _fleet(None)
-        shared = _fleet(redis_server.url)
-    print(f"{'ledger':<28} admitted  {'billed':>11}  {'overrun':>8}")
-    print(_row("per-instance memory", memory))
-    print(_row("shared Redis", shared))
-    if sum(shared) > CEILING_MICROS:
-        raise SystemExit("the shared ledger let spend exceed the ceiling")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.demo",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--instances", type=int, default=INSTANCES)
+    parser.add_argument("--seed", type=int, default=7, help="the stub provider's seed")
+    args = parser.parse_args(argv)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)  # unwinds the fleets, which stop what they started
+
+    signal.signal(signal.SIGTERM, stop)
+    started = time.monotonic()
+    memory = run_fleet(LedgerMode.MEMORY, args.instances, args.seed, (HANDFUL.user_class,))
+    shared = run_fleet(LedgerMode.SHARED, args.instances, args.seed,
+                       (HANDFUL.user_class, EXHAUSTION.user_class))
+    print("\n== the spend limits people ship, against the same provider ==", flush=True)
+    rows = baselines.run(args.seed)
+    print(baselines.report(rows))
+    print(f"\n== summary ({time.monotonic() - started:.0f} s) ==")
+    print(summary([memory, shared]))
+    ok = held(shared) and not any(r.enforced and r.billed_micros > r.ceiling_micros for r in rows)
+    print("\nThe shared ledger held the ceiling: the provider billed no more than the ceiling, "
+          "and the ledger's books equal the bill." if ok else
+          "\nFAIL: the shared ledger let spend past the ceiling or a run did not finish.")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,7 +19,7 @@ from core.errors import (
 )
 from core.ledger import LedgerStore
 from core.prices import PriceTable, Usage
-from core.service import Caller, CallSpec, CeilingService, SettleSpec
+from core.service import KEY_TRUST_MS, Caller, CallSpec, CeilingService, SettleSpec
 
 
 @pytest.fixture
@@ -188,3 +188,19 @@ async def test_an_amount_reservation_settles_only_by_amount(
     with pytest.raises(InvalidRequest):
         await service.settle(caller, r.reservation_id, SettleSpec(actual_micros=-1))
     assert await books(service, caller) == (0, 50)
+
+
+async def test_a_key_revoked_elsewhere_is_refused_once_its_trust_runs_out(
+    store: LedgerStore, service: CeilingService, tag: str
+) -> None:
+    now = [0]
+    instance = CeilingService(store, service.prices, monotonic_ms=lambda: now[0])
+    await service.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, 10),)))
+    key = await service.create_key(BudgetId(tag), run_ceiling_micros=None)
+    await instance.authenticate(key.api_key)
+    assert await service.revoke_key(key.key_id)  # on another instance
+    now[0] += KEY_TRUST_MS - 1
+    await instance.authenticate(key.api_key)  # still trusted: checked under a second ago
+    now[0] += 1
+    with pytest.raises(Unauthorized):
+        await instance.authenticate(key.api_key)

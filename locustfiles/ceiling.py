@@ -1,0 +1,261 @@
+"""Locust scenarios: many workers, many instances, one ceiling, judged by the provider's bill.
+
+Worker i calls instance i (round-robin) with its key: price and reserve the worst case
+(POST /v1/reservations with the chat messages and the output cap), call the stub provider,
+settle with the provider's usage. A worker stops when the ledger refuses it with 402
+budget_exceeded; a 429 budget_busy is waited out (Retry-After) and retried. When every worker
+has stopped, the run ends on its own; --run-time only bounds a broken one.
+
+    HandfulOfCalls   a budget with room for a handful of calls (infra.fleet.HANDFUL)
+    ToExhaustion     a larger budget spent to exhaustion with streamed answers of realistic
+                     length; also reports utilization (infra.fleet.EXHAUSTION)
+
+On stop it reads the provider's bill (GET /billing), writes infra.fleet.LoadResult to the plan's
+result path, prints the overrun and sets the exit code: 0 the ceiling held and the run was
+clean; 1 the provider billed more than the ceiling; 2 the run itself failed (an unexpected
+answer, or a worker still calling at --run-time). Run it through infra.fleet.Fleet.run_load,
+which writes the plan (--plan) for the fleet it started.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gevent
+from locust import HttpUser, constant, events, task
+from locust.env import Environment
+
+from core.money import micros_to_usd
+from infra.fleet import EXHAUSTION, HANDFUL, LoadPlan, LoadResult, Workload
+from infra.stub_provider import fetch_bill
+
+EXIT_HELD = 0
+EXIT_OVERRUN = 1
+EXIT_BROKEN = 2
+
+
+@dataclass
+class Run:
+    """What the workers of this locust process did; one process, so plain counters suffice."""
+
+    plan: LoadPlan
+    worker_ids: itertools.count[int] = field(default_factory=itertools.count)
+    admitted: int = 0
+    settled: int = 0
+    charged_micros: int = 0
+    refused_exceeded: int = 0
+    busy_waits: int = 0
+    errors: int = 0
+    workers_stopped: int = 0
+    workers_refused: int = 0
+    calls_by_instance: list[int] = field(default_factory=list)
+    billed_at_first_refusal_micros: int | None = None
+
+
+RUN: Run | None = None
+
+
+def run_state() -> Run:
+    if RUN is None:
+        raise RuntimeError("no plan: run this locustfile through infra.fleet (--plan PATH)")
+    return RUN
+
+
+# locust's add_listener is untyped, which mypy --strict reports on each of its decorators.
+@events.init_command_line_parser.add_listener  # type: ignore[untyped-decorator]
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--plan", default="", help="the fleet's plan (JSON), from infra.fleet")
+
+
+@events.init.add_listener  # type: ignore[untyped-decorator]
+def load_plan(environment: Environment, **_: Any) -> None:
+    global RUN
+    options = environment.parsed_options
+    if options is not None and options.plan:
+        plan = LoadPlan.read(options.plan)
+        RUN = Run(plan, calls_by_instance=[0] * len(plan.instance_urls))
+
+
+@events.test_stop.add_listener  # type: ignore[untyped-decorator]
+def judge(environment: Environment, **_: Any) -> None:
+    run = run_state()
+    bill = fetch_bill(run.plan.provider_url)
+    options = environment.parsed_options
+    workers = int(options.num_users) if options is not None else 0
+    result = LoadResult(
+        user_class=run.plan.user_class, budget_id=run.plan.budget_id, workers=workers,
+        ceiling_micros=run.plan.ceiling_micros, billed_micros=bill.total.cost_micros,
+        billed_calls=bill.total.calls, admitted=run.admitted, settled=run.settled,
+        charged_micros=run.charged_micros, refused_exceeded=run.refused_exceeded,
+        busy_waits=run.busy_waits, errors=run.errors,
+        finished=run.workers_refused == workers and run.errors == 0,
+        calls_by_instance=run.calls_by_instance,
+        billed_at_first_refusal_micros=run.billed_at_first_refusal_micros,
+    )
+    if result.overrun_micros > 0:
+        result.exit_code = EXIT_OVERRUN
+    elif not result.finished:
+        result.exit_code = EXIT_BROKEN
+    else:
+        result.exit_code = EXIT_HELD
+    Path(run.plan.result_path).write_text(json.dumps(result.to_json()))
+    print(
+        f"{result.user_class}: ceiling ${micros_to_usd(result.ceiling_micros)}, the provider "
+        f"billed ${micros_to_usd(result.billed_micros)} for {result.billed_calls} calls: "
+        f"overrun {result.overrun_pct:.1f}%, utilization {result.utilization_pct:.1f}%; "
+        f"{result.refused_exceeded} refusals, {result.busy_waits} busy waits, "
+        f"{result.errors} errors, finished={result.finished}"
+    )
+    environment.process_exit_code = result.exit_code
+
+
+class CeilingWorker(HttpUser):
+    """One worker of a scenario: reserve -> call -> settle until the ledger says no."""
+
+    abstract = True
+    wait_time = constant(0)
+    workload: Workload
+
+    def on_start(self) -> None:
+        run = run_state()
+        self.worker = next(run.worker_ids)
+        self.instance = self.worker % len(run.plan.instance_urls)
+        self.service_url = run.plan.instance_urls[self.instance]
+        self.auth = {"Authorization": f"Bearer {run.plan.api_keys[self.instance]}"}
+        self.calls = 0
+        self.finished = False
+
+    @task
+    def call(self) -> None:
+        if self.calls >= self.workload.calls_per_worker_max:
+            self.finish(refused=False)
+            return
+        messages = [{"role": "user", "content": f"{self.workload.prompt} (worker {self.worker}, "
+                                                f"call {self.calls})"}]
+        reservation_id = self.reserve(messages)
+        if reservation_id is None:
+            return
+        self.calls += 1
+        usage = self.call_provider(messages)
+        if usage is None:
+            self.post_ledger(f"/v1/reservations/{reservation_id}/release", {}, "release")
+            return
+        settled = self.post_ledger(f"/v1/reservations/{reservation_id}/settle", {
+            "input_tokens": usage["prompt_tokens"],
+            "output_tokens": usage["completion_tokens"],
+            "cached_input_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+        }, "settle")
+        if settled is not None:
+            run = run_state()
+            run.settled += 1
+            run.charged_micros += int(settled["charged_micros"])
+
+    def reserve(self, messages: list[dict[str, str]]) -> str | None:
+        """The reservation's id; None when the worker must wait (busy) or has stopped."""
+        run = run_state()
+        body = {"model": self.workload.model, "messages": messages,
+                "max_output_tokens": self.workload.max_output_tokens}
+        with self.client.post(f"{self.service_url}/v1/reservations", json=body,
+                              headers=self.auth, name="reserve", catch_response=True) as r:
+            if r.status_code == 201:
+                r.success()
+                run.admitted += 1
+                run.calls_by_instance[self.instance] += 1
+                return str(r.json()["reservation_id"])
+            code = _error_code(r)
+            if r.status_code == 402 and code == "budget_exceeded":
+                r.success()
+                run.refused_exceeded += 1
+                # Utilization when refusals began: the provider's bill at the first refusal.
+                if run.billed_at_first_refusal_micros is None:
+                    run.billed_at_first_refusal_micros = (
+                        fetch_bill(run.plan.provider_url).total.cost_micros
+                    )
+                self.finish(refused=True)
+                return None
+            if r.status_code == 429 and code == "budget_busy":
+                r.success()
+                run.busy_waits += 1
+                # Retry-After says when open reservations should have settled; the worker holds
+                # nothing while it waits.
+                gevent.sleep(float(r.headers.get("Retry-After", "1")))
+                return None
+            r.failure(f"reserve: {r.status_code} {r.text[:200]}")
+        self.count_error()
+        return None
+
+    def call_provider(self, messages: list[dict[str, str]]) -> dict[str, Any] | None:
+        provider_url = run_state().plan.provider_url
+        body: dict[str, Any] = {"model": self.workload.model, "messages": messages,
+                                "max_tokens": self.workload.max_output_tokens}
+        if self.workload.stream:
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
+        with self.client.post(f"{provider_url}/v1/chat/completions", json=body,
+                              name="provider: chat", catch_response=True,
+                              stream=self.workload.stream) as r:
+            if r.status_code == 200:
+                usage = _stream_usage(r.iter_lines()) if self.workload.stream else r.json()["usage"]
+                if usage is not None:
+                    return dict(usage)
+                r.failure("the stream carried no usage chunk")
+            else:
+                r.failure(f"provider: {r.status_code} {r.text[:200]}")
+        self.count_error()
+        return None
+
+    def post_ledger(self, path: str, body: dict[str, Any], name: str) -> dict[str, Any] | None:
+        with self.client.post(f"{self.service_url}{path}", json=body, headers=self.auth,
+                              name=name, catch_response=True) as r:
+            if r.status_code == 200:
+                return dict(r.json())
+            r.failure(f"{name}: {r.status_code} {r.text[:200]}")
+        self.count_error()
+        return None
+
+    def count_error(self) -> None:
+        run_state().errors += 1
+        self.finish(refused=False)
+
+    def finish(self, *, refused: bool) -> None:
+        """Stop this worker after its current call; the last one to stop ends the run."""
+        if self.finished:  # a failed release after a failed call: one stop, counted once
+            return
+        self.finished = True
+        run = run_state()
+        run.workers_stopped += 1
+        run.workers_refused += refused
+        self.stop()
+        options = self.environment.parsed_options
+        runner = self.environment.runner
+        if options is not None and runner is not None and run.workers_stopped == options.num_users:
+            gevent.spawn(runner.quit)
+
+
+class HandfulOfCalls(CeilingWorker):
+    workload = HANDFUL
+
+
+class ToExhaustion(CeilingWorker):
+    workload = EXHAUSTION
+
+
+def _error_code(response: Any) -> str | None:
+    try:
+        return str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _stream_usage(lines: Any) -> dict[str, Any] | None:
+    """The usage of the last chunk that carries one (the include_usage chunk)."""
+    usage = None
+    for raw in lines:
+        line = raw.decode() if isinstance(raw, bytes) else raw
+        if line.startswith("data: ") and line != "data: [DONE]":
+            chunk = json.loads(line.removeprefix("data: "))
+            usage = chunk.get("usage") or usage
+    return usage
