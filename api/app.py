@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import errors
-from api.routes import admin, health, sidecar
+from api.routes import admin, gateway, health, sidecar
 from api.runtime import VERSION
 
 # The largest request body accepted: a chat request with a long prompt fits in a few hundred KB;
@@ -54,5 +54,6 @@ def create_app() -> FastAPI:
     app.include_router(health.router)
     app.include_router(sidecar.router)
     app.include_router(admin.router)
+    app.include_router(gateway.router)
     app.add_middleware(BodyLimit)
     return app

@@ -33,6 +33,8 @@ STATUS: dict[str, tuple[int, str]] = {
     "idempotency_conflict": (409, "idempotency_error"),
     "idempotency_in_flight": (409, "idempotency_error"),
     "reservation_resolved": (409, "invalid_request_error"),
+    "upstream_unreachable": (502, "upstream_error"),
+    "upstream_timeout": (504, "upstream_error"),
     "ledger_unavailable": (503, "ledger_error"),
     "ledger_not_shared": (503, "ledger_error"),
     "invalid_configuration": (503, "configuration_error"),

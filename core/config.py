@@ -13,13 +13,16 @@ from dataclasses import dataclass
 
 from core.errors import InvalidRequest
 from core.ledger import ExpirePolicy
-from core.limits import RESERVATION_TTL_MS_MAX, RESERVATION_TTL_MS_MIN
+from core.limits import RESERVATION_TTL_MS_MAX, RESERVATION_TTL_MS_MIN, TOKENS_MAX
 
 # Upstream calls longer than ten minutes are not LLM calls we can hold a lease for.
 UPSTREAM_TIMEOUT_S_DEFAULT = 600.0
 # The lease outlives the upstream timeout by this much: the settle after a call that used its
 # whole timeout still finds its lease open.
 LEASE_MARGIN_MS = 60_000
+# The output cap the gateway sets (and reserves for) on a call that sets none: without one there
+# is no worst case. Enough for nearly every chat answer; a caller that wants more says so.
+OUTPUT_TOKENS_DEFAULT = 4_096
 
 
 class ConfigError(InvalidRequest):
@@ -42,6 +45,10 @@ class Config:
     lease_ttl_ms: int = math.ceil(UPSTREAM_TIMEOUT_S_DEFAULT * 1000) + LEASE_MARGIN_MS
     prices_file: str | None = None
     expire_policy: ExpirePolicy = ExpirePolicy.CHARGE
+    output_tokens_default: int = OUTPUT_TOKENS_DEFAULT
+    # Hold a model's p95 output instead of the cap while a budget is far from its ceiling: more
+    # calls at once, but a bill that can pass the ceiling (core/gateway.py, hold()).
+    hold_p95: bool = False
 
     @property
     def ledger_configured(self) -> bool:
@@ -108,6 +115,11 @@ def load(env: Mapping[str, str]) -> Config:
             "expire while it runs and its budget could be granted twice. Raise "
             "CEILING_LEASE_TTL_MS or lower CEILING_UPSTREAM_TIMEOUT_S."
         )
+    output_tokens_default = _number(env, "CEILING_DEFAULT_MAX_OUTPUT_TOKENS", OUTPUT_TOKENS_DEFAULT)
+    if output_tokens_default != int(output_tokens_default) or output_tokens_default > TOKENS_MAX:
+        raise ConfigError(
+            f"CEILING_DEFAULT_MAX_OUTPUT_TOKENS must be an integer up to {TOKENS_MAX}"
+        )
     policy = env.get("CEILING_EXPIRE_POLICY", "charge").strip() or "charge"
     if policy not in ExpirePolicy.__members__.values():
         raise ConfigError("CEILING_EXPIRE_POLICY must be 'charge' or 'release'")
@@ -128,4 +140,6 @@ def load(env: Mapping[str, str]) -> Config:
         lease_ttl_ms=lease_ttl_ms,
         prices_file=env.get("CEILING_PRICES_FILE") or None,
         expire_policy=ExpirePolicy(policy),
+        output_tokens_default=int(output_tokens_default),
+        hold_p95=_flag(env, "CEILING_HOLD_P95"),
     )

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from core.budgets import BudgetDef, BudgetId, Period, period_of
 from core.errors import BudgetBusy, BudgetExceeded, BudgetRefused
+from core.replies import ReplyStore
 
 # A busy budget frees up when an open call settles, which takes seconds, not a lease's length.
 BUSY_RETRY_AFTER_S = 1
@@ -160,6 +161,11 @@ class Probe:
 class LedgerStore(Protocol):
     backend: str
     shared: bool
+
+    @property
+    def replies(self) -> ReplyStore:
+        """The gateway's idempotency keys (core/replies.py), kept beside the ledger they guard."""
+        ...
 
     async def open(self) -> str:
         """Connect, learn (or on an empty ledger, create) the ledger id, and return it."""

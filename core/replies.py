@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import re
 import time
@@ -177,7 +178,7 @@ class MemoryReplies:
         return entry
 
     def _prune(self, now_ms: int) -> None:
-        expired = [k for k, e in list(self._entries.items())[: self.PRUNE_BATCH_MAX]
+        expired = [k for k, e in itertools.islice(self._entries.items(), self.PRUNE_BATCH_MAX)
                    if e.expires_at_ms <= now_ms]
         for key in expired:
             del self._entries[key]

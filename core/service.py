@@ -90,6 +90,9 @@ class CallSpec:
     choices: int = 1
     amount_micros: int | None = None
     ttl_ms: int | None = None
+    # None: the service's policy. The gateway passes CHARGE: it leaves a call of unknown outcome
+    # held, and only a 'charge' expiry keeps that call's possible bill under the ceiling.
+    expire_policy: ExpirePolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,7 @@ class CeilingService:
             fingerprint=fingerprint,
             price_version=self.prices.version,
             model=model,
-            expire_policy=self.expire_policy,
+            expire_policy=spec.expire_policy or self.expire_policy,
             run=caller.run_limit(),
         )
         self._remember_model(reservation_id, model)

@@ -39,6 +39,7 @@ from core.ledger import (
     refusal,
 )
 from core.limits import RECLAIM_BATCH_MAX, RECORD_RETENTION_MS
+from core.replies import MemoryReplies
 from core.stores.scripted import Clock
 
 # Resolved records dropped per call once their retention has passed: bounds the work of one call.
@@ -105,6 +106,7 @@ class MemoryStore:
         self._keys: dict[str, KeyRecord] = {}
         self._key_ids: dict[str, str] = {}
         self._outputs: dict[str, dict[int, int]] = {}
+        self.replies = MemoryReplies(self._clock)
 
     async def open(self) -> str:
         return self._ledger_id

@@ -46,6 +46,7 @@ from core.limits import (
     TZ_CACHE_MAX,
     WINDOW_RETRIES_MAX,
 )
+from core.replies import ScriptedReplies
 from core.stores import keys
 from core.stores.scripts import Script, script
 
@@ -108,6 +109,7 @@ class ScriptedStore:
     def __init__(self, transport: Transport, *, clock: Clock | None = None) -> None:
         self.backend = transport.backend
         self._t = transport
+        self.replies = ScriptedReplies(transport)
         self._clock = clock
         self._ledger_id: str | None = None
         self._reset = False

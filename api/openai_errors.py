@@ -1,0 +1,70 @@
+"""Errors on the OpenAI-compatible routes, in the shape OpenAI's clients parse.
+
+    {"error": {"message", "type", "param", "code", ...details}}
+
+Status, type, details and Retry-After are what api/errors.py decides for every route; only the
+shape and the retry advice are added here. The official SDKs retry 408, 409, 429 and >= 500
+unless the answer says `x-should-retry: false`, so an error that retrying the same request
+cannot fix says so: a spent budget, a request the gateway refuses, a key used twice, a call
+whose outcome is unknown (a blind retry could pay for it twice).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+
+from api import errors
+from core.errors import CeilingError
+
+# Codes a retry of the same request cannot fix. budget_busy, idempotency_in_flight,
+# ledger_unavailable and upstream_unreachable are left to the SDK's retries: each can pass later.
+RETRY_CANNOT_HELP = frozenset({
+    "budget_exceeded", "budget_not_found", "forbidden", "idempotency_conflict",
+    "invalid_configuration", "invalid_request", "ledger_not_shared", "model_unpriced",
+    "payload_too_large", "unauthorized", "upstream_timeout",
+})
+# A refusal reserved and charged nothing.
+NOTHING_HELD = {"x-ceiling-reserved-micros": "0", "x-ceiling-charged-micros": "0"}
+
+
+def openai_error_response(exc: CeilingError, headers: Mapping[str, str]) -> JSONResponse:
+    plain = errors.ceiling_error_response(exc)
+    error = json.loads(bytes(plain.body))["error"]
+    code = error.pop("code")
+    body = {"error": {"message": error.pop("message"), "type": error.pop("type"),
+                      "param": error.pop("field", None), "code": code, **error}}
+    response = JSONResponse(body, status_code=plain.status_code, headers=dict(headers))
+    if "retry-after" in plain.headers:
+        response.headers["retry-after"] = plain.headers["retry-after"]
+    if code in RETRY_CANNOT_HELP:
+        response.headers["x-should-retry"] = "false"
+    return response
+
+
+def refusal_headers(exc: CeilingError) -> dict[str, str]:
+    headers = dict(NOTHING_HELD)
+    remaining = exc.details.get("remaining_micros")
+    if isinstance(remaining, int):
+        headers["x-ceiling-remaining-micros"] = str(remaining)
+    return headers
+
+
+class OpenAIErrorRoute(APIRoute):
+    """A route whose refusals, from its dependencies or its body, are in OpenAI's shape."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except CeilingError as exc:
+                return openai_error_response(exc, refusal_headers(exc))
+
+        return route

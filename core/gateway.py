@@ -1,0 +1,511 @@
+"""The OpenAI-compatible gateway's money: what a request may cost, what to hold, what it cost.
+
+Every call goes price -> reserve -> call -> settle. This module decides everything that touches
+money, from the request body and from the provider's answer; api/routes/gateway.py only moves
+bytes between the client and the provider.
+
+- The worst case comes from the request: the input bounded by its bytes (core/estimate.py), the
+  output cap (max_tokens / max_completion_tokens / max_output_tokens; OUTPUT_TOKENS_DEFAULT is
+  set and forwarded when the caller sets none) times `n`. A request whose cost its body cannot
+  bound (a stored conversation, hosted tools, audio) is refused, not guessed at.
+- A call is settled from the provider's usage (for streams, the usage chunk the gateway asks
+  for); from an upper-bound estimate when a provider reports none; and left held at its
+  reservation when the outcome is unknown, where expiry charges it and a later settle corrects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+from core import output_stats
+from core.config import OUTPUT_TOKENS_DEFAULT
+from core.errors import BudgetRefused, CeilingError, InvalidRequest
+from core.estimate import input_tokens_upper_bound
+from core.ledger import LedgerStore, LegStatus, Reservation
+from core.prices import Usage
+from core.service import Caller, CallSpec, CeilingService, SettleSpec
+
+# With X-Ceiling-Clamp, a call that does not fit is sent with a smaller output cap only if at
+# least this many tokens still fit: fewer would cut most answers off mid-sentence.
+CLAMP_OUTPUT_TOKENS_MIN = 256
+# Output-length histograms are read from the ledger at most this often per model and instance:
+# a p95 moves slowly, and a read on every call would add a round trip to every call.
+HISTOGRAM_CACHE_S = 30.0
+# Models whose p95 an instance remembers; bounded because model names come from callers.
+HISTOGRAM_MODELS_MAX = 1_024
+# An instance records at most one output length per model this often. Under load that is still
+# ten a second from every instance, plenty for a p95 over OBSERVATIONS_MAX; and a call does not
+# pay a ledger write for it (on one event loop, a write after one answer delays the next).
+# Which call is recorded does not depend on its length, so the histogram is not skewed.
+OBSERVE_INTERVAL_S = 0.1
+# Provider statuses answered by a proxy in front of the model, which may have run the call and
+# billed it behind the proxy's back: their outcome is unknown. Every other error status is an
+# answer from the provider itself, which bills nothing for a call it answers with an error.
+UNKNOWN_OUTCOME_STATUSES = frozenset({502, 504})
+# Stream events after which a Responses API call is over, carrying its usage.
+RESPONSES_TERMINAL_EVENTS = frozenset(
+    {"response.completed", "response.incomplete", "response.failed"}
+)
+# Keys of an answer's output that are framing, not model output.
+FRAMING_KEYS = frozenset({"finish_reason", "id", "index", "object", "role", "status", "type"})
+
+
+class Api(StrEnum):
+    """An OpenAI-compatible route, by its path below the provider's base URL."""
+
+    CHAT = "chat/completions"
+    RESPONSES = "responses"
+
+
+# The output cap's field names, the one the gateway sets last.
+CAP_FIELDS = {
+    Api.CHAT: ("max_tokens", "max_completion_tokens"),
+    Api.RESPONSES: ("max_output_tokens",),
+}
+# Fields that make a call cost what its body cannot bound: refused instead of forwarded.
+# chat: audio output is priced apart from text tokens; predicted-output tokens are billed on
+# top of the cap; web search adds a per-call fee. responses: a stored conversation or prompt is
+# input the gateway cannot see, and a background call is billed after the answer.
+UNBOUNDED_FIELDS = {
+    Api.CHAT: ("audio", "prediction", "web_search_options"),
+    Api.RESPONSES: ("background", "conversation", "previous_response_id", "prompt"),
+}
+# Responses API tools the client runs itself; hosted tools (web search, file search, code
+# interpreter...) feed the model input the request does not contain.
+CLIENT_TOOL_TYPES = frozenset({"function", "custom"})
+USAGE_FIELDS = {
+    Api.CHAT: ("prompt_tokens", "completion_tokens", "prompt_tokens_details"),
+    Api.RESPONSES: ("input_tokens", "output_tokens", "input_tokens_details"),
+}
+
+
+class UpstreamUnreachable(CeilingError):
+    """The request provably never reached the provider; its reservation was released."""
+
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(CeilingError):
+    """The request was sent and no complete answer came back: whether it was billed is unknown."""
+
+    code = "upstream_timeout"
+
+
+class Outcome(StrEnum):
+    """What is known of a call's bill, in the x-ceiling-billing-outcome header."""
+
+    BILLED = "billed"  # settled from the provider's usage
+    ESTIMATED = "estimated"  # settled from an upper bound: the provider reported no usage
+    UNKNOWN = "unknown"  # held at the reservation: expiry charges it unless a settle corrects it
+    RELEASED = "released"  # the provider billed nothing; the reservation was released
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One request, priced: the body to forward and the bounds of what it may cost."""
+
+    api: Api
+    model: str
+    body: dict[str, Any]
+    stream: bool
+    input_tokens_max: int
+    output_tokens_max: int  # per choice
+    choices: int
+    usage_wanted: bool  # a chat stream whose client asked for the usage chunk itself
+
+    def spec(self, output_tokens_max: int | None = None) -> CallSpec:
+        return CallSpec(
+            model=self.model, input_tokens=self.input_tokens_max,
+            output_tokens_max=output_tokens_max or self.output_tokens_max, choices=self.choices,
+        )
+
+    def clamped(self, output_tokens_max: int) -> Plan:
+        body = dict(self.body)
+        for field in CAP_FIELDS[self.api]:
+            if body.get(field) is not None:
+                body[field] = output_tokens_max
+        return replace(self, body=body, output_tokens_max=output_tokens_max)
+
+    def content(self) -> bytes:
+        return json.dumps(self.body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _positive_int(value: object, field: str) -> int:
+    if type(value) is not int or value < 1:
+        raise InvalidRequest(f"{field} must be a positive integer", field=field)
+    return value
+
+
+def _prompt(api: Api, body: dict[str, Any]) -> list[Any]:
+    """The messages a call is prompted with, in the shape core/estimate.py bounds."""
+    if api is Api.CHAT:
+        messages = body.get("messages")
+    else:
+        given = body.get("input")
+        messages = [{"role": "user", "content": given}] if isinstance(given, str) else given
+        tools = body.get("tools") or []
+        if not isinstance(tools, list) or any(
+            not isinstance(t, dict) or t.get("type") not in CLIENT_TOOL_TYPES for t in tools
+        ):
+            raise InvalidRequest(
+                "only function tools are supported: a hosted tool feeds the model input whose "
+                "cost the request cannot bound", field="tools",
+            )
+    if not isinstance(messages, list):
+        raise InvalidRequest(
+            "messages must be a list" if api is Api.CHAT else "input must be a string or a list",
+            field="messages" if api is Api.CHAT else "input",
+        )
+    return messages
+
+
+def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAULT) -> Plan:
+    """Price a request body; InvalidRequest before anything is reserved if it cannot be.
+
+    A call that sets no output cap is sent with `output_tokens_default` (CEILING_DEFAULT_MAX_
+    OUTPUT_TOKENS): without a cap there is no worst case."""
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidRequest("the body must be JSON") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model is required", field="model")
+    for field in UNBOUNDED_FIELDS[api]:
+        if body.get(field) not in (None, False):
+            raise InvalidRequest(
+                f"{field} is not supported: the gateway cannot bound its cost from the request",
+                field=field,
+            )
+    messages = _prompt(api, body)
+    caps = {_positive_int(body[f], f) for f in CAP_FIELDS[api] if body.get(f) is not None}
+    if len(caps) > 1:
+        raise InvalidRequest(
+            "give one output cap (max_tokens or max_completion_tokens), or equal values",
+            field=CAP_FIELDS[api][-1],
+        )
+    if not caps:
+        body[CAP_FIELDS[api][-1]] = output_tokens_default
+    choices = body.get("n")
+    choices = 1 if api is Api.RESPONSES or choices is None else _positive_int(choices, "n")
+    stream = body.get("stream") is True
+    usage_wanted = False
+    if stream and api is Api.CHAT:
+        options = body.get("stream_options") or {}
+        if not isinstance(options, dict):
+            raise InvalidRequest("stream_options must be an object", field="stream_options")
+        usage_wanted = options.get("include_usage") is True
+        body["stream_options"] = {**options, "include_usage": True}
+    # Everything else in the body as forwarded that the provider may tokenize (instructions,
+    # tools, schemas) is bounded by its bytes too; the framing fields counted with it only raise
+    # the bound, and two requests that forward the same body are priced the same.
+    prompt_field = "messages" if api is Api.CHAT else "input"
+    rest = {k: v for k, v in body.items() if k != prompt_field}
+    input_tokens = input_tokens_upper_bound(messages) + len(
+        json.dumps(rest, separators=(",", ":"), ensure_ascii=False).encode()
+    )
+    return Plan(
+        api, model, body, stream, input_tokens, caps.pop() if caps else output_tokens_default,
+        choices, usage_wanted,
+    )
+
+
+def usage_of(api: Api, usage: object) -> Usage | None:
+    """The usage a provider reported, or None if it reported none we can read."""
+    if not isinstance(usage, dict):
+        return None
+    input_field, output_field, details_field = USAGE_FIELDS[api]
+    details = usage.get(details_field)
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    try:
+        return Usage(usage[input_field], usage[output_field], cached or 0)
+    except (KeyError, CeilingError):
+        return None
+
+
+def _text_bytes(value: object) -> int:
+    """UTF-8 bytes of the output text in `value`: an upper bound on the tokens that made it."""
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, dict):
+        return sum(_text_bytes(v) for k, v in value.items() if k not in FRAMING_KEYS)
+    if isinstance(value, list):
+        return sum(_text_bytes(v) for v in value)
+    return 0
+
+
+class StreamTally:
+    """What a provider's stream has said so far, and which of its bytes the client gets.
+
+    Fed the stream's bytes as they come, it splits them into server-sent events, keeps the usage
+    once reported and counts the bytes of output text (an upper bound on output tokens), and
+    returns the events to forward: all of them but the usage chunk the gateway asked for on the
+    client's behalf, and the chat stream's `[DONE]`, which the relay sends after its trailer.
+    """
+
+    def __init__(self, call_plan: Plan) -> None:
+        self.plan = call_plan
+        self.usage: Usage | None = None
+        self.output_bytes = 0
+        self.finished = False
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        self._buffer += chunk
+        if b"\r" in self._buffer:
+            self._buffer = self._buffer.replace(b"\r\n", b"\n")
+        out = []
+        while (end := self._buffer.find(b"\n\n")) >= 0:
+            event, self._buffer = self._buffer[:end], self._buffer[end + 2:]
+            data = [line[5:].removeprefix(b" ") for line in event.split(b"\n")
+                    if line.startswith(b"data:")]
+            if not data or self._take(b"\n".join(data).decode(errors="replace")):
+                out.append(event + b"\n\n")
+        return b"".join(out)
+
+    def _take(self, data: str) -> bool:
+        if self.plan.api is Api.CHAT and data == "[DONE]":
+            self.finished = True
+            return False
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            return True
+        if not isinstance(doc, dict):
+            return True
+        if self.plan.api is Api.RESPONSES:
+            kind = doc.get("type")
+            if kind in RESPONSES_TERMINAL_EVENTS:
+                self.finished = True
+                response = doc.get("response")
+                self.usage = usage_of(Api.RESPONSES, response.get("usage")) if isinstance(
+                    response, dict) else None
+            elif isinstance(kind, str) and kind.endswith(".delta"):
+                self.output_bytes += _text_bytes(doc.get("delta"))
+            return True
+        usage = usage_of(Api.CHAT, doc.get("usage"))
+        if usage is not None:
+            self.usage = usage
+        choices = doc.get("choices")
+        if isinstance(choices, list):
+            for choice in choices:
+                if isinstance(choice, dict):
+                    self.output_bytes += _text_bytes(choice.get("delta"))
+        return usage is None or choices != [] or self.plan.usage_wanted
+
+
+def body_outcome(call_plan: Plan, raw: bytes) -> tuple[Usage | None, int] | None:
+    """A complete non-streaming answer's usage and output bytes; None if it is not JSON."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    output = doc.get("choices") if call_plan.api is Api.CHAT else doc.get("output")
+    return usage_of(call_plan.api, doc.get("usage")), _text_bytes(output)
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def spawn(work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    """Run `work` in a task of its own, kept referenced until it finishes."""
+    task = asyncio.create_task(work)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task
+
+
+class OutputLengths:
+    """One instance's view of output lengths: each model's p95 from the ledger's shared
+    histograms, cached, and the lengths it records into them, sampled."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._cache: dict[str, tuple[float, int | None]] = {}
+        self._recorded_at_s: dict[str, float] = {}
+
+    def record(self, store: LedgerStore, model: str, output_tokens: int) -> None:
+        """Count one call's output length (per choice), unless this model was counted just now."""
+        key = model.lower()
+        now_s = self._clock()
+        if now_s - self._recorded_at_s.get(key, -OBSERVE_INTERVAL_S) < OBSERVE_INTERVAL_S:
+            return
+        if len(self._recorded_at_s) >= HISTOGRAM_MODELS_MAX:
+            self._recorded_at_s.clear()
+        self._recorded_at_s[key] = now_s
+        spawn(_observe(store, model, output_tokens))
+
+    async def p95_tokens(self, store: LedgerStore, model: str) -> int | None:
+        key = model.lower()
+        now_s = self._clock()
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] > now_s:
+            return cached[1]
+        try:
+            histogram = await store.output_histogram(model)
+        except CeilingError:
+            histogram = {}  # no p95 without the ledger: the full worst case is held
+        tokens = output_stats.p95(histogram)
+        if len(self._cache) >= HISTOGRAM_MODELS_MAX:
+            self._cache.clear()
+        self._cache[key] = (now_s + HISTOGRAM_CACHE_S, tokens)
+        return tokens
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A call's reservation, and the plan as it is forwarded (its output cap maybe clamped)."""
+
+    reservation: Reservation
+    plan: Plan
+    clamped: bool
+
+
+def _room_micros(legs: tuple[LegStatus, ...]) -> int:
+    return min((leg.remaining_micros for leg in legs), default=0)
+
+
+async def hold(
+    svc: CeilingService, who: Caller, call_plan: Plan, lengths: OutputLengths, *, clamp: bool,
+    p95: bool,
+) -> Hold:
+    """Reserve for a call: its worst case; with `p95` (CEILING_HOLD_P95=1, off by default) its
+    p95 while the budget is far from its ceiling.
+
+    Reserving every call's full output cap locks a small budget after a few concurrent calls,
+    though most use a fraction of it; so while a budget is far from its ceiling the hold is the
+    model's p95 output length. A call may then use more than its hold; settle charges it in full
+    and records the overshoot. The p95 hold is kept only if, with it in place, every budget of
+    the call still has the call's full worst case left (the margin): even if this call runs to
+    its cap, what the provider bills for it fits under the ceiling. Within the margin the full
+    worst case is held.
+
+    The margin covers one call's overshoot. Several calls held at their p95 at once can each
+    overshoot, and the holds admitted after them fill the room the margin kept: if k of them run
+    past their p95 near the ceiling, the bill can exceed it by up to the sum of their (worst case
+    - p95). No hold smaller than the worst case can rule that out under concurrency; only the
+    worst case does, which is what is held as soon as the margin is reached.
+
+    With `clamp` (X-Ceiling-Clamp: 1), a call whose worst case does not fit is sent with the
+    largest output cap that does, if that is at least CLAMP_OUTPUT_TOKENS_MIN; else it is refused.
+    """
+    p95_tokens = await lengths.p95_tokens(svc.store, call_plan.model) if p95 else None
+    if p95_tokens is not None and p95_tokens < call_plan.output_tokens_max:
+        try:
+            reservation = await svc.reserve(who, call_plan.spec(p95_tokens))
+        except BudgetRefused as refusal:
+            return await _clamped_or_refused(svc, who, call_plan, refusal, clamp)
+        if _room_micros(reservation.legs) >= svc.worst_case_micros(call_plan.spec())[0]:
+            return Hold(reservation, call_plan, clamped=False)
+        await svc.release(who, reservation.reservation_id)
+    try:
+        return Hold(await svc.reserve(who, call_plan.spec()), call_plan, clamped=False)
+    except BudgetRefused as refusal:
+        return await _clamped_or_refused(svc, who, call_plan, refusal, clamp)
+
+
+async def _clamped_or_refused(
+    svc: CeilingService, who: Caller, call_plan: Plan, refusal: BudgetRefused, clamp: bool
+) -> Hold:
+    if not clamp:
+        raise refusal
+    room_micros = _room_micros(await svc.my_budgets(who))
+    # The largest cap whose worst case fits the room; the worst case grows with the cap.
+    low, high = 0, call_plan.output_tokens_max - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if svc.worst_case_micros(call_plan.spec(middle))[0] <= room_micros:
+            low = middle
+        else:
+            high = middle - 1
+    if low < CLAMP_OUTPUT_TOKENS_MIN:
+        raise refusal
+    clamped = call_plan.clamped(low)
+    return Hold(await svc.reserve(who, clamped.spec()), clamped, clamped=True)
+
+
+@dataclass(frozen=True)
+class Bill:
+    """A call's figures for its answer: held, charged (or to be charged), and what is left."""
+
+    reservation_id: str
+    reserved_micros: int
+    charged_micros: int
+    outcome: Outcome
+    remaining_micros: int | None  # the tightest budget of the call's path
+    run_remaining_micros: int | None  # the run's budget, when the call named a run
+
+
+class Call:
+    """One call's reservation, from the hold to the one way it is resolved."""
+
+    def __init__(self, svc: CeilingService, who: Caller, held: Hold,
+                 lengths: OutputLengths) -> None:
+        self.svc, self.who, self.hold, self.lengths = svc, who, held, lengths
+
+    def bill(self, charged_micros: int, outcome: Outcome) -> Bill:
+        """Figures as of the reservation's snapshot of its budgets, with this call resolved."""
+        reservation = self.hold.reservation
+        held = reservation.reserved_micros
+        run = self.who.run_limit()
+        remaining = run_remaining = None
+        for leg in reservation.legs:
+            left = max(0, leg.ceiling_micros - leg.committed_micros - leg.reserved_micros
+                       + held - charged_micros)
+            if run is not None and leg.budget_id == run.budget_id.path:
+                run_remaining = left
+            else:
+                remaining = left if remaining is None else min(remaining, left)
+        return Bill(reservation.reservation_id, held, charged_micros, outcome, remaining,
+                    run_remaining)
+
+    def leave_open(self) -> Bill:
+        """Unknown outcome: keep the hold. Expiry charges it (outcome 'unknown'), and a settle
+        through the sidecar route, by the reservation id in the answer, corrects it."""
+        return self.bill(self.hold.reservation.reserved_micros, Outcome.UNKNOWN)
+
+    async def release(self) -> Bill:
+        try:
+            await self.svc.release(self.who, self.hold.reservation.reservation_id)
+        except CeilingError:
+            return self.leave_open()
+        return self.bill(0, Outcome.RELEASED)
+
+    async def settle(self, usage: Usage | None, output_bytes: int) -> Bill:
+        """Settle from the provider's usage, or without one from an upper bound: the input
+        estimate plus the output text's bytes, at most the output cap."""
+        outcome = Outcome.BILLED
+        if usage is None:
+            call_plan = self.hold.plan
+            outcome = Outcome.ESTIMATED
+            usage = Usage(call_plan.input_tokens_max,
+                          min(output_bytes, call_plan.output_tokens_max * call_plan.choices))
+        try:
+            settled = await self.svc.settle(
+                self.who, self.hold.reservation.reservation_id, SettleSpec(usage)
+            )
+        except CeilingError:
+            return self.leave_open()  # the lease is still held; expiry charges it
+        if outcome is Outcome.BILLED:
+            call_plan = self.hold.plan
+            self.lengths.record(self.svc.store, call_plan.model,
+                                math.ceil(usage.output_tokens / call_plan.choices))
+        return self.bill(settled.charged_micros, outcome)
+
+
+async def _observe(store: LedgerStore, model: str, output_tokens: int) -> None:
+    try:
+        await store.observe_output(model, output_tokens)
+    except CeilingError:
+        return  # a lost observation moves a p95 by nothing; no money depends on it

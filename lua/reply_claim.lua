@@ -1,0 +1,34 @@
+-- reply_claim: claim an idempotency key for one gateway call, or learn what became of it.
+--
+-- KEYS[1] reply hash 'sc:{TAG}:reply:<digest>' (digest of the API key id and Idempotency-Key)
+-- ARGV: fingerprint (digest of the request), token (this attempt's), in_flight_ttl_ms
+-- Returns one of:
+--   {'claimed'}                          this attempt owns the key and makes the call
+--   {'in_flight'}                        another attempt is making the call
+--   {'done', status, headers_json, body} the call finished; its answer, to replay
+--   {'conflict'}                         the key was used with another request
+-- Why: check and claim must be one step, or two instances that receive the same retry both
+-- find the key free and both call the provider. The marker lives as long as a lease, so a
+-- claim whose instance died is given back when its reservation would have expired. Safe to run
+-- twice: a resent claim finds its own token and is 'claimed' again.
+local fp, token = ARGV[1], ARGV[2]
+local ttl_ms = int(ARGV[3], 'in_flight_ttl_ms')
+if ttl_ms < 1 then fail('BADARG', 'in_flight_ttl_ms') end
+
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'tok')
+if not r[1] then
+  redis.call('HSET', KEYS[1], 'st', 'f', 'fp', fp, 'tok', token)
+  redis.call('PEXPIRE', KEYS[1], istr(ttl_ms))
+  return {'claimed'}
+end
+if r[2] ~= fp then
+  return {'conflict'}
+end
+if r[1] == 'f' then
+  if r[3] == token then
+    return {'claimed'}
+  end
+  return {'in_flight'}
+end
+local d = redis.call('HMGET', KEYS[1], 'status', 'headers', 'body')
+return {'done', d[1], d[2], d[3]}

@@ -1,0 +1,310 @@
+"""The gateway's parts without servers: pricing a request, reading a stream, idempotency state.
+
+What the end-to-end tests (test_gateway.py) cannot reach through the stub provider is proved
+here: the Responses API's shapes, streams split at every byte, providers that report no usage.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from core.config import OUTPUT_TOKENS_DEFAULT
+from core.errors import IdempotencyConflict, InvalidRequest
+from core.estimate import input_tokens_upper_bound
+from core.gateway import (
+    Api,
+    OutputLengths,
+    StreamTally,
+    body_outcome,
+    plan,
+)
+from core.prices import Usage
+from core.replies import (
+    IN_FLIGHT_RETRY_AFTER_S,
+    IN_FLIGHT_WAIT_S_MAX,
+    ClaimKind,
+    IdempotencyInFlight,
+    MemoryReplies,
+    ReplyRef,
+    ReplyStore,
+    ScriptedReplies,
+    StoredReply,
+    Ticket,
+    claim,
+)
+from core.stores.redis import RedisTransport, redis_client
+from infra.redis_server import RedisServer
+from tests.support import ManualClock
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+def body(**fields: Any) -> bytes:
+    return json.dumps({"model": "gpt-4o", "messages": MESSAGES, **fields}).encode()
+
+
+# -- pricing a request --------------------------------------------------------------------------
+
+
+def test_the_cap_is_the_callers_or_the_default_which_is_forwarded() -> None:
+    assert plan(Api.CHAT, body(max_tokens=50)).output_tokens_max == 50
+    assert plan(Api.CHAT, body(max_completion_tokens=60)).output_tokens_max == 60
+    assert plan(Api.CHAT, body(max_tokens=70, max_completion_tokens=70)).output_tokens_max == 70
+    defaulted = plan(Api.CHAT, body())
+    assert defaulted.output_tokens_max == OUTPUT_TOKENS_DEFAULT
+    assert json.loads(defaulted.content())["max_completion_tokens"] == OUTPUT_TOKENS_DEFAULT
+    responses = plan(Api.RESPONSES, json.dumps({"model": "gpt-4o", "input": "hi"}).encode())
+    assert json.loads(responses.content())["max_output_tokens"] == OUTPUT_TOKENS_DEFAULT
+
+
+def test_n_multiplies_the_output_and_the_input_is_bounded_by_the_forwarded_bytes() -> None:
+    p = plan(Api.CHAT, body(max_tokens=10, n=3))
+    assert (p.choices, p.spec().choices) == (3, 3)
+    rest = {k: v for k, v in json.loads(p.content()).items() if k != "messages"}
+    assert p.input_tokens_max == input_tokens_upper_bound(MESSAGES) + len(
+        json.dumps(rest, separators=(",", ":")).encode())
+    # Two requests that forward the same body are priced the same.
+    assert plan(Api.CHAT, body()).input_tokens_max == plan(
+        Api.CHAT, body(max_completion_tokens=OUTPUT_TOKENS_DEFAULT)).input_tokens_max
+
+
+def test_a_chat_stream_asks_for_usage_and_remembers_whether_the_client_did() -> None:
+    quiet = plan(Api.CHAT, body(stream=True, stream_options={"include_obfuscation": False}))
+    assert json.loads(quiet.content())["stream_options"] == {
+        "include_obfuscation": False, "include_usage": True}
+    assert not quiet.usage_wanted
+    assert plan(Api.CHAT, body(stream=True, stream_options={"include_usage": True})).usage_wanted
+
+
+@pytest.mark.parametrize(("api", "fields", "param"), [
+    (Api.CHAT, {"max_tokens": 5, "max_completion_tokens": 6}, "max_completion_tokens"),
+    (Api.CHAT, {"max_tokens": 0}, "max_tokens"),
+    (Api.CHAT, {"max_tokens": True}, "max_tokens"),
+    (Api.CHAT, {"n": 0}, "n"),
+    (Api.CHAT, {"audio": {"voice": "alloy"}}, "audio"),
+    (Api.CHAT, {"messages": "hello"}, "messages"),
+    (Api.CHAT, {"model": 7}, "model"),
+    (Api.RESPONSES, {"previous_response_id": "resp_1"}, "previous_response_id"),
+    (Api.RESPONSES, {"background": True}, "background"),
+    (Api.RESPONSES, {"tools": [{"type": "web_search"}]}, "tools"),
+])
+def test_what_cannot_be_priced_is_refused(api: Api, fields: dict[str, Any], param: str) -> None:
+    doc = {"model": "gpt-4o", "messages": MESSAGES} if api is Api.CHAT else {
+        "model": "gpt-4o", "input": "hi"}
+    with pytest.raises(InvalidRequest) as refused:
+        plan(api, json.dumps({**doc, **fields}).encode())
+    assert refused.value.details.get("field") == param
+
+
+def test_the_responses_api_takes_a_string_or_items_and_function_tools() -> None:
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
+    p = plan(Api.RESPONSES, json.dumps({"model": "gpt-4o", "input": items, "max_output_tokens": 9,
+                                        "tools": [{"type": "function", "name": "f"}]}).encode())
+    assert (p.output_tokens_max, p.choices) == (9, 1)
+    assert p.input_tokens_max > input_tokens_upper_bound(items)
+
+
+def test_a_clamped_plan_forwards_the_smaller_cap_in_the_callers_fields() -> None:
+    p = plan(Api.CHAT, body(max_tokens=900, max_completion_tokens=900)).clamped(300)
+    sent = json.loads(p.content())
+    assert (sent["max_tokens"], sent["max_completion_tokens"], p.output_tokens_max) == (
+        300, 300, 300)
+
+
+# -- reading answers ----------------------------------------------------------------------------
+
+
+def chunk(**fields: Any) -> bytes:
+    return b"data: " + json.dumps({"object": "chat.completion.chunk", **fields}).encode() + b"\n\n"
+
+
+USAGE = {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19,
+         "prompt_tokens_details": {"cached_tokens": 4}}
+CHAT_STREAM = b"".join([
+    chunk(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}]),
+    chunk(choices=[{"index": 0, "delta": {"content": "h\u00e9llo"}}]),
+    chunk(choices=[{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "id": "call_1", "type": "function",
+         "function": {"name": "f", "arguments": "{\"a\":1}"}}]}}]),
+    chunk(choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}]),
+    chunk(choices=[], usage=USAGE),
+    b"data: [DONE]\n\n",
+])
+
+
+def fed(tally: StreamTally, stream: bytes, step: int) -> bytes:
+    return b"".join(tally.feed(stream[i:i + step]) for i in range(0, len(stream), step))
+
+
+@pytest.mark.parametrize("step", [1, 7, 64, len(CHAT_STREAM)])
+@pytest.mark.parametrize("crlf", [False, True])
+def test_a_chat_stream_is_read_the_same_however_it_is_split(step: int, crlf: bool) -> None:
+    stream = CHAT_STREAM.replace(b"\n", b"\r\n") if crlf else CHAT_STREAM
+    tally = StreamTally(plan(Api.CHAT, body(stream=True)))
+    out = fed(tally, stream, step)
+    assert tally.usage == Usage(12, 7, 4)
+    assert tally.finished
+    # Output text: "h\u00e9llo" (6 bytes), and the tool call's name and arguments (1 + 7).
+    assert tally.output_bytes == 14
+    # The client did not ask for usage: it gets neither that chunk nor [DONE] (sent after the
+    # trailer), and every other event as it came.
+    assert b"usage" not in out
+    assert b"[DONE]" not in out
+    assert out.count(b"\n\n") == 4
+
+
+def test_the_usage_chunk_is_kept_for_a_client_that_asked_for_it() -> None:
+    tally = StreamTally(plan(Api.CHAT, body(stream=True, stream_options={"include_usage": True})))
+    assert b'"usage"' in tally.feed(CHAT_STREAM)
+
+
+def test_a_stream_that_breaks_off_has_no_usage_and_is_not_finished() -> None:
+    tally = StreamTally(plan(Api.CHAT, body(stream=True)))
+    tally.feed(CHAT_STREAM[: CHAT_STREAM.index(b"finish_reason")])
+    assert (tally.usage, tally.finished, tally.output_bytes) == (None, False, 14)
+
+
+def test_a_responses_stream_settles_on_its_terminal_event() -> None:
+    events = [
+        ("response.created", {"response": {"id": "r", "usage": None}}),
+        ("response.output_text.delta", {"delta": "abc"}),
+        ("response.function_call_arguments.delta", {"delta": "{}"}),
+        ("response.completed", {"response": {"id": "r", "usage": {
+            "input_tokens": 5, "output_tokens": 3, "input_tokens_details": {"cached_tokens": 0}}}}),
+    ]
+    stream = b"".join(
+        f"event: {kind}\ndata: {json.dumps({'type': kind, **doc})}\n\n".encode()
+        for kind, doc in events)
+    tally = StreamTally(plan(Api.RESPONSES, json.dumps(
+        {"model": "gpt-4o", "input": "hi", "stream": True}).encode()))
+    assert tally.feed(stream) == stream
+    assert (tally.usage, tally.finished, tally.output_bytes) == (Usage(5, 3), True, 5)
+
+
+def test_a_complete_answer_gives_its_usage_or_its_output_bytes() -> None:
+    chat = plan(Api.CHAT, body())
+    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hey"}}]}
+    assert body_outcome(chat, json.dumps({**answer, "usage": USAGE}).encode()) == (
+        Usage(12, 7, 4), 3)
+    assert body_outcome(chat, json.dumps(answer).encode()) == (None, 3)
+    assert body_outcome(chat, b"<html>bad gateway</html>") is None
+    responses = plan(Api.RESPONSES, json.dumps({"model": "gpt-4o", "input": "hi"}).encode())
+    doc = {"output": [{"type": "message", "content": [{"type": "output_text", "text": "yo"}]}],
+           "usage": {"input_tokens": 2, "output_tokens": 1}}
+    assert body_outcome(responses, json.dumps(doc).encode()) == (Usage(2, 1), 2)
+
+
+# -- output lengths -----------------------------------------------------------------------------
+
+
+class Histograms:
+    def __init__(self, histogram: dict[int, int]) -> None:
+        self.histogram, self.reads = histogram, 0
+
+    async def output_histogram(self, model: str) -> dict[int, int]:
+        self.reads += 1
+        return self.histogram
+
+
+async def test_a_models_p95_is_read_once_per_cache_period() -> None:
+    now_s = [0.0]
+    lengths = OutputLengths(clock=lambda: now_s[0])
+    store = Histograms({20: 95, 200: 5})
+    assert await lengths.p95_tokens(store, "gpt-4o") == 20  # type: ignore[arg-type]
+    store.histogram = {500: 100}
+    assert await lengths.p95_tokens(store, "GPT-4o") == 20  # type: ignore[arg-type]
+    now_s[0] = 31.0
+    assert await lengths.p95_tokens(store, "gpt-4o") == 500  # type: ignore[arg-type]
+    assert store.reads == 2
+    assert await lengths.p95_tokens(Histograms({20: 10}), "other") is None  # type: ignore[arg-type]
+
+
+# -- idempotency state --------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def reply_store(
+    request: pytest.FixtureRequest, redis_server: RedisServer, clock: ManualClock
+) -> AsyncIterator[ReplyStore]:
+    if request.param == "memory":
+        yield MemoryReplies(clock)
+        return
+    transport = RedisTransport(redis_client(redis_server.url))
+    yield ScriptedReplies(transport)
+    await transport.close()
+
+
+REPLY = StoredReply(200, (("content-type", "application/json"),), '{"id": "x"}')
+
+
+async def test_a_key_is_claimed_once_then_replays_its_answer(
+    reply_store: ReplyStore, tag: str
+) -> None:
+    ref = ReplyRef(tag, "d1")
+    assert (await reply_store.claim(ref, "fp", "t1", 60_000)).kind is ClaimKind.CLAIMED
+    # Resent claims by the same attempt (a lost reply) are still its own.
+    assert (await reply_store.claim(ref, "fp", "t1", 60_000)).kind is ClaimKind.CLAIMED
+    assert (await reply_store.claim(ref, "fp", "t2", 60_000)).kind is ClaimKind.IN_FLIGHT
+    assert (await reply_store.claim(ref, "other", "t2", 60_000)).kind is ClaimKind.CONFLICT
+    assert not await reply_store.complete(ref, "t2", REPLY, 60_000)
+    assert await reply_store.complete(ref, "t1", REPLY, 60_000)
+    assert await reply_store.complete(ref, "t1", REPLY, 60_000)
+    await reply_store.abandon(ref, "t1")  # a finished answer is never given back
+    done = await reply_store.claim(ref, "fp", "t3", 60_000)
+    assert (done.kind, done.reply) == (ClaimKind.DONE, REPLY)
+
+
+async def test_an_abandoned_key_can_be_claimed_again(reply_store: ReplyStore, tag: str) -> None:
+    ref = ReplyRef(tag, "d2")
+    await reply_store.claim(ref, "fp", "t1", 60_000)
+    await reply_store.abandon(ref, "t2")  # not its claim: ignored
+    assert (await reply_store.claim(ref, "fp", "t2", 60_000)).kind is ClaimKind.IN_FLIGHT
+    await reply_store.abandon(ref, "t1")
+    await reply_store.abandon(ref, "t1")
+    assert (await reply_store.claim(ref, "fp", "t2", 60_000)).kind is ClaimKind.CLAIMED
+
+
+async def test_a_claim_of_a_dead_instance_ends_with_its_ttl(clock: ManualClock, tag: str) -> None:
+    store = MemoryReplies(clock)
+    ref = ReplyRef(tag, "d3")
+    await store.claim(ref, "fp", "t1", 1_000)
+    clock.advance(1_000)
+    assert (await store.claim(ref, "fp", "t2", 1_000)).kind is ClaimKind.CLAIMED
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def clock(self) -> float:
+        return self.now_s
+
+    async def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+async def test_a_waiting_retry_gets_the_answer_and_a_late_one_gives_up(tag: str) -> None:
+    store = MemoryReplies()
+    time = FakeTime()
+    ref = ReplyRef(tag, "d4")
+    first = await claim(store, ref, "fp", wait=True, in_flight_ttl_ms=60_000)
+    assert isinstance(first, Ticket)
+    with pytest.raises(IdempotencyInFlight) as busy:
+        await claim(store, ref, "fp", wait=True, in_flight_ttl_ms=60_000,
+                    sleep=time.sleep, clock=time.clock)
+    assert busy.value.details["retry_after_s"] == IN_FLIGHT_RETRY_AFTER_S
+    assert IN_FLIGHT_WAIT_S_MAX - 0.5 <= time.now_s <= IN_FLIGHT_WAIT_S_MAX
+    with pytest.raises(IdempotencyInFlight):
+        await claim(store, ref, "fp", wait=False, in_flight_ttl_ms=60_000)
+
+    async def finish_on_first_poll(seconds: float) -> None:
+        await first.complete(REPLY)
+
+    assert await claim(store, ref, "fp", wait=True, in_flight_ttl_ms=60_000,
+                       sleep=finish_on_first_poll) == REPLY
+    with pytest.raises(IdempotencyConflict):
+        await claim(store, ref, "another body", wait=True, in_flight_ttl_ms=60_000)
