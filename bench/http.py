@@ -79,6 +79,7 @@ from core.prices import PriceTable, Usage
 from core.service import CallSpec, CeilingService, SettleSpec
 from core.stores.redis import RedisTransport, redis_client
 from core.stores.scripted import ScriptedStore
+from infra.processes import stop as stop_process
 from infra.redis_server import RedisServer, free_port
 from infra.service import ServiceProcess
 
@@ -112,7 +113,6 @@ SPAWN_TIMEOUT_S = 60.0
 # Time-to-first-answer is polled this often: finer than ServiceProcess' 50 ms, which would be a
 # sixth of the target.
 POLL_S = 0.005
-STOP_TIMEOUT_S = 10.0
 
 # Made per run: the admin routes of a server on a free port are closed to anything else.
 ADMIN_TOKEN = secrets.token_hex(16)
@@ -316,15 +316,8 @@ class Spawned:
             raise
 
     def stop(self) -> None:
-        if self.process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-            self.process = None
+        stop_process(self.process)
+        self.process = None
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None

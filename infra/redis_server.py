@@ -7,21 +7,18 @@ evicted counter is a refilled budget.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from infra.processes import stop, wait_ready
+
 # redis-server answers PING within a few ms of starting; 10 s means it is not coming up.
 START_TIMEOUT_S = 10.0
-STOP_TIMEOUT_S = 10.0
 
 
 def free_port() -> int:
@@ -68,15 +65,9 @@ class RedisServer:
         self.process = subprocess.Popen(
             self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.process.returncode}")
-            if self.ping():
-                return self
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(f"redis-server did not answer on port {self.port}")
+        wait_ready(self.process, self.ping, timeout_s=START_TIMEOUT_S,
+                   what=f"redis-server on port {self.port}")
+        return self
 
     def ping(self) -> bool:
         try:
@@ -88,15 +79,7 @@ class RedisServer:
 
     def stop(self, *, kill: bool = False) -> None:
         """Stop by pid: SIGTERM lets Redis write its AOF; kill=True is a crash."""
-        if self.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.process.pid, signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            self.process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop(self.process, kill=kill)
         self.process = None
 
     def restart(self, *, wipe: bool = False) -> None:

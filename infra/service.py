@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from types import TracebackType
 
 import httpx
 
+from infra.processes import stop, wait_ready
 from infra.redis_server import free_port
 
 # An instance imports FastAPI and answers /health/live within a second or two; 30 s is broken.
 START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -49,31 +47,22 @@ class ServiceProcess:
             [sys.executable, *command, "--host", "127.0.0.1", "--port", str(self.port)],
             env=env, stdout=out, stderr=out,
         )
-        deadline = time.monotonic() + START_TIMEOUT_S
         # One client for all polls: a new one per poll costs ~77 ms of CPU (its SSL context),
         # which 25 instances starting at once pay many times over.
         with httpx.Client(timeout=1.0) as client:
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"service exited with {self.process.returncode}")
+
+            def live() -> bool:
                 with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.url}/health/live").status_code == 200:
-                        return self
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"service did not answer on port {self.port}")
+                    return client.get(f"{self.url}/health/live").status_code == 200
+                return False
+
+            wait_ready(self.process, live, timeout_s=START_TIMEOUT_S,
+                       what=f"service on port {self.port}")
+        return self
 
     def stop(self, *, kill: bool = False) -> None:
         """SIGTERM lets uvicorn finish open requests; kill=True is a crash."""
-        if self.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.process.pid, signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            self.process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop(self.process, kill=kill)
         self.process = None
 
     def __enter__(self) -> ServiceProcess:

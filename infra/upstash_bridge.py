@@ -26,14 +26,11 @@ import asyncio
 import contextlib
 import hmac
 import json
-import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from base64 import b64encode
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +48,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from infra.processes import stop, wait_ready
 from infra.redis_server import free_port
 
 HOST = "127.0.0.1"
@@ -71,7 +69,6 @@ HANG_MAX_S = 60.0
 # The bridge imports Starlette, uvicorn and redis-py and then answers within a second or two;
 # twenty seconds on a loaded machine means it is not coming up.
 START_TIMEOUT_S = 20.0
-STOP_TIMEOUT_S = 10.0
 # Let a request that is mid-flight at shutdown finish, but not a hung one.
 GRACEFUL_SHUTDOWN_S = 1
 
@@ -321,15 +318,12 @@ class UpstashBridge:
                 self.args(), stdout=log, stderr=subprocess.STDOUT,
                 cwd=Path(__file__).resolve().parents[1],
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the Upstash bridge exited: {self.log_tail()}")
-            if self.ping():
-                return self
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"the Upstash bridge did not answer on {self.url}: {self.log_tail()}")
+        try:
+            wait_ready(self.process, self.ping, timeout_s=START_TIMEOUT_S,
+                       what=f"the Upstash bridge on {self.url}")
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {self.log_tail()}") from exc
+        return self
 
     def ping(self) -> bool:
         """True once the bridge answers a command, which proves Redis behind it answers too."""
@@ -346,15 +340,7 @@ class UpstashBridge:
         return self.log_path.read_text(errors="replace")[-2000:]
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        stop(self.process)
         self.process = None
 
     def __enter__(self) -> UpstashBridge:
