@@ -78,7 +78,7 @@ class UnconfiguredFleet(Fleet):
 
 def test_a_failed_start_stops_what_did_start() -> None:
     fleet = UnconfiguredFleet(instances=2)
-    with pytest.raises(RuntimeError, match="service exited"):
+    with pytest.raises(RuntimeError, match=r"service on port \d+ exited"):
         fleet.start()
     ports, pids = ports_and_pids(fleet)
     assert pids == []  # every process was stopped and reaped
