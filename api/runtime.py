@@ -13,15 +13,17 @@ import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib.metadata import version
 
+from core import __version__
 from core.config import Config, ConfigError, load
 from core.errors import CeilingError, InvariantBroken, LedgerUnavailable
 from core.ledger import LedgerStore
 from core.prices import PriceTable
 from core.service import CeilingService
 
-VERSION = version("spend-ceiling")
+# From the source, not the installed metadata: a deployed bundle (the Lambda zip, the Vercel
+# function) carries the source without the distribution's metadata.
+VERSION = __version__
 
 
 def open_store(config: Config) -> LedgerStore | None:

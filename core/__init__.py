@@ -2,3 +2,7 @@
 
 Framework-free: nothing here imports a web framework or an HTTP client.
 """
+
+# The one place the version is written: pyproject.toml reads it (setuptools `attr:`), and a
+# deployed bundle, which carries the source but no installed metadata, reads it here.
+__version__ = "0.1.0"

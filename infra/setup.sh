@@ -12,6 +12,14 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v faketime >/dev/null
     >/dev/null
 fi
 
+# tests/deploy builds the Vercel and Lambda artifacts with the pinned CLIs of deploy/ (Node.js)
+# and Python 3.12 (pyenv's on this machine kind; infra/deploy_build.py finds it).
+if ! command -v npm >/dev/null 2>&1; then
+  echo "setup: installing nodejs and npm (apt-get)" >&2
+  _sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive _sudo apt-get install -y -qq nodejs npm >/dev/null
+fi
+
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   echo "setup: Python >= 3.11 is required (found $("$PYTHON" --version 2>&1))" >&2

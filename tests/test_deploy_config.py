@@ -20,7 +20,10 @@ def test_vercel_routes_everything_to_the_entry_and_ships_the_scripts() -> None:
     (entry,) = config["functions"]
     assert (ROOT / entry).exists()
     assert "lua" in config["functions"][entry]["includeFiles"]
-    assert config["rewrites"] == [{"source": "/(.*)", "destination": "/api/index"}]
+    # `routes`, not `rewrites`: rewrites apply after the filesystem, so any uploaded file (lua/,
+    # core/, requirements.txt) would be served as it is before the app saw the path.
+    assert config["routes"] == [{"src": "/(.*)", "dest": "/api/index"}]
+    assert "rewrites" not in config
 
 
 def test_serverless_handler_resolves_and_the_package_has_the_scripts() -> None:
