@@ -122,7 +122,9 @@ STATE_CODES = {"o": ReservationState.OPEN, "s": ReservationState.SETTLED,
 
 @dataclass(frozen=True)
 class ReservationView:
-    """A reservation as stored; `outcome` is 'unknown' for a lease that expiry charged."""
+    """A reservation as stored. `outcome`: '' while open; 'settled' or 'released'; for a lease
+    that expired, 'unknown' (expiry charged it) or 'released' (the release policy), until a
+    late settle or release resolves it."""
 
     reservation_id: str
     state: ReservationState

@@ -39,7 +39,8 @@ end
 if r[1] == 'x' and r[5] ~= 'charge' then
   released = 0
 end
-redis.call('HSET', KEYS[2], 'st', 'r', 'rel', istr(released), 'resolved_ms', istr(now))
+redis.call('HSET', KEYS[2], 'st', 'r', 'rel', istr(released), 'outcome', 'released',
+           'resolved_ms', istr(now))
 redis.call('PEXPIRE', KEYS[2], istr(retention_ms))
 redis.call('ZREM', KEYS[3], rid)
 return {'ok', released, 0}

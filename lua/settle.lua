@@ -57,7 +57,7 @@ for _, leg in ipairs(parse_legs(r[4])) do
 end
 redis.call('HSET', KEYS[2], 'st', 's', 'act', ARGV[5], 'charged', ARGV[5],
            'rel', istr(released), 'over', istr(overshoot), 'late', istr(late),
-           'resolved_ms', istr(now))
+           'outcome', 'settled', 'resolved_ms', istr(now))
 redis.call('PEXPIRE', KEYS[2], istr(retention_ms))
 redis.call('ZREM', KEYS[3], rid)
 return {'ok', actual, released, overshoot, late, 0}

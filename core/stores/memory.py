@@ -270,7 +270,7 @@ class MemoryStore:
             c.reserved += reserved_delta
             c.committed += committed_delta
             c.overshoot += overshoot
-        rec.state, rec.actual_micros, rec.late = "s", actual_micros, late
+        rec.state, rec.actual_micros, rec.late, rec.outcome = "s", actual_micros, late, "settled"
         rec.released_micros, rec.overshoot_micros = max(0, held - actual_micros), overshoot
         self._resolve(t, ref.reservation_id, self._clock())
         return Settlement(actual_micros, rec.released_micros, overshoot, late, False)
@@ -293,7 +293,7 @@ class MemoryStore:
                 c.committed -= rec.amount_micros
         if rec.state == "x" and rec.policy is not ExpirePolicy.CHARGE:
             released = 0
-        rec.state, rec.released_micros = "r", released
+        rec.state, rec.released_micros, rec.outcome = "r", released, "released"
         self._resolve(t, ref.reservation_id, self._clock())
         return Release(released, False)
 

@@ -289,6 +289,9 @@ async def test_a_late_settle_corrects_what_expiry_charged(
     s = await store.settle(ReservationRef(tag, r.reservation_id, OWNER), actual)
     assert s.late
     assert s.charged_micros == actual
+    view = await store.reservation(ReservationRef(tag, r.reservation_id, OWNER))
+    assert view is not None
+    assert (view.state, view.outcome) == (ReservationState.SETTLED, "settled")
     total = await leg(store, tag)
     assert (total.committed_micros, total.reserved_micros, total.overshoot_micros) == (
         committed, 0, overshoot
