@@ -66,7 +66,8 @@ async def test_exactly_the_ceiling_is_admitted_across_processes(
         ]
         admitted = await asyncio.gather(*futures)
     assert sum(admitted) == CEILING_MICROS
-    assert all(a > 0 for a in admitted), "every process got some: the requests overlapped"
+    # The processes raced each other (which ones win the 500 is up to the scheduler).
+    assert sum(1 for a in admitted if a > 0) >= 2, admitted
     total = await leg(store, tag)
     assert (total.reserved_micros, total.committed_micros) == (CEILING_MICROS, 0)
     await store.close()
