@@ -454,3 +454,21 @@ async def test_output_lengths_are_counted_per_model(store: LedgerStore) -> None:
     assert histogram == {16: 90, output_stats.bucket(3_000): 10}
     assert output_stats.p95(histogram) == output_stats.bucket(3_000)
     assert await store.output_histogram(model + "-other") == {}
+
+
+async def test_a_call_that_outlives_its_lease_never_gets_its_budget_granted_twice(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    # A slow call: its lease runs out while the provider is still answering.
+    await put(store, tag, (Period.TOTAL, 100))
+    slow = await store.reserve(request(tag, tag, 100))
+    clock.advance(TTL_MS + 1)
+    # Expiry charges the hold (the worker may be billed), so the budget is not handed out again.
+    with pytest.raises(BudgetExceeded):
+        await store.reserve(request(tag, tag, 1))
+    # The provider answers; the late settle books the actual and gives back the rest.
+    settled = await store.settle(ReservationRef(tag, slow.reservation_id, OWNER), 70)
+    assert (settled.late, settled.charged_micros, settled.released_micros) == (True, 70, 30)
+    assert (await store.reserve(request(tag, tag, 30))).reserved_micros == 30
+    with pytest.raises(BudgetBusy):
+        await store.reserve(request(tag, tag, 1))
