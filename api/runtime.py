@@ -90,9 +90,3 @@ def runtime() -> Runtime:
     if _runtime is None:
         _runtime = Runtime.from_env(os.environ)
     return _runtime
-
-
-def reset_runtime() -> None:
-    """Forget the runtime so the next request reads the environment again (the CLI, tests)."""
-    global _runtime
-    _runtime = None

@@ -61,9 +61,6 @@ class BudgetId:
         """The budget of one agent run made under this budget."""
         return BudgetId.parse(f"{self.path}/{RUN_SCOPE_KIND}:{run_id}")
 
-    def covers(self, other: BudgetId) -> bool:
-        return other.path == self.path or other.path.startswith(self.path + "/")
-
     def __str__(self) -> str:
         return self.path
 

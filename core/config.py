@@ -50,10 +50,6 @@ class Config:
     # calls at once, but a bill that can pass the ceiling (core/gateway.py, hold()).
     hold_p95: bool = False
 
-    @property
-    def ledger_configured(self) -> bool:
-        return bool(self.redis_url or self.upstash_url)
-
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
     value = env.get(name, "").strip().lower()

@@ -207,13 +207,15 @@ class CeilingService:
             expire_policy=spec.expire_policy or self.expire_policy,
             run=caller.run_limit(),
         )
-        self._remember_model(reservation_id, model)
         try:
             reservation = await self.store.reserve(request)
         except LedgerUnavailable as exc:
             if exc.reason == "ledger_reset":
                 raise  # a wiped ledger is not an outage: the spend it held is gone
-            return self.outage.admit(request, exc)
+            reservation = self.outage.admit(request, exc)
+            self._remember_model(reservation_id, model)
+            return reservation
+        self._remember_model(reservation_id, model)
         self.outage.learn(request.budget_ids, reservation.legs)
         await self.flush_journal()
         return reservation

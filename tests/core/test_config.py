@@ -8,7 +8,7 @@ def test_defaults_hold_a_lease_past_the_upstream_timeout() -> None:
     config = load({})
     assert config.lease_ttl_ms >= config.upstream_timeout_s * 1000
     assert config.expire_policy is ExpirePolicy.CHARGE
-    assert not config.ledger_configured
+    assert (config.redis_url, config.upstash_url, config.single_replica) == (None, None, False)
 
 
 def test_a_lease_shorter_than_the_upstream_timeout_is_refused() -> None:

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from core.budgets import BudgetId, Period
-from core.errors import BudgetNotFound, LedgerUnavailable, Unauthorized
+from core.errors import BudgetNotFound, LedgerUnavailable
 from core.ledger import KeyRecord, ReservationRef
 from core.stores import keys
 from core.stores.redis import LEDGER_CALL_TIMEOUT_S, RedisStore
@@ -177,11 +177,3 @@ async def test_every_key_a_call_writes_carries_its_tag(
     assert len(written) >= 6
     assert all(k.startswith(f"sc:{{{tag}}}:") for k in written)
     await store.close()
-
-
-def test_unauthorized_is_a_ceiling_error_that_pickles() -> None:
-    import pickle
-
-    error = pickle.loads(pickle.dumps(LedgerUnavailable("x", reason="ledger_reset")))
-    assert (error.reason, error.message) == ("ledger_reset", "x")
-    assert pickle.loads(pickle.dumps(Unauthorized("no"))).code == "unauthorized"
