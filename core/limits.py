@@ -20,6 +20,8 @@ RESERVATION_TTL_MS_DEFAULT = 11 * 60_000
 
 # Expired leases reclaimed by one reserve: bounds the work (and latency) one call can inherit.
 RECLAIM_BATCH_MAX = 16
+# Expired leases resolved by one expire call of a sweeper (an operator's, the reliability tests').
+SWEEP_BATCH_MAX = 500
 # Resolved reservations are kept a week so that replays and late settles find their answer.
 RECORD_RETENTION_MS = 7 * 24 * 3_600_000
 # Day and month counters are kept 400 days after their window ends, for reports and late settles.
