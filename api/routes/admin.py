@@ -9,13 +9,18 @@ from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse
 
 from api.models import BudgetBody, KeyBody
-from api.routes.sidecar import bearer, leg_json, service
+from api.routes.sidecar import bearer, leg_json
 from api.runtime import runtime
 from core.budgets import BudgetId
 from core.errors import BudgetNotFound, Forbidden, InvalidRequest, Unauthorized
 from core.service import CeilingService
 
 router = APIRouter(prefix="/v1/admin")
+
+
+async def service() -> CeilingService:
+    # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hand-off per call.
+    return runtime().enforcing()
 
 
 async def admin(authorization: Annotated[str | None, Header()] = None) -> None:

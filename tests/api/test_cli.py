@@ -6,10 +6,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import httpx
 
+from core.service import KEY_TRUST_MS
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 
@@ -37,8 +39,9 @@ def test_budgets_and_keys_from_the_command_line(
     assert r.status_code == 201
     revoked = json.loads(ceiling(redis_server, "keys", "revoke", key["key_id"]).stdout)
     assert revoked == {"key_id": key["key_id"], "revoked": True}
-    # An instance trusts a key it just checked for KEY_TRUST_MS; the CLI's start-up alone takes
-    # longer than that, so the revocation is already visible.
+    # An instance trusts a key it just checked for KEY_TRUST_MS (the documented delay of a
+    # revocation); once that has passed, the revoked key is refused.
+    time.sleep(KEY_TRUST_MS / 1000)
     r = httpx.post(f"{service.url}/v1/reservations", headers=auth, json={"amount_micros": 5})
     assert r.status_code == 401
 
