@@ -30,6 +30,11 @@ class BodyLimit:
                 "payload_too_large", f"request bodies are limited to {BODY_BYTES_MAX} bytes"
             )(scope, receive, send)
             return
+        if length is not None:
+            # The HTTP server reads no more than Content-Length: only a chunked body can grow
+            # past what was announced, so only that one is counted as it streams in.
+            await self.app(scope, receive, send)
+            return
         seen = 0
 
         async def limited() -> Message:

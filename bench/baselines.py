@@ -302,7 +302,7 @@ async def atomic_script(store: RedisStore, bench: Bench, unit_micros: int,
     async def admit() -> ReservationRef | None:
         ref = ReservationRef(budget_id.tag, uuid.uuid4().hex, "bench")
         try:
-            await store.reserve(ReserveRequest(ref, budget_id.lineage(), unit_micros, 60_000,
+            await store.reserve(ReserveRequest(ref, budget_id.lineage, unit_micros, 60_000,
                                                "bench", "bench"))
         except (BudgetExceeded, BudgetBusy):
             return None

@@ -76,7 +76,7 @@ async def _client_phase(
 ) -> Phase:
     store = build()
     await store.open()
-    lineages = [BudgetId(org_path(i)).lineage() for i in range(orgs)]
+    lineages = [BudgetId(org_path(i)).lineage for i in range(orgs)]
     # Each process starts at another org, so processes do not walk the orgs in step.
     turn = itertools.count(os.getpid())
 
@@ -178,7 +178,7 @@ async def check_counters(ledger: Ledger, orgs: int, cycles: int) -> None:
     committed_micros = 0
     try:
         for i in range(orgs):
-            org = BudgetId(org_path(i)).lineage()[0]
+            org = BudgetId(org_path(i)).lineage[0]
             for leg in await store.status((org,)):
                 ensure(leg.reserved_micros == 0, f"{ledger.name} {org}: every cycle settled")
                 if leg.window_key == "total":

@@ -362,7 +362,7 @@ def admin_headers() -> dict[str, str]:
 
 def create_budget_and_key(client: httpx.Client) -> str:
     """The budget path and one API key, through the admin routes as an operator makes them."""
-    for budget_id, limits in zip(BudgetId.parse(BUDGET_PATH).lineage(), LIMITS_BY_SCOPE,
+    for budget_id, limits in zip(BudgetId.parse(BUDGET_PATH).lineage, LIMITS_BY_SCOPE,
                                  strict=True):
         r = client.put(f"/v1/admin/budgets/{budget_id.path}", headers=admin_headers(), json={
             "limits": [{"period": x.period.value, "ceiling_micros": x.ceiling_micros}

@@ -163,7 +163,7 @@ def reserve_request(tag: str, budget_ids: tuple[BudgetId, ...]) -> ReserveReques
 
 
 async def put_budgets(store: LedgerStore, path: str) -> tuple[BudgetId, ...]:
-    lineage = BudgetId.parse(path).lineage()
+    lineage = BudgetId.parse(path).lineage
     for budget_id, limits in zip(lineage, LIMITS_BY_SCOPE, strict=True):
         await store.put_budget(BudgetDef(budget_id, limits))
     return lineage

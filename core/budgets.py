@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from core.errors import InvalidRequest, InvariantBroken
@@ -47,11 +47,13 @@ class BudgetId:
             )
         return cls(raw)
 
-    @property
+    # Cached: every call asks a key's budget for both, and the id never changes.
+    @cached_property
     def tag(self) -> str:
         """The top scope: the hash tag that keeps one call's keys in one cluster slot."""
         return self.path.split("/", 1)[0]
 
+    @cached_property
     def lineage(self) -> tuple[BudgetId, ...]:
         """This budget and its ancestors, top scope first."""
         scopes = self.path.split("/")
@@ -127,8 +129,12 @@ class Window:
         return Period(self.key.split(":", 1)[0])
 
 
+# A dict lookup: Period(name) goes through Enum.__call__, ten times slower on a per-leg path.
+_PERIODS = {p.value: p for p in Period}
+
+
 def period_of(window_key: str) -> Period:
-    return Period(window_key.split(":", 1)[0])
+    return _PERIODS[window_key.split(":", 1)[0]]
 
 
 def _ms(dt: datetime) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
+from functools import cached_property
 from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,15 @@ class Rates:
     input: tuple[tuple[int, Decimal], ...]
     output: tuple[tuple[int, Decimal], ...] | None
     cached_input: tuple[tuple[int, Decimal], ...] | None
+
+    # The highest tier of each: what a worst case is priced at, asked for on every reserve.
+    @cached_property
+    def input_max(self) -> Decimal:
+        return max(rate for _, rate in self.input)
+
+    @cached_property
+    def output_max(self) -> Decimal | None:
+        return None if self.output is None else max(rate for _, rate in self.output)
 
     @staticmethod
     def at(tiers: tuple[tuple[int, Decimal], ...], input_tokens: int) -> Decimal:
@@ -117,12 +127,11 @@ class PriceTable:
         if type(choices) is not int or not 1 <= choices <= CHOICES_MAX:
             raise InvalidRequest(f"n must be an integer from 1 to {CHOICES_MAX}", field="n")
         r = self.rates(model)
-        if r.output is None:
+        output_max = r.output_max
+        if output_max is None:
             raise ModelUnpriced(f"model {model!r} has no output price", model=model)
         # Worst case: the highest tier any of these tokens could reach.
-        exact = input_tokens * max(t for _, t in r.input) + (
-            output_tokens_max * choices * max(t for _, t in r.output)
-        )
+        exact = input_tokens * r.input_max + output_tokens_max * choices * output_max
         return _bounded(charge_micros(exact))
 
     def cost_micros(self, model: str, usage: Usage) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -150,4 +151,19 @@ def test_a_run_has_its_own_ceiling_in_every_answer(http: Client) -> None:
 def test_a_ten_megabyte_body_is_413(http: Client) -> None:
     r = http.post("/v1/reservations", content=b"{" + b" " * 10_000_000 + b"}",
                   headers={"Content-Type": "application/json"})
+    assert (r.status_code, r.json()["error"]["code"]) == (413, "payload_too_large")
+
+
+def test_a_ten_megabyte_chunked_body_is_413(http: Client) -> None:
+    # No Content-Length to refuse it by: it is counted as it streams in.
+    def chunks() -> Iterator[bytes]:
+        yield b"{"
+        for _ in range(10):
+            yield b" " * 1_000_000
+        yield b"}"
+
+    tag = org()
+    http.budget(tag, 1_000)
+    r = http.post("/v1/reservations", content=chunks(),
+                  headers={**http.key(tag), "Content-Type": "application/json"})
     assert (r.status_code, r.json()["error"]["code"]) == (413, "payload_too_large")

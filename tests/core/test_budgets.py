@@ -12,7 +12,7 @@ def ms(*args: int) -> int:
 
 def test_a_path_checks_itself_and_every_ancestor() -> None:
     bid = BudgetId.parse("org:acme/team:search/key:k1")
-    assert [b.path for b in bid.lineage()] == ["org:acme", "org:acme/team:search", bid.path]
+    assert [b.path for b in bid.lineage] == ["org:acme", "org:acme/team:search", bid.path]
     assert bid.tag == "org:acme"
     assert bid.run("r-1").path == "org:acme/team:search/key:k1/run:r-1"
 

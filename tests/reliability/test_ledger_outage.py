@@ -334,7 +334,7 @@ async def reinitialise(redis_url: str, who: Provisioned, billed_micros: int) -> 
         await store.open()
         await store.put_budget(BudgetDef(bid, (Limit(Period.TOTAL, who.ceiling_micros),)))
         booking = ReserveRequest(
-            ref=ReservationRef(bid.tag, ADJUSTMENT_ID, OPERATOR), budget_ids=bid.lineage(),
+            ref=ReservationRef(bid.tag, ADJUSTMENT_ID, OPERATOR), budget_ids=bid.lineage,
             amount_micros=billed_micros, ttl_ms=RESERVATION_TTL_MS_MIN,
             fingerprint=ADJUSTMENT_ID, price_version="provider-bill",
         )

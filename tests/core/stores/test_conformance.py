@@ -51,7 +51,7 @@ def request(
 ) -> ReserveRequest:
     return ReserveRequest(
         ref=ReservationRef(tag, rid or uuid.uuid4().hex, owner),
-        budget_ids=BudgetId(path).lineage(),
+        budget_ids=BudgetId(path).lineage,
         amount_micros=amount_micros,
         ttl_ms=ttl_ms,
         fingerprint=fingerprint,

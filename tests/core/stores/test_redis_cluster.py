@@ -165,7 +165,7 @@ async def test_every_script_of_a_call_stays_in_the_slot_of_its_tag(
         await cluster_store.release(ReservationRef(t, released.reservation_id, OWNER))
         clock.advance(TTL_MS + 1)
         assert await cluster_store.expire(t, 10) == 1
-        legs = await cluster_store.status(BudgetId(path).lineage(), run)
+        legs = await cluster_store.status(BudgetId(path).lineage, run)
         # Expiry charges what it held: 90 settled + 300 expired; the run saw only the first.
         assert [(x.budget_id, x.committed_micros, x.reserved_micros) for x in legs] == [
             (t, 390, 0), (t, 390, 0), (f"{t}/team:a", 390, 0), (run.budget_id.path, 90, 0)

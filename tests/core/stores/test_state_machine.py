@@ -91,7 +91,7 @@ def machine_for(request: pytest.FixtureRequest, kind: str) -> type[RuleBasedStat
             rid = uuid.uuid4().hex
             try:
                 self.run(self.store.reserve(ReserveRequest(
-                    self.ref(rid), self.path.lineage(), amount, TTL_MS, "fp", "v", "m", policy,
+                    self.ref(rid), self.path.lineage, amount, TTL_MS, "fp", "v", "m", policy,
                 )))
             except BudgetRefused:
                 return rid  # never admitted: settle and release must not find it
@@ -146,7 +146,7 @@ def machine_for(request: pytest.FixtureRequest, kind: str) -> type[RuleBasedStat
                 elif view.state is ReservationState.EXPIRED and view.outcome == "unknown":
                     committed_micros += view.reserved_micros
             overshoot_micros = sum(self.overshoot.values())
-            for leg in self.run(self.store.status(self.path.lineage())):
+            for leg in self.run(self.store.status(self.path.lineage)):
                 assert leg.reserved_micros >= 0
                 assert leg.reserved_micros == open_micros
                 assert leg.committed_micros == committed_micros
