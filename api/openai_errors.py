@@ -12,14 +12,13 @@ whose outcome is unknown (a blind retry could pay for it twice).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 
 from api import errors
+from api.routing import Endpoint, LeanRoute
 from core.errors import CeilingError
 
 # Codes a retry of the same request cannot fix. budget_busy, idempotency_in_flight,
@@ -55,15 +54,14 @@ def refusal_headers(exc: CeilingError) -> dict[str, str]:
     return headers
 
 
-class OpenAIErrorRoute(APIRoute):
-    """A route whose refusals, from its dependencies or its body, are in OpenAI's shape."""
+class OpenAIErrorRoute(LeanRoute):
+    """A lean route whose refusals are in OpenAI's shape; other errors still reach the app's
+    exception handlers."""
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
+    def wrap(self, endpoint: Endpoint) -> Endpoint:
         async def route(request: Request) -> Response:
             try:
-                return await handler(request)
+                return await endpoint(request)
             except CeilingError as exc:
                 return openai_error_response(exc, refusal_headers(exc))
 

@@ -2,34 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
-from starlette.routing import request_response
 
 from api.models import ReserveBody, SettleBody
+from api.routing import LeanRoute
 from api.runtime import runtime
 from core.ledger import LegStatus, Reservation
 from core.money import micros_to_usd
 from core.service import Caller, CeilingService
 
 B = TypeVar("B", bound=BaseModel)
-
-
-class LeanRoute(APIRoute):
-    """Documented by FastAPI, run as Starlette runs a route: the endpoint takes the Request and
-    returns a Response, with nothing in between. FastAPI's dependency solving and per-request
-    exit stacks cost more CPU per call than the ledger round trip (bench/http.py); the app's
-    exception handlers still map every error."""
-
-    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
-        super().__init__(path, endpoint, **kwargs)
-        self.app = request_response(endpoint)
 
 
 router = APIRouter(prefix="/v1", route_class=LeanRoute)
