@@ -21,12 +21,14 @@ stream's `data: [DONE]`), one `: <header>: <value>` line each, which SSE clients
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
-import httpx
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from api import errors
 from api.openai_errors import OpenAIErrorRoute, openai_error_response
@@ -34,7 +36,7 @@ from api.routes.sidecar import authenticated
 from api.runtime import runtime
 from api.upstream import NotSent, Unanswered, Upstream, relayed_headers, upstream
 from core import gateway, replies
-from core.errors import IdempotencyConflict
+from core.errors import CeilingError, IdempotencyConflict
 from core.gateway import (
     UNKNOWN_OUTCOME_STATUSES,
     Api,
@@ -48,6 +50,9 @@ from core.gateway import (
 )
 from core.replies import REPLY_BYTES_MAX, StoredReply, Ticket
 from core.service import Caller, CeilingService
+
+if TYPE_CHECKING:
+    import httpx
 
 router = APIRouter(prefix="/v1", route_class=OpenAIErrorRoute)
 LENGTHS = gateway.OutputLengths()
@@ -135,6 +140,29 @@ async def keep(ticket: Ticket | None, status: int, headers: dict[str, str], body
     await ticket.complete(reply)
 
 
+class KeptResponse(Response):
+    """A non-streaming answer, kept for its idempotency key once it has been sent.
+
+    The client need not wait for a ledger round trip that only a retry reads: a retry that
+    comes meanwhile finds the key in flight and waits for the answer (non-streaming retries
+    wait). It is kept even if sending failed, since that client is the one that retries; and
+    within the request, so a shutdown or a serverless runtime lets it finish. A ledger failure
+    here has no one left to tell: the in-flight marker then lives out its lease, and a retry
+    after that makes a new call, which reserves for itself."""
+
+    def __init__(self, body: bytes, status_code: int, headers: dict[str, str], ticket: Ticket,
+                 outcome: Outcome) -> None:
+        super().__init__(body, status_code=status_code, headers=headers)
+        self._kept = (ticket, status_code, headers, body, outcome)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with contextlib.suppress(CeilingError):
+                await keep(*self._kept)
+
+
 async def forward(
     svc: CeilingService, who: Caller, call_plan: Plan, clamp: bool, ticket: Ticket | None
 ) -> Response:
@@ -167,15 +195,16 @@ async def forward(
         return StreamingResponse(relay.body(), headers=relay.headers)
     try:
         async with asyncio.timeout_at(deadline):
-            raw = await response.aread()
-    except (httpx.HTTPError, TimeoutError):
+            raw = await up.read(response)
+    except (Unanswered, TimeoutError):
         await response.aclose()
         return await unanswered(call, up, ticket)
     found = gateway.body_outcome(call.hold.plan, raw)
     bill = call.leave_open() if found is None else await call.settle(*found)
     headers = {**relayed_headers(response), **bill_headers(bill, call)}
-    await keep(ticket, response.status_code, headers, raw, bill.outcome)
-    return Response(raw, status_code=response.status_code, headers=headers)
+    if ticket is None:
+        return Response(raw, status_code=response.status_code, headers=headers)
+    return KeptResponse(raw, response.status_code, headers, ticket, bill.outcome)
 
 
 async def unanswered(call: Call, up: Upstream, ticket: Ticket | None) -> Response:
@@ -237,9 +266,9 @@ class Relay:
             tally = StreamTally(self.call.hold.plan)
             try:
                 async with asyncio.timeout_at(self.deadline):
-                    async for chunk in self.response.aiter_bytes():
+                    async for chunk in Upstream.chunks(self.response):
                         self._emit(tally.feed(chunk))
-            except (httpx.HTTPError, TimeoutError):
+            except (Unanswered, TimeoutError):
                 pass  # what was read is in the tally; whether it is complete decides below
             finally:
                 await self.response.aclose()

@@ -11,12 +11,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from starlette.types import Message
 
+from api.routes.gateway import KeptResponse
 from core.config import OUTPUT_TOKENS_DEFAULT
 from core.errors import IdempotencyConflict, InvalidRequest
 from core.estimate import input_tokens_upper_bound
 from core.gateway import (
     Api,
+    Outcome,
     OutputLengths,
     StreamTally,
     body_outcome,
@@ -308,3 +311,39 @@ async def test_a_waiting_retry_gets_the_answer_and_a_late_one_gives_up(tag: str)
                        sleep=finish_on_first_poll) == REPLY
     with pytest.raises(IdempotencyConflict):
         await claim(store, ref, "another body", wait=True, in_flight_ttl_ms=60_000)
+
+
+async def test_an_answer_is_kept_once_sent_and_even_when_sending_fails(tag: str) -> None:
+    store = MemoryReplies()
+
+    async def kept_response(digest: str) -> tuple[ReplyRef, KeptResponse]:
+        ref = ReplyRef(tag, digest)
+        ticket = await claim(store, ref, "fp", wait=False, in_flight_ttl_ms=60_000)
+        assert isinstance(ticket, Ticket)
+        return ref, KeptResponse(b'{"id": "x"}', 200, {"content-type": "application/json"},
+                                 ticket, Outcome.BILLED)
+
+    async def receive() -> Message:
+        return {"type": "http.disconnect"}
+
+    ref, answer = await kept_response("d5")
+    in_flight_when_sent: list[ClaimKind] = []
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            in_flight_when_sent.append((await store.claim(ref, "fp", "retry", 60_000)).kind)
+
+    await answer({"type": "http"}, receive, send)
+    assert in_flight_when_sent == [ClaimKind.IN_FLIGHT]  # the client did not wait for the ledger
+    assert (await store.claim(ref, "fp", "retry", 60_000)).reply == StoredReply(
+        200, (("content-type", "application/json"),), '{"id": "x"}')
+
+    # A client whose connection broke is the one that retries: its answer is kept all the same.
+    ref, answer = await kept_response("d6")
+
+    async def broken(message: Message) -> None:
+        raise ConnectionResetError("connection reset by peer")
+
+    with pytest.raises(ConnectionResetError, match="reset"):
+        await answer({"type": "http"}, receive, broken)
+    assert (await store.claim(ref, "fp", "retry", 60_000)).kind is ClaimKind.DONE
