@@ -14,9 +14,11 @@ Added latency is gateway minus direct at p50 and p99 (of all rounds' calls, and 
 the rounds' own differences beside it). Target: p50 under 2 ms. Then calls per second through
 the gateway from TASKS concurrent tasks, non-streaming and streaming, with the direct figure
 beside them. The CPU the gateway process spent per call (from /proc, while it served one call at
-a time) is printed too: on a shared machine it moves far less than any latency. At the end the
-ledger must hold exactly what the stub billed, and nothing open: a loop that collected error
-answers cannot pass for a fast one.
+a time) is printed too: on a shared machine it moves far less than any latency. Beside it, for
+scale, the CPU of a direct call's two ends: the stub's server side and this process's client
+side. A gateway is both a server and a client, so their sum is about what relaying costs before
+any ledger work. At the end the ledger must hold exactly what the stub billed, and nothing open:
+a loop that collected error answers cannot pass for a fast one.
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ START_TIMEOUT_S = 30.0
 
 
 @contextlib.contextmanager
-def stub_process() -> Iterator[str]:
-    """The stub provider as a process of its own, so it does not share this one's interpreter."""
+def stub_process() -> Iterator[tuple[str, int]]:
+    """The stub provider as a process of its own, so it does not share this one's interpreter:
+    its URL and pid."""
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "infra.stub_provider", "--port", str(port), "--seed", "1",
@@ -80,7 +83,7 @@ def stub_process() -> Iterator[str]:
                     break
             ensure(time.monotonic() < deadline, "the stub provider did not start")
             time.sleep(0.05)
-        yield url
+        yield url, process.pid
     finally:
         os.kill(process.pid, signal.SIGTERM)
         try:
@@ -117,6 +120,8 @@ class Results:
     through: tuple[Phase, ...]
     throughput: dict[str, Phase]
     gateway_cpu_s_per_call: float
+    stub_cpu_s_per_call: float
+    client_cpu_s_per_call: float
 
     @staticmethod
     def latencies(phases: tuple[Phase, ...]) -> tuple[float, ...]:
@@ -131,8 +136,8 @@ class Results:
                        for d, g in zip(self.direct, self.through, strict=True)])
 
 
-async def measure(stub_url: str, gateway: ServiceProcess, gateway_pid: int, key: str,
-                  options: argparse.Namespace) -> Results:
+async def measure(stub_url: str, stub_pid: int, gateway: ServiceProcess, gateway_pid: int,
+                  key: str, options: argparse.Namespace) -> Results:
     limits = httpx.Limits(max_connections=options.tasks, max_keepalive_connections=options.tasks)
     async with httpx.AsyncClient(timeout=30.0, limits=limits) as client:
         direct = chat_cycle(client, f"{stub_url}/v1/chat/completions", {}, DIRECT_MODEL)
@@ -143,15 +148,18 @@ async def measure(stub_url: str, gateway: ServiceProcess, gateway_pid: int, key:
         for cycle in (direct, through, through_stream):
             await run_phase(cycle, options.tasks, options.warmup_seconds)
         direct_phases, through_phases = [], []
-        gateway_cpu_s = 0.0
+        gateway_cpu_s = stub_cpu_s = client_cpu_s = 0.0
         for i in range(options.rounds):
             # Alternate who goes first, so a trend in the machine's load favours neither.
             order = (direct, through) if i % 2 == 0 else (through, direct)
             for cycle in order:
                 cpu_started_s = process_cpu_s(gateway_pid)
+                stub_started_s, client_started_s = process_cpu_s(stub_pid), time.process_time()
                 phase = await run_phase(cycle, 1, options.seconds)
                 if cycle is direct:
                     direct_phases.append(phase)
+                    stub_cpu_s += process_cpu_s(stub_pid) - stub_started_s
+                    client_cpu_s += time.process_time() - client_started_s
                 else:
                     through_phases.append(phase)
                     gateway_cpu_s += process_cpu_s(gateway_pid) - cpu_started_s
@@ -162,7 +170,9 @@ async def measure(stub_url: str, gateway: ServiceProcess, gateway_pid: int, key:
                 through_stream, options.tasks, options.throughput_seconds),
         }
     calls = sum(p.cycles for p in through_phases)
-    return Results(tuple(direct_phases), tuple(through_phases), throughput, gateway_cpu_s / calls)
+    direct_calls = sum(p.cycles for p in direct_phases)
+    return Results(tuple(direct_phases), tuple(through_phases), throughput, gateway_cpu_s / calls,
+                   stub_cpu_s / direct_calls, client_cpu_s / direct_calls)
 
 
 def report(results: Results, options: argparse.Namespace) -> str:
@@ -183,6 +193,8 @@ def report(results: Results, options: argparse.Namespace) -> str:
     added_p50_s = results.added_s(50)
     verdict = "PASS" if added_p50_s < TARGET_ADDED_P50_S else "FAIL"
     return (f"{latency}\n\ngateway process CPU per call: {ms(results.gateway_cpu_s_per_call)} ms"
+            f"\nfor scale, a direct call's CPU: stub {ms(results.stub_cpu_s_per_call)} ms (its "
+            f"server side), this process {ms(results.client_cpu_s_per_call)} ms (its client side)"
             f"\n\n{load}\n\n{verdict}: p50 added latency {ms(added_p50_s)} ms "
             f"(target < {ms(TARGET_ADDED_P50_S)} ms)")
 
@@ -197,10 +209,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=TASKS)
     options = parser.parse_args()
     tag = f"org:bench{uuid.uuid4().hex[:8]}"
-    with RedisServer(durable=True) as redis, stub_process() as stub_url, ServiceProcess({
-        "REDIS_URL": redis.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
-        "CEILING_UPSTREAM_URL": f"{stub_url}/v1",
-    }) as gateway:
+    with RedisServer(durable=True) as redis, stub_process() as (stub_url, stub_pid), \
+            ServiceProcess({"REDIS_URL": redis.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
+                            "CEILING_UPSTREAM_URL": f"{stub_url}/v1"}) as gateway:
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         httpx.put(f"{gateway.url}/v1/admin/budgets/{tag}", headers=admin, json={
             "limits": [{"period": "total", "ceiling_micros": CEILING_MICROS}]}).raise_for_status()
@@ -208,7 +219,7 @@ def main() -> None:
                              json={"budget_id": tag})
         created.raise_for_status()
         assert gateway.process is not None  # started by the with statement
-        results = asyncio.run(measure(stub_url, gateway, gateway.process.pid,
+        results = asyncio.run(measure(stub_url, stub_pid, gateway, gateway.process.pid,
                                       created.json()["api_key"], options))
         budget = httpx.get(f"{gateway.url}/v1/admin/budgets/{tag}", headers=admin).json()
         period = budget["periods"][0]
