@@ -225,7 +225,7 @@ class ScriptedStore:
             str(request.ttl_ms),
             request.price_version,
             request.model,
-            request.expire_policy.value,
+            request.expire_policy,  # a StrEnum is its value; .value costs a descriptor call
             str(RECLAIM_BATCH_MAX),
             str(RECORD_RETENTION_MS),
             str(COUNTER_RETENTION_MS),

@@ -1,6 +1,8 @@
 from decimal import Decimal
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from core.errors import InvalidRequest
 from core.money import charge_micros, micros_to_usd, usd_to_micros
@@ -29,3 +31,10 @@ def test_a_cost_above_zero_is_at_least_one_micro() -> None:
 def test_twenty_nickels_are_exactly_a_dollar() -> None:
     assert sum(usd_to_micros("0.05") for _ in range(20)) == usd_to_micros("1.00")
     assert micros_to_usd(50_000) == "0.050000"
+
+
+@given(st.integers(min_value=-(2**53), max_value=2**53))
+def test_micros_format_as_the_exact_dollar_amount(micros: int) -> None:
+    usd = micros_to_usd(micros)
+    assert Decimal(usd) * 1_000_000 == micros
+    assert usd == str((Decimal(micros) / 1_000_000).quantize(Decimal("0.000001")))
