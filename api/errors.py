@@ -76,7 +76,10 @@ async def _on_ceiling_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
-    exc = cast(RequestValidationError, exc)
+    return validation_error_response(cast(RequestValidationError, exc))
+
+
+def validation_error_response(exc: RequestValidationError) -> JSONResponse:
     problems = [
         {"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"), "problem": e["msg"]}
         for e in exc.errors()

@@ -22,7 +22,8 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 class LeanRoute(APIRoute):
     def __init__(self, path: str, endpoint: Endpoint, **kwargs: Any) -> None:
         super().__init__(path, endpoint, **kwargs)
-        self.app = request_response(self.wrap(endpoint))
+        self.handler = self.wrap(endpoint)
+        self.app = request_response(self.handler)
 
     def wrap(self, endpoint: Endpoint) -> Endpoint:
         """What runs for a request; a subclass adds its own handling around the endpoint."""
