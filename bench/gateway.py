@@ -7,11 +7,15 @@ instance (ServiceProcess), all on loopback, started here and stopped by pid. Int
 rounds, because the machine is shared and noisy:
 
   direct    POST /v1/chat/completions to the stub, one call at a time.
+  relay     the same request through bench/relay_app.py, one call at a time: a bare FastAPI
+            relay that forwards the body through httpx's pool and returns the answer (no key,
+            no price, no ledger). What it adds is the floor under any gateway on this machine.
   gateway   the same request through the gateway, one call at a time: authenticate, price,
             reserve, forward, settle from the usage, answer with the x-ceiling-* headers.
 
-Added latency is gateway minus direct at p50 and p99 (of all rounds' calls, and the median of
-the rounds' own differences beside it). Target: p50 under 2 ms. Then calls per second through
+Added latency is gateway (and relay) minus direct at p50 and p99 (of all rounds' calls, and the
+median of the rounds' own differences beside it). Target: p50 under 2 ms; when the bare relay
+alone adds more than that, the verdict says BLOCKED with its figure. Then calls per second through
 the gateway from TASKS concurrent tasks, non-streaming and streaming, with the direct figure
 beside them. The CPU the gateway process spent per call (from /proc, while it served one call at
 a time) is printed too: on a shared machine it moves far less than any latency. Beside it, for
@@ -63,25 +67,19 @@ START_TIMEOUT_S = 30.0
 
 
 @contextlib.contextmanager
-def stub_process() -> Iterator[tuple[str, int]]:
-    """The stub provider as a process of its own, so it does not share this one's interpreter:
-    its URL and pid."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "infra.stub_provider", "--port", str(port), "--seed", "1",
-         "--latency-ms-min", "0", "--latency-ms-max", "0",
-         "--output-tokens-mean", str(OUTPUT_TOKENS_MEAN)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+def served(argv: list[str], port: int, name: str) -> Iterator[tuple[str, int]]:
+    """A server of this benchmark's, as a process of its own (so it does not share this one's
+    interpreter), ready once /health/live answers: its URL and pid. Stopped by pid."""
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
-            ensure(process.poll() is None, "the stub provider exited")
+            ensure(process.poll() is None, f"the {name} exited")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/health/live", timeout=1.0).status_code == 200:
                     break
-            ensure(time.monotonic() < deadline, "the stub provider did not start")
+            ensure(time.monotonic() < deadline, f"the {name} did not start")
             time.sleep(0.05)
         yield url, process.pid
     finally:
@@ -91,6 +89,21 @@ def stub_process() -> Iterator[tuple[str, int]]:
         except subprocess.TimeoutExpired:
             os.kill(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def stub_process() -> contextlib.AbstractContextManager[tuple[str, int]]:
+    port = free_port()
+    return served(
+        [sys.executable, "-m", "infra.stub_provider", "--port", str(port), "--seed", "1",
+         "--latency-ms-min", "0", "--latency-ms-max", "0",
+         "--output-tokens-mean", str(OUTPUT_TOKENS_MEAN)],
+        port, "stub provider")
+
+
+def relay_process(stub_url: str) -> contextlib.AbstractContextManager[tuple[str, int]]:
+    port = free_port()
+    return served([sys.executable, "-m", "bench.relay_app", "--port", str(port),
+                   "--upstream", f"{stub_url}/v1"], port, "bare relay")
 
 
 def chat_cycle(client: httpx.AsyncClient, url: str, headers: dict[str, str], model: str,
@@ -117,6 +130,7 @@ def process_cpu_s(pid: int) -> float:
 @dataclass(frozen=True)
 class Results:
     direct: tuple[Phase, ...]
+    relayed: tuple[Phase, ...]
     through: tuple[Phase, ...]
     throughput: dict[str, Phase]
     gateway_cpu_s_per_call: float
@@ -127,41 +141,40 @@ class Results:
     def latencies(phases: tuple[Phase, ...]) -> tuple[float, ...]:
         return tuple(s for p in phases for s in p.latencies_s)
 
-    def added_s(self, q: float) -> float:
-        return percentile(self.latencies(self.through), q) - percentile(
-            self.latencies(self.direct), q)
+    def added_s(self, phases: tuple[Phase, ...], q: float) -> float:
+        return percentile(self.latencies(phases), q) - percentile(self.latencies(self.direct), q)
 
-    def added_by_round_s(self, q: float) -> float:
+    def added_by_round_s(self, phases: tuple[Phase, ...], q: float) -> float:
         return median([percentile(g.latencies_s, q) - percentile(d.latencies_s, q)
-                       for d, g in zip(self.direct, self.through, strict=True)])
+                       for d, g in zip(self.direct, phases, strict=True)])
 
 
-async def measure(stub_url: str, stub_pid: int, gateway: ServiceProcess, gateway_pid: int,
-                  key: str, options: argparse.Namespace) -> Results:
+async def measure(stub_url: str, stub_pid: int, relay_url: str, gateway: ServiceProcess,
+                  gateway_pid: int, key: str, options: argparse.Namespace) -> Results:
     limits = httpx.Limits(max_connections=options.tasks, max_keepalive_connections=options.tasks)
     async with httpx.AsyncClient(timeout=30.0, limits=limits) as client:
         direct = chat_cycle(client, f"{stub_url}/v1/chat/completions", {}, DIRECT_MODEL)
+        relayed = chat_cycle(client, f"{relay_url}/v1/chat/completions", {}, DIRECT_MODEL)
         auth = {"Authorization": f"Bearer {key}"}
         url = f"{gateway.url}/v1/chat/completions"
         through = chat_cycle(client, url, auth, GATEWAY_MODEL)
         through_stream = chat_cycle(client, url, auth, GATEWAY_MODEL, stream=True)
-        for cycle in (direct, through, through_stream):
+        for cycle in (direct, relayed, through, through_stream):
             await run_phase(cycle, options.tasks, options.warmup_seconds)
-        direct_phases, through_phases = [], []
+        phases: dict[Cycle, list[Phase]] = {direct: [], relayed: [], through: []}
         gateway_cpu_s = stub_cpu_s = client_cpu_s = 0.0
         for i in range(options.rounds):
-            # Alternate who goes first, so a trend in the machine's load favours neither.
-            order = (direct, through) if i % 2 == 0 else (through, direct)
+            # Rotate who goes first, so a trend in the machine's load favours none of them.
+            order = list(phases)[i % 3:] + list(phases)[:i % 3]
             for cycle in order:
                 cpu_started_s = process_cpu_s(gateway_pid)
                 stub_started_s, client_started_s = process_cpu_s(stub_pid), time.process_time()
                 phase = await run_phase(cycle, 1, options.seconds)
+                phases[cycle].append(phase)
                 if cycle is direct:
-                    direct_phases.append(phase)
                     stub_cpu_s += process_cpu_s(stub_pid) - stub_started_s
                     client_cpu_s += time.process_time() - client_started_s
-                else:
-                    through_phases.append(phase)
+                elif cycle is through:
                     gateway_cpu_s += process_cpu_s(gateway_pid) - cpu_started_s
         throughput = {
             "direct": await run_phase(direct, options.tasks, options.throughput_seconds),
@@ -169,29 +182,38 @@ async def measure(stub_url: str, stub_pid: int, gateway: ServiceProcess, gateway
             "gateway, streaming": await run_phase(
                 through_stream, options.tasks, options.throughput_seconds),
         }
-    calls = sum(p.cycles for p in through_phases)
-    direct_calls = sum(p.cycles for p in direct_phases)
-    return Results(tuple(direct_phases), tuple(through_phases), throughput, gateway_cpu_s / calls,
-                   stub_cpu_s / direct_calls, client_cpu_s / direct_calls)
+    calls = sum(p.cycles for p in phases[through])
+    direct_calls = sum(p.cycles for p in phases[direct])
+    return Results(tuple(phases[direct]), tuple(phases[relayed]), tuple(phases[through]),
+                   throughput, gateway_cpu_s / calls, stub_cpu_s / direct_calls,
+                   client_cpu_s / direct_calls)
 
 
 def report(results: Results, options: argparse.Namespace) -> str:
     rows = []
-    for name, phases in (("direct", results.direct), ("gateway", results.through)):
+    for name, phases in (("direct", results.direct), ("bare relay", results.relayed),
+                         ("gateway", results.through)):
         latencies = Results.latencies(phases)
         rows.append([name, str(len(latencies)), ms(percentile(latencies, 50)),
                      ms(percentile(latencies, 99))])
-    rows.append(["added (all calls)", "", ms(results.added_s(50)), ms(results.added_s(99))])
-    rows.append(["added (median of rounds)", "", ms(results.added_by_round_s(50)),
-                 ms(results.added_by_round_s(99))])
+    for name, phases in (("bare relay", results.relayed), ("gateway", results.through)):
+        rows.append([f"{name} added (all calls)", "", ms(results.added_s(phases, 50)),
+                     ms(results.added_s(phases, 99))])
+        rows.append([f"{name} added (median of rounds)", "",
+                     ms(results.added_by_round_s(phases, 50)),
+                     ms(results.added_by_round_s(phases, 99))])
     latency = table(["one call at a time", "calls", "p50 ms", "p99 ms"], rows)
     load = table(
         [f"{options.tasks} tasks", "calls/s", "p50 ms", "p99 ms"],
         [[name, f"{p.cycles_per_s:.0f}", ms(percentile(p.latencies_s, 50)),
           ms(percentile(p.latencies_s, 99))] for name, p in results.throughput.items()],
     )
-    added_p50_s = results.added_s(50)
+    added_p50_s = results.added_s(results.through, 50)
+    relay_p50_s = results.added_s(results.relayed, 50)
     verdict = "PASS" if added_p50_s < TARGET_ADDED_P50_S else "FAIL"
+    if verdict == "FAIL" and relay_p50_s >= TARGET_ADDED_P50_S:
+        verdict = (f"BLOCKED (a bare relay alone adds {ms(relay_p50_s)} ms: one more server and "
+                   "client in the path cost more than the target on this machine)")
     return (f"{latency}\n\ngateway process CPU per call: {ms(results.gateway_cpu_s_per_call)} ms"
             f"\nfor scale, a direct call's CPU: stub {ms(results.stub_cpu_s_per_call)} ms (its "
             f"server side), this process {ms(results.client_cpu_s_per_call)} ms (its client side)"
@@ -210,6 +232,7 @@ def main() -> None:
     options = parser.parse_args()
     tag = f"org:bench{uuid.uuid4().hex[:8]}"
     with RedisServer(durable=True) as redis, stub_process() as (stub_url, stub_pid), \
+            relay_process(stub_url) as (relay_url, _), \
             ServiceProcess({"REDIS_URL": redis.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
                             "CEILING_UPSTREAM_URL": f"{stub_url}/v1"}) as gateway:
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -219,8 +242,8 @@ def main() -> None:
                              json={"budget_id": tag})
         created.raise_for_status()
         assert gateway.process is not None  # started by the with statement
-        results = asyncio.run(measure(stub_url, stub_pid, gateway, gateway.process.pid,
-                                      created.json()["api_key"], options))
+        results = asyncio.run(measure(stub_url, stub_pid, relay_url, gateway,
+                                      gateway.process.pid, created.json()["api_key"], options))
         budget = httpx.get(f"{gateway.url}/v1/admin/budgets/{tag}", headers=admin).json()
         period = budget["periods"][0]
         bill = fetch_bill(stub_url).by_model[GATEWAY_MODEL]

@@ -1,0 +1,69 @@
+"""The bare relay bench/gateway.py measures the gateway against: one more HTTP hop, nothing else.
+
+    .venv/bin/python -m bench.relay_app --port 8002 --upstream http://127.0.0.1:8001/v1
+
+One route, `POST /v1/chat/completions`, sends the body it received to the provider through
+httpx's connection pool (an AsyncHTTPTransport, as api/upstream.py sends) and answers with the
+provider's status, content type and body. No key check, no pricing, no ledger, no parsing. It is
+served as `ceiling serve` serves the app (uvicorn, one worker, start-up objects frozen), so that
+the latency it adds over a direct call is the floor under any gateway on this machine: what one
+more server and one more client in the path cost before the ledger is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+from collections.abc import Sequence
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request, Response
+
+# As api/upstream.py's pool: enough connections for the benchmark's concurrent tasks.
+CONNECTIONS_MAX = 256
+TIMEOUT_S = 30.0
+
+
+def create_app(upstream_url: str) -> FastAPI:
+    app = FastAPI(title="spend-ceiling bench: bare relay")
+    url = httpx.URL(f"{upstream_url.rstrip('/')}/chat/completions")
+    transport = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=CONNECTIONS_MAX))
+    timeout = httpx.Timeout(TIMEOUT_S).as_dict()
+
+    @app.post("/v1/chat/completions")
+    async def relay(request: Request) -> Response:
+        sent = httpx.Request("POST", url, content=await request.body(),
+                             headers={"content-type": "application/json"},
+                             extensions={"timeout": timeout})
+        answer = await transport.handle_async_request(sent)
+        try:
+            body = await answer.aread()
+        finally:
+            await answer.aclose()
+        return Response(body, status_code=answer.status_code,
+                        media_type=answer.headers.get("content-type"))
+
+    @app.get("/health/live")
+    async def live() -> Response:
+        return Response(b'{"status":"live"}', media_type="application/json")
+
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.relay_app",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--upstream", required=True, help="the provider's base URL, ending in /v1")
+    options = p.parse_args(argv)
+    app = create_app(options.upstream)
+    gc.collect()
+    gc.freeze()  # as api/cli.py's `serve` does
+    uvicorn.run(app, host=options.host, port=options.port, log_level="warning", access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
