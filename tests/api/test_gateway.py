@@ -372,8 +372,11 @@ def test_a_client_that_hangs_up_is_charged_what_the_provider_billed(
         model=model, messages=MESSAGES, max_tokens=400, stream=True)
     assert [next(stream).choices[0].delta.role, next(stream).choices[0].delta.content] != []
     stream.close()
-    # The client is gone mid-stream: nothing is settled yet, and nothing at zero.
-    assert ledger(admin, tag)["reserved_micros"] > 0
+    # The client is gone mid-stream. Whether the gateway has read the rest yet is a race on a
+    # loaded machine (a check that it had not once failed CI), so only the outcome is checked:
+    # settled at what the provider billed for the whole answer, never at zero.
+    held = ledger(admin, tag)
+    assert held["committed_micros"] > 0 or held["reserved_micros"] > 0
     period = settled(admin, tag)
     bill = billed(stub, model)
     assert bill.output_tokens == 300
