@@ -62,8 +62,9 @@ class CeilingApp(FastAPI):
     """The FastAPI app, with its lean routes dispatched ahead of FastAPI's middleware stack.
 
     Reserve, settle, release and the gateway's calls are nearly all of the traffic. FastAPI's
-    middleware stack and router cost ~90 us of CPU a request here, a third of what the service
-    spends beyond its ledger round trip (bench/http.py). A request for a lean route (its path
+    middleware stack and router cost ~90 us of CPU a request here (an in-process A/B), about a
+    third of what the service spent beyond its ledger round trip; bench/http.py shows the
+    effect end to end. A request for a lean route (its path
     and method) is run here directly, inside the same body limit, with the app's error mapping;
     everything else goes through FastAPI. The lean routes stay FastAPI's routes, which is what
     documents them in the OpenAPI schema.
