@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import errors
@@ -81,18 +82,11 @@ class CeilingApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            path, root = scope["path"], scope.get("root_path", "")
-            if root and path.startswith(root + "/"):
-                path = path[len(root):]  # as Starlette's router matches a mounted app's path
             for route in self._lean:
-                found = route.path_regex.match(path)
-                if found and scope["method"] in (route.methods or ()):
-                    scope["app"] = self
-                    scope["route"] = route
-                    scope["path_params"] = {
-                        k: route.param_convertors[k].convert(v)
-                        for k, v in found.groupdict().items()
-                    }
+                # The route's own matcher: its path, its methods, its converters, the root path.
+                match, child_scope = route.matches(scope)
+                if match is Match.FULL:
+                    scope.update(child_scope, app=self)
                     await self._lean_limited(scope, receive, send)
                     return
         await super().__call__(scope, receive, send)

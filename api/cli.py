@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from api.routes.health import health_body
 from api.routes.sidecar import leg_json
@@ -18,6 +18,9 @@ from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.errors import CeilingError
 from core.money import usd_to_micros
 from core.service import CeilingService
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
 
 KEEP_ALIVE_S = 75
 
@@ -43,9 +46,15 @@ def serve(args: argparse.Namespace) -> int:
     if rt.service is None:
         print(f"ceiling serve: refusing to start: {rt.problem}", file=sys.stderr)
         return 2
-    import uvicorn
-
     from api.index import app
+
+    run_server(app, args.host, args.port)
+    return 0
+
+
+def run_server(app: ASGIApp, host: str, port: int) -> None:
+    """Serve `app` as `ceiling serve` does; the benchmarks' baselines are served by it too."""
+    import uvicorn
 
     # Start-up objects live for the whole process: freezing them keeps the collector from
     # walking them on every cycle, which cut loaded p99 latency ~2.5x here.
@@ -53,9 +62,8 @@ def serve(args: argparse.Namespace) -> int:
     gc.freeze()
     # Keep-alive outlives the clients' idle expiry (httpx: 5 s), so a client never sends a
     # reserve on a connection the server is closing, where it could not tell whether it ran.
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
                 timeout_keep_alive=KEEP_ALIVE_S)
-    return 0
 
 
 def _run(work: Callable[[CeilingService], Awaitable[Any]]) -> int:

@@ -103,26 +103,23 @@ class Upstream:
             return await self._transport.handle_async_request(request)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout,
                 httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
-            raise NotSent(str(exc) or type(exc).__name__) from exc
+            raise NotSent(_why(exc)) from exc
         except httpx.HTTPError as exc:
-            raise Unanswered(str(exc) or type(exc).__name__) from exc
+            raise Unanswered(_why(exc)) from exc
 
     async def error_body(self, response: httpx.Response) -> bytes:
         """An error answer's body, up to ERROR_BODY_BYTES_MAX; what arrived if it broke off."""
-        import httpx
-
         body = b""
         try:
-            async for chunk in response.aiter_bytes():
+            async for chunk in self.chunks(response):
                 body += chunk
                 if len(body) >= ERROR_BODY_BYTES_MAX:
                     break
-        except httpx.HTTPError:
+        except Unanswered:
             pass
         finally:
             await response.aclose()
         return body[:ERROR_BODY_BYTES_MAX]
-
 
     @staticmethod
     async def read(response: httpx.Response) -> bytes:
@@ -132,7 +129,7 @@ class Upstream:
         try:
             return await response.aread()
         except httpx.HTTPError as exc:
-            raise Unanswered(str(exc) or type(exc).__name__) from exc
+            raise Unanswered(_why(exc)) from exc
 
     @staticmethod
     async def chunks(response: httpx.Response) -> AsyncIterator[bytes]:
@@ -143,7 +140,11 @@ class Upstream:
             async for chunk in response.aiter_bytes():
                 yield chunk
         except httpx.HTTPError as exc:
-            raise Unanswered(str(exc) or type(exc).__name__) from exc
+            raise Unanswered(_why(exc)) from exc
+
+
+def _why(exc: Exception) -> str:
+    return str(exc) or type(exc).__name__  # httpx's timeouts often carry no message
 
 
 _upstream: Upstream | None = None

@@ -14,17 +14,16 @@ only in what the service does per request beyond its one EVALSHA.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import uuid
 from collections.abc import Mapping, Sequence
 
-import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from redis.asyncio.client import Redis
 
+from api.cli import run_server
 from bench.ledger import Call
 from core.errors import ensure
 from core.stores.redis import redis_client
@@ -85,12 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     options = p.parse_args(argv)
-    app = create_app(call_from_env(os.environ), redis_client(os.environ["REDIS_URL"]))
-    # As api/cli.py's `serve` does, so both servers run their collector over the same kind of
-    # heap: start-up objects frozen, only per-request garbage collected.
-    gc.collect()
-    gc.freeze()
-    uvicorn.run(app, host=options.host, port=options.port, log_level="warning", access_log=False)
+    # As `ceiling serve` serves, so that the two servers differ only in what runs per request.
+    run_server(create_app(call_from_env(os.environ), redis_client(os.environ["REDIS_URL"])),
+               options.host, options.port)
     return 0
 
 

@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -44,6 +43,7 @@ import httpx
 
 from bench.common import Cycle, Phase, median, ms, percentile, run_phase, table
 from core.errors import ensure
+from infra.processes import stop, wait_ready
 from infra.redis_server import RedisServer, free_port
 from infra.service import ServiceProcess
 from infra.stub_provider import fetch_bill
@@ -72,23 +72,17 @@ def served(argv: list[str], port: int, name: str) -> Iterator[tuple[str, int]]:
     interpreter), ready once /health/live answers: its URL and pid. Stopped by pid."""
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
+
+    def live() -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{url}/health/live", timeout=1.0).status_code == 200
+        return False
+
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            ensure(process.poll() is None, f"the {name} exited")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health/live", timeout=1.0).status_code == 200:
-                    break
-            ensure(time.monotonic() < deadline, f"the {name} did not start")
-            time.sleep(0.05)
+        wait_ready(process, live, timeout_s=START_TIMEOUT_S, what=name)
         yield url, process.pid
     finally:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
+        stop(process)
 
 
 def stub_process() -> contextlib.AbstractContextManager[tuple[str, int]]:

@@ -13,12 +13,12 @@ more server and one more client in the path cost before the ledger is touched.
 from __future__ import annotations
 
 import argparse
-import gc
 from collections.abc import Sequence
 
 import httpx
-import uvicorn
 from fastapi import FastAPI, Request, Response
+
+from api.cli import run_server
 
 # As api/upstream.py's pool: enough connections for the benchmark's concurrent tasks.
 CONNECTIONS_MAX = 256
@@ -58,10 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--upstream", required=True, help="the provider's base URL, ending in /v1")
     options = p.parse_args(argv)
-    app = create_app(options.upstream)
-    gc.collect()
-    gc.freeze()  # as api/cli.py's `serve` does
-    uvicorn.run(app, host=options.host, port=options.port, log_level="warning", access_log=False)
+    run_server(create_app(options.upstream), options.host, options.port)
     return 0
 
 
