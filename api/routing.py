@@ -2,9 +2,10 @@
 
 The hot routes (reserve, settle, the gateway) read their own headers and body, and take the
 Request and return a Response. FastAPI's request handler (dependency solving, per-request exit
-stacks) cost more CPU per call than the ledger round trip (bench/http.py, bench/gateway.py);
-with this class the endpoint is called with nothing in between, and the app's exception handlers
-still map every error.
+stacks) cost more CPU per call than the ledger round trip (bench/http.py, bench/gateway.py).
+CeilingApp (api/app.py) runs a lean route's `handler` ahead of FastAPI's middleware; the route's
+own `app` runs the same handler, so a router that reaches the route itself (these routers in an
+app other than CeilingApp) answers the same way, the app's exception handlers mapping its errors.
 """
 
 from __future__ import annotations
