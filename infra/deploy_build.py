@@ -425,7 +425,11 @@ def build(root: Path = ROOT, *, out: Path | None = None, vercel: bool = True,
 
 
 def _lua_scripts(root: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted((root / "lua").glob("*.lua"))}
+    """The `lua` package as the service reads it: the scripts and the marker that makes them
+    package data (core/stores/scripts.py finds them with importlib.resources)."""
+    package = root / "lua"
+    return {p.name: p.read_bytes()
+            for p in sorted([package / "__init__.py", *package.glob("*.lua")])}
 
 
 ROUTE_KEYS = {"src", "dest", "status", "check", "continue", "headers", "handle"}
@@ -507,7 +511,7 @@ def check_vercel(output: Path, root: Path = ROOT) -> VercelFunction:
                    lambda name: (func_dir / name).read_bytes() if (func_dir / name).is_file()
                    else None, root)
     vendor = func_dir / str(vc_config.get("environment", {}).get("PYTHONPATH", "_vendor"))
-    shadowing = sorted(p for p in ("api", "core", "infra") if (vendor / p).exists())
+    shadowing = sorted(p for p in ("api", "core", "lua") if (vendor / p).exists())
     if shadowing:
         raise DeployCheckFailed(
             f"{vendor} holds {shadowing}: the project itself was installed as a dependency, so "

@@ -250,7 +250,7 @@ def main(argv: list[str]) -> None:
         import core.stores.scripts as scripts
 
         result["core"] = core.__file__
-        result["lua_dir"] = str(scripts.LUA_DIR)
+        result["lua_dir"] = str(scripts.lua_dir())
     result["python"] = list(sys.version_info[:2])
     result["modules_outside"] = sorted(
         name for name, m in sys.modules.items()
