@@ -40,8 +40,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 # The product the wheel carries: every file git tracks under these directories, nothing else.
 PRODUCT_DIRS = ("api", "core", "lua")
-# Building the wheel takes seconds; installing the dependencies the first time, about a minute
-# from a local index. Far beyond either, pip is hanging.
+# Building the wheel, or installing the dependencies the first time, ends long before this;
+# past it, pip is hanging.
 PIP_TIMEOUT_S = 600
 # `ceiling serve` imports FastAPI and answers /health/live within seconds; 30 s is broken.
 SERVE_START_TIMEOUT_S = 30.0
@@ -190,7 +190,8 @@ def served(venv: Path, redis_server: RedisServer, tmp_path: Path) -> Iterator[st
                 raise AssertionError(f"{exc}:\n{log.read_text()[-4000:]}") from exc
         yield url
     finally:
-        stop(process)  # by pid: the process this fixture started
+        if process.poll() is None:  # not reaped already: its pid is still this process's
+            stop(process)  # by pid: the process this fixture started
 
 
 def key_body(client: httpx.Client, budget_id: str) -> dict[str, Any]:
