@@ -65,9 +65,9 @@ class InputError(ValueError):
 class FileRef:
     """A file (or stored item) the provider holds, as POST /control describes it."""
 
-    bytes: int
+    size_bytes: int
     pages: int = 0
-    image: tuple[int, int] | None = None  # its size, when it is an image
+    image: tuple[int, int] | None = None  # its width and height, when it is an image
 
 
 @dataclass
@@ -88,8 +88,6 @@ class Prompt:
     audio_tokens: int = 0
     file_tokens: int = 0
     prefixes: list[tuple[bytes, int]] = field(default_factory=list)
-    _digest: bytes = b""
-    _cacheable: bool = True
 
 
 class Counter:
@@ -99,6 +97,8 @@ class Counter:
         self.model, self.registry = model, registry
         self.prompt = Prompt()
         self.parts = 0
+        self._digest = b""  # of the prompt so far, chained segment by segment
+        self._cacheable = True
 
     def segment(self, source: object, text_bytes: int, media_tokens: int = 0, *,
                 framed: bool = True, audio: bool = False) -> None:
@@ -107,11 +107,11 @@ class Counter:
         self.prompt.tokens += tokens + (TOKENS_PER_MESSAGE if framed else 0)
         # The cache holds exact prefixes; audio is not cached, and nothing after it is either.
         if audio:
-            self.prompt._cacheable = False
-        if self.prompt._cacheable:
+            self._cacheable = False
+        if self._cacheable:
             canonical = json.dumps(source, sort_keys=True, ensure_ascii=False).encode()
-            self.prompt._digest = hashlib.sha256(self.prompt._digest + canonical).digest()
-            self.prompt.prefixes.append((self.prompt._digest, self.prompt.tokens))
+            self._digest = hashlib.sha256(self._digest + canonical).digest()
+            self.prompt.prefixes.append((self._digest, self.prompt.tokens))
 
     def json_segment(self, source: object) -> None:
         """Tool definitions or a schema: billed by their JSON bytes, with no message framing."""
@@ -191,7 +191,7 @@ class Counter:
         return self.file_tokens(where, ref)
 
     def file_tokens(self, where: str, ref: FileRef) -> int:
-        tokens = math.ceil(ref.bytes / BYTES_PER_TOKEN)
+        tokens = math.ceil(ref.size_bytes / BYTES_PER_TOKEN)
         if ref.pages:
             if self.model.image is None:
                 raise InputError(f"{self.model.name} does not accept PDF input", where)
