@@ -235,17 +235,23 @@ def _reasoning_share(api: Api, body: dict[str, Any], model: ModelPrices) -> Frac
     return REASONING_SHARE[str(effort)]
 
 
+def _function_name(spec: object) -> str | None:
+    """The function a tool or tool choice names: `name` (Responses) or `function.name` (chat)."""
+    if not isinstance(spec, dict):
+        return None
+    function = spec.get("function")
+    name = spec.get("name") or (function.get("name") if isinstance(function, dict) else None)
+    return name if isinstance(name, str) else None
+
+
 def _forced_tool(body: dict[str, Any]) -> str | None:
     """The function a call must answer with: `tool_choice` "required" or a named function."""
-    tools = body.get("tools") or []
     choice = body.get("tool_choice")
-    names = [t.get("name") or (t.get("function") or {}).get("name")
-             for t in tools if isinstance(t, dict)]
     if isinstance(choice, dict):
-        named = choice.get("name") or (choice.get("function") or {}).get("name")
-        return str(named) if named else None
-    if choice == "required" and names and isinstance(names[0], str):
-        return names[0]
+        return _function_name(choice)
+    tools = body.get("tools")
+    if choice == "required" and isinstance(tools, list) and tools:
+        return _function_name(tools[0])
     return None
 
 

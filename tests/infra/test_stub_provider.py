@@ -292,6 +292,8 @@ def test_tool_definitions_are_billed_by_their_json_bytes(sdk: openai.OpenAI) -> 
     # 2048 x 4096 high: fit to 1024 x 2048, shortest side to 768: 768 x 1536 = 2 x 3 tiles;
     # 85 + 6 x 170 = 1,105, the guide's second example.
     ("gpt-4o", (2048, 4096), "high", 1_105),
+    # 4096 x 1024: fit to 2048 x 512; the shortest side, 512, is not scaled up: 4 x 1 tiles.
+    ("gpt-4o", (4096, 1024), "high", 85 + 4 * 170),
     ("gpt-4o", (300, 200), "high", 255),  # never scaled up: 1 tile
     ("gpt-4o-mini", (1024, 1024), "high", 2_833 + 4 * 5_667),
     ("o3", (1024, 1024), "high", 75 + 4 * 150),
