@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from infra.redis_server import free_port
 from infra.stub_bill import Bill, CallRecord
@@ -1001,3 +1003,39 @@ def test_the_stub_shares_nothing_with_the_service() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.stdout.strip() == "[]"
+
+
+# -- whatever a client sends -------------------------------------------------------------------
+
+KEYS = ("type", "text", "image_url", "url", "detail", "input_audio", "data", "format", "file",
+        "file_id", "file_data", "file_url", "role", "content", "name", "tool_calls", "function",
+        "arguments", "id", "output", "summary", "include_usage", "effort", "refusal")
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3_000) | st.sampled_from(
+        ["text", "image_url", "input_image", "input_audio", "file", "input_file", "user",
+         "function_call", "item_reference", "low", "wav", "mp3", "data:image/png;base64,AA==",
+         "https://x.example/a.png", "priority", "auto", "required", "audio"]) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(KEYS) | st.text(max_size=4), inner, max_size=5),
+    max_leaves=25,
+)
+OPTIONAL = {f: JSON for f in ("n", "max_tokens", "max_completion_tokens", "max_output_tokens",
+                              "service_tier", "stream", "stream_options", "tools", "tool_choice",
+                              "reasoning", "reasoning_effort", "prediction", "modalities",
+                              "instructions", "text", "response_format", "store")}
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from([CHAT, RESPONSES]),
+       model=st.sampled_from(["gpt-4o", "o3", "gpt-4.1-mini", "gpt-4o-audio-preview"]),
+       prompt=JSON, extra=st.fixed_dictionaries({}, optional=OPTIONAL))
+def test_any_body_is_served_or_refused_never_failed_and_a_refusal_is_never_billed(
+    http: httpx.Client, path: str, model: str, prompt: Any, extra: dict[str, Any]
+) -> None:
+    before = bill_of(http).total.calls
+    body = {"model": model, "messages" if path == CHAT else "input": prompt, **extra}
+    response = http.post(path, json=body)
+    assert response.status_code in (200, 400), response.text
+    billed = bill_of(http).total.calls - before
+    assert billed == (response.status_code == 200)
