@@ -1,44 +1,59 @@
 """A stub OpenAI-compatible provider that keeps its own bill: the independent witness of spend.
 
 The ceiling is proved against what a provider bills, never against what the service says it
-spent. This stub counts the tokens of every call it serves itself and prices them with the same
-bundled price table the service uses (core.prices.PriceTable, plus an optional overrides file
-in the CEILING_PRICES_FILE format), so its bill is in real rates and shares nothing with the
-ledger but the price list.
+spent. This stub counts the tokens of every call it serves and prices them from its own table
+(infra/stub_prices.py), sharing nothing with the service it judges: no `core`, no genai-prices.
+It sees every way a gateway could hold less than a provider charges: images, audio and files
+counted as OpenAI documents them, prompt-cache reads and writes, reasoning tokens, `n > 1`,
+priority service tiers, per-request fees, and calls billed and then failed or cut off.
 
-    python -m infra.stub_provider --port 8900 --seed 7
+    python -m infra.stub_provider --port 8900 --seed 7 [--prices-file table.json]
 
 Routes:
-  POST /v1/chat/completions   streaming (SSE `data: {...}` chunks, then `data: [DONE]`) and not.
-                              Usage is in the response, and in a last chunk with `"choices": []`
-                              when the request sets `stream_options.include_usage`. Only n = 1.
-  GET  /billing               the bill: every call served, its tokens and cost in micro-dollars.
-  POST /billing/reset         start a new bill.
-  POST /control               faults for the next calls (below); `{}` clears them.
+  POST /v1/chat/completions   streaming (SSE chunks, then `data: [DONE]`) and not; `n` choices.
+  POST /v1/responses          streaming (`response.created` ... `response.completed`) and not.
+  GET  /billing               the bill: tallies in total and per model, and a `log` of the most
+                              recent requests (`?log=0` leaves the log out).
+  POST /billing/reset         start a new bill (and empty the prompt cache and stored responses).
+  GET, POST /control          faults and settings for the next calls (below).
   GET  /health/live           200 while it answers.
 
-What it serves: prompt tokens are the UTF-8 bytes of each message's content over four (OpenAI's
-rule of thumb), plus 4 a message and 3 a reply, which never exceeds the service's byte-level
-upper bound (core.estimate). The answer is `max_tokens` (or `max_completion_tokens`; 4,096 when
-neither is sent) at most, drawn at random with mean `--output-tokens-mean`, after a random
-latency in [`--latency-ms-min`, `--latency-ms-max`]. Draws come from one random.Random(seed):
-a sequence of calls made one after another is reproducible; concurrent calls take the draws in
-arrival order.
+Input is counted by infra/stub_input.py (text, images, audio, files, tools). Output is at most
+the cap (`max_completion_tokens`, `max_tokens`, `max_output_tokens`; 4,096 when none is sent),
+drawn at random with mean `--output-tokens-mean` after a latency in [`--latency-ms-min`,
+`--latency-ms-max`], from one random.Random(seed): calls made one after another are
+reproducible. A reasoning model spends part of each answer on reasoning tokens (within the cap,
+billed as output): a share set by the reasoning effort. Each of `n` choices is its own draw.
 
-When a call is billed: in full, once its answer is ready, before the first byte is sent, whether
-or not the client is still there to read it (a provider bills what it generated). A call that
-fails or hangs on purpose, or that the stub rejects (bad request, unknown model, wrong key), is
-not billed; every request is counted in `requests` all the same, so "nothing reached the
-provider" is checkable.
+Prompt cache: OpenAI caches prompt prefixes of at least 1,024 tokens, and a hit is reported in
+128-token steps (https://developers.openai.com/api/docs/guides/prompt-caching). The stub caches
+every prefix of a billed call that ends at a message boundary; a later call on the same model
+that starts with one reads it at the cached-input rate. A model with a cache-write rate in the
+table is billed that rate for the cached tokens a call wrote, and reports them.
 
-Faults, for the gateway's tests:
-  headers, for one call:  `X-Stub-Fail-Status: 503` answers that status (400-599) with an OpenAI
-                          error body; `X-Stub-Hang: 1` never answers and holds the connection
-                          until the client goes away (at most HANG_S_MAX); `X-Stub-Output-Tokens:
-                          N` answers exactly min(N, max_tokens) tokens.
-  POST /control:          `{"fail_status": 503}` or `{"hang": true}`, with `"calls": N` for the
-                          next N calls only (all calls until cleared when absent). Use it when the
-                          caller is a gateway that does not forward test headers.
+When a call is billed: in full, once its answer is decided, before the first byte is sent,
+whether or not the client is still there to read it. A call the stub refuses (bad request,
+unknown model, wrong key, a fault that fails before serving) is not billed. Every request is
+counted in `requests` and logged all the same.
+
+Faults, per call by header, or for the next `calls` calls (all, when absent) by POST /control:
+  X-Stub-Fail-Status: S          fail_status: S           answer S (400-599), bill nothing
+  X-Stub-Hang: 1                 hang: true               never answer, bill nothing
+  X-Stub-Fail-After-Billing: S   fail_after_billing: S    bill in full, then answer S
+  X-Stub-Hang-After-Billing: 1   hang_after_billing: true bill in full, then never answer
+  X-Stub-Break-After-Events: K   break_after_events: K    bill in full, send K stream events
+                                                          (a non-stream: half its body), then
+                                                          drop the connection
+  X-Stub-Continuous-Usage: 1     continuous_usage: true   every chat chunk carries the usage so
+                                                          far (vLLM's continuous_usage_stats;
+                                                          also by stream_options)
+  X-Stub-Cached-Tokens: N        cached_tokens: N         report and bill N prompt tokens cached
+Per call only: `X-Stub-Output-Tokens: N` answers exactly min(N, cap) tokens a choice;
+`X-Stub-Reasoning-Tokens: N` makes N of them reasoning. Headers win over /control, whose fault
+set each POST replaces (`{}` clears it). Settings a POST gives replace theirs, and stay until
+set again: `images` {url: [width, height]} for http(s) images the stub cannot fetch; `files`
+{file id, file URL or item id: {"bytes": N, "pages": P, "image": [w, h]}}; `prompt_cache`
+(true by default); `default_service_tier`, what `auto` is served at (`default`).
 """
 
 from __future__ import annotations
@@ -47,13 +62,18 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import random
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -63,20 +83,56 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from core.errors import CeilingError
-from core.money import micros_to_usd
-from core.prices import PriceTable, Usage
 from infra.redis_server import free_port
+from infra.stub_bill import Bill, CallRecord, Tally, Usage
+from infra.stub_faults import (
+    CONTROL_SETTINGS,
+    FAULT_HEADERS,
+    Fault,
+    count,
+    fault_from,
+    registry_files,
+    registry_images,
+)
+from infra.stub_input import (
+    InputError,
+    Prompt,
+    Registry,
+    chat_prompt,
+    responses_prompt,
+)
+from infra.stub_prices import TIER_STANDARD, ModelPrices, StubPrices, cost_micros
+from infra.stub_wire import (
+    Choice,
+    Served,
+    chat_body,
+    chat_events,
+    responses_body,
+    responses_events,
+)
+
+__all__ = ["Bill", "CallRecord", "StubProvider", "StubProviderApp", "Tally", "Usage",
+           "fetch_bill", "reset_bill"]
 
 # OpenAI answers up to the model's output limit when no cap is sent; the stub stops here.
 OUTPUT_TOKENS_UNCAPPED_MAX = 4_096
+# OpenAI's limit on choices a chat call may ask for.
+CHOICES_MAX = 128
 # A hung call is held this long at most, so a forgotten client cannot keep the stub busy forever.
 HANG_S_MAX = 600.0
-# Tokens per SSE chunk: enough chunks to exercise a client's stream parser, few enough to be cheap.
-CHUNK_TOKENS = 16
-BYTES_PER_TOKEN = 4
-TOKENS_PER_MESSAGE = 4
-TOKENS_PER_REPLY = 3
+# Prompt cache (https://developers.openai.com/api/docs/guides/prompt-caching): prefixes from
+# 1,024 tokens, hits reported in 128-token steps.
+CACHE_TOKENS_MIN = 1_024
+CACHE_TOKENS_STEP = 128
+# The cache and the stored responses are bounded: a long load run must not grow the stub
+# without end. The oldest entries go first.
+CACHE_PREFIXES_MAX = 10_000
+RESPONSES_STORED_MAX = 10_000
+# The share of an answer a reasoning model spends reasoning, by requested effort (the stub's own
+# choice: providers document no share, only that reasoning tokens count as output).
+REASONING_SHARE = {"minimal": Fraction(0), "low": Fraction(1, 4), "medium": Fraction(1, 2),
+                   "high": Fraction(3, 4)}
+REASONING_EFFORT_DEFAULT = "medium"
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
 # Idle keep-alive connections are kept this long (uvicorn's default is 5 s): a client reusing a
@@ -84,120 +140,132 @@ STOP_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 120
 # Calls still open at shutdown (a hung one) are cut after this long.
 GRACEFUL_SHUTDOWN_S = 1
+BILL_FETCH_TIMEOUT_S = 10.0
 # The "model" answers with these words, one token each.
 WORDS = ("the", "ceiling", "holds", "when", "every", "call", "reserves", "first", "and", "settles")
+# The status logged for a call that was never answered (it hung until the client left).
+STATUS_NO_ANSWER = 0
 
 
-@dataclass
-class Tally:
-    """Calls served and what they cost, in one bill or one model's part of it."""
-
-    calls: int = 0
-    input_tokens: int = 0
-    cached_input_tokens: int = 0
-    output_tokens: int = 0
-    cost_micros: int = 0
-
-    def add(self, usage: Usage, cost_micros: int) -> None:
-        self.calls += 1
-        self.input_tokens += usage.input_tokens
-        self.cached_input_tokens += usage.cached_input_tokens
-        self.output_tokens += usage.output_tokens
-        self.cost_micros += cost_micros
-
-
-@dataclass
-class Bill:
-    """What the provider charges: billed calls, and every chat request that arrived at all."""
-
-    requests: int = 0
-    total: Tally = field(default_factory=Tally)
-    by_model: dict[str, Tally] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            **asdict(self.total),
-            "cost_usd": micros_to_usd(self.total.cost_micros),
-            "by_model": {m: asdict(t) for m, t in sorted(self.by_model.items())},
-        }
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> Bill:
-        def tally(d: dict[str, Any]) -> Tally:
-            return Tally(**{f.name: int(d[f.name]) for f in fields(Tally)})
-
-        return cls(
-            int(doc["requests"]), tally(doc), {m: tally(t) for m, t in doc["by_model"].items()}
-        )
-
-
-@dataclass
-class Fault:
-    """What the next calls do instead of answering; `calls_left` None means until cleared."""
-
-    fail_status: int | None = None
-    hang: bool = False
-    calls_left: int | None = None
-
-    @property
-    def active(self) -> bool:
-        return (self.fail_status is not None or self.hang) and self.calls_left != 0
+class Api(StrEnum):
+    CHAT = "chat.completions"
+    RESPONSES = "responses"
 
 
 @dataclass(frozen=True)
-class Served:
-    """One answer, decided before the first byte: its usage, text and why it stopped."""
+class Decided:
+    """A call decided and not yet billed: the answer, the model's prices, the counted input."""
 
-    completion_id: str
-    model: str
-    usage: Usage
-    text: str
-    finish_reason: str
+    served: Served
+    prices: ModelPrices
+    prompt: Prompt
+
+
+class StreamBroken(Exception):
+    """Raised inside a response body on purpose: uvicorn then drops the connection mid-body."""
+
+
+class _QuietBreaks(logging.Filter):
+    """Keep uvicorn from logging a deliberate break as an application error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], StreamBroken))
+
+
+logging.getLogger("uvicorn.error").addFilter(_QuietBreaks())
 
 
 class ProviderError(Exception):
-    """An answer in OpenAI's error shape; nothing is billed for it."""
+    """An answer in OpenAI's error shape."""
 
-    def __init__(self, status: int, message: str, code: str, error_type: str) -> None:
+    def __init__(self, status: int, message: str, code: str, error_type: str,
+                 param: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.error_type = status, message, code, error_type
+        self.param = param
 
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.error_type, "param": None,
+        body = {"error": {"message": self.message, "type": self.error_type, "param": self.param,
                           "code": self.code}}
         return JSONResponse(body, status_code=self.status)
 
 
-def invalid(message: str) -> ProviderError:
-    return ProviderError(400, message, "invalid_request", "invalid_request_error")
+def invalid(message: str, param: str | None = None) -> ProviderError:
+    return ProviderError(400, message, "invalid_request", "invalid_request_error", param)
 
 
-def prompt_tokens(messages: object) -> int:
-    """The stub's own count; never above core.estimate's byte-level bound for the same messages."""
-    if not isinstance(messages, list) or not messages:
-        raise invalid("messages must be a non-empty list")
-    tokens = TOKENS_PER_REPLY
-    for message in messages:
-        if not isinstance(message, dict):
-            raise invalid("each message must be an object")
-        content = message.get("content", "")
-        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-        tokens += TOKENS_PER_MESSAGE + math.ceil(len(text.encode()) / BYTES_PER_TOKEN)
-    return tokens
+def _cache_step(tokens: int) -> int:
+    """Cached tokens as OpenAI reports them: 0 below 1,024, else down to a 128-token step."""
+    if tokens < CACHE_TOKENS_MIN:
+        return 0
+    return CACHE_TOKENS_MIN + (tokens - CACHE_TOKENS_MIN) // CACHE_TOKENS_STEP * CACHE_TOKENS_STEP
 
 
-def output_cap(body: dict[str, Any]) -> int:
-    cap = body.get("max_completion_tokens", body.get("max_tokens"))
-    if cap is None:
+def _output_cap(api: Api, body: dict[str, Any], model: ModelPrices) -> int:
+    fields_ = ("max_output_tokens",) if api is Api.RESPONSES else (
+        "max_completion_tokens", "max_tokens")
+    if api is Api.CHAT and model.reasoning and body.get("max_tokens") is not None:
+        # As OpenAI answers a reasoning model: its cap must cover the hidden tokens too.
+        raise invalid("max_tokens is not supported with this model: use max_completion_tokens",
+                      "max_tokens")
+    caps = [body[f] for f in fields_ if body.get(f) is not None]
+    if not caps:
         return OUTPUT_TOKENS_UNCAPPED_MAX
+    cap = caps[0]
     if type(cap) is not int or cap < 1:
-        raise invalid("max_tokens must be a positive integer")
+        raise invalid(f"{fields_[0]} must be a positive integer", fields_[0])
     return cap
 
 
+def _reasoning_share(api: Api, body: dict[str, Any], model: ModelPrices) -> Fraction:
+    if api is Api.CHAT:
+        effort = body.get("reasoning_effort")
+    else:
+        reasoning = body.get("reasoning")
+        effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+        if reasoning is not None and not isinstance(reasoning, dict):
+            raise invalid("reasoning must be an object", "reasoning")
+    if effort is None:
+        return REASONING_SHARE[REASONING_EFFORT_DEFAULT] if model.reasoning else Fraction(0)
+    if not model.reasoning:
+        raise invalid(f"reasoning effort is not supported with {model.name}", "reasoning_effort")
+    if effort not in REASONING_SHARE:
+        raise invalid(f"reasoning effort must be one of {', '.join(REASONING_SHARE)}",
+                      "reasoning_effort")
+    return REASONING_SHARE[str(effort)]
+
+
+def _function_name(spec: object) -> str | None:
+    """The function a tool or tool choice names: `name` (Responses) or `function.name` (chat)."""
+    if not isinstance(spec, dict):
+        return None
+    function = spec.get("function")
+    name = spec.get("name") or (function.get("name") if isinstance(function, dict) else None)
+    return name if isinstance(name, str) else None
+
+
+def _forced_tool(body: dict[str, Any]) -> str | None:
+    """The function a call must answer with: `tool_choice` "required" or a named function."""
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        return _function_name(choice)
+    tools = body.get("tools")
+    if choice == "required" and isinstance(tools, list) and tools:
+        return _function_name(tools[0])
+    return None
+
+
+def _header_count(raw: str | None, what: str, minimum: int) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return count(raw, what, minimum)
+    except ValueError as exc:
+        raise invalid(str(exc)) from exc
+
+
 class StubProviderApp:
-    """The provider's state (price table, random draws, bill, faults) and its routes."""
+    """The provider's state (prices, random draws, bill, faults, caches) and its routes."""
 
     def __init__(
         self,
@@ -206,7 +274,7 @@ class StubProviderApp:
         latency_ms_min: int,
         latency_ms_max: int,
         output_tokens_mean: int,
-        prices: PriceTable,
+        prices: StubPrices,
         api_key: str | None = None,
     ) -> None:
         if not 0 <= latency_ms_min <= latency_ms_max or output_tokens_mean < 1:
@@ -218,8 +286,14 @@ class StubProviderApp:
         self.api_key = api_key
         self.bill = Bill()
         self.fault = Fault()
+        self.registry = Registry()
+        self.prompt_cache_on = True
+        self.default_service_tier = TIER_STANDARD
+        self.cache: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        self.stored: OrderedDict[str, int] = OrderedDict()  # response id -> context tokens
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
             Route("/billing", self.get_billing, methods=["GET"]),
             Route("/billing/reset", self.reset_billing, methods=["POST"]),
             Route("/control", self.control, methods=["GET", "POST"]),
@@ -229,73 +303,122 @@ class StubProviderApp:
     # -- routes ------------------------------------------------------------------------------
 
     async def chat_completions(self, request: Request) -> Response:
-        self.bill.requests += 1
-        try:
-            fail_status, hang = self._fault_for(request)
-            if hang:
-                await self._hang(request)
-                return Response(status_code=504)  # nobody reads it: the client has gone
-            if fail_status is not None:
-                raise ProviderError(fail_status, f"stub failure {fail_status} on request",
-                                    "stub_failure", "server_error")
-            body = await self._body(request)
-            served = self._serve(body, request.headers.get("x-stub-output-tokens"))
-        except ProviderError as exc:
-            return exc.response()
-        await asyncio.sleep(self.rng.uniform(self.latency_ms_min, self.latency_ms_max) / 1000)
-        self._charge(served)
-        if body.get("stream") is True:
-            options = body.get("stream_options") or {}
-            include_usage = isinstance(options, dict) and options.get("include_usage") is True
-            return StreamingResponse(
-                self._chunks(served, include_usage), media_type="text/event-stream"
-            )
-        return JSONResponse({
-            "id": served.completion_id,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": served.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": served.text},
-                         "finish_reason": served.finish_reason}],
-            "usage": usage_json(served.usage),
-        })
+        return await self._call(Api.CHAT, request)
+
+    async def responses(self, request: Request) -> Response:
+        return await self._call(Api.RESPONSES, request)
 
     async def get_billing(self, request: Request) -> Response:
-        return JSONResponse(self.bill.to_json())
+        return JSONResponse(self.bill.to_json(with_log=request.query_params.get("log") != "0"))
 
     async def reset_billing(self, request: Request) -> Response:
         self.bill = Bill()
+        self.cache.clear()
+        self.stored.clear()
         return JSONResponse(self.bill.to_json())
 
     async def control(self, request: Request) -> Response:
         if request.method == "POST":
             try:
                 doc = await request.json()
-                self.fault = _fault_from_json(doc)
+                if not isinstance(doc, dict):
+                    raise ValueError("the control body is an object")
+                unknown = set(doc) - CONTROL_SETTINGS - {*FAULT_HEADERS.values(), "calls"}
+                if unknown:
+                    raise ValueError(f"unknown control fields {sorted(unknown)}")
+                self._apply_settings(doc)
             except (ValueError, TypeError) as exc:
                 return invalid(f"control body: {exc}").response()
-        return JSONResponse({"fail_status": self.fault.fail_status, "hang": self.fault.hang,
-                             "calls": self.fault.calls_left})
+        return JSONResponse({**self.fault.to_json(), "prompt_cache": self.prompt_cache_on,
+                             "default_service_tier": self.default_service_tier,
+                             "images": {u: list(s) for u, s in self.registry.images.items()},
+                             "files": sorted(self.registry.files)})
+
+    def _apply_settings(self, doc: dict[str, Any]) -> None:
+        fault = fault_from({k: v for k, v in doc.items() if k not in CONTROL_SETTINGS})
+        images = registry_images(doc["images"]) if "images" in doc else None
+        files = registry_files(doc["files"]) if "files" in doc else None
+        prompt_cache = doc.get("prompt_cache", self.prompt_cache_on)
+        tier = doc.get("default_service_tier", self.default_service_tier)
+        if type(prompt_cache) is not bool or not isinstance(tier, str):
+            raise ValueError("prompt_cache is a boolean, default_service_tier a string")
+        # Validated whole before anything changes: a refused body changes nothing.
+        self.fault = fault
+        self.registry.images = self.registry.images if images is None else images
+        self.registry.files = self.registry.files if files is None else files
+        self.prompt_cache_on, self.default_service_tier = prompt_cache, tier
 
     async def live(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     # -- one call ----------------------------------------------------------------------------
 
-    def _fault_for(self, request: Request) -> tuple[int | None, bool]:
-        header_status = request.headers.get("x-stub-fail-status")
-        if header_status is not None:
+    async def _call(self, api: Api, request: Request) -> Response:
+        self.bill.requests += 1
+        model: str | None = None
+        stream = False
+        fault = Fault()
+        try:
+            self._authorize(request)
+            fault = self._fault_for(request)
+            if fault.hang:
+                await self._hang(request)
+                self._log(api, model, STATUS_NO_ANSWER, None, stream, fault)
+                return Response(status_code=504)  # nobody reads it: the client has gone
+            if fault.fail_status is not None:
+                raise ProviderError(fault.fail_status, f"stub failure {fault.fail_status} on "
+                                    "request", "stub_failure", "server_error")
+            body = await self._body(request)
+            model = body.get("model") if isinstance(body.get("model"), str) else None
+            stream = body.get("stream") is True
+            decided = self._serve(api, body, request, fault)
+        except ProviderError as exc:
+            self._log(api, model, exc.status, None, stream, fault)
+            return exc.response()
+        await asyncio.sleep(self.rng.uniform(self.latency_ms_min, self.latency_ms_max) / 1000)
+        # Billed here, before the first byte, whether or not the client is still there.
+        status = fault.fail_after_billing or (STATUS_NO_ANSWER if fault.hang_after_billing
+                                              else 200)
+        self._charge(api, decided, body, stream, status, fault)
+        served = decided.served
+        if fault.hang_after_billing:
+            await self._hang(request)
+            return Response(status_code=504)
+        if fault.fail_after_billing is not None:
+            return ProviderError(fault.fail_after_billing, f"stub failure {status} after the "
+                                 "call was billed", "stub_failure", "server_error").response()
+        if stream:
+            events = self._events(api, served, body, fault)
+            if fault.break_after_events is not None:
+                events = events[:min(fault.break_after_events, len(events) - 1)]
+            return StreamingResponse(_sent(events, broken=fault.break_after_events is not None),
+                                     media_type="text/event-stream")
+        doc = chat_body(served) if api is Api.CHAT else responses_body(served, body)
+        if fault.break_after_events is not None:
+            raw = json.dumps(doc).encode()
+            return StreamingResponse(_sent([raw[:len(raw) // 2]], broken=True),
+                                     media_type="application/json")
+        return JSONResponse(doc)
+
+    def _authorize(self, request: Request) -> None:
+        if self.api_key is not None and request.headers.get("authorization") != (
+            f"Bearer {self.api_key}"
+        ):
+            raise ProviderError(401, "incorrect API key", "invalid_api_key",
+                                "invalid_request_error")
+
+    def _fault_for(self, request: Request) -> Fault:
+        given = {f: request.headers[h] for h, f in FAULT_HEADERS.items() if h in request.headers}
+        if given:
             try:
-                return _fail_status(header_status), False
+                return fault_from(given)
             except ValueError as exc:
-                raise invalid(f"X-Stub-Fail-Status: {exc}") from exc
-        if request.headers.get("x-stub-hang") == "1":
-            return None, True
+                raise invalid(f"X-Stub-* header: {exc}") from exc
         if self.fault.active:
             if self.fault.calls_left is not None:
                 self.fault.calls_left -= 1
-            return self.fault.fail_status, self.fault.hang
-        return None, False
+            return replace(self.fault, calls_left=None)
+        return Fault()
 
     async def _hang(self, request: Request) -> None:
         # Reading ASGI messages drains the body, then blocks until the client disconnects.
@@ -305,11 +428,6 @@ class StubProviderApp:
                     pass
 
     async def _body(self, request: Request) -> dict[str, Any]:
-        if self.api_key is not None and request.headers.get("authorization") != (
-            f"Bearer {self.api_key}"
-        ):
-            raise ProviderError(401, "incorrect API key", "invalid_api_key",
-                                "invalid_request_error")
         try:
             body = await request.json()
         except ClientDisconnect as exc:  # gone before it finished sending: nothing to serve
@@ -321,88 +439,184 @@ class StubProviderApp:
             raise invalid("the body must be a JSON object")
         return body
 
-    def _serve(self, body: dict[str, Any], forced_output_tokens: str | None) -> Served:
-        model = body.get("model")
-        if not isinstance(model, str):
-            raise invalid("model is required")
-        if body.get("n", 1) != 1:
-            raise invalid("the stub answers n = 1 only")
-        input_tokens = prompt_tokens(body.get("messages"))
-        cap = output_cap(body)
+    def _serve(self, api: Api, body: dict[str, Any], request: Request,
+               fault: Fault) -> Decided:
+        """Decide the whole answer and its usage, or refuse the request (nothing billed)."""
+        name = body.get("model")
+        if not isinstance(name, str):
+            raise invalid("model is required", "model")
+        prices = self.prices.model(name)
+        if prices is None:  # an unpriced model cannot be billed, so it is not served
+            raise ProviderError(404, f"the model {name!r} does not exist", "model_not_found",
+                                "invalid_request_error", "model")
+        tier = self._tier(body, prices)
+        prompt = self._prompt(api, body, prices)
+        choices = self._choices(api, body, prices, request)
+        audio_output = self._audio_output(api, body, prices)
+        rejected = self._rejected_prediction(api, body, len(choices))
+        cached, written = self._cached(prices, prompt, fault)
+        output_tokens = sum(c.output_tokens for c in choices) + rejected
+        usage = Usage(
+            input_tokens=prompt.tokens, cached_input_tokens=cached, cache_write_tokens=written,
+            audio_input_tokens=prompt.audio_tokens, image_input_tokens=prompt.image_tokens,
+            file_input_tokens=prompt.file_tokens, output_tokens=output_tokens,
+            reasoning_tokens=sum(c.reasoning_tokens for c in choices),
+            audio_output_tokens=sum(len(c.words) for c in choices) if audio_output else 0,
+            rejected_prediction_tokens=rejected,
+        )
+        answer_id = ("chatcmpl-" if api is Api.CHAT else "resp_") + secrets.token_hex(12)
+        served = Served(answer_id, name, tier, tuple(choices), usage,
+                        reports_cache_writes=prices.standard.cache_write is not None,
+                        audio_output=audio_output)
+        return Decided(served, prices, prompt)
+
+    def _tier(self, body: dict[str, Any], prices: ModelPrices) -> str:
+        asked = body.get("service_tier")
+        if asked in (None, "auto"):
+            tier = self.default_service_tier
+            # `auto` is served at the project's default tier where the model has it.
+            return tier if tier == TIER_STANDARD or tier in prices.tiers else TIER_STANDARD
+        if asked == TIER_STANDARD or (isinstance(asked, str) and asked in prices.tiers):
+            return str(asked)
+        raise invalid(f"service_tier {asked!r} is not available for {prices.name}",
+                      "service_tier")
+
+    def _prompt(self, api: Api, body: dict[str, Any], prices: ModelPrices) -> Prompt:
         try:
-            self.prices.rates(model)
-        except CeilingError as exc:  # an unpriced model cannot be billed, so it is not served
-            raise ProviderError(404, f"the model {model!r} does not exist", "model_not_found",
-                                "invalid_request_error") from exc
-        if forced_output_tokens is not None:
-            if not forced_output_tokens.isdigit() or int(forced_output_tokens) < 1:
-                raise invalid("X-Stub-Output-Tokens must be a positive integer")
-            drawn = int(forced_output_tokens)
-        else:
-            drawn = 1 + int(self.rng.expovariate(1 / self.output_tokens_mean))
-        output_tokens = min(cap, drawn)
-        return Served(
-            completion_id="chatcmpl-" + secrets.token_hex(12),
-            model=model,
-            usage=Usage(input_tokens, output_tokens),
-            text=" ".join(WORDS[i % len(WORDS)] for i in range(output_tokens)),
-            finish_reason="length" if output_tokens == cap else "stop",
+            if api is Api.CHAT:
+                if body.get("web_search_options") is not None:
+                    raise InputError("web_search_options is not served by the stub",
+                                     "web_search_options")
+                return chat_prompt(body, prices, self.registry)
+            for unserved in ("conversation", "prompt", "background"):
+                if body.get(unserved) not in (None, False):
+                    raise InputError(f"{unserved} is not served by the stub", unserved)
+            if body.get("n") is not None:
+                raise InputError("n is not a Responses parameter", "n")
+            previous = body.get("previous_response_id")
+            previous_tokens = 0
+            if previous is not None:
+                if previous not in self.stored:
+                    raise InputError(f"previous response {previous!r} not found",
+                                     "previous_response_id")
+                previous_tokens = self.stored[str(previous)]
+            return responses_prompt(body, prices, self.registry, previous_tokens)
+        except InputError as exc:
+            raise invalid(str(exc), exc.param) from exc
+
+    def _choices(self, api: Api, body: dict[str, Any], prices: ModelPrices,
+                 request: Request) -> list[Choice]:
+        count = 1 if api is Api.RESPONSES else body.get("n", 1)
+        if type(count) is not int or not 1 <= count <= CHOICES_MAX:
+            raise invalid(f"n must be an integer from 1 to {CHOICES_MAX}", "n")
+        cap = _output_cap(api, body, prices)
+        share = _reasoning_share(api, body, prices)
+        forced = _header_count(request.headers.get("x-stub-output-tokens"),
+                               "X-Stub-Output-Tokens", 1)
+        forced_reasoning = _header_count(request.headers.get("x-stub-reasoning-tokens"),
+                                         "X-Stub-Reasoning-Tokens", 0)
+        if forced_reasoning and not prices.reasoning:
+            raise invalid(f"{prices.name} is not a reasoning model")
+        tool = _forced_tool(body)
+        choices = []
+        for index in range(count):
+            drawn = forced or 1 + int(self.rng.expovariate(1 / self.output_tokens_mean))
+            total = min(cap, drawn)
+            reasoning = (min(total, forced_reasoning) if forced_reasoning is not None
+                         else math.floor(total * share))
+            visible = total - reasoning
+            words = tuple(WORDS[i % len(WORDS)] for i in range(visible))
+            finish = "length" if total == cap else "stop"
+            tool_call = None
+            if tool is not None:
+                tool_call = ("call_" + secrets.token_hex(8), tool,
+                             json.dumps({"text": " ".join(words)}))
+                finish = "length" if total == cap else "tool_calls"
+            choices.append(Choice(index, words, reasoning, finish, tool_call))
+        return choices
+
+    def _audio_output(self, api: Api, body: dict[str, Any], prices: ModelPrices) -> bool:
+        modalities = body.get("modalities") or []
+        if api is Api.RESPONSES or "audio" not in modalities:
+            return False
+        if prices.standard.audio_output is None:
+            raise invalid(f"{prices.name} does not produce audio", "modalities")
+        if body.get("stream") is True:
+            raise invalid("the stub does not stream audio", "stream")
+        return True
+
+    def _rejected_prediction(self, api: Api, body: dict[str, Any], choices: int) -> int:
+        """Predicted output the model did not use: billed as output on top of the answer
+        (https://developers.openai.com/api/docs/guides/predicted-outputs). The stub uses none."""
+        prediction = body.get("prediction")
+        if api is Api.RESPONSES or prediction is None:
+            return 0
+        content = prediction.get("content") if isinstance(prediction, dict) else None
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if not isinstance(content, str) or choices != 1:
+            raise invalid("prediction needs content, and n = 1", "prediction")
+        return math.ceil(len(content.encode()) / 4)
+
+    def _cached(self, prices: ModelPrices, prompt: Prompt, fault: Fault) -> tuple[int, int]:
+        """(cached tokens read, tokens written) for this prompt."""
+        cacheable = prompt.tokens - prompt.audio_tokens
+        if fault.cached_tokens is not None:
+            return min(fault.cached_tokens, cacheable), 0
+        if not self.prompt_cache_on:
+            return 0, 0
+        matched = next((tokens for digest, tokens in reversed(prompt.prefixes)
+                        if (prices.name, digest) in self.cache), 0)
+        cached = _cache_step(matched)
+        written = 0
+        if prices.standard.cache_write is not None and prompt.prefixes:
+            written = max(0, _cache_step(prompt.prefixes[-1][1]) - cached)
+        return cached, written
+
+    def _charge(self, api: Api, decided: Decided, body: dict[str, Any], stream: bool,
+                status: int, fault: Fault) -> None:
+        served, prices = decided.served, decided.prices
+        cost = cost_micros(prices, served.service_tier, served.usage)
+        self._log(api, served.model, status, served.usage, stream, fault, cost,
+                  served.service_tier)
+        if self.prompt_cache_on and fault.cached_tokens is None:
+            for digest, tokens in decided.prompt.prefixes:
+                if tokens >= CACHE_TOKENS_MIN:
+                    self.cache[(prices.name, digest)] = None
+                    self.cache.move_to_end((prices.name, digest))
+            while len(self.cache) > CACHE_PREFIXES_MAX:
+                self.cache.popitem(last=False)
+        if api is Api.RESPONSES and body.get("store", True) is not False:
+            choice = served.choices[0]
+            self.stored[served.answer_id] = served.usage.input_tokens + len(choice.words)
+            while len(self.stored) > RESPONSES_STORED_MAX:
+                self.stored.popitem(last=False)
+
+    def _log(self, api: Api, model: str | None, status: int, usage: Usage | None, stream: bool,
+             fault: Fault, cost: int = 0, tier: str | None = None) -> None:
+        self.bill.record(CallRecord(
+            api=api.value, model=model, status=status, billed=usage is not None,
+            cost_micros=cost, usage=usage, stream=stream, service_tier=tier, fault=fault.name,
+        ))
+
+    def _events(self, api: Api, served: Served, body: dict[str, Any],
+                fault: Fault) -> list[bytes]:
+        if api is Api.RESPONSES:
+            return responses_events(served, body)
+        options = body.get("stream_options") or {}
+        options = options if isinstance(options, dict) else {}
+        return chat_events(
+            served, include_usage=options.get("include_usage") is True,
+            continuous_usage=fault.continuous_usage
+            or options.get("continuous_usage_stats") is True,
         )
 
-    def _charge(self, served: Served) -> None:
-        cost_micros = self.prices.cost_micros(served.model, served.usage)
-        self.bill.total.add(served.usage, cost_micros)
-        self.bill.by_model.setdefault(served.model, Tally()).add(served.usage, cost_micros)
 
-    async def _chunks(self, served: Served, include_usage: bool) -> AsyncIterator[bytes]:
-        words = served.text.split(" ")
-        head = {"id": served.completion_id, "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": served.model}
-        yield sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                        "finish_reason": None}]})
-        for start in range(0, len(words), CHUNK_TOKENS):
-            piece = " ".join(words[start:start + CHUNK_TOKENS])
-            text = piece if start == 0 else " " + piece
-            yield sse({**head, "choices": [{"index": 0, "delta": {"content": text},
-                                            "finish_reason": None}]})
-        yield sse({**head, "choices": [{"index": 0, "delta": {},
-                                        "finish_reason": served.finish_reason}]})
-        if include_usage:
-            yield sse({**head, "choices": [], "usage": usage_json(served.usage)})
-        yield b"data: [DONE]\n\n"
-
-
-def usage_json(usage: Usage) -> dict[str, Any]:
-    return {
-        "prompt_tokens": usage.input_tokens,
-        "completion_tokens": usage.output_tokens,
-        "total_tokens": usage.input_tokens + usage.output_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_input_tokens},
-    }
-
-
-def sse(doc: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
-
-
-def _fail_status(raw: object) -> int:
-    status = int(raw) if isinstance(raw, str) and raw.isdigit() else raw
-    if type(status) is not int or not 400 <= status <= 599:
-        raise ValueError("fail_status must be an HTTP error status, 400 to 599")
-    return status
-
-
-def _fault_from_json(doc: object) -> Fault:
-    if not isinstance(doc, dict) or set(doc) - {"fail_status", "hang", "calls"}:
-        raise ValueError("expected an object with fail_status, hang and calls")
-    fail_status = None if doc.get("fail_status") is None else _fail_status(doc["fail_status"])
-    hang = doc.get("hang", False)
-    calls = doc.get("calls")
-    if type(hang) is not bool or (calls is not None and (type(calls) is not int or calls < 1)):
-        raise ValueError("hang is a boolean and calls a positive integer")
-    if fail_status is not None and hang:
-        raise ValueError("give fail_status or hang, not both")
-    return Fault(fail_status, hang, calls)
+async def _sent(events: list[bytes], *, broken: bool) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event
+    if broken:
+        raise StreamBroken("the stub broke this answer off on purpose")
 
 
 # -- running it ------------------------------------------------------------------------------
@@ -414,13 +628,15 @@ class StubProvider:
 
     A thread, not a process: the harness that starts it is otherwise idle while calls run, and
     stopping it needs no pid. `python -m infra.stub_provider` runs the same app as a process.
+    `prices` is a table of the stub's own (a JSON file's path or its parsed document), merged
+    over the default table; never the service's CEILING_PRICES_FILE.
     """
 
     seed: int = 0
     latency_ms_min: int = 20
     latency_ms_max: int = 200
     output_tokens_mean: int = 250
-    prices_file: str | None = None
+    prices: str | Path | dict[str, Any] | None = None
     api_key: str | None = None
     port: int = field(default_factory=free_port)
     _server: uvicorn.Server | None = field(default=None, init=False, repr=False)
@@ -430,13 +646,15 @@ class StubProvider:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> StubProvider:
-        app = StubProviderApp(
+    def app(self) -> StubProviderApp:
+        return StubProviderApp(
             seed=self.seed, latency_ms_min=self.latency_ms_min,
             latency_ms_max=self.latency_ms_max, output_tokens_mean=self.output_tokens_mean,
-            prices=PriceTable.from_file(self.prices_file), api_key=self.api_key,
+            prices=StubPrices.load(self.prices), api_key=self.api_key,
         )
-        self._server = uvicorn.Server(server_config(app, self.port))
+
+    def start(self) -> StubProvider:
+        self._server = uvicorn.Server(server_config(self.app(), self.port))
         self._thread = threading.Thread(target=self._server.run, name="stub-provider",
                                         daemon=True)
         self._thread.start()
@@ -469,14 +687,15 @@ def server_config(app: StubProviderApp, port: int) -> uvicorn.Config:
     )
 
 
-def fetch_bill(provider_url: str) -> Bill:
-    response = httpx.get(f"{provider_url}/billing", timeout=5.0)
+def fetch_bill(provider_url: str, *, with_log: bool = True) -> Bill:
+    response = httpx.get(f"{provider_url}/billing", params={"log": int(with_log)},
+                         timeout=BILL_FETCH_TIMEOUT_S)
     response.raise_for_status()
     return Bill.from_json(response.json())
 
 
 def reset_bill(provider_url: str) -> None:
-    httpx.post(f"{provider_url}/billing/reset", timeout=5.0).raise_for_status()
+    httpx.post(f"{provider_url}/billing/reset", timeout=BILL_FETCH_TIMEOUT_S).raise_for_status()
 
 
 def main() -> None:
@@ -487,15 +706,15 @@ def main() -> None:
     parser.add_argument("--latency-ms-min", type=int, default=StubProvider.latency_ms_min)
     parser.add_argument("--latency-ms-max", type=int, default=StubProvider.latency_ms_max)
     parser.add_argument("--output-tokens-mean", type=int, default=StubProvider.output_tokens_mean)
-    parser.add_argument("--prices-file", help="price overrides, in CEILING_PRICES_FILE's format")
+    parser.add_argument("--prices-file", help="the stub's own price table (infra/stub_prices.py "
+                        "format), merged over its default table")
     parser.add_argument("--api-key", help="refuse calls without this bearer key (401)")
     args = parser.parse_args()
-    app = StubProviderApp(
-        seed=args.seed, latency_ms_min=args.latency_ms_min, latency_ms_max=args.latency_ms_max,
-        output_tokens_mean=args.output_tokens_mean,
-        prices=PriceTable.from_file(args.prices_file), api_key=args.api_key,
-    )
-    uvicorn.Server(server_config(app, args.port)).run()
+    stub = StubProvider(seed=args.seed, latency_ms_min=args.latency_ms_min,
+                        latency_ms_max=args.latency_ms_max,
+                        output_tokens_mean=args.output_tokens_mean, prices=args.prices_file,
+                        api_key=args.api_key, port=args.port)
+    uvicorn.Server(server_config(stub.app(), args.port)).run()
 
 
 if __name__ == "__main__":

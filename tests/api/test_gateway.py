@@ -151,9 +151,14 @@ def prices_file(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def stub(prices_file: str) -> Iterator[StubProvider]:
+def stub() -> Iterator[StubProvider]:
+    # The provider's own table, written apart from the service's prices file: the witness
+    # prices what it serves by its own rates, whatever the gateway was told.
+    rates = {"input_usd_per_mtok": f"{INPUT_MICROS}.00",
+             "output_usd_per_mtok": f"{OUTPUT_MICROS}.00"}
+    table = {"models": {f"gw-m{i:02d}": rates for i in range(64)}}
     with StubProvider(seed=6, latency_ms_min=1, latency_ms_max=5, output_tokens_mean=120,
-                      prices_file=prices_file) as provider:
+                      prices=table) as provider:
         yield provider
 
 
@@ -613,10 +618,11 @@ def test_what_cannot_be_bounded_is_refused_before_anything_is_held(
 
 
 def test_the_responses_route_forwards_prices_and_releases_what_the_provider_refuses(
-    gw_faulty: ServiceProcess, admin: Client, proxy: FaultProxy, model: str
+    gw_faulty: ServiceProcess, admin: Client, proxy: FaultProxy, stub: StubProvider, model: str
 ) -> None:
-    # The stub serves chat completions only: its 404 shows the call was forwarded, priced
-    # (a reservation was held and released) and relayed with its status.
+    # The stub refuses the call (a 404 it is told to answer): the refusal shows the call was
+    # forwarded, priced (a reservation was held and released) and relayed with its status.
+    httpx.post(f"{stub.url}/control", json={"fail_status": 404, "calls": 1}).raise_for_status()
     tag, key = account(admin, 1_000_000)
     with pytest.raises(openai.NotFoundError) as missing:
         sdk(gw_faulty, key).responses.create(model=model, input="hi")
