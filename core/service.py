@@ -367,8 +367,8 @@ class CeilingService:
             raise Unauthorized("a valid API key is required")
         if role is not None and role not in record.roles:
             raise Forbidden(
-                f"this key does not have the '{role}' role these routes need; an operator gives "
-                f"it with POST /v1/admin/keys {{\"roles\": [...]}}",
+                f"this key does not have the '{role}' role these routes need; an operator makes "
+                "keys with the roles they need (POST /v1/admin/keys, \"roles\")",
                 missing_role=role.value,
             )
         return Caller(record, check_run_id(run_id), role)

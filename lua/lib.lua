@@ -180,10 +180,10 @@ local function charged_of(st, outcome, amt, charged)
 end
 
 -- Settle one reservation that is open or expired ('o' or 'x') at actual (a checked integer,
--- given as the string it arrived as), recording `outcome` and `extra` (field, value pairs). Shared by
--- settle (an owner's) and correct (an operator's), so both book alike. Under the 'charge' policy
--- an expired lease's hold sits in committed and is swapped for the actual; under 'release'
--- nothing is held, so the whole actual is charged and counted as overshoot.
+-- given as the string it arrived as), recording `outcome` and `extra` (field, value pairs).
+-- Shared by settle (an owner's) and correct (an operator's), so both book alike. Under the
+-- 'charge' policy an expired lease's hold sits in committed and is swapped for the actual; under
+-- 'release' nothing is held, so the whole actual is charged and counted as overshoot.
 local function settle_one(prefix, rkey, open_key, rid, st, amt_s, legs_s, pol, actual_s, now,
                           retention_ms, idle_ms, outcome, extra)
   local actual, amt = tonumber(actual_s), tonumber(amt_s)

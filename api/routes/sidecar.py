@@ -1,4 +1,6 @@
-"""Reserve / settle / release for callers that make the model call themselves."""
+"""Reserve / settle / release for callers that make the model call themselves: keys with the
+sidecar role. A key reaches only the reservations it made through these routes, never the ones
+the gateway made for it (core/ledger.py GATEWAY_OWNER_PREFIX)."""
 
 from __future__ import annotations
 
