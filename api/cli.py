@@ -1,23 +1,27 @@
-"""`ceiling`: serve the API, manage budgets and keys, read health. The same core as the API."""
+"""`ceiling`: serve the API, manage budgets and keys, correct reservations, read health. The
+same core as the API."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import gc
+import getpass
 import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from api.routes.admin import settlement_json, stored_reservation_json
 from api.routes.health import health_body
 from api.routes.sidecar import leg_json
 from api.runtime import Runtime, runtime
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.errors import CeilingError
+from core.ledger import ROLES_DEFAULT, Role
 from core.money import usd_to_micros
-from core.service import CeilingService
+from core.service import CeilingService, operator_fingerprint
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -109,8 +113,45 @@ def budgets_show(args: argparse.Namespace) -> int:
 
 def keys_create(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
-        new = await service.create_key(BudgetId.parse(args.budget_id), args.run_ceiling)
-        return {"key_id": new.key_id, "api_key": new.api_key, "budget_id": args.budget_id}
+        roles = frozenset(args.role) if args.role else ROLES_DEFAULT
+        new = await service.create_key(BudgetId.parse(args.budget_id), args.run_ceiling, roles)
+        return {"key_id": new.key_id, "api_key": new.api_key, "budget_id": args.budget_id,
+                "roles": sorted(new.record.roles)}
+
+    return _run(work)
+
+
+def cli_operator() -> str:
+    """Who corrects from the command line: the admin token's fingerprint where the environment
+    has one (as the admin route records it), else the OS user, who holds the ledger's
+    credentials."""
+    token = os.environ.get("CEILING_ADMIN_TOKEN")
+    if token:
+        return operator_fingerprint(token)
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no user name in a bare container
+        return "cli"
+
+
+def _budget_arg(args: argparse.Namespace) -> BudgetId | None:
+    return None if args.budget_id is None else BudgetId.parse(args.budget_id)
+
+
+def reservations_settle(args: argparse.Namespace) -> int:
+    async def work(service: CeilingService) -> Any:
+        by = cli_operator()
+        settled = await service.correct(args.reservation_id, args.actual, args.reason, by,
+                                        _budget_arg(args))
+        return {**settlement_json(args.reservation_id, settled), "corrected_by": by}
+
+    return _run(work)
+
+
+def reservations_show(args: argparse.Namespace) -> int:
+    async def work(service: CeilingService) -> Any:
+        return stored_reservation_json(
+            await service.inspect(args.reservation_id, _budget_arg(args)))
 
     return _run(work)
 
@@ -150,10 +191,25 @@ def parser() -> argparse.ArgumentParser:
     kc = k.add_parser("create", help="create an API key (printed once)")
     kc.add_argument("budget_id")
     kc.add_argument("--run-ceiling", type=_amount, default=None)
+    kc.add_argument("--role", action="append", choices=[r.value for r in Role], type=Role,
+                    help="gateway (the default) or sidecar; repeat for both")
     kc.set_defaults(func=keys_create)
     kr = k.add_parser("revoke")
     kr.add_argument("key_id")
     kr.set_defaults(func=keys_revoke)
+    r = sub.add_parser("reservations").add_subparsers(required=True)
+    rs = r.add_parser("settle", help="correct a reservation's charge (an operator's settle)")
+    rs.add_argument("reservation_id")
+    rs.add_argument("--actual", type=_amount, required=True,
+                    help="what the provider billed for the call: micro-dollars or $1.00")
+    rs.add_argument("--reason", required=True, help="why, recorded on the reservation")
+    rs.add_argument("--budget-id", default=None,
+                    help="the key's budget, for an id made before ids named their budget")
+    rs.set_defaults(func=reservations_settle)
+    rw = r.add_parser("show", help="a reservation as stored, with its correction")
+    rw.add_argument("reservation_id")
+    rw.add_argument("--budget-id", default=None)
+    rw.set_defaults(func=reservations_show)
     h = sub.add_parser("health", help="print health; exit 0 only when ok")
     h.set_defaults(func=health)
     return p

@@ -85,3 +85,14 @@ class BudgetBody(Strict):
 class KeyBody(Strict):
     budget_id: str
     run_ceiling_micros: int | None = None
+    # gateway: the OpenAI-compatible routes; sidecar: reserve / settle / release (CONTRACT.md).
+    roles: list[Literal["gateway", "sidecar"]] = ["gateway"]
+
+
+class CorrectionBody(Strict):
+    """An operator's settle of a reservation (POST /v1/admin/reservations/{id}/settle)."""
+
+    actual_micros: int
+    reason: str
+    # Only for an id minted before ids named their budget's tag (core/ledger.py tag_digest).
+    budget_id: str | None = None

@@ -75,6 +75,7 @@ from bench.ledger import LIMITS_BY_SCOPE, Call, Recorder
 from core.budgets import BudgetId
 from core.config import load
 from core.errors import InvariantBroken, ensure
+from core.ledger import Role
 from core.prices import PriceTable, Usage
 from core.service import CallSpec, CeilingService, SettleSpec
 from core.stores.redis import RedisTransport, redis_client
@@ -368,7 +369,8 @@ def create_budget_and_key(client: httpx.Client) -> str:
             "limits": [{"period": x.period.value, "ceiling_micros": x.ceiling_micros}
                        for x in limits]})
         ensure(r.status_code == 200, f"PUT budget {budget_id.path}: {r.status_code} {r.text}")
-    r = client.post("/v1/admin/keys", headers=admin_headers(), json={"budget_id": BUDGET_PATH})
+    r = client.post("/v1/admin/keys", headers=admin_headers(),
+                    json={"budget_id": BUDGET_PATH, "roles": ["sidecar"]})
     ensure(r.status_code == 201, f"POST key: {r.status_code} {r.text}")
     return str(r.json()["api_key"])
 
@@ -388,7 +390,7 @@ async def record_reserve(env: dict[str, str], api_key: str) -> tuple[Call, int]:
         lease_ttl_ms=config.lease_ttl_ms, expire_policy=config.expire_policy,
     )
     try:
-        caller = await service.authenticate(api_key)
+        caller = await service.authenticate(api_key, role=Role.SIDECAR)  # as the route does
         reservation = await service.reserve(caller, CallSpec(
             model=MODEL, input_tokens=INPUT_TOKENS, output_tokens_max=OUTPUT_TOKENS_MAX))
         recorded = recorder.calls[-1]

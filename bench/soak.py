@@ -367,7 +367,7 @@ def provision(fleet: Fleet, budget_id: str) -> str:
         "limits": [{"period": "total", "ceiling_micros": CEILING_MICROS}]})
     r.raise_for_status()
     r = fleet.http.post(f"{fleet.urls[0]}/v1/admin/keys", headers=auth,
-                        json={"budget_id": budget_id})
+                        json={"budget_id": budget_id, "roles": ["sidecar"]})
     r.raise_for_status()
     return str(r.json()["api_key"])
 

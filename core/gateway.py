@@ -8,9 +8,13 @@ bytes between the client and the provider.
   output cap (max_tokens / max_completion_tokens / max_output_tokens; OUTPUT_TOKENS_DEFAULT is
   set and forwarded when the caller sets none) times `n`. A request whose cost its body cannot
   bound (a stored conversation, hosted tools, audio) is refused, not guessed at.
-- A call is settled from the provider's usage (for streams, the usage chunk the gateway asks
-  for); from an upper-bound estimate when a provider reports none; and left held at its
-  reservation when the outcome is unknown, where expiry charges it and a later settle corrects.
+- A call is settled from the provider's usage (for streams, the last usage reported before the
+  stream's terminal event); at its worst case when a complete answer reports none (hidden
+  reasoning tokens can exceed anything the visible answer shows); and left held at its
+  reservation when the outcome is unknown, where expiry charges it (always: a gateway call's
+  lease expires with the 'charge' policy) and only an operator's correction lowers it.
+- What a call is charged is the gateway's alone: its reservation belongs to no API key
+  (core/ledger.py GATEWAY_OWNER_PREFIX), so no key can settle or release it.
 """
 
 from __future__ import annotations
@@ -45,10 +49,13 @@ HISTOGRAM_MODELS_MAX = 1_024
 # pay a ledger write for it (on one event loop, a write after one answer delays the next).
 # Which call is recorded does not depend on its length, so the histogram is not skewed.
 OBSERVE_INTERVAL_S = 0.1
-# Provider statuses answered by a proxy in front of the model, which may have run the call and
-# billed it behind the proxy's back: their outcome is unknown. Every other error status is an
-# answer from the provider itself, which bills nothing for a call it answers with an error.
-UNKNOWN_OUTCOME_STATUSES = frozenset({502, 504})
+# An error answer proves nothing was billed only when it is the provider refusing the request
+# itself: a 4xx. Not 408 (the server gave up waiting, maybe while the model ran) nor 499 (the
+# client closed, reported by a proxy while the call went on behind it). A 5xx can come after the
+# model ran and billed (an error while streaming the answer back, a proxy's 502/504, a CDN's
+# 520-524 while the origin kept working): every one of those keeps its hold as unknown.
+REFUSAL_STATUSES = range(400, 500)
+BILLING_UNKNOWN_4XX = frozenset({408, 499})
 # Stream events after which a Responses API call is over, carrying its usage.
 RESPONSES_TERMINAL_EVENTS = frozenset(
     {"response.completed", "response.incomplete", "response.failed"}
@@ -98,12 +105,20 @@ class UpstreamTimeout(CeilingError):
     code = "upstream_timeout"
 
 
+def billed_nothing(status: int) -> bool:
+    """Whether a provider's error status proves the call was not billed (its hold is released)."""
+    return status in REFUSAL_STATUSES and status not in BILLING_UNKNOWN_4XX
+
+
 class Outcome(StrEnum):
     """What is known of a call's bill, in the x-ceiling-billing-outcome header."""
 
     BILLED = "billed"  # settled from the provider's usage
-    ESTIMATED = "estimated"  # settled from an upper bound: the provider reported no usage
-    UNKNOWN = "unknown"  # held at the reservation: expiry charges it unless a settle corrects it
+    # A complete answer without usage, settled at its worst case: an upper bound, never a guess
+    # below what the provider can bill.
+    ESTIMATED = "estimated"
+    # Held at the reservation: expiry charges it unless an operator corrects it.
+    UNKNOWN = "unknown"
     RELEASED = "released"  # the provider billed nothing; the reservation was released
 
 
@@ -246,16 +261,18 @@ def _text_bytes(value: object) -> int:
 class StreamTally:
     """What a provider's stream has said so far, and which of its bytes the client gets.
 
-    Fed the stream's bytes as they come, it splits them into server-sent events, keeps the usage
-    once reported and counts the bytes of output text (an upper bound on output tokens), and
-    returns the events to forward: all of them but the usage chunk the gateway asked for on the
-    client's behalf, and the chat stream's `[DONE]`, which the relay sends after its trailer.
+    Fed the stream's bytes as they come, it splits them into server-sent events, keeps the last
+    usage reported (a provider may report cumulative usage in every chunk, vLLM's continuous
+    usage stats: only the last covers the whole answer), notes the terminal event (chat's
+    `data: [DONE]`; Responses' response.completed / .incomplete / .failed), and returns the
+    events to forward: all of them but the usage chunk the gateway asked for on the client's
+    behalf, and the chat stream's `[DONE]`, which the relay sends after its trailer. A stream is
+    complete only once its terminal event came: usage seen before it may be partial.
     """
 
     def __init__(self, call_plan: Plan) -> None:
         self.plan = call_plan
         self.usage: Usage | None = None
-        self.output_bytes = 0
         self.finished = False
         self._buffer = b""
 
@@ -283,24 +300,16 @@ class StreamTally:
         if not isinstance(doc, dict):
             return True
         if self.plan.api is Api.RESPONSES:
-            kind = doc.get("type")
-            if kind in RESPONSES_TERMINAL_EVENTS:
+            if doc.get("type") in RESPONSES_TERMINAL_EVENTS:
                 self.finished = True
                 response = doc.get("response")
                 self.usage = usage_of(Api.RESPONSES, response.get("usage")) if isinstance(
                     response, dict) else None
-            elif isinstance(kind, str) and kind.endswith(".delta"):
-                self.output_bytes += _text_bytes(doc.get("delta"))
             return True
         usage = usage_of(Api.CHAT, doc.get("usage"))
         if usage is not None:
             self.usage = usage
-        choices = doc.get("choices")
-        if isinstance(choices, list):
-            for choice in choices:
-                if isinstance(choice, dict):
-                    self.output_bytes += _text_bytes(choice.get("delta"))
-        return usage is None or choices != [] or self.plan.usage_wanted
+        return usage is None or doc.get("choices") != [] or self.plan.usage_wanted
 
 
 def body_outcome(call_plan: Plan, raw: bytes) -> tuple[Usage | None, int] | None:
@@ -471,8 +480,9 @@ class Call:
                     run_remaining)
 
     def leave_open(self) -> Bill:
-        """Unknown outcome: keep the hold. Expiry charges it (outcome 'unknown'), and a settle
-        through the sidecar route, by the reservation id in the answer, corrects it."""
+        """Unknown outcome: keep the hold. Expiry charges it (outcome 'unknown'); an operator
+        who reads the provider's bill may correct it by the reservation id in the answer
+        (POST /v1/admin/reservations/{id}/settle). No API key can."""
         return self.bill(self.hold.reservation.reserved_micros, Outcome.UNKNOWN)
 
     async def release(self) -> Bill:
@@ -482,26 +492,27 @@ class Call:
             return self.leave_open()
         return self.bill(0, Outcome.RELEASED)
 
-    async def settle(self, usage: Usage | None, output_bytes: int) -> Bill:
-        """Settle from the provider's usage, or without one from an upper bound: the input
-        estimate plus the output text's bytes, at most the output cap."""
-        outcome = Outcome.BILLED
+    async def settle(self, usage: Usage | None) -> Bill:
+        """Settle a complete answer from the provider's usage; without usage, at the call's
+        worst case (the whole hold, or more under a p95 hold): the visible answer does not bound
+        what was billed (hidden reasoning tokens), and the worst case does."""
+        spec = SettleSpec(usage)
         if usage is None:
-            call_plan = self.hold.plan
-            outcome = Outcome.ESTIMATED
-            usage = Usage(call_plan.input_tokens_max,
-                          min(output_bytes, call_plan.output_tokens_max * call_plan.choices))
+            spec = SettleSpec(actual_micros=max(
+                self.hold.reservation.reserved_micros,
+                self.svc.worst_case_micros(self.hold.plan.spec())[0]))
         try:
             settled = await self.svc.settle(
-                self.who, self.hold.reservation.reservation_id, SettleSpec(usage)
+                self.who, self.hold.reservation.reservation_id, spec
             )
         except CeilingError:
             return self.leave_open()  # the lease is still held; expiry charges it
-        if outcome is Outcome.BILLED:
-            call_plan = self.hold.plan
-            self.lengths.record(self.svc.store, call_plan.model,
-                                math.ceil(usage.output_tokens / call_plan.choices))
-        return self.bill(settled.charged_micros, outcome)
+        if usage is None:
+            return self.bill(settled.charged_micros, Outcome.ESTIMATED)
+        call_plan = self.hold.plan
+        self.lengths.record(self.svc.store, call_plan.model,
+                            math.ceil(usage.output_tokens / call_plan.choices))
+        return self.bill(settled.charged_micros, Outcome.BILLED)
 
 
 async def _observe(store: LedgerStore, model: str, output_tokens: int) -> None:

@@ -12,17 +12,70 @@ where overshoot is what settles charged beyond what was held for them.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 from typing import NamedTuple, Protocol
 
 from core.budgets import BudgetDef, BudgetId, Period, period_of
-from core.errors import BudgetBusy, BudgetExceeded, BudgetRefused
+from core.errors import BudgetBusy, BudgetExceeded, BudgetRefused, ReservationResolved
 from core.replies import ReplyStore
 
 # A busy budget frees up when an open call settles, which takes seconds, not a lease's length.
 BUSY_RETRY_AFTER_S = 1
+# Reservation ids begin with this many hex digits of a digest of their tag, so an operator who has
+# only an id (from a gateway answer's x-ceiling-reservation-id) can find its tag, and so its keys,
+# without a scan: 64 bits, so that two of a million tags share a digest with a chance of about
+# one in 10**7 (put_budget refuses the second of two that do).
+TAG_DIGEST_HEX = 16
+# Tags whose digest a process remembers; tags are the top scopes of admin-made budgets.
+TAG_DIGEST_CACHE_MAX = 10_000
+_MINTED_ID = re.compile(rf"([0-9a-f]{{{TAG_DIGEST_HEX}}})_[0-9a-f]{{32}}")
+# The owner of every reservation the gateway makes is its key id in this namespace. API key ids
+# are 'key_<hex>' and a sidecar call acts as its key id, so no API key can present this owner:
+# a gateway reservation cannot be settled, released or read through the sidecar routes, by its
+# own key or any other. Only the gateway and an operator (core.ledger.Correction) resolve it.
+GATEWAY_OWNER_PREFIX = "gw:"
+
+
+class Role(StrEnum):
+    """What an API key may do (CONTRACT.md, "Key roles").
+
+    gateway: the OpenAI-compatible routes, where the service calls the provider and reads the
+    bill itself. sidecar: reserve / settle / release, for trusted code that calls the provider
+    itself and reports its own usage."""
+
+    GATEWAY = "gateway"
+    SIDECAR = "sidecar"
+
+
+# A key made without roles gets the gateway's: the one role whose charges the key holder cannot
+# report for itself.
+ROLES_DEFAULT = frozenset({Role.GATEWAY})
+# A key record stored before keys had roles could do both; it keeps both. The sidecar role no
+# longer reaches the gateway's reservations (GATEWAY_OWNER_PREFIX), so this grants nothing that
+# lowers what a gateway call is charged, and it keeps deployed sidecar integrations working.
+ROLES_OF_LEGACY_KEYS = frozenset({Role.GATEWAY, Role.SIDECAR})
+
+
+@lru_cache(maxsize=TAG_DIGEST_CACHE_MAX)
+def tag_digest(tag: str) -> str:
+    """The digest of a tag that begins every reservation id minted under it."""
+    return hashlib.sha256(tag.encode()).hexdigest()[:TAG_DIGEST_HEX]
+
+
+def mint_reservation_id(tag: str, unique_hex: str) -> str:
+    """A reservation id: the tag's digest, then 128 bits that make it unique (32 hex digits)."""
+    return f"{tag_digest(tag)}_{unique_hex}"
+
+
+def tag_digest_of(reservation_id: str) -> str | None:
+    """The tag digest an id was minted with; None for an id minted before ids carried one."""
+    found = _MINTED_ID.fullmatch(reservation_id)
+    return found.group(1) if found else None
 
 
 class ExpirePolicy(StrEnum):
@@ -124,9 +177,11 @@ STATE_CODES = {"o": ReservationState.OPEN, "s": ReservationState.SETTLED,
 
 @dataclass(frozen=True)
 class ReservationView:
-    """A reservation as stored. `outcome`: '' while open; 'settled' or 'released'; for a lease
-    that expired, 'unknown' (expiry charged it) or 'released' (the release policy), until a
-    late settle or release resolves it."""
+    """A reservation as stored. `outcome`: '' while open; 'settled', 'released' or 'corrected'
+    (an operator settled it); 'journal' for spend booked after an outage; for a lease that
+    expired, 'unknown' (expiry charged it) or 'released' (the release policy), until a late
+    settle, release or correction resolves it. The fields after `outcome` are filled for an
+    operator (LedgerStore.inspect); the owner-checked read leaves them at their defaults."""
 
     reservation_id: str
     state: ReservationState
@@ -136,6 +191,23 @@ class ReservationView:
     price_version: str
     charged_micros: int | None
     outcome: str
+    owner: str = ""
+    created_ms: int | None = None
+    resolved_ms: int | None = None
+    corrected_by: str | None = None
+    corrected_at_ms: int | None = None
+    corrected_from_micros: int | None = None
+    correction_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Correction:
+    """An operator's settle of a reservation no API key may settle: who, and why.
+
+    `corrected_by` is a fingerprint of the credential that made it, never the credential."""
+
+    corrected_by: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -146,6 +218,7 @@ class KeyRecord:
     key_hash: str
     budget_id: BudgetId
     run_ceiling_micros: int | None
+    roles: frozenset[Role] = ROLES_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -198,6 +271,23 @@ class LedgerStore(Protocol):
         """The stored reservation, or None if unknown or another owner's."""
         ...
 
+    async def inspect(self, tag: str, reservation_id: str) -> ReservationView | None:
+        """An operator's read: the stored reservation whoever owns it, with its correction."""
+        ...
+
+    async def correct(
+        self, tag: str, reservation_id: str, actual_micros: int, correction: Correction
+    ) -> Settlement:
+        """An operator's settle, whoever owns the reservation: allowed while it is open or after
+        it expired with outcome 'unknown'; recorded on it (by whom, when, from what, why).
+        Repeating it with the same amount returns the first answer; ReservationResolved for any
+        other state, IdempotencyConflict for a correction to another amount."""
+        ...
+
+    async def tag_of(self, digest: str) -> str | None:
+        """The tag whose reservation ids begin with `digest` (written by put_budget)."""
+        ...
+
     async def expire(self, tag: str, batch_max: int) -> int:
         """Resolve up to batch_max expired leases of one tag; return how many."""
         ...
@@ -242,4 +332,25 @@ def refusal(kind: str, leg: LegStatus, now_ms: int) -> BudgetRefused:
         details["retry_after_s"] = max(1, math.ceil((leg.resets_at_ms - now_ms) / 1000))
     return BudgetExceeded(
         f"budget {leg.budget_id} ({leg.period}) has no room left for this call", **details
+    )
+
+
+def resolved_replay(
+    reservation_id: str, state: ReservationState, outcome: str, reserved_micros: int,
+    charged_micros: int,
+) -> ReservationResolved:
+    """The answer to a replayed reserve whose reservation is no longer open.
+
+    Never the hold again: a client that replays a reserve (a retry after a lost answer, a worker
+    that restarted) must not take a hold that was settled, released or expired for a budget it
+    may call the provider against. It learns what became of it instead."""
+    return ReservationResolved(
+        f"this reservation was {state.value}"
+        + (f" (outcome {outcome})" if outcome and outcome != state.value else "")
+        + "; it holds nothing. Use a new Idempotency-Key for a new call",
+        reservation_id=reservation_id,
+        state=state.value,
+        outcome=outcome,
+        reserved_micros=reserved_micros,
+        charged_micros=charged_micros,
     )

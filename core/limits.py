@@ -22,8 +22,17 @@ RESERVATION_TTL_MS_DEFAULT = 11 * 60_000
 RECLAIM_BATCH_MAX = 16
 # Expired leases resolved by one expire call of a sweeper (an operator's, the reliability tests').
 SWEEP_BATCH_MAX = 500
-# Resolved reservations are kept a week so that replays and late settles find their answer.
+# Resolved reservations are kept a week so that replays and late settles find their answer. An
+# open one is kept that long past the end of its lease: expiry (the next reserve of its tag, or a
+# sweeper) resolves it long before, and a record nothing resolves in a week still goes away.
 RECORD_RETENTION_MS = 7 * 24 * 3_600_000
+# A run's counter is dropped after a day with no write to it (a reserve, settle, release or expiry
+# of one of its calls): agent runs last minutes to hours, and run ids come from callers, so
+# without an end each one would be kept for ever. A day is far longer than any lease
+# (RESERVATION_TTL_MS_MAX), and every write starts the day again, so a counter never goes while a
+# reservation of its run is open. A run id used again after a silent day is a new run; the
+# budgets above it still bound what it spends.
+RUN_COUNTER_IDLE_MS = 24 * 3_600_000
 # Day and month counters are kept 400 days after their window ends, for reports and late settles.
 COUNTER_RETENTION_MS = 400 * 24 * 3_600_000
 
@@ -33,6 +42,8 @@ SCOPES_MAX = 8
 BUDGET_ID_LEN_MAX = 256
 # Characters of a reservation id or idempotency key.
 RESERVATION_ID_LEN_MAX = 128
+# Characters of an operator's reason for a correction: a sentence or a ticket reference.
+CORRECTION_REASON_LEN_MAX = 500
 # Retries of a script whose period windows or time zone the caller guessed wrong: one is enough
 # (the script returns the right values); a second covers a period boundary passing in between.
 WINDOW_RETRIES_MAX = 2

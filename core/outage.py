@@ -25,8 +25,10 @@ from core.ledger import (
     Release,
     Reservation,
     ReservationRef,
+    ReservationState,
     ReserveRequest,
     Settlement,
+    resolved_replay,
 )
 
 # Budget paths whose allowances an instance remembers; bounded because paths come from keys.
@@ -82,6 +84,15 @@ class OutageAllowance:
             raise cause
         key = (request.ref.tag, request.ref.reservation_id)
         now_ms = self._clock()
+        known = self._journal.get(key)
+        if known is not None and (known.released or known.actual_micros is not None):
+            # A replay of a call this instance already resolved: what became of it, as the
+            # ledger answers a replay of a resolved reservation.
+            state = ReservationState.RELEASED if known.released else ReservationState.SETTLED
+            raise resolved_replay(
+                request.ref.reservation_id, state, state.value, request.amount_micros,
+                known.actual_micros or 0,
+            )
         if key not in self._journal:
             for budget_id in allowances:
                 self._admitted[budget_id] = self._admitted.get(budget_id, 0) + amount

@@ -20,6 +20,10 @@ BUCKET_TOKENS_MAX = 2**20
 OBSERVATIONS_MAX = 20_000
 # Below this many observations a model's p95 is not trusted: the full cap is reserved.
 OBSERVATIONS_MIN = 50
+# A model's histogram is dropped after 30 days without a call: model names come from callers, so
+# every name that was ever priced would otherwise be kept for ever, and lengths a month old say
+# little about the next call.
+HISTOGRAM_IDLE_MS = 30 * 24 * 3_600_000
 
 
 def bucket(output_tokens: int) -> int:

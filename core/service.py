@@ -18,9 +18,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.budgets import BudgetDef, BudgetId, check_micros
-from core.errors import InvalidRequest, LedgerUnavailable, ReservationNotFound, Unauthorized
+from core.errors import (
+    Forbidden,
+    InvalidRequest,
+    LedgerUnavailable,
+    ReservationNotFound,
+    Unauthorized,
+)
 from core.estimate import input_tokens_upper_bound
 from core.ledger import (
+    GATEWAY_OWNER_PREFIX,
+    ROLES_DEFAULT,
+    Correction,
     ExpirePolicy,
     KeyRecord,
     LedgerStore,
@@ -28,13 +37,19 @@ from core.ledger import (
     Release,
     Reservation,
     ReservationRef,
+    ReservationView,
     ReserveRequest,
+    Role,
     RunLimit,
     Settlement,
+    mint_reservation_id,
+    tag_digest,
+    tag_digest_of,
 )
 from core.limits import (
     AMOUNT_MICROS_MAX,
     CEILING_MICROS_MAX,
+    CORRECTION_REASON_LEN_MAX,
     RESERVATION_ID_LEN_MAX,
     RESERVATION_TTL_MS_DEFAULT,
     RESERVATION_TTL_MS_MAX,
@@ -59,19 +74,28 @@ KEY_TRUST_MS = 1_000
 
 @dataclass(frozen=True)
 class Caller:
-    """An authenticated API key, and the run it acts for if it named one."""
+    """An authenticated API key, the role it acts in, and the run it acts for if it named one.
+
+    The role decides whose reservations it makes and may touch: as a sidecar, its key id's; as
+    the gateway, the gateway's namespace of that key (GATEWAY_OWNER_PREFIX), which no sidecar
+    call can present. None: a read that needs neither (its own budgets)."""
 
     key: KeyRecord
     run_id: str | None = None
+    role: Role | None = None
 
     @property
     def tag(self) -> str:
         return self.key.budget_id.tag
 
+    @property
+    def owner(self) -> str:
+        if self.role is Role.GATEWAY:
+            return GATEWAY_OWNER_PREFIX + self.key.key_id
+        return self.key.key_id
+
     def ref(self, reservation_id: str) -> ReservationRef:
-        if not isinstance(reservation_id, str) or not _RESERVATION_ID.fullmatch(reservation_id):
-            raise ReservationNotFound("no such reservation", reservation_id=str(reservation_id))
-        return ReservationRef(self.tag, reservation_id, self.key.key_id)
+        return ReservationRef(self.tag, _checked_id(reservation_id), self.owner)
 
     def run_limit(self) -> RunLimit | None:
         if self.run_id is None or self.key.run_ceiling_micros is None:
@@ -90,9 +114,6 @@ class CallSpec:
     choices: int = 1
     amount_micros: int | None = None
     ttl_ms: int | None = None
-    # None: the service's policy. The gateway passes CHARGE: it leaves a call of unknown outcome
-    # held, and only a 'charge' expiry keeps that call's possible bill under the ceiling.
-    expire_policy: ExpirePolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +136,29 @@ def _monotonic_ms() -> int:
 def hash_api_key(api_key: str) -> str:
     # Keys are 256 random bits, so a plain SHA-256 cannot be brute-forced; no salt is needed.
     return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def operator_fingerprint(credential: str) -> str:
+    """Who made a correction, as recorded on the reservation: 64 bits of a digest of the
+    credential, enough to tell operators apart and never enough to recover a long random token."""
+    return "admin:" + hashlib.sha256(credential.encode()).hexdigest()[:16]
+
+
+def _checked_id(reservation_id: object) -> str:
+    if not isinstance(reservation_id, str) or not _RESERVATION_ID.fullmatch(reservation_id):
+        raise ReservationNotFound("no such reservation", reservation_id=str(reservation_id))
+    return reservation_id
+
+
+def check_roles(roles: object) -> frozenset[Role]:
+    """A key's roles as given to the admin route or the CLI: a non-empty list of known names."""
+    known = {r.value: r for r in Role}
+    if (not isinstance(roles, list | tuple | frozenset | set) or not roles
+            or not all(isinstance(r, str) and r in known for r in roles)):
+        raise InvalidRequest(
+            f"roles must be a non-empty list of {sorted(known)}", field="roles"
+        )
+    return frozenset(known[r] for r in roles)
 
 
 def check_run_id(run_id: str | None) -> str | None:
@@ -199,14 +243,18 @@ class CeilingService:
             ).encode()
         ).hexdigest()[:32]
         request = ReserveRequest(
-            ref=ReservationRef(caller.tag, reservation_id, caller.key.key_id),
+            ref=ReservationRef(caller.tag, reservation_id, caller.owner),
             budget_ids=caller.key.budget_id.lineage,
             amount_micros=amount,
             ttl_ms=ttl_ms,
             fingerprint=fingerprint,
             price_version=self.prices.version,
             model=model,
-            expire_policy=spec.expire_policy or self.expire_policy,
+            # A gateway call left held has an outcome nobody but the provider knows: only a
+            # 'charge' expiry keeps its possible bill under the ceiling, whatever the policy
+            # for sidecar calls (CEILING_EXPIRE_POLICY) is.
+            expire_policy=ExpirePolicy.CHARGE if caller.role is Role.GATEWAY
+            else self.expire_policy,
             run=caller.run_limit(),
         )
         try:
@@ -228,14 +276,16 @@ class CeilingService:
 
     def _reservation_id(self, caller: Caller, idempotency_key: str | None) -> str:
         if idempotency_key is None:
-            return os.urandom(16).hex()  # 128 random bits, as a uuid4 has, at a fifth the CPU
+            # 128 random bits, as a uuid4 has, at a fifth the CPU.
+            return mint_reservation_id(caller.tag, os.urandom(16).hex())
         if not _IDEMPOTENCY_KEY.fullmatch(idempotency_key):
             raise InvalidRequest(
                 "Idempotency-Key must be 1 to 128 printable ASCII characters",
                 field="Idempotency-Key",
             )
-        # Namespaced by key: two keys that pick the same idempotency key never collide.
-        return hashlib.sha256(f"{caller.key.key_id}\n{idempotency_key}".encode()).hexdigest()[:32]
+        # Namespaced by owner: two keys that pick the same idempotency key never collide.
+        unique = hashlib.sha256(f"{caller.owner}\n{idempotency_key}".encode()).hexdigest()[:32]
+        return mint_reservation_id(caller.tag, unique)
 
     def _remember_key(self, key_hash: str, record: KeyRecord | None, now_ms: int) -> None:
         if record is None:
@@ -291,7 +341,11 @@ class CeilingService:
 
     # -- keys and budgets (admin) -----------------------------------------------------------
 
-    async def authenticate(self, api_key: str | None, run_id: str | None = None) -> Caller:
+    async def authenticate(
+        self, api_key: str | None, run_id: str | None = None, role: Role | None = None
+    ) -> Caller:
+        """The caller, acting in `role` (None: a read either role may make); Unauthorized for no
+        valid key, Forbidden naming the role a valid key lacks."""
         if not api_key or not api_key.startswith(API_KEY_PREFIX) or len(api_key) > 128:
             raise Unauthorized("a valid API key is required")
         key_hash = hash_api_key(api_key)
@@ -311,9 +365,19 @@ class CeilingService:
                 self._remember_key(key_hash, record, now_ms)
         if record is None or not hmac.compare_digest(record.key_hash, key_hash):
             raise Unauthorized("a valid API key is required")
-        return Caller(record, check_run_id(run_id))
+        if role is not None and role not in record.roles:
+            raise Forbidden(
+                f"this key does not have the '{role}' role these routes need; an operator makes "
+                "keys with the roles they need (POST /v1/admin/keys, \"roles\")",
+                missing_role=role.value,
+            )
+        return Caller(record, check_run_id(run_id), role)
 
-    async def create_key(self, budget_id: BudgetId, run_ceiling_micros: int | None) -> NewKey:
+    async def create_key(
+        self, budget_id: BudgetId, run_ceiling_micros: int | None,
+        roles: frozenset[Role] = ROLES_DEFAULT,
+    ) -> NewKey:
+        roles = check_roles(roles)
         if run_ceiling_micros is not None:
             check_micros(run_ceiling_micros, "run_ceiling_micros", CEILING_MICROS_MAX, minimum=0)
         # A key nothing applies to could never spend: refuse it now, not at its first call.
@@ -324,7 +388,7 @@ class CeilingService:
             )
         api_key = API_KEY_PREFIX + secrets.token_urlsafe(32)
         key_id = "key_" + secrets.token_hex(8)
-        record = KeyRecord(key_id, hash_api_key(api_key), budget_id, run_ceiling_micros)
+        record = KeyRecord(key_id, hash_api_key(api_key), budget_id, run_ceiling_micros, roles)
         await self.store.put_key(record)
         return NewKey(key_id, api_key, record)
 
@@ -343,3 +407,54 @@ class CeilingService:
             return None
         legs = await self.store.status((budget_id,))
         return definition, legs
+
+    # -- operators' corrections -------------------------------------------------------------
+
+    async def locate(self, reservation_id: str, budget_id: BudgetId | None = None) -> str:
+        """The tag a reservation lives under, from its id alone (its digest prefix and the tag
+        map put_budget writes), or from `budget_id` for an id minted before ids named their tag.
+        ReservationNotFound when neither finds it."""
+        reservation_id = _checked_id(reservation_id)
+        digest = tag_digest_of(reservation_id)
+        if budget_id is not None:
+            if digest is not None and digest != tag_digest(budget_id.tag):
+                raise ReservationNotFound(
+                    f"reservation {reservation_id} was not made under {budget_id.tag}",
+                    reservation_id=reservation_id,
+                )
+            return budget_id.tag
+        tag = None if digest is None else await self.store.tag_of(digest)
+        if tag is None:
+            raise ReservationNotFound(
+                f"reservation {reservation_id} cannot be found from its id alone (made before "
+                "ids named their budget, or its budget was not put since): give budget_id",
+                reservation_id=reservation_id,
+            )
+        return tag
+
+    async def inspect(
+        self, reservation_id: str, budget_id: BudgetId | None = None
+    ) -> ReservationView:
+        tag = await self.locate(reservation_id, budget_id)
+        view = await self.store.inspect(tag, reservation_id)
+        if view is None:
+            raise ReservationNotFound("no such reservation", reservation_id=reservation_id)
+        return view
+
+    async def correct(
+        self, reservation_id: str, actual_micros: object, reason: object, corrected_by: str,
+        budget_id: BudgetId | None = None,
+    ) -> Settlement:
+        """An operator's settle of a reservation no key may settle (a gateway call of unknown
+        outcome), recorded on it: see LedgerStore.correct."""
+        actual = check_micros(actual_micros, "actual_micros", AMOUNT_MICROS_MAX, minimum=0)
+        if (not isinstance(reason, str) or not reason.strip()
+                or len(reason) > CORRECTION_REASON_LEN_MAX or not reason.isprintable()):
+            raise InvalidRequest(
+                f"reason must be 1 to {CORRECTION_REASON_LEN_MAX} printable characters: why the "
+                "charge is corrected (the provider's bill, a ticket)", field="reason",
+            )
+        tag = await self.locate(reservation_id, budget_id)
+        return await self.store.correct(
+            tag, reservation_id, actual, Correction(corrected_by, reason)
+        )

@@ -272,8 +272,9 @@ class Fleet:
         keys = []
         for url in targets:
             self._admin("PUT", f"{url}/v1/admin/budgets/{budget_id}", budget)
-            created = self._admin("POST", f"{url}/v1/admin/keys",
-                                  {"budget_id": budget_id, "run_ceiling_micros": None})
+            # The proof's workers make the calls themselves (reserve / settle): sidecar keys.
+            created = self._admin("POST", f"{url}/v1/admin/keys", {
+                "budget_id": budget_id, "run_ceiling_micros": None, "roles": ["sidecar"]})
             keys.append(str(created["api_key"]))
         return keys * (self.instances // len(keys))
 

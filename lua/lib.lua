@@ -62,20 +62,58 @@ local function split(s, sep)
 end
 
 -- A leg is one (budget, period window) pair a reservation holds money in, stored on the
--- reservation as 'budget_id|window_key|ceiling|window_end_ms|allowance' (ids never contain '|'
--- or ' '; core/budgets.py enforces it). The numeric parts are kept as the strings they arrived
--- as, never re-formatted.
+-- reservation as 'budget_id|window_key|ceiling|window_end_ms|allowance', with '|run' after it for
+-- a run's leg (ids never contain '|' or ' '; core/budgets.py enforces it). The numeric parts are
+-- kept as the strings they arrived as, never re-formatted. Legs stored before runs were marked
+-- have five parts and count as budgets' legs.
 local function parse_legs(s)
   local legs = {}
   for _, raw in ipairs(split(s, ' ')) do
     local f = split(raw, '|')
-    legs[#legs + 1] = {bid = f[1], wkey = f[2], ceil = f[3], wend = f[4], allow = f[5]}
+    legs[#legs + 1] = {bid = f[1], wkey = f[2], ceil = f[3], wend = f[4], allow = f[5],
+                       run = f[6] == 'run'}
   end
   return legs
 end
 
 local function counter_key(prefix, leg)
   return prefix .. 'p:' .. leg.bid .. '|' .. leg.wkey
+end
+
+-- A run's counter lives while its run is active. Every write to it stamps the ledger's time in
+-- its 'seen' field and sets its expiry run_idle_ms from then (core/limits.py RUN_COUNTER_IDLE_MS),
+-- so Redis drops it after that long without a call, and a counter 'seen' that long ago counts as
+-- gone even before Redis drops it (the same instant under Redis TIME; under a test's injected
+-- clock, the only one). A counter written before runs expired has no 'seen' and lives until its
+-- next write stamps it.
+local function run_stale(ck, now, idle_ms)
+  local seen = redis.call('HGET', ck, 'seen')
+  return seen and tonumber(seen) + idle_ms <= now
+end
+
+local function touch_run(ck, now, idle_ms)
+  redis.call('HSET', ck, 'seen', istr(now))
+  redis.call('PEXPIRE', ck, istr(idle_ms))
+end
+
+-- Whether a settle, release or expiry may write to a leg's counter: a budget's always; a run's
+-- only while it lives. A run that went idle is over, and writing to its gone counter would
+-- recreate it holding only this call's delta (a negative balance for a refund).
+local function writable(ck, leg, now, idle_ms)
+  if not leg.run then
+    return true
+  end
+  if run_stale(ck, now, idle_ms) then
+    redis.call('DEL', ck)
+    return false
+  end
+  return redis.call('EXISTS', ck) == 1
+end
+
+local function touched(ck, leg, now, idle_ms)
+  if leg.run then
+    touch_run(ck, now, idle_ms)
+  end
 end
 
 local function hincr(key, field, delta)
@@ -92,7 +130,7 @@ end
 -- Expiry of one lease. The policy was chosen when the lease was taken and is stored on it:
 -- 'charge' books the reserved amount as committed with outcome 'unknown' (a worker that died may
 -- have been billed by the provider); 'release' returns it to the budget.
-local function expire_one(prefix, open_key, rid, now, retention_ms)
+local function expire_one(prefix, open_key, rid, now, retention_ms, idle_ms)
   local rkey = prefix .. 'r:' .. rid
   local r = redis.call('HMGET', rkey, 'st', 'amt', 'legs', 'pol')
   if r[1] ~= 'o' then
@@ -102,9 +140,12 @@ local function expire_one(prefix, open_key, rid, now, retention_ms)
   local amt = tonumber(r[2])
   for _, leg in ipairs(parse_legs(r[3])) do
     local ck = counter_key(prefix, leg)
-    hincr(ck, 'reserved', 0 - amt)
-    if r[4] == 'charge' then
-      hincr(ck, 'committed', amt)
+    if writable(ck, leg, now, idle_ms) then
+      hincr(ck, 'reserved', 0 - amt)
+      if r[4] == 'charge' then
+        hincr(ck, 'committed', amt)
+      end
+      touched(ck, leg, now, idle_ms)
     end
   end
   if r[4] == 'charge' then
@@ -117,13 +158,66 @@ local function expire_one(prefix, open_key, rid, now, retention_ms)
   return 1
 end
 
-local function reclaim(prefix, open_key, now, batch_max, retention_ms)
+local function reclaim(prefix, open_key, now, batch_max, retention_ms, idle_ms)
   local ids = redis.call('ZRANGEBYSCORE', open_key, '-inf', istr(now), 'LIMIT', 0, istr(batch_max))
   local n = 0
   for _, rid in ipairs(ids) do
-    n = n + expire_one(prefix, open_key, rid, now, retention_ms)
+    n = n + expire_one(prefix, open_key, rid, now, retention_ms, idle_ms)
   end
   return n
+end
+
+-- What a resolved reservation charged: its settled amount; expiry's hold for an outcome
+-- 'unknown'; nothing once released.
+local function charged_of(st, outcome, amt, charged)
+  if st == 's' then
+    return tonumber(charged)
+  end
+  if st == 'x' and outcome == 'unknown' then
+    return tonumber(amt)
+  end
+  return 0
+end
+
+-- Settle one reservation that is open or expired ('o' or 'x') at actual (a checked integer,
+-- given as the string it arrived as), recording `outcome` and `extra` (field, value pairs).
+-- Shared by settle (an owner's) and correct (an operator's), so both book alike. Under the
+-- 'charge' policy an expired lease's hold sits in committed and is swapped for the actual; under
+-- 'release' nothing is held, so the whole actual is charged and counted as overshoot.
+local function settle_one(prefix, rkey, open_key, rid, st, amt_s, legs_s, pol, actual_s, now,
+                          retention_ms, idle_ms, outcome, extra)
+  local actual, amt = tonumber(actual_s), tonumber(amt_s)
+  local held, committed_delta, reserved_delta, late = amt, actual, 0 - amt, 0
+  if st == 'x' then
+    late = 1
+    reserved_delta = 0
+    if pol == 'charge' then
+      committed_delta = actual - amt
+    else
+      held = 0
+    end
+  end
+  local overshoot = math.max(0, actual - held)
+  local released = math.max(0, held - actual)
+  for _, leg in ipairs(parse_legs(legs_s)) do
+    local ck = counter_key(prefix, leg)
+    if writable(ck, leg, now, idle_ms) then
+      hincr(ck, 'reserved', reserved_delta)
+      hincr(ck, 'committed', committed_delta)
+      hincr(ck, 'overshoot', overshoot)
+      touched(ck, leg, now, idle_ms)
+    end
+  end
+  local fields = {'st', 's', 'act', actual_s, 'charged', actual_s, 'rel', istr(released),
+                  'over', istr(overshoot), 'late', istr(late), 'outcome', outcome,
+                  'resolved_ms', istr(now)}
+  for _, v in ipairs(extra) do
+    fields[#fields + 1] = v
+  end
+  redis.call('HSET', rkey, unpack(fields))
+  redis.call('PEXPIRE', rkey, istr(retention_ms))
+  redis.call('ZREM', open_key, rid)
+  return {'ok', actual, released, overshoot, late, 0}
 end
 
 -- Period windows are computed by the caller (time zones need a tz database, Lua has none) for the
@@ -182,7 +276,7 @@ local function resolve_legs(prefix, argv, i, zones, now)
     if inline ~= '' then
       int(inline, 'run_ceiling_micros')
       legs[#legs + 1] = {bid = bid, period = 'total', wkey = 'total', ceil = inline,
-                         wend = '0', allow = '0'}
+                         wend = '0', allow = '0', run = true}
     else
       local d = redis.call('HMGET', prefix .. 'def:' .. bid,
                            'tz', 'allow', 'ceil:day', 'ceil:month', 'ceil:total')
@@ -214,17 +308,25 @@ end
 local function encode_legs(legs)
   local parts = {}
   for _, l in ipairs(legs) do
-    parts[#parts + 1] = l.bid .. '|' .. l.wkey .. '|' .. l.ceil .. '|' .. l.wend .. '|' .. l.allow
+    local part = l.bid .. '|' .. l.wkey .. '|' .. l.ceil .. '|' .. l.wend .. '|' .. l.allow
+    if l.run then
+      part = part .. '|run'
+    end
+    parts[#parts + 1] = part
   end
   return table.concat(parts, ' ')
 end
 
 -- Flat status of each leg as the scripts return it:
 -- budget_id, window_key, ceiling, committed, reserved, overshoot, window_end_ms, allowance.
+-- A leg marked `gone` (a run that went idle, not yet dropped) reads as empty.
 local function leg_status(prefix, legs)
   local out = {}
   for _, l in ipairs(legs) do
-    local c, r, o = counters(counter_key(prefix, l))
+    local c, r, o = 0, 0, 0
+    if not l.gone then
+      c, r, o = counters(counter_key(prefix, l))
+    end
     out[#out + 1] = l.bid
     out[#out + 1] = l.wkey
     out[#out + 1] = tonumber(l.ceil)

@@ -1,19 +1,21 @@
-"""Admin: budgets and API keys, behind CEILING_ADMIN_TOKEN. Closed when the token is unset."""
+"""Admin: budgets, API keys and corrections of reservations, behind CEILING_ADMIN_TOKEN. Closed
+when the token is unset."""
 
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse
 
-from api.models import BudgetBody, KeyBody
+from api.models import BudgetBody, CorrectionBody, KeyBody
 from api.routes.sidecar import bearer, leg_json
 from api.runtime import runtime
 from core.budgets import BudgetId
 from core.errors import BudgetNotFound, Forbidden, InvalidRequest, Unauthorized
-from core.service import CeilingService
+from core.ledger import GATEWAY_OWNER_PREFIX, ReservationView, Role, Settlement
+from core.service import CeilingService, check_roles, operator_fingerprint
 
 router = APIRouter(prefix="/v1/admin")
 
@@ -33,7 +35,14 @@ async def admin(authorization: Annotated[str | None, Header()] = None) -> None:
         raise Unauthorized("the admin token is required")
 
 
+async def operator(_: Annotated[None, Depends(admin)]) -> str:
+    """Who acts, as recorded on what they correct: a fingerprint of the admin token."""
+    config = runtime().config
+    return operator_fingerprint(config.admin_token if config and config.admin_token else "")
+
+
 Admin = Annotated[None, Depends(admin)]
+Operator = Annotated[str, Depends(operator)]
 Service = Annotated[CeilingService, Depends(service)]
 
 
@@ -62,12 +71,14 @@ async def get_budget(budget_id: str, _: Admin, svc: Service) -> JSONResponse:
 
 @router.post("/keys", status_code=201)
 async def create_key(body: KeyBody, _: Admin, svc: Service) -> JSONResponse:
-    new = await svc.create_key(BudgetId.parse(body.budget_id), body.run_ceiling_micros)
+    new = await svc.create_key(BudgetId.parse(body.budget_id), body.run_ceiling_micros,
+                               check_roles(body.roles))
     return JSONResponse({
         "key_id": new.key_id,
         "api_key": new.api_key,
         "budget_id": new.record.budget_id.path,
         "run_ceiling_micros": new.record.run_ceiling_micros,
+        "roles": sorted(new.record.roles),
         "note": "the api_key is shown once; only its hash is stored",
     }, status_code=201)
 
@@ -79,3 +90,57 @@ async def revoke_key(key_id: str, _: Admin, svc: Service) -> JSONResponse:
     if not await svc.revoke_key(key_id):
         raise BudgetNotFound(f"no key {key_id}", key_id=key_id)
     return JSONResponse({"key_id": key_id, "revoked": True})
+
+
+def settlement_json(reservation_id: str, s: Settlement) -> dict[str, Any]:
+    return {
+        "reservation_id": reservation_id,
+        "charged_micros": s.charged_micros,
+        "released_micros": s.released_micros,
+        "overshoot_micros": s.overshoot_micros,
+        "late": s.late,
+        "replayed": s.replayed,
+    }
+
+
+def stored_reservation_json(view: ReservationView) -> dict[str, Any]:
+    gateway = view.owner.startswith(GATEWAY_OWNER_PREFIX)
+    return {
+        "reservation_id": view.reservation_id,
+        "state": view.state.value,
+        "outcome": view.outcome,
+        "made_by": Role.GATEWAY.value if gateway else Role.SIDECAR.value,
+        "key_id": view.owner.removeprefix(GATEWAY_OWNER_PREFIX) or None,
+        "model": view.model,
+        "price_version": view.price_version,
+        "reserved_micros": view.reserved_micros,
+        "charged_micros": view.charged_micros,
+        "created_ms": view.created_ms,
+        "expires_at_ms": view.expires_at_ms,
+        "resolved_ms": view.resolved_ms,
+        "corrected_by": view.corrected_by,
+        "corrected_at_ms": view.corrected_at_ms,
+        "corrected_from_micros": view.corrected_from_micros,
+        "correction_reason": view.correction_reason,
+    }
+
+
+def _budget(budget_id: str | None) -> BudgetId | None:
+    return None if budget_id is None else BudgetId.parse(budget_id)
+
+
+@router.post("/reservations/{reservation_id}/settle")
+async def correct_reservation(reservation_id: str, body: CorrectionBody, by: Operator,
+                              svc: Service) -> JSONResponse:
+    """Settle a reservation no API key may settle (a gateway call of unknown outcome) from the
+    provider's bill: allowed while it is open or after it expired as `unknown`."""
+    settled = await svc.correct(reservation_id, body.actual_micros, body.reason, by,
+                                _budget(body.budget_id))
+    return JSONResponse({**settlement_json(reservation_id, settled), "corrected_by": by})
+
+
+@router.get("/reservations/{reservation_id}")
+async def show_reservation(reservation_id: str, _: Admin, svc: Service,
+                           budget_id: str | None = None) -> JSONResponse:
+    view = await svc.inspect(reservation_id, _budget(budget_id))
+    return JSONResponse(stored_reservation_json(view))

@@ -1,9 +1,11 @@
 """The OpenAI-compatible gateway: POST /v1/chat/completions and /v1/responses, enforced.
 
-Each call goes price -> reserve -> call -> settle (core/gateway.py decides the money), with the
-sidecar's API keys. Every answer says what the call held and cost:
+Each call goes price -> reserve -> call -> settle (core/gateway.py decides the money), with API
+keys that have the `gateway` role. Every answer says what the call held and cost:
 
-  x-ceiling-reservation-id         the call's reservation, for a later settle that corrects it
+  x-ceiling-reservation-id         the call's reservation, for an operator's correction
+                                   (POST /v1/admin/reservations/{id}/settle); it grants the key
+                                   nothing: the reservation is not the key's to settle or release
   x-ceiling-reserved-micros        what was held for the call
   x-ceiling-charged-micros         what it was charged (for an unknown outcome: what expiry will
                                    charge unless a settle corrects it)
@@ -38,7 +40,6 @@ from api.upstream import NotSent, Unanswered, Upstream, relayed_headers, upstrea
 from core import gateway, replies
 from core.errors import CeilingError, IdempotencyConflict
 from core.gateway import (
-    UNKNOWN_OUTCOME_STATUSES,
     Api,
     Bill,
     Call,
@@ -48,6 +49,7 @@ from core.gateway import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from core.ledger import Role
 from core.replies import REPLY_BYTES_MAX, StoredReply, Ticket
 from core.service import Caller, CeilingService
 
@@ -71,7 +73,7 @@ async def responses(request: Request) -> Response:
 
 
 async def serve(request: Request, api: Api) -> Response:
-    svc, who = await authenticated(request)
+    svc, who = await authenticated(request, Role.GATEWAY)
     config = runtime().config
     call_plan = (
         gateway.plan(api, await request.body(), config.output_tokens_default)
@@ -185,8 +187,8 @@ async def forward(
         return await unanswered(call, up, ticket)
     if response.status_code >= 400:
         body = await up.error_body(response)
-        bill = call.leave_open() if response.status_code in UNKNOWN_OUTCOME_STATUSES else (
-            await call.release())
+        bill = await call.release() if gateway.billed_nothing(response.status_code) else (
+            call.leave_open())
         await give_back(ticket)
         return Response(body, status_code=response.status_code,
                         headers={**relayed_headers(response), **bill_headers(bill, call)})
@@ -200,7 +202,7 @@ async def forward(
         await response.aclose()
         return await unanswered(call, up, ticket)
     found = gateway.body_outcome(call.hold.plan, raw)
-    bill = call.leave_open() if found is None else await call.settle(*found)
+    bill = call.leave_open() if found is None else await call.settle(found[0])
     headers = {**relayed_headers(response), **bill_headers(bill, call)}
     if ticket is None:
         return Response(raw, status_code=response.status_code, headers=headers)
@@ -213,7 +215,7 @@ async def unanswered(call: Call, up: Upstream, ticket: Ticket | None) -> Respons
     return openai_error_response(UpstreamTimeout(
         f"no complete answer from the provider within {up.timeout_s} s; the call may have been "
         f"billed, so its reservation {bill.reservation_id} stays held: it expires charged "
-        "unless a settle of that reservation corrects it"), bill_headers(bill, call))
+        "unless an operator corrects it from the provider's bill"), bill_headers(bill, call))
 
 
 class Relay:
@@ -227,9 +229,11 @@ class Relay:
     would have stopped; that costs at most the output cap the reservation already holds. The
     read is bounded by the call's deadline, which the lease outlives.
 
-    A stream that breaks off before the provider reported its usage has an unknown outcome (the
-    provider may have billed output it never sent: text lost in transit, hidden reasoning): its
-    hold is kept, and the client gets an error event.
+    A stream that ends before its terminal event (chat's `data: [DONE]`, a Responses stream's
+    response.completed / .incomplete / .failed) has an unknown outcome, even if usage chunks came
+    (a provider reporting cumulative usage sends one with every chunk; the provider may also have
+    billed output it never sent: text lost in transit, hidden reasoning): its hold is kept, and
+    the client gets an error event.
     """
 
     def __init__(self, call: Call, response: httpx.Response, deadline: float,
@@ -278,9 +282,8 @@ class Relay:
 
     async def _finish(self, tally: StreamTally) -> None:
         api = self.call.hold.plan.api
-        complete = tally.usage is not None or tally.finished
-        bill = await self.call.settle(tally.usage, tally.output_bytes) if complete else (
-            self.call.leave_open())
+        complete = tally.finished
+        bill = await self.call.settle(tally.usage) if complete else self.call.leave_open()
         if not complete:
             self._emit(broken_off_event(api, bill))
         self._emit(b"".join(f": {k}: {v}\n".encode()
@@ -294,9 +297,9 @@ class Relay:
 def broken_off_event(api: Api, bill: Bill) -> bytes:
     """The error event a client's SDK raises on, for a stream the provider broke off."""
     exc = UpstreamTimeout(
-        "the provider's stream broke off before it reported the call's usage; the call may have "
-        f"been billed, so its reservation {bill.reservation_id} stays held: it expires charged "
-        "unless a settle of that reservation corrects it")
+        "the provider's stream broke off before its end; the call may have been billed, so its "
+        f"reservation {bill.reservation_id} stays held: it expires charged unless an operator "
+        "corrects it from the provider's bill")
     error = {"message": exc.message, "type": errors.STATUS[exc.code][1], "param": None,
              "code": exc.code}
     if api is Api.CHAT:

@@ -1,4 +1,6 @@
-"""Reserve / settle / release for callers that make the model call themselves."""
+"""Reserve / settle / release for callers that make the model call themselves: keys with the
+sidecar role. A key reaches only the reservations it made through these routes, never the ones
+the gateway made for it (core/ledger.py GATEWAY_OWNER_PREFIX)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from api.models import ReserveBody, SettleBody
 from api.routing import LeanRoute
 from api.runtime import runtime
-from core.ledger import LegStatus, Reservation
+from core.ledger import LegStatus, Reservation, Role
 from core.money import micros_to_usd
 from core.service import Caller, CeilingService
 
@@ -46,12 +48,15 @@ def _documented(body: type[BaseModel] | None, *headers: str, in_path: bool = Fal
     return extra
 
 
-async def authenticated(request: Request) -> tuple[CeilingService, Caller]:
-    """The service and the caller, or the reason to refuse: no ledger, then no valid key."""
+async def authenticated(
+    request: Request, role: Role | None
+) -> tuple[CeilingService, Caller]:
+    """The service and the caller acting in `role`, or the reason to refuse: no ledger, then no
+    valid key, then a key without the role (None: either role will do)."""
     svc = runtime().enforcing()
     headers = request.headers
     who = await svc.authenticate(
-        bearer(headers.get("authorization")), headers.get("x-ceiling-run-id")
+        bearer(headers.get("authorization")), headers.get("x-ceiling-run-id"), role
     )
     return svc, who
 
@@ -92,7 +97,7 @@ def reservation_json(r: Reservation) -> dict[str, Any]:
 @router.post("/reservations", status_code=201,
              openapi_extra=_documented(ReserveBody, "Idempotency-Key"))
 async def reserve(request: Request) -> JSONResponse:
-    svc, who = await authenticated(request)
+    svc, who = await authenticated(request, Role.SIDECAR)
     body = await parsed(ReserveBody, request)
     r = await svc.reserve(who, body.spec(), request.headers.get("idempotency-key"))
     return JSONResponse(reservation_json(r), status_code=200 if r.replayed else 201)
@@ -102,7 +107,7 @@ async def reserve(request: Request) -> JSONResponse:
              openapi_extra=_documented(SettleBody, in_path=True))
 async def settle(request: Request) -> JSONResponse:
     reservation_id = request.path_params["reservation_id"]
-    svc, who = await authenticated(request)
+    svc, who = await authenticated(request, Role.SIDECAR)
     body = await parsed(SettleBody, request)
     s = await svc.settle(who, reservation_id, body.spec())
     return JSONResponse({
@@ -119,7 +124,7 @@ async def settle(request: Request) -> JSONResponse:
              openapi_extra=_documented(None, in_path=True))
 async def release(request: Request) -> JSONResponse:
     reservation_id = request.path_params["reservation_id"]
-    svc, who = await authenticated(request)
+    svc, who = await authenticated(request, Role.SIDECAR)
     r = await svc.release(who, reservation_id)
     return JSONResponse({"reservation_id": reservation_id, "released_micros": r.released_micros,
                          "replayed": r.replayed})
@@ -127,7 +132,7 @@ async def release(request: Request) -> JSONResponse:
 
 @router.get("/budgets/me", openapi_extra=_documented(None))
 async def my_budgets(request: Request) -> JSONResponse:
-    svc, who = await authenticated(request)
+    svc, who = await authenticated(request, None)
     legs = await svc.my_budgets(who)
     return JSONResponse({"budget_id": who.key.budget_id.path, "run_id": who.run_id,
                          "budgets": [leg_json(x) for x in legs]})

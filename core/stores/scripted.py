@@ -25,7 +25,9 @@ from core.errors import (
     ensure,
 )
 from core.ledger import (
+    ROLES_OF_LEGACY_KEYS,
     STATE_CODES,
+    Correction,
     KeyRecord,
     LegStatus,
     Probe,
@@ -34,15 +36,19 @@ from core.ledger import (
     ReservationRef,
     ReservationView,
     ReserveRequest,
+    Role,
     RunLimit,
     Settlement,
     refusal,
+    resolved_replay,
+    tag_digest,
 )
 from core.limits import (
     COUNTER_RETENTION_MS,
     INT_EXACT_MAX,
     RECLAIM_BATCH_MAX,
     RECORD_RETENTION_MS,
+    RUN_COUNTER_IDLE_MS,
     TZ_CACHE_MAX,
     WINDOW_RETRIES_MAX,
 )
@@ -83,6 +89,19 @@ def _ledger_reset() -> LedgerUnavailable:
         "the ledger's data is gone or was replaced (flushed, or restarted without persistence); "
         "enforcement is refused until an operator re-initialises it",
         reason="ledger_reset",
+    )
+
+
+def _roles(stored: str) -> frozenset[Role]:
+    # A role this version does not know (a newer instance wrote it) grants nothing here.
+    known = {r.value: r for r in Role}
+    return frozenset(known[name] for name in stored.split(",") if name in known)
+
+
+def _resolved(reservation_id: str, reply: Sequence[Any]) -> CeilingError:
+    """{'resolved', st, outcome, amount_micros, charged_micros} as the error it stands for."""
+    return resolved_replay(
+        reservation_id, STATE_CODES[str(reply[1])], str(reply[2]), int(reply[3]), int(reply[4])
     )
 
 
@@ -229,6 +248,7 @@ class ScriptedStore:
             str(RECLAIM_BATCH_MAX),
             str(RECORD_RETENTION_MS),
             str(COUNTER_RETENTION_MS),
+            str(RUN_COUNTER_IDLE_MS),
         ]
         reply = await self._run_windowed(
             script("reserve"),
@@ -252,6 +272,8 @@ class ScriptedStore:
             )
         if kind in ("exceeded", "busy"):
             raise refusal(kind, _legs(reply[3:])[0], int(reply[1]))
+        if kind == "resolved":
+            raise _resolved(ref.reservation_id, reply)
         if kind == "conflict":
             raise IdempotencyConflict(
                 "this reservation id was used with other parameters",
@@ -270,7 +292,7 @@ class ScriptedStore:
             (keys.meta(ref.tag), keys.reservation(ref.tag, ref.reservation_id),
              keys.open_leases(ref.tag)),
             [ledger_id, self._now_arg(), ref.reservation_id, ref.owner, str(actual_micros),
-             str(RECORD_RETENTION_MS)],
+             str(RECORD_RETENTION_MS), str(RUN_COUNTER_IDLE_MS)],
         )
         kind = reply[0]
         if kind == "ok":
@@ -299,7 +321,8 @@ class ScriptedStore:
             script("release"),
             (keys.meta(ref.tag), keys.reservation(ref.tag, ref.reservation_id),
              keys.open_leases(ref.tag)),
-            [ledger_id, self._now_arg(), ref.reservation_id, ref.owner, str(RECORD_RETENTION_MS)],
+            [ledger_id, self._now_arg(), ref.reservation_id, ref.owner, str(RECORD_RETENTION_MS),
+             str(RUN_COUNTER_IDLE_MS)],
         )
         kind = reply[0]
         if kind == "ok":
@@ -317,7 +340,8 @@ class ScriptedStore:
         head = [
             ledger_id, str(admitted_at_ms), ref.reservation_id, ref.owner, request.fingerprint,
             str(request.amount_micros), str(actual_micros), request.price_version, request.model,
-            str(RECORD_RETENTION_MS), str(COUNTER_RETENTION_MS),
+            str(RECORD_RETENTION_MS), str(COUNTER_RETENTION_MS), str(RUN_COUNTER_IDLE_MS),
+            self._now_arg(),
         ]
         reply = await self._run_windowed(
             script("book"),
@@ -343,6 +367,62 @@ class ScriptedStore:
             str(ver or ""), None if charged is None else int(charged), str(outcome or ""),
         )
 
+    async def inspect(self, tag: str, reservation_id: str) -> ReservationView | None:
+        await self.open()
+        (st, owner, amt, exp, model, ver, charged, outcome, created, resolved, by, at, from_,
+         reason) = await self._t.execute(
+            "HMGET", keys.reservation(tag, reservation_id),
+            "st", "owner", "amt", "exp", "model", "ver", "charged", "outcome", "created_ms",
+            "resolved_ms", "corrected_by", "corrected_at_ms", "corrected_from_micros",
+            "correction_reason",
+        )
+        if st is None:
+            return None
+
+        def number(value: Any) -> int | None:
+            return None if value is None else int(value)
+
+        return ReservationView(
+            reservation_id, STATE_CODES[st], int(amt), int(exp), str(model or ""),
+            str(ver or ""), number(charged), str(outcome or ""), str(owner or ""),
+            number(created), number(resolved), None if by is None else str(by), number(at),
+            number(from_), None if reason is None else str(reason),
+        )
+
+    async def correct(
+        self, tag: str, reservation_id: str, actual_micros: int, correction: Correction
+    ) -> Settlement:
+        ledger_id = await self.open()
+        reply = await self._t.run(
+            script("correct"),
+            (keys.meta(tag), keys.reservation(tag, reservation_id), keys.open_leases(tag)),
+            [ledger_id, self._now_arg(), reservation_id, str(actual_micros),
+             correction.corrected_by, correction.reason, str(RECORD_RETENTION_MS),
+             str(RUN_COUNTER_IDLE_MS)],
+        )
+        kind = reply[0]
+        if kind == "ok":
+            return Settlement(
+                charged_micros=int(reply[1]),
+                released_micros=int(reply[2]),
+                overshoot_micros=int(reply[3]),
+                late=reply[4] == 1,
+                replayed=reply[5] == 1,
+            )
+        if kind == "resolved":
+            raise _resolved(reservation_id, reply)
+        if kind == "conflict":
+            raise IdempotencyConflict(
+                "this reservation was corrected before to another amount",
+                reservation_id=reservation_id,
+            )
+        await self._not_found(kind, ReservationRef(tag, reservation_id, ""))
+
+    async def tag_of(self, digest: str) -> str | None:
+        await self.open()
+        found = await self._t.execute("HGET", keys.TAG_MAP_KEY, digest)
+        return None if found is None else str(found)
+
     async def _not_found(self, kind: str, ref: ReservationRef) -> NoReturn:
         if kind == "ledger_reset" and await self._identity_lost():
             raise _ledger_reset()
@@ -355,7 +435,8 @@ class ScriptedStore:
         reply = await self._t.run(
             script("expire"),
             (keys.meta(tag), keys.open_leases(tag)),
-            [ledger_id, self._now_arg(), str(batch_max), str(RECORD_RETENTION_MS)],
+            [ledger_id, self._now_arg(), str(batch_max), str(RECORD_RETENTION_MS),
+             str(RUN_COUNTER_IDLE_MS)],
         )
         if reply[0] == "ok":
             return int(reply[1])
@@ -368,6 +449,7 @@ class ScriptedStore:
     async def put_budget(self, budget: BudgetDef) -> None:
         ledger_id = await self.open()
         bid = budget.budget_id
+        await self._map_tag(bid.tag)
         args = [ledger_id, budget.timezone, str(budget.outage_allowance_micros)]
         for lim in budget.limits:
             args += [lim.period.value, str(lim.ceiling_micros)]
@@ -378,6 +460,16 @@ class ScriptedStore:
             self._reset = True
             raise _ledger_reset()
         self._remember_tz(bid.path, budget.timezone)
+
+    async def _map_tag(self, tag: str) -> None:
+        """Write the tag map entry that lets an operator find this tag's reservations by id.
+
+        Before the budget itself, so every tag whose calls mint ids has one; writing it again
+        is a no-op, so a repeated put_budget is safe."""
+        digest = tag_digest(tag)
+        if not await self._t.execute("HSETNX", keys.TAG_MAP_KEY, digest, tag):
+            found = await self._t.execute("HGET", keys.TAG_MAP_KEY, digest)
+            ensure(found == tag, f"the tags {found!r} and {tag!r} share a reservation-id digest")
 
     async def get_budget(self, budget_id: BudgetId) -> BudgetDef | None:
         await self.open()
@@ -401,7 +493,8 @@ class ScriptedStore:
         tag = budget_ids[0].tag
         ensure(all(b.tag == tag for b in budget_ids), "one tag per status read")
         reply = await self._run_windowed(
-            script("status"), (keys.meta(tag),), [ledger_id, self._now_arg()], budget_ids, run
+            script("status"), (keys.meta(tag),),
+            [ledger_id, self._now_arg(), str(RUN_COUNTER_IDLE_MS)], budget_ids, run,
         )
         if reply[0] == "ok":
             self._learn_now(int(reply[1]))
@@ -415,7 +508,8 @@ class ScriptedStore:
     async def observe_output(self, model: str, output_tokens: int) -> None:
         await self._t.run(
             script("observe"), (output_stats.model_key(model),),
-            [str(output_stats.bucket(output_tokens)), str(output_stats.OBSERVATIONS_MAX)],
+            [str(output_stats.bucket(output_tokens)), str(output_stats.OBSERVATIONS_MAX),
+             str(output_stats.HISTOGRAM_IDLE_MS)],
         )
 
     async def output_histogram(self, model: str) -> dict[int, int]:
@@ -433,12 +527,13 @@ class ScriptedStore:
             "key_id", record.key_id,
             "budget_id", record.budget_id.path,
             "run", "" if record.run_ceiling_micros is None else str(record.run_ceiling_micros),
+            "roles", ",".join(sorted(record.roles)),
         )
 
     async def get_key(self, key_hash: str) -> KeyRecord | None:
         await self.open()
-        key_id, budget_id, run = await self._t.execute(
-            "HMGET", keys.api_key(key_hash), "key_id", "budget_id", "run"
+        key_id, budget_id, run, roles = await self._t.execute(
+            "HMGET", keys.api_key(key_hash), "key_id", "budget_id", "run", "roles"
         )
         if key_id is None:
             if await self._identity_lost():
@@ -449,6 +544,7 @@ class ScriptedStore:
             key_hash=key_hash,
             budget_id=BudgetId(str(budget_id)),
             run_ceiling_micros=int(run) if run else None,
+            roles=ROLES_OF_LEGACY_KEYS if roles is None else _roles(str(roles)),
         )
 
     async def delete_key(self, key_id: str) -> bool:
@@ -484,6 +580,9 @@ class ScriptedStore:
                 "ZREMRANGEBYSCORE", keys.INSTANCES_KEY, "-inf",
                 str(now_ms - INSTANCE_SEEN_WINDOW_MS),
             )
+            # Gone once no instance has probed for the window (instances of a serverless
+            # deployment come and go; their ids must not pile up).
+            await self._t.execute("PEXPIRE", keys.INSTANCES_KEY, str(INSTANCE_SEEN_WINDOW_MS))
             seen = int(await self._t.execute("ZCARD", keys.INSTANCES_KEY))
             durable = await self._t.durable()
         except CeilingError as exc:

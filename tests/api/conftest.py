@@ -27,11 +27,21 @@ class Client(httpx.Client):
             "outage_allowance_micros": allowance_micros})
         assert r.status_code == 200, r.text
 
-    def key(self, budget_id: str, run_ceiling_micros: int | None = None) -> dict[str, str]:
-        r = self.admin("POST", "/v1/admin/keys",
-                       json={"budget_id": budget_id, "run_ceiling_micros": run_ceiling_micros})
+    def key(self, budget_id: str, run_ceiling_micros: int | None = None,
+            roles: tuple[str, ...] = ("gateway",)) -> dict[str, str]:
+        """A new API key's Authorization header; its roles as given (the service's default:
+        gateway only)."""
+        r = self.admin("POST", "/v1/admin/keys", json={
+            "budget_id": budget_id, "run_ceiling_micros": run_ceiling_micros,
+            "roles": list(roles)})
         assert r.status_code == 201, r.text
+        assert r.json()["roles"] == sorted(roles)
         return {"Authorization": f"Bearer {r.json()['api_key']}"}
+
+    def sidecar_key(self, budget_id: str, run_ceiling_micros: int | None = None
+                    ) -> dict[str, str]:
+        """A key for the reserve / settle / release routes: the sidecar role only."""
+        return self.key(budget_id, run_ceiling_micros, ("sidecar",))
 
 
 def client_for(service: ServiceProcess) -> Client:

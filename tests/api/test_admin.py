@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import uuid
 
-from tests.api.conftest import Client
+import pytest
+
+from tests.api.conftest import ADMIN_TOKEN, Client
 
 
 def test_budgets_are_created_read_and_replaced(http: Client) -> None:
@@ -40,7 +42,7 @@ def test_bad_budgets_are_422(http: Client) -> None:
 def test_admin_routes_need_the_admin_token(http: Client) -> None:
     tag = f"org:a{uuid.uuid4().hex[:10]}"
     http.budget(tag, 10)
-    api_key = http.key(tag)
+    api_key = http.sidecar_key(tag)
     for headers in ({}, {"Authorization": "Bearer wrong"}, api_key):
         r = http.get(f"/v1/admin/budgets/{tag}", headers=headers)
         assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthorized")
@@ -60,3 +62,105 @@ def test_the_secret_is_never_echoed_in_errors(http: Client) -> None:
     assert secret not in r.text
     r = http.get("/v1/admin/budgets/org:x", headers={"Authorization": "Bearer admin-guess"})
     assert "admin-guess" not in r.text
+
+
+def test_keys_get_the_roles_they_are_given_and_the_gateway_role_by_default(http: Client) -> None:
+    tag = f"org:a{uuid.uuid4().hex[:10]}"
+    http.budget(tag, 10)
+    made = http.admin("POST", "/v1/admin/keys", json={"budget_id": tag})
+    assert made.json()["roles"] == ["gateway"]
+    both = http.admin("POST", "/v1/admin/keys",
+                      json={"budget_id": tag, "roles": ["sidecar", "gateway", "sidecar"]})
+    assert both.json()["roles"] == ["gateway", "sidecar"]
+    for roles in ([], ["admin"], "sidecar", [None]):
+        r = http.admin("POST", "/v1/admin/keys", json={"budget_id": tag, "roles": roles})
+        assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request"), roles
+
+
+def held(http: Client, tag: str, amount_micros: int = 100) -> tuple[dict[str, str], str]:
+    key = http.sidecar_key(tag)
+    r = http.post("/v1/reservations", headers=key, json={"amount_micros": amount_micros})
+    assert r.status_code == 201, r.text
+    return key, r.json()["reservation_id"]
+
+
+def correct(http: Client, rid: str, **body: object) -> tuple[int, dict[str, object]]:
+    r = http.admin("POST", f"/v1/admin/reservations/{rid}/settle",
+                   json={"actual_micros": 30, "reason": "provider bill #1", **body})
+    return r.status_code, r.json()
+
+
+def test_an_operator_corrects_a_reservation_by_its_id_alone(http: Client) -> None:
+    tag = f"org:a{uuid.uuid4().hex[:10]}"
+    http.budget(tag, 1_000)
+    key, rid = held(http, tag)
+    status, answer = correct(http, rid)
+    assert status == 200, answer
+    assert {k: answer[k] for k in ("reservation_id", "charged_micros", "released_micros",
+                                   "replayed")} == {
+        "reservation_id": rid, "charged_micros": 30, "released_micros": 70, "replayed": False}
+    by = answer["corrected_by"]
+    assert isinstance(by, str)
+    assert by.startswith("admin:")
+    assert ADMIN_TOKEN not in by
+    shown = http.admin("GET", f"/v1/admin/reservations/{rid}").json()
+    assert {k: shown[k] for k in ("state", "outcome", "made_by", "reserved_micros",
+                                  "charged_micros", "corrected_by", "corrected_from_micros",
+                                  "correction_reason")} == {
+        "state": "settled", "outcome": "corrected", "made_by": "sidecar", "reserved_micros": 100,
+        "charged_micros": 30, "corrected_by": by, "corrected_from_micros": 100,
+        "correction_reason": "provider bill #1"}
+    assert shown["corrected_at_ms"] == shown["resolved_ms"] >= shown["created_ms"]
+    me = http.get("/v1/budgets/me", headers=key).json()["budgets"][0]
+    assert (me["committed_micros"], me["reserved_micros"]) == (30, 0)
+    # Safe to repeat; another amount is a conflict; the books do not move either way.
+    assert correct(http, rid)[1]["replayed"] is True
+    assert correct(http, rid, actual_micros=31)[0] == 409
+    assert http.get("/v1/budgets/me", headers=key).json()["budgets"][0]["committed_micros"] == 30
+
+
+def test_an_operator_cannot_correct_what_its_caller_settled(http: Client) -> None:
+    tag = f"org:a{uuid.uuid4().hex[:10]}"
+    http.budget(tag, 1_000)
+    key, rid = held(http, tag)
+    http.post(f"/v1/reservations/{rid}/settle", headers=key, json={"actual_micros": 50})
+    status, answer = correct(http, rid)
+    error = answer["error"]
+    assert isinstance(error, dict)
+    assert (status, error["code"], error["state"], error["charged_micros"]) == (
+        409, "reservation_resolved", "settled", 50)
+
+
+@pytest.mark.parametrize(("rid", "body", "status"), [
+    ("0123456789abcdef_" + "0" * 32, {}, 404),  # a well-formed id nobody minted
+    ("0123456789abcdef0123456789abcdef", {}, 404),  # an id from before ids named their tag
+    ("{x}", {}, 404),
+    ("VALID", {"reason": ""}, 422),
+    ("VALID", {"reason": "x" * 501}, 422),
+    ("VALID", {"actual_micros": -1}, 422),
+    ("VALID", {"actual_micros": "30"}, 422),
+    ("VALID", {"budget_id": "org:somebody-else"}, 404),
+    ("VALID", {"unknown": 1}, 422),
+])
+def test_bad_corrections_are_refused_and_change_nothing(
+    http: Client, rid: str, body: dict[str, object], status: int
+) -> None:
+    tag = f"org:a{uuid.uuid4().hex[:10]}"
+    http.budget(tag, 1_000)
+    key, made = held(http, tag)
+    got, answer = correct(http, made if rid == "VALID" else rid, **body)
+    assert got == status, answer
+    me = http.get("/v1/budgets/me", headers=key).json()["budgets"][0]
+    assert (me["committed_micros"], me["reserved_micros"]) == (0, 100)
+
+
+def test_corrections_need_the_admin_token(http: Client) -> None:
+    tag = f"org:a{uuid.uuid4().hex[:10]}"
+    http.budget(tag, 1_000)
+    key, rid = held(http, tag)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, key):
+        r = http.post(f"/v1/admin/reservations/{rid}/settle", headers=headers,
+                      json={"actual_micros": 0, "reason": "mine"})
+        assert r.status_code == 401
+        assert http.get(f"/v1/admin/reservations/{rid}", headers=headers).status_code == 401
+    assert http.get("/v1/budgets/me", headers=key).json()["budgets"][0]["reserved_micros"] == 100

@@ -11,13 +11,14 @@ import uuid
 
 import httpx
 
-from core.service import KEY_TRUST_MS
+from core.service import KEY_TRUST_MS, operator_fingerprint
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 
 
-def ceiling(redis_server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "REDIS_URL": redis_server.url}
+def ceiling(redis_server: RedisServer, *args: str,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "REDIS_URL": redis_server.url, **(env or {})}
     return subprocess.run([sys.executable, "-m", "api.cli", *args], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
 
@@ -33,7 +34,7 @@ def test_budgets_and_keys_from_the_command_line(
     assert [(p["period"], p["ceiling_micros"]) for p in shown["periods"]] == [
         ("day", 1_500_000), ("total", 5_000_000)]
     assert shown["timezone"] == "Asia/Tokyo"
-    key = json.loads(ceiling(redis_server, "keys", "create", tag).stdout)
+    key = json.loads(ceiling(redis_server, "keys", "create", tag, "--role", "sidecar").stdout)
     auth = {"Authorization": f"Bearer {key['api_key']}"}
     r = httpx.post(f"{service.url}/v1/reservations", headers=auth, json={"amount_micros": 5})
     assert r.status_code == 201
@@ -57,3 +58,38 @@ def test_health_from_the_command_line(redis_server: RedisServer) -> None:
     done = ceiling(redis_server, "health")
     assert done.returncode == 0, done.stdout
     assert json.loads(done.stdout)["status"] == "ok"
+
+
+def test_an_operator_corrects_and_shows_a_reservation_from_the_command_line(
+    redis_server: RedisServer, service: ServiceProcess
+) -> None:
+    tag = f"org:c{uuid.uuid4().hex[:10]}"
+    assert ceiling(redis_server, "budgets", "set", tag, "--limit", "total=$1").returncode == 0
+    key = json.loads(ceiling(redis_server, "keys", "create", tag, "--role", "sidecar",
+                             "--role", "gateway").stdout)
+    assert key["roles"] == ["gateway", "sidecar"]
+    auth = {"Authorization": f"Bearer {key['api_key']}"}
+    rid = httpx.post(f"{service.url}/v1/reservations", headers=auth,
+                     json={"amount_micros": 500}).json()["reservation_id"]
+    token = "cli-operators-admin-token"
+    done = ceiling(redis_server, "reservations", "settle", rid, "--actual", "$0.0002",
+                   "--reason", "bill line 12", env={"CEILING_ADMIN_TOKEN": token})
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert (answer["charged_micros"], answer["released_micros"], answer["corrected_by"]) == (
+        200, 300, operator_fingerprint(token))
+    shown = json.loads(ceiling(redis_server, "reservations", "show", rid).stdout)
+    assert (shown["state"], shown["outcome"], shown["corrected_from_micros"],
+            shown["correction_reason"]) == ("settled", "corrected", 500, "bill line 12")
+    # Safe to run twice; another amount is refused with the error's code.
+    again = ceiling(redis_server, "reservations", "settle", rid, "--actual", "200",
+                    "--reason", "bill line 12")
+    assert json.loads(again.stdout)["replayed"] is True
+    other = ceiling(redis_server, "reservations", "settle", rid, "--actual", "201",
+                    "--reason", "bill line 12")
+    assert other.returncode == 1
+    assert json.loads(other.stderr)["error"]["code"] == "idempotency_conflict"
+    me = httpx.get(f"{service.url}/v1/budgets/me", headers=auth).json()["budgets"][0]
+    assert (me["committed_micros"], me["reserved_micros"]) == (200, 0)
+    missing = ceiling(redis_server, "reservations", "show", "0123456789abcdef0123456789abcdef")
+    assert json.loads(missing.stderr)["error"]["code"] == "reservation_not_found"

@@ -53,7 +53,7 @@ def test_skewed_instances_charge_the_ledger_day_and_expire_by_ledger_time(
     fast, slow = skewed["fast"], skewed["slow"]
     tag = f"org:k{uuid.uuid4().hex[:10]}"
     fast.budget(tag, 1_000, period="day")
-    key = fast.key(tag)
+    key = fast.sidecar_key(tag)
     before_ms = redis_now_ms(redis_server)
     held = slow.post("/v1/reservations", headers=key,
                      json={"amount_micros": 600, "ttl_ms": LEASE_MS}).json()

@@ -48,7 +48,8 @@ def call(*args, **kwargs):
 call("GET", "/health")
 call("PUT", f"/v1/admin/budgets/{tag}", {"limits": [{"period": "total", "ceiling_micros": 100}]},
      token=admin)
-key = call("POST", "/v1/admin/keys", {"budget_id": tag}, token=admin)[1]["api_key"]
+key = call("POST", "/v1/admin/keys", {"budget_id": tag, "roles": ["sidecar"]},
+           token=admin)[1]["api_key"]
 rid = call("POST", "/v1/reservations", {"amount_micros": 100}, token=key)[1]["reservation_id"]
 call("POST", f"/v1/reservations/{rid}/settle", {"actual_micros": 100}, token=key)
 call("POST", "/v1/reservations", {"amount_micros": 1}, token=key)

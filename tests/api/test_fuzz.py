@@ -35,7 +35,7 @@ def test_no_route_answers_5xx_and_the_books_hold(service: ServiceProcess) -> Non
     with client_for(service) as http:
         tag = f"org:fz{uuid.uuid4().hex[:8]}"
         http.budget(tag, 50_000)
-        key_auth = http.key(tag)["Authorization"]
+        key_auth = http.sidecar_key(tag)["Authorization"]
     # schemathesis' pytest plugin does not run under this pytest; its strategies are driven
     # directly, one Hypothesis run per operation.
     schema = schemathesis.openapi.from_url(f"{service.url}/openapi.json")

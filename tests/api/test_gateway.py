@@ -54,7 +54,8 @@ class FaultProxy:
     It keeps the last request the gateway sent (to read what was forwarded) and, when armed:
     delays requests (a slow provider), adds an X-Stub-Output-Tokens header (an answer of a
     known length), slows answers down (a provider that generates as it streams), or cuts the
-    next answer after a number of bytes (a provider that drops a stream).
+    next answer after a number of bytes or just before some bytes (a provider that drops a
+    stream, after its usage and before its end).
     """
 
     THROTTLE_BYTES = 128
@@ -68,12 +69,13 @@ class FaultProxy:
         self.output_tokens: int | None = None
         self.throttle = False
         self.cut_after_bytes: int | None = None
+        self.cut_before: bytes | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
     def disarm(self) -> None:
         self.delay_s, self.output_tokens = 0.0, None
-        self.throttle, self.cut_after_bytes = False, None
+        self.throttle, self.cut_after_bytes, self.cut_before = False, None, None
 
     @property
     def url(self) -> str:
@@ -124,7 +126,17 @@ class FaultProxy:
             await writer.drain()
 
     async def _down(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held = b""  # with cut_before: bytes kept back until it is known they come before it
         while data := await reader.read(self.THROTTLE_BYTES if self.throttle else 65536):
+            if self.cut_before is not None:
+                held += data
+                if (at := held.find(self.cut_before)) >= 0:
+                    writer.write(held[:at])
+                    await writer.drain()
+                    self.cut_before = None
+                    return
+                keep = len(self.cut_before) - 1
+                data, held = held[: len(held) - keep], held[len(held) - keep:]
             if self.cut_after_bytes is not None:
                 if len(data) >= self.cut_after_bytes:
                     writer.write(data[: self.cut_after_bytes])
@@ -219,12 +231,49 @@ def model() -> str:
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def account(admin: Client, ceiling_micros: int,
-            run_ceiling_micros: int | None = None) -> tuple[str, str]:
-    """A budget of its own and an API key for it."""
+def account(admin: Client, ceiling_micros: int, run_ceiling_micros: int | None = None,
+            roles: tuple[str, ...] = ("gateway",)) -> tuple[str, str]:
+    """A budget of its own and an API key for it (a gateway key unless told otherwise)."""
     tag = f"org:g{uuid.uuid4().hex[:10]}"
     admin.budget(tag, ceiling_micros)
-    return tag, admin.key(tag, run_ceiling_micros)["Authorization"].removeprefix("Bearer ")
+    return tag, admin.key(tag, run_ceiling_micros, roles)["Authorization"].removeprefix(
+        "Bearer ")
+
+
+# A key holder who also has the sidecar role: the most a key can be given.
+BOTH_ROLES = ("gateway", "sidecar")
+
+
+def as_key(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def correct(admin: Client, reservation_id: str, actual_micros: int) -> dict[str, Any]:
+    """An operator's correction of a gateway reservation, from the provider's bill."""
+    r = admin.admin("POST", f"/v1/admin/reservations/{reservation_id}/settle",
+                    json={"actual_micros": actual_micros, "reason": "the provider's bill"})
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert isinstance(answer, dict)
+    return answer
+
+
+def reservation(admin: Client, reservation_id: str) -> dict[str, Any]:
+    r = admin.admin("GET", f"/v1/admin/reservations/{reservation_id}")
+    assert r.status_code == 200, r.text
+    found = r.json()
+    assert isinstance(found, dict)
+    return found
+
+
+def refused_to_key(admin: Client, key: str, reservation_id: str) -> None:
+    """Neither settle nor release of a gateway reservation works for a key: as a stranger's id."""
+    for action, body in (("release", None), ("settle", {"actual_micros": 0}),
+                         ("settle", {"input_tokens": 0, "output_tokens": 0})):
+        r = admin.post(f"/v1/reservations/{reservation_id}/{action}", headers=as_key(key),
+                       json=body)
+        assert (r.status_code, r.json()["error"]["code"]) == (404, "reservation_not_found"), (
+            action, r.text)
 
 
 def ledger(admin: Client, tag: str) -> dict[str, Any]:
@@ -391,7 +440,7 @@ def test_a_client_that_hangs_up_is_charged_what_the_provider_billed(
 def test_a_stream_the_provider_breaks_off_stays_held_and_is_correctable(
     gw_faulty: ServiceProcess, admin: Client, proxy: FaultProxy, stub: StubProvider, model: str
 ) -> None:
-    tag, key = account(admin, 1_000_000)
+    tag, key = account(admin, 1_000_000, roles=BOTH_ROLES)
     proxy.output_tokens, proxy.cut_after_bytes = 300, 1_000
     request = {"model": model, "messages": MESSAGES, "max_tokens": 400, "stream": True}
     with httpx.stream("POST", f"{gw_faulty.url}/v1/chat/completions", json=request,
@@ -410,16 +459,17 @@ def test_a_stream_the_provider_breaks_off_stays_held_and_is_correctable(
     proxy.output_tokens, proxy.cut_after_bytes = 300, 1_000
     with pytest.raises(openai.APIError, match="broke off"):
         list(sdk(gw_faulty, key).chat.completions.create(**request))
-    # The provider billed the first call in full; a settle by its reservation id corrects it.
-    first = fetch_bill(stub.url).by_model[model]
-    correction = admin.post(f"/v1/reservations/{rid}/settle",
-                            headers={"Authorization": f"Bearer {key}"},
-                            json={"input_tokens": first.input_tokens // 2,
-                                  "output_tokens": first.output_tokens // 2})
-    assert correction.status_code == 200, correction.text
+    # The provider billed both calls in full. The key cannot lower what its reservation holds;
+    # an operator who reads the bill corrects it.
+    bill = fetch_bill(stub.url).by_model[model]
+    assert bill.calls == 2
+    per_call = bill.cost_micros // 2
+    refused_to_key(admin, key, rid)
+    assert correct(admin, rid, per_call)["charged_micros"] == per_call
     period = ledger(admin, tag)
-    assert period["committed_micros"] == first.cost_micros // 2
+    assert period["committed_micros"] == per_call
     assert period["reserved_micros"] == held  # the SDK's call, still held
+    assert period["committed_micros"] + period["reserved_micros"] >= bill.cost_micros
 
 
 # -- failures with and without an outcome ----------------------------------------------------------
@@ -475,32 +525,143 @@ def test_no_answer_keeps_the_worst_case_and_a_waiting_retry_gives_up(
     assert provider_requests(stub) - requests_before == 1
     period = ledger(admin, tag)
     assert (period["committed_micros"], period["reserved_micros"]) == (0, held)
-    # The reservation stays correctable: a settle by its id charges what was really billed.
-    correction = admin.post(
-        f"/v1/reservations/{answer['x-ceiling-reservation-id']}/settle",
-        headers={"Authorization": f"Bearer {key}"}, json={"input_tokens": 10, "output_tokens": 5})
-    assert correction.json()["charged_micros"] == 10 * INPUT_MICROS + 5 * OUTPUT_MICROS
+    # An operator corrects it from the provider's bill (which has nothing for a hung call).
+    rid = answer["x-ceiling-reservation-id"]
+    assert reservation(admin, rid)["state"] == "open"
+    assert correct(admin, rid, 0)["charged_micros"] == 0
     assert ledger(admin, tag)["reserved_micros"] == 0
     # The key was given back: a retry now makes the call.
     assert sdk(gw_faulty, key).chat.completions.create(**request).usage is not None
 
 
 @pytest.mark.parametrize(("status", "outcome"), [
-    (400, "released"), (429, "released"), (503, "released"), (504, "unknown")])
-def test_provider_errors_pass_through_with_their_status(
+    (400, "released"), (404, "released"), (429, "released"),
+    # Statuses that can come after the provider ran (and billed) the call keep the hold.
+    (408, "unknown"), (499, "unknown"), (500, "unknown"), (502, "unknown"), (503, "unknown"),
+    (504, "unknown"), (520, "unknown"), (524, "unknown")])
+def test_provider_errors_pass_through_and_only_a_refusal_releases_the_hold(
     gw_faulty: ServiceProcess, admin: Client, stub: StubProvider, model: str, status: int,
     outcome: str,
 ) -> None:
-    tag, key = account(admin, 1_000_000)
+    tag, key = account(admin, 1_000_000, roles=BOTH_ROLES)
     httpx.post(f"{stub.url}/control", json={"fail_status": status, "calls": 1}).raise_for_status()
     with pytest.raises(openai.APIStatusError) as failed:
         sdk(gw_faulty, key).chat.completions.create(model=model, messages=MESSAGES, max_tokens=90)
     error = failed.value
     assert (error.status_code, error.code) == (status, "stub_failure")
-    assert error.response.headers["x-ceiling-billing-outcome"] == outcome
+    answer = error.response.headers
+    assert answer["x-ceiling-billing-outcome"] == outcome
     held = 0 if outcome == "released" else header(error.response, "x-ceiling-reserved-micros")
     period = ledger(admin, tag)
     assert (period["committed_micros"], period["reserved_micros"]) == (0, held)
+    if outcome == "unknown":
+        assert answer["x-should-retry"] == "false"  # a blind retry could pay twice
+        refused_to_key(admin, key, answer["x-ceiling-reservation-id"])
+        assert ledger(admin, tag)["reserved_micros"] == held
+
+
+def test_a_stream_with_usage_but_no_end_stays_held(
+    gw_faulty: ServiceProcess, admin: Client, proxy: FaultProxy, stub: StubProvider, model: str
+) -> None:
+    # Cut after the usage chunk, before `data: [DONE]`: usage alone does not make a stream
+    # complete (a provider reporting cumulative usage sends it with every chunk).
+    tag, key = account(admin, 1_000_000)
+    proxy.output_tokens, proxy.cut_before = 300, b"data: [DONE]"
+    with httpx.stream("POST", f"{gw_faulty.url}/v1/chat/completions", headers=as_key(key),
+                      json={"model": model, "messages": MESSAGES, "max_tokens": 400,
+                            "stream": True}) as response:
+        held = header(response, "x-ceiling-reserved-micros")
+        text = response.read().decode()
+    assert proxy.cut_before is None, "the proxy cut the stream"
+    figures = trailer(text)
+    assert figures["x-ceiling-billing-outcome"] == "unknown"
+    assert "[DONE]" not in text
+    bill = billed(stub, model)
+    assert bill.calls == 1
+    period = ledger(admin, tag)
+    assert (period["committed_micros"], period["reserved_micros"]) == (0, held)
+    assert held >= bill.cost_micros
+
+
+# -- a key holder cannot lower what a gateway call is charged -----------------------------------
+
+
+def test_a_key_cannot_release_or_settle_its_own_stream_mid_stream(
+    gw_faulty: ServiceProcess, admin: Client, proxy: FaultProxy, stub: StubProvider, model: str
+) -> None:
+    tag, key = account(admin, 1_000_000, roles=BOTH_ROLES)
+    _, stranger = account(admin, 1_000_000, roles=BOTH_ROLES)
+    _, gateway_only = account(admin, 1_000_000)
+    proxy.output_tokens, proxy.throttle = 300, True  # 19 chunks over about a second
+    with httpx.stream("POST", f"{gw_faulty.url}/v1/chat/completions", headers=as_key(key),
+                      json={"model": model, "messages": MESSAGES, "max_tokens": 400,
+                            "stream": True}) as response:
+        rid = response.headers["x-ceiling-reservation-id"]
+        chunks = response.iter_bytes()
+        next(chunks)
+        # Mid-stream, with the id the gateway just sent: its own key, another org's key, and a
+        # key without the sidecar role all fail to release or settle it.
+        for who in (key, stranger):
+            refused_to_key(admin, who, rid)
+        r = admin.post(f"/v1/reservations/{rid}/release", headers=as_key(gateway_only))
+        assert (r.status_code, r.json()["error"]["code"], r.json()["error"]["missing_role"]) == (
+            403, "forbidden", "sidecar")
+        text = b"".join(chunks).decode()
+    figures = trailer(text)
+    assert figures["x-ceiling-billing-outcome"] == "billed"
+    bill = billed(stub, model)
+    assert (bill.calls, bill.output_tokens) == (1, 300)
+    assert int(figures["x-ceiling-charged-micros"]) == bill.cost_micros
+    period = ledger(admin, tag)
+    assert (period["committed_micros"], period["reserved_micros"]) == (bill.cost_micros, 0)
+    assert reservation(admin, rid)["made_by"] == "gateway"
+
+
+def test_a_504_cannot_be_settled_by_its_key_only_corrected_by_an_operator(
+    gw_faulty: ServiceProcess, admin: Client, stub: StubProvider, model: str
+) -> None:
+    tag, key = account(admin, 1_000_000, roles=BOTH_ROLES)
+    httpx.post(f"{stub.url}/control", json={"hang": True, "calls": 1}).raise_for_status()
+    with pytest.raises(openai.APIStatusError) as failed:
+        sdk(gw_faulty, key).chat.completions.create(model=model, messages=MESSAGES, max_tokens=90)
+    assert (failed.value.status_code, failed.value.code) == (504, "upstream_timeout")
+    answer = failed.value.response.headers
+    rid, held = answer["x-ceiling-reservation-id"], int(answer["x-ceiling-reserved-micros"])
+    assert "unless an operator corrects it" in failed.value.message  # the key is not invited
+    refused_to_key(admin, key, rid)
+    assert ledger(admin, tag)["reserved_micros"] == held
+    stored = reservation(admin, rid)
+    assert {k: stored[k] for k in ("state", "made_by", "reserved_micros", "corrected_by")} == {
+        "state": "open", "made_by": "gateway", "reserved_micros": held, "corrected_by": None}
+    fixed = correct(admin, rid, 7)
+    assert (fixed["charged_micros"], fixed["corrected_by"].startswith("admin:")) == (7, True)
+    assert ADMIN_TOKEN not in json.dumps(fixed)
+    stored = reservation(admin, rid)
+    assert (stored["state"], stored["outcome"], stored["charged_micros"],
+            stored["corrected_from_micros"], stored["correction_reason"]) == (
+        "settled", "corrected", 7, held, "the provider's bill")
+    assert stored["corrected_at_ms"] >= stored["created_ms"]
+    assert (ledger(admin, tag)["committed_micros"], ledger(admin, tag)["reserved_micros"]) == (
+        7, 0)
+    # Once resolved, neither the key nor a second correction to another amount moves it.
+    refused_to_key(admin, key, rid)
+    again = admin.admin("POST", f"/v1/admin/reservations/{rid}/settle",
+                        json={"actual_micros": 8, "reason": "again"})
+    assert (again.status_code, again.json()["error"]["code"]) == (409, "idempotency_conflict")
+
+
+def test_a_key_needs_the_gateway_role_for_the_gateway(
+    gw: ServiceProcess, admin: Client, model: str
+) -> None:
+    tag, sidecar_only = account(admin, 1_000_000, roles=("sidecar",))
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        sdk(gw, sidecar_only).chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=10)
+    assert refused.value.code == "forbidden"
+    assert isinstance(refused.value.body, dict)
+    assert refused.value.body["missing_role"] == "gateway"
+    assert refused.value.response.headers["x-should-retry"] == "false"
+    assert ledger(admin, tag)["reserved_micros"] == 0
 
 
 # -- retries -------------------------------------------------------------------------------------
@@ -585,7 +746,7 @@ def test_a_spent_budget_is_refused_in_openais_shape_and_not_retried(
 def test_a_busy_budget_is_429_which_the_sdk_retries(
     gw: ServiceProcess, admin: Client, model: str
 ) -> None:
-    _, key = account(admin, 1_000)
+    _, key = account(admin, 1_000, roles=BOTH_ROLES)
     auth = {"Authorization": f"Bearer {key}"}
     assert admin.post("/v1/reservations", headers=auth, json={"amount_micros": 900}).is_success
     transport, sent = counting_client()

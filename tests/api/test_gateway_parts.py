@@ -1,7 +1,8 @@
 """The gateway's parts without servers: pricing a request, reading a stream, idempotency state.
 
 What the end-to-end tests (test_gateway.py) cannot reach through the stub provider is proved
-here: the Responses API's shapes, streams split at every byte, providers that report no usage.
+here: the Responses API's shapes, streams split at every byte, cumulative usage, providers
+that report no usage.
 """
 
 from __future__ import annotations
@@ -151,8 +152,6 @@ def test_a_chat_stream_is_read_the_same_however_it_is_split(step: int, crlf: boo
     out = fed(tally, stream, step)
     assert tally.usage == Usage(12, 7, 4)
     assert tally.finished
-    # Output text: "h\u00e9llo" (6 bytes), and the tool call's name and arguments (1 + 7).
-    assert tally.output_bytes == 14
     # The client did not ask for usage: it gets neither that chunk nor [DONE] (sent after the
     # trailer), and every other event as it came.
     assert b"usage" not in out
@@ -168,7 +167,25 @@ def test_the_usage_chunk_is_kept_for_a_client_that_asked_for_it() -> None:
 def test_a_stream_that_breaks_off_has_no_usage_and_is_not_finished() -> None:
     tally = StreamTally(plan(Api.CHAT, body(stream=True)))
     tally.feed(CHAT_STREAM[: CHAT_STREAM.index(b"finish_reason")])
-    assert (tally.usage, tally.finished, tally.output_bytes) == (None, False, 14)
+    assert (tally.usage, tally.finished) == (None, False)
+
+
+def cumulative(completion_tokens: int) -> bytes:
+    """A chunk as vLLM sends it with continuous usage stats: usage so far in every chunk."""
+    return chunk(choices=[{"index": 0, "delta": {"content": "x"}}], usage={
+        "prompt_tokens": 12, "completion_tokens": completion_tokens,
+        "total_tokens": 12 + completion_tokens})
+
+
+def test_cumulative_usage_settles_from_the_last_report_and_only_at_done() -> None:
+    stream = b"".join(cumulative(n) for n in (1, 2, 3, 40)) + b"data: [DONE]\n\n"
+    tally = StreamTally(plan(Api.CHAT, body(stream=True)))
+    out = tally.feed(stream[: stream.index(b"data: [DONE]")])
+    # Usage came with every chunk, but the stream has not ended: it is not complete.
+    assert (tally.usage, tally.finished) == (Usage(12, 40), False)
+    assert out.count(b"\n\n") == 4  # chunks with choices reach the client, usage and all
+    tally.feed(stream[stream.index(b"data: [DONE]"):])
+    assert (tally.usage, tally.finished) == (Usage(12, 40), True)
 
 
 def test_a_responses_stream_settles_on_its_terminal_event() -> None:
@@ -184,8 +201,11 @@ def test_a_responses_stream_settles_on_its_terminal_event() -> None:
         for kind, doc in events)
     tally = StreamTally(plan(Api.RESPONSES, json.dumps(
         {"model": "gpt-4o", "input": "hi", "stream": True}).encode()))
-    assert tally.feed(stream) == stream
-    assert (tally.usage, tally.finished, tally.output_bytes) == (Usage(5, 3), True, 5)
+    cut = stream.index(b"event: response.completed")
+    assert tally.feed(stream[:cut]) == stream[:cut]
+    assert (tally.usage, tally.finished) == (None, False)
+    assert tally.feed(stream[cut:]) == stream[cut:]
+    assert (tally.usage, tally.finished) == (Usage(5, 3), True)
 
 
 def test_a_complete_answer_gives_its_usage_or_its_output_bytes() -> None:

@@ -63,7 +63,7 @@ def test_single_replica_enforces_but_health_says_degraded() -> None:
     with ServiceProcess(env) as s, client_for(s) as http:
         tag = org()
         http.budget(tag, 10)
-        key = http.key(tag)
+        key = http.sidecar_key(tag)
         assert http.post("/v1/reservations", headers=key, json={"amount_micros": 10}
                          ).status_code == 201
         assert http.post("/v1/reservations", headers=key, json={"amount_micros": 1}
@@ -81,7 +81,7 @@ def test_a_ledger_outage_fails_closed_and_recovers_without_a_restart(
     with ServiceProcess(env) as s, client_for(s) as http:
         tag = org()
         http.budget(tag, 1_000)
-        key = http.key(tag)
+        key = http.sidecar_key(tag)
         assert http.get("/health").json()["status"] == "ok"
         own_redis.stop()
         r = http.get("/health")
@@ -103,7 +103,7 @@ def test_outage_allowance_admits_up_to_it_and_the_journal_reaches_the_ledger(
     with ServiceProcess(env) as s, client_for(s) as http:
         tag = org()
         http.budget(tag, 10_000, allowance_micros=300)
-        key = http.key(tag)
+        key = http.sidecar_key(tag)
         # One call while the ledger is up teaches the instance the budget's allowance.
         first = http.post("/v1/reservations", headers=key, json={"amount_micros": 10}).json()
         http.post(f"/v1/reservations/{first['reservation_id']}/settle", headers=key,
@@ -134,7 +134,7 @@ def test_a_flushed_ledger_is_detected_not_served_as_empty(own_redis: RedisServer
     with ServiceProcess(env) as s, client_for(s) as http:
         tag = org()
         http.budget(tag, 1_000)
-        key = http.key(tag)
+        key = http.sidecar_key(tag)
         assert http.post("/v1/reservations", headers=key, json={"amount_micros": 1}
                          ).status_code == 201
         redis.Redis.from_url(own_redis.url).flushall()

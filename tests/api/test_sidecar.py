@@ -20,7 +20,7 @@ def org() -> str:
 def test_price_reserve_settle_release(http: Client) -> None:
     tag = org()
     http.budget(tag, 1_000_000)
-    key = http.key(f"{tag}/team:a/key:k")
+    key = http.sidecar_key(f"{tag}/team:a/key:k")
     r = http.post("/v1/reservations", headers=key, json={
         "model": MODEL, "input_tokens": 1_000, "max_output_tokens": 500})
     assert r.status_code == 201, r.text
@@ -49,7 +49,7 @@ def test_price_reserve_settle_release(http: Client) -> None:
 def test_budget_exceeded_is_402_and_names_the_budget(http: Client) -> None:
     tag = org()
     http.budget(tag, 100, period="day")
-    key = http.key(tag)
+    key = http.sidecar_key(tag)
     rid = http.post("/v1/reservations", headers=key, json={"amount_micros": 100}).json()
     busy = http.post("/v1/reservations", headers=key, json={"amount_micros": 1})
     assert busy.status_code == 429
@@ -69,7 +69,7 @@ def test_budget_exceeded_is_402_and_names_the_budget(http: Client) -> None:
 def test_idempotency_key_returns_the_first_reservation(http: Client) -> None:
     tag = org()
     http.budget(tag, 1_000)
-    key = {**http.key(tag), "Idempotency-Key": "call-42"}
+    key = {**http.sidecar_key(tag), "Idempotency-Key": "call-42"}
     first = http.post("/v1/reservations", headers=key, json={"amount_micros": 10})
     again = http.post("/v1/reservations", headers=key, json={"amount_micros": 10})
     assert (first.status_code, again.status_code) == (201, 200)
@@ -90,7 +90,7 @@ def test_idempotency_key_returns_the_first_reservation(http: Client) -> None:
 def test_bad_input_is_422_and_reserves_nothing(http: Client, body: object) -> None:
     tag = org()
     http.budget(tag, 1_000)
-    key = http.key(tag)
+    key = http.sidecar_key(tag)
     r = http.post("/v1/reservations", headers=key, json=body)
     assert r.status_code == 422, r.text
     assert r.json()["error"]["code"] == "invalid_request"
@@ -100,7 +100,7 @@ def test_bad_input_is_422_and_reserves_nothing(http: Client, body: object) -> No
 def test_an_unpriced_model_is_422_model_unpriced(http: Client) -> None:
     tag = org()
     http.budget(tag, 1_000)
-    r = http.post("/v1/reservations", headers=http.key(tag), json={
+    r = http.post("/v1/reservations", headers=http.sidecar_key(tag), json={
         "model": "model-launched-this-morning", "input_tokens": 1, "max_output_tokens": 1})
     assert (r.status_code, r.json()["error"]["code"]) == (422, "model_unpriced")
 
@@ -109,7 +109,8 @@ def test_a_key_cannot_touch_another_keys_reservation(http: Client) -> None:
     tag, other_org = org(), org()
     http.budget(tag, 1_000)
     http.budget(other_org, 1_000)
-    mine, neighbour, stranger = http.key(tag), http.key(tag), http.key(other_org)
+    mine, neighbour = http.sidecar_key(tag), http.sidecar_key(tag)
+    stranger = http.sidecar_key(other_org)
     rid = http.post("/v1/reservations", headers=mine, json={"amount_micros": 10}).json()[
         "reservation_id"]
     for key in (neighbour, stranger):
@@ -141,7 +142,7 @@ def test_a_revoked_key_is_refused(http: Client) -> None:
 def test_a_run_has_its_own_ceiling_in_every_answer(http: Client) -> None:
     tag = org()
     http.budget(tag, 1_000)
-    key = {**http.key(tag, run_ceiling_micros=50), "X-Ceiling-Run-Id": "agent-7"}
+    key = {**http.sidecar_key(tag, run_ceiling_micros=50), "X-Ceiling-Run-Id": "agent-7"}
     r = http.post("/v1/reservations", headers=key, json={"amount_micros": 50})
     assert [b["budget_id"] for b in r.json()["budgets"]] == [tag, f"{tag}/run:agent-7"]
     r = http.post("/v1/reservations", headers=key, json={"amount_micros": 1})
@@ -165,5 +166,48 @@ def test_a_ten_megabyte_chunked_body_is_413(http: Client) -> None:
     tag = org()
     http.budget(tag, 1_000)
     r = http.post("/v1/reservations", content=chunks(),
-                  headers={**http.key(tag), "Content-Type": "application/json"})
+                  headers={**http.sidecar_key(tag), "Content-Type": "application/json"})
     assert (r.status_code, r.json()["error"]["code"]) == (413, "payload_too_large")
+
+
+def test_a_key_needs_the_sidecar_role_for_the_sidecar_routes(http: Client) -> None:
+    tag = org()
+    http.budget(tag, 1_000)
+    gateway_only, sidecar = http.key(tag), http.sidecar_key(tag)
+    rid = http.post("/v1/reservations", headers=sidecar, json={"amount_micros": 10}).json()[
+        "reservation_id"]
+    for path, body in (("/v1/reservations", {"amount_micros": 1}),
+                       (f"/v1/reservations/{rid}/settle", {"actual_micros": 0}),
+                       (f"/v1/reservations/{rid}/release", None)):
+        r = http.post(path, headers=gateway_only, json=body)
+        error = r.json()["error"]
+        assert (r.status_code, error["code"], error["missing_role"]) == (
+            403, "forbidden", "sidecar"), path
+        assert "'sidecar' role" in error["message"]
+    # Either role reads its own budgets.
+    for key in (gateway_only, sidecar):
+        assert http.get("/v1/budgets/me", headers=key).json()["budgets"][0][
+            "reserved_micros"] == 10
+
+
+@pytest.mark.parametrize(("resolve", "state", "charged"), [("settle", "settled", 4),
+                                                           ("release", "released", 0)])
+def test_a_replayed_reserve_after_its_call_was_resolved_says_what_happened(
+    http: Client, resolve: str, state: str, charged: int
+) -> None:
+    tag = org()
+    http.budget(tag, 1_000)
+    key = {**http.sidecar_key(tag), "Idempotency-Key": "call-7"}
+    rid = http.post("/v1/reservations", headers=key, json={"amount_micros": 10}).json()[
+        "reservation_id"]
+    http.post(f"/v1/reservations/{rid}/{resolve}", headers=key,
+              json={"actual_micros": 4} if resolve == "settle" else None)
+    replay = http.post("/v1/reservations", headers=key, json={"amount_micros": 10})
+    error = replay.json()["error"]
+    assert replay.status_code == 409, replay.text
+    assert {k: error[k] for k in ("code", "reservation_id", "state", "reserved_micros",
+                                  "charged_micros")} == {
+        "code": "reservation_resolved", "reservation_id": rid, "state": state,
+        "reserved_micros": 10, "charged_micros": charged}
+    budgets = http.get("/v1/budgets/me", headers=key).json()["budgets"][0]
+    assert (budgets["committed_micros"], budgets["reserved_micros"]) == (charged, 0)

@@ -21,7 +21,7 @@ def org() -> str:
 def test_a_run_id_cannot_reach_another_budget(http: Client, run_id: str | bytes) -> None:
     tag = org()
     http.budget(tag, 1_000)
-    key = http.key(f"{tag}/team:a", run_ceiling_micros=10)
+    key = http.sidecar_key(f"{tag}/team:a", run_ceiling_micros=10)
     headers = [(k.encode(), v.encode()) for k, v in key.items()]
     headers.append((b"X-Ceiling-Run-Id", run_id if isinstance(run_id, bytes) else run_id.encode()))
     r = http.post("/v1/reservations", headers=headers, json={"amount_micros": 1})
@@ -34,7 +34,7 @@ def test_a_body_cannot_name_another_budget(http: Client) -> None:
     tag, victim = org(), org()
     http.budget(tag, 1_000)
     http.budget(victim, 1_000)
-    key = http.key(tag)
+    key = http.sidecar_key(tag)
     for body in ({"amount_micros": 1, "budget_id": victim},
                  {"amount_micros": 1, "budget": victim}):
         assert http.post("/v1/reservations", headers=key, json=body).status_code == 422
@@ -46,11 +46,11 @@ def test_a_guessed_reservation_id_from_another_org_is_not_found(http: Client) ->
     tag, other = org(), org()
     http.budget(tag, 1_000)
     http.budget(other, 1_000)
-    mine = http.key(tag)
+    mine = http.sidecar_key(tag)
     rid = http.post("/v1/reservations", headers=mine, json={"amount_micros": 5}).json()[
         "reservation_id"]
     for crafted in (rid, f"{rid}/../x", "%7B" + rid + "%7D"):
-        r = http.post(f"/v1/reservations/{crafted}/release", headers=http.key(other))
+        r = http.post(f"/v1/reservations/{crafted}/release", headers=http.sidecar_key(other))
         assert r.status_code == 404
 
 
@@ -69,7 +69,7 @@ def test_tokens_and_keys_never_reach_the_logs(redis_server: RedisServer, tmp_pat
     with ServiceProcess(env, log_path=str(log)) as s, client_for(s) as http:
         tag = org()
         http.budget(tag, 10)
-        key = http.key(tag)
+        key = http.sidecar_key(tag)
         secret = key["Authorization"].removeprefix("Bearer ")
         http.post("/v1/reservations", headers=key, json={"amount_micros": 10})
         http.post("/v1/reservations", headers=key, json={"amount_micros": 10})

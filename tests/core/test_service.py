@@ -11,15 +11,33 @@ import pytest
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.errors import (
     BudgetExceeded,
+    Forbidden,
     IdempotencyConflict,
     InvalidRequest,
     ModelUnpriced,
     ReservationNotFound,
+    ReservationResolved,
     Unauthorized,
 )
-from core.ledger import LedgerStore
+from core.ledger import (
+    GATEWAY_OWNER_PREFIX,
+    ExpirePolicy,
+    LedgerStore,
+    ReservationState,
+    Role,
+    tag_digest,
+    tag_digest_of,
+)
 from core.prices import PriceTable, Usage
-from core.service import KEY_TRUST_MS, Caller, CallSpec, CeilingService, SettleSpec
+from core.service import (
+    KEY_TRUST_MS,
+    Caller,
+    CallSpec,
+    CeilingService,
+    SettleSpec,
+    operator_fingerprint,
+)
+from tests.support import ManualClock
 
 
 @pytest.fixture
@@ -204,3 +222,88 @@ async def test_a_key_revoked_elsewhere_is_refused_once_its_trust_runs_out(
     now[0] += 1
     with pytest.raises(Unauthorized):
         await instance.authenticate(key.api_key)
+
+
+# -- roles, owners, corrections ------------------------------------------------------------------
+
+
+async def test_a_key_acts_only_in_its_roles(service: CeilingService, tag: str) -> None:
+    await service.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, 10),)))
+    default = await service.create_key(BudgetId(tag), None)
+    assert default.record.roles == {Role.GATEWAY}
+    with pytest.raises(Forbidden) as refused:
+        await service.authenticate(default.api_key, role=Role.SIDECAR)
+    assert refused.value.details == {"missing_role": "sidecar"}
+    gateway = await service.authenticate(default.api_key, role=Role.GATEWAY)
+    assert gateway.owner == GATEWAY_OWNER_PREFIX + default.key_id
+    both = await service.create_key(BudgetId(tag), None, frozenset(Role))
+    sidecar = await service.authenticate(both.api_key, role=Role.SIDECAR)
+    assert sidecar.owner == both.key_id
+    for bad in ([], ["admin"], "sidecar", [1]):
+        with pytest.raises(InvalidRequest):
+            await service.create_key(BudgetId(tag), None, bad)  # type: ignore[arg-type]
+
+
+async def test_a_gateway_reservation_belongs_to_no_key_and_always_expires_charged(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    # CEILING_EXPIRE_POLICY=release applies to sidecar calls only.
+    service = CeilingService(store, PriceTable.from_file(None), expire_policy=ExpirePolicy.RELEASE)
+    await service.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, 1_000),)))
+    key = await service.create_key(BudgetId(tag), None, frozenset(Role))
+    as_gateway = await service.authenticate(key.api_key, role=Role.GATEWAY)
+    as_sidecar = await service.authenticate(key.api_key, role=Role.SIDECAR)
+    call = await service.reserve(as_gateway, CallSpec(amount_micros=100, ttl_ms=1_000))
+    own = await service.reserve(as_sidecar, CallSpec(amount_micros=50, ttl_ms=1_000))
+    with pytest.raises(ReservationNotFound):
+        await service.release(as_sidecar, call.reservation_id)
+    with pytest.raises(ReservationNotFound):
+        await service.settle(as_sidecar, call.reservation_id, SettleSpec(actual_micros=0))
+    clock.advance(1_000)
+    assert await store.expire(tag, 10) == 2
+    gateway_call = await service.inspect(call.reservation_id)
+    sidecar_call = await service.inspect(own.reservation_id)
+    assert (gateway_call.outcome, sidecar_call.outcome) == ("unknown", "released")
+    assert await books(service, as_gateway) == (100, 0)
+
+
+async def test_an_operator_finds_a_reservation_by_its_id_and_corrects_it(
+    service: CeilingService, tag: str
+) -> None:
+    caller = await caller_for(service, tag)
+    r = await service.reserve(caller, CallSpec(amount_micros=100))
+    assert tag_digest_of(r.reservation_id) == tag_digest(tag)
+    by = operator_fingerprint("a-long-random-admin-token")
+    assert "a-long-random-admin-token" not in by
+    settled = await service.correct(r.reservation_id, 60, "invoice 7", by)
+    assert (settled.charged_micros, settled.released_micros) == (60, 40)
+    view = await service.inspect(r.reservation_id)
+    assert (view.state, view.corrected_by, view.correction_reason) == (
+        ReservationState.SETTLED, by, "invoice 7")
+    assert await books(service, caller) == (60, 0)
+    # The id names its tag: another budget cannot claim it.
+    with pytest.raises(ReservationNotFound):
+        await service.inspect(r.reservation_id, BudgetId("org:someone-else"))
+    assert (await service.inspect(r.reservation_id, BudgetId(f"{tag}/key:k"))).charged_micros == 60
+    # An id made before ids named their tag is found only with its budget.
+    with pytest.raises(ReservationNotFound):
+        await service.inspect("0123456789abcdef0123456789abcdef")
+    for reason in ("", "   ", "x" * 501, "line\nbreak", 5):
+        with pytest.raises(InvalidRequest):
+            await service.correct(r.reservation_id, 60, reason, by)
+    for amount in (-1, 1.5, "60", 10**13):
+        with pytest.raises(InvalidRequest):
+            await service.correct(r.reservation_id, amount, "why", by)
+
+
+async def test_a_replayed_reserve_of_a_settled_call_is_not_a_new_hold(
+    service: CeilingService, tag: str
+) -> None:
+    caller = await caller_for(service, tag)
+    first = await service.reserve(caller, CallSpec(amount_micros=70), idempotency_key="call-9")
+    await service.settle(caller, first.reservation_id, SettleSpec(actual_micros=20))
+    with pytest.raises(ReservationResolved) as replay:
+        await service.reserve(caller, CallSpec(amount_micros=70), idempotency_key="call-9")
+    assert (replay.value.details["state"], replay.value.details["charged_micros"]) == (
+        "settled", 20)
+    assert await books(service, caller) == (20, 0)

@@ -56,7 +56,8 @@ def scenario(call: Call, tag: str, admin_token: str) -> list[list[Any]]:
     step("GET", "/health")
     step("PUT", f"/v1/admin/budgets/{tag}",
          {"limits": [{"period": "total", "ceiling_micros": 100}]}, admin_token)
-    key = step("POST", "/v1/admin/keys", {"budget_id": tag}, admin_token)["api_key"]
+    key = step("POST", "/v1/admin/keys", {"budget_id": tag, "roles": ["sidecar"]},
+               admin_token)["api_key"]
     rid = step("POST", "/v1/reservations", {"amount_micros": 100}, key)["reservation_id"]
     step("POST", f"/v1/reservations/{rid}/settle", {"actual_micros": 100}, key)
     step("POST", "/v1/reservations", {"amount_micros": 1}, key)

@@ -111,8 +111,8 @@ def provision(fleet: Fleet, budget_id: str, ceiling_micros: int) -> Provisioned:
         "limits": [{"period": "total", "ceiling_micros": ceiling_micros}],
         "timezone": "UTC", "outage_allowance_micros": 0})
     assert r.status_code == 200, r.text
-    r = fleet.http.post(f"{url}/v1/admin/keys", headers=auth,
-                        json={"budget_id": budget_id, "run_ceiling_micros": None})
+    r = fleet.http.post(f"{url}/v1/admin/keys", headers=auth, json={
+        "budget_id": budget_id, "run_ceiling_micros": None, "roles": ["sidecar"]})
     assert r.status_code == 201, r.text
     return Provisioned(budget_id, ceiling_micros, r.json()["api_key"], r.json()["key_id"])
 

@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 
 from bench.soak import StubProviderProcess
 from core.budgets import BudgetDef, BudgetId, Limit, Period
-from core.ledger import KeyRecord, ReservationRef, ReserveRequest
+from core.ledger import KeyRecord, ReservationRef, ReserveRequest, Role
 from core.limits import RESERVATION_TTL_MS_MIN
 from core.money import micros_to_usd
 from core.service import hash_api_key
@@ -340,7 +340,8 @@ async def reinitialise(redis_url: str, who: Provisioned, billed_micros: int) -> 
         )
         await store.book(booking, billed_micros, int(time.time() * 1000))
         # From the operator's export of key records: only the hash was ever stored.
-        await store.put_key(KeyRecord(who.key_id, hash_api_key(who.api_key), bid, None))
+        await store.put_key(KeyRecord(who.key_id, hash_api_key(who.api_key), bid, None,
+                                      frozenset({Role.SIDECAR})))
     finally:
         await store.close()
 

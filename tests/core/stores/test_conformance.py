@@ -22,6 +22,8 @@ from core.errors import (
     ReservationResolved,
 )
 from core.ledger import (
+    GATEWAY_OWNER_PREFIX,
+    Correction,
     ExpirePolicy,
     KeyRecord,
     LedgerStore,
@@ -29,8 +31,11 @@ from core.ledger import (
     ReservationRef,
     ReservationState,
     ReserveRequest,
+    Role,
     RunLimit,
+    tag_digest,
 )
+from core.limits import RESERVATION_TTL_MS_MAX, RUN_COUNTER_IDLE_MS
 from tests.support import ManualClock
 
 TTL_MS = 60_000
@@ -472,3 +477,215 @@ async def test_a_call_that_outlives_its_lease_never_gets_its_budget_granted_twic
     assert (await store.reserve(request(tag, tag, 30))).reserved_micros == 30
     with pytest.raises(BudgetBusy):
         await store.reserve(request(tag, tag, 1))
+
+
+# -- replays of resolved reservations --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("resolve", "state", "outcome", "charged"), [
+    ("settle", "settled", "settled", 40),
+    ("release", "released", "released", 0),
+    ("expire", "expired", "unknown", 100),
+    ("expire_released", "expired", "released", 0),
+])
+async def test_a_replayed_reserve_of_a_resolved_reservation_says_what_became_of_it(
+    store: LedgerStore, tag: str, clock: ManualClock, resolve: str, state: str, outcome: str,
+    charged: int,
+) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    policy = ExpirePolicy.RELEASE if resolve == "expire_released" else ExpirePolicy.CHARGE
+    first = request(tag, tag, 100, policy=policy)
+    await store.reserve(first)
+    if resolve == "settle":
+        await store.settle(first.ref, 40)
+    elif resolve == "release":
+        await store.release(first.ref)
+    else:
+        clock.advance(TTL_MS)
+        await store.expire(tag, 100)
+    books = await leg(store, tag)
+    with pytest.raises(ReservationResolved) as replay:
+        await store.reserve(first)
+    assert {k: replay.value.details[k] for k in (
+        "reservation_id", "state", "outcome", "reserved_micros", "charged_micros")} == {
+        "reservation_id": first.ref.reservation_id, "state": state, "outcome": outcome,
+        "reserved_micros": 100, "charged_micros": charged}
+    assert await leg(store, tag) == books  # nothing held again
+    # Another call under the same id is still told apart from a replay.
+    with pytest.raises(IdempotencyConflict):
+        await store.reserve(request(tag, tag, 100, rid=first.ref.reservation_id, fingerprint="x"))
+
+
+# -- operators' corrections ------------------------------------------------------------------------
+
+GATEWAY_OWNER = GATEWAY_OWNER_PREFIX + OWNER
+BY = Correction("admin:0123456789abcdef", "provider bill, invoice 42")
+
+
+async def test_an_operator_corrects_an_open_reservation_whoever_owns_it(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    held = request(tag, tag, 100, owner=GATEWAY_OWNER)
+    await store.reserve(held)
+    # Its key, acting as a sidecar, cannot reach it: the gateway's owner is not the key's.
+    as_key = ReservationRef(tag, held.ref.reservation_id, OWNER)
+    with pytest.raises(ReservationNotFound):
+        await store.settle(as_key, 0)
+    with pytest.raises(ReservationNotFound):
+        await store.release(as_key)
+    assert await store.reservation(as_key) is None
+    clock.advance(1_234)
+    corrected = await store.correct(tag, held.ref.reservation_id, 30, BY)
+    assert (corrected.charged_micros, corrected.released_micros, corrected.late,
+            corrected.replayed) == (30, 70, False, False)
+    total = await leg(store, tag)
+    assert (total.committed_micros, total.reserved_micros) == (30, 0)
+    view = await store.inspect(tag, held.ref.reservation_id)
+    assert view is not None
+    assert (view.state, view.outcome, view.charged_micros, view.owner) == (
+        ReservationState.SETTLED, "corrected", 30, GATEWAY_OWNER)
+    assert (view.corrected_by, view.corrected_at_ms, view.corrected_from_micros,
+            view.correction_reason) == (BY.corrected_by, clock.now_ms, 100, BY.reason)
+    assert view.resolved_ms == clock.now_ms
+    assert view.created_ms == clock.now_ms - 1_234
+    # Safe to repeat; another amount is a conflict; the gateway's own settle no longer applies.
+    again = await store.correct(tag, held.ref.reservation_id, 30, BY)
+    assert (again.charged_micros, again.replayed) == (30, True)
+    with pytest.raises(IdempotencyConflict):
+        await store.correct(tag, held.ref.reservation_id, 31, BY)
+    with pytest.raises(IdempotencyConflict):
+        await store.settle(held.ref, 31)
+    assert await leg(store, tag) == total
+
+
+async def test_an_operator_corrects_an_unknown_outcome_after_expiry(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    held = request(tag, tag, 100, owner=GATEWAY_OWNER)
+    await store.reserve(held)
+    clock.advance(TTL_MS)
+    assert await store.expire(tag, 100) == 1
+    assert (await leg(store, tag)).committed_micros == 100  # charged at expiry: unknown
+    corrected = await store.correct(tag, held.ref.reservation_id, 130, BY)
+    assert (corrected.charged_micros, corrected.overshoot_micros, corrected.late) == (
+        130, 30, True)
+    total = await leg(store, tag)
+    assert (total.committed_micros, total.reserved_micros, total.overshoot_micros) == (
+        130, 0, 30)
+    view = await store.inspect(tag, held.ref.reservation_id)
+    assert view is not None
+    assert (view.outcome, view.corrected_from_micros) == ("corrected", 100)
+
+
+@pytest.mark.parametrize("resolve", ["settle", "release", "expire_released"])
+async def test_an_operator_cannot_correct_what_was_resolved(
+    store: LedgerStore, tag: str, clock: ManualClock, resolve: str
+) -> None:
+    await put(store, tag, (Period.TOTAL, 1_000))
+    policy = ExpirePolicy.RELEASE if resolve == "expire_released" else ExpirePolicy.CHARGE
+    held = request(tag, tag, 100, policy=policy)
+    await store.reserve(held)
+    if resolve == "settle":
+        await store.settle(held.ref, 40)
+    elif resolve == "release":
+        await store.release(held.ref)
+    else:
+        clock.advance(TTL_MS)
+        await store.expire(tag, 100)
+    books = await leg(store, tag)
+    with pytest.raises(ReservationResolved) as refused:
+        await store.correct(tag, held.ref.reservation_id, 0, BY)
+    assert refused.value.details["state"] == ("expired" if resolve == "expire_released"
+                                              else f"{resolve}d")
+    assert await leg(store, tag) == books
+    view = await store.inspect(tag, held.ref.reservation_id)
+    assert view is not None
+    assert view.corrected_by is None
+    with pytest.raises(ReservationNotFound):
+        await store.correct(tag, uuid.uuid4().hex, 0, BY)
+    assert await store.inspect(tag, uuid.uuid4().hex) is None
+
+
+async def test_put_budget_maps_the_tag_its_reservation_ids_name(
+    store: LedgerStore, tag: str
+) -> None:
+    assert await store.tag_of(tag_digest(tag)) is None
+    await put(store, f"{tag}/team:a", (Period.TOTAL, 1_000))
+    await put(store, f"{tag}/team:a", (Period.TOTAL, 2_000))  # safe to repeat
+    assert await store.tag_of(tag_digest(tag)) == tag
+
+
+async def test_a_key_keeps_its_roles(store: LedgerStore, tag: str) -> None:
+    for roles in ({Role.SIDECAR}, {Role.GATEWAY, Role.SIDECAR}):
+        record = KeyRecord("key_r" + uuid.uuid4().hex[:8], "h" + uuid.uuid4().hex,
+                           BudgetId(tag), None, frozenset(roles))
+        await store.put_key(record)
+        assert await store.get_key(record.key_hash) == record
+
+
+# -- bounded state: run counters end after an idle time ----------------------------------------
+
+
+async def run_leg(store: LedgerStore, tag: str, run: RunLimit) -> LegStatus:
+    legs = await store.status((BudgetId(tag),), run)
+    return next(x for x in legs if x.budget_id == run.budget_id.path)
+
+
+def a_run(tag: str, ceiling_micros: int = 500) -> RunLimit:
+    return RunLimit(BudgetId(f"{tag}/run:r{uuid.uuid4().hex[:8]}"), ceiling_micros)
+
+
+async def test_a_run_counter_is_dropped_after_a_day_without_a_call(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    await put(store, tag, (Period.TOTAL, 10_000))
+    run = a_run(tag)
+    first = request(tag, tag, 100, run=run)
+    await store.reserve(first)
+    await store.settle(first.ref, 80)
+    clock.advance(RUN_COUNTER_IDLE_MS - 1)
+    assert (await run_leg(store, tag, run)).committed_micros == 80
+    clock.advance(1)
+    assert (await run_leg(store, tag, run)).committed_micros == 0
+    # The same run id after a silent day is a new run; the budget above it kept everything.
+    again = await store.reserve(request(tag, tag, 500, run=run))
+    assert [(x.committed_micros, x.reserved_micros) for x in again.legs] == [(80, 500), (0, 500)]
+
+
+async def test_a_run_counter_outlives_every_open_reservation_of_its_run(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    await put(store, tag, (Period.TOTAL, 10_000))
+    run = a_run(tag)
+    await store.reserve(request(tag, tag, 100, run=run, ttl_ms=RESERVATION_TTL_MS_MAX))
+    clock.advance(RESERVATION_TTL_MS_MAX)
+    assert await store.expire(tag, 100) == 1  # the expiry's write starts the idle time again
+    clock.advance(RUN_COUNTER_IDLE_MS - 1)
+    assert (await run_leg(store, tag, run)).committed_micros == 100
+    clock.advance(1)
+    assert (await run_leg(store, tag, run)).committed_micros == 0
+
+
+@pytest.mark.parametrize("late", ["settle", "release"])
+async def test_a_late_answer_for_an_idle_run_books_the_budgets_and_leaves_the_run_gone(
+    store: LedgerStore, tag: str, clock: ManualClock, late: str
+) -> None:
+    await put(store, tag, (Period.TOTAL, 10_000))
+    run = a_run(tag)
+    held = request(tag, tag, 100, run=run)
+    await store.reserve(held)
+    clock.advance(TTL_MS)
+    await store.expire(tag, 100)
+    clock.advance(RUN_COUNTER_IDLE_MS)
+    if late == "settle":
+        await store.settle(held.ref, 30)
+    else:
+        await store.release(held.ref)
+    assert (await leg(store, tag)).committed_micros == (30 if late == "settle" else 0)
+    gone = await run_leg(store, tag, run)
+    # Not recreated holding only the late delta (a refund would read as negative spend).
+    assert (gone.committed_micros, gone.reserved_micros, gone.overshoot_micros) == (0, 0, 0)
+    fresh = await store.reserve(request(tag, tag, run.ceiling_micros, run=run))
+    assert fresh.legs[-1].reserved_micros == run.ceiling_micros

@@ -12,7 +12,7 @@ from redis.exceptions import ResponseError
 
 from core.budgets import BudgetId, Period
 from core.errors import BudgetNotFound, LedgerUnavailable
-from core.ledger import KeyRecord, ReservationRef
+from core.ledger import ROLES_OF_LEGACY_KEYS, KeyRecord, ReservationRef, Role
 from core.stores import keys
 from core.stores.redis import LEDGER_CALL_TIMEOUT_S, RedisStore
 from core.stores.scripts import script
@@ -176,4 +176,24 @@ async def test_every_key_a_call_writes_carries_its_tag(
     written = [k async for k in raw.scan_iter(match=f"*{tag}*")]
     assert len(written) >= 6
     assert all(k.startswith(f"sc:{{{tag}}}:") for k in written)
+    await store.close()
+
+
+async def test_a_key_stored_before_roles_keeps_both_and_a_role_unknown_here_grants_nothing(
+    redis_server: RedisServer, raw: aioredis.Redis, tag: str
+) -> None:
+    store = RedisStore(redis_server.url)
+    await store.open()
+    # As an earlier version wrote it: no roles field.
+    await raw.hset(keys.api_key("hash_legacy" + tag), mapping={
+        "key_id": "key_legacy", "budget_id": tag, "run": ""})
+    legacy = await store.get_key("hash_legacy" + tag)
+    assert legacy is not None
+    assert legacy.roles == ROLES_OF_LEGACY_KEYS == {Role.GATEWAY, Role.SIDECAR}
+    # As a later version might write it: a role this one does not know is ignored.
+    await raw.hset(keys.api_key("hash_later" + tag), mapping={
+        "key_id": "key_later", "budget_id": tag, "run": "", "roles": "auditor,sidecar"})
+    later = await store.get_key("hash_later" + tag)
+    assert later is not None
+    assert later.roles == {Role.SIDECAR}
     await store.close()

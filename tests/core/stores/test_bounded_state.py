@@ -1,0 +1,168 @@
+"""Bounded state: nothing a caller can make the ledger keep is kept for ever.
+
+A key holder chooses run ids, idempotency keys, model names and how many calls to make. Under
+`noeviction` (which the ledger needs: an evicted counter is a refilled budget), every key those
+leave behind without an expiry is memory that only an operator can give back, and a full Redis
+fails every call closed for everyone. This drives 10,000 distinct run ids (and the other
+caller-made state) through the service into a redis-server of its own, then reads every key
+back with SCAN and PTTL: only what an operator made may be without an expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from core.budgets import BudgetDef, BudgetId, Limit, Period
+from core.errors import BudgetBusy
+from core.ledger import Role
+from core.limits import (
+    RECORD_RETENTION_MS,
+    RESERVATION_TTL_MS_MAX,
+    RESERVATION_TTL_MS_MIN,
+    RUN_COUNTER_IDLE_MS,
+)
+from core.prices import PriceTable
+from core.replies import REPLY_TTL_MS, StoredReply, reply_ref
+from core.service import CallSpec, CeilingService, SettleSpec
+from core.stores.redis import RedisStore
+from infra.redis_server import RedisServer
+
+RUNS = 10_000
+# Calls in flight at once: as fast as one process and a 64-connection pool go.
+CONCURRENCY = 64
+# One call in this many is left open (to expire), one released, one made under an
+# Idempotency-Key; the rest are settled.
+OPEN_EVERY, RELEASE_EVERY, IDEMPOTENT_EVERY = 10, 7, 5
+MODELS = 50  # distinct model names with an output histogram
+# Keys an operator makes, kept without an expiry: the ledger id, a tag's meta and budget
+# definitions, the total counters of those budgets, API key records, the tag map, and a tag's
+# open-lease set while it has members.
+OPERATOR_KEYS = re.compile(
+    r"sc:ledger|sc:tags|sc:key:[0-9a-f]+|sc:keyid:key_[0-9a-f]+"
+    r"|sc:\{(?P<tag>[^}]+)\}:(meta|open|def:.+|p:(?P<budget>[^|]+)\|total)"
+)
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def raw(own_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+async def keys_without_expiry(raw: aioredis.Redis, defined: set[str]) -> list[str]:
+    """Every key with no expiry that is not an operator's."""
+    found = []
+    async for key in raw.scan_iter(count=1_000):
+        if await raw.pttl(key) != -1:
+            continue
+        allowed = OPERATOR_KEYS.fullmatch(key)
+        if allowed and allowed["budget"] is not None and allowed["budget"] not in defined:
+            allowed = None  # a total counter, but not of a budget anyone defined: a run's
+        if allowed is None:
+            found.append(key)
+    return found
+
+
+def mean_bytes(sizes: list[int]) -> int:
+    return round(sum(sizes) / len(sizes))
+
+
+@pytest.mark.slow
+async def test_10000_run_ids_leave_nothing_a_caller_made_without_an_expiry(
+    own_redis: RedisServer, raw: aioredis.Redis
+) -> None:
+    store = RedisStore(own_redis.url)
+    service = CeilingService(store, PriceTable.from_file(None))
+    tag = f"org:b{uuid.uuid4().hex[:8]}"
+    team = BudgetId(f"{tag}/team:t")
+    await service.put_budget(BudgetDef(BudgetId(tag), (
+        Limit(Period.DAY, 10**12), Limit(Period.MONTH, 10**12), Limit(Period.TOTAL, 10**12))))
+    await service.put_budget(BudgetDef(team, (Limit(Period.TOTAL, 10**12),)))
+    key = await service.create_key(BudgetId(f"{team}/key:k"), 1_000, frozenset(Role))
+    record_ids: dict[str, str] = {}
+
+    async def one_run(i: int) -> None:
+        role = Role.GATEWAY if i % 2 else Role.SIDECAR
+        who = await service.authenticate(key.api_key, f"run-{i}", role)
+        idempotency_key = f"call-{i}" if i % IDEMPOTENT_EVERY == 0 else None
+        try:
+            r = await service.reserve(
+                who, CallSpec(amount_micros=100, ttl_ms=RESERVATION_TTL_MS_MIN), idempotency_key)
+        except BudgetBusy:
+            raise AssertionError("each run holds only its own call") from None
+        kind = ("open" if i % OPEN_EVERY == 0 else "released" if i % RELEASE_EVERY == 0
+                else "settled")
+        record_ids.setdefault(kind, r.reservation_id)
+        if kind == "released":
+            await service.release(who, r.reservation_id)
+        elif kind == "settled":
+            await service.settle(who, r.reservation_id, SettleSpec(actual_micros=40))
+        if idempotency_key is not None and role is Role.GATEWAY:
+            ref = reply_ref(who, idempotency_key)
+            claimed = await store.replies.claim(ref, "fp", "token", RESERVATION_TTL_MS_MIN)
+            assert claimed.kind == "claimed"
+            if i % 3:
+                await store.replies.complete(ref, "token", StoredReply(200, (), "{}"),
+                                             REPLY_TTL_MS)
+        if i < MODELS:
+            await store.observe_output(f"model-{i}", 100)
+
+    pending = iter(range(RUNS))
+
+    async def worker() -> None:
+        for i in pending:
+            await one_run(i)
+
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    await store.probe("instance-1")
+    defined = {tag, team.path}
+    who = await service.authenticate(key.api_key, "run-long", Role.SIDECAR)
+    long = await service.reserve(who, CallSpec(amount_micros=100, ttl_ms=RESERVATION_TTL_MS_MAX))
+
+    # While leases are open: records and counters under them all expire too, and a record
+    # outlives its lease by the retention, so a late answer still finds it.
+    assert await keys_without_expiry(raw, defined) == []
+    run_counter = f"sc:{{{tag}}}:p:{team}/key:k/run:run-long|total"
+    assert RUN_COUNTER_IDLE_MS - 60_000 < await raw.pttl(run_counter) <= RUN_COUNTER_IDLE_MS
+    open_record = f"sc:{{{tag}}}:r:{long.reservation_id}"
+    assert RECORD_RETENTION_MS + RESERVATION_TTL_MS_MAX - 60_000 < await raw.pttl(
+        open_record) <= RECORD_RETENTION_MS + RESERVATION_TTL_MS_MAX
+    await service.release(who, long.reservation_id)
+
+    # Measured, for the README's sizing: one run's counter, one resolved reservation record.
+    run_counters = [f"sc:{{{tag}}}:p:{team}/key:k/run:run-{i}|total" for i in range(1, 201)]
+    records = [f"sc:{{{tag}}}:r:{rid}" for rid in record_ids.values()]
+    settled_record = f"sc:{{{tag}}}:r:{record_ids['settled']}"
+    # samples=0: every field counted, not an estimate from a sample of them.
+    counter_bytes = mean_bytes([await raw.memory_usage(k, samples=0) or 0 for k in run_counters])
+    record_bytes = await raw.memory_usage(settled_record, samples=0) or 0
+    assert await raw.exists(*records) == len(records)
+    assert 0 < counter_bytes < 1_000
+    assert 0 < record_bytes < 2_000
+
+    # Once the leases have run out, expiry resolves them, and the open-lease set goes with them.
+    await asyncio.sleep(RESERVATION_TTL_MS_MIN / 1000)
+    while await store.expire(tag, 1_000):
+        pass
+    assert not await raw.exists(f"sc:{{{tag}}}:open")
+    assert await keys_without_expiry(raw, defined) == []
+    run_keys = [k async for k in raw.scan_iter(match=f"sc:{{{tag}}}:p:*run:*", count=1_000)]
+    assert len(run_keys) == RUNS + 1
+    info = await raw.info("memory")
+    print(f"\nbounded state: {RUNS} run ids, {await raw.dbsize()} keys, none a caller made "
+          f"without an expiry; bytes (MEMORY USAGE) per run counter {counter_bytes}, per "
+          f"settled reservation record {record_bytes}; used_memory {info['used_memory']}")
+    await store.close()
