@@ -212,7 +212,7 @@ def _check_mp3(data: str, field: str) -> None:
 
 def audio_ms_max(data: object, audio_format: object, field: str) -> int:
     """An upper bound on the duration of base64 `data` in `audio_format`, in milliseconds."""
-    if not isinstance(data, str) or not data:
+    if not isinstance(data, str) or not data or not data.isascii():
         raise InvalidRequest(f"{field}.data must be base64 audio", field=f"{field}.data")
     if audio_format == "wav":
         bytes_per_s = _wav_bytes_per_s(data, f"{field}.data")
@@ -252,12 +252,29 @@ class InputBound:
     media: Media = NO_MEDIA
 
 
+def _encodable(text: str) -> bool:
+    """Whether `text` can be sent as UTF-8: a JSON body can carry lone surrogates it cannot."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def json_bytes(value: object) -> int:
     """UTF-8 bytes of `value` as JSON: the token bound of the text it carries."""
     try:
         return len(json.dumps(value, ensure_ascii=False).encode())
     except UnicodeEncodeError as exc:
         raise InvalidRequest("the request's text is not valid Unicode (a lone surrogate)") from exc
+
+
+# Parts that are text only: bounded by their bytes.
+CHAT_TEXT_PARTS = frozenset({"text", "refusal"})
+RESPONSES_TEXT_PARTS = frozenset({"input_text", "output_text", "refusal"})
+# Responses items that carry text only (function calls and their text or part outputs).
+RESPONSES_CALL_ITEMS = frozenset({"function_call", "custom_tool_call"})
+RESPONSES_OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
 class _Walk:
@@ -306,7 +323,7 @@ class _Walk:
             field=field)
 
     def image(self, url: object, url_field: str, detail: object, detail_field: str) -> None:
-        if not isinstance(url, str) or not url:
+        if not isinstance(url, str) or not url or not _encodable(url):
             raise InvalidRequest(f"{url_field} must be an image URL", field=url_field)
         # A data URL of another type (a PDF, a video) would be billed by other rules.
         if url[:5].lower() == "data:" and url[5:11].lower() != "image/":
@@ -365,14 +382,6 @@ class _Walk:
                                       f"{field}.input_audio")
         self.audio_field = self.audio_field or f"{field}.input_audio"
         return {**part, "input_audio": {**given, "data": ""}}
-
-
-# Parts that are text only: bounded by their bytes.
-CHAT_TEXT_PARTS = frozenset({"text", "refusal"})
-RESPONSES_TEXT_PARTS = frozenset({"input_text", "output_text", "refusal"})
-# Responses items that carry text only (function calls and their text or part outputs).
-RESPONSES_CALL_ITEMS = frozenset({"function_call", "custom_tool_call"})
-RESPONSES_OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
 def _checked(tokens: int, field: str) -> int:

@@ -15,7 +15,8 @@ from starlette.types import Message
 
 from api.routes.gateway import KeptResponse
 from core.config import OUTPUT_TOKENS_DEFAULT
-from core.errors import IdempotencyConflict, InvalidRequest
+from core.content import Media, chat_input, responses_input
+from core.errors import IdempotencyConflict, InputUnbounded, InvalidRequest
 from core.estimate import input_tokens_upper_bound
 from core.gateway import (
     Api,
@@ -24,8 +25,9 @@ from core.gateway import (
     StreamTally,
     body_outcome,
     plan,
+    usage_of,
 )
-from core.prices import Usage
+from core.prices import PriceTable, Usage
 from core.replies import (
     IN_FLIGHT_RETRY_AFTER_S,
     IN_FLIGHT_WAIT_S_MAX,
@@ -68,11 +70,11 @@ def test_n_multiplies_the_output_and_the_input_is_bounded_by_the_forwarded_bytes
     p = plan(Api.CHAT, body(max_tokens=10, n=3))
     assert (p.choices, p.spec().choices) == (3, 3)
     rest = {k: v for k, v in json.loads(p.content()).items() if k != "messages"}
-    assert p.input_tokens_max == input_tokens_upper_bound(MESSAGES) + len(
-        json.dumps(rest, separators=(",", ":")).encode())
+    assert p.text_tokens_max == input_tokens_upper_bound(MESSAGES) + len(
+        json.dumps(rest).encode())
     # Two requests that forward the same body are priced the same.
-    assert plan(Api.CHAT, body()).input_tokens_max == plan(
-        Api.CHAT, body(max_completion_tokens=OUTPUT_TOKENS_DEFAULT)).input_tokens_max
+    assert plan(Api.CHAT, body()).text_tokens_max == plan(
+        Api.CHAT, body(max_completion_tokens=OUTPUT_TOKENS_DEFAULT)).text_tokens_max
 
 
 def test_a_chat_stream_asks_for_usage_and_remembers_whether_the_client_did() -> None:
@@ -89,11 +91,13 @@ def test_a_chat_stream_asks_for_usage_and_remembers_whether_the_client_did() -> 
     (Api.CHAT, {"max_tokens": True}, "max_tokens"),
     (Api.CHAT, {"n": 0}, "n"),
     (Api.CHAT, {"audio": {"voice": "alloy"}}, "audio"),
+    (Api.CHAT, {"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    (Api.CHAT, {"speed": "fast"}, "speed"),
+    (Api.CHAT, {"service_tier": 1}, "service_tier"),
     (Api.CHAT, {"messages": "hello"}, "messages"),
     (Api.CHAT, {"model": 7}, "model"),
-    (Api.RESPONSES, {"previous_response_id": "resp_1"}, "previous_response_id"),
     (Api.RESPONSES, {"background": True}, "background"),
-    (Api.RESPONSES, {"tools": [{"type": "web_search"}]}, "tools"),
+    (Api.RESPONSES, {"input": 7}, "input"),
 ])
 def test_what_cannot_be_priced_is_refused(api: Api, fields: dict[str, Any], param: str) -> None:
     doc = {"model": "gpt-4o", "messages": MESSAGES} if api is Api.CHAT else {
@@ -101,6 +105,68 @@ def test_what_cannot_be_priced_is_refused(api: Api, fields: dict[str, Any], para
     with pytest.raises(InvalidRequest) as refused:
         plan(api, json.dumps({**doc, **fields}).encode())
     assert refused.value.details.get("field") == param
+    assert not isinstance(refused.value, InputUnbounded)
+
+
+@pytest.mark.parametrize(("api", "fields", "param"), [
+    (Api.CHAT, {"web_search_options": {}}, "web_search_options"),
+    (Api.CHAT, {"tools": [{"type": "file_search"}]}, "tools"),
+    (Api.CHAT, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "read this"},
+        {"type": "file", "file": {"file_id": "file-abc"}}]}]}, "messages[0].content[1].file"),
+    (Api.RESPONSES, {"previous_response_id": "resp_1"}, "previous_response_id"),
+    (Api.RESPONSES, {"conversation": "conv_1"}, "conversation"),
+    (Api.RESPONSES, {"prompt": {"id": "pmpt_1"}}, "prompt"),
+    (Api.RESPONSES, {"tools": [{"type": "web_search"}]}, "tools"),
+    (Api.RESPONSES, {"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
+    (Api.RESPONSES, {"input": [{"role": "user", "content": [
+        {"type": "input_file", "file_id": "file-abc"}]}]}, "input[0].content[0]"),
+])
+def test_input_the_request_only_names_is_refused_as_unbounded(
+    api: Api, fields: dict[str, Any], param: str
+) -> None:
+    doc = {"model": "gpt-4o", "messages": MESSAGES} if api is Api.CHAT else {
+        "model": "gpt-4o", "input": "hi"}
+    with pytest.raises(InputUnbounded) as refused:
+        plan(api, json.dumps({**doc, **fields}).encode())
+    assert (refused.value.code, refused.value.details.get("field")) == ("input_unbounded", param)
+
+
+def test_an_image_is_counted_not_read_as_text_and_held_at_the_models_bound() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 500_000}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}]
+    p = plan(Api.CHAT, body(messages=messages, max_tokens=10, service_tier="default"))
+    assert p.text_tokens_max < 400  # the parts' framing and the rest of the body
+    assert p.media == Media(images_high=1, image_field="messages[0].content[1].image_url.url")
+    assert p.service_tier == "default"
+    # gpt-4o at its default rates ($2.50 in, $10 out): the text, 85 + 170 x 8 image tokens, and
+    # 10 output tokens. The issue's 1024 x 1024 image was held at its URL's length and billed
+    # 765 tokens; whatever its size, it now holds 1,445.
+    prices = PriceTable(now_s=lambda: 1_796_000_000.0)
+    held = prices.worst_case_micros("gpt-4o", p.text_tokens_max, 10, media=p.media,
+                                    service_tier="default")
+    assert held == -(-(p.text_tokens_max + 1_445) * 25 // 10) + 100
+    assert held > 765 * 2.5 + 100
+
+
+def test_a_request_that_names_no_tier_is_held_at_the_dearest() -> None:
+    assert plan(Api.CHAT, body()).service_tier == "auto"
+    assert plan(Api.RESPONSES, json.dumps(
+        {"model": "gpt-4o", "input": "hi", "service_tier": "priority"}).encode()
+    ).spec().service_tier == "priority"
+
+
+def test_an_estimate_holds_the_whole_input_and_the_output_text_sent() -> None:
+    p = plan(Api.CHAT, body(max_tokens=10, n=3, messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png",
+                                            "detail": "low"}}]}]))
+    estimate = p.estimate(25)
+    assert (estimate.input_tokens, estimate.media, estimate.service_tier) == (
+        p.text_tokens_max, p.media, "auto")
+    assert (estimate.output_tokens_max, estimate.choices) == (25, 1)
+    assert p.estimate(1_000).output_tokens_max == 30  # at most the cap times n
+    assert p.estimate(0).output_tokens_max == 1
+    assert chat_input(p.body["messages"]).media == p.media
 
 
 def test_the_responses_api_takes_a_string_or_items_and_function_tools() -> None:
@@ -108,7 +174,7 @@ def test_the_responses_api_takes_a_string_or_items_and_function_tools() -> None:
     p = plan(Api.RESPONSES, json.dumps({"model": "gpt-4o", "input": items, "max_output_tokens": 9,
                                         "tools": [{"type": "function", "name": "f"}]}).encode())
     assert (p.output_tokens_max, p.choices) == (9, 1)
-    assert p.input_tokens_max > input_tokens_upper_bound(items)
+    assert p.text_tokens_max > responses_input(items).text_tokens
 
 
 def test_a_clamped_plan_forwards_the_smaller_cap_in_the_callers_fields() -> None:
@@ -127,6 +193,8 @@ def chunk(**fields: Any) -> bytes:
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19,
          "prompt_tokens_details": {"cached_tokens": 4}}
+# What a stream's usage chunk and a complete answer without `service_tier` are read as.
+USAGE_READ = Usage(12, 7, 4, service_tier="auto")
 CHAT_STREAM = b"".join([
     chunk(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}]),
     chunk(choices=[{"index": 0, "delta": {"content": "h\u00e9llo"}}]),
@@ -149,7 +217,7 @@ def test_a_chat_stream_is_read_the_same_however_it_is_split(step: int, crlf: boo
     stream = CHAT_STREAM.replace(b"\n", b"\r\n") if crlf else CHAT_STREAM
     tally = StreamTally(plan(Api.CHAT, body(stream=True)))
     out = fed(tally, stream, step)
-    assert tally.usage == Usage(12, 7, 4)
+    assert tally.usage == USAGE_READ
     assert tally.finished
     # Output text: "h\u00e9llo" (6 bytes), and the tool call's name and arguments (1 + 7).
     assert tally.output_bytes == 14
@@ -176,7 +244,7 @@ def test_a_responses_stream_settles_on_its_terminal_event() -> None:
         ("response.created", {"response": {"id": "r", "usage": None}}),
         ("response.output_text.delta", {"delta": "abc"}),
         ("response.function_call_arguments.delta", {"delta": "{}"}),
-        ("response.completed", {"response": {"id": "r", "usage": {
+        ("response.completed", {"response": {"id": "r", "service_tier": "priority", "usage": {
             "input_tokens": 5, "output_tokens": 3, "input_tokens_details": {"cached_tokens": 0}}}}),
     ]
     stream = b"".join(
@@ -185,20 +253,77 @@ def test_a_responses_stream_settles_on_its_terminal_event() -> None:
     tally = StreamTally(plan(Api.RESPONSES, json.dumps(
         {"model": "gpt-4o", "input": "hi", "stream": True}).encode()))
     assert tally.feed(stream) == stream
-    assert (tally.usage, tally.finished, tally.output_bytes) == (Usage(5, 3), True, 5)
+    assert (tally.usage, tally.finished, tally.output_bytes) == (
+        Usage(5, 3, service_tier="priority"), True, 5)
 
 
 def test_a_complete_answer_gives_its_usage_or_its_output_bytes() -> None:
     chat = plan(Api.CHAT, body())
     answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hey"}}]}
-    assert body_outcome(chat, json.dumps({**answer, "usage": USAGE}).encode()) == (
-        Usage(12, 7, 4), 3)
+    assert body_outcome(chat, json.dumps({**answer, "usage": USAGE}).encode()) == (USAGE_READ, 3)
+    assert body_outcome(chat, json.dumps(
+        {**answer, "usage": USAGE, "service_tier": "default"}).encode()) == (
+        Usage(12, 7, 4, service_tier="default"), 3)
     assert body_outcome(chat, json.dumps(answer).encode()) == (None, 3)
     assert body_outcome(chat, b"<html>bad gateway</html>") is None
     responses = plan(Api.RESPONSES, json.dumps({"model": "gpt-4o", "input": "hi"}).encode())
     doc = {"output": [{"type": "message", "content": [{"type": "output_text", "text": "yo"}]}],
            "usage": {"input_tokens": 2, "output_tokens": 1}}
-    assert body_outcome(responses, json.dumps(doc).encode()) == (Usage(2, 1), 2)
+    assert body_outcome(responses, json.dumps(doc).encode()) == (
+        Usage(2, 1, service_tier="auto"), 2)
+
+
+def test_a_stream_reads_the_tier_its_usage_chunk_names() -> None:
+    tally = StreamTally(plan(Api.CHAT, body(stream=True)))
+    tally.feed(chunk(choices=[], usage=USAGE, service_tier="flex") + b"data: [DONE]\n\n")
+    assert tally.usage == Usage(12, 7, 4, service_tier="flex")
+
+
+@pytest.mark.parametrize(("usage", "read"), [
+    # OpenAI: cache reads and audio are parts of prompt_tokens; reasoning and audio parts of
+    # completion_tokens, counted once.
+    ({"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150,
+      "prompt_tokens_details": {"cached_tokens": 20, "audio_tokens": 30},
+      "completion_tokens_details": {"reasoning_tokens": 40, "audio_tokens": 5}},
+     Usage(100, 50, cached_input_tokens=20, input_audio_tokens=30, output_audio_tokens=5)),
+    # A provider whose completion count leaves reasoning out (its total says so).
+    ({"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 150,
+      "completion_tokens_details": {"reasoning_tokens": 40}}, Usage(100, 50)),
+    # Reasoning above the completion count cannot be part of it.
+    ({"prompt_tokens": 100, "completion_tokens": 10,
+      "completion_tokens_details": {"reasoning_tokens": 40}}, Usage(100, 50)),
+    # Cache writes in the details, as part of prompt_tokens (OpenRouter's way).
+    ({"prompt_tokens": 100, "completion_tokens": 1,
+      "prompt_tokens_details": {"cached_tokens": 10, "cache_write_tokens": 30}},
+     Usage(100, 1, cached_input_tokens=10, cache_write_tokens=30)),
+    # Anthropic's counts, beside the input count: 100 + 50 written (20 for 1 h) + 30 read.
+    ({"prompt_tokens": 100, "completion_tokens": 1, "cache_creation_input_tokens": 50,
+      "cache_read_input_tokens": 30, "cache_creation": {
+          "ephemeral_5m_input_tokens": 30, "ephemeral_1h_input_tokens": 20}},
+     Usage(180, 1, cached_input_tokens=30, cache_write_tokens=30, cache_write_1h_tokens=20)),
+])
+def test_a_usage_is_read_the_way_that_costs_no_less(usage: dict[str, Any], read: Usage) -> None:
+    assert usage_of(Api.CHAT, usage, "default") == Usage(
+        **{**read.__dict__, "service_tier": "default"})
+
+
+def test_the_responses_usage_and_an_unnamed_tier() -> None:
+    usage = {"input_tokens": 100, "output_tokens": 50, "total_tokens": 150,
+             "input_tokens_details": {"cached_tokens": 60},
+             "output_tokens_details": {"reasoning_tokens": 30}}
+    assert usage_of(Api.RESPONSES, usage) == Usage(100, 50, 60, service_tier="auto")
+
+
+@pytest.mark.parametrize("usage", [
+    None, "12", {"prompt_tokens": 12}, {"prompt_tokens": -1, "completion_tokens": 1},
+    {"prompt_tokens": "12", "completion_tokens": 1},
+    {"prompt_tokens": 12, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 13}},
+    {"prompt_tokens": 12, "completion_tokens": 1, "prompt_tokens_details": [1]},
+    {"prompt_tokens": 12, "completion_tokens": 1, "completion_tokens_details": {
+        "audio_tokens": 2}},
+])
+def test_a_usage_that_cannot_be_read_is_none(usage: object) -> None:
+    assert usage_of(Api.CHAT, usage) is None
 
 
 # -- output lengths -----------------------------------------------------------------------------
