@@ -71,13 +71,16 @@ def test_image_bounds_are_the_documented_maxima() -> None:
     assert (image_bound("gpt-4o").low_tokens, image_bound("gpt-4o").high_tokens) == (
         85, 85 + 170 * 8)  # type: ignore[union-attr]
     mini = image_bound("gpt-4o-mini")
-    assert mini is not None and (mini.low_tokens, mini.high_tokens) == (2_833, 48_169)
+    assert mini is not None
+    assert (mini.low_tokens, mini.high_tokens) == (2_833, 48_169)
     o3 = image_bound("o3")
-    assert o3 is not None and o3.high_tokens == 75 + 150 * 8 == 1_275
+    assert o3 is not None
+    assert o3.high_tokens == 75 + 150 * 8 == 1_275
     # Patch models: 1,536 patches times the multiplier, rounded up, at any detail.
     for model, tokens in (("gpt-4.1-mini", 2_489), ("o4-mini", 2_642), ("gpt-4.1-nano", 3_779)):
         bound = image_bound(model)
-        assert bound is not None and (bound.low_tokens, bound.high_tokens) == (tokens, tokens)
+        assert bound is not None
+        assert (bound.low_tokens, bound.high_tokens) == (tokens, tokens)
     # Models with no documented rule, or a look-alike of a model that has one: no bound.
     for model in ("gpt-4o-audio-preview", "gpt-5.1", "claude-sonnet-4-5", "gpt-4o-mini-x"):
         assert image_bound(model) is None
