@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
+from functools import cached_property
 from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,18 @@ class Rates:
             return (self, *self.service_tiers.values())
         found = self.service_tiers.get(tier)
         return None if found is None else (found,)
+
+    @cached_property
+    def flat_worst(self) -> tuple[Decimal, Decimal] | None:
+        """(text input, output) rates of the worst case when neither depends on the input's
+        size: the reserve path's common case, worked out once per model, not per call."""
+        schedules = (self.input, self.cached_input, self.cache_write, self.cache_write_1h,
+                     self.output, self.output_audio)
+        if (self.output is None and self.output_audio is None) or any(
+                t is not None and len(t) > 1 for t in schedules):
+            return None
+        return (max(t[0][1] for t in schedules[:4] if t is not None),
+                max(t[0][1] for t in schedules[4:] if t is not None))
 
     def worst_case_exact(self, text_tokens: int, audio_tokens: int, input_tokens_max: int,
                          output_tokens: int) -> Decimal:
@@ -351,7 +364,8 @@ class PriceTable:
     def rates(self, model: str) -> Rates:
         if not isinstance(model, str) or not 0 < len(model) <= MODEL_NAME_LEN_MAX:
             raise InvalidRequest("model must be a name of 1 to 200 characters", field="model")
-        self.refresh()
+        if self._monotonic_s() >= self._next_check_s:
+            self.refresh()
         key = model.lower()
         found = self._overrides.get(key) or self._bundled.get(key)
         if found is None:
@@ -383,6 +397,10 @@ class PriceTable:
         if type(choices) is not int or not 1 <= choices <= CHOICES_MAX:
             raise InvalidRequest(f"n must be an integer from 1 to {CHOICES_MAX}", field="n")
         r = self.rates(model)
+        flat = r.flat_worst if service_tier is None and media is NO_MEDIA else None
+        if flat is not None:  # text at the default tier, at rates that do not depend on size
+            exact = input_tokens * flat[0] + output_tokens_max * choices * flat[1]
+            return _bounded(charge_micros(exact + r.request_micros))
         candidates = self._tiers(model, r, service_tier)
         text_tokens = input_tokens + self._image_tokens(model, r, media)
         audio_tokens = self._audio_tokens(model, r, media)
