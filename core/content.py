@@ -302,6 +302,9 @@ class _Walk:
         if not isinstance(part, dict):
             raise InputUnbounded(f"{field} must be a content part object", field=field)
         kind = part.get("type")
+        if not isinstance(kind, str):
+            raise InputUnbounded(f"{field}.type must name the content part's type",
+                                 field=f"{field}.type")
         if kind in (CHAT_TEXT_PARTS if chat else RESPONSES_TEXT_PARTS):
             return part
         if chat and kind == "image_url":
@@ -430,6 +433,8 @@ def responses_input(given: Any) -> InputBound:
             raise InvalidRequest("each input item must be an object", field="input")
         field = f"input[{i}]"
         kind = item.get("type", "message" if "role" in item else None)
+        if not isinstance(kind, str):
+            raise InputUnbounded(f"{field}.type must name the item's type", field=f"{field}.type")
         if kind == "message":
             item = {**item, "content": walk.content(
                 item.get("content"), f"{field}.content", item.get("role"), chat=False)}

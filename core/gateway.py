@@ -167,7 +167,8 @@ def _prompt(api: Api, body: dict[str, Any]) -> InputBound:
     """The bound of what a call is prompted with (core/content.py): its messages or input."""
     tools = body.get("tools") or []
     if not isinstance(tools, list) or any(
-        not isinstance(t, dict) or t.get("type") not in CLIENT_TOOL_TYPES for t in tools
+        not isinstance(t, dict) or not isinstance(t.get("type"), str)
+        or t["type"] not in CLIENT_TOOL_TYPES for t in tools
     ):
         raise InputUnbounded(
             "only function and custom tools are supported: a hosted tool feeds the model input "

@@ -111,6 +111,7 @@ def test_what_cannot_be_priced_is_refused(api: Api, fields: dict[str, Any], para
 @pytest.mark.parametrize(("api", "fields", "param"), [
     (Api.CHAT, {"web_search_options": {}}, "web_search_options"),
     (Api.CHAT, {"tools": [{"type": "file_search"}]}, "tools"),
+    (Api.CHAT, {"tools": [{"type": ["function"]}]}, "tools"),
     (Api.CHAT, {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "read this"},
         {"type": "file", "file": {"file_id": "file-abc"}}]}]}, "messages[0].content[1].file"),

@@ -133,6 +133,7 @@ def test_an_image_url_counts_whatever_its_length_and_a_bare_url_string_too() -> 
     ({"type": "file", "file": {"file_data": "JVBERi0=", "filename": "a.pdf"}},
      "messages[0].content[0].file"),
     ("a bare string part", "messages[0].content[0]"),
+    ({"type": ["text"], "text": "x"}, "messages[0].content[0].type"),
 ])
 def test_parts_the_gateway_cannot_bound_are_refused_by_name(part: Any, field: str) -> None:
     assert refused(user(part)) == field
@@ -171,6 +172,9 @@ def test_a_wav_clip_is_bounded_by_its_header() -> None:
     assert audio_ms_max(clip, "wav", "a") == 2_002
     media = chat_input(user(text("transcribe"), audio(clip))).media
     assert (media.audio_ms, media.audio_field) == (2_002, "messages[0].content[1].input_audio")
+    # Padded base64: 3,244 bytes (0.1 s and the header) are 4,328 characters, counted as
+    # 4,328 / 4 x 3 = 3,246 bytes, the padding included: 101.4 ms, rounded up.
+    assert audio_ms_max(wav(0.1), "wav", "a") == 102
     # 8 kHz, 8-bit: 8,000 bytes a second, so the same bytes are four times as long.
     assert audio_ms_max(wav(1.0, rate=8_000, width=1), "wav", "a") == -(-8_044 * 1_000 // 8_000)
 
@@ -251,6 +255,8 @@ def test_responses_input_takes_a_string_messages_and_function_calls() -> None:
     ([{"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "..."}],
      "input[0]"),
     ([{"type": "web_search_call", "id": "ws_1", "status": "completed"}], "input[0]"),
+    ([{"type": {"a": 1}, "content": "x"}], "input[0].type"),
+    ([{"content": "no role, no type"}], "input[0].type"),
     ([{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/a.png",
                                     "detail": "original"}]}], "input[0].content[0].detail"),
 ])
