@@ -547,6 +547,9 @@ class Call:
         """Settle from the provider's usage, or without one from an upper bound: the input
         estimate plus the output text's bytes, at most the output cap."""
         call_plan = self.hold.plan
+        if usage is not None and usage.service_tier == TIER_AUTO:
+            # The answer names no tier: it was served at the one the request named, if any.
+            usage = replace(usage, service_tier=call_plan.service_tier)
         try:
             # Without a usage, the worst case of the whole input and the output text sent.
             spec = SettleSpec(usage) if usage is not None else SettleSpec(

@@ -8,22 +8,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from starlette.types import Message
 
 from api.routes.gateway import KeptResponse
+from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.config import OUTPUT_TOKENS_DEFAULT
 from core.content import Media, chat_input, responses_input
 from core.errors import IdempotencyConflict, InputUnbounded, InvalidRequest
 from core.estimate import input_tokens_upper_bound
 from core.gateway import (
     Api,
+    Call,
     Outcome,
     OutputLengths,
     StreamTally,
     body_outcome,
+    hold,
     plan,
     usage_of,
 )
@@ -41,6 +45,8 @@ from core.replies import (
     Ticket,
     claim,
 )
+from core.service import CeilingService
+from core.stores.memory import MemoryStore
 from core.stores.redis import RedisTransport, redis_client
 from infra.redis_server import RedisServer
 from tests.support import ManualClock
@@ -325,6 +331,61 @@ def test_the_responses_usage_and_an_unnamed_tier() -> None:
 ])
 def test_a_usage_that_cannot_be_read_is_none(usage: object) -> None:
     assert usage_of(Api.CHAT, usage) is None
+
+
+# -- settling a call ----------------------------------------------------------------------------
+
+TIERED = {"input_usd_per_mtok": "1", "output_usd_per_mtok": "2",
+          "service_tiers": {"priority": {"input_usd_per_mtok": "3", "output_usd_per_mtok": "6"}}}
+
+
+async def held_call(tmp_path: Path, tag: str, **fields: Any) -> tuple[Call, CeilingService]:
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps({"models": {"t-m": TIERED}}))
+    svc = CeilingService(MemoryStore(), PriceTable.from_file(str(path)))
+    await svc.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, 10_000_000),)))
+    key = await svc.create_key(BudgetId(tag), run_ceiling_micros=None)
+    who = await svc.authenticate(key.api_key)
+    call_plan = plan(Api.CHAT, body(model="t-m", max_tokens=10, **fields))
+    lengths = OutputLengths()
+    return Call(svc, who, await hold(svc, who, call_plan, lengths, clamp=False, p95=False),
+                lengths), svc
+
+
+@pytest.mark.parametrize(("asked", "answered", "charged"), [
+    # 100 in and 10 out: $1/$2 a million at the default tier, $3/$6 at priority.
+    ({}, "default", 100 + 20),
+    ({}, "priority", 300 + 60),
+    ({}, None, 300 + 60),  # named no tier, served at one no answer names: the dearest
+    ({"service_tier": "default"}, None, 100 + 20),  # served at the one it asked for
+    ({"service_tier": "priority"}, None, 300 + 60),
+])
+async def test_a_call_is_charged_at_the_tier_its_answer_names_or_it_asked_for(
+    tmp_path: Path, tag: str, asked: dict[str, Any], answered: str | None, charged: int
+) -> None:
+    call, _ = await held_call(tmp_path, tag, **asked)
+    usage = usage_of(Api.CHAT, {"prompt_tokens": 100, "completion_tokens": 10}, answered)
+    bill = await call.settle(usage, 0)
+    assert (bill.outcome, bill.charged_micros) == (Outcome.BILLED, charged)
+
+
+async def test_a_usage_that_cannot_be_priced_keeps_the_hold(tmp_path: Path, tag: str) -> None:
+    call, svc = await held_call(tmp_path, tag)
+    # Audio for a model without an audio rate: never priced as text; the hold stays for expiry.
+    bill = await call.settle(Usage(100, 10, input_audio_tokens=50, service_tier="default"), 0)
+    assert bill.outcome is Outcome.UNKNOWN
+    assert bill.charged_micros == call.hold.reservation.reserved_micros
+    assert (await svc.my_budgets(call.who))[0].reserved_micros == bill.charged_micros
+
+
+async def test_without_a_usage_a_call_is_charged_its_whole_input_and_the_text_sent(
+    tmp_path: Path, tag: str
+) -> None:
+    call, _ = await held_call(tmp_path, tag)
+    bill = await call.settle(None, 7)
+    # The input's bound at the dearest tier ($3), and 7 output tokens ($6).
+    assert (bill.outcome, bill.charged_micros) == (
+        Outcome.ESTIMATED, call.hold.plan.text_tokens_max * 3 + 7 * 6)
 
 
 # -- output lengths -----------------------------------------------------------------------------
