@@ -21,6 +21,7 @@ from core.errors import CeilingError, LedgerUnavailable
 STATUS: dict[str, tuple[int, str]] = {
     "invalid_request": (422, "invalid_request_error"),
     "model_unpriced": (422, "invalid_request_error"),
+    "input_unbounded": (422, "invalid_request_error"),
     "unauthorized": (401, "authentication_error"),
     "forbidden": (403, "permission_error"),
     "budget_not_found": (404, "invalid_request_error"),

@@ -48,9 +48,17 @@ class ReserveBody(Strict):
 
 
 class SettleBody(Strict):
+    """Token usage as core.prices.Usage counts it (every count but input_tokens and
+    output_tokens a part of one of them), or an amount."""
+
     input_tokens: int | None = None
     output_tokens: int | None = None
     cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    input_audio_tokens: int = 0
+    output_audio_tokens: int = 0
+    service_tier: str | None = None
     actual_micros: int | None = None
 
     def spec(self) -> SettleSpec:
@@ -60,7 +68,11 @@ class SettleBody(Strict):
             return SettleSpec(actual_micros=self.actual_micros)
         if self.input_tokens is None or self.output_tokens is None:
             raise InvalidRequest("give input_tokens and output_tokens, or actual_micros")
-        return SettleSpec(Usage(self.input_tokens, self.output_tokens, self.cached_input_tokens))
+        return SettleSpec(Usage(
+            self.input_tokens, self.output_tokens, self.cached_input_tokens,
+            self.cache_write_tokens, self.cache_write_1h_tokens, self.input_audio_tokens,
+            self.output_audio_tokens, self.service_tier,
+        ))
 
 
 class LimitBody(Strict):

@@ -2,6 +2,7 @@
 
     CeilingError                    root of every error raised on purpose
     +-- InvalidRequest              bad input; nothing was reserved or written
+    |   +-- InputUnbounded          input whose billed size the request cannot show (names it)
     +-- ModelUnpriced               no price for the model; never priced at zero
     +-- Unauthorized / Forbidden    no valid key / a key outside its scope
     +-- BudgetNotFound              no budget applies to the call
@@ -46,6 +47,15 @@ def _rebuild(cls: type[CeilingError], message: str, details: dict[str, Any]) -> 
 
 class InvalidRequest(CeilingError):
     code = "invalid_request"
+
+
+class InputUnbounded(InvalidRequest):
+    """The request carries input the provider bills by a size the request cannot show (a file
+    or item referenced by id, an image for a model with no known per-image bound, a content
+    type the gateway does not know). `field` names it as a JSON path, such as
+    `messages[2].content[1].file`. Refused, never held at a guess."""
+
+    code = "input_unbounded"
 
 
 class ModelUnpriced(CeilingError):

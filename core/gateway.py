@@ -4,10 +4,12 @@ Every call goes price -> reserve -> call -> settle. This module decides everythi
 money, from the request body and from the provider's answer; api/routes/gateway.py only moves
 bytes between the client and the provider.
 
-- The worst case comes from the request: the input bounded by its bytes (core/estimate.py), the
-  output cap (max_tokens / max_completion_tokens / max_output_tokens; OUTPUT_TOKENS_DEFAULT is
-  set and forwarded when the caller sets none) times `n`. A request whose cost its body cannot
-  bound (a stored conversation, hosted tools, audio) is refused, not guessed at.
+- The worst case comes from the request: its text bounded by its bytes, its images and audio by
+  the model's rules (core/content.py), the output cap (max_tokens / max_completion_tokens /
+  max_output_tokens; OUTPUT_TOKENS_DEFAULT is set and forwarded when the caller sets none) times
+  `n`, at the requested service tier's rates (core/prices.py). A request whose cost its body
+  cannot bound (a stored conversation, a file by id, hosted tools, audio output) is refused, not
+  guessed at.
 - A call is settled from the provider's usage (for streams, the last usage reported before the
   stream's terminal event); at its worst case when a complete answer reports none (hidden
   reasoning tokens can exceed anything the visible answer shows); and left held at its
@@ -30,10 +32,10 @@ from typing import Any
 
 from core import output_stats
 from core.config import OUTPUT_TOKENS_DEFAULT
-from core.errors import BudgetRefused, CeilingError, InvalidRequest
-from core.estimate import input_tokens_upper_bound
+from core.content import NO_MEDIA, InputBound, Media, chat_input, json_bytes, responses_input
+from core.errors import BudgetRefused, CeilingError, InputUnbounded, InvalidRequest
 from core.ledger import LedgerStore, LegStatus, Reservation
-from core.prices import Usage
+from core.prices import TIER_AUTO, Usage, check_service_tier
 from core.service import Caller, CallSpec, CeilingService, SettleSpec
 
 # With X-Ceiling-Clamp, a call that does not fit is sent with a smaller output cap only if at
@@ -60,8 +62,6 @@ BILLING_UNKNOWN_4XX = frozenset({408, 499})
 RESPONSES_TERMINAL_EVENTS = frozenset(
     {"response.completed", "response.incomplete", "response.failed"}
 )
-# Keys of an answer's output that are framing, not model output.
-FRAMING_KEYS = frozenset({"finish_reason", "id", "index", "object", "role", "status", "type"})
 
 
 class Api(StrEnum):
@@ -77,19 +77,28 @@ CAP_FIELDS = {
     Api.RESPONSES: ("max_output_tokens",),
 }
 # Fields that make a call cost what its body cannot bound: refused instead of forwarded.
-# chat: audio output is priced apart from text tokens; predicted-output tokens are billed on
-# top of the cap; web search adds a per-call fee. responses: a stored conversation or prompt is
-# input the gateway cannot see, and a background call is billed after the answer.
+# chat: audio output is billed at audio rates on top of the text it speaks; rejected predicted
+# tokens are billed on top of the cap. responses: a background call is billed after the answer.
+# Both: Anthropic's fast mode (`speed`) is billed at rates its OpenAI-shaped usage does not name.
 UNBOUNDED_FIELDS = {
-    Api.CHAT: ("audio", "prediction", "web_search_options"),
-    Api.RESPONSES: ("background", "conversation", "previous_response_id", "prompt"),
+    Api.CHAT: ("audio", "prediction", "speed"),
+    Api.RESPONSES: ("background", "speed"),
 }
-# Responses API tools the client runs itself; hosted tools (web search, file search, code
-# interpreter...) feed the model input the request does not contain.
+# Fields that feed the model input the request does not contain (InputUnbounded): search
+# results, a stored conversation, response or prompt.
+UNBOUNDED_INPUT_FIELDS = {
+    Api.CHAT: ("web_search_options",),
+    Api.RESPONSES: ("conversation", "previous_response_id", "prompt"),
+}
+# Tools the client runs itself; hosted tools (web search, file search, code interpreter...)
+# feed the model input the request does not contain.
 CLIENT_TOOL_TYPES = frozenset({"function", "custom"})
+# A usage's (input, output, input details, output details) fields.
 USAGE_FIELDS = {
-    Api.CHAT: ("prompt_tokens", "completion_tokens", "prompt_tokens_details"),
-    Api.RESPONSES: ("input_tokens", "output_tokens", "input_tokens_details"),
+    Api.CHAT: ("prompt_tokens", "completion_tokens", "prompt_tokens_details",
+               "completion_tokens_details"),
+    Api.RESPONSES: ("input_tokens", "output_tokens", "input_tokens_details",
+                    "output_tokens_details"),
 }
 
 
@@ -130,15 +139,18 @@ class Plan:
     model: str
     body: dict[str, Any]
     stream: bool
-    input_tokens_max: int
+    text_tokens_max: int  # the input's text, framing included
     output_tokens_max: int  # per choice
     choices: int
     usage_wanted: bool  # a chat stream whose client asked for the usage chunk itself
+    media: Media = NO_MEDIA  # the input's images and audio, priced by the model's rules
+    service_tier: str = TIER_AUTO  # as asked for; a request that names none is `auto`
 
     def spec(self, output_tokens_max: int | None = None) -> CallSpec:
         return CallSpec(
-            model=self.model, input_tokens=self.input_tokens_max,
+            model=self.model, input_tokens=self.text_tokens_max,
             output_tokens_max=output_tokens_max or self.output_tokens_max, choices=self.choices,
+            media=self.media, service_tier=self.service_tier,
         )
 
     def clamped(self, output_tokens_max: int) -> Plan:
@@ -158,27 +170,22 @@ def _positive_int(value: object, field: str) -> int:
     return value
 
 
-def _prompt(api: Api, body: dict[str, Any]) -> list[Any]:
-    """The messages a call is prompted with, in the shape core/estimate.py bounds."""
-    if api is Api.CHAT:
-        messages = body.get("messages")
-    else:
-        given = body.get("input")
-        messages = [{"role": "user", "content": given}] if isinstance(given, str) else given
-        tools = body.get("tools") or []
-        if not isinstance(tools, list) or any(
-            not isinstance(t, dict) or t.get("type") not in CLIENT_TOOL_TYPES for t in tools
-        ):
-            raise InvalidRequest(
-                "only function tools are supported: a hosted tool feeds the model input whose "
-                "cost the request cannot bound", field="tools",
-            )
-    if not isinstance(messages, list):
-        raise InvalidRequest(
-            "messages must be a list" if api is Api.CHAT else "input must be a string or a list",
-            field="messages" if api is Api.CHAT else "input",
+def _prompt(api: Api, body: dict[str, Any]) -> InputBound:
+    """The bound of what a call is prompted with (core/content.py): its messages or input."""
+    tools = body.get("tools") or []
+    if not isinstance(tools, list) or any(
+        not isinstance(t, dict) or not isinstance(t.get("type"), str)
+        or t["type"] not in CLIENT_TOOL_TYPES for t in tools
+    ):
+        raise InputUnbounded(
+            "only function and custom tools are supported: a hosted tool feeds the model input "
+            "whose cost the request cannot bound", field="tools",
         )
-    return messages
+    if api is Api.CHAT:
+        if not isinstance(body.get("messages"), list):
+            raise InvalidRequest("messages must be a list", field="messages")
+        return chat_input(body["messages"])
+    return responses_input(body.get("input"))
 
 
 def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAULT) -> Plan:
@@ -201,7 +208,14 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
                 f"{field} is not supported: the gateway cannot bound its cost from the request",
                 field=field,
             )
-    messages = _prompt(api, body)
+    for field in UNBOUNDED_INPUT_FIELDS[api]:
+        if body.get(field) not in (None, False):
+            raise InputUnbounded(
+                f"{field} feeds the model input the request does not contain, of a size it "
+                "cannot show", field=field,
+            )
+    service_tier = check_service_tier(body.get("service_tier")) or TIER_AUTO
+    prompt = _prompt(api, body)
     caps = {_positive_int(body[f], f) for f in CAP_FIELDS[api] if body.get(f) is not None}
     if len(caps) > 1:
         raise InvalidRequest(
@@ -225,37 +239,64 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
     # the bound, and two requests that forward the same body are priced the same.
     prompt_field = "messages" if api is Api.CHAT else "input"
     rest = {k: v for k, v in body.items() if k != prompt_field}
-    input_tokens = input_tokens_upper_bound(messages) + len(
-        json.dumps(rest, separators=(",", ":"), ensure_ascii=False).encode()
-    )
+    text_tokens = prompt.text_tokens + json_bytes(rest)
     return Plan(
-        api, model, body, stream, input_tokens, caps.pop() if caps else output_tokens_default,
-        choices, usage_wanted,
+        api, model, body, stream, text_tokens, caps.pop() if caps else output_tokens_default,
+        choices, usage_wanted, prompt.media, service_tier,
     )
 
 
-def usage_of(api: Api, usage: object) -> Usage | None:
-    """The usage a provider reported, or None if it reported none we can read."""
+def _count(value: object) -> int:
+    if value is None:
+        return 0
+    if type(value) is not int or value < 0:
+        raise ValueError(f"not a token count: {value!r}")
+    return value
+
+
+def usage_of(api: Api, usage: object, service_tier: object = None) -> Usage | None:
+    """The usage a provider reported, and the service tier its answer names; None if it
+    reported no usage we can read (the call is then settled from an upper bound).
+
+    Read as OpenAI reports it: cache reads and audio are parts of the input tokens, reasoning
+    and audio parts of the output tokens. Where a compatible provider reports otherwise, the
+    reading that costs more is taken: reasoning tokens above the output count, or a total above
+    input plus output, are output the count left out; cache reads and writes reported beside
+    the input count, Anthropic's way (cache_read_input_tokens, cache_creation_input_tokens), are
+    input on top of it. An answer that names no tier is priced at the dearest it could be."""
     if not isinstance(usage, dict):
         return None
-    input_field, output_field, details_field = USAGE_FIELDS[api]
-    details = usage.get(details_field)
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    input_field, output_field, input_details, output_details = USAGE_FIELDS[api]
     try:
-        return Usage(usage[input_field], usage[output_field], cached or 0)
-    except (KeyError, CeilingError):
+        given_in = usage.get(input_details) or {}
+        given_out = usage.get(output_details) or {}
+        if not isinstance(given_in, dict) or not isinstance(given_out, dict):
+            return None
+        input_tokens, output_tokens = _count(usage[input_field]), _count(usage[output_field])
+        # Anthropic's cache counts sit beside the input count rather than in it; the 1-hour
+        # writes are split out of all writes in `cache_creation`.
+        creation = usage.get("cache_creation")
+        creation = creation if isinstance(creation, dict) else {}
+        writes_1h = _count(creation.get("ephemeral_1h_input_tokens"))
+        writes_beside = max(_count(usage.get("cache_creation_input_tokens")),
+                            writes_1h + _count(creation.get("ephemeral_5m_input_tokens")))
+        reads_beside = _count(usage.get("cache_read_input_tokens"))
+        input_tokens += writes_beside + reads_beside
+        reads = _count(given_in.get("cached_tokens")) + reads_beside
+        writes = _count(given_in.get("cache_write_tokens")) + writes_beside - writes_1h
+        reasoning = _count(given_out.get("reasoning_tokens"))
+        if reasoning > output_tokens:
+            output_tokens += reasoning
+        total = usage.get("total_tokens")
+        if type(total) is int and total - input_tokens > output_tokens:
+            output_tokens = total - input_tokens
+        return Usage(
+            input_tokens, output_tokens, reads, writes, writes_1h,
+            _count(given_in.get("audio_tokens")), _count(given_out.get("audio_tokens")),
+            service_tier if isinstance(service_tier, str) and service_tier else TIER_AUTO,
+        )
+    except (KeyError, ValueError, CeilingError):
         return None
-
-
-def _text_bytes(value: object) -> int:
-    """UTF-8 bytes of the output text in `value`: an upper bound on the tokens that made it."""
-    if isinstance(value, str):
-        return len(value.encode())
-    if isinstance(value, dict):
-        return sum(_text_bytes(v) for k, v in value.items() if k not in FRAMING_KEYS)
-    if isinstance(value, list):
-        return sum(_text_bytes(v) for v in value)
-    return 0
 
 
 class StreamTally:
@@ -303,25 +344,26 @@ class StreamTally:
             if doc.get("type") in RESPONSES_TERMINAL_EVENTS:
                 self.finished = True
                 response = doc.get("response")
-                self.usage = usage_of(Api.RESPONSES, response.get("usage")) if isinstance(
-                    response, dict) else None
+                self.usage = usage_of(
+                    Api.RESPONSES, response.get("usage"), response.get("service_tier")
+                ) if isinstance(response, dict) else None
             return True
-        usage = usage_of(Api.CHAT, doc.get("usage"))
+        usage = usage_of(Api.CHAT, doc.get("usage"), doc.get("service_tier"))
         if usage is not None:
             self.usage = usage
         return usage is None or doc.get("choices") != [] or self.plan.usage_wanted
 
 
-def body_outcome(call_plan: Plan, raw: bytes) -> tuple[Usage | None, int] | None:
-    """A complete non-streaming answer's usage and output bytes; None if it is not JSON."""
+def body_outcome(call_plan: Plan, raw: bytes) -> tuple[Usage | None] | None:
+    """A complete non-streaming answer's usage (None inside when it reports none); None if the
+    answer is not a JSON object, which leaves the call's outcome unknown."""
     try:
         doc = json.loads(raw)
     except ValueError:
         return None
     if not isinstance(doc, dict):
         return None
-    output = doc.get("choices") if call_plan.api is Api.CHAT else doc.get("output")
-    return usage_of(call_plan.api, doc.get("usage")), _text_bytes(output)
+    return (usage_of(call_plan.api, doc.get("usage"), doc.get("service_tier")),)
 
 
 _background: set[asyncio.Task[None]] = set()
@@ -496,20 +538,23 @@ class Call:
         """Settle a complete answer from the provider's usage; without usage, at the call's
         worst case (the whole hold, or more under a p95 hold): the visible answer does not bound
         what was billed (hidden reasoning tokens), and the worst case does."""
-        spec = SettleSpec(usage)
-        if usage is None:
-            spec = SettleSpec(actual_micros=max(
-                self.hold.reservation.reserved_micros,
-                self.svc.worst_case_micros(self.hold.plan.spec())[0]))
+        call_plan = self.hold.plan
+        if usage is not None and usage.service_tier == TIER_AUTO:
+            # The answer names no tier: it was served at the one the request named, if any.
+            usage = replace(usage, service_tier=call_plan.service_tier)
         try:
+            spec = SettleSpec(usage) if usage is not None else SettleSpec(actual_micros=max(
+                self.hold.reservation.reserved_micros,
+                self.svc.worst_case_micros(call_plan.spec())[0]))
             settled = await self.svc.settle(
                 self.who, self.hold.reservation.reservation_id, spec
             )
         except CeilingError:
-            return self.leave_open()  # the lease is still held; expiry charges it
+            # The lease is still held; expiry charges it. So is a usage that cannot be priced
+            # (audio for a model with no audio rate, a tier with no known rates): never low.
+            return self.leave_open()
         if usage is None:
             return self.bill(settled.charged_micros, Outcome.ESTIMATED)
-        call_plan = self.hold.plan
         self.lengths.record(self.svc.store, call_plan.model,
                             math.ceil(usage.output_tokens / call_plan.choices))
         return self.bill(settled.charged_micros, Outcome.BILLED)

@@ -3,77 +3,248 @@
 Rates are US dollars per million tokens, which is exactly micro-dollars per token, so a cost is
 an exact Decimal of micro-dollars that is rounded up once, at the end.
 
+A call is priced with every rate a provider bills an LLM call by: input, output, cache reads,
+cache writes (5-minute and 1-hour), audio in and out, a fee per request, and service tiers
+(OpenAI's `priority`). What a call may cost (worst_case_micros) holds each token at the dearest
+rate it can be billed at; what it cost (cost_micros) prices what the provider reports, and a
+usage that cannot be priced (audio for a model with no audio rate, a tier with no known rates)
+raises: it is never priced low.
+
+Freshness, without a cost on every call:
+- CEILING_PRICES_FILE is checked (one stat) at most once a second on the lookup path, and read
+  again when it changed; a file that does not parse leaves the last good one in force.
+- genai-prices' prices depend on the date (a price that starts on a day, peak hours). Bundled
+  rates are resolved once per window of BUNDLED_WINDOW_S, as the dearest of the prices in force
+  at the window's start and at its end plus the longest lease (a call reserved in the window is
+  billed by then), counting every time-of-day price in; the window is part of the version every
+  reservation records.
+
 genai-prices is imported on the first lookup that the overrides do not answer, not at import
 time: importing it costs ~0.4 s, which a serverless cold start should not pay before it can
-answer /health. The bundled snapshot is used as shipped; nothing refreshes it in the background.
+answer /health.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from functools import cached_property
 from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
 
-from core.errors import InvalidRequest, ModelUnpriced
-from core.limits import AMOUNT_MICROS_MAX, CHOICES_MAX, TOKENS_MAX
-from core.money import charge_micros
+from core.content import NO_MEDIA, ImageBound, Media, audio_input_tokens_per_s, image_bound
+from core.errors import InputUnbounded, InvalidRequest, ModelUnpriced
+from core.limits import AMOUNT_MICROS_MAX, CHOICES_MAX, RESERVATION_TTL_MS_MAX, TOKENS_MAX
+from core.money import MICROS_PER_USD, charge_micros
+
+LOG = logging.getLogger(__name__)
 
 # Model names are looked up case-insensitively, as genai-prices does.
 MODEL_NAME_LEN_MAX = 200
-# Rates cached per process; bounded because model names come from callers.
+# Rates (and misses) cached per process; bounded because model names come from callers.
 RATES_CACHE_MAX = 4_096
+# The prices file is stat'ed at most this often, on the lookup path: a change is in force
+# within about a second, and a reserve does not pay a system call.
+PRICES_FILE_CHECK_S = 1.0
+# Bundled rates are resolved once per window this long. Dated prices start on UTC days, so an
+# hour keeps them current without a genai-prices lookup per call.
+BUNDLED_WINDOW_S = 3_600
+# Service tiers, as OpenAI names them: `default` is the standard rates; `auto` (and a request
+# that names none) lets the provider pick, which a project's settings can make a dearer tier.
+TIER_DEFAULT = "default"
+TIER_AUTO = "auto"
+SERVICE_TIER_LEN_MAX = 64
+# A prices file's rates above this are typos, not prices; it also keeps Decimal arithmetic far
+# from its exponent limits. USD per million tokens, and USD per request.
+RATE_USD_PER_MTOK_MAX = Decimal(1_000_000)
+REQUEST_USD_MAX = Decimal(AMOUNT_MICROS_MAX) / MICROS_PER_USD
+# A prices file's per-image bound above this is a typo: it is 20 full-resolution tilings.
+IMAGE_TOKENS_MAX = 1_000_000
+# A prices file's audio rate above this is a typo (documented rates are 10 to 32 a second).
+AUDIO_TOKENS_PER_S_MAX = 10_000
+
+ZERO = Decimal(0)
+
+# A rate by input size: (input_tokens_from, rate), the first from 0. A call with more input
+# tokens than a tier's start pays that tier's rate on all its tokens (the providers' "cliff").
+Tiers = tuple[tuple[int, Decimal], ...]
+
+
+def peak(tiers: Tiers, input_tokens_max: int) -> Decimal:
+    """The dearest rate of `tiers` that a call of at most `input_tokens_max` input tokens can
+    reach."""
+    if len(tiers) == 1:
+        return tiers[0][1]
+    return max(rate for start, rate in tiers if start == 0 or input_tokens_max > start)
+
+
+def max_tiers(*schedules: Tiers | None) -> Tiers | None:
+    """One schedule at least as dear as each of `schedules` at every input size."""
+    given = [s for s in schedules if s is not None]
+    if len(given) <= 1:
+        return given[0] if given else None
+    starts = sorted({start for schedule in given for start, _ in schedule})
+    return tuple((start, max(Rates.at(s, start + 1) for s in given)) for start in starts)
 
 
 @dataclass(frozen=True)
 class Rates:
-    """USD per million tokens (= micro-dollars per token) for one model; tier-aware.
+    """One model's rates: USD per million tokens (= micro-dollars per token), tier-aware.
 
-    A tiered rate is a list of (input_tokens_from, rate): a call with more input tokens than a
-    tier's start pays that tier's rate on all its tokens (the providers' "cliff" model).
+    `cached_input` is a cache read, `cache_write` a (5-minute) cache write, `cache_write_1h` a
+    1-hour one; the audio rates price audio tokens. A missing rate is billed as its plainer kind
+    (a cache read or write as input, a 1-hour write as a 5-minute one, a cached audio read as
+    audio), except audio and output, which a model without them cannot be priced for.
+    `request_micros` is a fee per request. `service_tiers` are the model's other tiers' rates
+    (each a complete Rates); the fields here are its default tier's. `image_tokens_max` and
+    `audio_input_tokens_per_s` bound what its images and audio are billed as (core/content.py).
     """
 
-    input: tuple[tuple[int, Decimal], ...]
-    output: tuple[tuple[int, Decimal], ...] | None
-    cached_input: tuple[tuple[int, Decimal], ...] | None
-
-    # The highest tier of each: what a worst case is priced at, asked for on every reserve.
-    @cached_property
-    def input_max(self) -> Decimal:
-        return max(rate for _, rate in self.input)
-
-    @cached_property
-    def output_max(self) -> Decimal | None:
-        return None if self.output is None else max(rate for _, rate in self.output)
+    input: Tiers
+    output: Tiers | None
+    cached_input: Tiers | None = None
+    cache_write: Tiers | None = None
+    cache_write_1h: Tiers | None = None
+    input_audio: Tiers | None = None
+    cached_input_audio: Tiers | None = None
+    output_audio: Tiers | None = None
+    request_micros: Decimal = ZERO
+    service_tiers: Mapping[str, Rates] = field(default_factory=dict, hash=False)
+    image_tokens_max: ImageBound | None = None
+    audio_input_tokens_per_s: int | None = None
 
     @staticmethod
-    def at(tiers: tuple[tuple[int, Decimal], ...], input_tokens: int) -> Decimal:
+    def at(tiers: Tiers, input_tokens: int) -> Decimal:
         rate = tiers[0][1]
         for start, tier_rate in tiers:
             if input_tokens > start:
                 rate = tier_rate
         return rate
 
+    def at_tier(self, tier: str | None) -> tuple[Rates, ...] | None:
+        """The rates a call at service `tier` may be billed at; None for a tier it has none for.
+
+        `auto` may be served at any of the model's tiers: a project's settings can make it a
+        dearer one (OpenAI's priority), and the gateway cannot see them."""
+        if tier is None or tier == TIER_DEFAULT:
+            return (self,)
+        if tier == TIER_AUTO:
+            return (self, *self.service_tiers.values())
+        found = self.service_tiers.get(tier)
+        return None if found is None else (found,)
+
+    @cached_property
+    def flat_worst(self) -> tuple[Decimal, Decimal] | None:
+        """(text input, output) rates of the worst case when neither depends on the input's
+        size: the reserve path's common case, worked out once per model, not per call."""
+        schedules = (self.input, self.cached_input, self.cache_write, self.cache_write_1h,
+                     self.output, self.output_audio)
+        if (self.output is None and self.output_audio is None) or any(
+                t is not None and len(t) > 1 for t in schedules):
+            return None
+        return (max(t[0][1] for t in schedules[:4] if t is not None),
+                max(t[0][1] for t in schedules[4:] if t is not None))
+
+    def worst_case_exact(self, text_tokens: int, audio_tokens: int, input_tokens_max: int,
+                         output_tokens: int) -> Decimal:
+        """Every input token at the dearest input-side rate it can reach (input, a cache read
+        or either cache write), audio at the dearest of those and the audio rates, every output
+        token at the dearest output-side rate, plus the fee. The caller checks that the rates
+        it needs exist."""
+        text_rate = max(peak(t, input_tokens_max) for t in (
+            self.input, self.cached_input, self.cache_write, self.cache_write_1h)
+            if t is not None)
+        exact = text_tokens * text_rate + self.request_micros
+        if audio_tokens:
+            exact += audio_tokens * max(text_rate, *(peak(t, input_tokens_max) for t in (
+                self.input_audio, self.cached_input_audio) if t is not None))
+        output_rate = max(peak(t, input_tokens_max) for t in (
+            self.output, self.output_audio) if t is not None)
+        return exact + output_tokens * output_rate
+
+    def cost_exact(self, usage: Usage) -> Decimal:
+        """What `usage` costs at these rates. The caller checks that the rates it needs exist."""
+        total, at = usage.input_tokens, Rates.at
+        input_rate = at(self.input, total)
+        read_rate = input_rate if self.cached_input is None else at(self.cached_input, total)
+        write_rate = input_rate if self.cache_write is None else at(self.cache_write, total)
+        write_1h_rate = write_rate if self.cache_write_1h is None else at(
+            self.cache_write_1h, total)
+        audio = usage.input_audio_tokens
+        audio_rate = audio_read_rate = ZERO
+        if self.input_audio is not None:
+            audio_rate = at(self.input_audio, total)
+            audio_read_rate = audio_rate if self.cached_input_audio is None else at(
+                self.cached_input_audio, total)
+        reads = usage.cached_input_tokens
+        text = total - audio - usage.cache_write_tokens - usage.cache_write_1h_tokens
+
+        # A usage says how many input tokens were cache reads, not whether they were text or
+        # audio: of the two extreme splits, the one that costs more (the cost is linear in it).
+        def input_cost(text_reads: int) -> Decimal:
+            audio_reads = reads - text_reads
+            return ((text - text_reads) * input_rate + text_reads * read_rate
+                    + (audio - audio_reads) * audio_rate + audio_reads * audio_read_rate)
+
+        exact = max(input_cost(max(0, reads - audio)), input_cost(min(reads, text)))
+        exact += (usage.cache_write_tokens * write_rate
+                  + usage.cache_write_1h_tokens * write_1h_rate + self.request_micros)
+        output_text = usage.output_tokens - usage.output_audio_tokens
+        if output_text and self.output is not None:
+            exact += output_text * at(self.output, total)
+        if usage.output_audio_tokens and self.output_audio is not None:
+            exact += usage.output_audio_tokens * at(self.output_audio, total)
+        return exact
+
 
 @dataclass(frozen=True)
 class Usage:
+    """What a call was billed for, as its provider reported it.
+
+    `input_tokens` counts every input token (cache reads and writes and audio included), and
+    `output_tokens` every output token (reasoning and audio included); the other counts are
+    parts of those. `service_tier` is the tier the answer says it was served at: None for the
+    default tier, `auto` for an answer that does not say (priced at the dearest tier the call
+    could have been served at).
+    """
+
     input_tokens: int
     output_tokens: int
     cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    input_audio_tokens: int = 0
+    output_audio_tokens: int = 0
+    service_tier: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("input_tokens", "output_tokens", "cached_input_tokens"):
+        for name in ("input_tokens", "output_tokens", "cached_input_tokens",
+                     "cache_write_tokens", "cache_write_1h_tokens", "input_audio_tokens",
+                     "output_audio_tokens"):
             check_tokens(getattr(self, name), name, minimum=0)
-        if self.cached_input_tokens > self.input_tokens:
+        writes = self.cache_write_tokens + self.cache_write_1h_tokens
+        if self.cached_input_tokens + writes > self.input_tokens:
             raise InvalidRequest(
-                "cached_input_tokens cannot exceed input_tokens", field="cached_input_tokens"
+                "cached_input_tokens and cache writes cannot exceed input_tokens",
+                field="cached_input_tokens",
             )
+        if self.input_audio_tokens + writes > self.input_tokens:
+            raise InvalidRequest(
+                "input_audio_tokens and cache writes cannot exceed input_tokens",
+                field="input_audio_tokens",
+            )
+        if self.output_audio_tokens > self.output_tokens:
+            raise InvalidRequest("output_audio_tokens cannot exceed output_tokens",
+                                 field="output_audio_tokens")
+        check_service_tier(self.service_tier)
 
 
 def check_tokens(value: object, field: str, *, minimum: int) -> int:
@@ -84,67 +255,208 @@ def check_tokens(value: object, field: str, *, minimum: int) -> int:
     return value
 
 
-class PriceTable:
-    """Prices for models by name. An unpriced model raises ModelUnpriced; it is never free."""
+def check_service_tier(tier: object) -> str | None:
+    if tier is not None and (not isinstance(tier, str)
+                             or not 0 < len(tier) <= SERVICE_TIER_LEN_MAX):
+        raise InvalidRequest(
+            f"service_tier must be a name of 1 to {SERVICE_TIER_LEN_MAX} characters",
+            field="service_tier",
+        )
+    return tier
 
-    def __init__(self, overrides: Mapping[str, Rates] | None = None, overrides_digest: str = ""):
+
+def _signature(path: str) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+class PriceTable:
+    """Prices for models by name. An unpriced model raises ModelUnpriced; it is never free.
+
+    `version` names the prices in force: the genai-prices release, the window its bundled rates
+    were resolved for, and a digest of the prices file."""
+
+    def __init__(
+        self,
+        overrides: Mapping[str, Rates] | None = None,
+        overrides_digest: str = "",
+        *,
+        path: str | None = None,
+        monotonic_s: Callable[[], float] = time.monotonic,
+        now_s: Callable[[], float] = time.time,
+    ) -> None:
         self._overrides = {k.lower(): v for k, v in (overrides or {}).items()}
-        self._cache: dict[str, Rates] = {}
-        suffix = f"+overrides.{overrides_digest}" if overrides_digest else ""
-        self.version = f"genai-prices-{package_version('genai-prices')}{suffix}"
+        self._digest = overrides_digest
+        self._path = path
+        self._file_signature: tuple[int, int, int] | None = None
+        self._failed_signature: tuple[int, int, int] | None = None
+        self._monotonic_s, self._now_s = monotonic_s, now_s
+        self._next_check_s = monotonic_s() + PRICES_FILE_CHECK_S
+        self._window = self._window_now()
+        self._bundled: dict[str, Rates | str] = {}  # a str: why the model has no price
+        self._package = package_version("genai-prices")
+        self.version = self._version()
 
     @classmethod
-    def from_file(cls, path: str | None) -> PriceTable:
-        """The bundled table, under the overrides in `path` (CEILING_PRICES_FILE) if given."""
+    def from_file(cls, path: str | None, **kwargs: Any) -> PriceTable:
+        """The bundled table, under the overrides in `path` (CEILING_PRICES_FILE) if given;
+        InvalidRequest if that file is not valid, so a service never starts on a bad one."""
         if not path:
-            return cls()
-        raw = Path(path).read_bytes()
+            return cls(**kwargs)
+        signature = _signature(path)  # before the read: a write after it is read again
+        overrides, digest = load_prices_file(path)
+        table = cls(overrides, digest, path=path, **kwargs)
+        table._file_signature = signature
+        return table
+
+    # -- freshness --------------------------------------------------------------------------
+
+    def _window_now(self) -> int:
+        return int(self._now_s() // BUNDLED_WINDOW_S)
+
+    def _version(self) -> str:
+        start = datetime.fromtimestamp(self._window * BUNDLED_WINDOW_S, UTC)
+        suffix = f"+overrides.{self._digest}" if self._digest else ""
+        return f"genai-prices-{self._package}@{start:%Y-%m-%dT%H:%M}Z{suffix}"
+
+    def refresh(self) -> None:
+        """Read the prices file again if it changed, and move bundled rates to the current
+        window; does nothing (one clock read) if it did so less than a second ago."""
+        now_s = self._monotonic_s()
+        if now_s < self._next_check_s:
+            return
+        self._next_check_s = now_s + PRICES_FILE_CHECK_S
+        changed = self._reload(self._path) if self._path else False
+        window = self._window_now()
+        if window != self._window:
+            self._window = window
+            self._bundled.clear()
+            changed = True
+        if changed:
+            self.version = self._version()
+
+    def _reload(self, path: str) -> bool:
         try:
-            doc = json.loads(raw)
-            models = doc["models"]
-            overrides = {name: _rates_from_json(name, entry) for name, entry in models.items()}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise InvalidRequest(f"prices file {path} is not valid: {exc}") from exc
-        return cls(overrides, hashlib.sha256(raw).hexdigest()[:12])
+            signature = _signature(path)
+        except OSError as exc:
+            self._failed(None, f"cannot be read ({exc})")
+            return False
+        if signature == self._file_signature:
+            return False
+        try:
+            overrides, digest = load_prices_file(path)
+        except (OSError, InvalidRequest) as exc:
+            self._failed(signature, str(exc))
+            return False
+        self._overrides = {k.lower(): v for k, v in overrides.items()}
+        self._digest, self._file_signature = digest, signature
+        LOG.info("prices file %s read again: %d models, digest %s", path, len(overrides),
+                 digest)
+        return True
+
+    def _failed(self, signature: tuple[int, int, int] | None, why: str) -> None:
+        if signature != self._failed_signature or signature is None:
+            LOG.warning("prices file %s %s; the prices read before stay in force", self._path, why)
+        self._failed_signature = signature
+
+    # -- lookups ----------------------------------------------------------------------------
 
     def rates(self, model: str) -> Rates:
         if not isinstance(model, str) or not 0 < len(model) <= MODEL_NAME_LEN_MAX:
             raise InvalidRequest("model must be a name of 1 to 200 characters", field="model")
+        if self._monotonic_s() >= self._next_check_s:
+            self.refresh()
         key = model.lower()
-        found = self._overrides.get(key) or self._cache.get(key)
+        found = self._overrides.get(key) or self._bundled.get(key)
         if found is None:
-            found = _bundled_rates(key)
-            if len(self._cache) < RATES_CACHE_MAX:
-                self._cache[key] = found
+            try:
+                found = _bundled_rates(key, self._window)
+            except ModelUnpriced as exc:
+                found = exc.message
+            if len(self._bundled) < RATES_CACHE_MAX:
+                self._bundled[key] = found
+        if isinstance(found, str):
+            raise ModelUnpriced(found, model=model)
+        return found
+
+    def _tiers(self, model: str, rates: Rates, tier: str | None) -> tuple[Rates, ...]:
+        found = rates.at_tier(check_service_tier(tier))
+        if found is None:
+            raise ModelUnpriced(f"model {model!r} has no known rates at service tier {tier!r}",
+                                model=model, field="service_tier")
         return found
 
     def worst_case_micros(
-        self, model: str, input_tokens: int, output_tokens_max: int, choices: int = 1
+        self, model: str, input_tokens: int, output_tokens_max: int, choices: int = 1, *,
+        media: Media = NO_MEDIA, service_tier: str | None = None,
     ) -> int:
-        """Input at the input rate plus the output cap at the output rate, times choices."""
+        """The most a call may be billed: `input_tokens` of text and `media`, at the requested
+        service tier's rates (`auto`: the dearest tier), and the output cap times choices."""
         check_tokens(input_tokens, "input_tokens", minimum=0)
         check_tokens(output_tokens_max, "max_output_tokens", minimum=1)
         if type(choices) is not int or not 1 <= choices <= CHOICES_MAX:
             raise InvalidRequest(f"n must be an integer from 1 to {CHOICES_MAX}", field="n")
         r = self.rates(model)
-        output_max = r.output_max
-        if output_max is None:
-            raise ModelUnpriced(f"model {model!r} has no output price", model=model)
-        # Worst case: the highest tier any of these tokens could reach.
-        exact = input_tokens * r.input_max + output_tokens_max * choices * output_max
+        flat = r.flat_worst if service_tier is None and media is NO_MEDIA else None
+        if flat is not None:  # text at the default tier, at rates that do not depend on size
+            exact = input_tokens * flat[0] + output_tokens_max * choices * flat[1]
+            return _bounded(charge_micros(exact + r.request_micros))
+        candidates = self._tiers(model, r, service_tier)
+        text_tokens = input_tokens + self._image_tokens(model, r, media)
+        audio_tokens = self._audio_tokens(model, r, media)
+        total = check_tokens(text_tokens + audio_tokens, "input_tokens", minimum=0)
+        exact = ZERO
+        for tier in candidates:
+            if tier.output is None and tier.output_audio is None:
+                raise ModelUnpriced(f"model {model!r} has no output price", model=model)
+            if audio_tokens and tier.input_audio is None:
+                raise ModelUnpriced(f"model {model!r} has no audio input price", model=model,
+                                    field=media.audio_field)
+            exact = max(exact, tier.worst_case_exact(text_tokens, audio_tokens, total,
+                                                     output_tokens_max * choices))
         return _bounded(charge_micros(exact))
 
+    @staticmethod
+    def _image_tokens(model: str, rates: Rates, media: Media) -> int:
+        if not (media.images_low or media.images_high):
+            return 0
+        bound = rates.image_tokens_max
+        if bound is None:
+            raise InputUnbounded(
+                f"{media.image_field} is an image, and no per-image token bound is known for "
+                f"model {model!r}: set image_input_tokens_max for it in the prices file",
+                field=media.image_field, model=model)
+        return media.images_low * bound.low_tokens + media.images_high * bound.high_tokens
+
+    @staticmethod
+    def _audio_tokens(model: str, rates: Rates, media: Media) -> int:
+        if not media.audio_ms:
+            return 0
+        per_s = rates.audio_input_tokens_per_s
+        if per_s is None:
+            raise InputUnbounded(
+                f"{media.audio_field} is audio, and how model {model!r} tokenizes audio is not "
+                "known: set audio_input_tokens_per_s for it in the prices file",
+                field=media.audio_field, model=model)
+        return -(-media.audio_ms * per_s // 1_000)
+
     def cost_micros(self, model: str, usage: Usage) -> int:
+        """What `usage` cost, at the tier the answer named (`auto`: the dearest it could be)."""
         r = self.rates(model)
-        if usage.output_tokens and r.output is None:
-            raise ModelUnpriced(f"model {model!r} has no output price", model=model)
-        uncached = usage.input_tokens - usage.cached_input_tokens
-        cached_rate = Rates.at(r.cached_input or r.input, usage.input_tokens)
-        exact = uncached * Rates.at(r.input, usage.input_tokens) + (
-            usage.cached_input_tokens * cached_rate
-        )
-        if r.output is not None:
-            exact += usage.output_tokens * Rates.at(r.output, usage.input_tokens)
+        tier = usage.service_tier
+        if not r.service_tiers and tier != TIER_AUTO:
+            tier = None  # a model with one set of rates is billed at them, whatever the tier
+        exact = ZERO
+        for rates in self._tiers(model, r, tier):
+            if usage.output_tokens > usage.output_audio_tokens and rates.output is None:
+                raise ModelUnpriced(f"model {model!r} has no output price", model=model)
+            if usage.input_audio_tokens and rates.input_audio is None:
+                raise ModelUnpriced(f"model {model!r} has no audio input price", model=model,
+                                    field="input_audio_tokens")
+            if usage.output_audio_tokens and rates.output_audio is None:
+                raise ModelUnpriced(f"model {model!r} has no audio output price", model=model,
+                                    field="output_audio_tokens")
+            exact = max(exact, rates.cost_exact(usage))
         return _bounded(charge_micros(exact))
 
 
@@ -154,57 +466,249 @@ def _bounded(micros: int) -> int:
     return micros
 
 
-def _decimal(name: str, field: str, value: object) -> Decimal:
+# -- the prices file ------------------------------------------------------------------------------
+
+# Field of a model (or of one of its service tiers) -> the Rates field it sets.
+RATE_FIELDS = {
+    "input_usd_per_mtok": "input",
+    "output_usd_per_mtok": "output",
+    "cached_input_usd_per_mtok": "cached_input",
+    "cache_write_usd_per_mtok": "cache_write",
+    "cache_write_1h_usd_per_mtok": "cache_write_1h",
+    "input_audio_usd_per_mtok": "input_audio",
+    "cached_input_audio_usd_per_mtok": "cached_input_audio",
+    "output_audio_usd_per_mtok": "output_audio",
+}
+REQUEST_FIELD = "usd_per_request"
+TIER_FIELDS = frozenset({*RATE_FIELDS, REQUEST_FIELD})
+MODEL_FIELDS = frozenset({*TIER_FIELDS, "service_tiers", "image_input_tokens_max",
+                          "audio_input_tokens_per_s"})
+
+
+def load_prices_file(path: str) -> tuple[dict[str, Rates], str]:
+    """The models of a prices file and a digest of its bytes; InvalidRequest if it is not
+    valid (an unknown field included: a typo must not silently price a model lower)."""
+    raw = Path(path).read_bytes()
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or set(doc) != {"models"}:
+            raise ValueError('the file must be {"models": {...}}')
+        models = doc["models"]
+        if not isinstance(models, dict):
+            raise ValueError("models must be an object")
+        overrides = {}
+        for name, entry in models.items():
+            if not 0 < len(name) <= MODEL_NAME_LEN_MAX:
+                raise ValueError(f"model names are 1 to {MODEL_NAME_LEN_MAX} characters")
+            overrides[name] = _rates_from_json(name, entry)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InvalidRequest(f"prices file {path} is not valid: {exc}") from exc
+    return overrides, hashlib.sha256(raw).hexdigest()[:12]
+
+
+def _decimal(name: str, field: str, value: object, limit: Decimal) -> Decimal:
     try:
         d = Decimal(value) if isinstance(value, str) else None
     except InvalidOperation:
         d = None
-    if d is None or not d.is_finite() or d < 0:
-        raise ValueError(f"{name}.{field} must be a non-negative decimal string")
+    if d is None or not d.is_finite() or not 0 <= d <= limit:
+        raise ValueError(f"{name}.{field} must be a decimal string from 0 to {limit}")
     return d
 
 
-def _rates_from_json(name: str, entry: dict[str, Any]) -> Rates:
-    def one(field: str) -> tuple[tuple[int, Decimal], ...] | None:
-        if field not in entry:
-            return None
-        return ((0, _decimal(name, field, entry[field])),)
+def _count(name: str, field: str, value: object, low: int, high: int) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{name}.{field} must be an integer from {low} to {high}")
+    return value
 
-    known = {"input_usd_per_mtok", "output_usd_per_mtok", "cached_input_usd_per_mtok"}
-    unknown = set(entry) - known
+
+def _rate_values(name: str, entry: Mapping[str, object], allowed: frozenset[str]) -> dict[str, Any]:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{name} must be an object")
+    unknown = set(entry) - allowed
     if unknown:
         raise ValueError(f"{name}: unknown fields {sorted(unknown)}")
-    input_rate = one("input_usd_per_mtok")
-    if input_rate is None:
+    values: dict[str, Any] = {
+        attr: ((0, _decimal(name, key, entry[key], RATE_USD_PER_MTOK_MAX)),)
+        for key, attr in RATE_FIELDS.items() if key in entry
+    }
+    if REQUEST_FIELD in entry:
+        usd = _decimal(name, REQUEST_FIELD, entry[REQUEST_FIELD], REQUEST_USD_MAX)
+        values["request_micros"] = usd * MICROS_PER_USD
+    return values
+
+
+def _rates_from_json(name: str, entry: Any) -> Rates:
+    values = _rate_values(name, entry, MODEL_FIELDS)
+    if "input" not in values:
         raise ValueError(f"{name}.input_usd_per_mtok is required")
-    return Rates(input_rate, one("output_usd_per_mtok"), one("cached_input_usd_per_mtok"))
+    tiers_doc = entry.get("service_tiers", {})
+    if not isinstance(tiers_doc, dict):
+        raise ValueError(f"{name}.service_tiers must be an object of tiers")
+    tiers = {}
+    for tier, tier_entry in tiers_doc.items():
+        if tier in (TIER_AUTO, TIER_DEFAULT) or not 0 < len(tier) <= SERVICE_TIER_LEN_MAX:
+            raise ValueError(f"{name}.service_tiers: {tier!r} cannot name a tier")
+        # A tier's entry changes the rates it names; the others are the model's own.
+        tiers[tier] = Rates(**{**values, **_rate_values(f"{name}.service_tiers.{tier}",
+                                                        tier_entry, TIER_FIELDS)})
+    image = image_bound(name)
+    if "image_input_tokens_max" in entry:
+        given = entry["image_input_tokens_max"]
+        if not isinstance(given, dict) or "high" not in given or set(given) - {"low", "high"}:
+            raise ValueError(f'{name}.image_input_tokens_max must be {{"low": N, "high": N}}')
+        high = _count(name, "image_input_tokens_max.high", given["high"], 0, IMAGE_TOKENS_MAX)
+        low = _count(name, "image_input_tokens_max.low", given.get("low", high), 0,
+                     IMAGE_TOKENS_MAX)
+        image = ImageBound(low, high)
+    audio_per_s = audio_input_tokens_per_s(name)
+    if "audio_input_tokens_per_s" in entry:
+        audio_per_s = _count(name, "audio_input_tokens_per_s", entry["audio_input_tokens_per_s"],
+                             1, AUDIO_TOKENS_PER_S_MAX)
+    return Rates(**values, service_tiers=tiers, image_tokens_max=image,
+                 audio_input_tokens_per_s=audio_per_s)
 
 
-def _tiers(price: object) -> tuple[tuple[int, Decimal], ...] | None:
-    if price is None:
-        return None
+# -- the bundled table (genai-prices) -------------------------------------------------------------
+
+_units: dict[str, tuple[int, Mapping[str, str]]] | None = None
+
+
+def _unit(price_key: str) -> tuple[int, Mapping[str, str]] | None:
+    """genai-prices' unit of a price key: what it is `per`, and its dimensions."""
+    global _units
+    if _units is None:
+        from genai_prices.data_units import unit_data  # deferred: see the module docstring
+
+        _units = {u["price_key"]: (int(u["per"]), u.get("dimensions", {}))
+                  for u in unit_data.values()}
+    return _units.get(price_key)
+
+
+def _as_tiers(price: object) -> Tiers:
     if isinstance(price, Decimal):
         return ((0, price),)
-    base = getattr(price, "base", None)
-    tiers = getattr(price, "tiers", None)
+    base, tiers = getattr(price, "base", None), getattr(price, "tiers", None)
     if isinstance(base, Decimal) and isinstance(tiers, list):
         return ((0, base), *((int(t.start), Decimal(t.price)) for t in tiers))
-    return None
+    raise ValueError(f"a price of an unknown shape: {price!r}")
 
 
-def _bundled_rates(model: str) -> Rates:
+def _price_keys(model_price: object) -> dict[str, Tiers]:
+    return {key: _as_tiers(value) for key, value in vars(model_price).items()
+            if not key.startswith("_") and value is not None}
+
+
+def _dearest(sets: Iterable[dict[str, Tiers]]) -> dict[str, Tiers]:
+    merged: dict[str, Tiers] = {}
+    for prices in sets:
+        for key, tiers in prices.items():
+            merged[key] = max_tiers(merged.get(key), tiers) or tiers
+    return merged
+
+
+def _prices_at(info: Any, instant: datetime, tier: str | None) -> dict[str, Tiers]:
+    """A model's prices in force at `instant` (at a service tier), counting every time-of-day
+    price in: a call may start in one period and be billed in the next."""
+    from genai_prices.types import ModelPrice, TimeOfDateConstraint
+
+    if isinstance(info.prices, ModelPrice):
+        candidates = [info.prices]
+    else:
+        # genai-prices' rule: the last price whose constraint holds, else the first.
+        candidates = []
+        for conditional in reversed(info.prices):
+            constraint = conditional.constraint
+            if isinstance(constraint, TimeOfDateConstraint):
+                candidates.append(conditional.prices)
+            elif constraint is None or constraint.active(instant):
+                candidates.append(conditional.prices)
+                break
+        else:
+            candidates.append(info.prices[0].prices)
+    prices = _dearest(_price_keys(p) for p in candidates)
+    if tier is None:
+        return prices
+    overrides: dict[str, Tiers] = {}
+    for variant in getattr(info, "price_variants", None) or ():
+        constraint = variant.constraint
+        if variant.when != {"service_tier": tier} or not (
+                constraint is None or isinstance(constraint, TimeOfDateConstraint)
+                or constraint.active(instant)):
+            continue
+        for key, tiers in _price_keys(variant.prices).items():
+            overrides.setdefault(key, tiers)  # genai-prices' rule: the first variant wins
+    return {**prices, **overrides}
+
+
+def _rates_from_keys(model: str, prices: dict[str, Tiers], **extra: Any) -> Rates:
+    """Rates from genai-prices' price keys, by their units' dimensions. A key the gateway does
+    not meter makes the model unpriced, except hosted tools' (the gateway refuses hosted tools)
+    and video's (the gateway forwards no video: an unknown content type is refused)."""
+    kinds: dict[str, list[Tiers]] = {}
+    request_micros = ZERO
+    for key, tiers in prices.items():
+        unit = _unit(key)
+        if unit is None:
+            raise ModelUnpriced(f"model {model!r} is billed by {key}, which is not metered",
+                                model=model)
+        per, dims = unit
+        family, direction = dims.get("family"), dims.get("direction")
+        modality, purpose = dims.get("modality"), dims.get("token_type")
+        if family == "tool_calls" or modality == "video":
+            continue
+        if family == "requests":
+            request_micros = max(request_micros,
+                                 max(rate for _, rate in tiers) * MICROS_PER_USD / per)
+            continue
+        if family != "tokens" or per != 1_000_000:
+            raise ModelUnpriced(f"model {model!r} is billed by {key}, which is not metered",
+                                model=model)
+        if direction == "output":
+            kind = "output_audio" if modality == "audio" else "output"
+        elif modality == "audio":
+            kind = "cached_input_audio" if purpose == "cache_read" else "input_audio"
+        elif purpose == "cache_read":
+            kind = "cached_input"
+        elif purpose == "cache_write":
+            kind = "cache_write_1h" if dims.get("cache_ttl") == "1h" else "cache_write"
+        else:
+            kind = "input"  # text, image and tool-use input: the dearest of them
+        kinds.setdefault(kind, []).append(tiers)
+    def dearest(kind: str) -> Tiers | None:
+        return max_tiers(*kinds.get(kind, ()))
+
+    input_rates = dearest("input")
+    if input_rates is None:
+        raise ModelUnpriced(f"no input price for model {model!r}", model=model)
+    return Rates(
+        input_rates, dearest("output"), dearest("cached_input"), dearest("cache_write"),
+        dearest("cache_write_1h"), dearest("input_audio"), dearest("cached_input_audio"),
+        dearest("output_audio"), request_micros, **extra,
+    )
+
+
+def _bundled_rates(model: str, window: int) -> Rates:
     from genai_prices import data_snapshot  # deferred: see the module docstring
 
     try:
         _, info = data_snapshot.get_snapshot().find_provider_model(model, None, None, None)
     except LookupError as exc:
         raise ModelUnpriced(f"no price for model {model!r}", model=model) from exc
-    prices = info.get_prices(datetime.now(UTC))
-    input_rate = _tiers(getattr(prices, "input_mtok", None))
-    if input_rate is None:
-        raise ModelUnpriced(f"no input price for model {model!r}", model=model)
-    return Rates(
-        input_rate,
-        _tiers(getattr(prices, "output_mtok", None)),
-        _tiers(getattr(prices, "cache_read_mtok", None)),
-    )
+    start = datetime.fromtimestamp(window * BUNDLED_WINDOW_S, UTC)
+    instants = (start, start + timedelta(seconds=BUNDLED_WINDOW_S,
+                                         milliseconds=RESERVATION_TTL_MS_MAX))
+    try:
+        tiers = {
+            tier: _rates_from_keys(model, _dearest(_prices_at(info, t, tier) for t in instants))
+            for tier in sorted({v.when["service_tier"]
+                                for v in getattr(info, "price_variants", None) or ()
+                                if set(v.when) == {"service_tier"}} - {TIER_DEFAULT, TIER_AUTO})
+        }
+        prices = _dearest(_prices_at(info, t, None) for t in instants)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ModelUnpriced(f"the price data of model {model!r} cannot be read: {exc}",
+                            model=model) from exc
+    return _rates_from_keys(model, prices, service_tiers=tiers,
+                            image_tokens_max=image_bound(model),
+                            audio_input_tokens_per_s=audio_input_tokens_per_s(model))

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.budgets import BudgetDef, BudgetId, check_micros
+from core.content import NO_MEDIA, Media, chat_input
 from core.errors import (
     Forbidden,
     InvalidRequest,
@@ -25,7 +26,6 @@ from core.errors import (
     ReservationNotFound,
     Unauthorized,
 )
-from core.estimate import input_tokens_upper_bound
 from core.ledger import (
     GATEWAY_OWNER_PREFIX,
     ROLES_DEFAULT,
@@ -105,13 +105,19 @@ class Caller:
 
 @dataclass(frozen=True)
 class CallSpec:
-    """A call to price: an LLM call by model and tokens, or an amount the caller priced."""
+    """A call to price: an LLM call by model and tokens, or an amount the caller priced.
+
+    `input_tokens` (or the text of `messages`) and `media` (images and audio, priced by the
+    model's rules) bound its input; `service_tier` is the tier it asks for: None for the default
+    tier, `auto` for the dearest tier the provider may serve it at (core/prices.py)."""
 
     model: str | None = None
     input_tokens: int | None = None
     messages: object = None
     output_tokens_max: int | None = None
     choices: int = 1
+    media: Media = NO_MEDIA
+    service_tier: str | None = None
     amount_micros: int | None = None
     ttl_ms: int | None = None
 
@@ -161,6 +167,16 @@ def check_roles(roles: object) -> frozenset[Role]:
     return frozenset(known[r] for r in roles)
 
 
+def _fingerprint(model: str, spec: CallSpec, ttl_ms: int, run_id: str | None) -> str:
+    words: list[object] = [model, spec.input_tokens, spec.messages, spec.output_tokens_max,
+                           spec.choices, spec.amount_micros, ttl_ms, run_id]
+    if spec.media is not NO_MEDIA or spec.service_tier is not None:
+        # Only then: a text-only call keeps the fingerprint it had before these existed.
+        words += [spec.media, spec.service_tier]
+    return hashlib.sha256(
+        json.dumps(words, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
 def check_run_id(run_id: str | None) -> str | None:
     if run_id is not None and not _RUN_ID.fullmatch(run_id):
         raise InvalidRequest("run id must be 1 to 64 of A-Za-z0-9._-", field="run_id")
@@ -203,13 +219,13 @@ class CeilingService:
             )
         if (spec.input_tokens is None) == (spec.messages is None):
             raise InvalidRequest("give exactly one of input_tokens and messages")
-        tokens = (
-            spec.input_tokens
-            if spec.input_tokens is not None
-            else input_tokens_upper_bound(spec.messages)
-        )
+        tokens, media = spec.input_tokens, spec.media
+        if tokens is None:
+            bound = chat_input(spec.messages)
+            tokens, media = bound.text_tokens, bound.media
         amount = self.prices.worst_case_micros(
-            spec.model, tokens, spec.output_tokens_max, spec.choices
+            spec.model, tokens, spec.output_tokens_max, spec.choices, media=media,
+            service_tier=spec.service_tier,
         )
         return max(amount, 1), spec.model
 
@@ -235,13 +251,8 @@ class CeilingService:
         reservation_id = self._reservation_id(caller, idempotency_key)
         # The fingerprint tells a retry from a different call that reused a caller-chosen id. A
         # fresh random id cannot be reused, and a replay of its script sends the same words.
-        fingerprint = "" if idempotency_key is None else hashlib.sha256(
-            json.dumps(
-                [model, spec.input_tokens, spec.messages, spec.output_tokens_max, spec.choices,
-                 spec.amount_micros, ttl_ms, caller.run_id],
-                sort_keys=True, default=str,
-            ).encode()
-        ).hexdigest()[:32]
+        fingerprint = "" if idempotency_key is None else _fingerprint(
+            model, spec, ttl_ms, caller.run_id)
         request = ReserveRequest(
             ref=ReservationRef(caller.tag, reservation_id, caller.owner),
             budget_ids=caller.key.budget_id.lineage,

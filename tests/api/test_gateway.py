@@ -770,8 +770,14 @@ def test_what_cannot_be_bounded_is_refused_before_anything_is_held(
     tag, key = account(admin, 1_000_000)
     with pytest.raises(openai.UnprocessableEntityError) as refused:
         sdk(gw, key).responses.create(model=model, input="hi", previous_response_id="resp_1")
-    assert (refused.value.code, refused.value.param) == ("invalid_request",
+    assert (refused.value.code, refused.value.param) == ("input_unbounded",
                                                          "previous_response_id")
+    # The test models have no per-image bound: an image is refused by its field, not guessed.
+    with pytest.raises(openai.UnprocessableEntityError) as image:
+        sdk(gw, key).chat.completions.create(model=model, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}])
+    assert (image.value.code, image.value.param) == ("input_unbounded",
+                                                     "messages[0].content[0].image_url.url")
     with pytest.raises(openai.UnprocessableEntityError) as unpriced:
         sdk(gw, key).chat.completions.create(model="model-of-tomorrow", messages=MESSAGES)
     assert unpriced.value.code == "model_unpriced"

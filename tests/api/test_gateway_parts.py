@@ -9,24 +9,30 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from starlette.types import Message
 
 from api.routes.gateway import KeptResponse
+from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.config import OUTPUT_TOKENS_DEFAULT
-from core.errors import IdempotencyConflict, InvalidRequest
+from core.content import Media, responses_input
+from core.errors import IdempotencyConflict, InputUnbounded, InvalidRequest
 from core.estimate import input_tokens_upper_bound
 from core.gateway import (
     Api,
+    Call,
     Outcome,
     OutputLengths,
     StreamTally,
     body_outcome,
+    hold,
     plan,
+    usage_of,
 )
-from core.prices import Usage
+from core.prices import PriceTable, Usage
 from core.replies import (
     IN_FLIGHT_RETRY_AFTER_S,
     IN_FLIGHT_WAIT_S_MAX,
@@ -40,6 +46,8 @@ from core.replies import (
     Ticket,
     claim,
 )
+from core.service import CeilingService
+from core.stores.memory import MemoryStore
 from core.stores.redis import RedisTransport, redis_client
 from infra.redis_server import RedisServer
 from tests.support import ManualClock
@@ -69,11 +77,11 @@ def test_n_multiplies_the_output_and_the_input_is_bounded_by_the_forwarded_bytes
     p = plan(Api.CHAT, body(max_tokens=10, n=3))
     assert (p.choices, p.spec().choices) == (3, 3)
     rest = {k: v for k, v in json.loads(p.content()).items() if k != "messages"}
-    assert p.input_tokens_max == input_tokens_upper_bound(MESSAGES) + len(
-        json.dumps(rest, separators=(",", ":")).encode())
+    assert p.text_tokens_max == input_tokens_upper_bound(MESSAGES) + len(
+        json.dumps(rest).encode())
     # Two requests that forward the same body are priced the same.
-    assert plan(Api.CHAT, body()).input_tokens_max == plan(
-        Api.CHAT, body(max_completion_tokens=OUTPUT_TOKENS_DEFAULT)).input_tokens_max
+    assert plan(Api.CHAT, body()).text_tokens_max == plan(
+        Api.CHAT, body(max_completion_tokens=OUTPUT_TOKENS_DEFAULT)).text_tokens_max
 
 
 def test_a_chat_stream_asks_for_usage_and_remembers_whether_the_client_did() -> None:
@@ -90,11 +98,13 @@ def test_a_chat_stream_asks_for_usage_and_remembers_whether_the_client_did() -> 
     (Api.CHAT, {"max_tokens": True}, "max_tokens"),
     (Api.CHAT, {"n": 0}, "n"),
     (Api.CHAT, {"audio": {"voice": "alloy"}}, "audio"),
+    (Api.CHAT, {"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    (Api.CHAT, {"speed": "fast"}, "speed"),
+    (Api.CHAT, {"service_tier": 1}, "service_tier"),
     (Api.CHAT, {"messages": "hello"}, "messages"),
     (Api.CHAT, {"model": 7}, "model"),
-    (Api.RESPONSES, {"previous_response_id": "resp_1"}, "previous_response_id"),
     (Api.RESPONSES, {"background": True}, "background"),
-    (Api.RESPONSES, {"tools": [{"type": "web_search"}]}, "tools"),
+    (Api.RESPONSES, {"input": 7}, "input"),
 ])
 def test_what_cannot_be_priced_is_refused(api: Api, fields: dict[str, Any], param: str) -> None:
     doc = {"model": "gpt-4o", "messages": MESSAGES} if api is Api.CHAT else {
@@ -102,6 +112,56 @@ def test_what_cannot_be_priced_is_refused(api: Api, fields: dict[str, Any], para
     with pytest.raises(InvalidRequest) as refused:
         plan(api, json.dumps({**doc, **fields}).encode())
     assert refused.value.details.get("field") == param
+    assert not isinstance(refused.value, InputUnbounded)
+
+
+@pytest.mark.parametrize(("api", "fields", "param"), [
+    (Api.CHAT, {"web_search_options": {}}, "web_search_options"),
+    (Api.CHAT, {"tools": [{"type": "file_search"}]}, "tools"),
+    (Api.CHAT, {"tools": [{"type": ["function"]}]}, "tools"),
+    (Api.CHAT, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "read this"},
+        {"type": "file", "file": {"file_id": "file-abc"}}]}]}, "messages[0].content[1].file"),
+    (Api.RESPONSES, {"previous_response_id": "resp_1"}, "previous_response_id"),
+    (Api.RESPONSES, {"conversation": "conv_1"}, "conversation"),
+    (Api.RESPONSES, {"prompt": {"id": "pmpt_1"}}, "prompt"),
+    (Api.RESPONSES, {"tools": [{"type": "web_search"}]}, "tools"),
+    (Api.RESPONSES, {"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
+    (Api.RESPONSES, {"input": [{"role": "user", "content": [
+        {"type": "input_file", "file_id": "file-abc"}]}]}, "input[0].content[0]"),
+])
+def test_input_the_request_only_names_is_refused_as_unbounded(
+    api: Api, fields: dict[str, Any], param: str
+) -> None:
+    doc = {"model": "gpt-4o", "messages": MESSAGES} if api is Api.CHAT else {
+        "model": "gpt-4o", "input": "hi"}
+    with pytest.raises(InputUnbounded) as refused:
+        plan(api, json.dumps({**doc, **fields}).encode())
+    assert (refused.value.code, refused.value.details.get("field")) == ("input_unbounded", param)
+
+
+def test_an_image_is_counted_not_read_as_text_and_held_at_the_models_bound() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 500_000}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}]
+    p = plan(Api.CHAT, body(messages=messages, max_tokens=10, service_tier="default"))
+    assert p.text_tokens_max < 400  # the parts' framing and the rest of the body
+    assert p.media == Media(images_high=1, image_field="messages[0].content[1].image_url.url")
+    assert p.service_tier == "default"
+    # gpt-4o at its default rates ($2.50 in, $10 out): the text, 85 + 170 x 8 image tokens, and
+    # 10 output tokens. The issue's 1024 x 1024 image was held at its URL's length and billed
+    # 765 tokens; whatever its size, it now holds 1,445.
+    prices = PriceTable(now_s=lambda: 1_796_000_000.0)
+    held = prices.worst_case_micros("gpt-4o", p.text_tokens_max, 10, media=p.media,
+                                    service_tier="default")
+    assert held == -(-(p.text_tokens_max + 1_445) * 25 // 10) + 100
+    assert held > 765 * 2.5 + 100
+
+
+def test_a_request_that_names_no_tier_is_held_at_the_dearest() -> None:
+    assert plan(Api.CHAT, body()).service_tier == "auto"
+    assert plan(Api.RESPONSES, json.dumps(
+        {"model": "gpt-4o", "input": "hi", "service_tier": "priority"}).encode()
+    ).spec().service_tier == "priority"
 
 
 def test_the_responses_api_takes_a_string_or_items_and_function_tools() -> None:
@@ -109,7 +169,7 @@ def test_the_responses_api_takes_a_string_or_items_and_function_tools() -> None:
     p = plan(Api.RESPONSES, json.dumps({"model": "gpt-4o", "input": items, "max_output_tokens": 9,
                                         "tools": [{"type": "function", "name": "f"}]}).encode())
     assert (p.output_tokens_max, p.choices) == (9, 1)
-    assert p.input_tokens_max > input_tokens_upper_bound(items)
+    assert p.text_tokens_max > responses_input(items).text_tokens
 
 
 def test_a_clamped_plan_forwards_the_smaller_cap_in_the_callers_fields() -> None:
@@ -128,6 +188,8 @@ def chunk(**fields: Any) -> bytes:
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19,
          "prompt_tokens_details": {"cached_tokens": 4}}
+# What a stream's usage chunk and a complete answer without `service_tier` are read as.
+USAGE_READ = Usage(12, 7, 4, service_tier="auto")
 CHAT_STREAM = b"".join([
     chunk(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}]),
     chunk(choices=[{"index": 0, "delta": {"content": "h\u00e9llo"}}]),
@@ -150,7 +212,7 @@ def test_a_chat_stream_is_read_the_same_however_it_is_split(step: int, crlf: boo
     stream = CHAT_STREAM.replace(b"\n", b"\r\n") if crlf else CHAT_STREAM
     tally = StreamTally(plan(Api.CHAT, body(stream=True)))
     out = fed(tally, stream, step)
-    assert tally.usage == Usage(12, 7, 4)
+    assert tally.usage == USAGE_READ
     assert tally.finished
     # The client did not ask for usage: it gets neither that chunk nor [DONE] (sent after the
     # trailer), and every other event as it came.
@@ -182,10 +244,10 @@ def test_cumulative_usage_settles_from_the_last_report_and_only_at_done() -> Non
     tally = StreamTally(plan(Api.CHAT, body(stream=True)))
     out = tally.feed(stream[: stream.index(b"data: [DONE]")])
     # Usage came with every chunk, but the stream has not ended: it is not complete.
-    assert (tally.usage, tally.finished) == (Usage(12, 40), False)
+    assert (tally.usage, tally.finished) == (Usage(12, 40, service_tier="auto"), False)
     assert out.count(b"\n\n") == 4  # chunks with choices reach the client, usage and all
     tally.feed(stream[stream.index(b"data: [DONE]"):])
-    assert (tally.usage, tally.finished) == (Usage(12, 40), True)
+    assert (tally.usage, tally.finished) == (Usage(12, 40, service_tier="auto"), True)
 
 
 def test_a_responses_stream_settles_on_its_terminal_event() -> None:
@@ -193,7 +255,7 @@ def test_a_responses_stream_settles_on_its_terminal_event() -> None:
         ("response.created", {"response": {"id": "r", "usage": None}}),
         ("response.output_text.delta", {"delta": "abc"}),
         ("response.function_call_arguments.delta", {"delta": "{}"}),
-        ("response.completed", {"response": {"id": "r", "usage": {
+        ("response.completed", {"response": {"id": "r", "service_tier": "priority", "usage": {
             "input_tokens": 5, "output_tokens": 3, "input_tokens_details": {"cached_tokens": 0}}}}),
     ]
     stream = b"".join(
@@ -205,20 +267,133 @@ def test_a_responses_stream_settles_on_its_terminal_event() -> None:
     assert tally.feed(stream[:cut]) == stream[:cut]
     assert (tally.usage, tally.finished) == (None, False)
     assert tally.feed(stream[cut:]) == stream[cut:]
-    assert (tally.usage, tally.finished) == (Usage(5, 3), True)
+    assert (tally.usage, tally.finished) == (Usage(5, 3, service_tier="priority"), True)
 
 
-def test_a_complete_answer_gives_its_usage_or_its_output_bytes() -> None:
+def test_a_complete_answer_gives_its_usage() -> None:
     chat = plan(Api.CHAT, body())
     answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hey"}}]}
-    assert body_outcome(chat, json.dumps({**answer, "usage": USAGE}).encode()) == (
-        Usage(12, 7, 4), 3)
-    assert body_outcome(chat, json.dumps(answer).encode()) == (None, 3)
+    assert body_outcome(chat, json.dumps({**answer, "usage": USAGE}).encode()) == (USAGE_READ,)
+    assert body_outcome(chat, json.dumps(
+        {**answer, "usage": USAGE, "service_tier": "default"}).encode()) == (
+        Usage(12, 7, 4, service_tier="default"),)
+    assert body_outcome(chat, json.dumps(answer).encode()) == (None,)
     assert body_outcome(chat, b"<html>bad gateway</html>") is None
     responses = plan(Api.RESPONSES, json.dumps({"model": "gpt-4o", "input": "hi"}).encode())
     doc = {"output": [{"type": "message", "content": [{"type": "output_text", "text": "yo"}]}],
            "usage": {"input_tokens": 2, "output_tokens": 1}}
-    assert body_outcome(responses, json.dumps(doc).encode()) == (Usage(2, 1), 2)
+    assert body_outcome(responses, json.dumps(doc).encode()) == (
+        Usage(2, 1, service_tier="auto"),)
+
+
+def test_a_stream_reads_the_tier_its_usage_chunk_names() -> None:
+    tally = StreamTally(plan(Api.CHAT, body(stream=True)))
+    tally.feed(chunk(choices=[], usage=USAGE, service_tier="flex") + b"data: [DONE]\n\n")
+    assert tally.usage == Usage(12, 7, 4, service_tier="flex")
+
+
+@pytest.mark.parametrize(("usage", "read"), [
+    # OpenAI: cache reads and audio are parts of prompt_tokens; reasoning and audio parts of
+    # completion_tokens, counted once.
+    ({"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150,
+      "prompt_tokens_details": {"cached_tokens": 20, "audio_tokens": 30},
+      "completion_tokens_details": {"reasoning_tokens": 40, "audio_tokens": 5}},
+     Usage(100, 50, cached_input_tokens=20, input_audio_tokens=30, output_audio_tokens=5)),
+    # A provider whose completion count leaves reasoning out (its total says so).
+    ({"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 150,
+      "completion_tokens_details": {"reasoning_tokens": 40}}, Usage(100, 50)),
+    # Reasoning above the completion count cannot be part of it.
+    ({"prompt_tokens": 100, "completion_tokens": 10,
+      "completion_tokens_details": {"reasoning_tokens": 40}}, Usage(100, 50)),
+    # Cache writes in the details, as part of prompt_tokens (OpenRouter's way).
+    ({"prompt_tokens": 100, "completion_tokens": 1,
+      "prompt_tokens_details": {"cached_tokens": 10, "cache_write_tokens": 30}},
+     Usage(100, 1, cached_input_tokens=10, cache_write_tokens=30)),
+    # Anthropic's counts, beside the input count: 100 + 50 written (20 for 1 h) + 30 read.
+    ({"prompt_tokens": 100, "completion_tokens": 1, "cache_creation_input_tokens": 50,
+      "cache_read_input_tokens": 30, "cache_creation": {
+          "ephemeral_5m_input_tokens": 30, "ephemeral_1h_input_tokens": 20}},
+     Usage(180, 1, cached_input_tokens=30, cache_write_tokens=30, cache_write_1h_tokens=20)),
+])
+def test_a_usage_is_read_the_way_that_costs_no_less(usage: dict[str, Any], read: Usage) -> None:
+    assert usage_of(Api.CHAT, usage, "default") == Usage(
+        **{**read.__dict__, "service_tier": "default"})
+
+
+def test_the_responses_usage_and_an_unnamed_tier() -> None:
+    usage = {"input_tokens": 100, "output_tokens": 50, "total_tokens": 150,
+             "input_tokens_details": {"cached_tokens": 60},
+             "output_tokens_details": {"reasoning_tokens": 30}}
+    assert usage_of(Api.RESPONSES, usage) == Usage(100, 50, 60, service_tier="auto")
+
+
+@pytest.mark.parametrize("usage", [
+    None, "12", {"prompt_tokens": 12}, {"prompt_tokens": -1, "completion_tokens": 1},
+    {"prompt_tokens": "12", "completion_tokens": 1},
+    {"prompt_tokens": 12, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 13}},
+    {"prompt_tokens": 12, "completion_tokens": 1, "prompt_tokens_details": [1]},
+    {"prompt_tokens": 12, "completion_tokens": 1, "completion_tokens_details": {
+        "audio_tokens": 2}},
+])
+def test_a_usage_that_cannot_be_read_is_none(usage: object) -> None:
+    assert usage_of(Api.CHAT, usage) is None
+
+
+# -- settling a call ----------------------------------------------------------------------------
+
+TIERED = {"input_usd_per_mtok": "1", "output_usd_per_mtok": "2",
+          "service_tiers": {"priority": {"input_usd_per_mtok": "3", "output_usd_per_mtok": "6"}}}
+
+
+async def held_call(tmp_path: Path, tag: str, **fields: Any) -> tuple[Call, CeilingService]:
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps({"models": {"t-m": TIERED}}))
+    svc = CeilingService(MemoryStore(), PriceTable.from_file(str(path)))
+    await svc.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, 10_000_000),)))
+    key = await svc.create_key(BudgetId(tag), run_ceiling_micros=None)
+    who = await svc.authenticate(key.api_key)
+    call_plan = plan(Api.CHAT, body(model="t-m", max_tokens=10, **fields))
+    lengths = OutputLengths()
+    return Call(svc, who, await hold(svc, who, call_plan, lengths, clamp=False, p95=False),
+                lengths), svc
+
+
+@pytest.mark.parametrize(("asked", "answered", "charged"), [
+    # 100 in and 10 out: $1/$2 a million at the default tier, $3/$6 at priority.
+    ({}, "default", 100 + 20),
+    ({}, "priority", 300 + 60),
+    ({}, None, 300 + 60),  # named no tier, served at one no answer names: the dearest
+    ({"service_tier": "default"}, None, 100 + 20),  # served at the one it asked for
+    ({"service_tier": "priority"}, None, 300 + 60),
+])
+async def test_a_call_is_charged_at_the_tier_its_answer_names_or_it_asked_for(
+    tmp_path: Path, tag: str, asked: dict[str, Any], answered: str | None, charged: int
+) -> None:
+    call, _ = await held_call(tmp_path, tag, **asked)
+    usage = usage_of(Api.CHAT, {"prompt_tokens": 100, "completion_tokens": 10}, answered)
+    bill = await call.settle(usage)
+    assert (bill.outcome, bill.charged_micros) == (Outcome.BILLED, charged)
+
+
+async def test_a_usage_that_cannot_be_priced_keeps_the_hold(tmp_path: Path, tag: str) -> None:
+    call, svc = await held_call(tmp_path, tag)
+    # Audio for a model without an audio rate: never priced as text; the hold stays for expiry.
+    bill = await call.settle(Usage(100, 10, input_audio_tokens=50, service_tier="default"))
+    assert bill.outcome is Outcome.UNKNOWN
+    assert bill.charged_micros == call.hold.reservation.reserved_micros
+    assert (await svc.my_budgets(call.who))[0].reserved_micros == bill.charged_micros
+
+
+async def test_without_a_usage_a_call_is_charged_its_whole_worst_case(
+    tmp_path: Path, tag: str
+) -> None:
+    call, _ = await held_call(tmp_path, tag)
+    bill = await call.settle(None)
+    # Hidden reasoning tokens are not in the visible answer: the input's bound and the whole
+    # output cap, at the dearest tier ($3 in, $6 out), as held.
+    assert (bill.outcome, bill.charged_micros) == (
+        Outcome.ESTIMATED, call.hold.plan.text_tokens_max * 3 + 10 * 6)
+    assert bill.charged_micros == call.hold.reservation.reserved_micros
 
 
 # -- output lengths -----------------------------------------------------------------------------

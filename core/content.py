@@ -1,0 +1,451 @@
+"""What a request's input can be billed as, bounded before the call.
+
+- Text is bounded by the UTF-8 bytes of the JSON that carries it: byte-level BPE tokenizers
+  (GPT, Claude, Llama, Gemini families) never produce more tokens than the bytes they encode,
+  and escapes and framing only raise the bound.
+- Media is not text, and its payload is left out of that count (a 1 MB data URL is not a
+  million tokens). An image is billed by a per-image rule of the model, whatever its size or
+  URL: it is counted here by detail (Media) and priced with the model's bound (core/prices.py),
+  so an image URL is bounded without fetching it. Audio is billed by its duration, which is
+  read from the bytes sent (a WAV header, or the lowest bitrate MP3 frames can have).
+- What the request only names (a file by id or URL, an image stored with the provider, a stored
+  item, a content part or item type this module does not know) has a billed size the request
+  cannot show: it is refused with InputUnbounded naming the field, never held at a guess.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import math
+import re
+import struct
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from core.errors import InputUnbounded, InvalidRequest
+from core.limits import TOKENS_MAX
+
+# OpenAI's chat format adds a few tokens per message (role, separators) and per reply (priming).
+TOKENS_PER_MESSAGE = 4
+TOKENS_PER_REPLY = 3
+# A request with more messages (or Responses items) than this is refused rather than walked.
+MESSAGES_MAX = 10_000
+
+
+# -- per-model media rules ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImageBound:
+    """The most input tokens one image can be billed as, at each detail level."""
+
+    low_tokens: int
+    high_tokens: int
+
+
+# OpenAI, "Images and vision", calculating costs:
+# https://platform.openai.com/docs/guides/images-vision#calculating-costs
+# Tile-based models: `detail: low` is billed the base tokens; `high` the base plus a price per
+# 512px tile, once the image is scaled to fit 2048 x 2048 and then down until its short side is
+# 768. No image tiles larger than 768 x 2048 after that: 2 x 4 tiles.
+IMAGE_TILES_MAX = 8
+# Patch-based models: the image is covered with 32px patches, at most 1,536 (a larger image is
+# scaled down until it fits), each billed as a model's multiplier of tokens. No low-detail rule
+# is documented for them, so low detail is held as high.
+IMAGE_PATCHES_MAX = 1_536
+
+
+def _tiled(base_tokens: int, tile_tokens: int) -> ImageBound:
+    return ImageBound(base_tokens, base_tokens + tile_tokens * IMAGE_TILES_MAX)
+
+
+def _patched(tokens_per_patch: str) -> ImageBound:
+    tokens = math.ceil(Decimal(tokens_per_patch) * IMAGE_PATCHES_MAX)
+    return ImageBound(tokens, tokens)
+
+
+# Where the documented rules disagree, the larger bound is kept: gpt-4.1 is listed among the
+# tile models (85 + 170 a tile) and among those billed by patches (1 a patch, 1,536 at most);
+# gpt-5's tiles (70 + 140 a tile) are also described as capped at 1,536 tokens.
+_GPT_4O_TILES = _tiled(85, 170)
+IMAGE_BOUNDS: dict[str, ImageBound] = {
+    "gpt-4o": _GPT_4O_TILES,
+    "chatgpt-4o-latest": _GPT_4O_TILES,
+    "gpt-4-turbo": _GPT_4O_TILES,
+    "gpt-4.5-preview": _GPT_4O_TILES,
+    "gpt-4.1": ImageBound(IMAGE_PATCHES_MAX, IMAGE_PATCHES_MAX),
+    "gpt-4o-mini": _tiled(2_833, 5_667),
+    "gpt-5": ImageBound(70, max(_tiled(70, 140).high_tokens, IMAGE_PATCHES_MAX)),
+    "gpt-5-chat-latest": ImageBound(70, max(_tiled(70, 140).high_tokens, IMAGE_PATCHES_MAX)),
+    "o1": _tiled(75, 150),
+    "o1-pro": _tiled(75, 150),
+    "o3": _tiled(75, 150),
+    "computer-use-preview": _tiled(65, 129),
+    "gpt-4.1-mini": _patched("1.62"),
+    "gpt-4.1-nano": _patched("2.46"),
+    "o4-mini": _patched("1.72"),
+    "gpt-5-mini": _patched("1.62"),
+    "gpt-5-nano": _patched("2.46"),
+}
+
+# OpenAI, "Realtime API: managing costs": "Audio tokens in user messages are 1 token per 100 ms
+# of audio" (https://developers.openai.com/api/docs/guides/realtime-costs); the same audio
+# models serve chat completions.
+OPENAI_AUDIO_INPUT_TOKENS_PER_S = 10
+# Google, "Audio understanding": "Gemini represents each second of audio as 32 tokens"
+# (https://ai.google.dev/gemini-api/docs/audio). Every model named gemini-*.
+GEMINI_AUDIO_INPUT_TOKENS_PER_S = 32
+AUDIO_INPUT_TOKENS_PER_S: dict[str, int] = {
+    "gpt-4o-audio-preview": OPENAI_AUDIO_INPUT_TOKENS_PER_S,
+    "gpt-4o-mini-audio-preview": OPENAI_AUDIO_INPUT_TOKENS_PER_S,
+    "gpt-audio": OPENAI_AUDIO_INPUT_TOKENS_PER_S,
+    "gpt-audio-mini": OPENAI_AUDIO_INPUT_TOKENS_PER_S,
+}
+
+# A dated snapshot of a model (gpt-4o-2024-08-06) follows its model's rule; nothing else does:
+# a new model (gpt-5.1, gpt-4o-audio-preview) may bill images or audio by other rules.
+_SNAPSHOT_SUFFIX = re.compile(r"-\d{4}-\d{2}-\d{2}$")
+
+
+def _by_model(model: str, table: dict[str, Any]) -> Any:
+    name = model.lower()
+    found = table.get(name)
+    return table.get(_SNAPSHOT_SUFFIX.sub("", name)) if found is None else found
+
+
+def image_bound(model: str) -> ImageBound | None:
+    """The bundled per-image bound of a model; None where no documented rule is known."""
+    return _by_model(model, IMAGE_BOUNDS)  # type: ignore[no-any-return]
+
+
+def audio_input_tokens_per_s(model: str) -> int | None:
+    """The bundled audio tokenization of a model; None where no documented rate is known."""
+    found = _by_model(model, AUDIO_INPUT_TOKENS_PER_S)
+    if found is None and model.lower().startswith("gemini-"):
+        return GEMINI_AUDIO_INPUT_TOKENS_PER_S
+    return found  # type: ignore[no-any-return]
+
+
+# -- audio duration from the bytes sent ------------------------------------------------------------
+
+AUDIO_FORMATS = ("wav", "mp3")
+# The lowest bitrate in MPEG audio's bitrate tables (MPEG-2.5 Layer III, 8 kbit/s; ISO/IEC
+# 13818-3): no MP3 frame carries more sound per byte, so bytes / this is a duration bound.
+# Free-format streams, whose bitrate is outside the tables, are refused (see _check_mp3).
+MP3_BYTES_PER_S_MIN = 1_000
+# A WAV header is looked for in the first bytes only: the chunks before `fmt ` are small.
+WAV_HEADER_BYTES_MAX = 4_096
+# PCM beyond these is not audio anyone sends a model; a header that claims it is refused.
+WAV_SAMPLE_RATE_MAX = 384_000
+WAV_CHANNELS_MAX = 16
+WAV_BITS = frozenset({8, 16, 24, 32, 64})
+# WAVE_FORMAT_PCM, WAVE_FORMAT_IEEE_FLOAT, and WAVE_FORMAT_EXTENSIBLE carrying one of them.
+WAV_FORMATS = frozenset({1, 3})
+WAV_FORMAT_EXTENSIBLE = 0xFFFE
+
+
+def _b64_slice(data: str, start: int, end: int, field: str) -> bytes:
+    """Bytes [start, end) of base64 `data`, decoding only the characters that hold them."""
+    first = start // 3 * 4
+    chunk = data[first:-(-end // 3) * 4]
+    try:
+        raw = binascii.a2b_base64(chunk, strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidRequest(f"{field} is not base64", field=field) from exc
+    offset = start - first // 4 * 3
+    return raw[offset:offset + end - start]
+
+
+def _unreadable(field: str, why: str) -> InputUnbounded:
+    return InputUnbounded(f"{field}: {why}, so the audio's duration cannot be bounded",
+                          field=field)
+
+
+def _wav_bytes_per_s(data: str, field: str) -> int:
+    head = _b64_slice(data, 0, WAV_HEADER_BYTES_MAX, field)
+    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        raise _unreadable(field, "not a RIFF/WAVE file")
+    pos = 12
+    while pos + 8 <= len(head):
+        chunk_id, size = head[pos:pos + 4], int.from_bytes(head[pos + 4:pos + 8], "little")
+        if chunk_id == b"fmt ":
+            fmt = head[pos + 8:pos + 8 + size]
+            if len(fmt) < 16:
+                break
+            kind, channels, rate, byte_rate, block_align, bits = struct.unpack_from("<HHIIHH", fmt)
+            if kind == WAV_FORMAT_EXTENSIBLE and len(fmt) >= 26:
+                kind = int.from_bytes(fmt[24:26], "little")
+            # A decoder reads samples by these fields; they must agree with each other, or the
+            # duration it finds could be other than the one bounded here.
+            if (kind not in WAV_FORMATS or bits not in WAV_BITS
+                    or not 1 <= channels <= WAV_CHANNELS_MAX
+                    or not 1 <= rate <= WAV_SAMPLE_RATE_MAX
+                    or block_align != channels * bits // 8 or byte_rate != rate * block_align):
+                raise _unreadable(field, "the WAV header is not plain PCM with consistent fields")
+            return int(byte_rate)
+        pos += 8 + size + (size & 1)
+    raise _unreadable(field, f"no WAV format chunk in its first {WAV_HEADER_BYTES_MAX} bytes")
+
+
+def _check_mp3(data: str, field: str) -> None:
+    """Refuse what does not start (after an ID3v2 tag) with an MPEG audio frame of a bitrate
+    in the tables."""
+    start = 0
+    tag = _b64_slice(data, 0, 10, field)
+    if tag[:3] == b"ID3" and len(tag) == 10:
+        if any(b & 0x80 for b in tag[6:10]):
+            raise _unreadable(field, "its ID3 tag size is malformed")
+        size = tag[6] << 21 | tag[7] << 14 | tag[8] << 7 | tag[9]  # 7 bits a byte ("syncsafe")
+        start = 10 + size + (10 if tag[5] & 0x10 else 0)  # a footer repeats the header
+    frame = _b64_slice(data, start, start + 4, field)
+    if len(frame) < 4 or frame[0] != 0xFF or frame[1] & 0xE0 != 0xE0:
+        raise _unreadable(field, "no MPEG audio frame where the first one belongs")
+    version, layer = frame[1] >> 3 & 3, frame[1] >> 1 & 3
+    bitrate_index, rate_index = frame[2] >> 4, frame[2] >> 2 & 3
+    if version == 1 or layer == 0 or rate_index == 3 or bitrate_index == 15:
+        raise _unreadable(field, "its first MPEG frame header is invalid")
+    if bitrate_index == 0:
+        raise _unreadable(field, "it is a free-format stream, whose bitrate has no lower bound")
+
+
+def audio_ms_max(data: object, audio_format: object, field: str) -> int:
+    """An upper bound on the duration of base64 `data` in `audio_format`, in milliseconds."""
+    if not isinstance(data, str) or not data or not data.isascii():
+        raise InvalidRequest(f"{field}.data must be base64 audio", field=f"{field}.data")
+    if audio_format == "wav":
+        bytes_per_s = _wav_bytes_per_s(data, f"{field}.data")
+    elif audio_format == "mp3":
+        _check_mp3(data, f"{field}.data")
+        bytes_per_s = MP3_BYTES_PER_S_MIN
+    else:
+        raise InputUnbounded(
+            f"{field}.format must be one of {', '.join(AUDIO_FORMATS)}: the duration of other "
+            "formats cannot be bounded from their bytes", field=f"{field}.format")
+    # Every 4 characters decode to at most 3 bytes, whatever the padding.
+    decoded_bytes_max = (len(data) + 3) // 4 * 3
+    return -(-decoded_bytes_max * 1_000 // bytes_per_s)
+
+
+# -- walking a request's input ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Media:
+    """The images and audio of a request, to be priced with its model's rules. The fields name
+    the first of each as a JSON path, for a refusal when the model has no rule for it."""
+
+    images_low: int = 0
+    images_high: int = 0
+    audio_ms: int = 0
+    image_field: str = ""
+    audio_field: str = ""
+
+
+NO_MEDIA = Media()
+
+
+@dataclass(frozen=True)
+class InputBound:
+    text_tokens: int
+    media: Media = NO_MEDIA
+
+
+def _encodable(text: str) -> bool:
+    """Whether `text` can be sent as UTF-8: a JSON body can carry lone surrogates it cannot."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def json_bytes(value: object) -> int:
+    """UTF-8 bytes of `value` as JSON: the token bound of the text it carries."""
+    try:
+        return len(json.dumps(value, ensure_ascii=False).encode())
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest("the request's text is not valid Unicode (a lone surrogate)") from exc
+
+
+# Parts that are text only: bounded by their bytes.
+CHAT_TEXT_PARTS = frozenset({"text", "refusal"})
+RESPONSES_TEXT_PARTS = frozenset({"input_text", "output_text", "refusal"})
+# Responses items that carry text only (function calls and their text or part outputs).
+RESPONSES_CALL_ITEMS = frozenset({"function_call", "custom_tool_call"})
+RESPONSES_OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
+
+
+class _Walk:
+    """One request's media, counted while its content is copied with their payloads blanked."""
+
+    def __init__(self) -> None:
+        self.images_low = self.images_high = self.audio_ms = 0
+        self.image_field = self.audio_field = ""
+
+    def media(self) -> Media:
+        if not (self.images_low or self.images_high or self.audio_ms):
+            return NO_MEDIA
+        return Media(self.images_low, self.images_high, self.audio_ms, self.image_field,
+                     self.audio_field)
+
+    def content(self, content: object, field: str, role: object, chat: bool) -> object:
+        if content is None or isinstance(content, str):
+            return content
+        if not isinstance(content, list):
+            raise InputUnbounded(f"{field} must be a string or a list of content parts",
+                                 field=field)
+        return [self.part(part, f"{field}[{j}]", role, chat) for j, part in enumerate(content)]
+
+    def part(self, part: object, field: str, role: object, chat: bool) -> object:
+        if not isinstance(part, dict):
+            raise InputUnbounded(f"{field} must be a content part object", field=field)
+        kind = part.get("type")
+        if not isinstance(kind, str):
+            raise InputUnbounded(f"{field}.type must name the content part's type",
+                                 field=f"{field}.type")
+        if kind in (CHAT_TEXT_PARTS if chat else RESPONSES_TEXT_PARTS):
+            return part
+        if chat and kind == "image_url":
+            return self.chat_image(part, field)
+        if not chat and kind == "input_image":
+            return self.responses_image(part, field)
+        if kind == "input_audio":
+            return self.audio(part, field, role)
+        if chat and kind == "file":
+            raise InputUnbounded(
+                f"{field}.file is a file (by id, data or URL) the provider reads into input of a "
+                "size the request cannot show", field=f"{field}.file")
+        if not chat and kind == "input_file":
+            raise InputUnbounded(
+                f"{field} is a file (by id, data or URL) the provider reads into input of a size "
+                "the request cannot show", field=field)
+        raise InputUnbounded(
+            f"{field} is a content part of type {kind!r}, which the gateway cannot bound",
+            field=field)
+
+    def image(self, url: object, url_field: str, detail: object, detail_field: str) -> None:
+        if not isinstance(url, str) or not url or not _encodable(url):
+            raise InvalidRequest(f"{url_field} must be an image URL", field=url_field)
+        # A data URL of another type (a PDF, a video) would be billed by other rules.
+        if url[:5].lower() == "data:" and url[5:11].lower() != "image/":
+            raise InputUnbounded(f"{url_field} is a data URL of something other than an image",
+                                 field=url_field)
+        if detail in (None, "auto", "high"):  # auto lets the provider pick high
+            self.images_high += 1
+        elif detail == "low":
+            self.images_low += 1
+        else:
+            raise InputUnbounded(
+                f"{detail_field} {detail!r} has no known bound: give low, high or auto",
+                field=detail_field)
+        self.image_field = self.image_field or url_field
+
+    def chat_image(self, part: dict[str, Any], field: str) -> dict[str, Any]:
+        given = part.get("image_url")
+        if isinstance(given, str):
+            self.image(given, f"{field}.image_url", None, "")
+            return {**part, "image_url": ""}
+        if not isinstance(given, dict):
+            raise InputUnbounded(f"{field}.image_url must be an object with a url",
+                                 field=f"{field}.image_url")
+        for key in given:
+            if key not in ("url", "detail"):
+                raise InputUnbounded(f"{field}.image_url.{key} is not a field the gateway knows",
+                                     field=f"{field}.image_url.{key}")
+        self.image(given.get("url"), f"{field}.image_url.url", given.get("detail"),
+                   f"{field}.image_url.detail")
+        return {**part, "image_url": {**given, "url": ""}}
+
+    def responses_image(self, part: dict[str, Any], field: str) -> dict[str, Any]:
+        for key in part:
+            if key not in ("type", "image_url", "file_id", "detail"):
+                raise InputUnbounded(f"{field}.{key} is not a field the gateway knows",
+                                     field=f"{field}.{key}")
+        if part.get("file_id") is not None:
+            raise InputUnbounded(
+                f"{field}.file_id is an image stored with the provider, of a size the request "
+                "cannot show", field=f"{field}.file_id")
+        self.image(part.get("image_url"), f"{field}.image_url", part.get("detail"),
+                   f"{field}.detail")
+        return {**part, "image_url": ""}
+
+    def audio(self, part: dict[str, Any], field: str, role: object) -> dict[str, Any]:
+        # Audio in other roles' messages is billed at other rates (an assistant's, twice as
+        # many tokens a second); chat takes audio input in user messages only.
+        if role != "user":
+            raise InputUnbounded(f"{field}: audio input is taken in user messages only",
+                                 field=field)
+        given = part.get("input_audio")
+        if not isinstance(given, dict) or any(key not in ("data", "format") for key in given):
+            raise InputUnbounded(f"{field}.input_audio must be an object of data and format",
+                                 field=f"{field}.input_audio")
+        self.audio_ms += audio_ms_max(given.get("data"), given.get("format"),
+                                      f"{field}.input_audio")
+        self.audio_field = self.audio_field or f"{field}.input_audio"
+        return {**part, "input_audio": {**given, "data": ""}}
+
+
+def _checked(tokens: int, field: str) -> int:
+    if tokens > TOKENS_MAX:
+        raise InvalidRequest(f"{field} is larger than any model's context", field=field)
+    return tokens
+
+
+def chat_input(messages: Any) -> InputBound:
+    """The input bound of chat `messages`: their text by bytes, their media counted."""
+    if not isinstance(messages, list) or not messages or len(messages) > MESSAGES_MAX:
+        raise InvalidRequest(
+            f"messages must be a list of 1 to {MESSAGES_MAX} messages", field="messages"
+        )
+    walk = _Walk()
+    tokens = TOKENS_PER_REPLY
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequest("each message must be an object", field="messages")
+        field = f"messages[{i}]"
+        if message.get("audio") is not None:
+            raise InputUnbounded(
+                f"{field}.audio refers to an earlier audio answer by id, of a size the request "
+                "cannot show", field=f"{field}.audio")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            message = {**message, "content": walk.content(
+                content, f"{field}.content", message.get("role"), chat=True)}
+        # Every other string and structure the provider may tokenize, counted by its JSON bytes.
+        tokens += TOKENS_PER_MESSAGE + json_bytes(message)
+    return InputBound(_checked(tokens, "messages"), walk.media())
+
+
+def responses_input(given: Any) -> InputBound:
+    """The input bound of a Responses API `input`: a string, or a list of items."""
+    if isinstance(given, str):
+        given = [{"role": "user", "content": given}]
+    if not isinstance(given, list) or len(given) > MESSAGES_MAX:
+        raise InvalidRequest(
+            f"input must be a string or a list of at most {MESSAGES_MAX} items", field="input"
+        )
+    walk = _Walk()
+    tokens = TOKENS_PER_REPLY
+    for i, item in enumerate(given):
+        if not isinstance(item, dict):
+            raise InvalidRequest("each input item must be an object", field="input")
+        field = f"input[{i}]"
+        kind = item.get("type", "message" if "role" in item else None)
+        if not isinstance(kind, str):
+            raise InputUnbounded(f"{field}.type must name the item's type", field=f"{field}.type")
+        if kind == "message":
+            item = {**item, "content": walk.content(
+                item.get("content"), f"{field}.content", item.get("role"), chat=False)}
+        elif kind in RESPONSES_OUTPUT_ITEMS:
+            item = {**item, "output": walk.content(
+                item.get("output"), f"{field}.output", "tool", chat=False)}
+        elif kind not in RESPONSES_CALL_ITEMS:
+            # item_reference, reasoning (encrypted, or looked up by id), hosted tools' calls and
+            # anything newer: input whose billed size the request does not show.
+            raise InputUnbounded(
+                f"{field} is an item of type {kind!r}, whose billed size the request cannot "
+                "show", field=field)
+        tokens += TOKENS_PER_MESSAGE + json_bytes(item)
+    return InputBound(_checked(tokens, "input"), walk.media())

@@ -1,0 +1,293 @@
+"""Content bounds: text by its bytes, images counted by detail, audio by its duration, and every
+input the request only names refused with the field that names it."""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+import wave
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.content import (
+    MP3_BYTES_PER_S_MIN,
+    NO_MEDIA,
+    Media,
+    audio_input_tokens_per_s,
+    audio_ms_max,
+    chat_input,
+    image_bound,
+    responses_input,
+)
+from core.errors import InputUnbounded, InvalidRequest
+
+# 1 MB of base64 "image": as text it would be ~1.3 million tokens.
+BIG_PNG = "data:image/png;base64," + "A" * 1_300_000
+
+
+def wav(seconds: float, rate: int = 16_000, channels: int = 1, width: int = 2) -> str:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(b"\0" * int(seconds * rate) * channels * width)
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def user(*parts: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": list(parts)}]
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"type": "text", "text": value}
+
+
+def image(url: str = "https://example.com/cat.png", **fields: Any) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url, **fields}}
+
+
+def audio(data: str, audio_format: str = "wav") -> dict[str, Any]:
+    return {"type": "input_audio", "input_audio": {"data": data, "format": audio_format}}
+
+
+def refused(messages: Any) -> str:
+    with pytest.raises(InputUnbounded) as info:
+        chat_input(messages)
+    assert info.value.code == "input_unbounded"
+    return str(info.value.details["field"])
+
+
+# -- the bundled per-model rules ------------------------------------------------------------------
+
+
+def test_image_bounds_are_the_documented_maxima() -> None:
+    # Tile models: base, and base + 8 tiles (a 768 x 2048 image) at high detail.
+    assert image_bound("gpt-4o") == image_bound("GPT-4o-2024-08-06")
+    assert (image_bound("gpt-4o").low_tokens, image_bound("gpt-4o").high_tokens) == (
+        85, 85 + 170 * 8)  # type: ignore[union-attr]
+    mini = image_bound("gpt-4o-mini")
+    assert mini is not None
+    assert (mini.low_tokens, mini.high_tokens) == (2_833, 48_169)
+    o3 = image_bound("o3")
+    assert o3 is not None
+    assert o3.high_tokens == 75 + 150 * 8 == 1_275
+    # Patch models: 1,536 patches times the multiplier, rounded up, at any detail.
+    for model, tokens in (("gpt-4.1-mini", 2_489), ("o4-mini", 2_642), ("gpt-4.1-nano", 3_779)):
+        bound = image_bound(model)
+        assert bound is not None
+        assert (bound.low_tokens, bound.high_tokens) == (tokens, tokens)
+    # Models with no documented rule, or a look-alike of a model that has one: no bound.
+    for model in ("gpt-4o-audio-preview", "gpt-5.1", "claude-sonnet-4-5", "gpt-4o-mini-x"):
+        assert image_bound(model) is None
+
+
+def test_audio_rates_are_the_documented_ones() -> None:
+    assert audio_input_tokens_per_s("gpt-audio") == 10
+    assert audio_input_tokens_per_s("gpt-4o-audio-preview-2025-06-03") == 10
+    assert audio_input_tokens_per_s("gemini-2.5-flash") == 32
+    assert audio_input_tokens_per_s("gpt-4o") is None
+
+
+# -- text and images ------------------------------------------------------------------------------
+
+
+def test_text_is_bounded_by_its_bytes_and_a_base64_image_is_not_text() -> None:
+    short = chat_input([{"role": "user", "content": "hi"}])
+    longer = chat_input([{"role": "user", "content": "hi" * 100}])
+    assert 0 < short.text_tokens < longer.text_tokens
+    assert longer.text_tokens >= 200
+    assert short.media is NO_MEDIA
+    bound = chat_input(user(text("what is this?"), image(BIG_PNG)))
+    assert bound.text_tokens < 200  # the framing of two parts, not the megabyte
+    assert bound.media == Media(images_high=1, image_field="messages[0].content[1].image_url.url")
+
+
+@pytest.mark.parametrize(("detail", "low", "high"), [
+    ("low", 1, 0), ("high", 0, 1), ("auto", 0, 1), (None, 0, 1)])
+def test_each_image_counts_at_its_detail_and_auto_counts_as_high(
+    detail: str | None, low: int, high: int
+) -> None:
+    part = image() if detail is None else image(detail=detail)
+    media = chat_input(user(part, part)).media
+    assert (media.images_low, media.images_high) == (2 * low, 2 * high)
+
+
+def test_an_image_url_counts_whatever_its_length_and_a_bare_url_string_too() -> None:
+    url = "https://example.com/" + "x" * 5_000
+    media = chat_input(user({"type": "image_url", "image_url": url})).media
+    assert media.images_high == 1
+
+
+@pytest.mark.parametrize(("part", "field"), [
+    (image(detail="original"), "messages[0].content[0].image_url.detail"),
+    (image("data:application/pdf;base64,JVBERi0="), "messages[0].content[0].image_url.url"),
+    (image(file_id="file-1"), "messages[0].content[0].image_url.file_id"),
+    ({"type": "image_url", "image_url": 7}, "messages[0].content[0].image_url"),
+    ({"type": "video_url", "video_url": {"url": "https://x/v.mp4"}}, "messages[0].content[0]"),
+    ({"type": "file", "file": {"file_id": "file-1"}}, "messages[0].content[0].file"),
+    ({"type": "file", "file": {"file_data": "JVBERi0=", "filename": "a.pdf"}},
+     "messages[0].content[0].file"),
+    ("a bare string part", "messages[0].content[0]"),
+    ({"type": ["text"], "text": "x"}, "messages[0].content[0].type"),
+])
+def test_parts_the_gateway_cannot_bound_are_refused_by_name(part: Any, field: str) -> None:
+    assert refused(user(part)) == field
+
+
+def test_the_field_is_named_where_it_is() -> None:
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        {"role": "user", "content": [text("see"), {"type": "file", "file": {"file_id": "f"}}]},
+    ]
+    assert refused(messages) == "messages[2].content[1].file"
+
+
+def test_an_earlier_audio_answer_by_id_and_content_of_no_known_shape_are_refused() -> None:
+    assert refused([{"role": "assistant", "audio": {"id": "audio_1"}}]) == "messages[0].audio"
+    assert refused([{"role": "user", "content": {"type": "text", "text": "x"}}]) == (
+        "messages[0].content")
+
+
+def test_messages_must_be_a_list_of_objects_of_valid_text() -> None:
+    for bad in ([], "hello", [1], None, [{"role": "user"}] * 10_001):
+        with pytest.raises(InvalidRequest):
+            chat_input(bad)
+    with pytest.raises(InvalidRequest):
+        chat_input([{"role": "user", "content": "\ud800"}])
+
+
+# -- audio ------------------------------------------------------------------------------------
+
+
+def test_a_wav_clip_is_bounded_by_its_header() -> None:
+    clip = wav(2.0)  # 16 kHz, mono, 16-bit: 32,000 bytes a second
+    assert len(base64.b64decode(clip)) == 44 + 64_000
+    # 64,044 bytes (header included) / 32,000 bytes a second = 2.001375 s, rounded up.
+    assert audio_ms_max(clip, "wav", "a") == 2_002
+    media = chat_input(user(text("transcribe"), audio(clip))).media
+    assert (media.audio_ms, media.audio_field) == (2_002, "messages[0].content[1].input_audio")
+    # Padded base64: 3,244 bytes (0.1 s and the header) are 4,328 characters, counted as
+    # 4,328 / 4 x 3 = 3,246 bytes, the padding included: 101.4 ms, rounded up.
+    assert audio_ms_max(wav(0.1), "wav", "a") == 102
+    # 8 kHz, 8-bit: 8,000 bytes a second, so the same bytes are four times as long.
+    assert audio_ms_max(wav(1.0, rate=8_000, width=1), "wav", "a") == -(-8_044 * 1_000 // 8_000)
+
+
+def test_an_mp3_clip_is_bounded_at_the_lowest_bitrate() -> None:
+    frame = bytes([0xFF, 0xFB, 0x90, 0x64])  # MPEG-1 Layer III, 128 kbit/s, 44.1 kHz
+    tag = b"ID3\x04\x00\x00" + bytes([0, 0, 1, 0]) + b"\0" * 128  # a 128-byte ID3v2 tag
+    data = base64.b64encode(tag + frame + b"\0" * 9_857).decode()
+    # 9,999 bytes (138 of tag, 4 of frame header; a multiple of 3, so base64 pads nothing) at
+    # 1,000 bytes a second (8 kbit/s): 9.999 s.
+    assert MP3_BYTES_PER_S_MIN == 1_000
+    assert audio_ms_max(data, "mp3", "a") == 9_999
+
+
+@pytest.mark.parametrize(("data", "audio_format", "field"), [
+    (base64.b64encode(bytes([0xFF, 0xFB, 0x04, 0x64]) + b"\0" * 96).decode(), "mp3",
+     "a.data"),  # free format: no lowest bitrate
+    (base64.b64encode(b"\0" * 100).decode(), "mp3", "a.data"),
+    (base64.b64encode(b"RIFF\0\0\0\0WAVEdata" + b"\0" * 100).decode(), "wav", "a.data"),
+    (wav(1.0), "flac", "a.format"),
+])
+def test_audio_whose_duration_cannot_be_read_is_refused(
+    data: str, audio_format: str, field: str
+) -> None:
+    with pytest.raises(InputUnbounded) as info:
+        audio_ms_max(data, audio_format, "a")
+    assert info.value.details["field"] == field
+
+
+def test_a_wav_header_whose_fields_disagree_is_refused() -> None:
+    raw = bytearray(base64.b64decode(wav(1.0)))
+    struct.pack_into("<I", raw, 28, 1_000_000)  # byte rate: a much shorter clip
+    with pytest.raises(InputUnbounded):
+        audio_ms_max(base64.b64encode(bytes(raw)).decode(), "wav", "a")
+    raw = bytearray(base64.b64decode(wav(1.0)))
+    struct.pack_into("<H", raw, 20, 2)  # ADPCM, not PCM
+    with pytest.raises(InputUnbounded):
+        audio_ms_max(base64.b64encode(bytes(raw)).decode(), "wav", "a")
+
+
+def test_audio_that_is_not_base64_or_not_from_the_user_is_refused() -> None:
+    with pytest.raises(InvalidRequest):
+        audio_ms_max("not base64!", "wav", "a")
+    assert refused([{"role": "assistant", "content": [audio(wav(0.1))]}]) == (
+        "messages[0].content[0]")
+    assert refused(user({"type": "input_audio", "input_audio": {
+        "data": wav(0.1), "format": "wav", "url": "https://x"}})) == (
+        "messages[0].content[0].input_audio")
+
+
+# -- the Responses API ----------------------------------------------------------------------------
+
+
+def test_responses_input_takes_a_string_messages_and_function_calls() -> None:
+    assert responses_input("hi").text_tokens == chat_input(
+        [{"role": "user", "content": "hi"}]).text_tokens
+    bound = responses_input([
+        {"role": "user", "content": [
+            {"type": "input_text", "text": "what is this?"},
+            {"type": "input_image", "image_url": BIG_PNG, "detail": "low"}]},
+        {"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": "a cat", "annotations": []}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [
+            {"type": "input_image", "image_url": "https://example.com/x.png"}]},
+    ])
+    assert bound.text_tokens < 600
+    assert bound.media == Media(images_low=1, images_high=1,
+                                image_field="input[0].content[1].image_url")
+
+
+@pytest.mark.parametrize(("items", "field"), [
+    ([{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}],
+     "input[0].content[0].file_id"),
+    ([{"role": "user", "content": [{"type": "input_file", "file_url": "https://x/a.pdf"}]}],
+     "input[0].content[0]"),
+    ([{"role": "user", "content": "hi"}, {"type": "item_reference", "id": "msg_1"}], "input[1]"),
+    ([{"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "..."}],
+     "input[0]"),
+    ([{"type": "web_search_call", "id": "ws_1", "status": "completed"}], "input[0]"),
+    ([{"type": {"a": 1}, "content": "x"}], "input[0].type"),
+    ([{"content": "no role, no type"}], "input[0].type"),
+    ([{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/a.png",
+                                    "detail": "original"}]}], "input[0].content[0].detail"),
+])
+def test_responses_input_it_cannot_bound_is_refused_by_name(
+    items: list[dict[str, Any]], field: str
+) -> None:
+    with pytest.raises(InputUnbounded) as info:
+        responses_input(items)
+    assert info.value.details["field"] == field
+
+
+# -- properties -----------------------------------------------------------------------------------
+
+TEXTS = st.text(max_size=40)
+PARTS = st.one_of(
+    TEXTS.map(text),
+    st.sampled_from(["low", "high", "auto"]).map(lambda d: image(BIG_PNG[:200], detail=d)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["user", "system", "assistant"]),
+                          st.one_of(TEXTS, st.lists(PARTS, max_size=4))), min_size=1, max_size=5))
+def test_the_text_bound_covers_every_byte_of_text_and_counts_every_image(
+    messages: list[tuple[str, Any]],
+) -> None:
+    docs = [{"role": role, "content": content} for role, content in messages]
+    bound = chat_input(docs)
+    texts = [c for _, c in messages if isinstance(c, str)] + [
+        p["text"] for _, c in messages if isinstance(c, list) for p in c if p["type"] == "text"]
+    assert bound.text_tokens >= sum(len(t.encode()) for t in texts)
+    images = sum(1 for _, c in messages if isinstance(c, list) for p in c
+                 if p["type"] == "image_url")
+    assert bound.media.images_low + bound.media.images_high == images
