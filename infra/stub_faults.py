@@ -1,20 +1,28 @@
 """Faults and settings of the stub provider, as X-Stub-* headers and POST /control give them.
 
-Parsing and checking only; what a fault does to a call is in infra.stub_provider, whose module
-docstring lists them. A body or header that does not parse is refused whole (400): a half-read
-fault would make a test pass for the wrong reason.
+Parsing and checking, and the two ways a fault ends a call that both APIs share: a body broken
+off mid-way and a call that hangs. What each fault does to a call is in infra.stub_provider,
+whose module docstring lists them. A body or header that does not
+parse is refused whole (400): a half-read fault would make a test pass for the wrong reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+from starlette.requests import Request
 
 from infra.stub_input import FileRef
 
 # The registries are bounded: a careless test must not grow the stub without end.
 REGISTRY_ENTRIES_MAX = 10_000
+# A hung call is held this long at most, so a forgotten client cannot keep the stub busy forever.
+HANG_S_MAX = 600.0
 
 
 @dataclass
@@ -134,3 +142,37 @@ def registry_files(doc: object) -> dict[str, FileRef]:
             None if image is None else _size(image, f"files[{key!r}].image"),
         )
     return files
+
+
+# -- how a fault ends a call -------------------------------------------------------------------
+
+
+class StreamBroken(Exception):
+    """Raised inside a response body on purpose: uvicorn then drops the connection mid-body."""
+
+
+class _QuietBreaks(logging.Filter):
+    """Keep uvicorn from logging a deliberate break as an application error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], StreamBroken))
+
+
+logging.getLogger("uvicorn.error").addFilter(_QuietBreaks())
+
+
+async def sent(events: list[bytes], *, broken: bool) -> AsyncIterator[bytes]:
+    """A response body of `events`; `broken`: the connection is dropped after the last one."""
+    for event in events:
+        yield event
+    if broken:
+        raise StreamBroken("the stub broke this answer off on purpose")
+
+
+async def hang(request: Request) -> None:
+    """Answer nothing until the client goes away (or HANG_S_MAX passes)."""
+    # Reading ASGI messages drains the body, then blocks until the client disconnects.
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(HANG_S_MAX):
+            while (await request.receive())["type"] != "http.disconnect":
+                pass

@@ -60,16 +60,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import logging
 import math
 import random
 import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
@@ -91,8 +88,10 @@ from infra.stub_faults import (
     Fault,
     count,
     fault_from,
+    hang,
     registry_files,
     registry_images,
+    sent,
 )
 from infra.stub_input import (
     InputError,
@@ -103,6 +102,7 @@ from infra.stub_input import (
 )
 from infra.stub_prices import TIER_STANDARD, ModelPrices, StubPrices, cost_micros
 from infra.stub_wire import (
+    WORDS,
     Choice,
     Served,
     chat_body,
@@ -118,8 +118,6 @@ __all__ = ["Bill", "CallRecord", "StubProvider", "StubProviderApp", "Tally", "Us
 OUTPUT_TOKENS_UNCAPPED_MAX = 4_096
 # OpenAI's limit on choices a chat call may ask for.
 CHOICES_MAX = 128
-# A hung call is held this long at most, so a forgotten client cannot keep the stub busy forever.
-HANG_S_MAX = 600.0
 # Prompt cache (https://developers.openai.com/api/docs/guides/prompt-caching): prefixes from
 # 1,024 tokens, hits reported in 128-token steps.
 CACHE_TOKENS_MIN = 1_024
@@ -141,8 +139,6 @@ KEEP_ALIVE_S = 120
 # Calls still open at shutdown (a hung one) are cut after this long.
 GRACEFUL_SHUTDOWN_S = 1
 BILL_FETCH_TIMEOUT_S = 10.0
-# The "model" answers with these words, one token each.
-WORDS = ("the", "ceiling", "holds", "when", "every", "call", "reserves", "first", "and", "settles")
 # The status logged for a call that was never answered (it hung until the client left).
 STATUS_NO_ANSWER = 0
 
@@ -159,20 +155,6 @@ class Decided:
     served: Served
     prices: ModelPrices
     prompt: Prompt
-
-
-class StreamBroken(Exception):
-    """Raised inside a response body on purpose: uvicorn then drops the connection mid-body."""
-
-
-class _QuietBreaks(logging.Filter):
-    """Keep uvicorn from logging a deliberate break as an application error."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], StreamBroken))
-
-
-logging.getLogger("uvicorn.error").addFilter(_QuietBreaks())
 
 
 class ProviderError(Exception):
@@ -351,6 +333,28 @@ class StubProviderApp:
     async def live(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    # -- shared by both APIs -----------------------------------------------------------------
+
+    def latency_s(self) -> float:
+        return self.rng.uniform(self.latency_ms_min, self.latency_ms_max) / 1000
+
+    def draw_output_tokens(self) -> int:
+        """One answer's length before any cap: at least 1, exponential around the mean."""
+        return 1 + int(self.rng.expovariate(1 / self.output_tokens_mean))
+
+    def take_fault(self, request: Request) -> Fault:
+        """The fault for this call: its X-Stub-* headers, else the next of /control's.
+
+        Raises ValueError for a header that does not parse."""
+        given = {f: request.headers[h] for h, f in FAULT_HEADERS.items() if h in request.headers}
+        if given:
+            return fault_from(given)
+        if self.fault.active:
+            if self.fault.calls_left is not None:
+                self.fault.calls_left -= 1
+            return replace(self.fault, calls_left=None)
+        return Fault()
+
     # -- one call ----------------------------------------------------------------------------
 
     async def _call(self, api: Api, request: Request) -> Response:
@@ -362,7 +366,7 @@ class StubProviderApp:
             self._authorize(request)
             fault = self._fault_for(request)
             if fault.hang:
-                await self._hang(request)
+                await hang(request)
                 self._log(api, model, STATUS_NO_ANSWER, None, stream, fault)
                 return Response(status_code=504)  # nobody reads it: the client has gone
             if fault.fail_status is not None:
@@ -375,14 +379,14 @@ class StubProviderApp:
         except ProviderError as exc:
             self._log(api, model, exc.status, None, stream, fault)
             return exc.response()
-        await asyncio.sleep(self.rng.uniform(self.latency_ms_min, self.latency_ms_max) / 1000)
+        await asyncio.sleep(self.latency_s())
         # Billed here, before the first byte, whether or not the client is still there.
         status = fault.fail_after_billing or (STATUS_NO_ANSWER if fault.hang_after_billing
                                               else 200)
         self._charge(api, decided, body, stream, status, fault)
         served = decided.served
         if fault.hang_after_billing:
-            await self._hang(request)
+            await hang(request)
             return Response(status_code=504)
         if fault.fail_after_billing is not None:
             return ProviderError(fault.fail_after_billing, f"stub failure {status} after the "
@@ -391,12 +395,12 @@ class StubProviderApp:
             events = self._events(api, served, body, fault)
             if fault.break_after_events is not None:
                 events = events[:min(fault.break_after_events, len(events) - 1)]
-            return StreamingResponse(_sent(events, broken=fault.break_after_events is not None),
+            return StreamingResponse(sent(events, broken=fault.break_after_events is not None),
                                      media_type="text/event-stream")
         doc = chat_body(served) if api is Api.CHAT else responses_body(served, body)
         if fault.break_after_events is not None:
             raw = json.dumps(doc).encode()
-            return StreamingResponse(_sent([raw[:len(raw) // 2]], broken=True),
+            return StreamingResponse(sent([raw[:len(raw) // 2]], broken=True),
                                      media_type="application/json")
         return JSONResponse(doc)
 
@@ -408,24 +412,10 @@ class StubProviderApp:
                                 "invalid_request_error")
 
     def _fault_for(self, request: Request) -> Fault:
-        given = {f: request.headers[h] for h, f in FAULT_HEADERS.items() if h in request.headers}
-        if given:
-            try:
-                return fault_from(given)
-            except ValueError as exc:
-                raise invalid(f"X-Stub-* header: {exc}") from exc
-        if self.fault.active:
-            if self.fault.calls_left is not None:
-                self.fault.calls_left -= 1
-            return replace(self.fault, calls_left=None)
-        return Fault()
-
-    async def _hang(self, request: Request) -> None:
-        # Reading ASGI messages drains the body, then blocks until the client disconnects.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(HANG_S_MAX):
-                while (await request.receive())["type"] != "http.disconnect":
-                    pass
+        try:
+            return self.take_fault(request)
+        except ValueError as exc:
+            raise invalid(f"X-Stub-* header: {exc}") from exc
 
     async def _body(self, request: Request) -> dict[str, Any]:
         try:
@@ -520,7 +510,7 @@ class StubProviderApp:
         tool = _forced_tool(body)
         choices = []
         for index in range(count):
-            drawn = forced or 1 + int(self.rng.expovariate(1 / self.output_tokens_mean))
+            drawn = forced or self.draw_output_tokens()
             total = min(cap, drawn)
             reasoning = (min(total, forced_reasoning) if forced_reasoning is not None
                          else math.floor(total * share))
@@ -610,13 +600,6 @@ class StubProviderApp:
             continuous_usage=fault.continuous_usage
             or options.get("continuous_usage_stats") is True,
         )
-
-
-async def _sent(events: list[bytes], *, broken: bool) -> AsyncIterator[bytes]:
-    for event in events:
-        yield event
-    if broken:
-        raise StreamBroken("the stub broke this answer off on purpose")
 
 
 # -- running it ------------------------------------------------------------------------------
