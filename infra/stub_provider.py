@@ -1,4 +1,4 @@
-"""A stub OpenAI-compatible provider that keeps its own bill: the independent witness of spend.
+"""A stub OpenAI-compatible and Anthropic provider that keeps its own bill: the witness of spend.
 
 The ceiling is proved against what a provider bills, never against what the service says it
 spent. This stub counts the tokens of every call it serves and prices them from its own table
@@ -12,9 +12,12 @@ priority service tiers, per-request fees, and calls billed and then failed or cu
 Routes:
   POST /v1/chat/completions   streaming (SSE chunks, then `data: [DONE]`) and not; `n` choices.
   POST /v1/responses          streaming (`response.created` ... `response.completed`) and not.
+  POST /v1/messages           Anthropic's Messages API, and /v1/messages/count_tokens: see
+                              infra/stub_anthropic.py. One app serves both providers so that one
+                              bill, one /control and one process judge every gateway route.
   GET  /billing               the bill: tallies in total and per model, and a `log` of the most
                               recent requests (`?log=0` leaves the log out).
-  POST /billing/reset         start a new bill (and empty the prompt cache and stored responses).
+  POST /billing/reset         start a new bill (and empty the prompt caches and stored responses).
   GET, POST /control          faults and settings for the next calls (below).
   GET  /health/live           200 while it answers.
 
@@ -53,7 +56,9 @@ Per call only: `X-Stub-Output-Tokens: N` answers exactly min(N, cap) tokens a ch
 set each POST replaces (`{}` clears it). Settings a POST gives replace theirs, and stay until
 set again: `images` {url: [width, height]} for http(s) images the stub cannot fetch; `files`
 {file id, file URL or item id: {"bytes": N, "pages": P, "image": [w, h]}}; `prompt_cache`
-(true by default); `default_service_tier`, what `auto` is served at (`default`).
+(true by default); `default_service_tier`, what `auto` is served at (`default`). The Messages
+API adds `X-Stub-Web-Searches` / `web_searches` and the settings `web_search_result_tokens` and
+`clock_offset_s` (infra/stub_anthropic.py).
 """
 
 from __future__ import annotations
@@ -81,6 +86,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from infra.redis_server import free_port
+from infra.stub_anthropic import (
+    WEB_SEARCH_RESULT_TOKENS_DEFAULT,
+    WEB_SEARCH_RESULT_TOKENS_MIN,
+    MessagesApi,
+)
 from infra.stub_bill import Bill, CallRecord, Tally, Usage
 from infra.stub_faults import (
     CONTROL_SETTINGS,
@@ -271,11 +281,17 @@ class StubProviderApp:
         self.registry = Registry()
         self.prompt_cache_on = True
         self.default_service_tier = TIER_STANDARD
+        self.web_search_result_tokens = WEB_SEARCH_RESULT_TOKENS_DEFAULT
+        # Added to the clock the prompt caches expire by, so a test can pass 5 minutes at once.
+        self.clock_offset_s = 0.0
         self.cache: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self.stored: OrderedDict[str, int] = OrderedDict()  # response id -> context tokens
+        self.messages = MessagesApi(self)
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/v1/messages", self.messages.create, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.messages.count_tokens, methods=["POST"]),
             Route("/billing", self.get_billing, methods=["GET"]),
             Route("/billing/reset", self.reset_billing, methods=["POST"]),
             Route("/control", self.control, methods=["GET", "POST"]),
@@ -297,6 +313,7 @@ class StubProviderApp:
         self.bill = Bill()
         self.cache.clear()
         self.stored.clear()
+        self.messages.reset()
         return JSONResponse(self.bill.to_json())
 
     async def control(self, request: Request) -> Response:
@@ -313,6 +330,8 @@ class StubProviderApp:
                 return invalid(f"control body: {exc}").response()
         return JSONResponse({**self.fault.to_json(), "prompt_cache": self.prompt_cache_on,
                              "default_service_tier": self.default_service_tier,
+                             "web_search_result_tokens": self.web_search_result_tokens,
+                             "clock_offset_s": self.clock_offset_s,
                              "images": {u: list(s) for u, s in self.registry.images.items()},
                              "files": sorted(self.registry.files)})
 
@@ -324,16 +343,26 @@ class StubProviderApp:
         tier = doc.get("default_service_tier", self.default_service_tier)
         if type(prompt_cache) is not bool or not isinstance(tier, str):
             raise ValueError("prompt_cache is a boolean, default_service_tier a string")
+        search_tokens = count(doc.get("web_search_result_tokens", self.web_search_result_tokens),
+                              "web_search_result_tokens", WEB_SEARCH_RESULT_TOKENS_MIN)
+        offset_s = doc.get("clock_offset_s", self.clock_offset_s)
+        if type(offset_s) not in (int, float) or not 0 <= offset_s < math.inf:
+            raise ValueError("clock_offset_s is a number of seconds, 0 or more")
         # Validated whole before anything changes: a refused body changes nothing.
         self.fault = fault
         self.registry.images = self.registry.images if images is None else images
         self.registry.files = self.registry.files if files is None else files
         self.prompt_cache_on, self.default_service_tier = prompt_cache, tier
+        self.web_search_result_tokens, self.clock_offset_s = search_tokens, float(offset_s)
 
     async def live(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     # -- shared by both APIs -----------------------------------------------------------------
+
+    def now_s(self) -> float:
+        """The clock prompt caches expire by: monotonic, plus what /control skipped ahead."""
+        return time.monotonic() + self.clock_offset_s
 
     def latency_s(self) -> float:
         return self.rng.uniform(self.latency_ms_min, self.latency_ms_max) / 1000
@@ -436,7 +465,8 @@ class StubProviderApp:
         if not isinstance(name, str):
             raise invalid("model is required", "model")
         prices = self.prices.model(name)
-        if prices is None:  # an unpriced model cannot be billed, so it is not served
+        # An unpriced model cannot be billed, so it is not served; nor is Anthropic's model here.
+        if prices is None or prices.messages is not None:
             raise ProviderError(404, f"the model {name!r} does not exist", "model_not_found",
                                 "invalid_request_error", "model")
         tier = self._tier(body, prices)
@@ -691,7 +721,8 @@ def main() -> None:
     parser.add_argument("--output-tokens-mean", type=int, default=StubProvider.output_tokens_mean)
     parser.add_argument("--prices-file", help="the stub's own price table (infra/stub_prices.py "
                         "format), merged over its default table")
-    parser.add_argument("--api-key", help="refuse calls without this bearer key (401)")
+    parser.add_argument("--api-key", help="refuse calls without this key (401): a bearer token, "
+                        "or Anthropic's x-api-key on /v1/messages")
     args = parser.parse_args()
     stub = StubProvider(seed=args.seed, latency_ms_min=args.latency_ms_min,
                         latency_ms_max=args.latency_ms_max,
