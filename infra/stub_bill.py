@@ -19,12 +19,15 @@ MICROS_PER_USD = 1_000_000
 @dataclass(frozen=True)
 class Usage:
     """What one call consumed, as the stub counted it. Every part is a subset of a total:
-    `input_tokens` holds the cached, cache-write, audio, image and file tokens; `output_tokens`
-    holds the reasoning, audio and rejected-prediction tokens (all billed as output)."""
+    `input_tokens` holds the cached, cache-write, audio, image and file tokens (and, for
+    Anthropic, the web search results fed back to the model); `cache_write_tokens` holds the
+    1-hour writes; `output_tokens` holds the reasoning (thinking), audio and rejected-prediction
+    tokens (all billed as output). `web_search_requests` counts searches, billed per search."""
 
     input_tokens: int = 0
     cached_input_tokens: int = 0
     cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
     audio_input_tokens: int = 0
     image_input_tokens: int = 0
     file_input_tokens: int = 0
@@ -32,6 +35,7 @@ class Usage:
     reasoning_tokens: int = 0
     audio_output_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    web_search_requests: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -42,7 +46,8 @@ class Usage:
                        + self.audio_input_tokens)
         output_parts = (self.audio_output_tokens + self.reasoning_tokens
                         + self.rejected_prediction_tokens)
-        if input_parts > self.input_tokens or output_parts > self.output_tokens:
+        if (input_parts > self.input_tokens or output_parts > self.output_tokens
+                or self.cache_write_1h_tokens > self.cache_write_tokens):
             raise ValueError("a part of the usage is larger than its total")
 
     @property
@@ -64,6 +69,7 @@ class Tally:
     input_tokens: int = 0
     cached_input_tokens: int = 0
     cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
     audio_input_tokens: int = 0
     image_input_tokens: int = 0
     file_input_tokens: int = 0
@@ -71,6 +77,7 @@ class Tally:
     reasoning_tokens: int = 0
     audio_output_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    web_search_requests: int = 0
     cost_micros: int = 0
 
     def add(self, usage: Usage, cost_micros: int) -> None:
@@ -88,7 +95,7 @@ class Tally:
 class CallRecord:
     """One request as the stub saw it: billed or not, and the status it answered."""
 
-    api: str  # "chat.completions" or "responses"
+    api: str  # "chat.completions", "responses" or "messages"
     model: str | None  # None when the request was refused before its model was read
     status: int
     billed: bool

@@ -1,26 +1,34 @@
 """Faults and settings of the stub provider, as X-Stub-* headers and POST /control give them.
 
-Parsing and checking only; what a fault does to a call is in infra.stub_provider, whose module
-docstring lists them. A body or header that does not parse is refused whole (400): a half-read
-fault would make a test pass for the wrong reason.
+Parsing and checking, and the two ways a fault ends a call that both APIs share: a body broken
+off mid-way and a call that hangs. What each fault does to a call is in infra.stub_provider
+(and infra.stub_anthropic), whose module docstrings list them. A body or header that does not
+parse is refused whole (400): a half-read fault would make a test pass for the wrong reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+from starlette.requests import Request
 
 from infra.stub_input import FileRef
 
 # The registries are bounded: a careless test must not grow the stub without end.
 REGISTRY_ENTRIES_MAX = 10_000
+# A hung call is held this long at most, so a forgotten client cannot keep the stub busy forever.
+HANG_S_MAX = 600.0
 
 
 @dataclass
 class Fault:
     """What the next calls do besides (or instead of) answering; `calls_left` None: until
-    cleared. At most one of the first five; the last two combine with any of them."""
+    cleared. At most one of the first five; the last three combine with any of them."""
 
     fail_status: int | None = None
     hang: bool = False
@@ -29,13 +37,14 @@ class Fault:
     break_after_events: int | None = None
     continuous_usage: bool = False
     cached_tokens: int | None = None
+    web_searches: int | None = None
     calls_left: int | None = None
 
     @property
     def name(self) -> str | None:
         """The fault that changes the answer, as logged in the bill."""
         for f in ("fail_status", "hang", "fail_after_billing", "hang_after_billing",
-                  "break_after_events", "continuous_usage", "cached_tokens"):
+                  "break_after_events", "continuous_usage", "cached_tokens", "web_searches"):
             if getattr(self, f) not in (None, False):
                 return f
         return None
@@ -57,8 +66,10 @@ FAULT_HEADERS = {  # header -> Fault field
     "x-stub-break-after-events": "break_after_events",
     "x-stub-continuous-usage": "continuous_usage",
     "x-stub-cached-tokens": "cached_tokens",
+    "x-stub-web-searches": "web_searches",
 }
-CONTROL_SETTINGS = frozenset({"images", "files", "prompt_cache", "default_service_tier"})
+CONTROL_SETTINGS = frozenset({"images", "files", "prompt_cache", "default_service_tier",
+                              "clock_offset_s", "web_search_result_tokens"})
 
 
 def _status(raw: object, what: str) -> int:
@@ -97,6 +108,8 @@ def fault_from(doc: Mapping[str, object]) -> Fault:
         continuous_usage=_flag(doc.get("continuous_usage", False), "continuous_usage"),
         cached_tokens=None if doc.get("cached_tokens") is None
         else count(doc["cached_tokens"], "cached_tokens", 0),
+        web_searches=None if doc.get("web_searches") is None
+        else count(doc["web_searches"], "web_searches", 0),
         calls_left=None if doc.get("calls") is None else count(doc["calls"], "calls", 1),
     )
     exclusive = [fault.fail_status is not None, fault.hang, fault.fail_after_billing is not None,
@@ -134,3 +147,37 @@ def registry_files(doc: object) -> dict[str, FileRef]:
             None if image is None else _size(image, f"files[{key!r}].image"),
         )
     return files
+
+
+# -- how a fault ends a call -------------------------------------------------------------------
+
+
+class StreamBroken(Exception):
+    """Raised inside a response body on purpose: uvicorn then drops the connection mid-body."""
+
+
+class _QuietBreaks(logging.Filter):
+    """Keep uvicorn from logging a deliberate break as an application error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], StreamBroken))
+
+
+logging.getLogger("uvicorn.error").addFilter(_QuietBreaks())
+
+
+async def sent(events: list[bytes], *, broken: bool) -> AsyncIterator[bytes]:
+    """A response body of `events`; `broken`: the connection is dropped after the last one."""
+    for event in events:
+        yield event
+    if broken:
+        raise StreamBroken("the stub broke this answer off on purpose")
+
+
+async def hang(request: Request) -> None:
+    """Answer nothing until the client goes away (or HANG_S_MAX passes)."""
+    # Reading ASGI messages drains the body, then blocks until the client disconnects.
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(HANG_S_MAX):
+            while (await request.receive())["type"] != "http.disconnect":
+                pass

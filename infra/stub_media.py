@@ -2,7 +2,7 @@
 
 Small header parsers, no imaging library: the stub needs an image's width and height and an
 audio clip's duration, which the first bytes of each format state. The token rules are OpenAI's
-as documented; each function names its source.
+and Anthropic's as documented; each function names its source.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 import struct
 from fractions import Fraction
 
-from infra.stub_prices import PatchRule, TileRule
+from infra.stub_prices import AreaRule, ImageRule, PatchRule
 
 # OpenAI refuses an image larger than 20 MB
 # (https://developers.openai.com/api/docs/guides/images-vision, "image input requirements").
@@ -69,6 +69,19 @@ def image_size(data: bytes) -> tuple[int, int]:
     if not (0 < width <= IMAGE_SIDE_PX_MAX and 0 < height <= IMAGE_SIDE_PX_MAX):
         raise MediaError(f"the image's size {width}x{height} is not valid")
     return size
+
+
+def image_media_type(data: bytes) -> str | None:
+    """The media type the bytes are (image/png, image/jpeg, image/gif, image/webp), if any."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "image/png"
+    if data[:2] == b"\xff\xd8":
+        return "image/jpeg"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
 
 
 def _png(data: bytes) -> tuple[int, int] | None:
@@ -130,11 +143,14 @@ def _jpeg(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def image_tokens(rule: TileRule | PatchRule, width: int, height: int, detail: str) -> int:
-    """The input tokens OpenAI bills for one image of this size on a model with `rule`.
+def image_tokens(rule: ImageRule, width: int, height: int, detail: str) -> int:
+    """The input tokens a provider bills for one image of this size on a model with `rule`.
 
-    https://developers.openai.com/api/docs/guides/images-vision ("calculating costs"). `auto`
-    is billed as `high` (the model may choose it, and the witness bills what it may)."""
+    OpenAI's tile and patch rules: https://developers.openai.com/api/docs/guides/images-vision
+    ("calculating costs"); `auto` is billed as `high` (the model may choose it, and the witness
+    bills what it may). Anthropic's area rule takes no detail (see area_tokens)."""
+    if isinstance(rule, AreaRule):
+        return area_tokens(rule, width, height)
     if isinstance(rule, PatchRule):
         # Patch models take no detail setting: every image is counted by its patches.
         return math.ceil(patches(width, height, rule.patches_max) * rule.multiplier)
@@ -172,6 +188,30 @@ def patches(width: int, height: int, patches_max: int) -> int:
     w = max(1, math.floor(width * shrink))
     h = max(1, math.floor(height * shrink))
     return min(patches_max, math.ceil(w / PATCH_PX) * math.ceil(h / PATCH_PX))
+
+
+def area_size(rule: AreaRule, width: int, height: int) -> tuple[int, int]:
+    """The size Anthropic bills an image at: scaled down, aspect ratio kept, until its long edge
+    and its area are within the rule's limits; never scaled up.
+
+    Integer arithmetic throughout, so no float rounding decides a pixel: the long edge is fitted
+    first (the short side rounded down), then both sides are shrunk by sqrt(max / area), each
+    rounded down, as floor(sqrt(side^2 x max / area)) = isqrt(side x max // other side)."""
+    long_edge = max(width, height)
+    if long_edge > rule.long_edge_px_max:
+        width = max(1, width * rule.long_edge_px_max // long_edge)
+        height = max(1, height * rule.long_edge_px_max // long_edge)
+    if width * height > rule.pixels_max:
+        width, height = (max(1, math.isqrt(width * rule.pixels_max // height)),
+                         max(1, math.isqrt(height * rule.pixels_max // width)))
+    return width, height
+
+
+def area_tokens(rule: AreaRule, width: int, height: int) -> int:
+    """Anthropic's image tokens: width x height / 750 of the billed size, rounded up
+    (https://platform.claude.com/docs/en/build-with-claude/vision, "calculate image costs")."""
+    billed_width, billed_height = area_size(rule, width, height)
+    return math.ceil(Fraction(billed_width * billed_height, rule.pixels_per_token))
 
 
 # -- audio -----------------------------------------------------------------------------------

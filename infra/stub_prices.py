@@ -2,23 +2,42 @@
 
 The stub is the witness every gateway test is judged by, so it must not share its prices with
 the service it judges: it imports nothing from `core` nor genai-prices. Its default table
-(infra/stub_prices.json) holds OpenAI's published rates for the models the demo and tests use;
-a caller passes a table of its own (a file path or a dict in the same format) for test models,
-merged over the defaults model by model.
+(infra/stub_prices.json) holds OpenAI's and Anthropic's published rates for the models the demo
+and tests use; a caller passes a table of its own (a file path or a dict in the same format)
+for test models, merged over the defaults model by model.
 
 Table format, per model (rates are US dollars per million tokens as decimal strings, which is
 exactly micro-dollars per token):
     input_usd_per_mtok, output_usd_per_mtok                 required
     cached_input_usd_per_mtok                               prompt-cache reads (else the input rate)
-    cache_write_usd_per_mtok                                prompt-cache writes; a model with this
-                                                            rate reports the tokens it wrote
+    cache_write_usd_per_mtok                                prompt-cache writes (Anthropic: 5-minute
+                                                            writes); a model with this rate reports
+                                                            the tokens it wrote
+    cache_write_1h_usd_per_mtok                             1-hour cache writes; a model without it
+                                                            refuses `"ttl": "1h"`
     audio_input_usd_per_mtok, audio_output_usd_per_mtok     a model without them refuses audio
     audio_input_tokens_per_s                                audio input tokens per second of audio
     request_usd                                             a fee per request, in US dollars
+    web_search_usd_per_1k                                   a fee per 1,000 server-side web
+                                                            searches; a model without it refuses
+                                                            web search
     service_tiers: {"priority": {...the rates above...}}    a tier absent here is refused
+    long_context: {"above_input_tokens": N, "beta": FLAG, "context_window_tokens": N,
+                   ...the rates above...}                   Anthropic: a call sent with the beta
+                                                            FLAG whose input (cached, written and
+                                                            plain) is above N tokens is billed
+                                                            whole at these rates
     reasoning: true                                         part of its output is reasoning tokens
+                                                            (Anthropic: it accepts `thinking`)
     image: {"rule": "tile", "base_tokens": N, "tile_tokens": N}
-         | {"rule": "patch", "multiplier": "1.62"}          a model without it refuses images
+         | {"rule": "patch", "multiplier": "1.62"}
+         | {"rule": "area"}                                 a model without it refuses images
+    anthropic: {"context_window_tokens": N, "output_tokens_max": N, "cache_tokens_min": N,
+                "tool_prompt_tokens": {"auto": N, "any": N}, "keeps_thinking": false}
+                                                            served by the Messages API (and only
+                                                            there); a model without it is served
+                                                            by the OpenAI routes only
+    aliases: ["dated-snapshot-name", ...]                   other names of the same model
 
 A call's cost is the exact sum of its parts, rounded up once to whole micro-dollars.
 """
@@ -41,15 +60,30 @@ TIER_STANDARD = "default"
 # OpenAI's patch rule caps an image at this many 32 px patches, scaling it down to fit
 # (https://developers.openai.com/api/docs/guides/images-vision, "calculating costs").
 PATCHES_MAX = 1_536
+# The rates of a call billed at Anthropic's long-context prices (the `long_context` entry).
+TIER_LONG_CONTEXT = "long_context"
 # Chat audio models do not document their audio token rate; the Realtime API's is 1 token per
 # 100 ms of user audio (https://developers.openai.com/api/docs/guides/realtime-costs).
 AUDIO_INPUT_TOKENS_PER_S_DEFAULT = 10
+# Anthropic's image rule (https://platform.claude.com/docs/en/build-with-claude/vision,
+# "evaluate image size" and "calculate image costs"): tokens = width x height / 750, after an
+# image whose long edge is above 1,568 px, or whose tokens are above ~1,600, is scaled down with
+# its aspect ratio kept. "~1,600" is not exact: the docs' table of the largest sizes that are
+# not resized reaches 784 x 1568 px (1,640 tokens), so that area is the cap here; the witness
+# bills the larger reading.
+AREA_PIXELS_PER_TOKEN = 750
+AREA_LONG_EDGE_PX_MAX = 1_568
+AREA_PIXELS_MAX = 784 * 1_568
 
 RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cached_input_usd_per_mtok",
-               "cache_write_usd_per_mtok", "audio_input_usd_per_mtok",
-               "audio_output_usd_per_mtok")
+               "cache_write_usd_per_mtok", "cache_write_1h_usd_per_mtok",
+               "audio_input_usd_per_mtok", "audio_output_usd_per_mtok")
 MODEL_FIELDS = frozenset({*RATE_FIELDS, "request_usd", "service_tiers", "reasoning", "image",
-                          "audio_input_tokens_per_s"})
+                          "audio_input_tokens_per_s", "web_search_usd_per_1k", "long_context",
+                          "anthropic", "aliases"})
+MESSAGES_FIELDS = frozenset({"context_window_tokens", "output_tokens_max", "cache_tokens_min",
+                             "tool_prompt_tokens", "keeps_thinking"})
+LONG_CONTEXT_FIELDS = frozenset({"above_input_tokens", "beta", "context_window_tokens"})
 
 
 @dataclass(frozen=True)
@@ -60,6 +94,7 @@ class TierRates:
     output: Fraction
     cached_input: Fraction
     cache_write: Fraction | None
+    cache_write_1h: Fraction | None
     audio_input: Fraction | None
     audio_output: Fraction | None
 
@@ -82,17 +117,65 @@ class PatchRule:
 
 
 @dataclass(frozen=True)
+class AreaRule:
+    """Anthropic's rule: an image costs its area over `pixels_per_token`, once scaled down (if
+    needed) to a long edge of `long_edge_px_max` and an area of `pixels_max`."""
+
+    pixels_per_token: int = AREA_PIXELS_PER_TOKEN
+    long_edge_px_max: int = AREA_LONG_EDGE_PX_MAX
+    pixels_max: int = AREA_PIXELS_MAX
+
+
+ImageRule = TileRule | PatchRule | AreaRule
+
+
+@dataclass(frozen=True)
+class LongContext:
+    """Anthropic's long-context prices: a call sent with `beta` whose input is above
+    `above_input_tokens` is billed whole at `rates`, within a window of `context_window_tokens`."""
+
+    above_input_tokens: int
+    beta: str
+    context_window_tokens: int
+    rates: TierRates
+
+
+@dataclass(frozen=True)
+class MessagesModel:
+    """What Anthropic documents of a model besides its rates, as the Messages API needs it.
+
+    `tool_prompt_tokens_auto` / `_any`: the tool-use system prompt Anthropic adds to the input of
+    a call with tools, by `tool_choice` (auto or none / any or tool). `cache_tokens_min`: the
+    shortest prefix the prompt cache holds. `keeps_thinking`: thinking blocks of earlier turns
+    stay in the context (and are billed as input) instead of being dropped."""
+
+    context_window_tokens: int
+    output_tokens_max: int
+    cache_tokens_min: int
+    tool_prompt_tokens_auto: int
+    tool_prompt_tokens_any: int
+    keeps_thinking: bool
+
+
+@dataclass(frozen=True)
 class ModelPrices:
     name: str
     standard: TierRates
     tiers: Mapping[str, TierRates]
     request_micros: Fraction
     reasoning: bool
-    image: TileRule | PatchRule | None
+    image: ImageRule | None
     audio_input_tokens_per_s: int
+    web_search_micros: Fraction | None = None  # a fee per search
+    long_context: LongContext | None = None
+    messages: MessagesModel | None = None  # None: not an Anthropic model
 
     def rates(self, tier: str) -> TierRates:
-        return self.standard if tier == TIER_STANDARD else self.tiers[tier]
+        if tier == TIER_STANDARD:
+            return self.standard
+        if tier == TIER_LONG_CONTEXT and self.long_context is not None:
+            return self.long_context.rates
+        return self.tiers[tier]
 
 
 class StubPrices:
@@ -120,15 +203,19 @@ def cost_micros(prices: ModelPrices, tier: str, usage: Usage) -> int:
     write_rate = rates.input if rates.cache_write is None else rates.cache_write
     exact = (usage.text_input_tokens * rates.input
              + usage.cached_input_tokens * rates.cached_input
-             + usage.cache_write_tokens * write_rate
+             + (usage.cache_write_tokens - usage.cache_write_1h_tokens) * write_rate
              + usage.text_output_tokens * rates.output
              + prices.request_micros)
-    for tokens, rate, what in ((usage.audio_input_tokens, rates.audio_input, "audio input"),
-                               (usage.audio_output_tokens, rates.audio_output, "audio output")):
-        if tokens:
-            if rate is None:  # the counting refuses audio for such a model before it is served
+    for count, rate, what in (
+        (usage.audio_input_tokens, rates.audio_input, "audio input"),
+        (usage.audio_output_tokens, rates.audio_output, "audio output"),
+        (usage.cache_write_1h_tokens, rates.cache_write_1h, "1-hour cache write"),
+        (usage.web_search_requests, prices.web_search_micros, "web search"),
+    ):
+        if count:
+            if rate is None:  # the counting refuses what a model has no rate for before serving
                 raise ValueError(f"{prices.name} has no {what} rate")
-            exact += tokens * rate
+            exact += count * rate
     return math.ceil(exact)
 
 
@@ -164,12 +251,58 @@ def _tier(name: str, entry: object) -> TierRates:
         output=_rate(name, "output_usd_per_mtok", entry["output_usd_per_mtok"]),
         cached_input=input_rate if cached_rate is None else cached_rate,
         cache_write=optional("cache_write_usd_per_mtok"),
+        cache_write_1h=optional("cache_write_1h_usd_per_mtok"),
         audio_input=optional("audio_input_usd_per_mtok"),
         audio_output=optional("audio_output_usd_per_mtok"),
     )
 
 
-def _image_rule(name: str, doc: object) -> TileRule | PatchRule | None:
+def _positive(name: str, key: str, value: object) -> int:
+    if type(value) is not int or value < 1:
+        raise ValueError(f"{name}.{key} must be a positive integer")
+    return value
+
+
+def _messages_model(name: str, doc: object) -> MessagesModel | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping) or set(doc) != MESSAGES_FIELDS:
+        raise ValueError(f"{name}.anthropic must have exactly {sorted(MESSAGES_FIELDS)}")
+    tool_prompt = doc["tool_prompt_tokens"]
+    if not isinstance(tool_prompt, Mapping) or set(tool_prompt) != {"auto", "any"}:
+        raise ValueError(f"{name}.anthropic.tool_prompt_tokens is {{auto, any}}")
+    if type(doc["keeps_thinking"]) is not bool:
+        raise ValueError(f"{name}.anthropic.keeps_thinking must be a boolean")
+    return MessagesModel(
+        context_window_tokens=_positive(name, "context_window_tokens",
+                                        doc["context_window_tokens"]),
+        output_tokens_max=_positive(name, "output_tokens_max", doc["output_tokens_max"]),
+        cache_tokens_min=_positive(name, "cache_tokens_min", doc["cache_tokens_min"]),
+        tool_prompt_tokens_auto=_positive(name, "tool_prompt_tokens.auto", tool_prompt["auto"]),
+        tool_prompt_tokens_any=_positive(name, "tool_prompt_tokens.any", tool_prompt["any"]),
+        keeps_thinking=doc["keeps_thinking"],
+    )
+
+
+def _long_context(name: str, doc: object) -> LongContext | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping) or not set(doc) >= LONG_CONTEXT_FIELDS:
+        raise ValueError(f"{name}.long_context needs {sorted(LONG_CONTEXT_FIELDS)} and rates")
+    if not isinstance(doc["beta"], str) or not doc["beta"]:
+        raise ValueError(f"{name}.long_context.beta must name the beta flag")
+    return LongContext(
+        above_input_tokens=_positive(name, "long_context.above_input_tokens",
+                                     doc["above_input_tokens"]),
+        beta=doc["beta"],
+        context_window_tokens=_positive(name, "long_context.context_window_tokens",
+                                        doc["context_window_tokens"]),
+        rates=_tier(f"{name}.long_context",
+                    {k: v for k, v in doc.items() if k not in LONG_CONTEXT_FIELDS}),
+    )
+
+
+def _image_rule(name: str, doc: object) -> ImageRule | None:
     if doc is None:
         return None
     if not isinstance(doc, Mapping):
@@ -182,8 +315,13 @@ def _image_rule(name: str, doc: object) -> TileRule | PatchRule | None:
         patches_max = doc.get("patches_max", PATCHES_MAX)
         if type(patches_max) is int and patches_max > 0:
             return PatchRule(_rate(name, "image.multiplier", doc.get("multiplier")), patches_max)
-    raise ValueError(f"{name}.image must be a tile rule (base_tokens, tile_tokens) or a patch "
-                     "rule (multiplier)")
+    area_keys = {"pixels_per_token", "long_edge_px_max", "pixels_max"}
+    if doc.get("rule") == "area" and set(doc) <= {"rule", *area_keys}:
+        given = {k: doc[k] for k in area_keys if k in doc}
+        if all(type(v) is int and v > 0 for v in given.values()):
+            return AreaRule(**given)
+    raise ValueError(f"{name}.image must be a tile rule (base_tokens, tile_tokens), a patch "
+                     "rule (multiplier) or an area rule")
 
 
 def _model(name: str, entry: object) -> ModelPrices:
@@ -200,9 +338,13 @@ def _model(name: str, entry: object) -> ModelPrices:
     if type(reasoning) is not bool or type(per_s) is not int or per_s < 1:
         raise ValueError(f"{name}: reasoning is a boolean, audio_input_tokens_per_s a positive "
                          "integer")
+    standard = _tier(name, {k: v for k, v in entry.items() if k in RATE_FIELDS})
+    messages = _messages_model(name, entry.get("anthropic"))
+    if messages is None and ("long_context" in entry or "web_search_usd_per_1k" in entry):
+        raise ValueError(f"{name}: long_context and web_search_usd_per_1k are Anthropic's")
     return ModelPrices(
         name=name,
-        standard=_tier(name, {k: v for k, v in entry.items() if k in RATE_FIELDS}),
+        standard=standard,
         tiers={tier: _tier(f"{name}.service_tiers.{tier}", rates)
                for tier, rates in tiers_doc.items()},
         request_micros=(_rate(name, "request_usd", entry["request_usd"]) * MICROS_PER_USD
@@ -210,10 +352,26 @@ def _model(name: str, entry: object) -> ModelPrices:
         reasoning=reasoning,
         image=_image_rule(name, entry.get("image")),
         audio_input_tokens_per_s=per_s,
+        web_search_micros=(
+            _rate(name, "web_search_usd_per_1k", entry["web_search_usd_per_1k"])
+            * MICROS_PER_USD / 1_000 if "web_search_usd_per_1k" in entry else None),
+        long_context=_long_context(name, entry.get("long_context")),
+        messages=messages,
     )
 
 
 def _models_from_json(doc: object) -> dict[str, ModelPrices]:
+    """Each model by its name and by each of its aliases (all lower-case)."""
     if not isinstance(doc, Mapping) or not isinstance(doc.get("models"), Mapping):
         raise ValueError('a stub price table is {"models": {name: {...}}}')
-    return {str(name).lower(): _model(str(name), entry) for name, entry in doc["models"].items()}
+    models: dict[str, ModelPrices] = {}
+    for name, entry in doc["models"].items():
+        model = _model(str(name), entry)
+        aliases = entry.get("aliases", [])
+        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+            raise ValueError(f"{name}.aliases must be a list of names")
+        for key in (str(name), *aliases):
+            if key.lower() in models:
+                raise ValueError(f"the model name {key!r} is given twice")
+            models[key.lower()] = model
+    return models

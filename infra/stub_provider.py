@@ -1,4 +1,4 @@
-"""A stub OpenAI-compatible provider that keeps its own bill: the independent witness of spend.
+"""A stub OpenAI-compatible and Anthropic provider that keeps its own bill: the witness of spend.
 
 The ceiling is proved against what a provider bills, never against what the service says it
 spent. This stub counts the tokens of every call it serves and prices them from its own table
@@ -12,9 +12,12 @@ priority service tiers, per-request fees, and calls billed and then failed or cu
 Routes:
   POST /v1/chat/completions   streaming (SSE chunks, then `data: [DONE]`) and not; `n` choices.
   POST /v1/responses          streaming (`response.created` ... `response.completed`) and not.
+  POST /v1/messages           Anthropic's Messages API, and /v1/messages/count_tokens: see
+                              infra/stub_anthropic.py. One app serves both providers so that one
+                              bill, one /control and one process judge every gateway route.
   GET  /billing               the bill: tallies in total and per model, and a `log` of the most
                               recent requests (`?log=0` leaves the log out).
-  POST /billing/reset         start a new bill (and empty the prompt cache and stored responses).
+  POST /billing/reset         start a new bill (and empty the prompt caches and stored responses).
   GET, POST /control          faults and settings for the next calls (below).
   GET  /health/live           200 while it answers.
 
@@ -53,23 +56,22 @@ Per call only: `X-Stub-Output-Tokens: N` answers exactly min(N, cap) tokens a ch
 set each POST replaces (`{}` clears it). Settings a POST gives replace theirs, and stay until
 set again: `images` {url: [width, height]} for http(s) images the stub cannot fetch; `files`
 {file id, file URL or item id: {"bytes": N, "pages": P, "image": [w, h]}}; `prompt_cache`
-(true by default); `default_service_tier`, what `auto` is served at (`default`).
+(true by default); `default_service_tier`, what `auto` is served at (`default`). The Messages
+API adds `X-Stub-Web-Searches` / `web_searches` and the settings `web_search_result_tokens` and
+`clock_offset_s` (infra/stub_anthropic.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import logging
 import math
 import random
 import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
@@ -84,6 +86,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from infra.redis_server import free_port
+from infra.stub_anthropic import (
+    WEB_SEARCH_RESULT_TOKENS_DEFAULT,
+    WEB_SEARCH_RESULT_TOKENS_MIN,
+    MessagesApi,
+)
 from infra.stub_bill import Bill, CallRecord, Tally, Usage
 from infra.stub_faults import (
     CONTROL_SETTINGS,
@@ -91,8 +98,10 @@ from infra.stub_faults import (
     Fault,
     count,
     fault_from,
+    hang,
     registry_files,
     registry_images,
+    sent,
 )
 from infra.stub_input import (
     InputError,
@@ -103,6 +112,7 @@ from infra.stub_input import (
 )
 from infra.stub_prices import TIER_STANDARD, ModelPrices, StubPrices, cost_micros
 from infra.stub_wire import (
+    WORDS,
     Choice,
     Served,
     chat_body,
@@ -118,8 +128,6 @@ __all__ = ["Bill", "CallRecord", "StubProvider", "StubProviderApp", "Tally", "Us
 OUTPUT_TOKENS_UNCAPPED_MAX = 4_096
 # OpenAI's limit on choices a chat call may ask for.
 CHOICES_MAX = 128
-# A hung call is held this long at most, so a forgotten client cannot keep the stub busy forever.
-HANG_S_MAX = 600.0
 # Prompt cache (https://developers.openai.com/api/docs/guides/prompt-caching): prefixes from
 # 1,024 tokens, hits reported in 128-token steps.
 CACHE_TOKENS_MIN = 1_024
@@ -141,8 +149,6 @@ KEEP_ALIVE_S = 120
 # Calls still open at shutdown (a hung one) are cut after this long.
 GRACEFUL_SHUTDOWN_S = 1
 BILL_FETCH_TIMEOUT_S = 10.0
-# The "model" answers with these words, one token each.
-WORDS = ("the", "ceiling", "holds", "when", "every", "call", "reserves", "first", "and", "settles")
 # The status logged for a call that was never answered (it hung until the client left).
 STATUS_NO_ANSWER = 0
 
@@ -159,20 +165,6 @@ class Decided:
     served: Served
     prices: ModelPrices
     prompt: Prompt
-
-
-class StreamBroken(Exception):
-    """Raised inside a response body on purpose: uvicorn then drops the connection mid-body."""
-
-
-class _QuietBreaks(logging.Filter):
-    """Keep uvicorn from logging a deliberate break as an application error."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], StreamBroken))
-
-
-logging.getLogger("uvicorn.error").addFilter(_QuietBreaks())
 
 
 class ProviderError(Exception):
@@ -289,11 +281,17 @@ class StubProviderApp:
         self.registry = Registry()
         self.prompt_cache_on = True
         self.default_service_tier = TIER_STANDARD
+        self.web_search_result_tokens = WEB_SEARCH_RESULT_TOKENS_DEFAULT
+        # Added to the clock the prompt caches expire by, so a test can pass 5 minutes at once.
+        self.clock_offset_s = 0.0
         self.cache: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self.stored: OrderedDict[str, int] = OrderedDict()  # response id -> context tokens
+        self.messages = MessagesApi(self)
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/v1/messages", self.messages.create, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.messages.count_tokens, methods=["POST"]),
             Route("/billing", self.get_billing, methods=["GET"]),
             Route("/billing/reset", self.reset_billing, methods=["POST"]),
             Route("/control", self.control, methods=["GET", "POST"]),
@@ -315,6 +313,7 @@ class StubProviderApp:
         self.bill = Bill()
         self.cache.clear()
         self.stored.clear()
+        self.messages.reset()
         return JSONResponse(self.bill.to_json())
 
     async def control(self, request: Request) -> Response:
@@ -331,6 +330,8 @@ class StubProviderApp:
                 return invalid(f"control body: {exc}").response()
         return JSONResponse({**self.fault.to_json(), "prompt_cache": self.prompt_cache_on,
                              "default_service_tier": self.default_service_tier,
+                             "web_search_result_tokens": self.web_search_result_tokens,
+                             "clock_offset_s": self.clock_offset_s,
                              "images": {u: list(s) for u, s in self.registry.images.items()},
                              "files": sorted(self.registry.files)})
 
@@ -342,14 +343,46 @@ class StubProviderApp:
         tier = doc.get("default_service_tier", self.default_service_tier)
         if type(prompt_cache) is not bool or not isinstance(tier, str):
             raise ValueError("prompt_cache is a boolean, default_service_tier a string")
+        search_tokens = count(doc.get("web_search_result_tokens", self.web_search_result_tokens),
+                              "web_search_result_tokens", WEB_SEARCH_RESULT_TOKENS_MIN)
+        offset_s = doc.get("clock_offset_s", self.clock_offset_s)
+        if type(offset_s) not in (int, float) or not 0 <= offset_s < math.inf:
+            raise ValueError("clock_offset_s is a number of seconds, 0 or more")
         # Validated whole before anything changes: a refused body changes nothing.
         self.fault = fault
         self.registry.images = self.registry.images if images is None else images
         self.registry.files = self.registry.files if files is None else files
         self.prompt_cache_on, self.default_service_tier = prompt_cache, tier
+        self.web_search_result_tokens, self.clock_offset_s = search_tokens, float(offset_s)
 
     async def live(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
+
+    # -- shared by both APIs -----------------------------------------------------------------
+
+    def now_s(self) -> float:
+        """The clock prompt caches expire by: monotonic, plus what /control skipped ahead."""
+        return time.monotonic() + self.clock_offset_s
+
+    def latency_s(self) -> float:
+        return self.rng.uniform(self.latency_ms_min, self.latency_ms_max) / 1000
+
+    def draw_output_tokens(self) -> int:
+        """One answer's length before any cap: at least 1, exponential around the mean."""
+        return 1 + int(self.rng.expovariate(1 / self.output_tokens_mean))
+
+    def take_fault(self, request: Request) -> Fault:
+        """The fault for this call: its X-Stub-* headers, else the next of /control's.
+
+        Raises ValueError for a header that does not parse."""
+        given = {f: request.headers[h] for h, f in FAULT_HEADERS.items() if h in request.headers}
+        if given:
+            return fault_from(given)
+        if self.fault.active:
+            if self.fault.calls_left is not None:
+                self.fault.calls_left -= 1
+            return replace(self.fault, calls_left=None)
+        return Fault()
 
     # -- one call ----------------------------------------------------------------------------
 
@@ -362,7 +395,7 @@ class StubProviderApp:
             self._authorize(request)
             fault = self._fault_for(request)
             if fault.hang:
-                await self._hang(request)
+                await hang(request)
                 self._log(api, model, STATUS_NO_ANSWER, None, stream, fault)
                 return Response(status_code=504)  # nobody reads it: the client has gone
             if fault.fail_status is not None:
@@ -375,14 +408,14 @@ class StubProviderApp:
         except ProviderError as exc:
             self._log(api, model, exc.status, None, stream, fault)
             return exc.response()
-        await asyncio.sleep(self.rng.uniform(self.latency_ms_min, self.latency_ms_max) / 1000)
+        await asyncio.sleep(self.latency_s())
         # Billed here, before the first byte, whether or not the client is still there.
         status = fault.fail_after_billing or (STATUS_NO_ANSWER if fault.hang_after_billing
                                               else 200)
         self._charge(api, decided, body, stream, status, fault)
         served = decided.served
         if fault.hang_after_billing:
-            await self._hang(request)
+            await hang(request)
             return Response(status_code=504)
         if fault.fail_after_billing is not None:
             return ProviderError(fault.fail_after_billing, f"stub failure {status} after the "
@@ -391,12 +424,12 @@ class StubProviderApp:
             events = self._events(api, served, body, fault)
             if fault.break_after_events is not None:
                 events = events[:min(fault.break_after_events, len(events) - 1)]
-            return StreamingResponse(_sent(events, broken=fault.break_after_events is not None),
+            return StreamingResponse(sent(events, broken=fault.break_after_events is not None),
                                      media_type="text/event-stream")
         doc = chat_body(served) if api is Api.CHAT else responses_body(served, body)
         if fault.break_after_events is not None:
             raw = json.dumps(doc).encode()
-            return StreamingResponse(_sent([raw[:len(raw) // 2]], broken=True),
+            return StreamingResponse(sent([raw[:len(raw) // 2]], broken=True),
                                      media_type="application/json")
         return JSONResponse(doc)
 
@@ -408,24 +441,10 @@ class StubProviderApp:
                                 "invalid_request_error")
 
     def _fault_for(self, request: Request) -> Fault:
-        given = {f: request.headers[h] for h, f in FAULT_HEADERS.items() if h in request.headers}
-        if given:
-            try:
-                return fault_from(given)
-            except ValueError as exc:
-                raise invalid(f"X-Stub-* header: {exc}") from exc
-        if self.fault.active:
-            if self.fault.calls_left is not None:
-                self.fault.calls_left -= 1
-            return replace(self.fault, calls_left=None)
-        return Fault()
-
-    async def _hang(self, request: Request) -> None:
-        # Reading ASGI messages drains the body, then blocks until the client disconnects.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(HANG_S_MAX):
-                while (await request.receive())["type"] != "http.disconnect":
-                    pass
+        try:
+            return self.take_fault(request)
+        except ValueError as exc:
+            raise invalid(f"X-Stub-* header: {exc}") from exc
 
     async def _body(self, request: Request) -> dict[str, Any]:
         try:
@@ -446,7 +465,8 @@ class StubProviderApp:
         if not isinstance(name, str):
             raise invalid("model is required", "model")
         prices = self.prices.model(name)
-        if prices is None:  # an unpriced model cannot be billed, so it is not served
+        # An unpriced model cannot be billed, so it is not served; nor is Anthropic's model here.
+        if prices is None or prices.messages is not None:
             raise ProviderError(404, f"the model {name!r} does not exist", "model_not_found",
                                 "invalid_request_error", "model")
         tier = self._tier(body, prices)
@@ -520,7 +540,7 @@ class StubProviderApp:
         tool = _forced_tool(body)
         choices = []
         for index in range(count):
-            drawn = forced or 1 + int(self.rng.expovariate(1 / self.output_tokens_mean))
+            drawn = forced or self.draw_output_tokens()
             total = min(cap, drawn)
             reasoning = (min(total, forced_reasoning) if forced_reasoning is not None
                          else math.floor(total * share))
@@ -612,13 +632,6 @@ class StubProviderApp:
         )
 
 
-async def _sent(events: list[bytes], *, broken: bool) -> AsyncIterator[bytes]:
-    for event in events:
-        yield event
-    if broken:
-        raise StreamBroken("the stub broke this answer off on purpose")
-
-
 # -- running it ------------------------------------------------------------------------------
 
 
@@ -708,7 +721,8 @@ def main() -> None:
     parser.add_argument("--output-tokens-mean", type=int, default=StubProvider.output_tokens_mean)
     parser.add_argument("--prices-file", help="the stub's own price table (infra/stub_prices.py "
                         "format), merged over its default table")
-    parser.add_argument("--api-key", help="refuse calls without this bearer key (401)")
+    parser.add_argument("--api-key", help="refuse calls without this key (401): a bearer token, "
+                        "or Anthropic's x-api-key on /v1/messages")
     args = parser.parse_args()
     stub = StubProvider(seed=args.seed, latency_ms_min=args.latency_ms_min,
                         latency_ms_max=args.latency_ms_max,

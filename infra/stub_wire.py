@@ -18,6 +18,8 @@ from infra.stub_bill import Usage
 # Tokens per streamed text delta: enough deltas to exercise a client's stream parser, few
 # enough to be cheap.
 CHUNK_TOKENS = 16
+# The "model" answers with these words, one token each.
+WORDS = ("the", "ceiling", "holds", "when", "every", "call", "reserves", "first", "and", "settles")
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,8 @@ def sse(doc: dict[str, Any], event: str | None = None) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-def _pieces(words: tuple[str, ...]) -> list[str]:
+def pieces(words: tuple[str, ...]) -> list[str]:
+    """The text of `words` in deltas of CHUNK_TOKENS words, which joined give it back."""
     return [("" if start == 0 else " ") + " ".join(words[start:start + CHUNK_TOKENS])
             for start in range(0, len(words), CHUNK_TOKENS)]
 
@@ -150,7 +153,7 @@ def chat_events(served: Served, *, include_usage: bool, continuous_usage: bool) 
             chunk(choice, {"tool_calls": [{"index": 0, "id": call_id, "type": "function",
                                            "function": {"name": name, "arguments": arguments}}]})
         else:
-            for piece in _pieces(choice.words):
+            for piece in pieces(choice.words):
                 words_sent += len(piece.split())
                 chunk(choice, {"content": piece})
         chunk(choice, {}, choice.finish_reason)
@@ -246,7 +249,7 @@ def responses_events(served: Served, request: dict[str, Any]) -> list[bytes]:
             empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             event("response.content_part.added", item_id=item["id"], output_index=index,
                   content_index=0, part=empty)
-            for piece in _pieces(choice.words):
+            for piece in pieces(choice.words):
                 event("response.output_text.delta", item_id=item["id"], output_index=index,
                       content_index=0, delta=piece, logprobs=[])
             event("response.output_text.done", item_id=item["id"], output_index=index,
