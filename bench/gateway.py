@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -55,7 +56,7 @@ import sys
 import tempfile
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -92,11 +93,11 @@ P99_RATIO_MAX = 2.0
 BYTES_PER_CALL_MAX = 200
 
 ADMIN_TOKEN = secrets.token_hex(16)
-# A model per caller, so the stub's counts say which gateway each call came through. Priced by
+# A model per gateway, so the stub's counts say which gateway each call came through (each
+# instance of ours is given `bench-<its key>`). Priced by
 # the run's own prices file at whole micro-dollars per token (= USD per million tokens), so a
 # call of the stub's 20 + 20 tokens costs an exact number of micro-dollars.
-MODELS = {"ours": "bench-ours", "hardcap": "bench-hardcap", "relay": "bench-floor",
-          "direct": "bench-floor"}
+MODELS = {"hardcap": "bench-hardcap", "relay": "bench-floor", "direct": "bench-floor"}
 INPUT_MICROS_PER_TOKEN = 1
 OUTPUT_MICROS_PER_TOKEN = 2
 # Far above what any run can spend, in micro-dollars (ours) and tokens (hardcap).
@@ -118,9 +119,17 @@ def chat_body(model: str) -> str:
 
 def process_cpu_s(pid: int) -> float:
     """User plus system CPU a process has used, from /proc/<pid>/stat (Linux)."""
+    user_s, system_s = process_times_s(pid)
+    return user_s + system_s
+
+
+def process_times_s(pid: int) -> tuple[float, float]:
+    """User and system CPU a process has used: the system part is its syscalls' (on loopback,
+    a send also runs the receiver's TCP stack in the sender's time)."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick_s = 1 / os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) * tick_s, int(fields[12]) * tick_s
 
 
 def load_average() -> float:
@@ -210,6 +219,16 @@ class Target:
         return {"content-type": "application/json", **auth}
 
 
+@dataclass(frozen=True)
+class Ours:
+    """One instance of our gateway in the rig: its server, its own Redis, its budget."""
+
+    server: Server
+    redis: RedisServer
+    budget_id: str
+    model: str
+
+
 @dataclass
 class Rig:
     """The stub, the gateways and their Redis servers, set up for wrk; see the module docstring."""
@@ -217,16 +236,15 @@ class Rig:
     directory: Path
     stub: Server
     targets: dict[str, Target]
-    ours: Server
+    ours: dict[str, Ours]
     redis_by_target: dict[str, RedisServer]
-    budget_id: str
 
 
-def prices_file(directory: Path) -> Path:
+def prices_file(directory: Path, models: Sequence[str]) -> Path:
     path = directory / "prices.json"
     rates = {"input_usd_per_mtok": str(INPUT_MICROS_PER_TOKEN),
              "output_usd_per_mtok": str(OUTPUT_MICROS_PER_TOKEN)}
-    path.write_text(json.dumps({"models": {m: rates for m in set(MODELS.values())}}))
+    path.write_text(json.dumps({"models": dict.fromkeys(models, rates)}))
     return path
 
 
@@ -285,30 +303,42 @@ def create_key(ours: Server, budget_id: str) -> str:
     return str(created.json()["api_key"])
 
 
+def start_ours(stack: contextlib.ExitStack, directory: Path, stub: Server, key: str, name: str,
+               argv: Sequence[str]) -> tuple[Ours, Target]:
+    """An instance of ours with its own Redis, a budget the run cannot spend and a key for it."""
+    model = f"bench-{key}"
+    redis_server = stack.enter_context(RedisServer(durable=False))
+    server = stack.enter_context(Server(name, [*argv], {
+        "REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
+        "CEILING_UPSTREAM_URL": f"{stub.url}/v1",
+        "CEILING_PRICES_FILE": str(prices_file(directory / key, [model])),
+    }))
+    budget_id = f"org:bench{uuid.uuid4().hex[:8]}"
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    httpx.put(f"{server.url}/v1/admin/budgets/{budget_id}", headers=admin, json={
+        "limits": [{"period": "total", "ceiling_micros": CEILING_MICROS}]}).raise_for_status()
+    api_key = create_key(server, budget_id)
+    target = Target(name, f"{server.url}/v1/chat/completions", server.pid, model, api_key,
+                    wrk_script(directory, key, model, api_key), redis_server.url)
+    return Ours(server, redis_server, budget_id, model), target
+
+
 @contextlib.contextmanager
 def rig(*, with_hardcap: bool = True, with_floors: bool = True,
-        ours_argv: Sequence[str] | None = None) -> Iterator[Rig]:
-    """Everything started, configured and checked to answer; all of it stopped on the way out."""
+        ours: Mapping[str, tuple[str, Sequence[str]]] | None = None) -> Iterator[Rig]:
+    """Everything started, configured and checked to answer; all of it stopped on the way out.
+
+    `ours` names the instances of our gateway to start, key -> (name, argv); by default one,
+    "ours", run as `ceiling serve`."""
     with contextlib.ExitStack() as stack:
         directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sc-bench-")))
         python = side_venv.python()
         stub = stack.enter_context(Server("bench stub", [python, "-m", "bench.stub_upstream"]))
-        redis_ours = stack.enter_context(RedisServer(durable=False))
-        budget_id = f"org:bench{uuid.uuid4().hex[:8]}"
-        ours = stack.enter_context(Server("ceiling serve", [*(ours_argv or serve_argv())], {
-            "REDIS_URL": redis_ours.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
-            "CEILING_UPSTREAM_URL": f"{stub.url}/v1",
-            "CEILING_PRICES_FILE": str(prices_file(directory)),
-        }))
-        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        httpx.put(f"{ours.url}/v1/admin/budgets/{budget_id}", headers=admin, json={
-            "limits": [{"period": "total", "ceiling_micros": CEILING_MICROS}]}).raise_for_status()
-        key = create_key(ours, budget_id)
-        targets = {"ours": Target("spend-ceiling", f"{ours.url}/v1/chat/completions", ours.pid,
-                                  MODELS["ours"], key,
-                                  wrk_script(directory, "ours", MODELS["ours"], key),
-                                  redis_ours.url)}
-        redis_by_target = {"ours": redis_ours}
+        instances, targets, redis_by_target = {}, {}, {}
+        for key, (name, argv) in (ours or {"ours": ("spend-ceiling", serve_argv())}).items():
+            (directory / key).mkdir()
+            instances[key], targets[key] = start_ours(stack, directory, stub, key, name, argv)
+            redis_by_target[key] = instances[key].redis
         if with_hardcap:
             redis_hardcap = stack.enter_context(RedisServer(durable=False))
             hardcap_key = f"sk-bench-{secrets.token_hex(8)}"
@@ -338,7 +368,7 @@ def rig(*, with_hardcap: bool = True, with_floors: bool = True,
                                 headers=target.headers(), timeout=REQUEST_TIMEOUT_S)
             ensure(answer.status_code == 200,
                    f"{target.name}: {answer.status_code} {answer.text[:500]}")
-        yield Rig(directory, stub, targets, ours, redis_by_target, budget_id)
+        yield Rig(directory, stub, targets, instances, redis_by_target)
 
 
 # -- wrk ----------------------------------------------------------------------------------------
@@ -358,9 +388,14 @@ class Load:
     p999_s: float
     max_s: float
     gateway_cpu_s: float
+    gateway_system_s: float
     redis_cpu_s: float | None
     stub_cpu_s: float
     load_average: float
+
+    @property
+    def system_share(self) -> float:
+        return self.gateway_system_s / self.gateway_cpu_s if self.gateway_cpu_s else 0.0
 
     @property
     def calls_per_s(self) -> float:
@@ -385,10 +420,13 @@ def run_wrk(target: Target, stub_pid: int, connections: int, seconds: int) -> Lo
             "--latency", "-s", str(target.script), target.url]
     load_now = load_average()
     redis_before_s = redis_cpu_s(target.redis_url) if target.redis_url else None
-    gateway_before_s, stub_before_s = process_cpu_s(target.pid), process_cpu_s(stub_pid)
+    (user_before_s, system_before_s), stub_before_s = (process_times_s(target.pid),
+                                                       process_cpu_s(stub_pid))
     # run() kills wrk if this process is interrupted while waiting for it.
     done = subprocess.run(argv, capture_output=True, timeout=seconds + WRK_MARGIN_S, check=False)
-    gateway_cpu_s = process_cpu_s(target.pid) - gateway_before_s
+    user_s, system_s = process_times_s(target.pid)
+    gateway_system_s = system_s - system_before_s
+    gateway_cpu_s = user_s - user_before_s + gateway_system_s
     stub_cpu_s = process_cpu_s(stub_pid) - stub_before_s
     redis_used_s = (redis_cpu_s(target.redis_url) - redis_before_s
                     if target.redis_url and redis_before_s is not None else None)
@@ -402,8 +440,8 @@ def run_wrk(target: Target, stub_pid: int, connections: int, seconds: int) -> Lo
     ensure(got["requests"] > 0, f"{target.name}: wrk counted calls")
     return Load(target.name, connections, got["requests"], got["duration_us"] / 1e6,
                 got["p50_us"] / 1e6, got["p90_us"] / 1e6, got["p99_us"] / 1e6,
-                got["p999_us"] / 1e6, got["max_us"] / 1e6, gateway_cpu_s, redis_used_s,
-                stub_cpu_s, load_now)
+                got["p999_us"] / 1e6, got["max_us"] / 1e6, gateway_cpu_s, gateway_system_s,
+                redis_used_s, stub_cpu_s, load_now)
 
 
 # -- what a gateway leaves in Redis ---------------------------------------------------------------
@@ -460,7 +498,7 @@ def measure(rig_: Rig, options: argparse.Namespace) -> Results:
         run_wrk(target, stub_pid, options.connections, options.warmup_seconds)
     # The reading against which what each gateway keeps is measured: scripts loaded, pools full.
     calls = stub_calls(rig_.stub)
-    baseline = {k: redis_state(r.url, calls.get(MODELS[k], 0))
+    baseline = {k: redis_state(r.url, calls.get(targets[k].model, 0))
                 for k, r in rig_.redis_by_target.items()}
     serial = {}
     if options.serial_seconds:
@@ -475,28 +513,28 @@ def measure(rig_: Rig, options: argparse.Namespace) -> Results:
     calls = stub_calls(rig_.stub)
     kept = {}
     for key, server in rig_.redis_by_target.items():
-        after = redis_state(server.url, calls.get(MODELS[key], 0))
+        after = redis_state(server.url, calls.get(targets[key].model, 0))
         kept[key] = (baseline[key], after, key_patterns(server.url))
-    books = [check_ours(rig_, calls)]
+    books = [check_ours(instance, calls) for instance in rig_.ours.values()]
     if "hardcap" in targets:
         books.append(check_hardcap(rig_.redis_by_target["hardcap"].url, calls))
     return Results(serial, tuple(rounds), kept, books, load_before, load_average())
 
 
-def check_ours(rig_: Rig, calls: dict[str, int]) -> str:
+def check_ours(ours: Ours, calls: dict[str, int]) -> str:
     """Ours must have committed what the stub's calls cost, to the micro-dollar, and hold
     nothing: every call it forwarded was settled from the stub's usage."""
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    budget = httpx.get(f"{rig_.ours.url}/v1/admin/budgets/{rig_.budget_id}", headers=admin,
+    budget = httpx.get(f"{ours.server.url}/v1/admin/budgets/{ours.budget_id}", headers=admin,
                        timeout=REQUEST_TIMEOUT_S).json()
     period = budget["periods"][0]
-    served = calls.get(MODELS["ours"], 0)
+    served = calls.get(ours.model, 0)
     bill_micros = served * (20 * INPUT_MICROS_PER_TOKEN + 20 * OUTPUT_MICROS_PER_TOKEN)
     ensure(period["reserved_micros"] == 0, f"ours holds nothing after the run: {period}")
     ensure(period["committed_micros"] == bill_micros,
            f"ours committed {period['committed_micros']}, the stub's {served} calls cost "
            f"{bill_micros}")
-    return (f"ours: {served:,} calls through it reached the stub, committed "
+    return (f"{ours.server.name}: {served:,} calls through it reached the stub, committed "
             f"{period['committed_micros']:,} micro-dollars = their cost; nothing held")
 
 
@@ -539,9 +577,18 @@ def pair_ratios(results: Results) -> list[float]:
             for (ka, a), (kb, b) in zip(ab[::2], ab[1::2], strict=False) if ka != kb]
 
 
+def uvicorn_picks() -> str:
+    """What uvicorn's `auto` runs `ceiling serve` on in this venv: uvloop and httptools when
+    they are installed, asyncio and h11 when not."""
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return f"{loop} + {http}"
+
+
 def report(results: Results, options: argparse.Namespace) -> str:
     out = [f"load average (1 min): {results.load_before:.2f} before the run, "
-           f"{results.load_after:.2f} after it; 2 cores"]
+           f"{results.load_after:.2f} after it; {os.cpu_count()} cores. `ceiling serve` runs "
+           f"on {uvicorn_picks()} in this venv"]
     if results.serial:
         direct = results.serial.get("direct")
         rows = []
@@ -553,10 +600,11 @@ def report(results: Results, options: argparse.Namespace) -> str:
                            "p50 added ms", "CPU us/call"], rows)]
     rows = [[f"{i + 1}", x.target, f"{x.load_average:.2f}", f"{x.calls_per_s:,.0f}",
              ms(x.p50_s), ms(x.p99_s), ms(x.p999_s), ms(x.max_s),
-             us(x.per_call_s(x.gateway_cpu_s)), us(x.per_call_s(x.redis_cpu_s)),
-             us(x.per_call_s(x.stub_cpu_s))] for i, (_, x) in enumerate(results.rounds)]
+             us(x.per_call_s(x.gateway_cpu_s)), f"{100 * x.system_share:.0f}",
+             us(x.per_call_s(x.redis_cpu_s)), us(x.per_call_s(x.stub_cpu_s))]
+            for i, (_, x) in enumerate(results.rounds)]
     out += ["", table([f"round ({options.connections} conn.)", "target", "load", "calls/s",
-                       "p50 ms", "p99 ms", "p99.9 ms", "max ms", "gw CPU us/call",
+                       "p50 ms", "p99 ms", "p99.9 ms", "max ms", "gw CPU us/call", "sys %",
                        "redis us/call", "stub us/call"], rows)]
     summary: dict[str, dict[str, Any]] = {}
     rows = []
@@ -570,6 +618,7 @@ def report(results: Results, options: argparse.Namespace) -> str:
             "p99_s": statistics.median(x.p99_s for x in loads),
             "p99_range": (min(x.p99_s for x in loads), max(x.p99_s for x in loads)),
             "gateway": total_per_call_s(loads, "gateway_cpu_s"),
+            "system": sum(x.gateway_system_s for x in loads) / sum(x.gateway_cpu_s for x in loads),
             "redis": total_per_call_s(loads, "redis_cpu_s"),
             "stub": total_per_call_s(loads, "stub_cpu_s"),
             "load": statistics.median(x.load_average for x in loads),
@@ -577,16 +626,18 @@ def report(results: Results, options: argparse.Namespace) -> str:
         low, high = s["p99_range"]
         rows.append([loads[0].target, f"{len(loads)}", f"{s['load']:.2f}",
                      f"{s['calls_per_s']:,.0f}", ms(s["p50_s"]), ms(s["p99_s"]),
-                     f"{ms(low)}-{ms(high)}", us(s["gateway"]), us(s["redis"]), us(s["stub"])])
+                     f"{ms(low)}-{ms(high)}", us(s["gateway"]), f"{100 * s['system']:.0f}",
+                     us(s["redis"]), us(s["stub"])])
     if "ours" in summary and "hardcap" in summary:
         a, b = summary["ours"], summary["hardcap"]
         pairs = pair_ratios(results)
         rows.append(["ours / hardcap", "", "",
                      f"{statistics.median(pairs):.2f}" if pairs else "",
                      ratio(a["p50_s"], b["p50_s"]), ratio(a["p99_s"], b["p99_s"]), "",
-                     ratio(a["gateway"], b["gateway"]), ratio(a["redis"], b["redis"]), ""])
+                     ratio(a["gateway"], b["gateway"]), "", ratio(a["redis"], b["redis"]), ""])
     out += ["", table(["medians of rounds", "rounds", "load", "calls/s", "p50 ms", "p99 ms",
-                       "p99 range", "gw CPU us/call", "redis us/call", "stub us/call"], rows)]
+                       "p99 range", "gw CPU us/call", "sys %", "redis us/call", "stub us/call"],
+                      rows)]
     if "ours" in summary and "hardcap" in summary:
         pairs = pair_ratios(results)
         out.append(f"calls/s ratio of each A,B pair: {', '.join(f'{p:.2f}' for p in pairs)} "
