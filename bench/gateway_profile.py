@@ -49,7 +49,7 @@ from bench.gateway import CONNECTIONS, Load, Rig, load_average, rig, run_wrk, st
 from core.errors import ensure
 
 PROFILE_S = 15
-ROUNDS = 4
+ROUNDS = 2
 ROUND_S = 10
 WARMUP_S = 2
 # Samples a second: enough for a share of 1% to rest on a few hundred samples per run, few
@@ -58,7 +58,11 @@ SAMPLE_RATE_HZ = 250
 QUICK = {"profile_seconds": 3, "rounds": 2, "seconds": 2, "warmup_seconds": 1}
 # py-spy attaches within a fraction of a second; the load starts once it has.
 ATTACH_S = 1.0
-VARIANTS = {"asyncio": ("asyncio", "h11"), "uvloop": ("uvloop", "httptools")}
+# Each: uvicorn's loop and parser, and what sends the calls under httpx's API.
+VARIANTS = {"asyncio": ("asyncio", "h11", "httpcore"),
+            "uvloop": ("uvloop", "httptools", "httpcore"),
+            "uvloop+aiohttp": ("uvloop", "httptools", "aiohttp")}
+NEEDS = {"uvloop": "uvloop", "httptools": "httptools", "aiohttp": "httpx_aiohttp"}
 # Syscalls made less often than this per call are left out of the table (its total has them).
 SYSCALLS_SHOWN_MIN = 0.2
 LAYERS_DETAILED = 4
@@ -302,13 +306,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.set_defaults(**QUICK)
         options = parser.parse_args(argv)
     variants = {k: v for k, v in VARIANTS.items()
-                if all(importlib.util.find_spec(m) for m in (v[0], v[1]) if m != "asyncio")}
+                if all(importlib.util.find_spec(NEEDS[m]) for m in v if m in NEEDS)}
     if len(variants) < len(VARIANTS):
-        print("uvloop or httptools is not installed: only asyncio + h11 is measured "
-              "(.venv/bin/pip install uvloop httptools)", file=sys.stderr)
-    ours = {key: (f"ceiling serve ({loop} + {http})",
-                  [sys.executable, "-m", "bench.serve_variant", "--loop", loop, "--http", http])
-            for key, (loop, http) in variants.items()}
+        print(f"measured: {', '.join(variants)}; the others need uvloop, httptools and "
+              "httpx-aiohttp installed", file=sys.stderr)
+    ours = {key: (f"ceiling serve ({loop} + {http} + {transport})",
+                  [sys.executable, "-m", "bench.serve_variant", "--loop", loop, "--http", http,
+                   "--transport", transport])
+            for key, (loop, http, transport) in variants.items()}
     load_before = load_average()
     with rig(with_hardcap=True, with_floors=False, ours=ours) as rig_, \
             tempfile.TemporaryDirectory(prefix="sc-profile-") as tmp:
