@@ -618,7 +618,8 @@ def report(results: Results, options: argparse.Namespace) -> str:
             "p99_s": statistics.median(x.p99_s for x in loads),
             "p99_range": (min(x.p99_s for x in loads), max(x.p99_s for x in loads)),
             "gateway": total_per_call_s(loads, "gateway_cpu_s"),
-            "system": sum(x.gateway_system_s for x in loads) / sum(x.gateway_cpu_s for x in loads),
+            "system": (sum(x.gateway_system_s for x in loads)
+                       / max(sum(x.gateway_cpu_s for x in loads), 1e-9)),
             "redis": total_per_call_s(loads, "redis_cpu_s"),
             "stub": total_per_call_s(loads, "stub_cpu_s"),
             "load": statistics.median(x.load_average for x in loads),
