@@ -1,8 +1,8 @@
-"""Where the gateway's CPU per call goes, by layer, under bench/gateway.py's load; and what uvloop
-and httptools change.
+"""Where the gateway's CPU per call goes, by layer, beside hardcap's, under bench/gateway.py's
+load; and what uvloop, httptools and an aiohttp transport under httpx change.
 
-    .venv/bin/python -m bench.gateway_profile             # ~2 min; --help
-    .venv/bin/python -m bench.gateway_profile --quick     # a smoke run of ~30 s
+    .venv/bin/python -m bench.gateway_profile             # ~4 min; --help
+    .venv/bin/python -m bench.gateway_profile --quick     # a smoke run of ~1 min
 
 The rig of bench/gateway.py without the floors: the stub, hardcap, and our gateway as
 `ceiling serve` runs it, once per variant (bench/serve_variant.py: `ceiling serve` with uvicorn's
@@ -21,8 +21,9 @@ event loop and HTTP parser named), each gateway with its own Redis. For each of 
   A/B       the gateways loaded in interleaved rounds with no profiler attached: calls/s,
             p50/p99, CPU per call, each against the first variant.
 
-uvloop and httptools are not dependencies of the project; to measure them, install them into
-the venv first (`.venv/bin/pip install uvloop httptools`). Without them only asyncio + h11 runs.
+uvloop, httptools and httpx-aiohttp are not dependencies of the project; to measure the
+variants that need them, install them into the venv first (`.venv/bin/pip install uvloop
+httptools httpx-aiohttp`). Without them only asyncio + h11 + httpcore runs beside hardcap.
 The 1-minute load average is printed beside every figure: the machine may be shared.
 """
 

@@ -1,7 +1,7 @@
 """Where the gateway's p99 comes from under bench/gateway.py's load: the evidence for each suspect.
 
-    .venv/bin/python -m bench.gateway_tail             # ~1.5 min; --help
-    .venv/bin/python -m bench.gateway_tail --quick     # a smoke run of ~25 s
+    .venv/bin/python -m bench.gateway_tail             # ~3.5 min; --help
+    .venv/bin/python -m bench.gateway_tail --quick     # a smoke run of ~35 s
 
 The rig of bench/gateway.py without the floors: the stub, hardcap (the same run's reference
 p99), and two instances of ours run by bench/serve_variant.py with its probes on (`ceiling
