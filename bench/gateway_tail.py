@@ -21,7 +21,9 @@ suspects inside that round, and per instance the suspects over its whole run:
   loop blocking        callbacks that held the event loop over 5 ms (collections taken out),
                        and how late a 1 ms timer fired (every iteration's wait)
   pool waits           waits for a connection from httpcore's pool and from redis-py's, and the
-                       connections each pool made
+                       connections each pool made (per round: new connections to the provider)
+  TCP                  the machine's counters per round: connections opened, segments resent
+                       (a lost SYN waits a second), accept-queue overflows, delayed ACKs
   behind the answer    tasks the gateway spawned (output-length observations)
   CPU contention       how long the gateway and each Redis waited on a run queue for a core
                        (/proc/<pid>/schedstat) and how often they were preempted
@@ -107,15 +109,36 @@ def schedstat(pid: int) -> tuple[float, int]:
     return waited_ns / 1e9, preempted
 
 
+TCP_COUNTERS = (("Tcp", "ActiveOpens"), ("Tcp", "RetransSegs"), ("TcpExt", "ListenOverflows"),
+                ("TcpExt", "DelayedACKs"))
+
+
+def tcp_counters() -> dict[str, int]:
+    """The machine's TCP counters (/proc/net/snmp and netstat): connections opened, segments
+    resent (a lost SYN is resent after a second), accept queues overflowed, delayed ACKs. They
+    count every process on the machine, so they convict only when they move with the p99."""
+    found: dict[str, int] = {}
+    for path in ("/proc/net/snmp", "/proc/net/netstat"):
+        with open(path) as f:
+            lines = f.read().splitlines()
+        for names, values in zip(lines[::2], lines[1::2], strict=False):
+            kind, _, fields = names.partition(": ")
+            found.update({f"{kind}.{k}": int(v) for k, v in
+                          zip(fields.split(), values.partition(": ")[2].split(), strict=False)})
+    return {f"{k}.{n}": found.get(f"{k}.{n}", 0) for k, n in TCP_COUNTERS}
+
+
 def run_round(target: Target, stub_pid: int, pids: dict[str, int], connections: int,
-              seconds: int) -> tuple[Load, dict[str, Waits]]:
+              seconds: int) -> tuple[Load, dict[str, Waits], dict[str, int]]:
     before = {name: schedstat(pid) for name, pid in pids.items()}
+    tcp_before = tcp_counters()
     load = run_wrk(target, stub_pid, connections, seconds)
+    tcp = {k: v - tcp_before[k] for k, v in tcp_counters().items()}
     waits = {}
     for name, pid in pids.items():
         waited_s, preempted = schedstat(pid)
         waits[name] = Waits(waited_s - before[name][0], preempted - before[name][1])
-    return load, waits
+    return load, waits, tcp
 
 
 def summary(values: Sequence[float]) -> str:
@@ -166,6 +189,9 @@ def report_probes(probes: dict[str, Any]) -> list[str]:
             [:CALLBACKS_SHOWN]]
     if rows:
         out.append(table(["count", "wall ms", "CPU ms", "longest ms", "callback"], rows))
+    handles = probes["handles_run"] - probes["ticks"]  # less the lag ticker's own
+    out.append(f"event-loop callbacks run: {handles:,}, {handles / calls:.1f} per request "
+               "(each a turn in the loop's queue behind every other ready callback)")
     lag = probes["loop_lag"]["all_s"]
     out += ["", f"a 1 ms timer fired late by: {summary(lag)}; "
                 f"{sum(x >= 0.05 for x in lag):,} times by 50 ms or more"]
@@ -208,6 +234,7 @@ class Round:
     key: str  # the instance it loaded
     load: Load
     waits: dict[str, Waits]
+    tcp: dict[str, int]
     started_s: float  # perf_counter: CLOCK_MONOTONIC, the same clock as the probes'
     ended_s: float
 
@@ -223,7 +250,7 @@ def report_rounds(rounds: Sequence[Round], probes: dict[str, dict[str, Any]]) ->
     rows = []
     for r in rounds:
         p = probes.get(r.key)
-        cells = ["", "", "", "", ""]
+        cells = ["", "", "", "", "", ""]
         if p is not None:
             in_app = [t for _, t, *_ in window(p, p["requests"]["long"], r)]
             gc_long = [x for g in ("0", "1", "2") for x in window(p, p["gc"][g]["long"], r)]
@@ -236,14 +263,18 @@ def report_rounds(rounds: Sequence[Round], probes: dict[str, dict[str, Any]]) ->
                      f"{len(full)} / {ms(sum(x[1] for x in full))}",
                      f"{len(slow)} / {ms(sum(x[1] for x in slow))} / "
                      f"{ms(sum(x[3] for x in slow))}",
-                     ms(max(lag, default=0.0))]
+                     ms(max(lag, default=0.0)),
+                     str(len(window(p, [(t, 0.0) for t in p["connected_at"]["httpcore"]], r)))]
         rows.append([r.name, f"{r.load.load_average:.2f}", f"{r.load.calls_per_s:,.0f}",
                      ms(r.load.p50_s), ms(r.load.p99_s), ms(r.load.max_s), *cells,
-                     *(f"{ms(w.run_queue_s)} / {w.preempted:,}" for w in r.waits.values())])
+                     *(f"{ms(w.run_queue_s)} / {w.preempted:,}" for w in r.waits.values()),
+                     " / ".join(f"{v:,}" for v in r.tcp.values())])
     return table(["round", "load", "calls/s", "p50 ms", "p99 ms", "max ms", "in-app p99 ms",
                   "gc >= 1 ms: n / ms / longest", "full gc: n / ms",
                   "slow callbacks: n / wall / CPU ms", "timer lag max ms",
-                  *(f"{n}: run-queue ms / preempted" for n in rounds[0].waits)], rows)
+                  "new upstream conns",
+                  *(f"{n}: run-queue ms / preempted" for n in rounds[0].waits),
+                  "TCP: opened / resent / overflows / delayed ACKs"], rows)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -306,9 +337,9 @@ def measure(rig_: Rig, options: argparse.Namespace, instances: list[str]) -> lis
     def go(name: str, key: str, target: Target) -> None:
         started_s = time.perf_counter()
         pids = {"gateway": target.pid, "its redis": pid_of(rig_, key)}
-        load, waits = run_round(target, rig_.stub.pid, pids, options.connections,
-                                options.seconds)
-        rounds.append(Round(name, key, load, waits, started_s, time.perf_counter()))
+        load, waits, tcp = run_round(target, rig_.stub.pid, pids, options.connections,
+                                     options.seconds)
+        rounds.append(Round(name, key, load, waits, tcp, started_s, time.perf_counter()))
 
     for i in range(options.rounds):
         for key, target in targets[i % len(targets):] + targets[:i % len(targets)]:

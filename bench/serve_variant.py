@@ -17,7 +17,8 @@ lifespan, in uvicorn's graceful shutdown):
                   (what the client sees less the wait before the app is called)
   gc              every collection's pause (gc.callbacks), by generation
   callbacks       every event-loop callback that ran longer than SLOW_CALLBACK_S (asyncio's
-                  Handle._run; asyncio's loop only), less the collections inside it, named
+                  Handle._run; asyncio's loop only), less the collections inside it, named;
+                  and how many callbacks ran in all (per request: how often a call queued)
   loop_lag        how late a 1 ms timer fires: the longest an event-loop iteration keeps a
                   ready callback waiting
   pools           the wait for a connection from httpcore's pool (to the provider) and from
@@ -98,6 +99,12 @@ class Probes:
     redis_waits: Durations = field(default_factory=Durations)
     spawned: Durations = field(default_factory=Durations)
     connections_made: dict[str, int] = field(default_factory=lambda: {"httpcore": 0, "redis": 0})
+    # When each new connection was made (probe time): a pool that churns connects mid-load.
+    connected_at: dict[str, list[float]] = field(
+        default_factory=lambda: {"httpcore": [], "redis": []})
+    # Callbacks the event loop ran: per request, how many times a call went back in the queue.
+    handles_run: int = 0
+    ticks: int = 0  # the lag ticker's own wake-ups, which are not the requests'
     gc_s: float = 0.0  # collection time so far, to take out of the callbacks it ran inside
     gc_cpu_s: float = 0.0
     _gc_started_s: float = 0.0
@@ -131,6 +138,9 @@ class Probes:
             "redis_waits": self.redis_waits.json(),
             "spawned": self.spawned.json(),
             "connections_made": self.connections_made,
+            "connected_at": self.connected_at,
+            "handles_run": self.handles_run,
+            "ticks": self.ticks,
             "census": census(),
         }
 
@@ -156,6 +166,7 @@ def install(probes: Probes) -> None:
     def run(handle: asyncio.events.Handle) -> None:
         started_s, gc_before_s = now_s(), probes.gc_s
         cpu_started_s, gc_cpu_before_s = time.thread_time(), probes.gc_cpu_s
+        probes.handles_run += 1
         handle_run(handle)
         took_s = now_s() - started_s - (probes.gc_s - gc_before_s)
         if took_s >= SLOW_CALLBACK_S:
@@ -174,6 +185,7 @@ def install(probes: Probes) -> None:
 
     def create(self: Any, origin: Any) -> Any:
         probes.connections_made["httpcore"] += 1
+        probes.connected_at["httpcore"].append(probes.at(now_s()))
         return create_connection(self, origin)
 
     pool.create_connection = create  # type: ignore[method-assign]
@@ -187,6 +199,7 @@ def install(probes: Probes) -> None:
 
     def make(self: Any) -> Any:
         probes.connections_made["redis"] += 1
+        probes.connected_at["redis"].append(probes.at(now_s()))
         return make_connection(self)  # type: ignore[no-untyped-call]
 
     redis_connection.ConnectionPool.make_connection = make  # type: ignore[method-assign]
@@ -264,6 +277,7 @@ async def ticker(probes: Probes) -> None:
         started_s = now_s()
         await asyncio.sleep(LAG_TICK_S)
         late_s = now_s() - started_s - LAG_TICK_S
+        probes.ticks += 1
         probes.lag.add(probes.at(started_s), max(0.0, late_s))
 
 
