@@ -1,253 +1,720 @@
-"""Gateway overhead: the latency the gateway adds over calling the provider directly, and calls/s.
+"""The gateway's cost per call, side by side with hardcap 0.1.0, the fastest Python gateway we know.
 
-    .venv/bin/python -m bench.gateway            # about 45 s; --help for rounds and durations
+    .venv/bin/python -m bench.gateway            # ~2 min; --help for rounds and durations
+    .venv/bin/python -m bench.gateway --quick    # a smoke run of ~25 s; its figures are not judged
+                                                 # needs wrk: apt-get install wrk
 
-One redis-server, the stub provider (its own process, answering at once) and one gateway
-instance (ServiceProcess), all on loopback, started here and stopped by pid. Interleaved over
-rounds, because the machine is shared and noisy:
+Every process its own, all on loopback, started here and stopped by pid:
 
-  direct    POST /v1/chat/completions to the stub, one call at a time.
-  relay     the same request through bench/relay_app.py, one call at a time: a bare FastAPI
-            relay that forwards the body through httpx's pool and returns the answer (no key,
-            no price, no ledger). What it adds is the floor under any gateway on this machine.
-  gateway   the same request through the gateway, one call at a time: authenticate, price,
-            reserve, forward, settle from the usage, answer with the x-ceiling-* headers.
+  stub       bench/stub_upstream.py (aiohttp): an OpenAI-compatible chat endpoint that answers
+             every call at once with 20 prompt and 20 completion tokens and counts the calls by
+             model. The same process is behind every gateway.
+  ours       `ceiling serve` (one uvicorn worker) with its own redis-server (no persistence), a
+             budget, a gateway-role API key and a priced model (CEILING_PRICES_FILE): per call,
+             authenticate, price, reserve, forward, settle from the usage.
+  hardcap    PyPI's hardcap 0.1.0 (aiohttp, one worker), from the benchmark's side venv
+             (bench/side_venv.py), with its own redis-server (no persistence): one tenant whose
+             token budget the run cannot spend, admitted and settled by its two Lua scripts.
+  relay      bench/relay_app.py, the bare relay: one more FastAPI server and httpx client in the
+             path and nothing else. The floor under any gateway served as ours is.
+  direct     the stub itself, no gateway: the floor under every figure.
 
-Added latency is gateway (and relay) minus direct at p50 and p99 (of all rounds' calls, and the
-median of the rounds' own differences beside it). Target: p50 under 2 ms; when the bare relay
-alone adds more than that, the verdict says BLOCKED with its figure. Then calls per second through
-the gateway from TASKS concurrent tasks, non-streaming and streaming, with the direct figure
-beside them. The CPU the gateway process spent per call (from /proc, while it served one call at
-a time) is printed too: on a shared machine it moves far less than any latency. Beside it, for
-scale, the CPU of a direct call's two ends: the stub's server side and this process's client
-side. A gateway is both a server and a client, so their sum is about what relaying costs before
-any ledger work. At the end the ledger must hold exactly what the stub billed, and nothing open:
-a loop that collected error answers cannot pass for a fast one.
+wrk (C, one thread, its own process) sends the same request to each: CONNECTIONS keep-alive
+connections, in rounds interleaved A,B,B,A,A,B between ours (A) and hardcap (B), so a trend in
+the machine's load favours neither; then one round each of the two floors. For every round it
+prints calls/s, p50 and p99 (wrk's --latency histogram), the CPU each process spent per call (the
+gateway's from /proc/<pid>/stat, its Redis's from INFO cpu, the stub's for scale) and the
+1-minute load average when the round started. The summary gives each load's medians and the
+ratios ours/hardcap: calls/s as the median of the adjacent pairs' ratios, CPU per call from the
+rounds' totals. Before the rounds, one connection per target for a few seconds: the latency a
+gateway adds to a call that waits for nothing.
+
+After the run, what each gateway left in its Redis: INFO memory used_memory after the run less
+its reading after the warm-up, per call the stub answered for that gateway meanwhile, the key
+count, and the keys grouped by pattern. Then the books: ours must have committed exactly what
+the stub's calls cost at the prices file's rates and hold nothing; hardcap must have counted the
+stub's tokens and hold nothing. A loop that collected errors cannot pass for a fast one: any
+answer that is not a 200 stops the run.
+
+The machine may be shared: absolute figures move with its load; the ratios of the same run, and
+CPU per call, move far less.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
+import importlib.util
+import json
 import os
+import re
 import secrets
+import shutil
+import statistics
 import subprocess
 import sys
-import time
+import tempfile
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
 
 import httpx
+import redis
 
-from bench.common import Cycle, Phase, median, ms, percentile, run_phase, table
+from bench import side_venv
+from bench.common import ms, table
 from core.errors import ensure
 from infra.processes import stop, wait_ready
 from infra.redis_server import RedisServer, free_port
-from infra.service import ServiceProcess
-from infra.stub_provider import fetch_bill
 
-TARGET_ADDED_P50_S = 0.002
-ROUNDS = 6
-PHASE_S = 2.0
-THROUGHPUT_S = 4.0
-WARMUP_S = 1.0
-TASKS = 16
-# Gateway calls and direct calls name different models, so the stub bills them apart and the
-# ledger can be checked against the gateway's part of the bill to the micro-dollar.
-GATEWAY_MODEL = "gpt-4o-mini"
-DIRECT_MODEL = "gpt-4.1-mini"
-# Short answers: the benchmark measures the gateway, not the bytes of a long answer.
-OUTPUT_TOKENS_MEAN = 20
-BODY = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 64}
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONNECTIONS = 16
+ROUND_S = 10
+# A = ours, B = hardcap: each goes first in a pair as often as the other.
+SCHEDULE = "ABBAAB"
+WARMUP_S = 2
+FLOOR_S = 10
+SERIAL_S = 3
+# --quick: a smoke run that every part of the benchmark goes through, in about 25 s.
+QUICK = {"seconds": 2, "schedule": "AB", "warmup_seconds": 1, "floor_seconds": 1,
+         "serial_seconds": 1}
+# A request still unanswered after this is a timeout in wrk's count, which fails the run.
+REQUEST_TIMEOUT_S = 10
+# wrk stops itself after its duration; one still running this long after is stuck.
+WRK_MARGIN_S = 30.0
+# Servers import their framework and answer their health route within seconds; 60 is broken.
+START_TIMEOUT_S = 60.0
+# Goals of issue 18, printed against the run's figures (a benchmark reports; it does not fail).
+CALLS_RATIO_MIN = 1.0
+P99_RATIO_MAX = 2.0
+BYTES_PER_CALL_MAX = 200
+
 ADMIN_TOKEN = secrets.token_hex(16)
+# A model per gateway, so the stub's counts say which gateway each call came through (each
+# instance of ours is given `bench-<its key>`). Priced by
+# the run's own prices file at whole micro-dollars per token (= USD per million tokens), so a
+# call of the stub's 20 + 20 tokens costs an exact number of micro-dollars.
+MODELS = {"hardcap": "bench-hardcap", "relay": "bench-floor", "direct": "bench-floor"}
+INPUT_MICROS_PER_TOKEN = 1
+OUTPUT_MICROS_PER_TOKEN = 2
+# Far above what any run can spend, in micro-dollars (ours) and tokens (hardcap).
 CEILING_MICROS = 10**12
-START_TIMEOUT_S = 30.0
+HARDCAP_TOKENS = 10**12
+# hardcap's budget window: one that no run crosses.
+HARDCAP_WINDOW_S = 30 * 86_400
+MAX_TOKENS = 64
+HARDCAP_TENANT = "bench"
 
 
-@contextlib.contextmanager
-def served(argv: list[str], port: int, name: str) -> Iterator[tuple[str, int]]:
-    """A server of this benchmark's, as a process of its own (so it does not share this one's
-    interpreter), ready once /health/live answers: its URL and pid. Stopped by pid."""
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-
-    def live() -> bool:
-        with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(f"{url}/health/live", timeout=1.0).status_code == 200
-        return False
-
-    try:
-        wait_ready(process, live, timeout_s=START_TIMEOUT_S, what=name)
-        yield url, process.pid
-    finally:
-        stop(process)
+def chat_body(model: str) -> str:
+    return json.dumps({"model": model, "messages": [{"role": "user", "content": "hello"}],
+                       "max_tokens": MAX_TOKENS}, separators=(",", ":"))
 
 
-def stub_process() -> contextlib.AbstractContextManager[tuple[str, int]]:
-    port = free_port()
-    return served(
-        [sys.executable, "-m", "infra.stub_provider", "--port", str(port), "--seed", "1",
-         "--latency-ms-min", "0", "--latency-ms-max", "0",
-         "--output-tokens-mean", str(OUTPUT_TOKENS_MEAN)],
-        port, "stub provider")
-
-
-def relay_process(stub_url: str) -> contextlib.AbstractContextManager[tuple[str, int]]:
-    port = free_port()
-    return served([sys.executable, "-m", "bench.relay_app", "--port", str(port),
-                   "--upstream", f"{stub_url}/v1"], port, "bare relay")
-
-
-def chat_cycle(client: httpx.AsyncClient, url: str, headers: dict[str, str], model: str,
-               stream: bool = False) -> Cycle:
-    body = {**BODY, "model": model, "stream": stream}
-
-    async def cycle() -> float:
-        started_s = time.perf_counter()
-        async with client.stream("POST", url, json=body, headers=headers) as response:
-            await response.aread()
-        ensure(response.status_code == 200, f"{url}: {response.status_code}")
-        return time.perf_counter() - started_s
-
-    return cycle
+# -- processes ----------------------------------------------------------------------------------
 
 
 def process_cpu_s(pid: int) -> float:
     """User plus system CPU a process has used, from /proc/<pid>/stat (Linux)."""
+    user_s, system_s = process_times_s(pid)
+    return user_s + system_s
+
+
+def process_times_s(pid: int) -> tuple[float, float]:
+    """User and system CPU a process has used: the system part is its syscalls' (on loopback,
+    a send also runs the receiver's TCP stack in the sender's time)."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick_s = 1 / os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) * tick_s, int(fields[12]) * tick_s
+
+
+def load_average() -> float:
+    """The 1-minute load average: printed beside every figure, since the machine may be shared."""
+    return os.getloadavg()[0]
+
+
+@dataclass
+class Server:
+    """A server process of this benchmark's, ready once `live_path` answers 200; stopped by pid."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    live_path: str = "/health/live"
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+    # A file, not a pipe: a pipe nobody reads blocks a server that logs a burst of errors.
+    _log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        ensure(self.process is not None, f"{self.name} runs")
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self) -> Server:
+        argv = [*self.argv, "--host", "127.0.0.1", "--port", str(self.port)]
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
+        self.process = subprocess.Popen(argv, env={**os.environ, **self.env}, cwd=REPO_ROOT,
+                                        stdout=self._log, stderr=subprocess.STDOUT)
+
+        def live() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"{self.url}{self.live_path}", timeout=1.0).status_code == 200
+            return False
+
+        try:
+            wait_ready(self.process, live, timeout_s=START_TIMEOUT_S, what=self.name)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; its output: {self.output()[-2000:]}") from exc
+        return self
+
+    def output(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        stop(self.process)
+        self.process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def serve_argv() -> list[str]:
+    """Ours, as an operator runs it."""
+    return [sys.executable, "-m", "api.cli", "serve"]
+
+
+@dataclass
+class Target:
+    """One thing wrk loads: its URL, the process whose CPU is its cost, and its Redis."""
+
+    name: str
+    url: str
+    pid: int
+    model: str
+    api_key: str | None
+    script: Path
+    redis_url: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        auth = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return {"content-type": "application/json", **auth}
+
+
+@dataclass(frozen=True)
+class Ours:
+    """One instance of our gateway in the rig: its server, its own Redis, its budget."""
+
+    server: Server
+    redis: RedisServer
+    budget_id: str
+    model: str
+
+
+@dataclass
+class Rig:
+    """The stub, the gateways and their Redis servers, set up for wrk; see the module docstring."""
+
+    directory: Path
+    stub: Server
+    targets: dict[str, Target]
+    ours: dict[str, Ours]
+    redis_by_target: dict[str, RedisServer]
+
+
+def prices_file(directory: Path, models: Sequence[str]) -> Path:
+    path = directory / "prices.json"
+    rates = {"input_usd_per_mtok": str(INPUT_MICROS_PER_TOKEN),
+             "output_usd_per_mtok": str(OUTPUT_MICROS_PER_TOKEN)}
+    path.write_text(json.dumps({"models": dict.fromkeys(models, rates)}))
+    return path
+
+
+def hardcap_config(directory: Path, stub_url: str, redis_url: str, api_key: str) -> Path:
+    """hardcap's own settings but for what the run needs: the stub, a Redis, one tenant whose
+    budget (total tokens per window) the run cannot spend, and the model's price (which hardcap
+    turns into a cost metric per call, as ours prices every call). JSON is YAML."""
+    model = MODELS["hardcap"]
+    path = directory / "hardcap.yaml"
+    path.write_text(json.dumps({
+        "redis_url": redis_url,
+        "upstreams": {"stub": {"kind": "openai", "base_url": stub_url}},
+        "routes": {model: {"targets": [{"upstream": "stub", "model": model}]}},
+        "tenants": {HARDCAP_TENANT: {"api_keys": [api_key], "budget": {
+            "window_s": HARDCAP_WINDOW_S, "total": HARDCAP_TOKENS}}},
+        "pricing": {model: {"input": INPUT_MICROS_PER_TOKEN, "output": OUTPUT_MICROS_PER_TOKEN}},
+    }))
+    return path
+
+
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = [[@BODY@]]
+wrk.headers["Content-Type"] = "application/json"
+@AUTH@
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '\\nBENCH {"requests": %d, "duration_us": %d, "socket_errors": %d, "status_errors": %d, ' ..
+    '"timeouts": %d, "p50_us": %d, "p90_us": %d, "p99_us": %d, "p999_us": %d, "max_us": %d}\\n',
+    summary.requests, summary.duration, e.connect + e.read + e.write, e.status, e.timeout,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency:percentile(99.9), latency.max))
+end
+"""
+
+
+def wrk_script(directory: Path, name: str, model: str, api_key: str | None) -> Path:
+    auth = f'wrk.headers["Authorization"] = "Bearer {api_key}"' if api_key else ""
+    path = directory / f"{name}.lua"
+    path.write_text(WRK_SCRIPT.replace("@BODY@", chat_body(model)).replace("@AUTH@", auth))
+    return path
+
+
+def create_key(ours: Server, budget_id: str) -> str:
+    """A gateway-role key for the budget. Keys have roles on branches with issue 13's owners
+    work, and `gateway` is the default there; a service without roles refuses the field."""
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    created = httpx.post(f"{ours.url}/v1/admin/keys", headers=admin,
+                         json={"budget_id": budget_id, "roles": ["gateway"]})
+    if created.status_code == 422 and "roles" in created.text:
+        created = httpx.post(f"{ours.url}/v1/admin/keys", headers=admin,
+                             json={"budget_id": budget_id})
+    ensure(created.status_code == 201, f"create a key: {created.status_code} {created.text}")
+    return str(created.json()["api_key"])
+
+
+def start_ours(stack: contextlib.ExitStack, directory: Path, stub: Server, key: str, name: str,
+               argv: Sequence[str]) -> tuple[Ours, Target]:
+    """An instance of ours with its own Redis, a budget the run cannot spend and a key for it."""
+    model = f"bench-{key}"
+    redis_server = stack.enter_context(RedisServer(durable=False))
+    server = stack.enter_context(Server(name, [*argv], {
+        "REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
+        "CEILING_UPSTREAM_URL": f"{stub.url}/v1",
+        "CEILING_PRICES_FILE": str(prices_file(directory / key, [model])),
+    }))
+    budget_id = f"org:bench{uuid.uuid4().hex[:8]}"
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    httpx.put(f"{server.url}/v1/admin/budgets/{budget_id}", headers=admin, json={
+        "limits": [{"period": "total", "ceiling_micros": CEILING_MICROS}]}).raise_for_status()
+    api_key = create_key(server, budget_id)
+    target = Target(name, f"{server.url}/v1/chat/completions", server.pid, model, api_key,
+                    wrk_script(directory, key, model, api_key), redis_server.url)
+    return Ours(server, redis_server, budget_id, model), target
+
+
+@contextlib.contextmanager
+def rig(*, with_hardcap: bool = True, with_floors: bool = True,
+        ours: Mapping[str, tuple[str, Sequence[str]]] | None = None) -> Iterator[Rig]:
+    """Everything started, configured and checked to answer; all of it stopped on the way out.
+
+    `ours` names the instances of our gateway to start, key -> (name, argv); by default one,
+    "ours", run as `ceiling serve`."""
+    with contextlib.ExitStack() as stack:
+        directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sc-bench-")))
+        python = side_venv.python()
+        stub = stack.enter_context(Server("bench stub", [python, "-m", "bench.stub_upstream"]))
+        instances, targets, redis_by_target = {}, {}, {}
+        for key, (name, argv) in (ours or {"ours": ("spend-ceiling", serve_argv())}).items():
+            (directory / key).mkdir()
+            instances[key], targets[key] = start_ours(stack, directory, stub, key, name, argv)
+            redis_by_target[key] = instances[key].redis
+        if with_hardcap:
+            redis_hardcap = stack.enter_context(RedisServer(durable=False))
+            hardcap_key = f"sk-bench-{secrets.token_hex(8)}"
+            config = hardcap_config(directory, stub.url, redis_hardcap.url, hardcap_key)
+            hardcap = stack.enter_context(Server(
+                "hardcap", [side_venv.tool("hardcap"), "serve", "-c", str(config)],
+                live_path="/healthz"))
+            targets["hardcap"] = Target(
+                "hardcap 0.1.0", f"{hardcap.url}/v1/chat/completions", hardcap.pid,
+                MODELS["hardcap"], hardcap_key,
+                wrk_script(directory, "hardcap", MODELS["hardcap"], hardcap_key),
+                redis_hardcap.url)
+            redis_by_target["hardcap"] = redis_hardcap
+        if with_floors:
+            relay = stack.enter_context(Server("bare relay", [
+                sys.executable, "-m", "bench.relay_app", "--upstream", f"{stub.url}/v1"]))
+            floor = MODELS["relay"]
+            targets["relay"] = Target("bare relay", f"{relay.url}/v1/chat/completions",
+                                      relay.pid, floor, None,
+                                      wrk_script(directory, "relay", floor, None))
+            targets["direct"] = Target("direct (stub)", f"{stub.url}/v1/chat/completions",
+                                       stub.pid, floor, None,
+                                       wrk_script(directory, "direct", floor, None))
+        for target in targets.values():
+            # One call each before any load: a gateway that answers anything but 200 stops here.
+            answer = httpx.post(target.url, content=chat_body(target.model),
+                                headers=target.headers(), timeout=REQUEST_TIMEOUT_S)
+            ensure(answer.status_code == 200,
+                   f"{target.name}: {answer.status_code} {answer.text[:500]}")
+        yield Rig(directory, stub, targets, instances, redis_by_target)
+
+
+# -- wrk ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load:
+    """What one wrk run counted, and the CPU each process spent meanwhile."""
+
+    target: str
+    connections: int
+    requests: int
+    elapsed_s: float
+    p50_s: float
+    p90_s: float
+    p99_s: float
+    p999_s: float
+    max_s: float
+    gateway_cpu_s: float
+    gateway_system_s: float
+    redis_cpu_s: float | None
+    stub_cpu_s: float
+    load_average: float
+
+    @property
+    def system_share(self) -> float:
+        return self.gateway_system_s / self.gateway_cpu_s if self.gateway_cpu_s else 0.0
+
+    @property
+    def calls_per_s(self) -> float:
+        return self.requests / self.elapsed_s
+
+    def per_call_s(self, cpu_s: float | None) -> float | None:
+        return None if cpu_s is None else cpu_s / self.requests
+
+
+def redis_cpu_s(url: str) -> float:
+    """CPU Redis has used (INFO cpu: its main process, user plus system)."""
+    with redis.Redis.from_url(url) as client:
+        info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def run_wrk(target: Target, stub_pid: int, connections: int, seconds: int) -> Load:
+    binary = shutil.which("wrk")
+    if binary is None:
+        raise RuntimeError("wrk is not installed (apt-get install wrk)")
+    argv = [binary, "-t1", f"-c{connections}", f"-d{seconds}s", f"--timeout={REQUEST_TIMEOUT_S}s",
+            "--latency", "-s", str(target.script), target.url]
+    load_now = load_average()
+    redis_before_s = redis_cpu_s(target.redis_url) if target.redis_url else None
+    (user_before_s, system_before_s), stub_before_s = (process_times_s(target.pid),
+                                                       process_cpu_s(stub_pid))
+    # run() kills wrk if this process is interrupted while waiting for it.
+    done = subprocess.run(argv, capture_output=True, timeout=seconds + WRK_MARGIN_S, check=False)
+    user_s, system_s = process_times_s(target.pid)
+    gateway_system_s = system_s - system_before_s
+    gateway_cpu_s = user_s - user_before_s + gateway_system_s
+    stub_cpu_s = process_cpu_s(stub_pid) - stub_before_s
+    redis_used_s = (redis_cpu_s(target.redis_url) - redis_before_s
+                    if target.redis_url and redis_before_s is not None else None)
+    out = done.stdout.decode()
+    lines = [line for line in out.splitlines() if line.startswith("BENCH ")]
+    if done.returncode != 0 or len(lines) != 1:
+        raise RuntimeError(f"wrk exited with {done.returncode}: {out}{done.stderr.decode()}")
+    got = json.loads(lines[0].removeprefix("BENCH "))
+    failed = got["socket_errors"] + got["status_errors"] + got["timeouts"]
+    ensure(failed == 0, f"{target.name}: every call answered 200: {got}")
+    ensure(got["requests"] > 0, f"{target.name}: wrk counted calls")
+    return Load(target.name, connections, got["requests"], got["duration_us"] / 1e6,
+                got["p50_us"] / 1e6, got["p90_us"] / 1e6, got["p99_us"] / 1e6,
+                got["p999_us"] / 1e6, got["max_us"] / 1e6, gateway_cpu_s, gateway_system_s,
+                redis_used_s, stub_cpu_s, load_now)
+
+
+# -- what a gateway leaves in Redis ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RedisState:
+    used_memory_bytes: int
+    keys: int
+    calls: int  # calls the stub had answered for this gateway when the state was read
+
+
+def key_pattern(key: str) -> str:
+    """A key with its ids (hex, digits, base64-ish runs of 8+) as `*`: what kind of key it is."""
+    return re.sub(r"[0-9a-f]{8,}|[A-Za-z0-9_-]{20,}|\d+", "*", key)
+
+
+def redis_state(url: str, calls: int) -> RedisState:
+    with redis.Redis.from_url(url) as client:
+        return RedisState(int(client.info("memory")["used_memory"]), int(client.dbsize()), calls)
+
+
+def key_patterns(url: str, top: int = 6) -> list[tuple[str, int]]:
+    with redis.Redis.from_url(url, decode_responses=True) as client:
+        return Counter(key_pattern(k) for k in client.scan_iter(count=1000)).most_common(top)
+
+
+def stub_calls(stub: Server) -> dict[str, int]:
+    bill = httpx.get(f"{stub.url}/billing", timeout=REQUEST_TIMEOUT_S).json()
+    return {str(k): int(v) for k, v in bill["calls_by_model"].items()}
+
+
+# -- the run ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Results:
-    direct: tuple[Phase, ...]
-    relayed: tuple[Phase, ...]
-    through: tuple[Phase, ...]
-    throughput: dict[str, Phase]
-    gateway_cpu_s_per_call: float
-    stub_cpu_s_per_call: float
-    client_cpu_s_per_call: float
+    serial: dict[str, Load]
+    rounds: tuple[tuple[str, Load], ...]  # (target key, load) in the order run
+    kept: dict[str, tuple[RedisState, RedisState, list[tuple[str, int]]]]
+    books: list[str]
+    load_before: float
+    load_after: float
 
-    @staticmethod
-    def latencies(phases: tuple[Phase, ...]) -> tuple[float, ...]:
-        return tuple(s for p in phases for s in p.latencies_s)
-
-    def added_s(self, phases: tuple[Phase, ...], q: float) -> float:
-        return percentile(self.latencies(phases), q) - percentile(self.latencies(self.direct), q)
-
-    def added_by_round_s(self, phases: tuple[Phase, ...], q: float) -> float:
-        return median([percentile(g.latencies_s, q) - percentile(d.latencies_s, q)
-                       for d, g in zip(self.direct, phases, strict=True)])
+    def loads(self, key: str) -> list[Load]:
+        return [load for k, load in self.rounds if k == key]
 
 
-async def measure(stub_url: str, stub_pid: int, relay_url: str, gateway: ServiceProcess,
-                  gateway_pid: int, key: str, options: argparse.Namespace) -> Results:
-    limits = httpx.Limits(max_connections=options.tasks, max_keepalive_connections=options.tasks)
-    async with httpx.AsyncClient(timeout=30.0, limits=limits) as client:
-        direct = chat_cycle(client, f"{stub_url}/v1/chat/completions", {}, DIRECT_MODEL)
-        relayed = chat_cycle(client, f"{relay_url}/v1/chat/completions", {}, DIRECT_MODEL)
-        auth = {"Authorization": f"Bearer {key}"}
-        url = f"{gateway.url}/v1/chat/completions"
-        through = chat_cycle(client, url, auth, GATEWAY_MODEL)
-        through_stream = chat_cycle(client, url, auth, GATEWAY_MODEL, stream=True)
-        for cycle in (direct, relayed, through, through_stream):
-            await run_phase(cycle, options.tasks, options.warmup_seconds)
-        phases: dict[Cycle, list[Phase]] = {direct: [], relayed: [], through: []}
-        gateway_cpu_s = stub_cpu_s = client_cpu_s = 0.0
-        for i in range(options.rounds):
-            # Rotate who goes first, so a trend in the machine's load favours none of them.
-            order = list(phases)[i % 3:] + list(phases)[:i % 3]
-            for cycle in order:
-                cpu_started_s = process_cpu_s(gateway_pid)
-                stub_started_s, client_started_s = process_cpu_s(stub_pid), time.process_time()
-                phase = await run_phase(cycle, 1, options.seconds)
-                phases[cycle].append(phase)
-                if cycle is direct:
-                    stub_cpu_s += process_cpu_s(stub_pid) - stub_started_s
-                    client_cpu_s += time.process_time() - client_started_s
-                elif cycle is through:
-                    gateway_cpu_s += process_cpu_s(gateway_pid) - cpu_started_s
-        throughput = {
-            "direct": await run_phase(direct, options.tasks, options.throughput_seconds),
-            "gateway": await run_phase(through, options.tasks, options.throughput_seconds),
-            "gateway, streaming": await run_phase(
-                through_stream, options.tasks, options.throughput_seconds),
-        }
-    calls = sum(p.cycles for p in phases[through])
-    direct_calls = sum(p.cycles for p in phases[direct])
-    return Results(tuple(phases[direct]), tuple(phases[relayed]), tuple(phases[through]),
-                   throughput, gateway_cpu_s / calls, stub_cpu_s / direct_calls,
-                   client_cpu_s / direct_calls)
+def measure(rig_: Rig, options: argparse.Namespace) -> Results:
+    load_before = load_average()
+    stub_pid = rig_.stub.pid
+    targets = rig_.targets
+    for target in targets.values():
+        run_wrk(target, stub_pid, options.connections, options.warmup_seconds)
+    # The reading against which what each gateway keeps is measured: scripts loaded, pools full.
+    calls = stub_calls(rig_.stub)
+    baseline = {k: redis_state(r.url, calls.get(targets[k].model, 0))
+                for k, r in rig_.redis_by_target.items()}
+    serial = {}
+    if options.serial_seconds:
+        for key, target in targets.items():
+            serial[key] = run_wrk(target, stub_pid, 1, options.serial_seconds)
+    rounds: list[tuple[str, Load]] = []
+    schedule = [{"A": "ours", "B": "hardcap"}[c] for c in options.schedule]
+    floors = [k for k in ("relay", "direct") if k in targets]
+    for key in [k for k in schedule if k in targets] + floors:
+        seconds = options.floor_seconds if key in floors else options.seconds
+        rounds.append((key, run_wrk(targets[key], stub_pid, options.connections, seconds)))
+    calls = stub_calls(rig_.stub)
+    kept = {}
+    for key, server in rig_.redis_by_target.items():
+        after = redis_state(server.url, calls.get(targets[key].model, 0))
+        kept[key] = (baseline[key], after, key_patterns(server.url))
+    books = [check_ours(instance, calls) for instance in rig_.ours.values()]
+    if "hardcap" in targets:
+        books.append(check_hardcap(rig_.redis_by_target["hardcap"].url, calls))
+    return Results(serial, tuple(rounds), kept, books, load_before, load_average())
+
+
+def check_ours(ours: Ours, calls: dict[str, int]) -> str:
+    """Ours must have committed what the stub's calls cost, to the micro-dollar, and hold
+    nothing: every call it forwarded was settled from the stub's usage."""
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    budget = httpx.get(f"{ours.server.url}/v1/admin/budgets/{ours.budget_id}", headers=admin,
+                       timeout=REQUEST_TIMEOUT_S).json()
+    period = budget["periods"][0]
+    served = calls.get(ours.model, 0)
+    bill_micros = served * (20 * INPUT_MICROS_PER_TOKEN + 20 * OUTPUT_MICROS_PER_TOKEN)
+    ensure(period["reserved_micros"] == 0, f"ours holds nothing after the run: {period}")
+    ensure(period["committed_micros"] == bill_micros,
+           f"ours committed {period['committed_micros']}, the stub's {served} calls cost "
+           f"{bill_micros}")
+    return (f"{ours.server.name}: {served:,} calls through it reached the stub, committed "
+            f"{period['committed_micros']:,} micro-dollars = their cost; nothing held")
+
+
+def check_hardcap(url: str, calls: dict[str, int]) -> str:
+    """hardcap's token counters against the stub's: every call counted, nothing reserved."""
+    served = calls.get(MODELS["hardcap"], 0)
+    totals: Counter[str] = Counter()
+    with redis.Redis.from_url(url, decode_responses=True) as client:
+        for key in client.scan_iter(match=f"hardcap:{{{HARDCAP_TENANT}}}:b:*"):
+            totals.update({k: int(v) for k, v in client.hgetall(key).items()})
+    ensure(totals["in"] == served * 20 and totals["out"] == served * 20,
+           f"hardcap counted {dict(totals)} tokens for the stub's {served} calls")
+    ensure(totals["rin"] == 0 and totals["rout"] == 0, f"hardcap holds nothing: {dict(totals)}")
+    return (f"hardcap: {served:,} calls through it reached the stub, counted "
+            f"{totals['in']:,} + {totals['out']:,} tokens = theirs; nothing reserved")
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def us(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds * 1e6:.0f}"
+
+
+def total_per_call_s(loads: Sequence[Load], attribute: str) -> float | None:
+    spent = [getattr(x, attribute) for x in loads]
+    if not loads or any(s is None for s in spent):
+        return None
+    return float(sum(spent)) / sum(x.requests for x in loads)
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+
+
+def pair_ratios(results: Results) -> list[float]:
+    """ours/hardcap calls/s of each adjacent A,B pair of rounds, in the order run."""
+    ab = [(k, x) for k, x in results.rounds if k in ("ours", "hardcap")]
+    return [a.calls_per_s / b.calls_per_s if ka == "ours" else b.calls_per_s / a.calls_per_s
+            for (ka, a), (kb, b) in zip(ab[::2], ab[1::2], strict=False) if ka != kb]
+
+
+def uvicorn_picks() -> str:
+    """What uvicorn's `auto` runs `ceiling serve` on in this venv: uvloop and httptools when
+    they are installed, asyncio and h11 when not."""
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return f"{loop} + {http}"
 
 
 def report(results: Results, options: argparse.Namespace) -> str:
+    out = [f"load average (1 min): {results.load_before:.2f} before the run, "
+           f"{results.load_after:.2f} after it; {os.cpu_count()} cores. `ceiling serve` runs "
+           f"on {uvicorn_picks()} in this venv"]
+    if results.serial:
+        direct = results.serial.get("direct")
+        rows = []
+        for key, x in results.serial.items():
+            added = "" if direct is None or key == "direct" else ms(x.p50_s - direct.p50_s)
+            rows.append([x.target, f"{x.load_average:.2f}", f"{x.requests:,}", ms(x.p50_s),
+                         ms(x.p99_s), added, us(x.per_call_s(x.gateway_cpu_s))])
+        out += ["", table(["one connection", "load", "calls", "p50 ms", "p99 ms",
+                           "p50 added ms", "CPU us/call"], rows)]
+    rows = [[f"{i + 1}", x.target, f"{x.load_average:.2f}", f"{x.calls_per_s:,.0f}",
+             ms(x.p50_s), ms(x.p99_s), ms(x.p999_s), ms(x.max_s),
+             us(x.per_call_s(x.gateway_cpu_s)), f"{100 * x.system_share:.0f}",
+             us(x.per_call_s(x.redis_cpu_s)), us(x.per_call_s(x.stub_cpu_s))]
+            for i, (_, x) in enumerate(results.rounds)]
+    out += ["", table([f"round ({options.connections} conn.)", "target", "load", "calls/s",
+                       "p50 ms", "p99 ms", "p99.9 ms", "max ms", "gw CPU us/call", "sys %",
+                       "redis us/call", "stub us/call"], rows)]
+    summary: dict[str, dict[str, Any]] = {}
     rows = []
-    for name, phases in (("direct", results.direct), ("bare relay", results.relayed),
-                         ("gateway", results.through)):
-        latencies = Results.latencies(phases)
-        rows.append([name, str(len(latencies)), ms(percentile(latencies, 50)),
-                     ms(percentile(latencies, 99))])
-    for name, phases in (("bare relay", results.relayed), ("gateway", results.through)):
-        rows.append([f"{name} added (all calls)", "", ms(results.added_s(phases, 50)),
-                     ms(results.added_s(phases, 99))])
-        rows.append([f"{name} added (median of rounds)", "",
-                     ms(results.added_by_round_s(phases, 50)),
-                     ms(results.added_by_round_s(phases, 99))])
-    latency = table(["one call at a time", "calls", "p50 ms", "p99 ms"], rows)
-    load = table(
-        [f"{options.tasks} tasks", "calls/s", "p50 ms", "p99 ms"],
-        [[name, f"{p.cycles_per_s:.0f}", ms(percentile(p.latencies_s, 50)),
-          ms(percentile(p.latencies_s, 99))] for name, p in results.throughput.items()],
-    )
-    added_p50_s = results.added_s(results.through, 50)
-    relay_p50_s = results.added_s(results.relayed, 50)
-    verdict = "PASS" if added_p50_s < TARGET_ADDED_P50_S else "FAIL"
-    if verdict == "FAIL" and relay_p50_s >= TARGET_ADDED_P50_S:
-        verdict = (f"BLOCKED (a bare relay alone adds {ms(relay_p50_s)} ms: one more server and "
-                   "client in the path cost more than the target on this machine)")
-    return (f"{latency}\n\ngateway process CPU per call: {ms(results.gateway_cpu_s_per_call)} ms"
-            f"\nfor scale, a direct call's CPU: stub {ms(results.stub_cpu_s_per_call)} ms (its "
-            f"server side), this process {ms(results.client_cpu_s_per_call)} ms (its client side)"
-            f"\n\n{load}\n\n{verdict}: p50 added latency {ms(added_p50_s)} ms "
-            f"(target < {ms(TARGET_ADDED_P50_S)} ms)")
+    for key in ("ours", "hardcap", "relay", "direct"):
+        loads = results.loads(key)
+        if not loads:
+            continue
+        s = summary[key] = {
+            "calls_per_s": statistics.median(x.calls_per_s for x in loads),
+            "p50_s": statistics.median(x.p50_s for x in loads),
+            "p99_s": statistics.median(x.p99_s for x in loads),
+            "p99_range": (min(x.p99_s for x in loads), max(x.p99_s for x in loads)),
+            "gateway": total_per_call_s(loads, "gateway_cpu_s"),
+            "system": (sum(x.gateway_system_s for x in loads)
+                       / max(sum(x.gateway_cpu_s for x in loads), 1e-9)),
+            "redis": total_per_call_s(loads, "redis_cpu_s"),
+            "stub": total_per_call_s(loads, "stub_cpu_s"),
+            "load": statistics.median(x.load_average for x in loads),
+        }
+        low, high = s["p99_range"]
+        rows.append([loads[0].target, f"{len(loads)}", f"{s['load']:.2f}",
+                     f"{s['calls_per_s']:,.0f}", ms(s["p50_s"]), ms(s["p99_s"]),
+                     f"{ms(low)}-{ms(high)}", us(s["gateway"]), f"{100 * s['system']:.0f}",
+                     us(s["redis"]), us(s["stub"])])
+    if "ours" in summary and "hardcap" in summary:
+        a, b = summary["ours"], summary["hardcap"]
+        pairs = pair_ratios(results)
+        rows.append(["ours / hardcap", "", "",
+                     f"{statistics.median(pairs):.2f}" if pairs else "",
+                     ratio(a["p50_s"], b["p50_s"]), ratio(a["p99_s"], b["p99_s"]), "",
+                     ratio(a["gateway"], b["gateway"]), "", ratio(a["redis"], b["redis"]), ""])
+    out += ["", table(["medians of rounds", "rounds", "load", "calls/s", "p50 ms", "p99 ms",
+                       "p99 range", "gw CPU us/call", "sys %", "redis us/call", "stub us/call"],
+                      rows)]
+    if "ours" in summary and "hardcap" in summary:
+        pairs = pair_ratios(results)
+        out.append(f"calls/s ratio of each A,B pair: {', '.join(f'{p:.2f}' for p in pairs)} "
+                   "(the median is the ratio above); CPU per call: all rounds' CPU / calls")
+    rows = []
+    for key, (before, after, _) in results.kept.items():
+        calls = after.calls - before.calls
+        grown = after.used_memory_bytes - before.used_memory_bytes
+        rows.append([results.loads(key)[0].target if results.loads(key) else key, f"{calls:,}",
+                     f"{grown:,}", f"{grown / calls:.0f}" if calls else "",
+                     f"{before.keys:,} -> {after.keys:,}",
+                     f"{(after.keys - before.keys) / calls:.2f}" if calls else ""])
+    out += ["", table(["kept in Redis (after warm-up -> after run)", "calls", "used_memory +B",
+                       "B/call", "keys", "keys/call"], rows)]
+    for key, (_, _, patterns) in results.kept.items():
+        out.append(f"{key} keys by pattern: " + ", ".join(f"{p} x{n:,}" for p, n in patterns))
+    out += ["", *results.books]
+    if "ours" in summary and "hardcap" in summary:
+        out += ["", verdict(results, summary)]
+    return "\n".join(out)
 
 
-def main() -> None:
+def verdict(results: Results, summary: dict[str, dict[str, Any]]) -> str:
+    a, b = summary["ours"], summary["hardcap"]
+    pairs = pair_ratios(results)
+    calls_ratio = statistics.median(pairs) if pairs else float("nan")
+    before, after, _ = results.kept["ours"]
+    calls = after.calls - before.calls
+    kept = (after.used_memory_bytes - before.used_memory_bytes) / calls if calls else float("nan")
+    goals = [
+        (f"calls/s >= {CALLS_RATIO_MIN:.1f}x hardcap's", calls_ratio >= CALLS_RATIO_MIN,
+         f"{calls_ratio:.2f}x"),
+        ("gateway CPU per call <= hardcap's", a["gateway"] <= b["gateway"],
+         f"{us(a['gateway'])} vs {us(b['gateway'])} us"),
+        ("Redis CPU per call <= hardcap's", a["redis"] <= b["redis"],
+         f"{us(a['redis'])} vs {us(b['redis'])} us"),
+        (f"p99 within {P99_RATIO_MAX:.0f}x hardcap's", a["p99_s"] <= P99_RATIO_MAX * b["p99_s"],
+         f"{ms(a['p99_s'])} vs {ms(b['p99_s'])} ms"),
+        (f"<= {BYTES_PER_CALL_MAX} bytes kept per call", kept <= BYTES_PER_CALL_MAX,
+         f"{kept:.0f} B"),
+    ]
+    return "\n".join(f"{'PASS' if ok else 'FAIL'}: {goal} ({got})" for goal, ok, got in goals)
+
+
+def options_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
-    parser.add_argument("--seconds", type=float, default=PHASE_S, help="per latency phase")
-    parser.add_argument("--throughput-seconds", type=float, default=THROUGHPUT_S)
-    parser.add_argument("--warmup-seconds", type=float, default=WARMUP_S)
-    parser.add_argument("--tasks", type=int, default=TASKS)
-    options = parser.parse_args()
-    tag = f"org:bench{uuid.uuid4().hex[:8]}"
-    with RedisServer(durable=True) as redis, stub_process() as (stub_url, stub_pid), \
-            relay_process(stub_url) as (relay_url, _), \
-            ServiceProcess({"REDIS_URL": redis.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
-                            "CEILING_UPSTREAM_URL": f"{stub_url}/v1"}) as gateway:
-        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        httpx.put(f"{gateway.url}/v1/admin/budgets/{tag}", headers=admin, json={
-            "limits": [{"period": "total", "ceiling_micros": CEILING_MICROS}]}).raise_for_status()
-        created = httpx.post(f"{gateway.url}/v1/admin/keys", headers=admin,
-                             json={"budget_id": tag})
-        created.raise_for_status()
-        assert gateway.process is not None  # started by the with statement
-        results = asyncio.run(measure(stub_url, stub_pid, relay_url, gateway,
-                                      gateway.process.pid, created.json()["api_key"], options))
-        budget = httpx.get(f"{gateway.url}/v1/admin/budgets/{tag}", headers=admin).json()
-        period = budget["periods"][0]
-        bill = fetch_bill(stub_url).by_model[GATEWAY_MODEL]
-        ensure(period["reserved_micros"] == 0, "every gateway call was settled")
-        ensure(period["committed_micros"] == bill.cost_micros,
-               f"the ledger holds {period['committed_micros']}, the stub billed "
-               f"{bill.cost_micros}")
+    quick = ", ".join(f"{k}={v}" for k, v in QUICK.items())
+    parser.add_argument("--quick", action="store_true", help=f"a short smoke run: {quick}")
+    parser.add_argument("--connections", type=int, default=CONNECTIONS)
+    parser.add_argument("--seconds", type=int, default=ROUND_S, help="per A or B round")
+    parser.add_argument("--schedule", default=SCHEDULE,
+                        help="rounds of ours (A) and hardcap (B), in order")
+    parser.add_argument("--warmup-seconds", type=int, default=WARMUP_S)
+    parser.add_argument("--floor-seconds", type=int, default=FLOOR_S,
+                        help="the relay's and the direct round's")
+    parser.add_argument("--serial-seconds", type=int, default=SERIAL_S,
+                        help="one connection per target first; 0 skips it")
+    return parser
+
+
+def parse_options(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = options_parser()
+    options = parser.parse_args(argv)
+    if options.quick:
+        parser.set_defaults(**QUICK)
+        options = parser.parse_args(argv)
+    ensure(set(options.schedule) <= {"A", "B"}, "--schedule is made of A and B")
+    return options
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    options = parse_options(argv)
+    with rig() as rig_:
+        results = measure(rig_, options)
     print(report(results, options))
-    print(f"\nledger: {bill.calls} gateway calls, committed {period['committed_micros']} "
-          f"micro-dollars = the stub's bill for them; nothing held")
 
 
 if __name__ == "__main__":
