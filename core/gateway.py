@@ -208,6 +208,16 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
                 f"{field} is not supported: the gateway cannot bound its cost from the request",
                 field=field,
             )
+    # Audio output is asked for by `modalities` (`audio` only picks a voice and format, which a
+    # provider may default): billed at audio rates, and refused like `audio`.
+    modalities = body.get("modalities") if api is Api.CHAT else None
+    if modalities is not None and (
+        not isinstance(modalities, list) or any(m != "text" for m in modalities)
+    ):
+        raise InvalidRequest(
+            "modalities other than text are not supported: audio output is billed at audio "
+            "rates the gateway cannot bound from the request", field="modalities",
+        )
     for field in UNBOUNDED_INPUT_FIELDS[api]:
         if body.get(field) not in (None, False):
             raise InputUnbounded(

@@ -98,6 +98,8 @@ def test_a_chat_stream_asks_for_usage_and_remembers_whether_the_client_did() -> 
     (Api.CHAT, {"max_tokens": True}, "max_tokens"),
     (Api.CHAT, {"n": 0}, "n"),
     (Api.CHAT, {"audio": {"voice": "alloy"}}, "audio"),
+    (Api.CHAT, {"modalities": ["text", "audio"]}, "modalities"),
+    (Api.CHAT, {"modalities": "audio"}, "modalities"),
     (Api.CHAT, {"prediction": {"type": "content", "content": "x"}}, "prediction"),
     (Api.CHAT, {"speed": "fast"}, "speed"),
     (Api.CHAT, {"service_tier": 1}, "service_tier"),
@@ -113,6 +115,10 @@ def test_what_cannot_be_priced_is_refused(api: Api, fields: dict[str, Any], para
         plan(api, json.dumps({**doc, **fields}).encode())
     assert refused.value.details.get("field") == param
     assert not isinstance(refused.value, InputUnbounded)
+
+
+def test_text_output_is_the_only_modality_forwarded() -> None:
+    assert plan(Api.CHAT, body(modalities=["text"])).body["modalities"] == ["text"]
 
 
 @pytest.mark.parametrize(("api", "fields", "param"), [
