@@ -135,7 +135,7 @@ AUDIO_FORMATS = ("wav", "mp3")
 # 13818-3): no MP3 frame carries more sound per byte, so bytes / this is a duration bound.
 # Free-format streams, whose bitrate is outside the tables, are refused (see _check_mp3).
 MP3_BYTES_PER_S_MIN = 1_000
-# A WAV header is looked for in the first bytes only: the chunks before `fmt ` are small.
+# A WAV header is looked for in the first bytes only: the chunks before `data` are small.
 WAV_HEADER_BYTES_MAX = 4_096
 # PCM beyond these is not audio anyone sends a model; a header that claims it is refused.
 WAV_SAMPLE_RATE_MAX = 384_000
@@ -163,30 +163,50 @@ def _unreadable(field: str, why: str) -> InputUnbounded:
                           field=field)
 
 
+def _wav_format_bytes_per_s(fmt: bytes, field: str) -> int:
+    """The byte rate of a `fmt ` chunk's payload, once its fields are checked."""
+    if len(fmt) < 16:
+        raise _unreadable(field, "its WAV format chunk is too short")
+    kind, channels, rate, byte_rate, block_align, bits = struct.unpack_from("<HHIIHH", fmt)
+    if kind == WAV_FORMAT_EXTENSIBLE and len(fmt) >= 26:
+        kind = int.from_bytes(fmt[24:26], "little")
+    # A decoder reads samples by these fields; they must agree with each other, or the
+    # duration it finds could be other than the one bounded here.
+    if (kind not in WAV_FORMATS or bits not in WAV_BITS
+            or not 1 <= channels <= WAV_CHANNELS_MAX
+            or not 1 <= rate <= WAV_SAMPLE_RATE_MAX
+            or block_align != channels * bits // 8 or byte_rate != rate * block_align):
+        raise _unreadable(field, "the WAV header is not plain PCM with consistent fields")
+    return int(byte_rate)
+
+
 def _wav_bytes_per_s(data: str, field: str) -> int:
+    """The byte rate of the one format chunk before the samples.
+
+    Chunks are walked up to `data`, where the samples start: the format must come before it, and
+    only once. With two, readers differ in which one they believe (ffmpeg the first; a reader
+    that keeps the last one it walked past, as the stub provider does, the last): a first that
+    says 49 MB a second before a second that says 1 byte would bound the clip at a sliver of
+    what such a reader hears."""
     head = _b64_slice(data, 0, WAV_HEADER_BYTES_MAX, field)
     if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
         raise _unreadable(field, "not a RIFF/WAVE file")
+    byte_rate: int | None = None
     pos = 12
     while pos + 8 <= len(head):
         chunk_id, size = head[pos:pos + 4], int.from_bytes(head[pos + 4:pos + 8], "little")
+        if chunk_id == b"data":
+            if byte_rate is None:
+                raise _unreadable(field, "its samples come before its WAV format chunk")
+            return byte_rate
         if chunk_id == b"fmt ":
-            fmt = head[pos + 8:pos + 8 + size]
-            if len(fmt) < 16:
-                break
-            kind, channels, rate, byte_rate, block_align, bits = struct.unpack_from("<HHIIHH", fmt)
-            if kind == WAV_FORMAT_EXTENSIBLE and len(fmt) >= 26:
-                kind = int.from_bytes(fmt[24:26], "little")
-            # A decoder reads samples by these fields; they must agree with each other, or the
-            # duration it finds could be other than the one bounded here.
-            if (kind not in WAV_FORMATS or bits not in WAV_BITS
-                    or not 1 <= channels <= WAV_CHANNELS_MAX
-                    or not 1 <= rate <= WAV_SAMPLE_RATE_MAX
-                    or block_align != channels * bits // 8 or byte_rate != rate * block_align):
-                raise _unreadable(field, "the WAV header is not plain PCM with consistent fields")
-            return int(byte_rate)
+            if byte_rate is not None:
+                raise _unreadable(field, "it has two WAV format chunks, which readers read "
+                                         "differently")
+            byte_rate = _wav_format_bytes_per_s(head[pos + 8:pos + 8 + size], field)
         pos += 8 + size + (size & 1)
-    raise _unreadable(field, f"no WAV format chunk in its first {WAV_HEADER_BYTES_MAX} bytes")
+    raise _unreadable(field, f"no WAV format chunk and data chunk in its first "
+                             f"{WAV_HEADER_BYTES_MAX} bytes")
 
 
 def _check_mp3(data: str, field: str) -> None:

@@ -215,6 +215,24 @@ def test_a_wav_header_whose_fields_disagree_is_refused() -> None:
         audio_ms_max(base64.b64encode(bytes(raw)).decode(), "wav", "a")
 
 
+def test_a_wav_whose_readers_could_disagree_on_its_length_is_refused() -> None:
+    raw = base64.b64decode(wav(1.0))
+    fmt = raw[12:36]  # 'fmt ', its size, its 16 bytes
+    slow = fmt[:8] + struct.pack("<HHIIHH", 1, 1, 8_000, 8_000, 1, 8)  # 4 x as long
+    # A second format chunk before the samples: the first is read here, the last by some.
+    two = raw[:36] + slow + raw[36:]
+    # The samples before their format chunk; a format chunk and no samples in the header.
+    late = raw[:12] + b"data" + struct.pack("<I", 4) + bytes(4) + raw[12:]
+    far = raw[:36] + b"JUNK" + struct.pack("<I", 8_000) + bytes(8_000) + raw[36:]
+    for clip in (two, late, far):
+        with pytest.raises(InputUnbounded):
+            audio_ms_max(base64.b64encode(clip).decode(), "wav", "a")
+    # Chunks after the samples are not walked: readers take the format that precedes them.
+    tail = raw + slow
+    assert audio_ms_max(base64.b64encode(tail).decode(), "wav", "a") == -(
+        -len(tail) * 1_000 // 32_000)
+
+
 def test_audio_that_is_not_base64_or_not_from_the_user_is_refused() -> None:
     with pytest.raises(InvalidRequest):
         audio_ms_max("not base64!", "wav", "a")
