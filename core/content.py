@@ -131,10 +131,13 @@ def audio_input_tokens_per_s(model: str) -> int | None:
 # -- audio duration from the bytes sent ------------------------------------------------------------
 
 AUDIO_FORMATS = ("wav", "mp3")
-# The lowest bitrate in MPEG audio's bitrate tables (MPEG-2.5 Layer III, 8 kbit/s; ISO/IEC
-# 13818-3): no MP3 frame carries more sound per byte, so bytes / this is a duration bound.
-# Free-format streams, whose bitrate is outside the tables, are refused (see _check_mp3).
-MP3_BYTES_PER_S_MIN = 1_000
+# The fewest bytes any MPEG audio frame takes for a second of sound, so bytes / this bounds a
+# stream's duration. The lowest bitrate in the tables is 8 kbit/s (MPEG-2 and 2.5; ISO/IEC
+# 13818-3), but a frame's length is its share of that rate rounded down, and its padding byte is
+# the encoder's to leave out: at 11,025 or 22,050 Hz, 8 kbit/s frames of 576 samples are 52 or
+# 26 bytes, 995.3 bytes a second, not 1,000. Rounded down again here. Free-format streams, whose
+# bitrate is outside the tables, are refused (see _check_mp3).
+MP3_BYTES_PER_S_MIN = 995
 # A WAV header is looked for in the first bytes only: the chunks before `data` are small.
 WAV_HEADER_BYTES_MAX = 4_096
 # PCM beyond these is not audio anyone sends a model; a header that claims it is refused.

@@ -184,9 +184,17 @@ def test_an_mp3_clip_is_bounded_at_the_lowest_bitrate() -> None:
     tag = b"ID3\x04\x00\x00" + bytes([0, 0, 1, 0]) + b"\0" * 128  # a 128-byte ID3v2 tag
     data = base64.b64encode(tag + frame + b"\0" * 9_857).decode()
     # 9,999 bytes (138 of tag, 4 of frame header; a multiple of 3, so base64 pads nothing) at
-    # 1,000 bytes a second (8 kbit/s): 9.999 s.
-    assert MP3_BYTES_PER_S_MIN == 1_000
-    assert audio_ms_max(data, "mp3", "a") == 9_999
+    # 995 bytes a second (8 kbit/s frames at 11,025 Hz, unpadded): 10.04925 s, rounded up.
+    assert MP3_BYTES_PER_S_MIN == 995
+    assert audio_ms_max(data, "mp3", "a") == 10_050
+
+
+def test_the_smallest_mp3_frames_are_within_the_bound() -> None:
+    # MPEG-2.5 Layer III, 8 kbit/s, 11,025 Hz, no padding: 72 x 8,000 / 11,025 = 52.2, so every
+    # decoder reads 52-byte frames of 576 samples. 1,000 frames are 52,000 bytes of 52.245 s.
+    frames = (bytes([0xFF, 0xE3, 0x10, 0xC0]) + bytes(48)) * 1_000
+    seconds = 1_000 * 576 / 11_025
+    assert audio_ms_max(base64.b64encode(frames).decode(), "mp3", "a") >= seconds * 1_000
 
 
 @pytest.mark.parametrize(("data", "audio_format", "field"), [
