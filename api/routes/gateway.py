@@ -304,4 +304,6 @@ def broken_off_event(api: Api, bill: Bill) -> bytes:
              "code": exc.code}
     if api is Api.CHAT:
         return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
-    return b"event: error\ndata: " + json.dumps({"type": "error", **error}).encode() + b"\n\n"
+    # A Responses stream's error event is typed `error` (the SDK yields it as one); the error's
+    # own type would name an event no client knows.
+    return b"event: error\ndata: " + json.dumps({**error, "type": "error"}).encode() + b"\n\n"
