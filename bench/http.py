@@ -70,7 +70,6 @@ from typing import IO
 import httpx
 
 from bench.bare_app import CALL_ENV, call_to_json
-from bench.common import median, ms, percentile, table
 from bench.ledger import LIMITS_BY_SCOPE, Call, Recorder
 from core.budgets import BudgetId
 from core.config import load
@@ -80,6 +79,7 @@ from core.prices import PriceTable, Usage
 from core.service import CallSpec, CeilingService, SettleSpec
 from core.stores.redis import RedisTransport, redis_client
 from core.stores.scripted import ScriptedStore
+from infra.figures import median, ms, percentile, table
 from infra.processes import stop as stop_process
 from infra.redis_server import RedisServer, free_port
 from infra.service import ServiceProcess
