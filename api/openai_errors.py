@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import cast
 
-from fastapi import Request, Response
-from fastapi.responses import JSONResponse
+from starlette.middleware import Middleware
+from starlette.middleware.exceptions import ExceptionMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from api import errors
-from api.routing import Endpoint, LeanRoute
 from core.errors import CeilingError
 
 # Codes a retry of the same request cannot fix. budget_busy, idempotency_in_flight,
@@ -54,15 +56,14 @@ def refusal_headers(exc: CeilingError) -> dict[str, str]:
     return headers
 
 
-class OpenAIErrorRoute(LeanRoute):
-    """A lean route whose refusals are in OpenAI's shape; other errors still reach the app's
-    exception handlers."""
+async def _on_refusal(request: Request, exc: Exception) -> JSONResponse:
+    refusal = cast(CeilingError, exc)
+    return openai_error_response(refusal, refusal_headers(refusal))
 
-    def wrap(self, endpoint: Endpoint) -> Endpoint:
-        async def route(request: Request) -> Response:
-            try:
-                return await endpoint(request)
-            except CeilingError as exc:
-                return openai_error_response(exc, refusal_headers(exc))
 
-        return route
+# Declared on each OpenAI-compatible route (api/routes/gateway.py): the app's mapping, with the
+# core's refusals in OpenAI's shape. A route's middleware runs inside the app's, and the handlers
+# it declares are the ones its endpoint's exceptions meet; the framework's own errors (a 405, a
+# body over the limit) keep the app's shape.
+OPENAI_ERRORS = Middleware(ExceptionMiddleware,
+                           handlers={**errors.HANDLERS, CeilingError: _on_refusal})

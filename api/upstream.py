@@ -3,8 +3,8 @@
 Kept at module scope like the runtime's ledger connection, so a warm serverless instance reuses
 its connections to the provider across invocations, and a cold start pays nothing for it until
 its first gateway call. httpx itself is imported with that first client, not with this module:
-the gateway's routes are part of every app, and httpx is ~0.12 s of a cold start that a
-deployment using only reserve/settle never needs (bench/http.py).
+the gateway's routes are part of every app, and importing httpx is a share of a cold start
+that a deployment using only reserve/settle never needs (bench/http.py prints the import tree).
 
 What a failure proves decides what happens to the money: a request that provably never left
 (no connection, no pool slot) can be released; any failure after the request was written may
@@ -67,11 +67,10 @@ class Upstream:
     """Sends calls through httpx's connection pool (its transport), without httpx's client.
 
     The client's per-request machinery (cookie jar, auth and redirect flows, event hooks, URL
-    and header merging) cost about 0.3 ms of CPU per call here, some 7% of the gateway's
-    (bench/gateway.py), and the gateway needs none of it: it never follows a redirect, and a
-    cookie jar shared by every caller's calls would hand one tenant's provider cookies to the
-    next. The transport maps httpcore's errors to httpx's, and httpx.Response still decodes the
-    body."""
+    and header merging) is CPU on every call (bench/gateway_profile.py shows it by layer), and
+    the gateway needs none of it: it never follows a redirect, and a cookie jar shared by every
+    caller's calls would hand one tenant's provider cookies to the next. The transport maps
+    httpcore's errors to httpx's, and httpx.Response still decodes the body."""
 
     def __init__(self, base_url: str, api_key: str | None, timeout_s: float) -> None:
         import httpx  # deferred: see the module docstring

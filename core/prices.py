@@ -20,8 +20,8 @@ Freshness, without a cost on every call:
   reservation records.
 
 genai-prices is imported on the first lookup that the overrides do not answer, not at import
-time: importing it costs ~0.4 s, which a serverless cold start should not pay before it can
-answer /health.
+time: its import is a large share of a cold start (bench/http.py prints the import tree), which
+a serverless instance should not pay before it can answer /health.
 """
 
 from __future__ import annotations

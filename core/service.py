@@ -287,7 +287,7 @@ class CeilingService:
 
     def _reservation_id(self, caller: Caller, idempotency_key: str | None) -> str:
         if idempotency_key is None:
-            # 128 random bits, as a uuid4 has, at a fifth the CPU.
+            # 128 random bits, as a uuid4 has, without building a UUID object.
             return mint_reservation_id(caller.tag, os.urandom(16).hex())
         if not _IDEMPOTENCY_KEY.fullmatch(idempotency_key):
             raise InvalidRequest(

@@ -7,7 +7,7 @@
    spent to exhaustion. The provider's bill stays within the ceiling and equals the ledger's
    committed spend to the micro-dollar.
 3. The spend limits people ship, against the same stub provider, beside the enforced path
-   (bench.baselines).
+   (infra/baselines.py).
 
 Exits non-zero when the shared ledger let the provider bill more than the ceiling, or a shared
 run did not finish cleanly. Everything runs on 127.0.0.1 and is stopped by pid when it ends.
@@ -23,9 +23,9 @@ from collections import Counter
 from dataclasses import dataclass
 from types import FrameType
 
-from bench import baselines
-from bench.common import table
 from core.money import micros_to_usd
+from infra import baselines
+from infra.figures import table
 from infra.fleet import EXHAUSTION, HANDFUL, INSTANCES, Fleet, LedgerMode, LoadResult
 from infra.stub_provider import StubProvider
 

@@ -209,7 +209,7 @@ class Fleet:
                 for i in range(self.instances)
             ]
             started = time.monotonic()
-            # An instance spends ~1.3 s of CPU (imports, first connection) before it answers.
+            # An instance spends CPU on imports and its first connection before it answers.
             # Starting all at once on a small machine makes each of them slow, past
             # ServiceProcess's timeout; two starts per core keep the cores busy and each start
             # short. On an error or Ctrl-C, starts not yet begun are cancelled.

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from bench import baselines
 from core.budgets import BudgetId
 from core.ledger import LegStatus
 from core.stores.redis import RedisStore
+from infra import baselines
 from infra.fleet import HANDFUL, INSTANCES, Fleet, LedgerMode, LoadResult
 
 pytestmark = pytest.mark.slow

@@ -28,13 +28,15 @@ import json
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
 
 from api import errors
-from api.openai_errors import OpenAIErrorRoute, openai_error_response
+from api.openai_errors import OPENAI_ERRORS, openai_error_response
+from api.openai_schemas import CHAT_COMPLETIONS_BODY, RESPONSES_BODY
 from api.routes.sidecar import authenticated
+from api.routing import HotRoute
 from api.runtime import runtime
 from api.upstream import NotSent, Unanswered, Upstream, relayed_headers, upstream
 from core import gateway, replies
@@ -56,18 +58,17 @@ from core.service import Caller, CeilingService
 if TYPE_CHECKING:
     import httpx
 
-router = APIRouter(prefix="/v1", route_class=OpenAIErrorRoute)
 LENGTHS = gateway.OutputLengths()
+# Headers the gateway reads beyond the key and the run (api/routing.py HEADERS_COMMON).
+HEADERS = ("Idempotency-Key", "X-Ceiling-Clamp")
 SETTLED = frozenset({Outcome.BILLED, Outcome.ESTIMATED})
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
-@router.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
     return await serve(request, Api.CHAT)
 
 
-@router.post("/responses")
 async def responses(request: Request) -> Response:
     return await serve(request, Api.RESPONSES)
 
@@ -142,27 +143,28 @@ async def keep(ticket: Ticket | None, status: int, headers: dict[str, str], body
     await ticket.complete(reply)
 
 
-class KeptResponse(Response):
-    """A non-streaming answer, kept for its idempotency key once it has been sent.
+def kept_while_sent(raw: bytes, status: int, headers: dict[str, str], ticket: Ticket,
+                    outcome: Outcome) -> Response:
+    """A non-streaming answer, kept for its idempotency key while it is sent.
 
-    The client need not wait for a ledger round trip that only a retry reads: a retry that
-    comes meanwhile finds the key in flight and waits for the answer (non-streaming retries
-    wait). It is kept even if sending failed, since that client is the one that retries; and
-    within the request, so a shutdown or a serverless runtime lets it finish. A ledger failure
-    here has no one left to tell: the in-flight marker then lives out its lease, and a retry
-    after that makes a new call, which reserves for itself."""
+    The client need not wait for a ledger round trip that only a retry reads: the keeping runs
+    in a task of its own beside the sending, and a retry that comes meanwhile finds the key in
+    flight and waits for the answer (non-streaming retries wait). It is kept even if sending
+    fails, since that client is the one that retries; and a request that was answered ends only
+    once it is kept, so a shutdown or a serverless runtime lets it finish. A ledger failure here
+    has no one left to tell: the in-flight marker then lives out its lease, and a retry after
+    that makes a new call, which reserves for itself."""
 
-    def __init__(self, body: bytes, status_code: int, headers: dict[str, str], ticket: Ticket,
-                 outcome: Outcome) -> None:
-        super().__init__(body, status_code=status_code, headers=headers)
-        self._kept = (ticket, status_code, headers, body, outcome)
+    async def keep_quietly() -> None:
+        with contextlib.suppress(CeilingError):
+            await keep(ticket, status, headers, raw, outcome)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with contextlib.suppress(CeilingError):
-                await keep(*self._kept)
+    keeping = gateway.spawn(keep_quietly())
+
+    async def kept() -> None:
+        await asyncio.shield(keeping)  # a request cancelled meanwhile does not cancel the keeping
+
+    return Response(raw, status_code=status, headers=headers, background=BackgroundTask(kept))
 
 
 async def forward(
@@ -206,7 +208,7 @@ async def forward(
     headers = {**relayed_headers(response), **bill_headers(bill, call)}
     if ticket is None:
         return Response(raw, status_code=response.status_code, headers=headers)
-    return KeptResponse(raw, response.status_code, headers, ticket, bill.outcome)
+    return kept_while_sent(raw, response.status_code, headers, ticket, bill.outcome)
 
 
 async def unanswered(call: Call, up: Upstream, ticket: Ticket | None) -> Response:
@@ -307,3 +309,12 @@ def broken_off_event(api: Api, bill: Bill) -> bytes:
     # A Responses stream's error event is typed `error` (the SDK yields it as one); the error's
     # own type would name an event no client knows.
     return b"event: error\ndata: " + json.dumps({**error, "type": "error"}).encode() + b"\n\n"
+
+
+# The hot routes (api/routing.py) of this module, their refusals in OpenAI's shape.
+ROUTES = (
+    HotRoute("/v1/chat/completions", chat_completions, body=CHAT_COMPLETIONS_BODY,
+             headers=HEADERS, middleware=(OPENAI_ERRORS,)),
+    HotRoute("/v1/responses", responses, body=RESPONSES_BODY, headers=HEADERS,
+             middleware=(OPENAI_ERRORS,)),
+)
