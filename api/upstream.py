@@ -2,13 +2,15 @@
 
 Kept at module scope like the runtime's ledger connection, so a warm serverless instance reuses
 its connections to the provider across invocations, and a cold start pays nothing for it until
-its first gateway call. httpx itself is imported with that first client, not with this module:
-the gateway's routes are part of every app, and importing httpx is a share of a cold start
-that a deployment using only reserve/settle never needs (bench/http.py prints the import tree).
+its first gateway call. httpx and aiohttp (the transport, api/transport.py) are imported with
+that first client, not with this module: the gateway's routes are part of every app, and
+importing them is a share of a cold start that a deployment using only reserve/settle never
+needs (bench/http.py prints the import tree).
 
 What a failure proves decides what happens to the money: a request that provably never left
-(no connection, no pool slot) can be released; any failure after the request was written may
-have been billed, and keeps its hold.
+(no connection, no pool slot: failed before any byte of it was written) can be released; any
+failure after that may have been billed, and keeps its hold (tests/api/test_upstream_faults.py
+makes each of them happen).
 """
 
 from __future__ import annotations
@@ -29,9 +31,8 @@ CONNECT_TIMEOUT_S = 10.0
 # Waiting this long for a free connection means the instance is overloaded: the call is
 # released unsent rather than queued behind its lease.
 POOL_TIMEOUT_S = 10.0
-# Calls one instance makes to the provider at once, and connections it keeps warm between them.
+# Calls one instance makes to the provider at once.
 CONNECTIONS_MAX = 256
-KEEPALIVE_CONNECTIONS_MAX = 64
 # An error answer's body is relayed up to this size: an error message, not a document.
 ERROR_BODY_BYTES_MAX = 64 * 1024
 # Provider headers the client gets: request ids for support, rate limits and retry advice.
@@ -64,16 +65,20 @@ def environment_proxy(url: httpx.URL) -> str | None:
 
 
 class Upstream:
-    """Sends calls through httpx's connection pool (its transport), without httpx's client.
+    """Sends calls through one pooled transport (api/transport.py: aiohttp's pool under
+    httpx's API), without httpx's client.
 
     The client's per-request machinery (cookie jar, auth and redirect flows, event hooks, URL
-    and header merging) is CPU on every call (bench/gateway_profile.py shows it by layer), and
-    the gateway needs none of it: it never follows a redirect, and a cookie jar shared by every
-    caller's calls would hand one tenant's provider cookies to the next. The transport maps
-    httpcore's errors to httpx's, and httpx.Response still decodes the body."""
+    and header merging) is CPU on every call, and the gateway needs none of it: it never follows
+    a redirect, and a cookie jar shared by every caller's calls would hand one tenant's provider
+    cookies to the next. The transport maps its errors to httpx's by when they happened, and
+    httpx.Response still decodes the body."""
 
-    def __init__(self, base_url: str, api_key: str | None, timeout_s: float) -> None:
+    def __init__(self, base_url: str, api_key: str | None, timeout_s: float, *,
+                 connections_max: int = CONNECTIONS_MAX) -> None:
         import httpx  # deferred: see the module docstring
+
+        from api.transport import AiohttpTransport
 
         self.timeout_s = timeout_s
         base = base_url.rstrip("/")
@@ -86,11 +91,11 @@ class Upstream:
         self._extensions = {"timeout": httpx.Timeout(
             timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s),
             pool=min(POOL_TIMEOUT_S, timeout_s)).as_dict()}
-        self._transport = httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(max_connections=CONNECTIONS_MAX,
-                                max_keepalive_connections=KEEPALIVE_CONNECTIONS_MAX),
-            proxy=environment_proxy(self._urls[Api.CHAT]),
-        )
+        proxy = environment_proxy(self._urls[Api.CHAT])
+        try:
+            self._transport = AiohttpTransport(connections_max=connections_max, proxy=proxy)
+        except ValueError as exc:
+            raise ConfigError(f"the proxy the environment names cannot be used: {exc}") from exc
 
     async def open(self, call_plan: Plan) -> httpx.Response:
         """Send the call and return the provider's answer once its headers arrive."""
@@ -101,10 +106,13 @@ class Upstream:
         try:
             return await self._transport.handle_async_request(request)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout,
-                httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
+                httpx.UnsupportedProtocol) as exc:
             raise NotSent(_why(exc)) from exc
         except httpx.HTTPError as exc:
             raise Unanswered(_why(exc)) from exc
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
 
     async def error_body(self, response: httpx.Response) -> bytes:
         """An error answer's body, up to ERROR_BODY_BYTES_MAX; what arrived if it broke off."""

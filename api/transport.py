@@ -1,0 +1,178 @@
+"""An httpx transport over aiohttp's client: httpx's API, aiohttp's connection pool.
+
+httpx stays the gateway's client API (requests, responses, errors and content decoding are
+httpx's); only the sending is aiohttp's. httpx's own pool (httpcore) checks every pooled
+connection for readability on each request and runs through anyio's portability layer, both
+CPU on every call; aiohttp's pool learns that a connection closed from the event loop itself
+and hands out the next live one at once.
+
+What an error proves is decided by when it happened, and that decides what the gateway does
+with the money (api/upstream.py):
+
+- Before any byte of the request was written, httpx.ConnectError / httpx.ConnectTimeout: aiohttp
+  raises ClientConnectorError (refused, no such name, TLS handshake, proxy unreachable) and
+  ConnectionTimeoutError (no free connection in the pool, or no connection, in time) only from
+  its connector, before a connection is handed to the request. The provider never saw the call.
+- After that, everything else: a connection lost while the request was written or before the
+  answer came, a reset, a garbled or cut-off answer, a read timeout. The provider may have read
+  the request and run it. These are httpx.ReadError / httpx.RemoteProtocolError /
+  httpx.ReadTimeout, never a connect error, whatever aiohttp's own name for them suggests.
+
+aiohttp never retries a POST on another connection (its retry of a dropped keep-alive
+connection is for idempotent methods only), so a call is written at most once.
+
+One ClientSession per transport, made on first use inside the event loop that uses it (aiohttp
+binds a session to its loop); a transport used from another loop makes itself a new one. The
+session keeps no cookies: one pool carries every tenant's calls, and a provider's cookie drawn
+by one tenant's call must not ride on the next. Redirects are not followed: an answer is
+relayed as the provider gave it. Bodies are left encoded for httpx to decode, as it would from
+its own transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator
+
+import aiohttp
+import httpx
+from yarl import URL
+
+# Idle connections are closed after this long, before the provider closes them: a request
+# written onto a connection the provider is closing at that moment may or may not have run, and
+# is held as unknown. Servers commonly close idle connections after 5 s (uvicorn's default, and
+# so vLLM's and most Python servers'), providers' load balancers later.
+KEEPALIVE_S = 4.0
+# Header lines of an answer, and the whole head's field count: a provider's answer has a few
+# dozen short headers; above these it is refused as garbled (unanswered).
+HEADER_LINE_BYTES_MAX = 16 * 1024
+HEADERS_MAX = 256
+PROXY_SCHEMES = frozenset({"http", "https"})
+
+_TimeoutKey = tuple[float | None, float | None, float | None]
+
+
+class AiohttpTransport(httpx.AsyncBaseTransport):
+    """Sends httpx requests through one pooled aiohttp.ClientSession; see the module docstring."""
+
+    def __init__(self, *, connections_max: int, proxy: str | None = None,
+                 verify: ssl.SSLContext | bool = True) -> None:
+        self._connections_max = connections_max
+        self._proxy: URL | None = None
+        self._proxy_auth: aiohttp.BasicAuth | None = None
+        if proxy is not None:
+            url = URL(proxy)
+            if url.scheme not in PROXY_SCHEMES:
+                raise ValueError(f"the provider's proxy must be http:// or https://: {proxy!r}")
+            self._proxy_auth = aiohttp.BasicAuth.from_url(url)
+            self._proxy = url.with_user(None)
+        self._verify = verify
+        self._ssl: ssl.SSLContext | bool | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timeouts: dict[_TimeoutKey, aiohttp.ClientTimeout] = {}
+
+    def _session_here(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop or self._session.closed:
+            if self._ssl is None:
+                # As httpx's own transport verifies (its CA bundle, SSL_CERT_FILE and
+                # SSL_CERT_DIR), made once: loading a CA bundle is slow.
+                self._ssl = (httpx.create_ssl_context(verify=self._verify)
+                             if self._verify is not False else False)
+            connector = aiohttp.TCPConnector(
+                limit=self._connections_max, limit_per_host=0, keepalive_timeout=KEEPALIVE_S,
+                ssl=self._ssl,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False, trust_env=False, proxy=self._proxy,
+                proxy_auth=self._proxy_auth, timeout=aiohttp.ClientTimeout(total=None),
+                max_field_size=HEADER_LINE_BYTES_MAX, max_line_size=HEADER_LINE_BYTES_MAX,
+                max_headers=HEADERS_MAX,
+                # Only what the request carries: no aiohttp User-Agent, Accept or encodings.
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            )
+            self._loop = loop
+        return self._session
+
+    def _timeout(self, request: httpx.Request) -> aiohttp.ClientTimeout:
+        """httpx's timeouts as aiohttp's: aiohttp's `connect` covers the wait for a pool slot
+        and the connecting, its `sock_connect` the connecting alone; no write timeout."""
+        given = request.extensions.get("timeout") or {}
+        key = (given.get("connect"), given.get("read"), given.get("pool"))
+        found = self._timeouts.get(key)
+        if found is None:
+            connect_s, read_s, pool_s = key
+            found = self._timeouts[key] = aiohttp.ClientTimeout(
+                total=None,
+                connect=None if connect_s is None or pool_s is None else connect_s + pool_s,
+                sock_connect=connect_s, sock_read=read_s)
+        return found
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        session = self._session_here()
+        content = request.content  # the gateway's bodies are bytes; a stream would be read here
+        try:
+            response = await session.request(
+                request.method, str(request.url), headers=request.headers.multi_items(),
+                data=content, allow_redirects=False, timeout=self._timeout(request),
+            )
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError,
+                aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError) as exc:
+            raise not_sent(exc, request) from exc
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise unanswered(exc, request) from exc
+        return httpx.Response(
+            response.status, headers=response.raw_headers, stream=AiohttpStream(response, request),
+            request=request,
+            extensions={"http_version": b"HTTP/1.1",
+                        "reason_phrase": (response.reason or "").encode()},
+        )
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+
+class AiohttpStream(httpx.AsyncByteStream):
+    """An answer's body as it arrives; the connection goes back to the pool once the body was
+    read to its end, and is closed if it was left unread."""
+
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+        self._response = response
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise unanswered(exc, self._request) from exc
+
+    async def aclose(self) -> None:
+        self._response.release()
+
+
+def not_sent(exc: Exception, request: httpx.Request) -> httpx.TransportError:
+    message = describe(exc)
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return httpx.ConnectTimeout(message, request=request)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return httpx.ConnectError(message, request=request)
+    return httpx.UnsupportedProtocol(message, request=request)
+
+
+def unanswered(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
+    message = describe(exc)
+    if isinstance(exc, TimeoutError):
+        return httpx.ReadTimeout(message, request=request)
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientResponseError):
+        return httpx.RemoteProtocolError(message, request=request)
+    return httpx.ReadError(message, request=request)
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
