@@ -21,9 +21,8 @@ event loop and HTTP parser named), each gateway with its own Redis. For each of 
   A/B       the gateways loaded in interleaved rounds with no profiler attached: calls/s,
             p50/p99, CPU per call, each against the first variant.
 
-uvloop, httptools and httpx-aiohttp are not dependencies of the project; to measure the
-variants that need them, install them into the venv first (`.venv/bin/pip install uvloop
-httptools httpx-aiohttp`). Without them only asyncio + h11 + httpcore runs beside hardcap.
+uvloop and httptools come with the `serve` extra (`pip install -e '.[dev]'` has it); without
+them the uvloop variant is left out.
 The 1-minute load average is printed beside every figure: the machine may be shared.
 """
 
@@ -59,11 +58,13 @@ SAMPLE_RATE_HZ = 250
 QUICK = {"profile_seconds": 3, "rounds": 2, "seconds": 2, "warmup_seconds": 1}
 # py-spy attaches within a fraction of a second; the load starts once it has.
 ATTACH_S = 1.0
-# Each: uvicorn's loop and parser, and what sends the calls under httpx's API.
-VARIANTS = {"asyncio": ("asyncio", "h11", "httpcore"),
-            "uvloop": ("uvloop", "httptools", "httpcore"),
-            "uvloop+aiohttp": ("uvloop", "httptools", "aiohttp")}
-NEEDS = {"uvloop": "uvloop", "httptools": "httptools", "aiohttp": "httpx_aiohttp"}
+# Each: uvicorn's loop and parser, and what sends the calls under httpx's API. The first is
+# `ceiling serve` as it runs (uvicorn's `auto`: uvloop and httptools with the `serve` extra,
+# the gateway's aiohttp transport); the others are what it ran on before, for comparison.
+VARIANTS = {"serve": ("auto", "auto", "aiohttp"),
+            "uvloop+httpcore": ("uvloop", "httptools", "httpcore"),
+            "asyncio+httpcore": ("asyncio", "h11", "httpcore")}
+NEEDS = {"uvloop": "uvloop", "httptools": "httptools"}
 # Syscalls made less often than this per call are left out of the table (its total has them).
 SYSCALLS_SHOWN_MIN = 0.2
 LAYERS_DETAILED = 4
@@ -76,7 +77,7 @@ STRACE_S = 4
 # Ours and hardcap's side by side: the same layer is named once for both.
 SERVER = "HTTP server: uvicorn (h11 / httptools), aiohttp.web"
 ASGI = "ASGI layers: Starlette, FastAPI, api/app.py, api/routing.py"
-CLIENT = "upstream client: httpx + httpcore + api/upstream.py; aiohttp client"
+CLIENT = "upstream client: httpx, aiohttp or httpcore, api/upstream.py + transport.py"
 GATEWAY = "gateway logic: core/gateway.py, api/routes/; hardcap/app.py, router, providers"
 LEDGER = "ledger: scripts' arguments and replies (core/stores, core/ledger.py; hardcap/ledger.py)"
 PRICING = "pricing: core/prices.py, core/estimate.py, core/money.py; hardcap/estimator.py"
@@ -88,6 +89,7 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("aiohttp/web", SERVER),
     ("aiohttp/client", CLIENT),
     ("aiohttp/connector.py", CLIENT),
+    ("api/transport.py", CLIENT),
     ("starlette/", ASGI),
     ("fastapi/", ASGI),
     ("api/app.py", ASGI),
@@ -309,8 +311,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     variants = {k: v for k, v in VARIANTS.items()
                 if all(importlib.util.find_spec(NEEDS[m]) for m in v if m in NEEDS)}
     if len(variants) < len(VARIANTS):
-        print(f"measured: {', '.join(variants)}; the others need uvloop, httptools and "
-              "httpx-aiohttp installed", file=sys.stderr)
+        print(f"measured: {', '.join(variants)}; the others need uvloop and httptools "
+              "installed", file=sys.stderr)
     ours = {key: (f"ceiling serve ({loop} + {http} + {transport})",
                   [sys.executable, "-m", "bench.serve_variant", "--loop", loop, "--http", http,
                    "--transport", transport])

@@ -281,23 +281,22 @@ async def ticker(probes: Probes) -> None:
         probes.lag.add(probes.at(started_s), max(0.0, late_s))
 
 
-def use_aiohttp_transport() -> None:
-    """Send the gateway's calls through httpx-aiohttp's transport instead of httpcore's pool,
-    with the same connection limit: a measurement of what the pool costs, not a fix as it is
-    (its exception map turns a connection lost after the request was written into
-    httpx.ConnectTimeout, which api/upstream.py reads as "never sent" and releases)."""
+def use_httpcore_transport() -> None:
+    """Send the gateway's calls through httpx's own pool (httpcore) instead of the gateway's
+    aiohttp transport (api/transport.py), with the same connection limit: what the gateway ran
+    on before, for a measurement of what the transport changes."""
     import httpx
-    from httpx_aiohttp import AiohttpTransport  # type: ignore[import-not-found, unused-ignore]
 
     from api import upstream
+    from core.gateway import Api
 
     made = upstream.Upstream.__init__
 
     def init(self: upstream.Upstream, *args: Any, **kwargs: Any) -> None:
         made(self, *args, **kwargs)
-        self._transport = AiohttpTransport(  # type: ignore[assignment, unused-ignore]
-            limits=httpx.Limits(max_connections=upstream.CONNECTIONS_MAX,
-                                max_keepalive_connections=upstream.KEEPALIVE_CONNECTIONS_MAX))
+        self._transport = httpx.AsyncHTTPTransport(  # type: ignore[assignment]
+            limits=httpx.Limits(max_connections=upstream.CONNECTIONS_MAX),
+            proxy=upstream.environment_proxy(self._urls[Api.CHAT]))
 
     upstream.Upstream.__init__ = init  # type: ignore[method-assign]
 
@@ -313,9 +312,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--import-before-freeze", action="store_true",
                    help="import httpx and load uvicorn's configuration before `ceiling serve` "
                         "freezes its start-up objects (the candidate fix for long collections)")
-    p.add_argument("--transport", choices=("httpcore", "aiohttp"), default="httpcore",
-                   help="what sends the gateway's calls under httpx's API: httpx's own pool "
-                        "(httpcore), or httpx-aiohttp's AiohttpTransport (must be installed)")
+    p.add_argument("--transport", choices=("aiohttp", "httpcore"), default="aiohttp",
+                   help="what sends the gateway's calls under httpx's API: the gateway's own "
+                        "transport over aiohttp (what `ceiling serve` runs), or httpx's own "
+                        "pool (httpcore), as before")
     options = p.parse_args(argv)
 
     import uvicorn
@@ -331,8 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     uvicorn.run = run_variant
     if probes is not None:
         install(probes)
-    if options.transport == "aiohttp":
-        use_aiohttp_transport()
+    if options.transport == "httpcore":
+        use_httpcore_transport()
     if options.import_before_freeze:
         # What is otherwise imported after the freeze, and walked by every full collection:
         # httpx (with the first gateway call), uvicorn's protocols (in uvicorn.run).
