@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
 
 import aiohttp
 import httpx
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 # Idle connections are closed after this long, before the provider closes them: a request
@@ -50,7 +52,15 @@ HEADER_LINE_BYTES_MAX = 16 * 1024
 HEADERS_MAX = 256
 PROXY_SCHEMES = frozenset({"http", "https"})
 
-_TimeoutKey = tuple[float | None, float | None, float | None]
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a request sent many times keeps: all but its body (AiohttpTransport.prepare)."""
+
+    method: str
+    url: URL
+    headers: CIMultiDictProxy[str]
+    timeout: aiohttp.ClientTimeout
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
@@ -71,7 +81,6 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self._ssl: ssl.SSLContext | bool | None = None
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timeouts: dict[_TimeoutKey, aiohttp.ClientTimeout] = {}
 
     def _session_here(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -91,33 +100,41 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 proxy_auth=self._proxy_auth, timeout=aiohttp.ClientTimeout(total=None),
                 max_field_size=HEADER_LINE_BYTES_MAX, max_line_size=HEADER_LINE_BYTES_MAX,
                 max_headers=HEADERS_MAX,
-                # Only what the request carries: no aiohttp User-Agent, Accept or encodings.
-                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             )
             self._loop = loop
         return self._session
 
-    def _timeout(self, request: httpx.Request) -> aiohttp.ClientTimeout:
-        """httpx's timeouts as aiohttp's: aiohttp's `connect` covers the wait for a pool slot
-        and the connecting, its `sock_connect` the connecting alone; no write timeout."""
-        given = request.extensions.get("timeout") or {}
-        key = (given.get("connect"), given.get("read"), given.get("pool"))
-        found = self._timeouts.get(key)
-        if found is None:
-            connect_s, read_s, pool_s = key
-            found = self._timeouts[key] = aiohttp.ClientTimeout(
-                total=None,
-                connect=None if connect_s is None or pool_s is None else connect_s + pool_s,
-                sock_connect=connect_s, sock_read=read_s)
-        return found
+    def prepare(self, method: str, url: str, headers: Iterable[tuple[str, str]],
+                timeout: Mapping[str, float | None] | None = None) -> Prepared:
+        """A request's fixed parts in the form aiohttp sends them, made once for many sends.
+
+        `timeout` as httpx gives it (Timeout.as_dict()): aiohttp's `connect` covers the wait
+        for a pool slot and the connecting, its `sock_connect` the connecting alone; aiohttp
+        has no write timeout."""
+        given = timeout or {}
+        connect_s, read_s, pool_s = given.get("connect"), given.get("read"), given.get("pool")
+        return Prepared(method, URL(url), CIMultiDictProxy(CIMultiDict(headers)),
+                        aiohttp.ClientTimeout(
+                            total=None, sock_connect=connect_s, sock_read=read_s,
+                            connect=None if connect_s is None or pool_s is None
+                            else connect_s + pool_s))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        # The gateway sends through send() with requests it prepared once (api/upstream.py);
+        # this is httpx's way in, for any other request.
+        prepared = self.prepare(request.method, str(request.url), request.headers.multi_items(),
+                                request.extensions.get("timeout"))
+        return await self.send(prepared, request.content, request)
+
+    async def send(self, prepared: Prepared, content: bytes,
+                   request: httpx.Request | None = None) -> httpx.Response:
+        """Send `content` as the body of `prepared`; the answer once its head has arrived, its
+        body to be read from the response's stream."""
         session = self._session_here()
-        content = request.content  # the gateway's bodies are bytes; a stream would be read here
         try:
             response = await session.request(
-                request.method, str(request.url), headers=request.headers.multi_items(),
-                data=content, allow_redirects=False, timeout=self._timeout(request),
+                prepared.method, prepared.url, headers=prepared.headers, data=content,
+                allow_redirects=False, timeout=prepared.timeout,
             )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError,
                 aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError) as exc:
@@ -141,7 +158,7 @@ class AiohttpStream(httpx.AsyncByteStream):
     """An answer's body as it arrives; the connection goes back to the pool once the body was
     read to its end, and is closed if it was left unread."""
 
-    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request | None) -> None:
         self._response = response
         self._request = request
 
@@ -156,7 +173,7 @@ class AiohttpStream(httpx.AsyncByteStream):
         self._response.release()
 
 
-def not_sent(exc: Exception, request: httpx.Request) -> httpx.TransportError:
+def not_sent(exc: Exception, request: httpx.Request | None) -> httpx.TransportError:
     message = describe(exc)
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return httpx.ConnectTimeout(message, request=request)
@@ -165,7 +182,7 @@ def not_sent(exc: Exception, request: httpx.Request) -> httpx.TransportError:
     return httpx.UnsupportedProtocol(message, request=request)
 
 
-def unanswered(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
+def unanswered(exc: BaseException, request: httpx.Request | None) -> httpx.TransportError:
     message = describe(exc)
     if isinstance(exc, TimeoutError):
         return httpx.ReadTimeout(message, request=request)

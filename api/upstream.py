@@ -82,33 +82,32 @@ class Upstream:
 
         self.timeout_s = timeout_s
         base = base_url.rstrip("/")
-        self._urls = {api: httpx.URL(f"{base}/{api.value}") for api in Api}
-        self._headers = [(b"content-type", b"application/json"), (b"accept", b"*/*"),
-                         (b"accept-encoding", b"gzip, deflate"),
-                         (b"user-agent", f"spend-ceiling/{VERSION}".encode())]
+        headers = [("content-type", "application/json"), ("accept", "*/*"),
+                   ("accept-encoding", "gzip, deflate"), ("user-agent", f"spend-ceiling/{VERSION}")]
         if api_key:
-            self._headers.append((b"authorization", f"Bearer {api_key}".encode()))
-        self._extensions = {"timeout": httpx.Timeout(
-            timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s),
-            pool=min(POOL_TIMEOUT_S, timeout_s)).as_dict()}
-        proxy = environment_proxy(self._urls[Api.CHAT])
+            headers.append(("authorization", f"Bearer {api_key}"))
+        timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s),
+                                pool=min(POOL_TIMEOUT_S, timeout_s)).as_dict()
+        proxy = environment_proxy(httpx.URL(base))
         try:
             self._transport = AiohttpTransport(connections_max=connections_max, proxy=proxy)
         except ValueError as exc:
             raise ConfigError(f"the proxy the environment names cannot be used: {exc}") from exc
+        # Every call of a route is the same request but for its body: prepared once.
+        self._prepared = {api: self._transport.prepare("POST", f"{base}/{api.value}", headers,
+                                                       timeout) for api in Api}
+        # httpx's errors, kept here since httpx is not imported at module scope.
+        self._never_sent = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout,
+                            httpx.UnsupportedProtocol)
+        self._failed = httpx.HTTPError
 
     async def open(self, call_plan: Plan) -> httpx.Response:
         """Send the call and return the provider's answer once its headers arrive."""
-        import httpx
-
-        request = httpx.Request("POST", self._urls[call_plan.api], headers=self._headers,
-                                content=call_plan.content(), extensions=self._extensions)
         try:
-            return await self._transport.handle_async_request(request)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout,
-                httpx.UnsupportedProtocol) as exc:
+            return await self._transport.send(self._prepared[call_plan.api], call_plan.content())
+        except self._never_sent as exc:
             raise NotSent(_why(exc)) from exc
-        except httpx.HTTPError as exc:
+        except self._failed as exc:
             raise Unanswered(_why(exc)) from exc
 
     async def aclose(self) -> None:

@@ -281,10 +281,38 @@ async def ticker(probes: Probes) -> None:
         probes.lag.add(probes.at(started_s), max(0.0, late_s))
 
 
+class HttpcoreTransport:
+    """The gateway's calls through httpx's own pool (httpcore), as they were sent before the
+    aiohttp transport (api/transport.py): an httpx.Request per call, the same connection limit.
+    Offers the two methods api/upstream.py uses."""
+
+    def __init__(self, connections_max: int, proxy: str | None) -> None:
+        import httpx
+
+        self._pool = httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(max_connections=connections_max), proxy=proxy)
+
+    def prepare(self, method: str, url: str, headers: list[tuple[str, str]],
+                timeout: dict[str, float | None]) -> Any:
+        import httpx
+
+        return method, httpx.URL(url), headers, {"timeout": timeout}
+
+    async def send(self, prepared: Any, content: bytes, request: Any = None) -> Any:
+        import httpx
+
+        method, url, headers, extensions = prepared
+        return await self._pool.handle_async_request(httpx.Request(
+            method, url, headers=headers, content=content, extensions=extensions))
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+
 def use_httpcore_transport() -> None:
     """Send the gateway's calls through httpx's own pool (httpcore) instead of the gateway's
-    aiohttp transport (api/transport.py), with the same connection limit: what the gateway ran
-    on before, for a measurement of what the transport changes."""
+    aiohttp transport: what the gateway ran on before, for a measurement of what the transport
+    changes. Upstream's own headers and timeouts are kept."""
     import httpx
 
     from api import upstream
@@ -292,11 +320,18 @@ def use_httpcore_transport() -> None:
 
     made = upstream.Upstream.__init__
 
-    def init(self: upstream.Upstream, *args: Any, **kwargs: Any) -> None:
-        made(self, *args, **kwargs)
-        self._transport = httpx.AsyncHTTPTransport(  # type: ignore[assignment]
-            limits=httpx.Limits(max_connections=upstream.CONNECTIONS_MAX),
-            proxy=upstream.environment_proxy(self._urls[Api.CHAT]))
+    def init(self: upstream.Upstream, base_url: str, *args: Any, **kwargs: Any) -> None:
+        made(self, base_url, *args, **kwargs)
+        aiohttp_prepared = self._prepared
+        self._transport = HttpcoreTransport(  # type: ignore[assignment]
+            upstream.CONNECTIONS_MAX, upstream.environment_proxy(httpx.URL(base_url)))
+        self._prepared = {
+            api: self._transport.prepare(
+                p.method, str(p.url), list(p.headers.items()),
+                {"connect": p.timeout.sock_connect, "read": p.timeout.sock_read,
+                 "write": p.timeout.sock_read,
+                 "pool": (p.timeout.connect or 0) - (p.timeout.sock_connect or 0)})
+            for api, p in aiohttp_prepared.items() if isinstance(api, Api)}
 
     upstream.Upstream.__init__ = init  # type: ignore[method-assign]
 
