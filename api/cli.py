@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
 KEEP_ALIVE_S = 75
+# What uvicorn.run exits with when its server could not start; `ceiling serve` says the same.
+STARTUP_FAILURE_EXIT = 3
 
 
 def _amount(text: str) -> int:
@@ -52,22 +54,40 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     from api.index import app
 
+    if rt.config is not None and rt.config.upstream_url:
+        # The gateway's provider client (httpx, aiohttp), which a serverless instance imports
+        # with its first gateway call, is imported here, before run_server freezes the start-up
+        # objects: imported later, its modules' objects stay in the collector's generations and
+        # every full collection walks them, pauses on the requests in flight.
+        import api.transport  # noqa: F401
+
     run_server(app, args.host, args.port)
     return 0
 
 
 def run_server(app: ASGIApp, host: str, port: int) -> None:
-    """Serve `app` as `ceiling serve` does; the benchmarks' baselines are served by it too."""
+    """Serve `app` as `ceiling serve` does; the benchmarks' baselines are served by it too.
+
+    uvicorn's `auto` loop and parser are uvloop and httptools when they are installed (the
+    `serve` extra), asyncio and h11 when not."""
     import uvicorn
 
+    # Keep-alive outlives the clients' idle expiry (httpx: 5 s), so a client never sends a
+    # reserve on a connection the server is closing, where it could not tell whether it ran.
+    # No WebSocket route: nothing of uvicorn's WebSocket support is loaded.
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_keep_alive=KEEP_ALIVE_S, ws="none")
+    # Loaded now rather than when the server starts: what it imports (the protocol classes)
+    # is then among the start-up objects frozen below.
+    config.load()
     # Start-up objects live for the whole process: freezing them keeps the collector from
     # walking them on every cycle, pauses that land on the requests in flight (the tail).
     gc.collect()
     gc.freeze()
-    # Keep-alive outlives the clients' idle expiry (httpx: 5 s), so a client never sends a
-    # reserve on a connection the server is closing, where it could not tell whether it ran.
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
-                timeout_keep_alive=KEEP_ALIVE_S)
+    server = uvicorn.Server(config)
+    server.run()
+    if not server.started:  # as uvicorn.run exits when it could not start (a port in use)
+        sys.exit(STARTUP_FAILURE_EXIT)
 
 
 def _run(work: Callable[[CeilingService], Awaitable[Any]]) -> int:

@@ -6,22 +6,22 @@
 The rig of bench/gateway.py without the floors: the stub, hardcap (the same run's reference
 p99), and two instances of ours run by bench/serve_variant.py with its probes on (`ceiling
 serve` itself, as installed unless --loop/--http name uvicorn's loop and parser): `ours` as it
-is, `ours+freeze` with the candidate fix for long collections (httpx imported and uvicorn's
-configuration loaded before `ceiling serve` freezes its start-up objects), `ours+aiohttp` with
-the provider's calls sent through httpx-aiohttp's transport instead of httpcore's pool (when
-it is installed). wrk loads them and hardcap in interleaved rounds (CONNECTIONS connections);
-one more round of ours sends a new Idempotency-Key with every call, so the reply store's work
-(claimed before the call, kept after the answer is sent) is in the path. Then ours are stopped,
-which writes what their probes measured; per round it prints wrk's latencies beside the
-suspects inside that round, and per instance the suspects over its whole run:
+is, and `ours+httpcore` with the provider's calls sent through httpx's own pool (httpcore) as
+before the gateway's aiohttp transport (api/transport.py). wrk loads them and hardcap in
+interleaved rounds (CONNECTIONS connections); one more round of ours sends a new
+Idempotency-Key with every call, so the reply store's work (claimed before the call, kept after
+the answer is sent) is in the path. Then ours are stopped, which writes what their probes
+measured; per round it prints wrk's latencies beside the suspects inside that round, and per
+instance the suspects over its whole run:
 
   time in the app      each request's time from the ASGI call to its last byte, against wrk's
                        latency: what is missing from it waited before the app was called
   collector pauses     every gc collection (gc.callbacks), by generation: count, total, longest
   loop blocking        callbacks that held the event loop over 5 ms (collections taken out),
                        and how late a 1 ms timer fired (every iteration's wait)
-  pool waits           waits for a connection from httpcore's pool and from redis-py's, and the
-                       connections each pool made (per round: new connections to the provider)
+  pool waits           waits for a connection from the provider's pool and from redis-py's, and
+                       the connections each pool made (per round: new connections to the
+                       provider)
   TCP                  the machine's counters per round: connections opened, segments resent
                        (a lost SYN waits a second), accept-queue overflows, delayed ACKs
   behind the answer    tasks the gateway spawned (output-length observations)
@@ -37,7 +37,6 @@ and the loop's lateness inside each one's span. The 1-minute load average is bes
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -71,14 +70,12 @@ SLOWEST_SHOWN = 10
 # The requests whose overlap with stalls is summed: the slowest 1%, the p99's tail.
 TAIL_FRACTION = 0.01
 CALLBACKS_SHOWN = 8
-# The instances of ours the rounds compare, each with its probes: as installed; with the
-# candidate fix for long collections (bench/serve_variant.py --import-before-freeze); and with
-# the provider's calls sent through aiohttp's pool instead of httpcore's (--transport aiohttp,
-# when httpx-aiohttp is installed): a suspect is convicted by what its removal changes.
+# The instances of ours the rounds compare, each with its probes: as installed, and with the
+# provider's calls sent through httpcore's pool as before (--transport httpcore): a suspect is
+# convicted by what its removal changes.
 INSTANCES: dict[str, tuple[str, list[str]]] = {
     "ours": ("ceiling serve", []),
-    "ours+freeze": ("ceiling serve, imports before the freeze", ["--import-before-freeze"]),
-    "ours+aiohttp": ("ceiling serve, aiohttp transport", ["--transport", "aiohttp"]),
+    "ours+httpcore": ("ceiling serve, httpcore's pool", ["--transport", "httpcore"]),
 }
 
 # Every call a key of its own: wrk's Lua numbers them per thread.
@@ -195,7 +192,7 @@ def report_probes(probes: dict[str, Any]) -> list[str]:
     lag = probes["loop_lag"]["all_s"]
     out += ["", f"a 1 ms timer fired late by: {summary(lag)}; "
                 f"{sum(x >= 0.05 for x in lag):,} times by 50 ms or more"]
-    for name in ("httpcore_waits", "redis_waits", "spawned"):
+    for name in ("upstream_waits", "redis_waits", "spawned"):
         d = probes[name]
         out.append(f"{name.replace('_', ' ')}: {d['count']:,}, {ms(d['total_s'])} ms in all, "
                    f"longest {ms(d['max_s'])} ms, {len(d['long']):,} of 1 ms or more")
@@ -264,7 +261,7 @@ def report_rounds(rounds: Sequence[Round], probes: dict[str, dict[str, Any]]) ->
                      f"{len(slow)} / {ms(sum(x[1] for x in slow))} / "
                      f"{ms(sum(x[3] for x in slow))}",
                      ms(max(lag, default=0.0)),
-                     str(len(window(p, [(t, 0.0) for t in p["connected_at"]["httpcore"]], r)))]
+                     str(len(window(p, [(t, 0.0) for t in p["connected_at"]["upstream"]], r)))]
         rows.append([r.name, f"{r.load.load_average:.2f}", f"{r.load.calls_per_s:,.0f}",
                      ms(r.load.p50_s), ms(r.load.p99_s), ms(r.load.max_s), *cells,
                      *(f"{ms(w.run_queue_s)} / {w.preempted:,}" for w in r.waits.values()),
@@ -292,8 +289,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.set_defaults(**QUICK)
         options = parser.parse_args(argv)
     load_before = load_average()
-    instances = {k: v for k, v in INSTANCES.items()
-                 if "aiohttp" not in v[1] or importlib.util.find_spec("httpx_aiohttp")}
+    instances = dict(INSTANCES)
     with tempfile.TemporaryDirectory(prefix="sc-tail-") as tmp:
         paths = {key: Path(tmp) / f"{key}.json" for key in instances}
         ours = {key: (f"{name} ({options.loop} loop, {options.http} http), probed",

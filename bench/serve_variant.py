@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.serve_variant --probes /tmp/probes.json --port 8000
 
 What runs is `ceiling serve` itself (api.cli.main: its start-up check, gc.freeze(), its
-keep-alive), with uvicorn.run given `loop` and `http` when they are named: so a difference
+keep-alive), with uvicorn.Config given `loop` and `http` when they are named: so a difference
 measured against plain `ceiling serve` is theirs alone. uvloop and httptools must be installed
 to be named (`.venv/bin/pip install uvloop httptools`); `auto` is what `ceiling serve` gets:
 them when installed, asyncio and h11 when not.
@@ -21,8 +21,9 @@ lifespan, in uvicorn's graceful shutdown):
                   and how many callbacks ran in all (per request: how often a call queued)
   loop_lag        how late a 1 ms timer fires: the longest an event-loop iteration keeps a
                   ready callback waiting
-  pools           the wait for a connection from httpcore's pool (to the provider) and from
-                  redis-py's, and the connections each made
+  pools           the wait for a connection from the provider's pool (aiohttp's connector, or
+                  httpcore's with --transport httpcore) and from redis-py's, and the
+                  connections each made
   spawned         tasks the gateway starts behind an answer (core.gateway.spawn), and their time
 
 The probes cost CPU of their own; a run with them measures the tail's causes, not throughput.
@@ -95,13 +96,13 @@ class Probes:
         default_factory=lambda: {g: Durations() for g in range(3)})
     callbacks: Durations = field(default_factory=Durations)
     lag: Durations = field(default_factory=lambda: Durations(keep_all=True))
-    httpcore_waits: Durations = field(default_factory=Durations)
+    upstream_waits: Durations = field(default_factory=Durations)
     redis_waits: Durations = field(default_factory=Durations)
     spawned: Durations = field(default_factory=Durations)
-    connections_made: dict[str, int] = field(default_factory=lambda: {"httpcore": 0, "redis": 0})
+    connections_made: dict[str, int] = field(default_factory=lambda: {"upstream": 0, "redis": 0})
     # When each new connection was made (probe time): a pool that churns connects mid-load.
     connected_at: dict[str, list[float]] = field(
-        default_factory=lambda: {"httpcore": [], "redis": []})
+        default_factory=lambda: {"upstream": [], "redis": []})
     # Callbacks the event loop ran: per request, how many times a call went back in the queue.
     handles_run: int = 0
     ticks: int = 0  # the lag ticker's own wake-ups, which are not the requests'
@@ -134,7 +135,7 @@ class Probes:
             "gc_frozen": gc.get_freeze_count(),
             "callbacks": self.callbacks.json(),
             "loop_lag": self.lag.json(),
-            "httpcore_waits": self.httpcore_waits.json(),
+            "upstream_waits": self.upstream_waits.json(),
             "redis_waits": self.redis_waits.json(),
             "spawned": self.spawned.json(),
             "connections_made": self.connections_made,
@@ -175,17 +176,32 @@ def install(probes: Probes) -> None:
 
     asyncio.events.Handle._run = run  # type: ignore[method-assign, assignment]
 
+    from aiohttp import connector
+
+    base = connector.BaseConnector
+    base._wait_for_available_connection = timed_async(  # type: ignore[method-assign, assignment]
+        base._wait_for_available_connection, probes.upstream_waits, probes)
+    tcp = connector.TCPConnector
+    create_tcp = tcp._create_connection
+
+    async def create_aiohttp(self: Any, *args: Any, **kwargs: Any) -> Any:
+        probes.connections_made["upstream"] += 1
+        probes.connected_at["upstream"].append(probes.at(now_s()))
+        return await create_tcp(self, *args, **kwargs)
+
+    tcp._create_connection = create_aiohttp  # type: ignore[method-assign]
+
     from httpcore._async import connection_pool
 
     pool_request = connection_pool.AsyncPoolRequest
     pool_request.wait_for_connection = timed_async(  # type: ignore[method-assign, assignment]
-        pool_request.wait_for_connection, probes.httpcore_waits, probes)
+        pool_request.wait_for_connection, probes.upstream_waits, probes)
     pool = connection_pool.AsyncConnectionPool
     create_connection = pool.create_connection
 
     def create(self: Any, origin: Any) -> Any:
-        probes.connections_made["httpcore"] += 1
-        probes.connected_at["httpcore"].append(probes.at(now_s()))
+        probes.connections_made["upstream"] += 1
+        probes.connected_at["upstream"].append(probes.at(now_s()))
         return create_connection(self, origin)
 
     pool.create_connection = create  # type: ignore[method-assign]
@@ -344,9 +360,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto")
     p.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto")
     p.add_argument("--probes", metavar="FILE", help="measure stalls; write them here on exit")
-    p.add_argument("--import-before-freeze", action="store_true",
-                   help="import httpx and load uvicorn's configuration before `ceiling serve` "
-                        "freezes its start-up objects (the candidate fix for long collections)")
     p.add_argument("--transport", choices=("aiohttp", "httpcore"), default="aiohttp",
                    help="what sends the gateway's calls under httpx's API: the gateway's own "
                         "transport over aiohttp (what `ceiling serve` runs), or httpx's own "
@@ -356,24 +369,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     probes = Probes() if options.probes else None
-    run = uvicorn.run
+    config = uvicorn.Config
 
-    def run_variant(app: Any, **kwargs: Any) -> None:
+    def config_variant(app: Any, **kwargs: Any) -> uvicorn.Config:
         if probes is not None:
             app = probed_app(app, probes, options.probes)
-        run(app, **{**kwargs, "loop": options.loop, "http": options.http})
+        return config(app, **{**kwargs, "loop": options.loop, "http": options.http})
 
-    uvicorn.run = run_variant
+    uvicorn.Config = config_variant  # type: ignore[assignment, misc]
     if probes is not None:
         install(probes)
     if options.transport == "httpcore":
         use_httpcore_transport()
-    if options.import_before_freeze:
-        # What is otherwise imported after the freeze, and walked by every full collection:
-        # httpx (with the first gateway call), uvicorn's protocols (in uvicorn.run).
-        import httpx  # noqa: F401
-
-        uvicorn.Config("api.index:app", loop=options.loop, http=options.http).load()
     from api.cli import main as ceiling
 
     return ceiling(["serve", "--host", options.host, "--port", str(options.port)])
