@@ -64,6 +64,10 @@ RESPONSES_TERMINAL_EVENTS = frozenset(
 )
 
 
+# One encoder for every forwarded body: json.dumps with options builds a new one per call.
+_BODY_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 class Api(StrEnum):
     """An OpenAI-compatible route, by its path below the provider's base URL."""
 
@@ -161,7 +165,10 @@ class Plan:
         return replace(self, body=body, output_tokens_max=output_tokens_max)
 
     def content(self) -> bytes:
-        return json.dumps(self.body, separators=(",", ":"), ensure_ascii=False).encode()
+        """The body as priced, encoded anew rather than forwarded as the client's bytes: a key
+        given twice is resolved by each JSON parser its own way (first or last wins, or an
+        error), and the provider must read the document the gateway priced."""
+        return _BODY_ENCODER.encode(self.body).encode()
 
 
 def _positive_int(value: object, field: str) -> int:
