@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from api.upstream import NotSent, Unanswered, Upstream
+from api.upstream import CONNECTIONS_MAX, NotSent, Unanswered, Upstream
 from core.gateway import Api, Plan, plan
 from infra.redis_server import free_port
 
@@ -119,9 +119,8 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[tuple[HostileProvider
 async def clients() -> AsyncIterator[Callable[..., Upstream]]:
     made: list[Upstream] = []
 
-    def make(url: str, **kwargs: object) -> Upstream:
-        client = Upstream(url, "sk-provider", kwargs.pop("timeout_s", TIMEOUT_S),  # type: ignore[arg-type]
-                          **kwargs)  # type: ignore[arg-type]
+    def make(url: str, *, connections_max: int = CONNECTIONS_MAX) -> Upstream:
+        client = Upstream(url, "sk-provider", TIMEOUT_S, connections_max=connections_max)
         made.append(client)
         return client
 
