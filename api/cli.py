@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import gc
 import getpass
+import importlib.util
 import json
 import os
 import sys
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
 KEEP_ALIVE_S = 75
+# The `serve` extra (pyproject.toml), and what uvicorn falls back to without each.
+SERVE_EXTRA = {"uvloop": "asyncio's event loop", "httptools": "h11"}
 # What uvicorn.run exits with when its server could not start; `ceiling serve` says the same.
 STARTUP_FAILURE_EXIT = 3
 
@@ -54,6 +57,12 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     from api.index import app
 
+    missing = {m: instead for m, instead in SERVE_EXTRA.items()
+               if importlib.util.find_spec(m) is None}
+    if missing:
+        print(f"ceiling serve: {' and '.join(missing)} not installed, so uvicorn runs on "
+              f"{' and '.join(missing.values())}, at more CPU per call; "
+              "pip install 'spend-ceiling[serve]' adds them", file=sys.stderr)
     if rt.config is not None and rt.config.upstream_url:
         # The gateway's provider client (httpx, aiohttp), which a serverless instance imports
         # with its first gateway call, is imported here, before run_server freezes the start-up
