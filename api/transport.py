@@ -169,6 +169,14 @@ class AiohttpStream(httpx.AsyncByteStream):
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise unanswered(exc, self._request) from exc
 
+    async def read(self) -> bytes:
+        """The whole body as it came, in one await: for a body with nothing to decode, what
+        httpx's chunk-by-chunk reading would return, without its per-chunk machinery."""
+        try:
+            return await self._response.read()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise unanswered(exc, self._request) from exc
+
     async def aclose(self) -> None:
         self._response.release()
 

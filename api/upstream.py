@@ -132,7 +132,15 @@ class Upstream:
         """The whole body of an answer; Unanswered if it broke off."""
         import httpx
 
+        from api.transport import AiohttpStream
+
         try:
+            stream = response.stream
+            if isinstance(stream, AiohttpStream) and not response.headers.get("content-encoding"):
+                # Nothing to decode: read in one await rather than through httpx's pipeline.
+                body = await stream.read()
+                await response.aclose()
+                return body
             return await response.aread()
         except httpx.HTTPError as exc:
             raise Unanswered(_why(exc)) from exc
