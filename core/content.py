@@ -20,6 +20,7 @@ import json
 import math
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -436,8 +437,13 @@ def _checked(tokens: int, field: str) -> int:
     return tokens
 
 
-def chat_input(messages: Any) -> InputBound:
-    """The input bound of chat `messages`: their text by bytes, their media counted."""
+# Copies a message (at its JSON path) with its media counted into the walk and blanked.
+MessageWalk = Callable[[_Walk, dict[str, Any], str], dict[str, Any]]
+
+
+def _messages_bound(messages: Any, walk_message: MessageWalk) -> InputBound:
+    """The input bound of a list of messages: each by the JSON bytes of its copy without media
+    (every string and structure the provider may tokenize), with the chat framing's tokens."""
     if not isinstance(messages, list) or not messages or len(messages) > MESSAGES_MAX:
         raise InvalidRequest(
             f"messages must be a list of 1 to {MESSAGES_MAX} messages", field="messages"
@@ -447,18 +453,25 @@ def chat_input(messages: Any) -> InputBound:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidRequest("each message must be an object", field="messages")
-        field = f"messages[{i}]"
-        if message.get("audio") is not None:
-            raise InputUnbounded(
-                f"{field}.audio refers to an earlier audio answer by id, of a size the request "
-                "cannot show", field=f"{field}.audio")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str):
-            message = {**message, "content": walk.content(
-                content, f"{field}.content", message.get("role"), chat=True)}
-        # Every other string and structure the provider may tokenize, counted by its JSON bytes.
-        tokens += TOKENS_PER_MESSAGE + json_bytes(message)
+        tokens += TOKENS_PER_MESSAGE + json_bytes(walk_message(walk, message, f"messages[{i}]"))
     return InputBound(_checked(tokens, "messages"), walk.media())
+
+
+def _chat_message(walk: _Walk, message: dict[str, Any], field: str) -> dict[str, Any]:
+    if message.get("audio") is not None:
+        raise InputUnbounded(
+            f"{field}.audio refers to an earlier audio answer by id, of a size the request "
+            "cannot show", field=f"{field}.audio")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return message
+    return {**message, "content": walk.content(
+        content, f"{field}.content", message.get("role"), chat=True)}
+
+
+def chat_input(messages: Any) -> InputBound:
+    """The input bound of chat `messages`: their text by bytes, their media counted."""
+    return _messages_bound(messages, _chat_message)
 
 
 def responses_input(given: Any) -> InputBound:
@@ -591,21 +604,14 @@ def _messages_document(walk: _Walk, block: dict[str, Any], field: str) -> dict[s
         "of a size the request cannot show: send its text as a text document", field=where)
 
 
+def _anthropic_message(walk: _Walk, message: dict[str, Any], field: str) -> dict[str, Any]:
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return message
+    return {**message, "content": _walk_messages_blocks(walk, content, f"{field}.content")}
+
+
 def messages_input(messages: Any) -> InputBound:
     """The input bound of Anthropic Messages API `messages`: their text by bytes, their images
     counted; documents other than text, and blocks the gateway does not know, refused."""
-    if not isinstance(messages, list) or not messages or len(messages) > MESSAGES_MAX:
-        raise InvalidRequest(
-            f"messages must be a list of 1 to {MESSAGES_MAX} messages", field="messages"
-        )
-    walk = _Walk()
-    tokens = TOKENS_PER_REPLY
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise InvalidRequest("each message must be an object", field="messages")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str):
-            message = {**message, "content": _walk_messages_blocks(
-                walk, content, f"messages[{i}].content")}
-        tokens += TOKENS_PER_MESSAGE + json_bytes(message)
-    return InputBound(_checked(tokens, "messages"), walk.media())
+    return _messages_bound(messages, _anthropic_message)
