@@ -133,12 +133,13 @@ MESSAGES_FIELDS = frozenset({
 # anthropic-beta flags that change nothing the worst case leaves out: interleaved thinking (the
 # output is still capped by max_tokens), how tool input streams, fewer tokens for tool calls, a
 # higher max_tokens (which is held), 1-hour cache writes (every input token is held at the
-# dearest input rate, a 1-hour write's included) and prompt caching's early flag. Any other is
-# refused: a beta can change the rates (fast mode) or what the model reads.
+# dearest input rate, a 1-hour write's included), prompt caching's early flag, and the Files
+# API's (an image by file id is held at the per-image bound; a document by file id is refused).
+# Any other is refused: a beta can change the rates (fast mode) or what the model reads.
 MESSAGES_BETAS = frozenset({
     "interleaved-thinking-2025-05-14", "fine-grained-tool-streaming-2025-05-14",
     "token-efficient-tools-2025-02-19", "output-128k-2025-02-19",
-    "extended-cache-ttl-2025-04-11", "prompt-caching-2024-07-31",
+    "extended-cache-ttl-2025-04-11", "prompt-caching-2024-07-31", "files-api-2025-04-14",
 })
 # Opens a model's 1M-token window; a call above 200K input tokens is then billed whole at the
 # model's long-context rates. Forwarded only for a model whose rates have that tier.

@@ -115,7 +115,7 @@ def test_what_the_gateway_cannot_bound_is_refused_by_its_field(
     assert info.value.details["field"] == field
 
 
-@pytest.mark.parametrize("beta", ["fast-mode-2026-02-01", "files-api-2025-04-14",
+@pytest.mark.parametrize("beta", ["fast-mode-2026-02-01", "code-execution-2025-08-25",
                                   "mcp-client-2025-04-04", "a-beta-from-tomorrow"])
 def test_betas_the_gateway_does_not_know_are_refused(beta: str) -> None:
     headers = (VERSION, ("anthropic-beta", f"interleaved-thinking-2025-05-14, {beta}"))
