@@ -769,5 +769,5 @@ def test_every_kind_of_token_is_settled_at_what_the_provider_billed(
     assert attack.refusals["budget_exceeded"] > 0
     verdict = judge(attack, stub, redis_server, tag, ceiling, exact=True, per_call=True)
     total = verdict.bill.total
-    assert (total.cached_input_tokens, total.reasoning_tokens) > (0, 0)
+    assert min(total.cached_input_tokens, total.reasoning_tokens) > 0
     assert all(f.outcome in (None, "billed") for f in attack.forwarded)
