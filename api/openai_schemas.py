@@ -135,7 +135,8 @@ RESPONSES_BODY = _object({
 
 CACHE_CONTROL = _object({"type": _const("ephemeral"),
                          "ttl": {"type": "string", "enum": ["5m", "1h"]}}, ("type",), more=False)
-TEXT_BLOCK = _object({"type": _const("text"), "text": STRING, "cache_control": CACHE_CONTROL},
+TEXT = {"type": "string", "minLength": 1}
+TEXT_BLOCK = _object({"type": _const("text"), "text": TEXT, "cache_control": CACHE_CONTROL},
                      ("type", "text"))
 IMAGE_SOURCE = _any_of(
     _object({"type": _const("base64"),
@@ -164,11 +165,16 @@ TOOL_RESULT_BLOCK = _object({
 }, ("type", "tool_use_id"))
 THINKING_BLOCK = _object({"type": _const("thinking"), "thinking": STRING, "signature": STRING},
                          ("type", "thinking", "signature"))
-MESSAGE = _object({
-    "role": {"type": "string", "enum": ["user", "assistant"]},
-    "content": _any_of(STRING, _array(_any_of(
-        TEXT_BLOCK, IMAGE_BLOCK, TEXT_DOCUMENT_BLOCK, TOOL_USE_BLOCK, TOOL_RESULT_BLOCK,
-        THINKING_BLOCK))),
+# Turns take the blocks of their role, and are not empty (but for a last assistant turn, which
+# the model continues).
+USER_TURN = _object({
+    "role": _const("user"),
+    "content": _any_of(TEXT, _array(_any_of(
+        TEXT_BLOCK, IMAGE_BLOCK, TEXT_DOCUMENT_BLOCK, TOOL_RESULT_BLOCK), min_items=1)),
+}, ("role", "content"), more=False)
+ASSISTANT_TURN = _object({
+    "role": _const("assistant"),
+    "content": _any_of(STRING, _array(_any_of(TEXT_BLOCK, TOOL_USE_BLOCK, THINKING_BLOCK))),
 }, ("role", "content"), more=False)
 CUSTOM_TOOL = _object({"type": _const("custom"), "name": STRING, "description": STRING,
                        "input_schema": JSON_SCHEMA, "cache_control": CACHE_CONTROL},
@@ -181,7 +187,7 @@ WEB_SEARCH_TOOL = _object({"type": _const("web_search_20250305"), "name": _const
 
 MESSAGES_BODY = _object({
     "model": MODEL,
-    "messages": _array(MESSAGE, min_items=1),
+    "messages": _array(_any_of(USER_TURN, ASSISTANT_TURN), min_items=1),
     "max_tokens": {**TOKENS, "description": "caps all output, thinking included; with none, "
                    "the gateway sends its default cap"},
     "system": _any_of(STRING, _array(TEXT_BLOCK)),
