@@ -24,6 +24,7 @@ import pytest
 
 from infra.redis_server import RedisServer, free_port
 from infra.service import ServiceProcess
+from infra.stub_provider import StubProvider
 
 ADMIN_TOKEN = "admin-secret-for-tests"
 # A call is settled (or its stream relayed) within this long; the tests poll no longer.
@@ -182,6 +183,21 @@ class FaultProxy:
                 await asyncio.sleep(self.THROTTLE_PAUSE_S)
 
 
+@pytest.fixture(scope="module")
+def proxy(stub: StubProvider) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the module's stub provider (its `stub` fixture); it changes
+    nothing until a test arms it."""
+    with FaultProxy(stub.port) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def admin(gw: ServiceProcess) -> Iterator[Client]:
+    """An admin client of the module's gateway (its `gw` fixture)."""
+    with client_for(gw) as c:
+        yield c
+
+
 def gateway(redis_server: RedisServer, prices_file: str, upstream_url: str,
             timeout_s: float, env: dict[str, str] | None = None) -> ServiceProcess:
     """A gateway instance (not started) in front of `upstream_url`, with `env` added."""
@@ -274,6 +290,14 @@ def async_anthropic_sdk(service: ServiceProcess, key: str, *,
                         max_retries: int = 0) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=service.url, api_key=key, max_retries=max_retries,
                                     timeout=30)
+
+
+def counting_client() -> tuple[httpx2.Client, list[str]]:
+    """An SDK transport (either SDK's) that counts the HTTP requests it sends, retries
+    included."""
+    sent: list[str] = []
+    client = httpx2.Client(event_hooks={"request": [lambda r: sent.append(str(r.url))]})
+    return client, sent
 
 
 def header(raw: Any, name: str) -> int:

@@ -29,7 +29,6 @@ from tests.api.conftest import (
     Client,
     FaultProxy,
     account,
-    client_for,
     gateway,
     header,
     ledger,
@@ -67,12 +66,6 @@ def gw(redis_server: RedisServer, proxy: FaultProxy,
     prices.write_text(json.dumps({"models": {}}))  # the bundled table only
     with gateway(redis_server, str(prices), f"{proxy.url}/v1", 30) as service:
         yield service
-
-
-@pytest.fixture(scope="module")
-def admin(gw: ServiceProcess) -> Iterator[Client]:
-    with client_for(gw) as c:
-        yield c
 
 
 @pytest.fixture(autouse=True)

@@ -97,13 +97,6 @@ def stub() -> Iterator[StubProvider]:
 
 
 @pytest.fixture(scope="module")
-def proxy(stub: StubProvider) -> Iterator[FaultProxy]:
-    """Between `gw` and the stub; it only slows streams down when a test arms it."""
-    with FaultProxy(stub.port) as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
 def gw(redis_server: RedisServer, prices_file: str, proxy: FaultProxy
        ) -> Iterator[ServiceProcess]:
     with gateway(redis_server, prices_file, f"{proxy.url}/v1", 30, HOSTILE_ENV) as service:
@@ -116,12 +109,6 @@ def gw_impatient(redis_server: RedisServer, prices_file: str, stub: StubProvider
     with gateway(redis_server, prices_file, f"{stub.url}/v1", IMPATIENT_TIMEOUT_S,
                  HOSTILE_ENV) as service:
         yield service
-
-
-@pytest.fixture(scope="module")
-def admin(gw: ServiceProcess) -> Iterator[Client]:
-    with client_for(gw) as c:
-        yield c
 
 
 @pytest.fixture(autouse=True)

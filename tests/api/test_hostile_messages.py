@@ -36,7 +36,6 @@ from tests.api.conftest import (
     FaultProxy,
     account,
     anthropic_sdk,
-    client_for,
     gateway,
     settled,
 )
@@ -80,24 +79,11 @@ def stub() -> Iterator[StubProvider]:
 
 
 @pytest.fixture(scope="module")
-def proxy(stub: StubProvider) -> Iterator[FaultProxy]:
-    """Between `gw` and the stub; it only slows streams down when a test arms it."""
-    with FaultProxy(stub.port) as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
 def gw(redis_server: RedisServer, prices_file: str, proxy: FaultProxy,
        stub: StubProvider) -> Iterator[ServiceProcess]:
     env = {**HOSTILE_ENV, "CEILING_ANTHROPIC_URL": proxy.url}
     with gateway(redis_server, prices_file, f"{stub.url}/v1", 30, env) as service:
         yield service
-
-
-@pytest.fixture(scope="module")
-def admin(gw: ServiceProcess) -> Iterator[Client]:
-    with client_for(gw) as c:
-        yield c
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,6 @@ from typing import Any
 
 import anthropic
 import httpx
-import httpx2
 import pytest
 
 from infra.redis_server import RedisServer
@@ -31,8 +30,8 @@ from tests.api.conftest import (
     anthropic_sdk,
     as_key,
     async_anthropic_sdk,
-    client_for,
     correct,
+    counting_client,
     header,
     ledger,
     refused_to_key,
@@ -54,12 +53,6 @@ def stub() -> Iterator[StubProvider]:
         yield provider
 
 
-@pytest.fixture(scope="module")
-def proxy(stub: StubProvider) -> Iterator[FaultProxy]:
-    with FaultProxy(stub.port) as p:
-        yield p
-
-
 def service(redis_server: RedisServer, **env: str) -> ServiceProcess:
     return ServiceProcess({"REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
                            "CEILING_UPSTREAM_TIMEOUT_S": "30", **env})
@@ -78,12 +71,6 @@ def gw_no_anthropic(redis_server: RedisServer, stub: StubProvider) -> Iterator[S
         yield s
 
 
-@pytest.fixture(scope="module")
-def admin(gw: ServiceProcess) -> Iterator[Client]:
-    with client_for(gw) as c:
-        yield c
-
-
 @pytest.fixture(autouse=True)
 def fresh_bill(stub: StubProvider, proxy: FaultProxy) -> Iterator[None]:
     httpx.post(f"{stub.url}/control", json={"prompt_cache": True}).raise_for_status()
@@ -95,13 +82,6 @@ def fresh_bill(stub: StubProvider, proxy: FaultProxy) -> Iterator[None]:
 
 def billed_costs(stub: StubProvider) -> list[int]:
     return [c.cost_micros for c in fetch_bill(stub.url).log]
-
-
-def counting_client() -> tuple[httpx2.Client, list[str]]:
-    """An SDK transport that counts the HTTP requests the SDK sends, retries included."""
-    sent: list[str] = []
-    client = httpx2.Client(event_hooks={"request": [lambda r: sent.append(str(r.url))]})
-    return client, sent
 
 
 def forwarded_headers(proxy: FaultProxy) -> dict[str, str]:

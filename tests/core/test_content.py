@@ -335,10 +335,6 @@ def anthropic_image(source: dict[str, Any]) -> dict[str, Any]:
     return {"type": "image", "source": source}
 
 
-def user(*blocks: Any) -> list[Any]:
-    return [{"role": "user", "content": list(blocks)}]
-
-
 def test_messages_text_is_bounded_by_its_bytes_and_images_are_counted_not_read() -> None:
     text = messages_input([{"role": "user", "content": "hello"}])
     assert text.media is NO_MEDIA
