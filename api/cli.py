@@ -63,7 +63,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"ceiling serve: {' and '.join(missing)} not installed, so uvicorn runs on "
               f"{' and '.join(missing.values())}, at more CPU per call; "
               "pip install 'spend-ceiling[serve]' adds them", file=sys.stderr)
-    if rt.config is not None and rt.config.upstream_url:
+    if rt.config is not None and (rt.config.upstream_url or rt.config.anthropic_url):
         # The gateway's provider client (httpx, aiohttp), which a serverless instance imports
         # with its first gateway call, is imported here, before run_server freezes the start-up
         # objects: imported later, its modules' objects stay in the collector's generations and

@@ -1,4 +1,5 @@
-"""The gateway's request bodies, as JSON Schema for the OpenAPI document.
+"""The gateway's request bodies (OpenAI's and Anthropic's), as JSON Schema for the OpenAPI
+document.
 
 Documentation only: the gateway reads the raw body (core/gateway.py `plan`) and forwards it as
 the client sent it, so nothing validates a request against these. They name what the gateway
@@ -7,7 +8,8 @@ audio), the output caps, `n`, streaming, the tools it lets through and the servi
 other field of OpenAI's API (temperature, stop, seed...) is forwarded as it is, so these objects
 allow more fields, except where the gateway refuses what it does not know (an image's or an
 audio part's fields). What the gateway refuses (hosted tools, files, stored items) is not
-documented as accepted.
+documented as accepted. Anthropic's Messages body allows no other top-level fields: the gateway
+refuses the ones whose cost it does not know (core/gateway.py MESSAGES_FIELDS).
 
 Written as JSON Schema, not as models: nothing is validated with them, and a literal costs a
 serverless cold start nothing to import.
@@ -128,3 +130,81 @@ RESPONSES_BODY = _object({
                                      "enum": ["minimal", "low", "medium", "high"]}}),
     "service_tier": SERVICE_TIER,
 }, ("model", "input"))
+
+# -- Anthropic's messages -------------------------------------------------------------------------
+
+CACHE_CONTROL = _object({"type": _const("ephemeral"),
+                         "ttl": {"type": "string", "enum": ["5m", "1h"]}}, ("type",), more=False)
+TEXT = {"type": "string", "minLength": 1}
+TEXT_BLOCK = _object({"type": _const("text"), "text": TEXT, "cache_control": CACHE_CONTROL},
+                     ("type", "text"))
+IMAGE_SOURCE = _any_of(
+    _object({"type": _const("base64"),
+             "media_type": {"type": "string",
+                            "enum": ["image/jpeg", "image/png", "image/gif", "image/webp"]},
+             "data": {"type": "string", "description": "the image, base64-encoded"}},
+            ("type", "media_type", "data"), more=False),
+    _object({"type": _const("url"), "url": IMAGE_URL}, ("type", "url"), more=False),
+    _object({"type": _const("file"), "file_id": STRING}, ("type", "file_id"), more=False),
+)
+IMAGE_BLOCK = _object({"type": _const("image"), "source": IMAGE_SOURCE,
+                       "cache_control": CACHE_CONTROL}, ("type", "source"))
+# Documents of text only: a PDF, or a file by URL or id, is refused (input_unbounded).
+TEXT_DOCUMENT_BLOCK = _object({
+    "type": _const("document"),
+    "source": _object({"type": _const("text"), "media_type": _const("text/plain"),
+                       "data": STRING}, ("type", "media_type", "data"), more=False),
+    "title": STRING, "context": STRING, "cache_control": CACHE_CONTROL,
+}, ("type", "source"))
+TOOL_USE_BLOCK = _object({"type": _const("tool_use"), "id": STRING, "name": STRING,
+                          "input": {"type": "object"}}, ("type", "id", "name", "input"))
+TOOL_RESULT_BLOCK = _object({
+    "type": _const("tool_result"), "tool_use_id": STRING,
+    "content": _any_of(STRING, _array(_any_of(TEXT_BLOCK, IMAGE_BLOCK))), "is_error": BOOLEAN,
+    "cache_control": CACHE_CONTROL,
+}, ("type", "tool_use_id"))
+THINKING_BLOCK = _object({"type": _const("thinking"), "thinking": STRING, "signature": STRING},
+                         ("type", "thinking", "signature"))
+# Turns take the blocks of their role, and are not empty (but for a last assistant turn, which
+# the model continues).
+USER_TURN = _object({
+    "role": _const("user"),
+    "content": _any_of(TEXT, _array(_any_of(
+        TEXT_BLOCK, IMAGE_BLOCK, TEXT_DOCUMENT_BLOCK, TOOL_RESULT_BLOCK), min_items=1)),
+}, ("role", "content"), more=False)
+ASSISTANT_TURN = _object({
+    "role": _const("assistant"),
+    "content": _any_of(STRING, _array(_any_of(TEXT_BLOCK, TOOL_USE_BLOCK, THINKING_BLOCK))),
+}, ("role", "content"), more=False)
+CUSTOM_TOOL = _object({"type": _const("custom"), "name": STRING, "description": STRING,
+                       "input_schema": JSON_SCHEMA, "cache_control": CACHE_CONTROL},
+                      ("name", "input_schema"))
+# Web search only with max_uses, which bounds its fees; its results need the model's bound
+# (web_search_result_tokens_max) in the prices file.
+WEB_SEARCH_TOOL = _object({"type": _const("web_search_20250305"), "name": _const("web_search"),
+                           "max_uses": {"type": "integer", "minimum": 1}},
+                          ("type", "name", "max_uses"))
+
+MESSAGES_BODY = _object({
+    "model": MODEL,
+    "messages": _array(_any_of(USER_TURN, ASSISTANT_TURN), min_items=1),
+    "max_tokens": {**TOKENS, "description": "caps all output, thinking included; with none, "
+                   "the gateway sends its default cap"},
+    "system": _any_of(STRING, _array(TEXT_BLOCK)),
+    "stream": BOOLEAN,
+    "tools": _array(_any_of(CUSTOM_TOOL, WEB_SEARCH_TOOL)),
+    "tool_choice": _object({"type": {"type": "string", "enum": ["auto", "any", "tool", "none"]},
+                            "name": STRING, "disable_parallel_tool_use": BOOLEAN}, ("type",)),
+    "thinking": _any_of(
+        _object({"type": _const("enabled"),
+                 "budget_tokens": {**TOKENS, "description": "at most max_tokens"}},
+                ("type", "budget_tokens"), more=False),
+        _object({"type": _const("disabled")}, ("type",), more=False)),
+    "service_tier": {"type": "string", "enum": ["auto", "standard_only"]},
+    "metadata": _object({"user_id": STRING}, more=False),
+    "stop_sequences": _array(STRING),
+    "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+    "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "top_k": {"type": "integer", "minimum": 0},
+    "cache_control": CACHE_CONTROL,
+}, ("model", "messages"), more=False)

@@ -37,6 +37,12 @@ HEADER_SCHEMAS: dict[str, dict[str, Any]] = {
                         "pattern": f"^[\\x21-\\x7e]{{1,{RESERVATION_ID_LEN_MAX}}}$"},
     "X-Ceiling-Clamp": {"type": "string", "enum": ["0", "1"],
                         "description": "1: lower the output cap to what the budgets have room for"},
+    # Anthropic's Messages API: the key as its clients send it, and what is forwarded with it.
+    "x-api-key": {"type": "string", "description": "the API key, when no Authorization is sent"},
+    "anthropic-version": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+    "anthropic-beta": {"type": "string",
+                       "description": "comma-separated beta flags; only those the gateway "
+                       "knows the cost of are accepted"},
 }
 _PATH_PARAM = re.compile(r"{(\w+)")
 

@@ -124,16 +124,21 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         # this is httpx's way in, for any other request.
         prepared = self.prepare(request.method, str(request.url), request.headers.multi_items(),
                                 request.extensions.get("timeout"))
-        return await self.send(prepared, request.content, request)
+        return await self.send(prepared, request.content, request=request)
 
     async def send(self, prepared: Prepared, content: bytes,
+                   headers: Iterable[tuple[str, str]] = (),
                    request: httpx.Request | None = None) -> httpx.Response:
-        """Send `content` as the body of `prepared`; the answer once its head has arrived, its
-        body to be read from the response's stream."""
+        """Send `content` as the body of `prepared`, with `headers` added to its own; the answer
+        once its head has arrived, its body to be read from the response's stream."""
         session = self._session_here()
+        sent_headers: CIMultiDictProxy[str] | CIMultiDict[str] = prepared.headers
+        if headers:
+            sent_headers = CIMultiDict(prepared.headers)
+            sent_headers.extend(headers)
         try:
             response = await session.request(
-                prepared.method, prepared.url, headers=prepared.headers, data=content,
+                prepared.method, prepared.url, headers=sent_headers, data=content,
                 allow_redirects=False, timeout=prepared.timeout,
             )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError,

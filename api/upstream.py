@@ -1,4 +1,7 @@
-"""The provider the gateway forwards to: one pooled HTTP client per process, made on first use.
+"""The providers the gateway forwards to: one pooled HTTP client per provider and process, made on
+first use. OpenAI-compatible calls go to CEILING_UPSTREAM_URL with a bearer key; Anthropic's
+Messages API to CEILING_ANTHROPIC_URL with an x-api-key, and the client's anthropic-version and
+anthropic-beta headers (core/gateway.py FORWARDED_HEADERS) with each call.
 
 Kept at module scope like the runtime's ledger connection, so a warm serverless instance reuses
 its connections to the provider across invocations, and a cold start pays nothing for it until
@@ -37,9 +40,10 @@ CONNECTIONS_MAX = 256
 ERROR_BODY_BYTES_MAX = 64 * 1024
 # Provider headers the client gets: request ids for support, rate limits and retry advice.
 RELAYED_HEADERS = frozenset(
-    {"content-type", "x-request-id", "retry-after", "retry-after-ms", "x-should-retry"}
+    {"content-type", "x-request-id", "request-id", "retry-after", "retry-after-ms",
+     "x-should-retry"}
 )
-RELAYED_HEADER_PREFIXES = ("openai-", "x-ratelimit-")
+RELAYED_HEADER_PREFIXES = ("openai-", "x-ratelimit-", "anthropic-ratelimit-")
 
 
 class NotSent(Exception):
@@ -74,8 +78,9 @@ class Upstream:
     cookies to the next. The transport maps its errors to httpx's by when they happened, and
     httpx.Response still decodes the body."""
 
-    def __init__(self, base_url: str, api_key: str | None, timeout_s: float, *,
+    def __init__(self, base_url: str, auth: tuple[str, str] | None, timeout_s: float, *,
                  connections_max: int = CONNECTIONS_MAX) -> None:
+        """`auth`: the header that carries the provider's key, as (name, value)."""
         import httpx  # deferred: see the module docstring
 
         from api.transport import AiohttpTransport
@@ -84,8 +89,8 @@ class Upstream:
         base = base_url.rstrip("/")
         headers = [("content-type", "application/json"), ("accept", "*/*"),
                    ("accept-encoding", "gzip, deflate"), ("user-agent", f"spend-ceiling/{VERSION}")]
-        if api_key:
-            headers.append(("authorization", f"Bearer {api_key}"))
+        if auth is not None:
+            headers.append(auth)
         timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s),
                                 pool=min(POOL_TIMEOUT_S, timeout_s)).as_dict()
         proxy = environment_proxy(httpx.URL(base))
@@ -93,7 +98,8 @@ class Upstream:
             self._transport = AiohttpTransport(connections_max=connections_max, proxy=proxy)
         except ValueError as exc:
             raise ConfigError(f"the proxy the environment names cannot be used: {exc}") from exc
-        # Every call of a route is the same request but for its body: prepared once.
+        # Every call of a route is the same request but for its body (and the few headers of
+        # the client's it forwards, core/gateway.py FORWARDED_HEADERS): prepared once.
         self._prepared = {api: self._transport.prepare("POST", f"{base}/{api.value}", headers,
                                                        timeout) for api in Api}
         # httpx's errors, kept here since httpx is not imported at module scope.
@@ -104,7 +110,8 @@ class Upstream:
     async def open(self, call_plan: Plan) -> httpx.Response:
         """Send the call and return the provider's answer once its headers arrive."""
         try:
-            return await self._transport.send(self._prepared[call_plan.api], call_plan.content())
+            return await self._transport.send(self._prepared[call_plan.api], call_plan.content(),
+                                              call_plan.headers)
         except self._never_sent as exc:
             raise NotSent(_why(exc)) from exc
         except self._failed as exc:
@@ -161,19 +168,32 @@ def _why(exc: Exception) -> str:
     return str(exc) or type(exc).__name__  # httpx's timeouts often carry no message
 
 
-_upstream: Upstream | None = None
+_upstreams: dict[bool, Upstream] = {}  # by whether it is Anthropic's
 
 
-def upstream() -> Upstream:
-    """This process's provider client; ConfigError when no provider is configured."""
-    global _upstream
-    if _upstream is None:
-        config = runtime().config
+def upstream(api: Api = Api.CHAT) -> Upstream:
+    """This process's client of the provider of `api`; ConfigError when none is configured."""
+    anthropic = api is Api.MESSAGES
+    found = _upstreams.get(anthropic)
+    if found is not None:
+        return found
+    config = runtime().config
+    if anthropic:
+        if config is None or not config.anthropic_url:
+            raise ConfigError(
+                "CEILING_ANTHROPIC_URL is not set: the gateway has no Anthropic provider to "
+                "forward /v1/messages to; set it to the SDK's base URL, such as "
+                "https://api.anthropic.com")
+        key = config.anthropic_api_key
+        found = Upstream(config.anthropic_url, ("x-api-key", key) if key else None,
+                         config.upstream_timeout_s)
+    else:
         if config is None or not config.upstream_url:
             raise ConfigError(
                 "CEILING_UPSTREAM_URL is not set: the gateway has no provider to forward to; "
                 "set it to the provider's base URL, such as https://api.openai.com/v1"
             )
-        _upstream = Upstream(config.upstream_url, config.upstream_api_key,
-                             config.upstream_timeout_s)
-    return _upstream
+        key = config.upstream_api_key
+        found = Upstream(config.upstream_url, ("authorization", f"Bearer {key}") if key else None,
+                         config.upstream_timeout_s)
+    return _upstreams.setdefault(anthropic, found)

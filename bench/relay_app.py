@@ -3,11 +3,12 @@
     .venv/bin/python -m bench.relay_app --port 8002 --upstream http://127.0.0.1:8001/v1
 
 One route, `POST /v1/chat/completions`, sends the body it received to the provider through
-httpx's connection pool (an AsyncHTTPTransport, as api/upstream.py sends) and answers with the
-provider's status, content type and body. No key check, no pricing, no ledger, no parsing. It is
-served as `ceiling serve` serves the app (uvicorn, one worker, start-up objects frozen), so that
-the latency it adds over a direct call is the floor under any gateway on this machine: what one
-more server and one more client in the path cost before the ledger is touched.
+the gateway's own transport (api/transport.py: aiohttp's pool under httpx's API, prepared once
+as api/upstream.py prepares it) and answers with the provider's status, content type and body.
+No key check, no pricing, no ledger, no parsing. It is served as `ceiling serve` serves the app
+(uvicorn, one worker, start-up objects frozen), so that the latency it adds over a direct call
+is the floor under any gateway on this machine: what one more server and one more client in the
+path cost before the ledger is touched.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import httpx
 from fastapi import FastAPI, Request, Response
 
 from api.cli import run_server
+from api.transport import AiohttpTransport
 
 # As api/upstream.py's pool: enough connections for the benchmark's concurrent tasks.
 CONNECTIONS_MAX = 256
@@ -27,16 +29,14 @@ TIMEOUT_S = 30.0
 
 def create_app(upstream_url: str) -> FastAPI:
     app = FastAPI(title="spend-ceiling bench: bare relay")
-    url = httpx.URL(f"{upstream_url.rstrip('/')}/chat/completions")
-    transport = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=CONNECTIONS_MAX))
-    timeout = httpx.Timeout(TIMEOUT_S).as_dict()
+    transport = AiohttpTransport(connections_max=CONNECTIONS_MAX)
+    prepared = transport.prepare("POST", f"{upstream_url.rstrip('/')}/chat/completions",
+                                 [("content-type", "application/json")],
+                                 httpx.Timeout(TIMEOUT_S).as_dict())
 
     @app.post("/v1/chat/completions")
     async def relay(request: Request) -> Response:
-        sent = httpx.Request("POST", url, content=await request.body(),
-                             headers={"content-type": "application/json"},
-                             extensions={"timeout": timeout})
-        answer = await transport.handle_async_request(sent)
+        answer = await transport.send(prepared, await request.body())
         try:
             body = await answer.aread()
         finally:

@@ -314,12 +314,13 @@ class HttpcoreTransport:
 
         return method, httpx.URL(url), headers, {"timeout": timeout}
 
-    async def send(self, prepared: Any, content: bytes, request: Any = None) -> Any:
+    async def send(self, prepared: Any, content: bytes, headers: Any = (),
+                   request: Any = None) -> Any:
         import httpx
 
-        method, url, headers, extensions = prepared
+        method, url, fixed, extensions = prepared
         return await self._pool.handle_async_request(httpx.Request(
-            method, url, headers=headers, content=content, extensions=extensions))
+            method, url, headers=[*fixed, *headers], content=content, extensions=extensions))
 
     async def aclose(self) -> None:
         await self._pool.aclose()

@@ -28,15 +28,17 @@ def bearer(authorization: str | None) -> str | None:
 
 
 async def authenticated(
-    request: Request, role: Role | None
+    request: Request, role: Role | None, *, x_api_key: bool = False
 ) -> tuple[CeilingService, Caller]:
     """The service and the caller acting in `role`, or the reason to refuse: no ledger, then no
-    valid key, then a key without the role (None: either role will do)."""
+    valid key, then a key without the role (None: either role will do). With `x_api_key` the key
+    may come as Anthropic's clients send theirs, in `x-api-key`, when no bearer key is given."""
     svc = runtime().enforcing()
     headers = request.headers
-    who = await svc.authenticate(
-        bearer(headers.get("authorization")), headers.get("x-ceiling-run-id"), role
-    )
+    key = bearer(headers.get("authorization"))
+    if key is None and x_api_key:
+        key = headers.get("x-api-key")
+    who = await svc.authenticate(key, headers.get("x-ceiling-run-id"), role)
     return svc, who
 
 

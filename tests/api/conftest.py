@@ -1,8 +1,9 @@
 """Service instances as real processes over real HTTP, in front of real Redis servers.
 
-Also what the gateway's end-to-end suites share (test_gateway.py, test_hostile.py): a fault
-proxy in front of the stub provider, gateway instances, and helpers that make accounts, call
-through the `openai` SDK and read what a call was held and charged.
+Also what the gateway's end-to-end suites share (test_gateway.py, test_hostile.py,
+test_messages.py, test_hostile_messages.py): a fault proxy in front of the stub provider, gateway
+instances, and helpers that make accounts, call through the `openai` and `anthropic` SDKs and
+read what a call was held and charged.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx
 import httpx2
 import openai
@@ -22,6 +24,7 @@ import pytest
 
 from infra.redis_server import RedisServer, free_port
 from infra.service import ServiceProcess
+from infra.stub_provider import StubProvider
 
 ADMIN_TOKEN = "admin-secret-for-tests"
 # A call is settled (or its stream relayed) within this long; the tests poll no longer.
@@ -180,6 +183,21 @@ class FaultProxy:
                 await asyncio.sleep(self.THROTTLE_PAUSE_S)
 
 
+@pytest.fixture(scope="module")
+def proxy(stub: StubProvider) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the module's stub provider (its `stub` fixture); it changes
+    nothing until a test arms it."""
+    with FaultProxy(stub.port) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def admin(gw: ServiceProcess) -> Iterator[Client]:
+    """An admin client of the module's gateway (its `gw` fixture)."""
+    with client_for(gw) as c:
+        yield c
+
+
 def gateway(redis_server: RedisServer, prices_file: str, upstream_url: str,
             timeout_s: float, env: dict[str, str] | None = None) -> ServiceProcess:
     """A gateway instance (not started) in front of `upstream_url`, with `env` added."""
@@ -258,6 +276,28 @@ def sdk(service: ServiceProcess, key: str, *, max_retries: int = 0,
 def async_sdk(service: ServiceProcess, key: str, *, max_retries: int = 0) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{service.url}/v1", api_key=key,
                               max_retries=max_retries, timeout=30)
+
+
+def anthropic_sdk(service: ServiceProcess, key: str, *, max_retries: int = 0,
+                  http_client: httpx2.Client | None = None) -> anthropic.Anthropic:
+    """The anthropic SDK pointed at a gateway, as its users point it: the base URL without /v1,
+    the spend-ceiling key as its API key (sent as x-api-key)."""
+    return anthropic.Anthropic(base_url=service.url, api_key=key, max_retries=max_retries,
+                               http_client=http_client, timeout=30)
+
+
+def async_anthropic_sdk(service: ServiceProcess, key: str, *,
+                        max_retries: int = 0) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=service.url, api_key=key, max_retries=max_retries,
+                                    timeout=30)
+
+
+def counting_client() -> tuple[httpx2.Client, list[str]]:
+    """An SDK transport (either SDK's) that counts the HTTP requests it sends, retries
+    included."""
+    sent: list[str] = []
+    client = httpx2.Client(event_hooks={"request": [lambda r: sent.append(str(r.url))]})
+    return client, sent
 
 
 def header(raw: Any, name: str) -> int:

@@ -1,9 +1,9 @@
 """Every route of the OpenAPI schema, fuzzed by schemathesis over real HTTP, the gateway's with an
-upstream: the stub provider, the witness of what was billed.
+upstream: the stub provider (its OpenAI and Anthropic routes), the witness of what was billed.
 
 After every case: no 5xx came from the service itself (a provider's error relayed is the
 provider's), and the ledger's invariant holds for both fuzzed budgets. At the end: the gateway
-reached the provider on both of its routes, and its budget holds at least what the provider
+reached the provider on each of its routes, and its budget holds at least what the provider
 billed.
 """
 
@@ -28,11 +28,18 @@ from tests.api.conftest import ADMIN_TOKEN, client_for
 
 # Enough cases per operation to reach every validation branch, few enough for CI's budget.
 CASES_PER_OPERATION = 40
-GATEWAY_PATHS = frozenset({"/v1/chat/completions", "/v1/responses"})
-# The model the fuzzed gateway calls are sent with (when a case's own random name is not kept),
-# priced the same by the service and the stub: one micro-dollar an input token, four an output.
+GATEWAY_PATHS = frozenset({"/v1/chat/completions", "/v1/responses", "/v1/messages"})
+# The models the fuzzed gateway calls are sent with (when a case's own random name is not kept),
+# one for OpenAI's routes and one for Anthropic's, priced the same by the service and the stub:
+# one micro-dollar an input token, four an output.
 MODEL = "fuzz-m1"
+CLAUDE_MODEL = "fuzz-c1"
 RATES = {"input_usd_per_mtok": "1.00", "output_usd_per_mtok": "4.00"}
+# The stub serves a model by Anthropic's API when its entry says how (infra/stub_prices.py).
+STUB_CLAUDE = {**RATES, "anthropic": {
+    "context_window_tokens": 200_000, "output_tokens_max": 64_000, "cache_tokens_min": 1_024,
+    "tool_prompt_tokens": {"auto": 346, "any": 313}, "keeps_thinking": False}}
+API_VERSION = "2023-06-01"
 # The gateway's cap for a call that sets none, and the stub's short answers: many calls fit.
 OUTPUT_TOKENS_DEFAULT = 64
 GATEWAY_CEILING_MICROS = 400_000
@@ -44,7 +51,7 @@ BILLED_CALLS_MIN = 5
 @pytest.fixture(scope="module")
 def stub() -> Iterator[StubProvider]:
     with StubProvider(seed=13, latency_ms_min=0, latency_ms_max=2, output_tokens_mean=20,
-                      prices={"models": {MODEL: RATES}}) as provider:
+                      prices={"models": {MODEL: RATES, CLAUDE_MODEL: STUB_CLAUDE}}) as provider:
         yield provider
 
 
@@ -52,10 +59,11 @@ def stub() -> Iterator[StubProvider]:
 def gateway(redis_server: RedisServer, stub: StubProvider,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     prices = Path(tmp_path_factory.mktemp("fuzz")) / "prices.json"
-    prices.write_text(json.dumps({"models": {MODEL: RATES}}))
+    prices.write_text(json.dumps({"models": {MODEL: RATES, CLAUDE_MODEL: RATES}}))
     with ServiceProcess({
         "REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
         "CEILING_PRICES_FILE": str(prices), "CEILING_UPSTREAM_URL": f"{stub.url}/v1",
+        "CEILING_ANTHROPIC_URL": stub.url,
         "CEILING_UPSTREAM_TIMEOUT_S": "30",
         "CEILING_DEFAULT_MAX_OUTPUT_TOKENS": str(OUTPUT_TOKENS_DEFAULT),
     }) as service:
@@ -64,11 +72,17 @@ def gateway(redis_server: RedisServer, stub: StubProvider,
 
 def served_model(case: Any, keep_own: bool) -> Any:
     """A gateway case with the model both sides price and an Idempotency-Key of its own (the
-    generated ones repeat, and a repeat is refused as a conflict), unless it keeps its own."""
+    generated ones repeat, and a repeat is refused as a conflict), unless it keeps its own; a
+    Messages case also with the version header the provider requires, and no generated beta
+    (which the gateway refuses unless it knows it)."""
     if case.path in GATEWAY_PATHS and isinstance(case.body, dict) and not keep_own:
-        case.body["model"] = MODEL
+        messages = case.path == "/v1/messages"
+        case.body["model"] = CLAUDE_MODEL if messages else MODEL
         if "Idempotency-Key" in (case.headers or {}):
             case.headers["Idempotency-Key"] = uuid.uuid4().hex
+        if messages:
+            case.headers = {**(case.headers or {}), "anthropic-version": API_VERSION}
+            case.headers.pop("anthropic-beta", None)
     return case
 
 
@@ -131,10 +145,10 @@ def test_no_route_answers_5xx_and_the_books_hold(gateway: ServiceProcess,
                     else gateway_auth if operation.path in GATEWAY_PATHS else sidecar_auth)
             fuzz(operation, auth, witness, (sidecar_auth, gateway_auth))
         bill = fetch_bill(stub.url)
-        billed = [c for c in bill.log if c.model == MODEL and c.billed]
-        for api in ("chat.completions", "responses"):
+        billed = [c for c in bill.log if c.model in (MODEL, CLAUDE_MODEL) and c.billed]
+        for api in ("chat.completions", "responses", "messages"):
             assert sum(c.api == api for c in billed) >= BILLED_CALLS_MIN, (api, len(billed))
-        assert witness.held_micros(gateway_auth) >= bill.by_model[MODEL].cost_micros > 0
+        assert witness.held_micros(gateway_auth) >= sum(c.cost_micros for c in billed) > 0
 
 
 def fuzz(operation: Any, auth: str, witness: Witness, budgets: tuple[str, ...]) -> None:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import httpx2
 import openai
 import pytest
 
@@ -42,8 +41,8 @@ from tests.api.conftest import (
     account,
     as_key,
     async_sdk,
-    client_for,
     correct,
+    counting_client,
     gateway,
     header,
     ledger,
@@ -90,12 +89,6 @@ def stub() -> Iterator[StubProvider]:
 
 
 @pytest.fixture(scope="module")
-def proxy(stub: StubProvider) -> Iterator[FaultProxy]:
-    with FaultProxy(stub.port) as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
 def gw(redis_server: RedisServer, prices_file: str, stub: StubProvider) -> Iterator[ServiceProcess]:
     with gateway(redis_server, prices_file, f"{stub.url}/v1", 30, HOLD_P95) as service:
         yield service
@@ -114,12 +107,6 @@ def gw_dead(redis_server: RedisServer, prices_file: str) -> Iterator[ServiceProc
     with gateway(redis_server, prices_file, f"http://127.0.0.1:{free_port()}/v1", 5,
                  HOLD_P95) as service:
         yield service
-
-
-@pytest.fixture(scope="module")
-def admin(gw: ServiceProcess) -> Iterator[Client]:
-    with client_for(gw) as c:
-        yield c
 
 
 @pytest.fixture(autouse=True)
@@ -149,13 +136,6 @@ def provider_requests(stub: StubProvider) -> int:
 
 def cost(usage: Any) -> int:
     return int(usage.prompt_tokens * INPUT_MICROS + usage.completion_tokens * OUTPUT_MICROS)
-
-
-def counting_client() -> tuple[httpx2.Client, list[str]]:
-    """An SDK transport that counts the HTTP requests the SDK sends, retries included."""
-    sent: list[str] = []
-    client = httpx2.Client(event_hooks={"request": [lambda r: sent.append(str(r.url))]})
-    return client, sent
 
 
 # -- the call path: price, reserve, call, settle -------------------------------------------------

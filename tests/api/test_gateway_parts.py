@@ -536,7 +536,7 @@ async def test_an_answer_is_kept_while_it_is_sent_and_even_when_sending_fails(ta
         ticket = await claim(store, ref, "fp", wait=False, in_flight_ttl_ms=60_000)
         assert isinstance(ticket, Ticket)
         return ref, kept_while_sent(b'{"id": "x"}', 200, {"content-type": "application/json"},
-                                    ticket, Outcome.BILLED)
+                                    ticket, Outcome.BILLED, api=Api.CHAT)
 
     async def kind(ref: ReplyRef) -> ClaimKind:
         return (await store.claim(ref, "fp", "retry", 60_000)).kind

@@ -4,14 +4,8 @@ Each test is an attack a key holder can make with its key alone (and the sidecar
 key can be given it): through real gateway instances (ServiceProcess) in front of the stub
 provider, with the real `openai` SDK, against a small ceiling, repeated until the ceiling would
 have been passed several times over if the hole were open. Nothing is judged by what the
-gateway says. After each attack the ledger's own expiry runs with a clock past the longest lease
-(what a sweeper does once the leases end), so every hold the attack left is resolved as the
-ledger resolves it; then, from the stub's bill (GET /billing) and the ledger's records in Redis:
-- the provider's bill is within the ceiling;
-- the ledger's committed spend is at least the bill, and nothing is left held;
-- where a test says so, every forwarded call was billed at most what the gateway held for it
-  (the worst case is an upper bound), and, where every outcome was known, committed equals the
-  bill to the micro-dollar.
+gateway says: tests/api/hostile.py judges each attack by the provider's bill and the ledger's
+records in Redis, after the ledger's own expiry has resolved every hold it left.
 
 Prices are independent on the two sides: the service prices real models from genai-prices'
 bundled table and the stub from its own (infra/stub_prices.json); the audio test model is
@@ -29,29 +23,22 @@ import asyncio
 import base64
 import json
 import struct
-import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import httpx
 import openai
 import pytest
 import redis.asyncio as aioredis
 
-from core.budgets import BudgetId
-from core.ledger import LegStatus
-from core.limits import RESERVATION_TTL_MS_MAX, SWEEP_BATCH_MAX
 from core.stores import keys
-from core.stores.redis import RedisStore
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
-from infra.stub_provider import Bill, StubProvider, fetch_bill, reset_bill
+from infra.stub_provider import StubProvider, fetch_bill, reset_bill
 from tests.api.conftest import (
     BOTH_ROLES,
     Client,
@@ -66,10 +53,9 @@ from tests.api.conftest import (
     reservation,
     sdk,
 )
+from tests.api.hostile import Attack, blocking, control, expire_held, judge, streamed
 from tests.core.stores.test_bounded_state import keys_without_expiry
 from tests.infra.media import data_url, mp3, pdf, png, wav
-
-T = TypeVar("T")
 
 # The audio test model, in each side's own format: text at a hundredth of a micro-dollar a token,
 # so what an audio clip is held and billed at is nearly all audio.
@@ -111,13 +97,6 @@ def stub() -> Iterator[StubProvider]:
 
 
 @pytest.fixture(scope="module")
-def proxy(stub: StubProvider) -> Iterator[FaultProxy]:
-    """Between `gw` and the stub; it only slows streams down when a test arms it."""
-    with FaultProxy(stub.port) as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
 def gw(redis_server: RedisServer, prices_file: str, proxy: FaultProxy
        ) -> Iterator[ServiceProcess]:
     with gateway(redis_server, prices_file, f"{proxy.url}/v1", 30, HOSTILE_ENV) as service:
@@ -132,12 +111,6 @@ def gw_impatient(redis_server: RedisServer, prices_file: str, stub: StubProvider
         yield service
 
 
-@pytest.fixture(scope="module")
-def admin(gw: ServiceProcess) -> Iterator[Client]:
-    with client_for(gw) as c:
-        yield c
-
-
 @pytest.fixture(autouse=True)
 def fresh_provider(stub: StubProvider, proxy: FaultProxy) -> Iterator[None]:
     """Each attack is judged by its own bill: a new one, no faults, nothing registered."""
@@ -146,141 +119,6 @@ def fresh_provider(stub: StubProvider, proxy: FaultProxy) -> Iterator[None]:
     yield
     proxy.disarm()
     control(stub)
-
-
-# -- the attack's record and its judgement -------------------------------------------------------
-
-
-def control(stub: StubProvider, **settings: Any) -> None:
-    """Faults and settings of the stub's next calls (a fault set replaces the last one)."""
-    httpx.post(f"{stub.url}/control", json=settings, timeout=10).raise_for_status()
-
-
-@dataclass
-class Forwarded:
-    """A call the gateway held for and sent on."""
-
-    reservation_id: str
-    held_micros: int
-    outcome: str | None  # None for a stream: its outcome comes in its trailer
-
-
-@dataclass
-class Attack:
-    """What a key holder sent and what became of it."""
-
-    vector: str
-    calls: int = 0
-    forwarded: list[Forwarded] = field(default_factory=list)
-    refusals: Counter[str] = field(default_factory=Counter)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def send(self, create: Callable[..., Any], **request: Any) -> Any:
-        """Send one call (`create`, an SDK's `with_raw_response.create`, or a function of no
-        arguments that calls one); the raw response, or None if the gateway answered an error.
-        A stream is not read here. Safe from many threads."""
-        try:
-            raw = create(**request)
-        except openai.APIStatusError as refused:
-            self.note(refused.response.headers, str(refused.code or refused.status_code))
-            return None
-        self.note(raw.headers)
-        return raw
-
-    def note(self, headers: httpx.Headers | Any, refusal: str | None = None) -> None:
-        """One call's answer: its refusal, and its hold if it was forwarded (a replayed answer
-        repeats its call's reservation id and is not a hold of its own)."""
-        with self._lock:
-            self.calls += 1
-            if refusal is not None:
-                self.refusals[refusal] += 1
-            if "x-ceiling-reservation-id" in headers and "x-ceiling-replayed" not in headers:
-                self.forwarded.append(Forwarded(
-                    headers["x-ceiling-reservation-id"],
-                    int(headers["x-ceiling-reserved-micros"]),
-                    headers.get("x-ceiling-billing-outcome")))
-
-    def outcomes(self) -> Counter[str | None]:
-        return Counter(f.outcome for f in self.forwarded)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    vector: str
-    calls: int
-    provider_calls: int
-    ceiling_micros: int
-    billed_micros: int
-    committed_micros: int
-    bill: Bill
-
-
-def blocking(work: Coroutine[Any, Any, T]) -> T:
-    """Run ledger reads on a loop of their own: the tests are synchronous SDK clients."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, work).result()
-
-
-async def expire_held(redis_url: str, tag: str) -> int:
-    """The ledger's expiry of every lease of `tag`, with a clock past the longest lease: what
-    the sweeper does once they end (a gateway call left held is charged, whatever the policy)."""
-    raw = aioredis.Redis.from_url(redis_url)
-    seconds, micros = await raw.time()
-    await raw.aclose()
-    later_ms = int(seconds) * 1_000 + int(micros) // 1_000 + RESERVATION_TTL_MS_MAX + 1
-    store = RedisStore(redis_url, clock=lambda: later_ms)
-    try:
-        return await store.expire(tag, SWEEP_BATCH_MAX)
-    finally:
-        await store.close()
-
-
-async def books(redis_url: str, tag: str) -> LegStatus:
-    """The budget's `total` counter as the ledger keeps it in Redis."""
-    store = RedisStore(redis_url)
-    try:
-        (leg,) = await store.status((BudgetId(tag),))
-    finally:
-        await store.close()
-    return leg
-
-
-def judge(attack: Attack, stub: StubProvider, redis_server: RedisServer, tag: str,
-          ceiling_micros: int, *, exact: bool = False, per_call: bool = False) -> Verdict:
-    """Resolve what the attack left held, then hold the bill and the books to the ceiling.
-
-    `per_call`: the calls were sent one after another, so the stub's log is in the order of
-    `attack.forwarded`, and each call was billed at most what was held for it. `exact`: every
-    outcome was known, so committed is the bill to the micro-dollar."""
-    blocking(expire_held(redis_server.url, tag))
-    bill = fetch_bill(stub.url)
-    leg = blocking(books(redis_server.url, tag))
-    verdict = Verdict(attack.vector, attack.calls, bill.total.calls, ceiling_micros,
-                      bill.total.cost_micros, leg.committed_micros, bill)
-    print(f"\nhostile | {attack.vector} | calls {attack.calls}, provider billed "
-          f"{verdict.provider_calls} | ceiling {ceiling_micros} | billed {verdict.billed_micros}"
-          f" | committed {verdict.committed_micros} | refusals {dict(attack.refusals)}")
-    if per_call:
-        assert len(bill.log) == len(attack.forwarded), "one provider request a forwarded call"
-        over = [(f.reservation_id, f.held_micros, c.cost_micros)
-                for f, c in zip(attack.forwarded, bill.log, strict=True)
-                if c.cost_micros > f.held_micros]
-        assert not over, f"billed above the hold (id, held, billed): {over}"
-    assert verdict.billed_micros <= ceiling_micros, "the provider's bill passed the ceiling"
-    assert leg.committed_micros >= verdict.billed_micros, "the ledger committed less than billed"
-    assert leg.reserved_micros == 0
-    if exact:
-        assert leg.committed_micros == verdict.billed_micros
-    return verdict
-
-
-def streamed(raw: Any) -> bool:
-    """Read a stream to its end; False if it ended on an error event (broken off): the SDK
-    raises on a chat stream's, and yields a Responses stream's for the client to read."""
-    try:
-        return all(getattr(event, "type", None) != "error" for event in raw.parse())
-    except openai.APIError:
-        return False
 
 
 # -- 1. a key frees what the gateway holds for it ----------------------------------------------
@@ -918,5 +756,5 @@ def test_every_kind_of_token_is_settled_at_what_the_provider_billed(
     assert attack.refusals["budget_exceeded"] > 0
     verdict = judge(attack, stub, redis_server, tag, ceiling, exact=True, per_call=True)
     total = verdict.bill.total
-    assert (total.cached_input_tokens, total.reasoning_tokens) > (0, 0)
+    assert min(total.cached_input_tokens, total.reasoning_tokens) > 0
     assert all(f.outcome in (None, "billed") for f in attack.forwarded)

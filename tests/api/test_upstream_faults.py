@@ -120,7 +120,8 @@ async def clients() -> AsyncIterator[Callable[..., Upstream]]:
     made: list[Upstream] = []
 
     def make(url: str, *, connections_max: int = CONNECTIONS_MAX) -> Upstream:
-        client = Upstream(url, "sk-provider", TIMEOUT_S, connections_max=connections_max)
+        client = Upstream(url, ("authorization", "Bearer sk-provider"), TIMEOUT_S,
+                          connections_max=connections_max)
         made.append(client)
         return client
 

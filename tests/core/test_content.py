@@ -16,11 +16,13 @@ from hypothesis import strategies as st
 from core.content import (
     MP3_BYTES_PER_S_MIN,
     NO_MEDIA,
+    ImageBound,
     Media,
     audio_input_tokens_per_s,
     audio_ms_max,
     chat_input,
     image_bound,
+    messages_input,
     responses_input,
 )
 from core.errors import InputUnbounded, InvalidRequest
@@ -81,8 +83,15 @@ def test_image_bounds_are_the_documented_maxima() -> None:
         bound = image_bound(model)
         assert bound is not None
         assert (bound.low_tokens, bound.high_tokens) == (tokens, tokens)
-    # Models with no documented rule, or a look-alike of a model that has one: no bound.
-    for model in ("gpt-4o-audio-preview", "gpt-5.1", "claude-sonnet-4-5", "gpt-4o-mini-x"):
+    # Claude (Anthropic's area rule): 784 x 1,568 px / 750 = 1,639.08 tokens, the largest an
+    # image is billed as once scaled; a dated snapshot follows its model.
+    for model in ("claude-sonnet-4-5", "claude-sonnet-4-5-20250929", "claude-3-5-haiku-20241022",
+                  "claude-opus-4-1"):
+        assert image_bound(model) == ImageBound(1_640, 1_640), model
+    # Models with no documented rule, or a look-alike of a model that has one: no bound. Later
+    # Claude models read larger images than the area rule above allows.
+    for model in ("gpt-4o-audio-preview", "gpt-5.1", "claude-opus-4-7", "gpt-4o-mini-x",
+                  "claude-sonnet-4-5-x"):
         assert image_bound(model) is None
 
 
@@ -317,3 +326,81 @@ def test_the_text_bound_covers_every_byte_of_text_and_counts_every_image(
     images = sum(1 for _, c in messages if isinstance(c, list) for p in c
                  if p["type"] == "image_url")
     assert bound.media.images_low + bound.media.images_high == images
+
+
+# -- Anthropic's Messages API -------------------------------------------------------------------
+
+
+def anthropic_image(source: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "image", "source": source}
+
+
+def test_messages_text_is_bounded_by_its_bytes_and_images_are_counted_not_read() -> None:
+    text = messages_input([{"role": "user", "content": "hello"}])
+    assert text.media is NO_MEDIA
+    assert text.text_tokens > len(b"hello")
+    payload = "A" * 1_000_000
+    sources = [{"type": "base64", "media_type": "image/png", "data": payload},
+               {"type": "url", "url": "https://example.com/cat.png"},
+               {"type": "file", "file_id": "file_011"}]
+    bound = messages_input(user(*(anthropic_image(s) for s in sources),
+                                {"type": "text", "text": "what are these?"}))
+    assert bound.media.images_high == 3
+    assert bound.media.image_field == "messages[0].content[0].source"
+    assert bound.text_tokens < 1_000  # the payload is not text
+    # Inside a tool's result and a content document too.
+    nested = messages_input(user(
+        {"type": "tool_result", "tool_use_id": "t1", "content": [anthropic_image(sources[1])]},
+        {"type": "document", "source": {"type": "content", "content": [
+            {"type": "text", "text": "page"}, anthropic_image(sources[0])]}}))
+    assert nested.media.images_high == 2
+    assert nested.media.image_field == "messages[0].content[0].content[0].source"
+
+
+def test_messages_turns_sent_back_are_text_bounded_by_all_their_bytes() -> None:
+    signature = "S" * 5_000
+    turns = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "t", "signature": signature},
+            {"type": "redacted_thinking", "data": "R" * 3_000},
+            {"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": "sunny"}]},
+    ]
+    bound = messages_input(turns)
+    assert bound.media is NO_MEDIA
+    assert bound.text_tokens > 8_000  # the signature and the redacted data count as text
+
+
+@pytest.mark.parametrize(("block", "field"), [
+    ({"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                     "data": "JVBERi0="}}, "messages[0].content[0].source"),
+    ({"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}},
+     "messages[0].content[0].source"),
+    ({"type": "document", "source": {"type": "file", "file_id": "file_1"}},
+     "messages[0].content[0].source"),
+    ({"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"},
+      "citations": {"enabled": True}}, "messages[0].content[0].citations"),
+    ({"type": "image", "source": {"type": "base64", "media_type": "application/pdf",
+                                  "data": "JVBERi0="}},
+     "messages[0].content[0].source.media_type"),
+    ({"type": "container_upload", "file_id": "file_1"}, "messages[0].content[0]"),
+    ({"type": "mcp_tool_result", "tool_use_id": "m1", "content": "x"}, "messages[0].content[0]"),
+    ({"type": "tool_result", "tool_use_id": "t1", "content": [
+        {"type": "document", "source": {"type": "file", "file_id": "f"}}]},
+     "messages[0].content[0].content[0].source"),
+])
+def test_messages_input_the_request_only_names_is_refused(block: Any, field: str) -> None:
+    with pytest.raises(InputUnbounded) as refused:
+        messages_input(user(block))
+    assert refused.value.details["field"] == field
+
+
+def test_messages_text_documents_are_text() -> None:
+    data = "x" * 10_000
+    bound = messages_input(user({"type": "document", "title": "a",
+                                 "source": {"type": "text", "media_type": "text/plain",
+                                            "data": data}}))
+    assert bound.media is NO_MEDIA
+    assert bound.text_tokens > len(data)
