@@ -36,7 +36,7 @@ import redis.asyncio as aioredis
 
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.ledger import GATEWAY_OWNER_PREFIX, ReservationRef, ReserveRequest
-from core.limits import RESERVATION_TTL_MS_DEFAULT
+from core.limits import RESEND_WINDOW_MS, RESERVATION_TTL_MS_DEFAULT
 from core.stores.redis import RedisStore
 from infra.redis_server import RedisServer
 
@@ -119,9 +119,10 @@ async def ours(url: str) -> tuple[Callable[[], Awaitable[None]], RedisStore]:
 
     async def cycle() -> None:
         ref = ReservationRef(tag, f"{uuid.uuid4().hex[:16]}_{uuid.uuid4().hex}", owner)
+        # As core/service.py makes a gateway call's: kept only for resends once resolved.
         await store.reserve(ReserveRequest(
             ref, budget.lineage, HELD_MICROS, RESERVATION_TTL_MS_DEFAULT, "",
-            "genai-prices-0.2.3", "bench-model"))
+            "genai-prices-0.2.3", "bench-model", retention_ms=RESEND_WINDOW_MS))
         await store.settle(ref, ACTUAL_MICROS)
 
     return cycle, store

@@ -2,8 +2,7 @@
 --
 -- KEYS[1] meta hash   KEYS[2] reservation
 -- ARGV: wire.py BOOK_ARGS: ledger_id, admitted_at_ms, reserved_micros, actual_micros,
---   budget_ids, run_budget_id, run_ceiling_micros, zones (of the admission's time), owner,
---   fingerprint, price_version, model, [now_ms]
+--   budget_ids, run, zones (of the admission's time), owner, record_tail, [now_ms]
 -- Returns {'ok', replayed 0|1} or {'ledger_reset'} / {'timezone', budget_id, timezone} /
 -- {'clock', admitted_at_ms} / {'no_budget'}.
 -- Why: nothing admitted during an outage may be lost. The spend is booked in the periods of the
@@ -15,7 +14,6 @@ local a = book_args(ARGV)
 local at_ms = int(a.admitted_at_ms, 'admitted_at_ms')
 local held = int(a.reserved_micros, 'reserved_micros')
 local actual = int(a.actual_micros, 'actual_micros')
-if a.run_budget_id ~= '' then int(a.run_ceiling_micros, 'run_ceiling_micros') end
 -- A run's counter is stamped with the ledger's time, not the admission's: the run was active
 -- until the booking at least as far as this ledger knows.
 local now = ledger_now(a.now_ms)
@@ -25,6 +23,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   return {'ok', 1}
 end
 local legs, status = resolve_legs(prefix, KEYS[1], a, at_ms)
+local fingerprint, price_version, model = string.match(a.record_tail, '^([^\t]*)\t([^\t]*)\t(.*)$')
 if status then
   return status
 end
@@ -32,7 +31,7 @@ if #legs == 0 then
   return {'no_budget'}
 end
 local state, outcome, _, committed, overshoot, released, _, late =
-  effects('book', 'absent', 'charge', held, actual)
+  book_effects('absent', 'charge', held, actual)
 for _, leg in ipairs(legs) do
   local ck = counter_key(prefix, leg)
   if leg.run and run_stale(ck, now) then
@@ -50,9 +49,9 @@ end
 keep(KEYS[2], {state = state, reserved_micros = istr(held), expire_policy = 'charge',
                retention_ms = istr(IDEMPOTENCY_WINDOW_MS), owner = a.owner,
                expires_at_ms = istr(at_ms), created_ms = istr(at_ms),
-               fingerprint = a.fingerprint, actual_micros = istr(actual),
+               actual_micros = istr(actual),
                released_micros = istr(released), overshoot_micros = istr(overshoot),
                late = late and '1' or '0', outcome = outcome, resolved_ms = istr(now),
-               price_version = a.price_version, model = a.model},
+               fingerprint = fingerprint, price_version = price_version, model = model},
      IDEMPOTENCY_WINDOW_MS)
 return {'ok', 0}

@@ -28,7 +28,7 @@ local function fail(code, detail)
 end
 
 local function int(s, name)
-  if type(s) ~= 'string' or #s == 0 or #s > 16 or string.find(s, '%D') then
+  if not s or #s == 0 or #s > 16 or string.find(s, '%D') then
     fail('BADARG', name)
   end
   local n = tonumber(s)
@@ -40,6 +40,21 @@ end
 
 local function istr(n)
   return string.format('%d', n)
+end
+
+-- An amount of a step as text: the text at hand where it is the held or the actual amount
+-- (string.format is the dearest thing a step does with a number).
+local function text_of(n, held, held_text, actual, actual_text)
+  if n == 0 then
+    return '0'
+  elseif n == held then
+    return held_text
+  elseif n == -held then
+    return '-' .. held_text
+  elseif n == actual then
+    return actual_text
+  end
+  return istr(n)
 end
 
 local function ledger_now(arg)
@@ -84,12 +99,13 @@ local function parse_legs(s)
 end
 
 local function encode_legs(legs)
-  local parts = {}
-  for i, leg in ipairs(legs) do
-    parts[i] = leg.budget_id .. '|' .. leg.window_key .. '|' .. leg.ceiling_micros .. '|' ..
-               leg.resets_at_ms .. '|' .. leg.outage_allowance_micros .. (leg.run and '|run' or '')
+  local out
+  for _, leg in ipairs(legs) do
+    local part = leg.budget_id .. '|' .. leg.window_key .. '|' .. leg.ceiling_micros .. '|' ..
+                 leg.resets_at_ms .. '|' .. leg.outage_allowance_micros .. (leg.run and '|run' or '')
+    out = out and out .. ' ' .. part or part
   end
-  return table.concat(parts, ' ')
+  return out or ''
 end
 
 -- One leg's status as every script answers it: wire.py LEG_STATUS_FIELDS, '|' between them,
@@ -157,7 +173,7 @@ local function apply(prefix, legs, reserved, committed, overshoot, now)
   reserved = reserved ~= 0 and istr(reserved)
   committed = committed ~= 0 and istr(committed)
   overshoot = overshoot ~= 0 and istr(overshoot)
-  for counter, rest in string.gmatch(legs, '([^ |]*|[^ |]*)([^ ]*)') do
+  for counter, rest in string.gmatch(legs, '([^ |]+|[^ |]+)([^ ]*)') do
     local ck = prefix .. COUNTER_KEY .. counter
     local run = string.sub(rest, -4) == '|run'
     if not run or writable(ck, {run = true}, now) then
@@ -240,8 +256,8 @@ local function keep_resolved(key, rec)
   else
     redis.call('SET', key, pack_resolved(
       rec.state, rec.reserved_micros, rec.expire_policy, rec.retention_ms, rec.owner,
-      rec.fingerprint or '', rec.actual_micros or '', rec.released_micros,
-      rec.overshoot_micros, rec.late, rec.outcome), 'PX', rec.retention_ms)
+      rec.actual_micros or '', rec.released_micros, rec.overshoot_micros, rec.late,
+      rec.outcome, rec.fingerprint or ''), 'PX', rec.retention_ms)
   end
 end
 
@@ -320,82 +336,126 @@ local function zone_windows(zones)
   local out = {}
   for entry in string.gmatch(zones, '[^ ]+') do
     local z = unpack_zone(entry) or fail('BADARG', 'zones')
-    out[z.timezone] = {
-      day = {window_key = z.day_window_key, start_ms = int(z.day_start_ms, 'day_start_ms'),
-             resets_at_ms = z.day_resets_at_ms,
-             ends = int(z.day_resets_at_ms, 'day_resets_at_ms')},
-      month = {window_key = z.month_window_key,
-               start_ms = int(z.month_start_ms, 'month_start_ms'),
-               resets_at_ms = z.month_resets_at_ms,
-               ends = int(z.month_resets_at_ms, 'month_resets_at_ms')},
-    }
+    z.day_start, z.day_end = int(z.day_start_ms, 'zones'), int(z.day_resets_at_ms, 'zones')
+    z.month_start, z.month_end = int(z.month_start_ms, 'zones'), int(z.month_resets_at_ms, 'zones')
+    out[z.timezone] = z
   end
   return out
 end
 
--- A budget's definition by Python names: the ledger id it was put under, its time zone, its
--- outage allowance and its ceilings of a day, a month and in total. Put under the names
--- put_budget writes, or under the ones it wrote before them (whose ledger id is only in the
--- tag's meta hash); nil if the budget is not defined.
-local function definition(prefix, meta_key, budget_id)
-  local key = prefix .. DEFINITION_KEY .. budget_id
-  local ledger, timezone, allowance, day, month, total = read_definition(key)
-  if not timezone then
-    timezone, allowance, day, month, total = read_legacy_definition(key)
-    if not timezone then
-      return nil
-    end
-    ledger = redis.call('HGET', meta_key, 'ledger')
+-- A budget's definition as put before definitions had Python names: its ledger id is in the
+-- tag's meta hash. Nothing if the budget is not defined.
+local function legacy_definition(meta_key, key)
+  local timezone, allowance, day, month, total = read_legacy_definition(key)
+  if timezone then
+    return redis.call('HGET', meta_key, 'ledger'), timezone, allowance, day, month, total
   end
-  return ledger, timezone, allowance or '0', day, month, total
 end
 
-local PERIODS = {'day', 'month', 'total'}
-
 -- The legs of a call at `now`: every period of every budget on its path that is defined
--- ('sc:{TAG}:def:<budget_id>'; one that is not does not apply), then its run's budget, which has
--- one 'total' limit given inline and no definition. Returns the legs, or a status table to
--- return as is: {'ledger_reset'} when a definition was put under another ledger;
--- {'timezone', budget_id, timezone} when the caller sent no windows for a zone a budget is in;
--- {'clock', now} when the windows sent do not hold the ledger's now.
+-- ('sc:{TAG}:def:<budget_id>'; one that is not does not apply), day, month, then total, then its
+-- run's budget, which has one 'total' limit given inline and no definition. Returns the legs, or
+-- a status table to return as is: {'ledger_reset'} when a definition was put under another
+-- ledger; {'timezone', budget_id, timezone} when the caller sent no windows for a zone a budget
+-- is in; {'clock', now} when the windows sent do not hold the ledger's now. The run's ceiling is
+-- checked here, before anything is written.
 local function resolve_legs(prefix, meta_key, a, now)
   local legs, zones = {}, nil
   for budget_id in string.gmatch(a.budget_ids, '[^ ]+') do
-    local ledger, timezone, allowance, day, month, total = definition(prefix, meta_key, budget_id)
+    local key = prefix .. DEFINITION_KEY .. budget_id
+    local ledger, timezone, allowance, day, month, total = read_definition(key)
+    if not timezone then
+      ledger, timezone, allowance, day, month, total = legacy_definition(meta_key, key)
+    end
     if timezone then
       if ledger ~= a.ledger_id then
         return nil, {'ledger_reset'}
       end
-      for _, period in ipairs(PERIODS) do
-        local ceiling = (period == 'total' and total) or (period == 'day' and day) or
-                        (period == 'month' and month)
-        if ceiling then
-          local window_key, resets_at = 'total', '0'
-          if period ~= 'total' then
-            zones = zones or zone_windows(a.zones)
-            local z = zones[timezone]
-            if z == nil then
-              return nil, {'timezone', budget_id, timezone}
-            end
-            local w = z[period]
-            if now < w.start_ms or now >= w.ends then
-              return nil, {'clock', now}
-            end
-            window_key, resets_at = w.window_key, w.resets_at_ms
-          end
-          legs[#legs + 1] = {budget_id = budget_id, window_key = window_key,
-                             ceiling_micros = ceiling, resets_at_ms = resets_at,
+      allowance = allowance or '0'
+      if day or month then
+        zones = zones or zone_windows(a.zones)
+        local z = zones[timezone]
+        if z == nil then
+          return nil, {'timezone', budget_id, timezone}
+        end
+        if (day and (now < z.day_start or now >= z.day_end))
+            or (month and (now < z.month_start or now >= z.month_end)) then
+          return nil, {'clock', now}
+        end
+        if day then
+          legs[#legs + 1] = {budget_id = budget_id, window_key = z.day_window_key,
+                             ceiling_micros = day, resets_at_ms = z.day_resets_at_ms,
+                             outage_allowance_micros = allowance}
+        end
+        if month then
+          legs[#legs + 1] = {budget_id = budget_id, window_key = z.month_window_key,
+                             ceiling_micros = month, resets_at_ms = z.month_resets_at_ms,
                              outage_allowance_micros = allowance}
         end
       end
+      if total then
+        legs[#legs + 1] = {budget_id = budget_id, window_key = 'total', ceiling_micros = total,
+                           resets_at_ms = '0', outage_allowance_micros = allowance}
+      end
     end
   end
-  if a.run_budget_id ~= '' then
-    legs[#legs + 1] = {budget_id = a.run_budget_id, window_key = 'total',
-                       ceiling_micros = a.run_ceiling_micros, resets_at_ms = '0',
-                       outage_allowance_micros = '0', run = true}
+  if a.run ~= '' then
+    local budget_id, ceiling = string.match(a.run, '^(%S+) (%S+)$')
+    int(ceiling, 'run')
+    legs[#legs + 1] = {budget_id = budget_id, window_key = 'total', ceiling_micros = ceiling,
+                       resets_at_ms = '0', outage_allowance_micros = '0', run = true}
   end
   return legs, nil
+end
+
+-- reserve.lua's hold of `held` micros in every leg, if each has room and no reservation is under
+-- KEYS[2] (a's fields are reserve's arguments): its answer. Otherwise nil, and the first leg
+-- that refuses with why ('exceeded': its spend leaves no room; 'busy': open holds do), or no leg
+-- when a reservation is already under this id.
+local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
+  local exceeded, busy = nil, nil
+  for _, leg in ipairs(legs) do
+    local key = prefix .. COUNTER_KEY .. leg.budget_id .. '|' .. leg.window_key
+    if leg.run and run_stale(key, now) then
+      redis.call('DEL', key)  -- an idle run's counter Redis has not dropped yet: a new run
+    end
+    local c = redis.call('HMGET', key, 'committed', 'reserved', 'overshoot')
+    leg.key, leg.committed, leg.reserved, leg.overshoot = key, c[1] or '0', c[2] or '0', c[3] or '0'
+    local ceiling, committed = tonumber(leg.ceiling_micros), tonumber(leg.committed)
+    if committed + held > ceiling then
+      exceeded = exceeded or leg
+    elseif committed + tonumber(leg.reserved) + held > ceiling then
+      busy = busy or leg
+    end
+  end
+  if exceeded or busy then
+    return nil, exceeded or busy, exceeded and 'exceeded' or 'busy'
+  end
+  local state, outcome, reserved = reserve_effects('absent', a.expire_policy, held, 0)
+  local expires_at = istr(now + ttl)
+  if not redis.call('SET', KEYS[2], pack_opened(
+      state, a.reserved_micros, a.expire_policy, a.retention_ms, a.owner, encode_legs(legs),
+      expires_at, now_text, outcome, a.record_tail),
+      -- Expiry resolves the lease long before this (and keeps the record from then on); this
+      -- bounds a record that nothing ever resolves, an unknown outcome.
+      'PX', istr(ttl + UNKNOWN_OUTCOME_RETENTION_MS), 'NX') then
+    return nil
+  end
+  local out = {'ok', now}
+  local delta = text_of(reserved, held, a.reserved_micros, 0, '0')
+  for _, leg in ipairs(legs) do
+    redis.call('HINCRBY', leg.key, 'reserved', delta)
+    if leg.run then
+      touch_run(leg.key, now)
+    elseif leg.committed == '0' and leg.reserved == '0' and leg.window_key ~= 'total' then
+      -- a window's first hold: its counter goes COUNTER_RETENTION_MS after the window ends
+      redis.call('PEXPIREAT', leg.key, istr(tonumber(leg.resets_at_ms) + COUNTER_RETENTION_MS))
+    end
+    out[#out + 1] = leg_status(leg, leg.committed, istr(tonumber(leg.reserved) + reserved),
+                               leg.overshoot)
+  end
+  redis.call('ZADD', KEYS[3], expires_at, id_of(prefix, KEYS[2]))
+  return out
 end
 
 -- An idempotency key's state by Python names: 'state' ('in_flight' | 'done'), 'fingerprint',

@@ -3,9 +3,10 @@
 -- KEYS[1] meta hash 'sc:{TAG}:meta'   KEYS[2] reservation 'sc:{TAG}:r:<id>'
 -- KEYS[3] open-lease zset 'sc:{TAG}:open' (score: expires_at_ms)
 -- ARGV: wire.py RESERVE_ARGS: ledger_id, reserved_micros, ttl_ms, budget_ids (the path, top
---   scope first, ' ' between), run_budget_id and run_ceiling_micros ('' without a run), zones
---   (lib: zone_windows), expire_policy ('charge'|'release'), retention_ms (how long the record
---   answers repeats once resolved), owner, fingerprint, price_version, model, [now_ms].
+--   scope first, ' ' between), run (the run's budget id and ceiling, or ''), zones (lib:
+--   zone_windows), expire_policy ('charge'|'release'), retention_ms (how long the record
+--   answers repeats once resolved), owner, record_tail (fingerprint, price_version, model, kept
+--   as they come), [now_ms].
 -- Returns one of:
 --   {'ok', now_ms, leg status...}   the hold asked for, until now_ms + ttl_ms
 --   {'replayed', reserved_micros, expires_at_ms, now_ms, leg status...}  the same reservation,
@@ -16,23 +17,29 @@
 --   {'conflict'} same id, other parameters   {'ledger_reset'}   {'no_budget'}
 --   {'timezone', budget_id, timezone}   {'clock', now_ms}
 -- Why: the check and the hold must be one step, or concurrent calls all pass the same stale
--- check. Expired leases of this tag are reclaimed first (a bounded batch) so a dead worker's
--- hold does not block the budget past its lease. Replaying the same id returns the first answer
+-- check. Expired leases of this tag are reclaimed (a bounded batch) before a hold they might be
+-- in the way of is refused, so a dead worker's hold does not block the budget past its lease,
+-- and by a sample of reserves (core/limits.py RECLAIM_SAMPLE_DIGITS) so their charges are
+-- booked while the tag sees calls. Replaying the same id returns the first answer
 -- while the reservation is open (redis-py and the Upstash SDK both resend a script after a lost
 -- reply), and what became of it once it is not: never a hold that is gone. The record is
 -- written only if none is there (SET NX), which is how a replay is told apart: a fresh id costs
 -- no read of its own.
 local a = reserve_args(ARGV)
-local held = int(a.reserved_micros, 'reserved_micros')
-local ttl = int(a.ttl_ms, 'ttl_ms')
-if held < 1 then fail('BADARG', 'reserved_micros') end
-if ttl < 1 then fail('BADARG', 'ttl_ms') end
-if int(a.retention_ms, 'retention_ms') < 1 then fail('BADARG', 'retention_ms') end
+-- reserved_micros, ttl_ms and retention_ms are positive integers written without a leading
+-- zero (one match for the three), below 2**53 (at most 16 digits, and compared).
+if not string.find(a.reserved_micros .. ' ' .. a.ttl_ms .. ' ' .. a.retention_ms,
+                   '^[1-9]%d* [1-9]%d* [1-9]%d*$')
+    or #a.reserved_micros > 16 or #a.ttl_ms > 16 or #a.retention_ms > 15 then
+  fail('BADARG', 'reserved_micros, ttl_ms, retention_ms')
+end
+local held, ttl = tonumber(a.reserved_micros), tonumber(a.ttl_ms)
+if held > INT_MAX or ttl > INT_MAX then fail('BADARG', 'reserved_micros, ttl_ms') end
 if a.expire_policy ~= 'charge' and a.expire_policy ~= 'release' then
   fail('BADARG', 'expire_policy')
 end
-if a.run_budget_id ~= '' then int(a.run_ceiling_micros, 'run_ceiling_micros') end
 local now = ledger_now(a.now_ms)
+local now_text = istr(now)
 
 local prefix = prefix_of(KEYS[1])
 local legs, status = resolve_legs(prefix, KEYS[1], a, now)
@@ -43,71 +50,21 @@ if #legs == 0 then
   return {'no_budget'}
 end
 
--- The hold, if every leg has room and no reservation is under this id: its answer. Otherwise
--- nil, and the first leg that refuses with why ('exceeded': its spend leaves no room; 'busy':
--- open holds do), or no leg when a reservation is already under this id.
-local function hold()
-  local exceeded, busy = nil, nil
-  for _, leg in ipairs(legs) do
-    leg.key = counter_key(prefix, leg)
-    if leg.run and run_stale(leg.key, now) then
-      redis.call('DEL', leg.key)  -- an idle run's counter Redis has not dropped yet: a new run
-    end
-    leg.committed, leg.reserved, leg.overshoot = counters(leg.key)
-    local ceiling, committed = tonumber(leg.ceiling_micros), tonumber(leg.committed)
-    if committed + held > ceiling then
-      exceeded = exceeded or leg
-    elseif committed + tonumber(leg.reserved) + held > ceiling then
-      busy = busy or leg
-    end
-  end
-  if exceeded or busy then
-    return nil, exceeded or busy, exceeded and 'exceeded' or 'busy'
-  end
-  local state, outcome, reserved = effects('reserve', 'absent', a.expire_policy, held, 0)
-  local expires_at = istr(now + ttl)
-  local written = redis.call('SET', KEYS[2], pack_record({
-    state = state, reserved_micros = a.reserved_micros, expire_policy = a.expire_policy,
-    retention_ms = a.retention_ms, owner = a.owner, legs = encode_legs(legs),
-    expires_at_ms = expires_at, created_ms = istr(now), fingerprint = a.fingerprint,
-    outcome = outcome, price_version = a.price_version, model = a.model,
-    -- Expiry resolves the lease long before this (and keeps the record from then on); this
-    -- bounds a record that nothing ever resolves, an unknown outcome.
-  }), 'PX', istr(ttl + UNKNOWN_OUTCOME_RETENTION_MS), 'NX')
-  if not written then
-    return nil
-  end
-  local out, delta = {'ok', now}, istr(reserved)
-  for _, leg in ipairs(legs) do
-    redis.call('HINCRBY', leg.key, 'reserved', delta)
-    if leg.run then
-      touch_run(leg.key, now)
-    elseif leg.committed == '0' and leg.reserved == '0' and leg.window_key ~= 'total' then
-      -- a window's first hold: its counter goes COUNTER_RETENTION_MS after the window ends
-      redis.call('PEXPIREAT', leg.key, istr(tonumber(leg.resets_at_ms) + COUNTER_RETENTION_MS))
-    end
-    out[#out + 1] = leg_status(leg, leg.committed, istr(tonumber(leg.reserved) + reserved),
-                               leg.overshoot)
-  end
-  redis.call('ZADD', KEYS[3], expires_at, id_of(prefix, KEYS[2]))
-  return out
-end
-
--- The common case: no lease of the tag has expired, and the hold fits.
-local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', istr(now), 'LIMIT', '0', '1')
+-- The common case: the hold fits, and this is not a reserve that looks for expired leases
+-- first (RECLAIM_SAMPLE_DIGITS).
+local looks = string.find(RECLAIM_SAMPLE_DIGITS, string.sub(KEYS[2], -1), 1, true)
 local answer, failing, why
-if #due == 0 then
-  answer, failing, why = hold()
+if not looks then
+  answer, failing, why = hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
   if answer then
     return answer
   end
 end
 
--- The general case: expired leases to reclaim first, a budget that refuses, or a reservation
--- already under this id.
-if #due > 0 then
-  reclaim(prefix, KEYS[3], now, RECLAIM_BATCH_MAX)
-  answer, failing, why = hold()
+-- The general case: expired leases to reclaim first (this reserve looks for them, or one may be
+-- in the way of the hold), a budget that refuses, or a reservation already under this id.
+if reclaim(prefix, KEYS[3], now, RECLAIM_BATCH_MAX) > 0 or looks then
+  answer, failing, why = hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
   if answer then
     return answer
   end
@@ -118,7 +75,7 @@ end
 -- A reservation already under this id: the first answer while it is open, else what became of
 -- it; another call under the same id is a conflict.
 local prior = load_record(KEYS[2])
-if prior.fingerprint ~= a.fingerprint or prior.owner ~= a.owner then
+if prior.fingerprint ~= string.match(a.record_tail, '^[^\t]*') or prior.owner ~= a.owner then
   return {'conflict'}
 end
 if prior.state ~= 'open' then

@@ -1,14 +1,12 @@
 -- status: read budgets' limits and counters in the current period windows, in one snapshot.
 --
 -- KEYS[1] meta hash
--- ARGV: wire.py STATUS_ARGS: ledger_id, budget_ids, run_budget_id, run_ceiling_micros, zones,
---   [now_ms]
+-- ARGV: wire.py STATUS_ARGS: ledger_id, budget_ids, run, zones, [now_ms]
 -- Returns {'ok', now_ms, leg status...} or {'ledger_reset'} / {'timezone', ...} /
 -- {'clock', now_ms}.
 -- Why: the answer a caller reads (remaining_micros, resets_at_ms) must come from the same
 -- windows and the same instant that reserve would use.
 local a = status_args(ARGV)
-if a.run_budget_id ~= '' then int(a.run_ceiling_micros, 'run_ceiling_micros') end
 local now = ledger_now(a.now_ms)
 local prefix = prefix_of(KEYS[1])
 local legs, status = resolve_legs(prefix, KEYS[1], a, now)

@@ -234,8 +234,7 @@ class ScriptedStore:
         time the windows were made for were not the ledger's."""
         now_ms = self._now_estimate() if now_ms is None else now_ms
         fields["budget_ids"] = self._path(budget_ids)
-        fields["run_budget_id"] = run.budget_id.path if run else ""
-        fields["run_ceiling_micros"] = str(run.ceiling_micros) if run else ""
+        fields["run"] = wire.run_field(run.budget_id.path, run.ceiling_micros) if run else ""
         fields[wire.NOW] = self._now_arg()
         shape = {"reserve": wire.RESERVE_ARGS, "book": wire.BOOK_ARGS,
                  "status": wire.STATUS_ARGS}[op.name]
@@ -267,13 +266,12 @@ class ScriptedStore:
             {
                 "ledger_id": ledger_id,
                 "owner": ref.owner,
-                "fingerprint": request.fingerprint,
                 "reserved_micros": str(request.amount_micros),
                 "ttl_ms": str(request.ttl_ms),
                 "expire_policy": request.expire_policy,  # a StrEnum is its value
                 "retention_ms": str(request.retention_ms),
-                "price_version": wire.escaped(request.price_version),
-                "model": wire.escaped(request.model),
+                "record_tail": wire.record_tail(request.fingerprint, request.price_version,
+                                                request.model),
             },
             request.budget_ids,
             request.run,
@@ -349,11 +347,10 @@ class ScriptedStore:
                 "ledger_id": ledger_id,
                 "admitted_at_ms": str(admitted_at_ms),
                 "owner": ref.owner,
-                "fingerprint": request.fingerprint,
                 "reserved_micros": str(request.amount_micros),
                 "actual_micros": str(actual_micros),
-                "price_version": wire.escaped(request.price_version),
-                "model": wire.escaped(request.model),
+                "record_tail": wire.record_tail(request.fingerprint, request.price_version,
+                                                request.model),
             },
             request.budget_ids, request.run, now_ms=admitted_at_ms,
         )

@@ -1,5 +1,10 @@
-"""The lua/ scripts, each prefixed with the names core/stores/wire.py generates and lua/lib.lua,
-as the text every store sends.
+"""The lua/ scripts as the server runs them: one function library, or one script each.
+
+A server runs every statement of a script on every call, and defining a function costs it as
+much as a few commands: the library the scripts make (`library`: the generated prelude of
+core/stores/wire.py, lua/lib.lua, then each script as a function, FCALL) defines them once,
+when a server loads it. A server without functions (before Redis 7) runs each as a script of its
+own (`script`, EVALSHA), built from its own file and what it uses, and no more.
 
 The scripts are package data of the `lua` package, read through importlib.resources: the same
 lookup finds them in a checkout, an editable install, an installed wheel and the Vercel and
@@ -31,9 +36,22 @@ def lua_dir() -> Traversable:
 
 @dataclass(frozen=True)
 class Script:
+    """One ledger operation: as a script of its own (`source`, known to the server by `sha1`),
+    and as `function` of the library, when it is one of the library's."""
+
     name: str
     source: str
     sha1: str
+    function: str | None = None
+
+
+@dataclass(frozen=True)
+class Library:
+    """Every ledger operation, as functions of one library named for its text, so that two
+    versions of the code never call each other's."""
+
+    name: str
+    source: str
 
 
 # A top-level statement of the prelude or lib.lua: 'local NAME ...' or 'local function NAME'
@@ -43,6 +61,9 @@ _NAME = re.compile(r"[A-Za-z_]\w*")
 _COMMENT = re.compile(r"--.*$", re.MULTILINE)
 # Starts the line of a script after which its general case runs (`assembled`).
 GENERAL_CASE = "-- The general case"
+# Hex digits of the library's digest in its name and its functions' names: 48 bits, so that two
+# versions deployed against one ledger share a name with a chance of one in 10**14.
+LIBRARY_DIGEST_HEX = 12
 
 
 def statements(source: str) -> list[tuple[str, str]]:
@@ -96,16 +117,68 @@ def assembled(parts: Sequence[tuple[str, str]], own: str) -> str:
     return f"{text(first)}\n{common}\n{text(rest)}{GENERAL_CASE}{general}"
 
 
+def _parts() -> list[tuple[str, str]]:
+    lib = lua_dir().joinpath("lib.lua").read_text(encoding=SCRIPT_ENCODING)
+    return [*((n, text + "\n") for chunk in prelude() for n, text in statements(chunk)),
+            *statements(lib)]
+
+
+def _own(name: str) -> str:
+    return lua_dir().joinpath(f"{name}.lua").read_text(encoding=SCRIPT_ENCODING)
+
+
+def names() -> tuple[str, ...]:
+    """Every ledger operation: a file of lua/ but lib.lua."""
+    return tuple(sorted(
+        entry.name.removesuffix(".lua") for entry in lua_dir().iterdir()
+        if entry.name.endswith(".lua") and entry.name != "lib.lua"
+    ))
+
+
+@cache
+def library() -> Library:
+    """The prelude and lib.lua's statements, defined once when a server loads the library,
+    then every operation as a function of (KEYS, ARGV), as a script has them."""
+    parts = _parts()
+    body = "".join(text for _, text in parts)
+    digest = hashlib.sha1(  # noqa: S324 (a name, not a secret)
+        (body + "".join(_own(n) for n in names())).encode()).hexdigest()[:LIBRARY_DIGEST_HEX]
+    functions = "".join(
+        f"\nredis.register_function('{_function(digest, n)}', function(KEYS, ARGV)\n"
+        f"{_own(n)}\nend)\n" for n in names()
+    )
+    name = f"spend_ceiling_{digest}"
+    return Library(name, f"#!lua name={name}\n{body}{functions}")
+
+
+def _function(digest: str, name: str) -> str:
+    return f"sc_{digest}_{name}"
+
+
 @cache
 def script(name: str) -> Script:
-    """One ledger operation's script, built from its own file and the statements of the
-    generated prelude (core/stores/wire.py) and lua/lib.lua that it uses. The text depends only
-    on this version's code, so every instance of a version sends a script under the same
-    SHA-1."""
-    scripts = lua_dir()
-    lib = scripts.joinpath("lib.lua").read_text(encoding=SCRIPT_ENCODING)
-    own = scripts.joinpath(f"{name}.lua").read_text(encoding=SCRIPT_ENCODING)
-    parts = [*((n, text + "\n") for chunk in prelude() for n, text in statements(chunk)),
-             *statements(lib)]
-    source = f"-- ==== {name}.lua, with what it uses ====\n{assembled(parts, own)}"
-    return Script(name, source, hashlib.sha1(source.encode()).hexdigest())  # noqa: S324 (Redis' script id)
+    """One ledger operation: its own file, after the statements of the generated prelude
+    (core/stores/wire.py) and lua/lib.lua that it uses, and its function in the library. The
+    text depends only on this version's code, so every instance of a version sends a script
+    under the same SHA-1 and calls the same function."""
+    source = f"-- ==== {name}.lua, with what it uses ====\n{assembled(_parts(), _own(name))}"
+    function = _function(library().name.removeprefix("spend_ceiling_"), name)
+    return Script(name, source, hashlib.sha1(source.encode()).hexdigest(),  # noqa: S324 (Redis' script id)
+                  function)
+
+
+def function_missing(message: str) -> bool:
+    """Whether a server's error says it does not know the function called (a server that never
+    loaded this version's library, a replica promoted since, FUNCTION FLUSH)."""
+    return "function not found" in message.lower()
+
+
+def functions_unknown(message: str) -> bool:
+    """Whether a server's error says it has no functions at all (Redis before 7.0)."""
+    lowered = message.lower()
+    return "unknown command" in lowered and "fcall" in lowered
+
+
+def library_exists(message: str) -> bool:
+    """Whether FUNCTION LOAD failed only because another instance loaded the library first."""
+    return "already exists" in message.lower()

@@ -44,6 +44,7 @@ from core.limits import (
     IDEMPOTENCY_WINDOW_MS,
     INT_EXACT_MAX,
     RECLAIM_BATCH_MAX,
+    RECLAIM_SAMPLE_DIGITS,
     RESEND_WINDOW_MS,
     RUN_COUNTER_IDLE_MS,
     UNKNOWN_OUTCOME_RETENTION_MS,
@@ -63,17 +64,17 @@ PART_SEPARATOR = "|"
 
 # The caller's own clock, for tests that inject one; production sends none (Redis TIME).
 NOW = "now_ms"
+# `run`: a run's budget id and ceiling, ITEM_SEPARATOR between them, or ''. `record_tail`: the
+# record's RECORD_TAIL, packed: a script keeps it as it came, and reads it only on a replay.
 RESERVE_ARGS = (
-    "ledger_id", "reserved_micros", "ttl_ms", "budget_ids", "run_budget_id",
-    "run_ceiling_micros", "zones", "expire_policy", "retention_ms", "owner", "fingerprint",
-    "price_version", "model", NOW,
+    "ledger_id", "reserved_micros", "ttl_ms", "budget_ids", "run", "zones", "expire_policy",
+    "retention_ms", "owner", "record_tail", NOW,
 )
 BOOK_ARGS = (
-    "ledger_id", "admitted_at_ms", "reserved_micros", "actual_micros", "budget_ids",
-    "run_budget_id", "run_ceiling_micros", "zones", "owner", "fingerprint", "price_version",
-    "model", NOW,
+    "ledger_id", "admitted_at_ms", "reserved_micros", "actual_micros", "budget_ids", "run",
+    "zones", "owner", "record_tail", NOW,
 )
-STATUS_ARGS = ("ledger_id", "budget_ids", "run_budget_id", "run_ceiling_micros", "zones", NOW)
+STATUS_ARGS = ("ledger_id", "budget_ids", "run", "zones", NOW)
 SETTLE_ARGS = ("owner", "actual_micros", NOW)
 RELEASE_ARGS = ("owner", NOW)
 CORRECT_ARGS = ("actual_micros", "corrected_by", "correction_reason", NOW)
@@ -94,20 +95,21 @@ ZONE_PARTS = (
 # the free text, which only Python reads, is last.
 RECORD_FIELDS = (
     "state", "reserved_micros", "expire_policy", "retention_ms", "owner", "legs",
-    "expires_at_ms", "created_ms", "fingerprint", "actual_micros", "released_micros",
-    "overshoot_micros", "late", "outcome", "resolved_ms", "corrected_by", "corrected_at_ms",
-    "price_version", "model", "correction_reason",
+    "expires_at_ms", "created_ms", "actual_micros", "released_micros", "overshoot_micros",
+    "late", "outcome", "resolved_ms", "corrected_by", "corrected_at_ms", "correction_reason",
+    "fingerprint", "price_version", "model",
 )
 RECORD_HEAD = 6
+RECORD_TAIL = RECORD_FIELDS[-3:]
 # What a reserve writes; what is kept of a gateway call once it is resolved (RESEND_WINDOW_MS):
 # all that a resend of its settle or release, or of its reserve, reads.
 OPENED_FIELDS = (
     "state", "reserved_micros", "expire_policy", "retention_ms", "owner", "legs",
-    "expires_at_ms", "created_ms", "fingerprint", "outcome", "price_version", "model",
+    "expires_at_ms", "created_ms", "outcome", *RECORD_TAIL,
 )
 RESOLVED_FIELDS = (
-    "state", "reserved_micros", "expire_policy", "retention_ms", "owner", "fingerprint",
-    "actual_micros", "released_micros", "overshoot_micros", "late", "outcome",
+    "state", "reserved_micros", "expire_policy", "retention_ms", "owner", "actual_micros",
+    "released_micros", "overshoot_micros", "late", "outcome", "fingerprint",
 )
 FREE_TEXT_FIELDS = ("price_version", "model", "correction_reason")
 # A budget's definition hash, by Python names, with the ledger id it was put under ('ledger').
@@ -137,6 +139,14 @@ def arguments(shape: Sequence[str], **fields: str) -> list[str]:
     ensure(fields.keys() == set(shape), f"the arguments {sorted(fields)} are {shape}")
     values = [fields[name] for name in shape]
     return values[:-1] if shape[-1] == NOW and not values[-1] else values
+
+
+def record_tail(fingerprint: str, price_version: str, model: str) -> str:
+    return SEPARATOR.join((fingerprint, escaped(price_version), escaped(model)))
+
+
+def run_field(budget_id: str, ceiling_micros: int) -> str:
+    return f"{budget_id}{ITEM_SEPARATOR}{ceiling_micros}"
 
 
 def zone_entry(timezone: str, day: Window, month: Window) -> str:
@@ -261,7 +271,6 @@ class StoredRecord(NamedTuple):
     legs: str
     expires_at_ms: str
     created_ms: str
-    fingerprint: str
     actual_micros: str
     released_micros: str
     overshoot_micros: str
@@ -270,9 +279,10 @@ class StoredRecord(NamedTuple):
     resolved_ms: str
     corrected_by: str
     corrected_at_ms: str
+    correction_reason: str
+    fingerprint: str
     price_version: str
     model: str
-    correction_reason: str
 
     @classmethod
     def unpacked(cls, packed_record: str) -> StoredRecord:
@@ -384,17 +394,22 @@ def _writer(name: str, fields: Sequence[str]) -> str:
 
 def _positional_writer(name: str, given: Sequence[str]) -> str:
     """A function that packs a record from the fields `given`, its parameters in RECORD_FIELDS'
-    order under their names; the others are empty. One concatenation: no table is built."""
+    order under their names (RECORD_TAIL as one, `record_tail`, where all of it is given); the
+    others are empty. One concatenation: no table is built."""
     ensure(list(given) == [f for f in RECORD_FIELDS if f in given], "given in record order")
+    packed_tail = set(RECORD_TAIL) <= set(given)
+    fields = [f for f in RECORD_FIELDS if not (packed_tail and f in RECORD_TAIL)]
+    fields += ["record_tail"] if packed_tail else []
     pieces: list[str] = []  # the names, and the separators between them as one literal each
     literal = ""
-    for i, field in enumerate(RECORD_FIELDS):
+    for i, field in enumerate(fields):
         literal += "\\t" if i else ""
-        if field in given:
+        if field in given or field == "record_tail":
             pieces += [f"'{literal}'", field] if literal else [field]
             literal = ""
     pieces += [f"'{literal}'"] if literal else []
-    return f"local function {name}({', '.join(given)})\n  return {' .. '.join(pieces)}\nend"
+    params = [f for f in fields if f in given or f == "record_tail"]
+    return f"local function {name}({', '.join(params)})\n  return {' .. '.join(pieces)}\nend"
 
 
 def _definition_reader(name: str, fields: Sequence[str]) -> str:
@@ -424,33 +439,40 @@ def _above(x: str, y: str) -> str:
     return f"({x} > {y} and {x} - {y} or 0)"
 
 
-def _effects() -> str:
-    """core/lifecycle.py effects, compiled: a row of TRANSITIONS per branch, its amounts worked
-    out from HOLDINGS, so a step costs the script comparisons and a little arithmetic (no table
-    and no call per share). Returns to, outcome, and the deltas of reserved and committed, the
+def _effects() -> list[str]:
+    """core/lifecycle.py effects, compiled: for each event, a function with a branch per row
+    of TRANSITIONS, its amounts worked out from HOLDINGS, so a step costs a script a few
+    comparisons and a little arithmetic (no table, no call per share); and `effects`, which
+    picks the event's. Each returns to, outcome, and the deltas of reserved and committed, the
     overshoot, the released and the charged amounts, and whether the step is late; nothing
     where the table has no row."""
-    out = ["local function effects(event, state, policy, held, actual)"]
-    rows = sorted(TRANSITIONS.items(), key=lambda item: _ROW_ORDER.get(item[0][0], 9))
-    for (event, state, policy), row in rows:
-        before, after = HOLDINGS[(state, policy)], HOLDINGS[(row.to, policy)]
-        charged, covered = _amount(after.committed), _amount(before.covered)
-        values = [
-            _lua_string(row.to), _lua_string(row.outcome),
-            _minus(_amount(after.reserved), _amount(before.reserved)),
-            _minus(charged, _amount(before.committed)),
-            _above(charged, covered), _above(covered, charged), charged,
-            "true" if state == ReservationState.EXPIRED or event is Event.BOOK else "false",
-        ]
-        test = (f"event == {_lua_string(event)} and state == {_lua_string(state)} "
-                f"and policy == {_lua_string(policy)}")
-        out.append(f"  if {test} then\n    return {', '.join(values)}\n  end")
-    out.append("  return nil\nend")
-    return "\n".join(out)
-
-
-# The branches a call takes most often come first.
-_ROW_ORDER = {Event.SETTLE: 0, Event.RESERVE: 1, Event.RELEASE: 2, Event.EXPIRE: 3}
+    out, events = [], []
+    for event in Event:
+        rows = [(key, row) for key, row in TRANSITIONS.items() if key[0] == event]
+        name = f"{event}_effects"
+        events.append((event, name))
+        code = [f"local function {name}(state, policy, held, actual)"]
+        for (_, state, policy), row in rows:
+            before, after = HOLDINGS[(state, policy)], HOLDINGS[(row.to, policy)]
+            charged, covered = _amount(after.committed), _amount(before.covered)
+            values = [
+                _lua_string(row.to), _lua_string(row.outcome),
+                _minus(_amount(after.reserved), _amount(before.reserved)),
+                _minus(charged, _amount(before.committed)),
+                _above(charged, covered), _above(covered, charged), charged,
+                "true" if state == ReservationState.EXPIRED or event is Event.BOOK else "false",
+            ]
+            code.append(f"  if state == {_lua_string(state)} and policy == {_lua_string(policy)}"
+                        f" then\n    return {', '.join(values)}\n  end")
+        code.append("  return nil\nend")
+        out.append("\n".join(code))
+    dispatch = ["local function effects(event, state, policy, held, actual)"]
+    for event, name in events:
+        dispatch.append(f"  if event == {_lua_string(event)} then\n"
+                        f"    return {name}(state, policy, held, actual)\n  end")
+    dispatch.append("  return nil\nend")
+    out.append("\n".join(dispatch))
+    return out
 
 
 def _committed() -> str:
@@ -469,6 +491,9 @@ def prelude() -> list[str]:
     core/stores/keys.py and core/lifecycle.py give, one top-level statement each: a script is
     built from the statements it uses (core/stores/scripts.py)."""
     out = [f"local {name} = {value}" for name, value in CONSTANTS.items()]
+    # Compared with a record's field as it is stored: a gateway call's retention.
+    out.append(f"local RESEND_WINDOW_MS_TEXT = '{RESEND_WINDOW_MS}'")
+    out.append(f"local RECLAIM_SAMPLE_DIGITS = {_lua_string(RECLAIM_SAMPLE_DIGITS)}")
     out += [f"local {name} = {_lua_string(part)}" for name, part in KEY_PARTS.items()]
     out += [_argument_reader(name, shape) for name, shape in ARGUMENT_SHAPES.items()]
     out.append(_reader("unpack_record", RECORD_FIELDS))
@@ -481,7 +506,6 @@ def prelude() -> list[str]:
     out.append(_definition_reader("read_definition", DEFINITION_FIELDS))
     out.append(_definition_reader("read_legacy_definition", LEGACY_DEFINITION_FIELDS))
     out.append(f"local DEFINITION_FIELDS = {_lua_list(DEFINITION_FIELDS)}")
-    out.append("-- core/lifecycle.py: the transition table, compiled (the rule is lifecycle.effects).\n"
-               + _effects())
+    out += _effects()
     out.append(_committed())
     return out

@@ -13,9 +13,9 @@ from redis.exceptions import ResponseError
 from core.budgets import BudgetId, Period
 from core.errors import BudgetNotFound, LedgerUnavailable
 from core.ledger import ROLES_OF_LEGACY_KEYS, KeyRecord, ReservationRef, Role
-from core.stores import keys
+from core.stores import keys, wire
 from core.stores.redis import LEDGER_CALL_TIMEOUT_S, RedisStore
-from core.stores.scripts import script
+from core.stores.scripts import library, script
 from infra.redis_server import RedisServer, free_port
 from tests.core.stores.test_conformance import OWNER, leg, put, request
 
@@ -130,7 +130,9 @@ async def test_a_ledger_that_comes_back_is_used_without_a_new_store(
     await store.close()
 
 
-@pytest.mark.parametrize("bad", ["-0", "1.5", "1e3", "9007199254740993", "", "-1", "0x10"])
+@pytest.mark.parametrize(
+    "bad", ["-0", "1.5", "1e3", "9007199254740993", "", "-1", "0x10", "0", "012"]
+)
 async def test_the_reserve_script_refuses_a_bad_amount_before_writing(
     redis_server: RedisServer, raw: aioredis.Redis, tag: str, bad: str
 ) -> None:
@@ -138,14 +140,25 @@ async def test_the_reserve_script_refuses_a_bad_amount_before_writing(
     ledger_id = await store.open()
     await put(store, tag, (Period.TOTAL, 1_000))
     rid = "bad-amount"
-    args = [ledger_id, "", rid, OWNER, "fp", bad, "60000", "v", "m", "charge", "16", "1000",
-            "1000", "0", "1", tag, "UTC", ""]
+    args = wire.arguments(
+        wire.RESERVE_ARGS, ledger_id=ledger_id, reserved_micros=bad, ttl_ms="60000",
+        budget_ids=tag, run="", zones="", expire_policy="charge", retention_ms="1000",
+        owner=OWNER, record_tail=wire.record_tail("fp", "v", "m"), now_ms="")
     reserve = script("reserve")
-    with pytest.raises(ResponseError, match="BADARG"):
+    # As a script of its own, and as the library's function.
+    with pytest.raises(ResponseError, match="BADARG reserved_micros"):
         await raw.eval(reserve.source, 3, keys.meta(tag), keys.reservation(tag, rid),
                        keys.open_leases(tag), *args)
+    await raw.function_load(library().source, replace=True)
+    with pytest.raises(ResponseError, match="BADARG reserved_micros"):
+        await raw.fcall(reserve.function, 3, keys.meta(tag), keys.reservation(tag, rid),
+                        keys.open_leases(tag), *args)
     assert not await raw.exists(keys.reservation(tag, rid))
     assert (await leg(store, tag)).reserved_micros == 0
+    # The same call with an amount that is one is held: the refusals above were the amount's.
+    good = [*args[:1], "1", *args[2:]]
+    assert (await raw.eval(reserve.source, 3, keys.meta(tag), keys.reservation(tag, rid),
+                           keys.open_leases(tag), *good))[0] == "ok"
     await store.close()
 
 
