@@ -73,10 +73,11 @@ async def server_counters(client: aioredis.Redis) -> tuple[float, float, int, in
     stats = await client.info("commandstats")
     usec = calls = commands = 0
     for name, row in stats.items():
-        if name in ("cmdstat_evalsha", "cmdstat_eval"):
+        if name in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall"):
             usec += row["usec"]
             calls += row["calls"]
-        elif name not in ("cmdstat_info", "cmdstat_config", "cmdstat_script"):
+        elif not name.startswith(("cmdstat_info", "cmdstat_config", "cmdstat_script",
+                                  "cmdstat_function")):
             commands += row["calls"]
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), usec, calls, commands
 
