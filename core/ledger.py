@@ -22,8 +22,8 @@ from functools import lru_cache
 from typing import NamedTuple, Protocol
 
 from core.budgets import BudgetDef, BudgetId, Period, period_of
-from core.errors import BudgetBusy, BudgetExceeded, BudgetRefused, ReservationResolved
-from core.limits import IDEMPOTENCY_WINDOW_MS
+from core.errors import BudgetBusy, BudgetExceeded, BudgetRefused, ReservationResolved, ensure
+from core.limits import IDEMPOTENCY_WINDOW_MS, RESEND_WINDOW_MS
 
 # A busy budget frees up when an open call settles, which takes seconds, not a lease's length.
 BUSY_RETRY_AFTER_S = 1
@@ -106,7 +106,8 @@ class RunLimit:
 @dataclass(frozen=True)
 class ReserveRequest:
     """One call's hold. `retention_ms`: how long its record answers a repeat once it is resolved
-    (core/limits.py): RESEND_WINDOW_MS for a call only the gateway settles, the idempotency
+    (core/limits.py): RESEND_WINDOW_MS for a call only the gateway settles, under an id minted for
+    it (no fingerprint: nothing but a resend of the same script can repeat it); the idempotency
     window for one whose caller holds the id and may replay or resend."""
 
     ref: ReservationRef
@@ -119,6 +120,10 @@ class ReserveRequest:
     expire_policy: ExpirePolicy = ExpirePolicy.CHARGE
     run: RunLimit | None = None
     retention_ms: int = IDEMPOTENCY_WINDOW_MS
+
+    def __post_init__(self) -> None:
+        ensure(self.retention_ms > RESEND_WINDOW_MS or not self.fingerprint,
+               "a reservation kept only for resends is under an id minted for it: no fingerprint")
 
 
 # The window key of the legs the outage journal reports (core/outage.py): an instance's own

@@ -41,11 +41,12 @@ if type(stored) == 'string' then
       if committed ~= '0' then redis.call('HINCRBY', ck, 'committed', committed) end
       if overshoot ~= '0' then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
     end
+    -- A gateway call's answer to a resend, its fingerprint '' (core/service.py): in the order
+    -- of pack_resolved's parameters (wire.py RESOLVED_FIELDS).
     redis.call('SET', KEYS[2], pack_resolved(
-      to, reserved_micros, expire_policy, retention_ms, owner, '',
-      to == 'settled' and a.actual_micros or '',
-      text_of(released, held, reserved_micros, actual, a.actual_micros), overshoot,
-      late and '1' or '0', outcome), 'PX', retention_ms)
+      to, reserved_micros, expire_policy, retention_ms, owner,
+      to == 'settled' and a.actual_micros or '', text_of(released, held, reserved_micros, actual, a.actual_micros), overshoot,
+      late and '1' or '0', outcome, ''), 'PX', retention_ms)
     redis.call('ZREM', KEYS[3], id_of(prefix, KEYS[2]))
     return {'ok', state, expire_policy, reserved_micros}
   end
