@@ -273,6 +273,9 @@ class StoredReply:
 
 
 class ClaimKind(StrEnum):
+    """What a claim of an idempotency key found: the key for this attempt, the call still
+    running under another, its answer, or another request under the same key."""
+
     CLAIMED = "claimed"
     IN_FLIGHT = "in_flight"
     DONE = "done"
