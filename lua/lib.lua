@@ -108,8 +108,8 @@ local function encode_legs(legs)
   return out or ''
 end
 
--- One leg's status as every script answers it: wire.py LEG_STATUS_FIELDS, '|' between them,
--- the counters as strings.
+-- One leg's status as every script answers it: core/ledger.py LegStatus' fields in order, '|'
+-- between them (wire.py leg reads it), the counters as the strings Redis keeps them.
 local function leg_status(leg, committed, reserved, overshoot)
   return leg.budget_id .. '|' .. leg.window_key .. '|' .. leg.ceiling_micros .. '|' ..
          committed .. '|' .. reserved .. '|' .. overshoot .. '|' .. leg.resets_at_ms .. '|' ..

@@ -27,9 +27,6 @@ TAG_MAP_KEY = "sc:tags"
 # The parts after 'sc:{TAG}:' of the keys of one tag.
 META = "meta"
 RECORD = "r:"  # + reservation id: one reservation, a string (wire.py RECORD_FIELDS)
-# + generation ':' shard: resolved gateway reservations, a hash of id -> compact record, kept
-# whole for two generations of RESEND_WINDOW_MS (lua/lib.lua keep_resolved says why)
-RESOLVED = "d:"
 OPEN = "open"  # the open leases, a sorted set of reservation ids by lease end
 DEFINITION = "def:"  # + budget id: one budget's limits
 COUNTER = "p:"  # + budget id '|' window key: one budget's counters in one period window

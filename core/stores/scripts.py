@@ -47,11 +47,18 @@ class Script:
 
 @dataclass(frozen=True)
 class Library:
-    """Every ledger operation, as functions of one library named for its text, so that two
-    versions of the code never call each other's."""
+    """Every ledger operation, as functions of one library named for its text (`digest`), so
+    that two versions of the code never call each other's."""
 
-    name: str
+    digest: str
     source: str
+
+    @property
+    def name(self) -> str:
+        return f"spend_ceiling_{self.digest}"
+
+    def function(self, operation: str) -> str:
+        return f"sc_{self.digest}_{operation}"
 
 
 # A top-level statement of the prelude or lib.lua: 'local NAME ...' or 'local function NAME'
@@ -143,16 +150,12 @@ def library() -> Library:
     body = "".join(text for _, text in parts)
     digest = hashlib.sha1(  # noqa: S324 (a name, not a secret)
         (body + "".join(_own(n) for n in names())).encode()).hexdigest()[:LIBRARY_DIGEST_HEX]
+    made = Library(digest, "")
     functions = "".join(
-        f"\nredis.register_function('{_function(digest, n)}', function(KEYS, ARGV)\n"
+        f"\nredis.register_function('{made.function(n)}', function(KEYS, ARGV)\n"
         f"{_own(n)}\nend)\n" for n in names()
     )
-    name = f"spend_ceiling_{digest}"
-    return Library(name, f"#!lua name={name}\n{body}{functions}")
-
-
-def _function(digest: str, name: str) -> str:
-    return f"sc_{digest}_{name}"
+    return Library(digest, f"#!lua name={made.name}\n{body}{functions}")
 
 
 @cache
@@ -162,14 +165,14 @@ def script(name: str) -> Script:
     text depends only on this version's code, so every instance of a version sends a script
     under the same SHA-1 and calls the same function."""
     source = f"-- ==== {name}.lua, with what it uses ====\n{assembled(_parts(), _own(name))}"
-    function = _function(library().name.removeprefix("spend_ceiling_"), name)
-    return Script(name, source, hashlib.sha1(source.encode()).hexdigest(),  # noqa: S324 (Redis' script id)
-                  function)
+    sha1 = hashlib.sha1(source.encode()).hexdigest()  # noqa: S324 (Redis' script id)
+    return Script(name, source, sha1, library().function(name))
 
 
 def function_missing(message: str) -> bool:
-    """Whether a server's error says it does not know the function called (a server that never
-    loaded this version's library, a replica promoted since, FUNCTION FLUSH)."""
+    """Whether a server's error says it does not know the function called: a server that never
+    loaded this version's library (a new one, one FUNCTION FLUSH emptied, a cluster node that
+    took the slot over)."""
     return "function not found" in message.lower()
 
 

@@ -111,14 +111,11 @@ RESOLVED_FIELDS = (
     "state", "reserved_micros", "expire_policy", "retention_ms", "owner", "actual_micros",
     "released_micros", "overshoot_micros", "late", "outcome", "fingerprint",
 )
-FREE_TEXT_FIELDS = ("price_version", "model", "correction_reason")
 # A budget's definition hash, by Python names, with the ledger id it was put under ('ledger').
 # Definitions put before these names have the legacy ones (and the ledger id in the tag's meta).
 DEFINITION_FIELDS = ("ledger", "timezone", "outage_allowance_micros", "ceiling_micros:day",
                      "ceiling_micros:month", "ceiling_micros:total")
 LEGACY_DEFINITION_FIELDS = ("tz", "allow", "ceil:day", "ceil:month", "ceil:total")
-# One leg's status as the scripts answer it: LegStatus' fields, PART_SEPARATOR between them.
-LEG_STATUS_FIELDS = LegStatus._fields
 
 _ESCAPES = {"%": "%25", SEPARATOR: "%09"}
 
