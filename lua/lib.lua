@@ -265,7 +265,7 @@ end
 -- as the lifecycle says, recorded on it, and its lease taken off the open set. `rec` needs only
 -- its head (wire.py RECORD_HEAD) for a record kept RESEND_WINDOW_MS, all of it otherwise.
 -- `actual` is what a settle or correction charges; `now` (nil to read it only if needed) is the
--- ledger's time. Returns what it left `rec` in and what it released and overshot.
+-- ledger's time. `rec` is left as it was kept.
 local function resolve(prefix, key, open_key, rec, event, actual, now, extra)
   local to, outcome, reserved, committed, overshoot, released, _, late =
     effects(event, rec.state, rec.expire_policy, tonumber(rec.reserved_micros), actual)

@@ -48,6 +48,7 @@ from core.ledger import (
 )
 from core.lifecycle import ABSENT, Effects, Event, Outcome, charged_micros, effects, step
 from core.limits import (
+    IDEMPOTENCY_WINDOW_MS,
     RECLAIM_BATCH_MAX,
     RUN_COUNTER_IDLE_MS,
     UNKNOWN_OUTCOME_RETENTION_MS,
@@ -428,10 +429,12 @@ class MemoryStore:
             c.committed += fx.committed_delta
             c.overshoot += fx.overshoot_micros
             self._touched(leg, now_ms)
+        # Kept for the idempotency window, whatever call it was: a flush retried after a lost
+        # reply must find it (lua/book.lua).
         rec = _Record(
             fx.to, request.fingerprint, ref.owner, request.amount_micros, admitted_at_ms,
             ExpirePolicy.CHARGE, legs, request.price_version, request.model,
-            request.retention_ms, created_ms=admitted_at_ms, actual_micros=actual_micros,
+            IDEMPOTENCY_WINDOW_MS, created_ms=admitted_at_ms, actual_micros=actual_micros,
             released_micros=fx.released_micros, overshoot_micros=fx.overshoot_micros,
             late=fx.late, outcome=fx.outcome, resolved_ms=now_ms,
         )
