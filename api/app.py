@@ -1,27 +1,42 @@
-"""The FastAPI application: routes, the error mapping, and a request-size limit."""
+"""The application: the hot routes in Starlette, the rest in FastAPI, one stack around both.
+
+Every request goes through one stack, Starlette's own (starlette.applications.Starlette builds
+it), outermost first:
+
+    ServerErrorMiddleware   Starlette's: an exception nothing handled is a 500
+    *MIDDLEWARE             declared once, below: the body limit, and whatever is added there
+    ExceptionMiddleware     errors.HANDLERS, the one mapping of errors to answers
+    router                  the hot routes (api/routing.py), then FastAPI for everything else
+
+FastAPI serves admin, health, the docs and the OpenAPI schema, which documents the hot routes
+too. A middleware added to MIDDLEWARE (CORS, request ids, tracing) applies to every route;
+FastAPI's own per-request telemetry sees only what reaches FastAPI.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.routing import Match
+from fastapi import FastAPI
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import errors
 from api.routes import admin, gateway, health, sidecar
-from api.routing import LeanRoute
 from api.runtime import VERSION
-from core.errors import CeilingError
 
 # The largest request body accepted: a chat request with a long prompt fits in a few hundred KB;
 # anything larger is refused with 413 before it is parsed.
 BODY_BYTES_MAX = 4 * 1024 * 1024
+TOO_LARGE = f"request bodies are limited to {BODY_BYTES_MAX} bytes"
 
 
 class BodyLimit:
-    """Refuse bodies over BODY_BYTES_MAX, by Content-Length and while streaming."""
+    """Refuse bodies over BODY_BYTES_MAX: by Content-Length before the app runs, and a chunked
+    body as it streams in (the app's exception mapping answers that one)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -30,13 +45,11 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = dict(scope.get("headers", [])).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > BODY_BYTES_MAX):
-            await errors.error_response(
-                "payload_too_large", f"request bodies are limited to {BODY_BYTES_MAX} bytes"
-            )(scope, receive, send)
-            return
+        length = dict(scope["headers"]).get(b"content-length")
         if length is not None:
+            if not length.isdigit() or int(length) > BODY_BYTES_MAX:
+                await errors.error_response("payload_too_large", TOO_LARGE)(scope, receive, send)
+                return
             # The HTTP server reads no more than Content-Length: only a chunked body can grow
             # past what was announced, so only that one is counted as it streams in.
             await self.app(scope, receive, send)
@@ -48,68 +61,31 @@ class BodyLimit:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > BODY_BYTES_MAX:
-                raise errors.PayloadTooLarge()
+                raise HTTPException(413, TOO_LARGE)
             return message
 
-        try:
-            await self.app(scope, limited, send)
-        except errors.PayloadTooLarge:
-            await errors.error_response(
-                "payload_too_large", f"request bodies are limited to {BODY_BYTES_MAX} bytes"
-            )(scope, receive, send)
+        await self.app(scope, limited, send)
 
 
-class CeilingApp(FastAPI):
-    """The FastAPI app, with its lean routes dispatched ahead of FastAPI's middleware stack.
-
-    Reserve, settle, release and the gateway's calls are nearly all of the traffic. FastAPI's
-    middleware stack and router cost ~90 us of CPU a request here (an in-process A/B), about a
-    third of what the service spent beyond its ledger round trip; bench/http.py shows the
-    effect end to end. A request for a lean route (its path
-    and method) is run here directly, inside the same body limit, with the app's error mapping;
-    everything else goes through FastAPI. The lean routes stay FastAPI's routes, which is what
-    documents them in the OpenAPI schema.
-
-    What those requests skip: FastAPI's own per-request telemetry (an OpenTelemetry ASGI
-    middleware wrapped around the whole app still sees them) and its exception handlers, whose
-    mapping they share through api/errors.
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._lean = [r for r in self.router.routes if isinstance(r, LeanRoute)]
-        self._lean_limited = BodyLimit(self._serve_lean)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            for route in self._lean:
-                # The route's own matcher: its path, its methods, its converters, the root path.
-                match, child_scope = route.matches(scope)
-                if match is Match.FULL:
-                    scope.update(child_scope, app=self)
-                    await self._lean_limited(scope, receive, send)
-                    return
-        await super().__call__(scope, receive, send)
-
-    async def _serve_lean(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route: LeanRoute = scope["route"]
-        try:
-            response = await route.handler(Request(scope, receive, send))
-        except CeilingError as exc:
-            response = errors.ceiling_error_response(exc)
-        except RequestValidationError as exc:
-            response = errors.validation_error_response(exc)
-        await response(scope, receive, send)
+# Every request goes through these, outermost first, hot route or not.
+MIDDLEWARE: tuple[Middleware, ...] = (Middleware(BodyLimit),)
+HOT_ROUTES = (*sidecar.ROUTES, *gateway.ROUTES)
 
 
-def create_app() -> FastAPI:
-    # The app serves the routers' routes itself instead of through include_router(): FastAPI
-    # matches an included router through a layer of its own that cost more CPU per request
-    # than the rest of a reserve's Python (bench/http.py).
-    app = CeilingApp(title="spend-ceiling", version=VERSION, routes=[
-        *sidecar.router.routes, *gateway.router.routes, *health.router.routes,
-        *admin.router.routes,
-    ])
-    errors.install(app)
-    app.add_middleware(BodyLimit)
-    return app
+def create_app(middleware: Sequence[Middleware] = MIDDLEWARE) -> Starlette:
+    documented = FastAPI(
+        title="spend-ceiling", version=VERSION, exception_handlers=errors.HANDLERS,
+        # Given as routes, not through include_router(): FastAPI matches an included router
+        # through a layer of its own on every request.
+        routes=[*admin.router.routes, *health.router.routes,
+                *(r.documented() for r in HOT_ROUTES)],
+    )
+    # The dispatcher: a hot route's path and method go to its Starlette route; anything else
+    # (admin, health, docs, a hot path with another method, a path nobody serves) to FastAPI,
+    # which answers it with the same mapping. Mount("") leaves the path and root path as
+    # they came.
+    return Starlette(
+        routes=[*(r.served() for r in HOT_ROUTES), Mount("", app=documented)],
+        middleware=middleware,
+        exception_handlers=errors.HANDLERS,
+    )

@@ -8,12 +8,13 @@ the way.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, cast
 
-from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from core.errors import CeilingError, LedgerUnavailable
 
@@ -43,16 +44,13 @@ STATUS: dict[str, tuple[int, str]] = {
 }
 
 
-class PayloadTooLarge(Exception):
-    """Raised by the body-size limit while a request streams in."""
-
-
 def error_response(
-    code: str, message: str, details: dict[str, Any] | None = None
+    code: str, message: str, details: dict[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     status, error_type = STATUS[code]
     details = details or {}
-    headers = {}
+    headers = dict(headers or {})
     if "retry_after_s" in details and status in (429, 409, 503):
         headers["Retry-After"] = str(details["retry_after_s"])
     body = {"error": {"type": error_type, "code": code, "message": message, **details}}
@@ -67,9 +65,6 @@ def ceiling_error_response(exc: CeilingError) -> JSONResponse:
         details.setdefault("retry_after_s", 1)
         details["forwarded"] = False
     return error_response(code, exc.message, details)
-
-
-# Starlette calls each handler only with the exception class it was registered for.
 
 
 async def _on_ceiling_error(request: Request, exc: Exception) -> JSONResponse:
@@ -92,14 +87,20 @@ def validation_error_response(exc: RequestValidationError) -> JSONResponse:
 
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
-    exc = cast(StarletteHTTPException, exc)
+    exc = cast(HTTPException, exc)
     code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
         exc.status_code, "invalid_request"
     )
-    return error_response(code, str(exc.detail))
+    # The framework's own headers stay: a 405's Allow.
+    return error_response(code, str(exc.detail), headers=exc.headers)
 
 
-def install(app: FastAPI) -> None:
-    app.add_exception_handler(CeilingError, _on_ceiling_error)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+# The one mapping of errors to answers. api/app.py gives it to the app and to FastAPI; a route
+# whose errors take another shape declares its own on top of it (api/openai_errors.py).
+# Starlette calls each handler only with the exception class it was registered for.
+Handler = Callable[[Request, Any], Coroutine[Any, Any, Response]]
+HANDLERS: dict[int | type[Exception], Handler] = {
+    CeilingError: _on_ceiling_error,
+    RequestValidationError: _on_validation_error,
+    HTTPException: _on_http_error,
+}

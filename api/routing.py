@@ -1,31 +1,82 @@
-"""LeanRoute: a route FastAPI documents but that runs as Starlette runs one.
+"""The hot routes, each declared once: served by Starlette, documented by FastAPI.
 
-The hot routes (reserve, settle, the gateway) read their own headers and body, and take the
-Request and return a Response. FastAPI's request handler (dependency solving, per-request exit
-stacks) cost more CPU per call than the ledger round trip (bench/http.py, bench/gateway.py).
-CeilingApp (api/app.py) runs a lean route's `handler` ahead of FastAPI's middleware; the route's
-own `app` runs the same handler, so a router that reaches the route itself (these routers in an
-app other than CeilingApp) answers the same way, the app's exception handlers mapping its errors.
+Reserve, settle, release, the caller's budgets and the gateway's calls are nearly all of the
+traffic. Each takes the Request and returns a Response, reading its own headers and body:
+FastAPI's request handling (dependency solving, a per-request exit stack) costs more CPU per
+call than the ledger round trip (bench/http.py prints both). api/app.py serves them as plain
+Starlette routes; FastAPI holds a documented copy of each, so that its OpenAPI schema describes
+them with their real headers and request bodies, for clients and for the fuzzer. The copy never
+runs its endpoint: the app's router matches a hot route's path and method first, and FastAPI
+sees only the other methods on that path, which the copy answers with a 405.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request, Response
 from fastapi.routing import APIRoute
-from starlette.routing import request_response
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from core.limits import RESERVATION_ID_LEN_MAX
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
+# The headers every hot route reads: the caller's key and its run.
+HEADERS_COMMON = ("Authorization", "X-Ceiling-Run-Id")
+# What the service accepts in each header it reads (core/service.py checks the ids).
+HEADER_SCHEMAS: dict[str, dict[str, Any]] = {
+    "Authorization": {"type": "string", "description": "Bearer <api key>"},
+    "X-Ceiling-Run-Id": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"},
+    "Idempotency-Key": {"type": "string",
+                        "pattern": f"^[\\x21-\\x7e]{{1,{RESERVATION_ID_LEN_MAX}}}$"},
+    "X-Ceiling-Clamp": {"type": "string", "enum": ["0", "1"],
+                        "description": "1: lower the output cap to what the budgets have room for"},
+    # Anthropic's Messages API: the key as its clients send it, and what is forwarded with it.
+    "x-api-key": {"type": "string", "description": "the API key, when no Authorization is sent"},
+    "anthropic-version": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+    "anthropic-beta": {"type": "string",
+                       "description": "comma-separated beta flags; only those the gateway "
+                       "knows the cost of are accepted"},
+}
+_PATH_PARAM = re.compile(r"{(\w+)")
 
-class LeanRoute(APIRoute):
-    def __init__(self, path: str, endpoint: Endpoint, **kwargs: Any) -> None:
-        super().__init__(path, endpoint, **kwargs)
-        self.handler = self.wrap(endpoint)
-        self.app = request_response(self.handler)
 
-    def wrap(self, endpoint: Endpoint) -> Endpoint:
-        """What runs for a request; a subclass adds its own handling around the endpoint."""
-        return endpoint
+@dataclass(frozen=True)
+class HotRoute:
+    path: str
+    endpoint: Endpoint
+    methods: tuple[str, ...] = ("POST",)
+    body: dict[str, Any] | None = None  # the request body's JSON Schema
+    headers: tuple[str, ...] = ()  # headers read beyond HEADERS_COMMON
+    status_code: int = 200  # the documented success
+    # The route's own, inside the app's stack: e.g. its errors in another shape.
+    middleware: tuple[Middleware, ...] = ()
+
+    def served(self) -> Route:
+        return Route(self.path, self.endpoint, methods=list(self.methods),
+                     middleware=list(self.middleware))
+
+    def documented(self) -> APIRoute:
+        return APIRoute(self.path, self.endpoint, methods=list(self.methods),
+                        status_code=self.status_code, openapi_extra=self.openapi())
+
+    def openapi(self) -> dict[str, Any]:
+        """What FastAPI cannot see in an endpoint that reads its own request."""
+        parameters = [
+            {"name": h, "in": "header", "required": False, "schema": HEADER_SCHEMAS[h]}
+            for h in (*HEADERS_COMMON, *self.headers)
+        ] + [
+            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+            for p in _PATH_PARAM.findall(self.path)
+        ]
+        extra: dict[str, Any] = {"parameters": parameters}
+        if self.body is not None:
+            extra["requestBody"] = {"required": True, "content": {
+                "application/json": {"schema": self.body}}}
+        return extra

@@ -1,10 +1,13 @@
-"""The provider the gateway forwards to: one pooled HTTP client per process, made on first use.
+"""The providers the gateway forwards to: one pooled HTTP client per provider and process, made on
+first use. OpenAI-compatible calls go to CEILING_UPSTREAM_URL with a bearer key; Anthropic's
+Messages API to CEILING_ANTHROPIC_URL with an x-api-key, and the client's anthropic-version and
+anthropic-beta headers (core/gateway.py FORWARDED_HEADERS) with each call.
 
 Kept at module scope like the runtime's ledger connection, so a warm serverless instance reuses
 its connections to the provider across invocations, and a cold start pays nothing for it until
 its first gateway call. httpx itself is imported with that first client, not with this module:
-the gateway's routes are part of every app, and httpx is ~0.12 s of a cold start that a
-deployment using only reserve/settle never needs (bench/http.py).
+the gateway's routes are part of every app, and importing httpx is a share of a cold start
+that a deployment using only reserve/settle never needs (bench/http.py prints the import tree).
 
 What a failure proves decides what happens to the money: a request that provably never left
 (no connection, no pool slot) can be released; any failure after the request was written may
@@ -36,9 +39,10 @@ KEEPALIVE_CONNECTIONS_MAX = 64
 ERROR_BODY_BYTES_MAX = 64 * 1024
 # Provider headers the client gets: request ids for support, rate limits and retry advice.
 RELAYED_HEADERS = frozenset(
-    {"content-type", "x-request-id", "retry-after", "retry-after-ms", "x-should-retry"}
+    {"content-type", "x-request-id", "request-id", "retry-after", "retry-after-ms",
+     "x-should-retry"}
 )
-RELAYED_HEADER_PREFIXES = ("openai-", "x-ratelimit-")
+RELAYED_HEADER_PREFIXES = ("openai-", "x-ratelimit-", "anthropic-ratelimit-")
 
 
 class NotSent(Exception):
@@ -67,13 +71,13 @@ class Upstream:
     """Sends calls through httpx's connection pool (its transport), without httpx's client.
 
     The client's per-request machinery (cookie jar, auth and redirect flows, event hooks, URL
-    and header merging) cost about 0.3 ms of CPU per call here, some 7% of the gateway's
-    (bench/gateway.py), and the gateway needs none of it: it never follows a redirect, and a
-    cookie jar shared by every caller's calls would hand one tenant's provider cookies to the
-    next. The transport maps httpcore's errors to httpx's, and httpx.Response still decodes the
-    body."""
+    and header merging) is CPU on every call (bench/gateway_profile.py shows it by layer), and
+    the gateway needs none of it: it never follows a redirect, and a cookie jar shared by every
+    caller's calls would hand one tenant's provider cookies to the next. The transport maps
+    httpcore's errors to httpx's, and httpx.Response still decodes the body."""
 
-    def __init__(self, base_url: str, api_key: str | None, timeout_s: float) -> None:
+    def __init__(self, base_url: str, auth: tuple[str, str] | None, timeout_s: float) -> None:
+        """`auth`: the header that carries the provider's key, as (name, value)."""
         import httpx  # deferred: see the module docstring
 
         self.timeout_s = timeout_s
@@ -82,8 +86,8 @@ class Upstream:
         self._headers = [(b"content-type", b"application/json"), (b"accept", b"*/*"),
                          (b"accept-encoding", b"gzip, deflate"),
                          (b"user-agent", f"spend-ceiling/{VERSION}".encode())]
-        if api_key:
-            self._headers.append((b"authorization", f"Bearer {api_key}".encode()))
+        if auth is not None:
+            self._headers.append((auth[0].encode(), auth[1].encode()))
         self._extensions = {"timeout": httpx.Timeout(
             timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s),
             pool=min(POOL_TIMEOUT_S, timeout_s)).as_dict()}
@@ -97,7 +101,10 @@ class Upstream:
         """Send the call and return the provider's answer once its headers arrive."""
         import httpx
 
-        request = httpx.Request("POST", self._urls[call_plan.api], headers=self._headers,
+        headers = self._headers
+        if call_plan.headers:
+            headers = [*headers, *((k.encode(), v.encode()) for k, v in call_plan.headers)]
+        request = httpx.Request("POST", self._urls[call_plan.api], headers=headers,
                                 content=call_plan.content(), extensions=self._extensions)
         try:
             return await self._transport.handle_async_request(request)
@@ -147,19 +154,32 @@ def _why(exc: Exception) -> str:
     return str(exc) or type(exc).__name__  # httpx's timeouts often carry no message
 
 
-_upstream: Upstream | None = None
+_upstreams: dict[bool, Upstream] = {}  # by whether it is Anthropic's
 
 
-def upstream() -> Upstream:
-    """This process's provider client; ConfigError when no provider is configured."""
-    global _upstream
-    if _upstream is None:
-        config = runtime().config
+def upstream(api: Api = Api.CHAT) -> Upstream:
+    """This process's client of the provider of `api`; ConfigError when none is configured."""
+    anthropic = api is Api.MESSAGES
+    found = _upstreams.get(anthropic)
+    if found is not None:
+        return found
+    config = runtime().config
+    if anthropic:
+        if config is None or not config.anthropic_url:
+            raise ConfigError(
+                "CEILING_ANTHROPIC_URL is not set: the gateway has no Anthropic provider to "
+                "forward /v1/messages to; set it to the SDK's base URL, such as "
+                "https://api.anthropic.com")
+        key = config.anthropic_api_key
+        found = Upstream(config.anthropic_url, ("x-api-key", key) if key else None,
+                         config.upstream_timeout_s)
+    else:
         if config is None or not config.upstream_url:
             raise ConfigError(
                 "CEILING_UPSTREAM_URL is not set: the gateway has no provider to forward to; "
                 "set it to the provider's base URL, such as https://api.openai.com/v1"
             )
-        _upstream = Upstream(config.upstream_url, config.upstream_api_key,
-                             config.upstream_timeout_s)
-    return _upstream
+        key = config.upstream_api_key
+        found = Upstream(config.upstream_url, ("authorization", f"Bearer {key}") if key else None,
+                         config.upstream_timeout_s)
+    return _upstreams.setdefault(anthropic, found)

@@ -29,13 +29,14 @@ from dataclasses import dataclass
 from functools import partial
 from multiprocessing import get_context
 
-from bench.common import Phase, median, ms, percentile, run_phase, table
+from bench.common import Phase, run_phase
 from bench.ledger import ACTUAL_MICROS, put_budgets, reserve_request
 from core.budgets import BudgetId
 from core.errors import InvariantBroken, ensure
 from core.ledger import LedgerStore
 from core.stores.redis import RedisStore
 from core.stores.redis_cluster import RedisClusterStore
+from infra.figures import median, ms, percentile, table
 from infra.redis_cluster import LocalCluster
 from infra.redis_server import RedisServer
 

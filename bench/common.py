@@ -1,4 +1,5 @@
-"""What every benchmark in bench/ shares: phases of concurrent tasks, percentiles, one table.
+"""What every benchmark in bench/ shares: phases of concurrent tasks (the figures they print are
+infra/figures.py's).
 
 A benchmark is not a test: it prints what it measured and a PASS/FAIL against its target, and
 exits 0 either way unless something errored.
@@ -7,10 +8,8 @@ exits 0 either way unless something errored.
 from __future__ import annotations
 
 import asyncio
-import math
-import statistics
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 Cycle = Callable[[], Awaitable[float]]
@@ -61,33 +60,3 @@ async def run_phase(cycle: Cycle, tasks: int, duration_s: float) -> Phase:
         time.process_time() - cpu_started_s,
         tuple(latencies_s),
     )
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The nearest-rank percentile (q in [0, 100]): always a value that was measured."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else math.nan
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.3f}"
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Columns aligned on their widest cell; the first column left, the others right."""
-    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        out = [str(cells[0]).ljust(widths[0])]
-        out += [str(c).rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
-        return "  ".join(out).rstrip()
-
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(header), rule, *(line(r) for r in rows)])

@@ -65,8 +65,8 @@ import httpx
 import redis
 
 from bench import side_venv
-from bench.common import ms, table
 from core.errors import ensure
+from infra.figures import ms, table
 from infra.processes import stop, wait_ready
 from infra.redis_server import RedisServer, free_port
 

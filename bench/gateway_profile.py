@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import side_venv
-from bench.common import ms, table
 from bench.gateway import CONNECTIONS, Load, Rig, load_average, rig, run_wrk, stub_calls
 from core.errors import ensure
+from infra.figures import ms, table
 
 PROFILE_S = 15
 ROUNDS = 2

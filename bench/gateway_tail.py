@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import ms, percentile, table
 from bench.gateway import (
     CONNECTIONS,
     WRK_SCRIPT,
@@ -62,6 +61,7 @@ from bench.gateway import (
     run_wrk,
 )
 from core.errors import ensure
+from infra.figures import ms, percentile, table
 
 ROUND_S = 10
 ROUNDS = 3  # of ours, each followed by one of hardcap

@@ -39,7 +39,7 @@ from typing import Any
 
 from redis.asyncio.client import Redis
 
-from bench.common import Cycle, Phase, median, ms, percentile, run_phase, table
+from bench.common import Cycle, Phase, run_phase
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.errors import InvariantBroken, ensure
 from core.ledger import LedgerStore, ReservationRef, ReserveRequest
@@ -47,6 +47,7 @@ from core.limits import CEILING_MICROS_MAX, RESERVATION_TTL_MS_DEFAULT
 from core.stores.redis import RedisStore, RedisTransport, redis_client
 from core.stores.scripted import ScriptedStore, Transport
 from core.stores.scripts import Script
+from infra.figures import median, ms, percentile, table
 from infra.redis_server import RedisServer
 
 TARGET_RATIO = 0.8

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import httpx
 from upstash_redis.asyncio import Redis as UpstashRedis
 
-from bench.common import Cycle, Phase, median, ms, percentile, run_phase, table
+from bench.common import Cycle, Phase, run_phase
 from bench.ledger import (
     ACTUAL_MICROS,
     ESTIMATE_MICROS,
@@ -47,6 +47,7 @@ from core.errors import InvariantBroken, ensure
 from core.ledger import LedgerStore
 from core.stores.redis import RedisStore
 from core.stores.upstash import UpstashStore, upstash_client
+from infra.figures import median, ms, percentile, table
 from infra.redis_server import RedisServer
 from infra.upstash_bridge import UpstashBridge
 

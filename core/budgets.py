@@ -130,7 +130,7 @@ class Window:
         return Period(self.key.split(":", 1)[0])
 
 
-# A dict lookup: Period(name) goes through Enum.__call__, ten times slower on a per-leg path.
+# A dict lookup: Period(name) goes through Enum.__call__, costlier on a path run once per leg.
 _PERIODS = {p.value: p for p in Period}
 
 

@@ -41,6 +41,9 @@ class Config:
     admin_token: str | None = None
     upstream_url: str | None = None
     upstream_api_key: str | None = None
+    # Anthropic's Messages API (POST /v1/messages): the SDK's base URL, without /v1.
+    anthropic_url: str | None = None
+    anthropic_api_key: str | None = None
     upstream_timeout_s: float = UPSTREAM_TIMEOUT_S_DEFAULT
     lease_ttl_ms: int = math.ceil(UPSTREAM_TIMEOUT_S_DEFAULT * 1000) + LEASE_MARGIN_MS
     prices_file: str | None = None
@@ -120,6 +123,15 @@ def load(env: Mapping[str, str]) -> Config:
     if policy not in ExpirePolicy.__members__.values():
         raise ConfigError("CEILING_EXPIRE_POLICY must be 'charge' or 'release'")
     upstash_url, upstash_token = _upstash(env)
+    anthropic_url = env.get("CEILING_ANTHROPIC_URL", "").strip().rstrip("/") or None
+    if anthropic_url is not None:
+        if not anthropic_url.startswith(("https://", "http://")):
+            raise ConfigError("CEILING_ANTHROPIC_URL must be an http(s) URL, such as "
+                              "https://api.anthropic.com")
+        if anthropic_url.endswith("/v1"):
+            # The gateway adds /v1/messages: a base URL ending in /v1 would call /v1/v1/messages.
+            raise ConfigError("CEILING_ANTHROPIC_URL is the base URL without /v1, as the "
+                              "anthropic SDK takes it: https://api.anthropic.com")
     redis_url = env.get("REDIS_URL") or None
     if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError("REDIS_URL must start with redis://, rediss:// or unix://")
@@ -132,6 +144,8 @@ def load(env: Mapping[str, str]) -> Config:
         admin_token=env.get("CEILING_ADMIN_TOKEN") or None,
         upstream_url=env.get("CEILING_UPSTREAM_URL") or None,
         upstream_api_key=env.get("CEILING_UPSTREAM_API_KEY") or None,
+        anthropic_url=anthropic_url,
+        anthropic_api_key=env.get("CEILING_ANTHROPIC_API_KEY") or None,
         upstream_timeout_s=upstream_timeout_s,
         lease_ttl_ms=lease_ttl_ms,
         prices_file=env.get("CEILING_PRICES_FILE") or None,

@@ -20,6 +20,7 @@ import json
 import math
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -66,6 +67,21 @@ def _patched(tokens_per_patch: str) -> ImageBound:
     return ImageBound(tokens, tokens)
 
 
+# Anthropic, "Vision" (https://platform.claude.com/docs/en/build-with-claude/vision): an image is
+# billed width x height / 750 tokens, once it is scaled down (its aspect ratio kept) until its long
+# edge is at most 1,568 px and it is at most "~1,600 tokens". The docs' table of the largest sizes
+# that are not scaled reaches 784 x 1,568 px: 1,639.08 tokens, the bound, rounded up. The JSON
+# around an image is counted as text besides, which covers any framing the provider adds per
+# image. Later models read larger images, so the bound is theirs only where named below.
+CLAUDE_IMAGE_TOKENS_MAX = math.ceil(784 * 1_568 / 750)
+_CLAUDE_AREA = ImageBound(CLAUDE_IMAGE_TOKENS_MAX, CLAUDE_IMAGE_TOKENS_MAX)
+CLAUDE_AREA_MODELS = (
+    "claude-3-haiku", "claude-3-sonnet", "claude-3-opus", "claude-3-5-haiku",
+    "claude-3-5-sonnet", "claude-3-7-sonnet", "claude-sonnet-4", "claude-opus-4",
+    "claude-opus-4-1", "claude-sonnet-4-5", "claude-haiku-4-5", "claude-opus-4-5",
+    "claude-opus-4-6", "claude-sonnet-4-6",
+)
+
 # Where the documented rules disagree, the larger bound is kept: gpt-4.1 is listed among the
 # tile models (85 + 170 a tile) and among those billed by patches (1 a patch, 1,536 at most);
 # gpt-5's tiles (70 + 140 a tile) are also described as capped at 1,536 tokens.
@@ -88,6 +104,7 @@ IMAGE_BOUNDS: dict[str, ImageBound] = {
     "o4-mini": _patched("1.72"),
     "gpt-5-mini": _patched("1.62"),
     "gpt-5-nano": _patched("2.46"),
+    **dict.fromkeys(CLAUDE_AREA_MODELS, _CLAUDE_AREA),
 }
 
 # OpenAI, "Realtime API: managing costs": "Audio tokens in user messages are 1 token per 100 ms
@@ -104,9 +121,10 @@ AUDIO_INPUT_TOKENS_PER_S: dict[str, int] = {
     "gpt-audio-mini": OPENAI_AUDIO_INPUT_TOKENS_PER_S,
 }
 
-# A dated snapshot of a model (gpt-4o-2024-08-06) follows its model's rule; nothing else does:
-# a new model (gpt-5.1, gpt-4o-audio-preview) may bill images or audio by other rules.
-_SNAPSHOT_SUFFIX = re.compile(r"-\d{4}-\d{2}-\d{2}$")
+# A dated snapshot of a model (gpt-4o-2024-08-06, claude-sonnet-4-5-20250929) follows its model's
+# rule; nothing else does: a new model (gpt-5.1, gpt-4o-audio-preview) may bill images or audio
+# by other rules.
+_SNAPSHOT_SUFFIX = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8})$")
 
 
 def _by_model(model: str, table: dict[str, Any]) -> Any:
@@ -131,11 +149,14 @@ def audio_input_tokens_per_s(model: str) -> int | None:
 # -- audio duration from the bytes sent ------------------------------------------------------------
 
 AUDIO_FORMATS = ("wav", "mp3")
-# The lowest bitrate in MPEG audio's bitrate tables (MPEG-2.5 Layer III, 8 kbit/s; ISO/IEC
-# 13818-3): no MP3 frame carries more sound per byte, so bytes / this is a duration bound.
-# Free-format streams, whose bitrate is outside the tables, are refused (see _check_mp3).
-MP3_BYTES_PER_S_MIN = 1_000
-# A WAV header is looked for in the first bytes only: the chunks before `fmt ` are small.
+# The fewest bytes any MPEG audio frame takes for a second of sound, so bytes / this bounds a
+# stream's duration. The lowest bitrate in the tables is 8 kbit/s (MPEG-2 and 2.5; ISO/IEC
+# 13818-3), but a frame's length is its share of that rate rounded down, and its padding byte is
+# the encoder's to leave out: at 11,025 or 22,050 Hz, 8 kbit/s frames of 576 samples are 52 or
+# 26 bytes, 995.3 bytes a second, not 1,000. Rounded down again here. Free-format streams, whose
+# bitrate is outside the tables, are refused (see _check_mp3).
+MP3_BYTES_PER_S_MIN = 995
+# A WAV header is looked for in the first bytes only: the chunks before `data` are small.
 WAV_HEADER_BYTES_MAX = 4_096
 # PCM beyond these is not audio anyone sends a model; a header that claims it is refused.
 WAV_SAMPLE_RATE_MAX = 384_000
@@ -163,30 +184,50 @@ def _unreadable(field: str, why: str) -> InputUnbounded:
                           field=field)
 
 
+def _wav_format_bytes_per_s(fmt: bytes, field: str) -> int:
+    """The byte rate of a `fmt ` chunk's payload, once its fields are checked."""
+    if len(fmt) < 16:
+        raise _unreadable(field, "its WAV format chunk is too short")
+    kind, channels, rate, byte_rate, block_align, bits = struct.unpack_from("<HHIIHH", fmt)
+    if kind == WAV_FORMAT_EXTENSIBLE and len(fmt) >= 26:
+        kind = int.from_bytes(fmt[24:26], "little")
+    # A decoder reads samples by these fields; they must agree with each other, or the
+    # duration it finds could be other than the one bounded here.
+    if (kind not in WAV_FORMATS or bits not in WAV_BITS
+            or not 1 <= channels <= WAV_CHANNELS_MAX
+            or not 1 <= rate <= WAV_SAMPLE_RATE_MAX
+            or block_align != channels * bits // 8 or byte_rate != rate * block_align):
+        raise _unreadable(field, "the WAV header is not plain PCM with consistent fields")
+    return int(byte_rate)
+
+
 def _wav_bytes_per_s(data: str, field: str) -> int:
+    """The byte rate of the one format chunk before the samples.
+
+    Chunks are walked up to `data`, where the samples start: the format must come before it, and
+    only once. With two, readers differ in which one they believe (ffmpeg the first; a reader
+    that keeps the last one it walked past, as the stub provider does, the last): a first that
+    says 49 MB a second before a second that says 1 byte would bound the clip at a sliver of
+    what such a reader hears."""
     head = _b64_slice(data, 0, WAV_HEADER_BYTES_MAX, field)
     if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
         raise _unreadable(field, "not a RIFF/WAVE file")
+    byte_rate: int | None = None
     pos = 12
     while pos + 8 <= len(head):
         chunk_id, size = head[pos:pos + 4], int.from_bytes(head[pos + 4:pos + 8], "little")
+        if chunk_id == b"data":
+            if byte_rate is None:
+                raise _unreadable(field, "its samples come before its WAV format chunk")
+            return byte_rate
         if chunk_id == b"fmt ":
-            fmt = head[pos + 8:pos + 8 + size]
-            if len(fmt) < 16:
-                break
-            kind, channels, rate, byte_rate, block_align, bits = struct.unpack_from("<HHIIHH", fmt)
-            if kind == WAV_FORMAT_EXTENSIBLE and len(fmt) >= 26:
-                kind = int.from_bytes(fmt[24:26], "little")
-            # A decoder reads samples by these fields; they must agree with each other, or the
-            # duration it finds could be other than the one bounded here.
-            if (kind not in WAV_FORMATS or bits not in WAV_BITS
-                    or not 1 <= channels <= WAV_CHANNELS_MAX
-                    or not 1 <= rate <= WAV_SAMPLE_RATE_MAX
-                    or block_align != channels * bits // 8 or byte_rate != rate * block_align):
-                raise _unreadable(field, "the WAV header is not plain PCM with consistent fields")
-            return int(byte_rate)
+            if byte_rate is not None:
+                raise _unreadable(field, "it has two WAV format chunks, which readers read "
+                                         "differently")
+            byte_rate = _wav_format_bytes_per_s(head[pos + 8:pos + 8 + size], field)
         pos += 8 + size + (size & 1)
-    raise _unreadable(field, f"no WAV format chunk in its first {WAV_HEADER_BYTES_MAX} bytes")
+    raise _unreadable(field, f"no WAV format chunk and data chunk in its first "
+                             f"{WAV_HEADER_BYTES_MAX} bytes")
 
 
 def _check_mp3(data: str, field: str) -> None:
@@ -233,14 +274,17 @@ def audio_ms_max(data: object, audio_format: object, field: str) -> int:
 
 @dataclass(frozen=True)
 class Media:
-    """The images and audio of a request, to be priced with its model's rules. The fields name
-    the first of each as a JSON path, for a refusal when the model has no rule for it."""
+    """The images and audio of a request, and the web searches it lets the provider run (at
+    most), to be priced with its model's rules. The fields name the first of each as a JSON
+    path, for a refusal when the model has no rule for it."""
 
     images_low: int = 0
     images_high: int = 0
     audio_ms: int = 0
     image_field: str = ""
     audio_field: str = ""
+    web_searches: int = 0
+    web_search_field: str = ""
 
 
 NO_MEDIA = Media()
@@ -393,8 +437,13 @@ def _checked(tokens: int, field: str) -> int:
     return tokens
 
 
-def chat_input(messages: Any) -> InputBound:
-    """The input bound of chat `messages`: their text by bytes, their media counted."""
+# Copies a message (at its JSON path) with its media counted into the walk and blanked.
+MessageWalk = Callable[[_Walk, dict[str, Any], str], dict[str, Any]]
+
+
+def _messages_bound(messages: Any, walk_message: MessageWalk) -> InputBound:
+    """The input bound of a list of messages: each by the JSON bytes of its copy without media
+    (every string and structure the provider may tokenize), with the chat framing's tokens."""
     if not isinstance(messages, list) or not messages or len(messages) > MESSAGES_MAX:
         raise InvalidRequest(
             f"messages must be a list of 1 to {MESSAGES_MAX} messages", field="messages"
@@ -404,18 +453,25 @@ def chat_input(messages: Any) -> InputBound:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidRequest("each message must be an object", field="messages")
-        field = f"messages[{i}]"
-        if message.get("audio") is not None:
-            raise InputUnbounded(
-                f"{field}.audio refers to an earlier audio answer by id, of a size the request "
-                "cannot show", field=f"{field}.audio")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str):
-            message = {**message, "content": walk.content(
-                content, f"{field}.content", message.get("role"), chat=True)}
-        # Every other string and structure the provider may tokenize, counted by its JSON bytes.
-        tokens += TOKENS_PER_MESSAGE + json_bytes(message)
+        tokens += TOKENS_PER_MESSAGE + json_bytes(walk_message(walk, message, f"messages[{i}]"))
     return InputBound(_checked(tokens, "messages"), walk.media())
+
+
+def _chat_message(walk: _Walk, message: dict[str, Any], field: str) -> dict[str, Any]:
+    if message.get("audio") is not None:
+        raise InputUnbounded(
+            f"{field}.audio refers to an earlier audio answer by id, of a size the request "
+            "cannot show", field=f"{field}.audio")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return message
+    return {**message, "content": walk.content(
+        content, f"{field}.content", message.get("role"), chat=True)}
+
+
+def chat_input(messages: Any) -> InputBound:
+    """The input bound of chat `messages`: their text by bytes, their media counted."""
+    return _messages_bound(messages, _chat_message)
 
 
 def responses_input(given: Any) -> InputBound:
@@ -449,3 +505,113 @@ def responses_input(given: Any) -> InputBound:
                 "show", field=field)
         tokens += TOKENS_PER_MESSAGE + json_bytes(item)
     return InputBound(_checked(tokens, "input"), walk.media())
+
+
+# -- Anthropic's Messages API -------------------------------------------------------------------
+
+# Blocks that carry text only (the model's own turns sent back included: tool calls, thinking
+# and its signature, web search results): bounded by their bytes like any text.
+MESSAGES_TEXT_BLOCKS = frozenset({
+    "text", "tool_use", "server_tool_use", "thinking", "redacted_thinking",
+    "web_search_tool_result", "search_result",
+})
+IMAGE_MEDIA_TYPE_PREFIX = "image/"
+
+
+def _walk_messages_blocks(walk: _Walk, content: object, field: str) -> list[Any]:
+    if not isinstance(content, list):
+        raise InputUnbounded(f"{field} must be a string or a list of content blocks",
+                             field=field)
+    return [_messages_block(walk, block, f"{field}[{j}]") for j, block in enumerate(content)]
+
+
+def _messages_block(walk: _Walk, block: object, field: str) -> object:
+    """One content block, its media counted and blanked; what it only names is refused."""
+    if not isinstance(block, dict):
+        raise InputUnbounded(f"{field} must be a content block object", field=field)
+    kind = block.get("type")
+    if not isinstance(kind, str):
+        raise InputUnbounded(f"{field}.type must name the block's type", field=f"{field}.type")
+    if kind in MESSAGES_TEXT_BLOCKS:
+        return block
+    if kind == "image":
+        return _messages_image(walk, block, field)
+    if kind == "document":
+        return _messages_document(walk, block, field)
+    if kind == "tool_result":
+        content = block.get("content")
+        if content is None or isinstance(content, str):
+            return block
+        return {**block, "content": _walk_messages_blocks(walk, content, f"{field}.content")}
+    # Code execution, web fetch, MCP and container blocks, and anything newer: input whose
+    # billed size the request does not show.
+    raise InputUnbounded(
+        f"{field} is a content block of type {kind!r}, which the gateway cannot bound",
+        field=field)
+
+
+def _messages_image(walk: _Walk, block: dict[str, Any], field: str) -> dict[str, Any]:
+    """An image is billed by the model's per-image bound whatever its size, so its source (its
+    data, a URL or a file the provider holds) is not read, only checked to be an image's."""
+    source = block.get("source")
+    where = f"{field}.source"
+    if not isinstance(source, dict):
+        raise InputUnbounded(f"{where} must be an image source object", field=where)
+    kind = source.get("type")
+    if kind == "base64":
+        media_type = source.get("media_type")
+        if not isinstance(media_type, str) or not media_type.startswith(IMAGE_MEDIA_TYPE_PREFIX):
+            raise InputUnbounded(f"{where}.media_type must be an image's",
+                                 field=f"{where}.media_type")
+        payload = "data"
+    elif kind == "url":
+        payload = "url"
+    elif kind == "file":
+        payload = "file_id"
+    else:
+        raise InputUnbounded(f"{where}.type must be base64, url or file", field=f"{where}.type")
+    value = source.get(payload)
+    if not isinstance(value, str) or not value or not _encodable(value):
+        raise InvalidRequest(f"{where}.{payload} must be a non-empty string",
+                             field=f"{where}.{payload}")
+    walk.images_high += 1
+    walk.image_field = walk.image_field or where
+    return {**block, "source": {**source, payload: ""}}
+
+
+def _messages_document(walk: _Walk, block: dict[str, Any], field: str) -> dict[str, Any]:
+    """A document of text, or of text and image blocks, is bounded as they are. A PDF (sent or
+    by URL or file) is billed for text its bytes do not bound (its streams are compressed) and
+    an image of each page: refused, as is a file by URL or id."""
+    citations = block.get("citations")
+    if isinstance(citations, dict) and citations.get("enabled") not in (None, False):
+        raise InputUnbounded(
+            f"{field}.citations: citations add a system prompt and chunking of an undocumented "
+            "size to the input", field=f"{field}.citations")
+    source = block.get("source")
+    where = f"{field}.source"
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "text":
+        return block
+    if kind == "content" and isinstance(source, dict):
+        content = source.get("content")
+        if isinstance(content, str):
+            return block
+        return {**block, "source": {**source, "content": _walk_messages_blocks(
+            walk, content, f"{where}.content")}}
+    raise InputUnbounded(
+        f"{where} is a document (a PDF, or a file by URL or id) the provider reads into input "
+        "of a size the request cannot show: send its text as a text document", field=where)
+
+
+def _anthropic_message(walk: _Walk, message: dict[str, Any], field: str) -> dict[str, Any]:
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return message
+    return {**message, "content": _walk_messages_blocks(walk, content, f"{field}.content")}
+
+
+def messages_input(messages: Any) -> InputBound:
+    """The input bound of Anthropic Messages API `messages`: their text by bytes, their images
+    counted; documents other than text, and blocks the gateway does not know, refused."""
+    return _messages_bound(messages, _anthropic_message)

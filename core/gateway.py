@@ -1,15 +1,19 @@
-"""The OpenAI-compatible gateway's money: what a request may cost, what to hold, what it cost.
+"""The gateway's money: what a request may cost, what to hold, what it cost.
 
-Every call goes price -> reserve -> call -> settle. This module decides everything that touches
-money, from the request body and from the provider's answer; api/routes/gateway.py only moves
-bytes between the client and the provider.
+Every call goes price -> reserve -> call -> settle, in one of two wire formats: OpenAI's (chat
+completions and Responses) and Anthropic's Messages API. This module decides everything that
+touches money, from the request (its body, and for Messages the beta headers it forwards) and
+from the provider's answer; api/routes/gateway.py only moves bytes between the client and the
+provider. What differs between the formats is read here, each in one place: the request's
+fields (plan), the usage an answer reports (usage_of), and where a stream ends (StreamTally).
 
 - The worst case comes from the request: its text bounded by its bytes, its images and audio by
   the model's rules (core/content.py), the output cap (max_tokens / max_completion_tokens /
   max_output_tokens; OUTPUT_TOKENS_DEFAULT is set and forwarded when the caller sets none) times
-  `n`, at the requested service tier's rates (core/prices.py). A request whose cost its body
-  cannot bound (a stored conversation, a file by id, hosted tools, audio output) is refused, not
-  guessed at.
+  `n`, at the requested service tier's rates (core/prices.py); for Messages also the tool-use
+  system prompt, and web searches at their fee and their results' bound. A request whose cost
+  its body cannot bound (a stored conversation, a file by id, a PDF, hosted tools, audio output,
+  a field or beta the gateway does not know) is refused, not guessed at.
 - A call is settled from the provider's usage (for streams, the last usage reported before the
   stream's terminal event); at its worst case when a complete answer reports none (hidden
   reasoning tokens can exceed anything the visible answer shows); and left held at its
@@ -25,17 +29,25 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 from core import output_stats
 from core.config import OUTPUT_TOKENS_DEFAULT
-from core.content import NO_MEDIA, InputBound, Media, chat_input, json_bytes, responses_input
+from core.content import (
+    NO_MEDIA,
+    InputBound,
+    Media,
+    chat_input,
+    json_bytes,
+    messages_input,
+    responses_input,
+)
 from core.errors import BudgetRefused, CeilingError, InputUnbounded, InvalidRequest
 from core.ledger import LedgerStore, LegStatus, Reservation
-from core.prices import TIER_AUTO, Usage, check_service_tier
+from core.prices import TIER_AUTO, TIER_DEFAULT, Usage, check_service_tier
 from core.service import Caller, CallSpec, CeilingService, SettleSpec
 
 # With X-Ceiling-Clamp, a call that does not fit is sent with a smaller output cap only if at
@@ -65,16 +77,19 @@ RESPONSES_TERMINAL_EVENTS = frozenset(
 
 
 class Api(StrEnum):
-    """An OpenAI-compatible route, by its path below the provider's base URL."""
+    """A gateway route's wire format, by its path below its provider's base URL."""
 
     CHAT = "chat/completions"
     RESPONSES = "responses"
+    # Anthropic's: its base URL (CEILING_ANTHROPIC_URL) is the SDK's, without /v1.
+    MESSAGES = "v1/messages"
 
 
 # The output cap's field names, the one the gateway sets last.
 CAP_FIELDS = {
     Api.CHAT: ("max_tokens", "max_completion_tokens"),
     Api.RESPONSES: ("max_output_tokens",),
+    Api.MESSAGES: ("max_tokens",),
 }
 # Fields that make a call cost what its body cannot bound: refused instead of forwarded.
 # chat: audio output is billed at audio rates on top of the text it speaks; rejected predicted
@@ -99,7 +114,49 @@ USAGE_FIELDS = {
                "completion_tokens_details"),
     Api.RESPONSES: ("input_tokens", "output_tokens", "input_tokens_details",
                     "output_tokens_details"),
+    Api.MESSAGES: ("input_tokens", "output_tokens", "input_tokens_details",
+                   "output_tokens_details"),
 }
+
+# -- Anthropic's Messages API --
+# The request headers forwarded to the provider (its version and betas), by wire format.
+FORWARDED_HEADERS = {Api.MESSAGES: frozenset({"anthropic-version", "anthropic-beta"})}
+# The top-level fields whose cost the gateway knows. Any other is refused by name: fast mode's
+# `speed` and `inference_geo` bill other rates; `container`, `mcp_servers` and
+# `context_management` feed the model input (or run compaction) the request does not contain;
+# and a field added after this list may do either.
+MESSAGES_FIELDS = frozenset({
+    "model", "messages", "max_tokens", "system", "metadata", "stop_sequences", "stream",
+    "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking", "service_tier",
+    "cache_control",
+})
+# anthropic-beta flags that change nothing the worst case leaves out: interleaved thinking (the
+# output is still capped by max_tokens), how tool input streams, fewer tokens for tool calls, a
+# higher max_tokens (which is held), 1-hour cache writes (every input token is held at the
+# dearest input rate, a 1-hour write's included), prompt caching's early flag, and the Files
+# API's (an image by file id is held at the per-image bound; a document by file id is refused).
+# Any other is refused: a beta can change the rates (fast mode) or what the model reads.
+MESSAGES_BETAS = frozenset({
+    "interleaved-thinking-2025-05-14", "fine-grained-tool-streaming-2025-05-14",
+    "token-efficient-tools-2025-02-19", "output-128k-2025-02-19",
+    "extended-cache-ttl-2025-04-11", "prompt-caching-2024-07-31", "files-api-2025-04-14",
+})
+# Opens a model's 1M-token window; a call above 200K input tokens is then billed whole at the
+# model's long-context rates. Forwarded only for a model whose rates have that tier.
+CONTEXT_1M_BETA = "context-1m-2025-08-07"
+# Every call with tools is billed a tool-use system prompt besides the definitions: the largest
+# count Anthropic publishes for any model and tool_choice (Claude 3 Opus, auto), so that a model
+# whose own count is not in the table is held at least at it.
+TOOL_USE_SYSTEM_PROMPT_TOKENS_MAX = 530
+# Client tools (a definition the client runs), and Anthropic's web search, whose `max_uses`
+# bounds its fees. Anthropic's other tools are refused: web fetch and code execution feed the
+# model input (or bill container time) the request does not bound, and its client tools (bash,
+# text editor, computer use) add system prompts of their own.
+MESSAGES_CLIENT_TOOL_TYPES = (None, "custom")
+WEB_SEARCH_TOOL_PREFIX = "web_search_"
+# Anthropic's request tiers: `standard_only` is the standard rates; `auto` (and none) lets the
+# provider serve priority capacity. Its answers name `standard` for the standard rates.
+ANTHROPIC_TIERS = {"standard_only": TIER_DEFAULT, "standard": TIER_DEFAULT}
 
 
 class UpstreamUnreachable(CeilingError):
@@ -145,6 +202,8 @@ class Plan:
     usage_wanted: bool  # a chat stream whose client asked for the usage chunk itself
     media: Media = NO_MEDIA  # the input's images and audio, priced by the model's rules
     service_tier: str = TIER_AUTO  # as asked for; a request that names none is `auto`
+    headers: tuple[tuple[str, str], ...] = ()  # the client's headers forwarded with the body
+    long_context: bool = False  # sent with the 1M-context beta: priced at long-context rates
 
     def spec(self, output_tokens_max: int | None = None) -> CallSpec:
         return CallSpec(
@@ -158,6 +217,13 @@ class Plan:
         for field in CAP_FIELDS[self.api]:
             if body.get(field) is not None:
                 body[field] = output_tokens_max
+        thinking = body.get("thinking")
+        if self.api is Api.MESSAGES and isinstance(thinking, dict) and type(
+                thinking.get("budget_tokens")) is int and thinking["budget_tokens"] >= (
+                output_tokens_max):
+            # The thinking budget must stay below the cap; lowered with it (a budget below the
+            # provider's minimum is then the provider's to refuse, which releases the hold).
+            body["thinking"] = {**thinking, "budget_tokens": output_tokens_max - 1}
         return replace(self, body=body, output_tokens_max=output_tokens_max)
 
     def content(self) -> bytes:
@@ -188,11 +254,35 @@ def _prompt(api: Api, body: dict[str, Any]) -> InputBound:
     return responses_input(body.get("input"))
 
 
-def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAULT) -> Plan:
+def _output_cap(api: Api, body: dict[str, Any], output_tokens_default: int) -> int:
+    """The call's output cap, as given; else `output_tokens_default`, set in the body."""
+    caps = {_positive_int(body[f], f) for f in CAP_FIELDS[api] if body.get(f) is not None}
+    if len(caps) > 1:
+        raise InvalidRequest(
+            "give one output cap (max_tokens or max_completion_tokens), or equal values",
+            field=CAP_FIELDS[api][-1],
+        )
+    if not caps:
+        body[CAP_FIELDS[api][-1]] = output_tokens_default
+        return output_tokens_default
+    return caps.pop()
+
+
+def _text_tokens(body: dict[str, Any], prompt_field: str, prompt: InputBound) -> int:
+    """The prompt's bound, and everything else in the body as forwarded that the provider may
+    tokenize (instructions, system prompts, tools, schemas) by its bytes: the framing fields
+    counted with it only raise the bound, and two requests that forward the same body are
+    priced the same."""
+    return prompt.text_tokens + json_bytes({k: v for k, v in body.items() if k != prompt_field})
+
+
+def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAULT,
+         headers: Sequence[tuple[str, str]] = ()) -> Plan:
     """Price a request body; InvalidRequest before anything is reserved if it cannot be.
 
     A call that sets no output cap is sent with `output_tokens_default` (CEILING_DEFAULT_MAX_
-    OUTPUT_TOKENS): without a cap there is no worst case."""
+    OUTPUT_TOKENS): without a cap there is no worst case. `headers`: the request's headers that
+    FORWARDED_HEADERS names for `api`, which are forwarded with it."""
     try:
         body = json.loads(raw)
     except ValueError as exc:
@@ -202,12 +292,24 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model is required", field="model")
+    if api is Api.MESSAGES:
+        return _messages_plan(body, model, tuple(headers), output_tokens_default)
     for field in UNBOUNDED_FIELDS[api]:
         if body.get(field) not in (None, False):
             raise InvalidRequest(
                 f"{field} is not supported: the gateway cannot bound its cost from the request",
                 field=field,
             )
+    # Audio output is asked for by `modalities` (`audio` only picks a voice and format, which a
+    # provider may default): billed at audio rates, and refused like `audio`.
+    modalities = body.get("modalities") if api is Api.CHAT else None
+    if modalities is not None and (
+        not isinstance(modalities, list) or any(m != "text" for m in modalities)
+    ):
+        raise InvalidRequest(
+            "modalities other than text are not supported: audio output is billed at audio "
+            "rates the gateway cannot bound from the request", field="modalities",
+        )
     for field in UNBOUNDED_INPUT_FIELDS[api]:
         if body.get(field) not in (None, False):
             raise InputUnbounded(
@@ -216,14 +318,7 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
             )
     service_tier = check_service_tier(body.get("service_tier")) or TIER_AUTO
     prompt = _prompt(api, body)
-    caps = {_positive_int(body[f], f) for f in CAP_FIELDS[api] if body.get(f) is not None}
-    if len(caps) > 1:
-        raise InvalidRequest(
-            "give one output cap (max_tokens or max_completion_tokens), or equal values",
-            field=CAP_FIELDS[api][-1],
-        )
-    if not caps:
-        body[CAP_FIELDS[api][-1]] = output_tokens_default
+    output_tokens_max = _output_cap(api, body, output_tokens_default)
     choices = body.get("n")
     choices = 1 if api is Api.RESPONSES or choices is None else _positive_int(choices, "n")
     stream = body.get("stream") is True
@@ -234,16 +329,98 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
             raise InvalidRequest("stream_options must be an object", field="stream_options")
         usage_wanted = options.get("include_usage") is True
         body["stream_options"] = {**options, "include_usage": True}
-    # Everything else in the body as forwarded that the provider may tokenize (instructions,
-    # tools, schemas) is bounded by its bytes too; the framing fields counted with it only raise
-    # the bound, and two requests that forward the same body are priced the same.
-    prompt_field = "messages" if api is Api.CHAT else "input"
-    rest = {k: v for k, v in body.items() if k != prompt_field}
-    text_tokens = prompt.text_tokens + json_bytes(rest)
-    return Plan(
-        api, model, body, stream, text_tokens, caps.pop() if caps else output_tokens_default,
-        choices, usage_wanted, prompt.media, service_tier,
-    )
+    text_tokens = _text_tokens(body, "messages" if api is Api.CHAT else "input", prompt)
+    return Plan(api, model, body, stream, text_tokens, output_tokens_max, choices, usage_wanted,
+                prompt.media, service_tier)
+
+
+def _betas(headers: tuple[tuple[str, str], ...]) -> bool:
+    """Check the anthropic-beta flags; whether they open the 1M-token context window."""
+    long_context = False
+    for name, value in headers:
+        if name != "anthropic-beta":
+            continue
+        for beta in (b.strip() for b in value.split(",")):
+            if beta == CONTEXT_1M_BETA:
+                long_context = True
+            elif beta and beta not in MESSAGES_BETAS:
+                raise InputUnbounded(
+                    f"anthropic-beta {beta!r} is not one the gateway knows the cost of: a beta "
+                    "can change a call's rates or what the model reads", field="anthropic-beta")
+    return long_context
+
+
+def _messages_tools(tools: object) -> tuple[int, str]:
+    """Check a Messages call's tools: the most web searches they allow, and the first web
+    search tool's field."""
+    if tools is None:
+        return 0, ""
+    if not isinstance(tools, list):
+        raise InvalidRequest("tools must be a list", field="tools")
+    searches, field = 0, ""
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        kind = tool.get("type") if isinstance(tool, dict) else "?"
+        if kind in MESSAGES_CLIENT_TOOL_TYPES:
+            continue
+        if isinstance(tool, dict) and isinstance(kind, str) and kind.startswith(
+                WEB_SEARCH_TOOL_PREFIX):
+            max_uses = tool.get("max_uses")
+            if type(max_uses) is not int or max_uses < 1:
+                raise InputUnbounded(
+                    f"{where}.max_uses is required: a web search is billed a fee each, and "
+                    "without it the number of searches has no bound", field=f"{where}.max_uses")
+            searches += max_uses
+            field = field or where
+            continue
+        raise InputUnbounded(
+            f"{where} is a tool of type {kind!r}: only client tools and web search (with "
+            "max_uses) are supported; Anthropic's other tools feed the model input, or bill "
+            "time, that the request does not bound", field=where)
+    return searches, field
+
+
+def _messages_system(system: object) -> None:
+    """A system prompt is text (counted by its bytes with the rest of the body)."""
+    if system is None or isinstance(system, str):
+        return
+    if not isinstance(system, list) or any(
+            not isinstance(b, dict) or b.get("type") != "text" for b in system):
+        raise InputUnbounded("system must be a string or a list of text blocks", field="system")
+
+
+def _messages_plan(body: dict[str, Any], model: str, headers: tuple[tuple[str, str], ...],
+                   output_tokens_default: int) -> Plan:
+    """An Anthropic Messages API call, priced: what plan() does for OpenAI's, in its format."""
+    for field in body:
+        if field not in MESSAGES_FIELDS:
+            raise InputUnbounded(
+                f"{field} is not a field the gateway knows the cost of: it may change the "
+                "call's rates or feed the model input the request does not contain",
+                field=field)
+    long_context = _betas(headers)
+    _messages_system(body.get("system"))
+    searches, search_field = _messages_tools(body.get("tools"))
+    prompt = messages_input(body.get("messages"))
+    output_tokens_max = _output_cap(Api.MESSAGES, body, output_tokens_default)
+    thinking = body.get("thinking")
+    budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+    if type(budget) is int and budget > output_tokens_max:
+        raise InputUnbounded(
+            f"thinking.budget_tokens ({budget}) must fit inside max_tokens "
+            f"({output_tokens_max}), which is what the gateway holds for all of a call's output",
+            field="thinking.budget_tokens")
+    tier = body.get("service_tier")
+    tier = ANTHROPIC_TIERS.get(tier, tier) if isinstance(tier, str) else tier
+    service_tier = check_service_tier(tier) or TIER_AUTO
+    text_tokens = _text_tokens(body, "messages", prompt)
+    if body.get("tools"):
+        text_tokens += TOOL_USE_SYSTEM_PROMPT_TOKENS_MAX
+    media = prompt.media
+    if searches:
+        media = replace(media, web_searches=searches, web_search_field=search_field)
+    return Plan(Api.MESSAGES, model, body, body.get("stream") is True, text_tokens,
+                output_tokens_max, 1, False, media, service_tier, headers, long_context)
 
 
 def _count(value: object) -> int:
@@ -263,10 +440,16 @@ def usage_of(api: Api, usage: object, service_tier: object = None) -> Usage | No
     reading that costs more is taken: reasoning tokens above the output count, or a total above
     input plus output, are output the count left out; cache reads and writes reported beside
     the input count, Anthropic's way (cache_read_input_tokens, cache_creation_input_tokens), are
-    input on top of it. An answer that names no tier is priced at the dearest it could be."""
+    input on top of it. An answer that names no tier is priced at the dearest it could be.
+    Anthropic's usage names its own tier (`standard`: the default rates) and counts the web
+    searches run (`server_tool_use`)."""
     if not isinstance(usage, dict):
         return None
     input_field, output_field, input_details, output_details = USAGE_FIELDS[api]
+    if api is Api.MESSAGES:
+        service_tier = usage.get("service_tier")
+        service_tier = ANTHROPIC_TIERS.get(service_tier, service_tier) if isinstance(
+            service_tier, str) else None
     try:
         given_in = usage.get(input_details) or {}
         given_out = usage.get(output_details) or {}
@@ -290,13 +473,32 @@ def usage_of(api: Api, usage: object, service_tier: object = None) -> Usage | No
         total = usage.get("total_tokens")
         if type(total) is int and total - input_tokens > output_tokens:
             output_tokens = total - input_tokens
+        server_tools = usage.get("server_tool_use")
+        searches = _count(server_tools.get("web_search_requests")) if isinstance(
+            server_tools, dict) else 0
         return Usage(
             input_tokens, output_tokens, reads, writes, writes_1h,
             _count(given_in.get("audio_tokens")), _count(given_out.get("audio_tokens")),
             service_tier if isinstance(service_tier, str) and service_tier else TIER_AUTO,
+            searches,
         )
     except (KeyError, ValueError, CeilingError):
         return None
+
+
+def merged_usage(start: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+    """A Messages stream's usage so far: message_start's, under the cumulative counts of a later
+    message_delta (which may leave fields out, and come more than once with server tools). A
+    delta that raises the cache writes without saying their TTLs leaves the split the start
+    gave: the writes it adds are read as 1-hour ones, the reading that costs no less."""
+    usage = {**start, **delta}
+    split = start.get("cache_creation")
+    if "cache_creation" not in delta and isinstance(split, dict):
+        five_m = split.get("ephemeral_5m_input_tokens")
+        written = usage.get("cache_creation_input_tokens")
+        if type(five_m) is int and type(written) is int and written >= five_m:
+            usage["cache_creation"] = {**split, "ephemeral_1h_input_tokens": written - five_m}
+    return usage
 
 
 class StreamTally:
@@ -304,11 +506,13 @@ class StreamTally:
 
     Fed the stream's bytes as they come, it splits them into server-sent events, keeps the last
     usage reported (a provider may report cumulative usage in every chunk, vLLM's continuous
-    usage stats: only the last covers the whole answer), notes the terminal event (chat's
-    `data: [DONE]`; Responses' response.completed / .incomplete / .failed), and returns the
-    events to forward: all of them but the usage chunk the gateway asked for on the client's
-    behalf, and the chat stream's `[DONE]`, which the relay sends after its trailer. A stream is
-    complete only once its terminal event came: usage seen before it may be partial.
+    usage stats: only the last covers the whole answer; a Messages stream reports its input in
+    message_start and cumulative counts in message_delta), notes the terminal event (chat's
+    `data: [DONE]`; Responses' response.completed / .incomplete / .failed; Messages'
+    message_stop), and returns the events to forward: all of them but the usage chunk the
+    gateway asked for on the client's behalf, and the chat stream's `[DONE]`, which the relay
+    sends after its trailer. A stream is complete only once its terminal event came: usage seen
+    before it may be partial.
     """
 
     def __init__(self, call_plan: Plan) -> None:
@@ -316,6 +520,7 @@ class StreamTally:
         self.usage: Usage | None = None
         self.finished = False
         self._buffer = b""
+        self._messages_usage: dict[str, Any] = {}
 
     def feed(self, chunk: bytes) -> bytes:
         self._buffer += chunk
@@ -340,6 +545,9 @@ class StreamTally:
             return True
         if not isinstance(doc, dict):
             return True
+        if self.plan.api is Api.MESSAGES:
+            self._take_messages(doc)
+            return True
         if self.plan.api is Api.RESPONSES:
             if doc.get("type") in RESPONSES_TERMINAL_EVENTS:
                 self.finished = True
@@ -352,6 +560,20 @@ class StreamTally:
         if usage is not None:
             self.usage = usage
         return usage is None or doc.get("choices") != [] or self.plan.usage_wanted
+
+    def _take_messages(self, doc: dict[str, Any]) -> None:
+        kind = doc.get("type")
+        if kind == "message_start":
+            message = doc.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+            self._messages_usage = dict(usage) if isinstance(usage, dict) else {}
+        elif kind == "message_delta":
+            usage = doc.get("usage")
+            if isinstance(usage, dict):
+                self._messages_usage = merged_usage(self._messages_usage, usage)
+        elif kind == "message_stop":
+            self.finished = True
+            self.usage = usage_of(Api.MESSAGES, self._messages_usage or None)
 
 
 def body_outcome(call_plan: Plan, raw: bytes) -> tuple[Usage | None] | None:
@@ -451,6 +673,12 @@ async def hold(
     With `clamp` (X-Ceiling-Clamp: 1), a call whose worst case does not fit is sent with the
     largest output cap that does, if that is at least CLAMP_OUTPUT_TOKENS_MIN; else it is refused.
     """
+    if call_plan.long_context and len(svc.prices.rates(call_plan.model).input) < 2:
+        # Priced by input size only where the rates have a tier by it (the long-context one).
+        raise InputUnbounded(
+            f"anthropic-beta {CONTEXT_1M_BETA} bills a call above 200K input tokens at "
+            f"long-context rates, which the gateway does not know for model "
+            f"{call_plan.model!r}", field="anthropic-beta", model=call_plan.model)
     p95_tokens = await lengths.p95_tokens(svc.store, call_plan.model) if p95 else None
     if p95_tokens is not None and p95_tokens < call_plan.output_tokens_max:
         try:

@@ -4,11 +4,12 @@ Rates are US dollars per million tokens, which is exactly micro-dollars per toke
 an exact Decimal of micro-dollars that is rounded up once, at the end.
 
 A call is priced with every rate a provider bills an LLM call by: input, output, cache reads,
-cache writes (5-minute and 1-hour), audio in and out, a fee per request, and service tiers
-(OpenAI's `priority`). What a call may cost (worst_case_micros) holds each token at the dearest
-rate it can be billed at; what it cost (cost_micros) prices what the provider reports, and a
-usage that cannot be priced (audio for a model with no audio rate, a tier with no known rates)
-raises: it is never priced low.
+cache writes (5-minute and 1-hour), audio in and out, a fee per request, a fee per server-side
+web search (Anthropic's), and service tiers (OpenAI's `priority`). What a call may cost
+(worst_case_micros) holds each token at the dearest rate it can be billed at; what it cost
+(cost_micros) prices what the provider reports, and a usage that cannot be priced (audio for a
+model with no audio rate, a tier with no known rates, searches with no known fee) raises: it is
+never priced low.
 
 Freshness, without a cost on every call:
 - CEILING_PRICES_FILE is checked (one stat) at most once a second on the lookup path, and read
@@ -20,8 +21,8 @@ Freshness, without a cost on every call:
   reservation records.
 
 genai-prices is imported on the first lookup that the overrides do not answer, not at import
-time: importing it costs ~0.4 s, which a serverless cold start should not pay before it can
-answer /health.
+time: its import is a large share of a cold start (bench/http.py prints the import tree), which
+a serverless instance should not pay before it can answer /health.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ REQUEST_USD_MAX = Decimal(AMOUNT_MICROS_MAX) / MICROS_PER_USD
 IMAGE_TOKENS_MAX = 1_000_000
 # A prices file's audio rate above this is a typo (documented rates are 10 to 32 a second).
 AUDIO_TOKENS_PER_S_MAX = 10_000
+# A prices file's bound on one web search's results above this is a typo: it is five times the
+# largest context window any provider offers for one whole call.
+WEB_SEARCH_RESULT_TOKENS_MAX = 5_000_000
 
 ZERO = Decimal(0)
 
@@ -103,9 +107,12 @@ class Rates:
     1-hour one; the audio rates price audio tokens. A missing rate is billed as its plainer kind
     (a cache read or write as input, a 1-hour write as a 5-minute one, a cached audio read as
     audio), except audio and output, which a model without them cannot be priced for.
-    `request_micros` is a fee per request. `service_tiers` are the model's other tiers' rates
-    (each a complete Rates); the fields here are its default tier's. `image_tokens_max` and
-    `audio_input_tokens_per_s` bound what its images and audio are billed as (core/content.py).
+    `request_micros` is a fee per request, `web_search_micros` one per server-side web search
+    (None: the model's searches have no known price). `service_tiers` are the model's other
+    tiers' rates (each a complete Rates); the fields here are its default tier's.
+    `image_tokens_max` and `audio_input_tokens_per_s` bound what its images and audio are billed
+    as (core/content.py); `web_search_result_tokens_max` what one search's results are billed as
+    input (only a prices file gives it: no provider documents a size).
     """
 
     input: Tiers
@@ -117,9 +124,11 @@ class Rates:
     cached_input_audio: Tiers | None = None
     output_audio: Tiers | None = None
     request_micros: Decimal = ZERO
+    web_search_micros: Decimal | None = None
     service_tiers: Mapping[str, Rates] = field(default_factory=dict, hash=False)
     image_tokens_max: ImageBound | None = None
     audio_input_tokens_per_s: int | None = None
+    web_search_result_tokens_max: int | None = None
 
     @staticmethod
     def at(tiers: Tiers, input_tokens: int) -> Decimal:
@@ -197,6 +206,8 @@ class Rates:
         exact = max(input_cost(max(0, reads - audio)), input_cost(min(reads, text)))
         exact += (usage.cache_write_tokens * write_rate
                   + usage.cache_write_1h_tokens * write_1h_rate + self.request_micros)
+        if usage.web_search_requests and self.web_search_micros is not None:
+            exact += usage.web_search_requests * self.web_search_micros
         output_text = usage.output_tokens - usage.output_audio_tokens
         if output_text and self.output is not None:
             exact += output_text * at(self.output, total)
@@ -211,9 +222,10 @@ class Usage:
 
     `input_tokens` counts every input token (cache reads and writes and audio included), and
     `output_tokens` every output token (reasoning and audio included); the other counts are
-    parts of those. `service_tier` is the tier the answer says it was served at: None for the
-    default tier, `auto` for an answer that does not say (priced at the dearest tier the call
-    could have been served at).
+    parts of those. `web_search_requests` counts server-side web searches, billed a fee each
+    (their results are input tokens). `service_tier` is the tier the answer says it was served
+    at: None for the default tier, `auto` for an answer that does not say (priced at the dearest
+    tier the call could have been served at).
     """
 
     input_tokens: int
@@ -224,11 +236,12 @@ class Usage:
     input_audio_tokens: int = 0
     output_audio_tokens: int = 0
     service_tier: str | None = None
+    web_search_requests: int = 0
 
     def __post_init__(self) -> None:
         for name in ("input_tokens", "output_tokens", "cached_input_tokens",
                      "cache_write_tokens", "cache_write_1h_tokens", "input_audio_tokens",
-                     "output_audio_tokens"):
+                     "output_audio_tokens", "web_search_requests"):
             check_tokens(getattr(self, name), name, minimum=0)
         writes = self.cache_write_tokens + self.cache_write_1h_tokens
         if self.cached_input_tokens + writes > self.input_tokens:
@@ -391,7 +404,13 @@ class PriceTable:
         media: Media = NO_MEDIA, service_tier: str | None = None,
     ) -> int:
         """The most a call may be billed: `input_tokens` of text and `media`, at the requested
-        service tier's rates (`auto`: the dearest tier), and the output cap times choices."""
+        service tier's rates (`auto`: the dearest tier), and the output cap times choices.
+
+        A call that may run server-side web searches (Anthropic's, at most `media.web_searches`)
+        is billed each search's fee, and its results as input in every sampling step of the
+        call that follows it. How much of the rest of the context each step bills again is not
+        documented, so each of the searches + 1 steps is held as if it billed all of it: the
+        prompt, every search's results and the output so far."""
         check_tokens(input_tokens, "input_tokens", minimum=0)
         check_tokens(output_tokens_max, "max_output_tokens", minimum=1)
         if type(choices) is not int or not 1 <= choices <= CHOICES_MAX:
@@ -404,6 +423,12 @@ class PriceTable:
         candidates = self._tiers(model, r, service_tier)
         text_tokens = input_tokens + self._image_tokens(model, r, media)
         audio_tokens = self._audio_tokens(model, r, media)
+        searches = media.web_searches
+        if searches:
+            steps = searches + 1
+            text_tokens = steps * (text_tokens + searches * self._search_result_tokens(
+                model, r, media) + output_tokens_max * choices)
+            audio_tokens *= steps
         total = check_tokens(text_tokens + audio_tokens, "input_tokens", minimum=0)
         exact = ZERO
         for tier in candidates:
@@ -412,9 +437,26 @@ class PriceTable:
             if audio_tokens and tier.input_audio is None:
                 raise ModelUnpriced(f"model {model!r} has no audio input price", model=model,
                                     field=media.audio_field)
-            exact = max(exact, tier.worst_case_exact(text_tokens, audio_tokens, total,
-                                                     output_tokens_max * choices))
+            fees = ZERO
+            if searches:
+                if tier.web_search_micros is None:
+                    raise ModelUnpriced(f"model {model!r} has no web search price", model=model,
+                                        field=media.web_search_field)
+                fees = searches * tier.web_search_micros
+            exact = max(exact, fees + tier.worst_case_exact(
+                text_tokens, audio_tokens, total, output_tokens_max * choices))
         return _bounded(charge_micros(exact))
+
+    @staticmethod
+    def _search_result_tokens(model: str, rates: Rates, media: Media) -> int:
+        bound = rates.web_search_result_tokens_max
+        if bound is None:
+            raise InputUnbounded(
+                f"{media.web_search_field} runs web searches, whose results are input of a size "
+                f"no provider documents: set web_search_result_tokens_max for model {model!r} in "
+                "the prices file to the most one search's results may be billed as",
+                field=media.web_search_field, model=model)
+        return bound
 
     @staticmethod
     def _image_tokens(model: str, rates: Rates, media: Media) -> int:
@@ -456,6 +498,9 @@ class PriceTable:
             if usage.output_audio_tokens and rates.output_audio is None:
                 raise ModelUnpriced(f"model {model!r} has no audio output price", model=model,
                                     field="output_audio_tokens")
+            if usage.web_search_requests and rates.web_search_micros is None:
+                raise ModelUnpriced(f"model {model!r} has no web search price", model=model,
+                                    field="web_search_requests")
             exact = max(exact, rates.cost_exact(usage))
         return _bounded(charge_micros(exact))
 
@@ -480,9 +525,10 @@ RATE_FIELDS = {
     "output_audio_usd_per_mtok": "output_audio",
 }
 REQUEST_FIELD = "usd_per_request"
-TIER_FIELDS = frozenset({*RATE_FIELDS, REQUEST_FIELD})
+WEB_SEARCH_FIELD = "usd_per_web_search"
+TIER_FIELDS = frozenset({*RATE_FIELDS, REQUEST_FIELD, WEB_SEARCH_FIELD})
 MODEL_FIELDS = frozenset({*TIER_FIELDS, "service_tiers", "image_input_tokens_max",
-                          "audio_input_tokens_per_s"})
+                          "audio_input_tokens_per_s", "web_search_result_tokens_max"})
 
 
 def load_prices_file(path: str) -> tuple[dict[str, Rates], str]:
@@ -535,6 +581,9 @@ def _rate_values(name: str, entry: Mapping[str, object], allowed: frozenset[str]
     if REQUEST_FIELD in entry:
         usd = _decimal(name, REQUEST_FIELD, entry[REQUEST_FIELD], REQUEST_USD_MAX)
         values["request_micros"] = usd * MICROS_PER_USD
+    if WEB_SEARCH_FIELD in entry:
+        usd = _decimal(name, WEB_SEARCH_FIELD, entry[WEB_SEARCH_FIELD], REQUEST_USD_MAX)
+        values["web_search_micros"] = usd * MICROS_PER_USD
     return values
 
 
@@ -565,8 +614,14 @@ def _rates_from_json(name: str, entry: Any) -> Rates:
     if "audio_input_tokens_per_s" in entry:
         audio_per_s = _count(name, "audio_input_tokens_per_s", entry["audio_input_tokens_per_s"],
                              1, AUDIO_TOKENS_PER_S_MAX)
+    search_tokens = None
+    if "web_search_result_tokens_max" in entry:
+        search_tokens = _count(name, "web_search_result_tokens_max",
+                               entry["web_search_result_tokens_max"], 1,
+                               WEB_SEARCH_RESULT_TOKENS_MAX)
     return Rates(**values, service_tiers=tiers, image_tokens_max=image,
-                 audio_input_tokens_per_s=audio_per_s)
+                 audio_input_tokens_per_s=audio_per_s,
+                 web_search_result_tokens_max=search_tokens)
 
 
 # -- the bundled table (genai-prices) -------------------------------------------------------------
@@ -643,10 +698,12 @@ def _prices_at(info: Any, instant: datetime, tier: str | None) -> dict[str, Tier
 
 def _rates_from_keys(model: str, prices: dict[str, Tiers], **extra: Any) -> Rates:
     """Rates from genai-prices' price keys, by their units' dimensions. A key the gateway does
-    not meter makes the model unpriced, except hosted tools' (the gateway refuses hosted tools)
-    and video's (the gateway forwards no video: an unknown content type is refused)."""
+    not meter makes the model unpriced, except other hosted tools' than web search (the gateway
+    refuses them) and video's (the gateway forwards no video: an unknown content type is
+    refused)."""
     kinds: dict[str, list[Tiers]] = {}
     request_micros = ZERO
+    web_search_micros: Decimal | None = None
     for key, tiers in prices.items():
         unit = _unit(key)
         if unit is None:
@@ -655,6 +712,10 @@ def _rates_from_keys(model: str, prices: dict[str, Tiers], **extra: Any) -> Rate
         per, dims = unit
         family, direction = dims.get("family"), dims.get("direction")
         modality, purpose = dims.get("modality"), dims.get("token_type")
+        if family == "tool_calls" and dims.get("tool_type") == "web_search":
+            web_search_micros = max(web_search_micros or ZERO,
+                                    max(rate for _, rate in tiers) * MICROS_PER_USD / per)
+            continue
         if family == "tool_calls" or modality == "video":
             continue
         if family == "requests":
@@ -684,7 +745,7 @@ def _rates_from_keys(model: str, prices: dict[str, Tiers], **extra: Any) -> Rate
     return Rates(
         input_rates, dearest("output"), dearest("cached_input"), dearest("cache_write"),
         dearest("cache_write_1h"), dearest("input_audio"), dearest("cached_input_audio"),
-        dearest("output_audio"), request_micros, **extra,
+        dearest("output_audio"), request_micros, web_search_micros, **extra,
     )
 
 

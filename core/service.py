@@ -293,7 +293,7 @@ class CeilingService:
 
     def _reservation_id(self, caller: Caller, idempotency_key: str | None) -> str:
         if idempotency_key is None:
-            # 128 random bits, as a uuid4 has, at a fifth the CPU.
+            # 128 random bits, as a uuid4 has, without building a UUID object.
             return mint_reservation_id(caller.tag, os.urandom(16).hex())
         # Namespaced by owner: two keys that pick the same idempotency key never collide.
         return mint_reservation_id(caller.tag, key_digest(caller.owner, idempotency_key))

@@ -4,10 +4,11 @@
    workers (worker i -> instance i) calling until refused: 25 ceilings instead of one, and every
    instance's health says `degraded`.
 2. The same 25 instances on one shared Redis ledger: the same scenario, then a larger budget
-   spent to exhaustion. The provider's bill stays within the ceiling and equals the ledger's
-   committed spend to the micro-dollar.
+   spent to exhaustion, then Anthropic's Messages API through the gateway (25 workers in the
+   anthropic SDK's wire format, every other call streamed). The provider's bill stays within
+   the ceiling and equals the ledger's committed spend to the micro-dollar.
 3. The spend limits people ship, against the same stub provider, beside the enforced path
-   (bench.baselines).
+   (infra/baselines.py).
 
 Exits non-zero when the shared ledger let the provider bill more than the ceiling, or a shared
 run did not finish cleanly. Everything runs on 127.0.0.1 and is stopped by pid when it ends.
@@ -23,10 +24,10 @@ from collections import Counter
 from dataclasses import dataclass
 from types import FrameType
 
-from bench import baselines
-from bench.common import table
 from core.money import micros_to_usd
-from infra.fleet import EXHAUSTION, HANDFUL, INSTANCES, Fleet, LedgerMode, LoadResult
+from infra import baselines
+from infra.figures import table
+from infra.fleet import EXHAUSTION, HANDFUL, INSTANCES, MESSAGES, Fleet, LedgerMode, LoadResult
 from infra.stub_provider import StubProvider
 
 
@@ -52,7 +53,7 @@ def run_fleet(mode: LedgerMode, instances: int, seed: int, workloads: tuple[str,
         reasons = tuple(sorted({r for b in bodies for r in b["reasons"]}))
         print(f"health: {dict(health)}; reasons: {', '.join(reasons) or 'none'}", flush=True)
         results, committed = [], []
-        for workload in (HANDFUL, EXHAUSTION):
+        for workload in (HANDFUL, EXHAUSTION, MESSAGES):
             if workload.user_class not in workloads:
                 continue
             result = fleet.run_load(workload)
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     memory = run_fleet(LedgerMode.MEMORY, args.instances, args.seed, (HANDFUL.user_class,))
     shared = run_fleet(LedgerMode.SHARED, args.instances, args.seed,
-                       (HANDFUL.user_class, EXHAUSTION.user_class))
+                       (HANDFUL.user_class, EXHAUSTION.user_class, MESSAGES.user_class))
     print("\n== the spend limits people ship, against the same provider ==", flush=True)
     rows = baselines.run(args.seed)
     print(baselines.report(rows))

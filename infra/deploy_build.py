@@ -14,8 +14,8 @@ What it guarantees:
   is never uploaded, and build something Vercel never would.
 - The tooling is pinned: the CLIs by deploy/package-lock.json (`npm ci`), uv and cfn-lint by
   TOOL_PINS. Each pin set is installed once into a cache outside the clone
-  (SC_DEPLOY_CACHE, default ~/.cache/spend-ceiling/deploy), because `npm ci` alone takes about
-  two minutes here and CI starts from a fresh clone every run.
+  (SC_DEPLOY_CACHE, default ~/.cache/spend-ceiling/deploy), because `npm ci` alone is the
+  slowest step of a build and CI starts from a fresh clone every run.
 - A build whose inputs (staged files, pins) have not changed is not redone.
 - No network but the package registries: `vercel build` runs against a placeholder project
   (.vercel/project.json written into the staging copy), `serverless package` needs no AWS
@@ -85,11 +85,11 @@ ROUTE_PROBES = (
 )
 VERCEL_FUNCTION = "api/index"
 
-# A clean `npm ci` takes about two minutes here, the builds well under one each; past these,
-# something is hanging.
+# Far above what a clean `npm ci` and each build take on a slow machine; past these, something
+# is hanging.
 NPM_CI_TIMEOUT_S = 1200
 PIP_TIMEOUT_S = 600
-# A cache entry (one lockfile's node_modules is about 530 MB) unused this long is deleted.
+# A cache entry (one lockfile's whole node_modules) unused this long is deleted.
 CACHE_UNUSED_S_MAX = 7 * 24 * 3600
 BUILD_TIMEOUT_S = 900
 LINT_TIMEOUT_S = 300

@@ -3,6 +3,7 @@
 Each instance is `ceiling serve` in its own process with its own memory, as each serverless
 instance is. In `shared` mode every instance is given REDIS_URL; in `memory` mode each runs the
 per-instance ledger (CEILING_SINGLE_REPLICA=1), so the fleet holds N ceilings instead of one.
+Every instance's gateway forwards Anthropic's Messages API to the stub (CEILING_ANTHROPIC_URL).
 The provider's bill (infra.stub_provider) is the witness of what was spent.
 
 `run_load` drives a fleet with a Locust scenario (locustfiles/ceiling.py) in a child process
@@ -75,6 +76,10 @@ class Workload:
     # A worker stops after this many calls even if nothing refuses it: bounds a broken run.
     calls_per_worker_max: int
     run_time_s: int
+    # None: workers reserve, call the provider themselves and settle (sidecar keys); a gateway
+    # route: workers call the provider through it (gateway keys), streaming every other call
+    # when `stream`.
+    gateway_route: str | None = None
 
 
 # A budget with room for a handful of calls: four worst cases at once ($0.0101 each: gpt-4o,
@@ -91,7 +96,16 @@ EXHAUSTION = Workload(
     max_output_tokens=1_000, prompt="Draft a reply to this customer and list the next steps.",
     stream=True, calls_per_worker_max=100, run_time_s=90,
 )
-WORKLOADS = {w.user_class: w for w in (HANDFUL, EXHAUSTION)}
+# Anthropic's Messages API through the gateway, its wire format as the anthropic SDK sends it:
+# the same $0.05 ceiling, claude-haiku-4-5 (a worst case of ~$0.0056: 1,000 output tokens at $5
+# a million), every other call streamed.
+MESSAGES = Workload(
+    user_class="MessagesThroughGateway", ceiling_micros=usd_to_micros("0.05"),
+    model="claude-haiku-4-5", max_output_tokens=1_000,
+    prompt="Summarise this support ticket in two sentences.", stream=True,
+    calls_per_worker_max=100, run_time_s=60, gateway_route="/v1/messages",
+)
+WORKLOADS = {w.user_class: w for w in (HANDFUL, EXHAUSTION, MESSAGES)}
 
 
 @dataclass(frozen=True)
@@ -197,6 +211,7 @@ class Fleet:
             env["REDIS_URL"] = self.redis.url
         else:
             env["CEILING_SINGLE_REPLICA"] = "1"
+        env["CEILING_ANTHROPIC_URL"] = self.provider.url
         return env
 
     def start(self) -> Fleet:
@@ -209,7 +224,7 @@ class Fleet:
                 for i in range(self.instances)
             ]
             started = time.monotonic()
-            # An instance spends ~1.3 s of CPU (imports, first connection) before it answers.
+            # An instance spends CPU on imports and its first connection before it answers.
             # Starting all at once on a small machine makes each of them slow, past
             # ServiceProcess's timeout; two starts per core keep the cores busy and each start
             # short. On an error or Ctrl-C, starts not yet begun are cancelled.
@@ -259,12 +274,14 @@ class Fleet:
             raise RuntimeError(f"{method} {url}: {response.status_code} {response.text}")
         return response.json()
 
-    def provision(self, budget_id: str, ceiling_micros: int) -> list[str]:
+    def provision(self, budget_id: str, ceiling_micros: int, role: str = "sidecar") -> list[str]:
         """Create a `total` budget and return the API key worker i uses on instance i.
 
         Shared mode: one budget and one key in the one ledger, valid on every instance. Memory
         mode: each instance holds its own budgets and keys, so each gets the budget (the same
         ceiling, as every replica of one deployment would be configured) and a key of its own.
+        Keys have `role`: sidecar for workers that reserve and settle themselves, gateway for
+        workers that call through the gateway.
         """
         targets = self.urls if self.mode is LedgerMode.MEMORY else self.urls[:1]
         budget = {"limits": [{"period": "total", "ceiling_micros": ceiling_micros}],
@@ -272,9 +289,8 @@ class Fleet:
         keys = []
         for url in targets:
             self._admin("PUT", f"{url}/v1/admin/budgets/{budget_id}", budget)
-            # The proof's workers make the calls themselves (reserve / settle): sidecar keys.
             created = self._admin("POST", f"{url}/v1/admin/keys", {
-                "budget_id": budget_id, "run_ceiling_micros": None, "roles": ["sidecar"]})
+                "budget_id": budget_id, "run_ceiling_micros": None, "roles": [role]})
             keys.append(str(created["api_key"]))
         return keys * (self.instances // len(keys))
 
@@ -298,7 +314,8 @@ class Fleet:
         what it measured; `exit_code` is locust's (0 only when the ceiling held and the run was
         clean). The provider's bill is reset first, so the bill is this run's alone."""
         budget_id = budget_id or f"org:proof-{secrets.token_hex(4)}"
-        keys = self.provision(budget_id, workload.ceiling_micros)
+        keys = self.provision(budget_id, workload.ceiling_micros,
+                              "gateway" if workload.gateway_route else "sidecar")
         reset_bill(self.provider.url)
         run_dir = Path(tempfile.mkdtemp(prefix="load-", dir=self.workdir))
         plan = LoadPlan(

@@ -22,12 +22,12 @@ from redis.crc import key_slot
 from infra.redis_server import RedisServer, free_port
 
 # Redis' default is 15 s. Two seconds let a test watch a whole failover (detection, election,
-# promotion) in about three, while a node starved of CPU for a second on a busy 2-core machine
+# promotion) in a few seconds, while a node starved of CPU for a second on a busy 2-core machine
 # is still not failed by mistake in the middle of another test.
 CLUSTER_NODE_TIMEOUT_MS = 2_000
 # `redis-cli --cluster create` waits for the nodes to meet; a few seconds on a loaded 2-core box.
 CREATE_TIMEOUT_S = 30.0
-# Gossip converges in a few node timeouts, a failover in about two; beyond this it is stuck.
+# Gossip converges in a few node timeouts, a failover in fewer; beyond this it is stuck.
 SETTLE_TIMEOUT_S = 30.0
 # One CLUSTER INFO / CLUSTER NODES / INFO to a loopback node; a node that takes longer is down.
 NODE_QUERY_TIMEOUT_S = 1.0

@@ -17,7 +17,7 @@ from types import TracebackType
 
 from infra.processes import stop, wait_ready
 
-# redis-server answers PING within a few ms of starting; 10 s means it is not coming up.
+# redis-server answers PING as soon as it has started; 10 s means it is not coming up.
 START_TIMEOUT_S = 10.0
 
 

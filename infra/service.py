@@ -20,7 +20,7 @@ import httpx
 from infra.processes import stop, wait_ready
 from infra.redis_server import free_port
 
-# An instance imports FastAPI and answers /health/live within a second or two; 30 s is broken.
+# An instance imports FastAPI and answers /health/live in moments; after 30 s it is broken.
 START_TIMEOUT_S = 30.0
 
 
@@ -47,8 +47,8 @@ class ServiceProcess:
             [sys.executable, *command, "--host", "127.0.0.1", "--port", str(self.port)],
             env=env, stdout=out, stderr=out,
         )
-        # One client for all polls: a new one per poll costs ~77 ms of CPU (its SSL context),
-        # which 25 instances starting at once pay many times over.
+        # One client for all polls: each new client builds an SSL context, CPU that 25 instances
+        # starting at once would pay many times over.
         with httpx.Client(timeout=1.0) as client:
 
             def live() -> bool:

@@ -69,6 +69,9 @@ import json
 import math
 import random
 import secrets
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -85,6 +88,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from infra.processes import stop as stop_process
+from infra.processes import wait_ready
 from infra.redis_server import free_port
 from infra.stub_anthropic import (
     WEB_SEARCH_RESULT_TOKENS_DEFAULT,
@@ -143,6 +148,8 @@ REASONING_SHARE = {"minimal": Fraction(0), "low": Fraction(1, 4), "medium": Frac
 REASONING_EFFORT_DEFAULT = "medium"
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
+# A stub in a process of its own imports its dependencies first: seconds on a busy machine.
+PROCESS_START_TIMEOUT_S = 30.0
 # Idle keep-alive connections are kept this long (uvicorn's default is 5 s): a client reusing a
 # pooled connection at the moment the server closes it gets a spurious read error.
 KEEP_ALIVE_S = 120
@@ -690,6 +697,60 @@ class StubProvider:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+@dataclass
+class StubProviderProcess(StubProvider):
+    """The stub in an OS process of its own, stopped by pid: a drop-in for the thread, for a
+    harness whose own event loop is busy (a load generator), which would otherwise share its
+    interpreter lock with the stub and add its waits to the latencies it measures."""
+
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _prices_dir: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False,
+                                                                 repr=False)
+
+    def start(self) -> StubProviderProcess:
+        argv = [sys.executable, "-m", "infra.stub_provider", "--port", str(self.port),
+                "--seed", str(self.seed), "--latency-ms-min", str(self.latency_ms_min),
+                "--latency-ms-max", str(self.latency_ms_max),
+                "--output-tokens-mean", str(self.output_tokens_mean)]
+        if self.api_key is not None:
+            argv += ["--api-key", self.api_key]
+        if isinstance(self.prices, dict):
+            self._prices_dir = tempfile.TemporaryDirectory()
+            path = Path(self._prices_dir.name) / "prices.json"
+            path.write_text(json.dumps(self.prices))
+            argv += ["--prices-file", str(path)]
+        elif self.prices is not None:
+            argv += ["--prices-file", str(self.prices)]
+        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        with httpx.Client(timeout=1.0) as client:
+
+            def live() -> bool:
+                try:
+                    return client.get(f"{self.url}/health/live").status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            try:
+                wait_ready(self.process, live, timeout_s=PROCESS_START_TIMEOUT_S,
+                           what=f"the stub provider on port {self.port}")
+            except RuntimeError:
+                self.process = None  # wait_ready stopped it
+                self._forget_prices()
+                raise
+        return self
+
+    def stop(self) -> None:
+        stop_process(self.process)
+        self.process = None
+        self._forget_prices()
+
+    def _forget_prices(self) -> None:
+        if self._prices_dir is not None:
+            self._prices_dir.cleanup()
+            self._prices_dir = None
 
 
 def server_config(app: StubProviderApp, port: int) -> uvicorn.Config:

@@ -1,14 +1,17 @@
 """Locust scenarios: many workers, many instances, one ceiling, judged by the provider's bill.
 
-Worker i calls instance i (round-robin) with its key: price and reserve the worst case
-(POST /v1/reservations with the chat messages and the output cap), call the stub provider,
-settle with the provider's usage. A worker stops when the ledger refuses it with 402
-budget_exceeded; a 429 budget_busy is waited out (Retry-After) and retried. When every worker
-has stopped, the run ends on its own; --run-time only bounds a broken one.
+Worker i calls instance i (round-robin) with its key. A sidecar worker prices and reserves the
+worst case (POST /v1/reservations with the chat messages and the output cap), calls the stub
+provider, and settles with the provider's usage; a gateway worker calls the provider through
+the instance's gateway, which does all three. A worker stops when the ledger refuses it with
+402 budget_exceeded; a 429 budget_busy is waited out (Retry-After) and retried. When every
+worker has stopped, the run ends on its own; --run-time only bounds a broken one.
 
-    HandfulOfCalls   a budget with room for a handful of calls (infra.fleet.HANDFUL)
-    ToExhaustion     a larger budget spent to exhaustion with streamed answers of realistic
-                     length; also reports utilization (infra.fleet.EXHAUSTION)
+    HandfulOfCalls          a budget with room for a handful of calls (infra.fleet.HANDFUL)
+    ToExhaustion            a larger budget spent to exhaustion with streamed answers of
+                            realistic length; also reports utilization (infra.fleet.EXHAUSTION)
+    MessagesThroughGateway  Anthropic's Messages API through the gateway, in the wire format the
+                            anthropic SDK sends, every other call streamed (infra.fleet.MESSAGES)
 
 On stop it reads the provider's bill (GET /billing), writes infra.fleet.LoadResult to the plan's
 result path, prints the overrun and sets the exit code: 0 the ceiling held and the run was
@@ -30,9 +33,11 @@ from locust import HttpUser, constant, events, task
 from locust.env import Environment
 
 from core.money import micros_to_usd
-from infra.fleet import EXHAUSTION, HANDFUL, LoadPlan, LoadResult, Workload
+from infra.fleet import EXHAUSTION, HANDFUL, MESSAGES, LoadPlan, LoadResult, Workload
 from infra.stub_provider import fetch_bill
 
+# The Messages API version the anthropic SDK sends as anthropic-version.
+ANTHROPIC_VERSION = "2023-06-01"
 EXIT_HELD = 0
 EXIT_OVERRUN = 1
 EXIT_BROKEN = 2
@@ -113,8 +118,8 @@ def judge(environment: Environment, **_: Any) -> None:
     environment.process_exit_code = result.exit_code
 
 
-class CeilingWorker(HttpUser):
-    """One worker of a scenario: reserve -> call -> settle until the ledger says no."""
+class Worker(HttpUser):
+    """What every worker of a scenario has: its instance, its key, and how it stops."""
 
     abstract = True
     wait_time = constant(0)
@@ -125,17 +130,69 @@ class CeilingWorker(HttpUser):
         self.worker = next(run.worker_ids)
         self.instance = self.worker % len(run.plan.instance_urls)
         self.service_url = run.plan.instance_urls[self.instance]
-        self.auth = {"Authorization": f"Bearer {run.plan.api_keys[self.instance]}"}
+        self.api_key = run.plan.api_keys[self.instance]
+        self.auth = {"Authorization": f"Bearer {self.api_key}"}
         self.calls = 0
         self.finished = False
+
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"{self.workload.prompt} (worker {self.worker}, "
+                                            f"call {self.calls})"}]
+
+    def refused(self, r: Any) -> bool:
+        """Whether the ledger said no (the answer is then accounted for): 402 budget_exceeded
+        stops the worker, 429 budget_busy waits until open reservations should have settled."""
+        run = run_state()
+        code = _error_code(r)
+        if r.status_code == 402 and code == "budget_exceeded":
+            r.success()
+            run.refused_exceeded += 1
+            # Utilization when refusals began: the provider's bill at the first refusal.
+            if run.billed_at_first_refusal_micros is None:
+                run.billed_at_first_refusal_micros = (
+                    fetch_bill(run.plan.provider_url).total.cost_micros
+                )
+            self.finish(refused=True)
+            return True
+        if r.status_code == 429 and code == "budget_busy":
+            r.success()
+            run.busy_waits += 1
+            # Retry-After says when open reservations should have settled; the worker holds
+            # nothing while it waits.
+            gevent.sleep(float(r.headers.get("Retry-After", "1")))
+            return True
+        return False
+
+    def count_error(self) -> None:
+        run_state().errors += 1
+        self.finish(refused=False)
+
+    def finish(self, *, refused: bool) -> None:
+        """Stop this worker after its current call; the last one to stop ends the run."""
+        if self.finished:  # a failed release after a failed call: one stop, counted once
+            return
+        self.finished = True
+        run = run_state()
+        run.workers_stopped += 1
+        run.workers_refused += refused
+        self.stop()
+        options = self.environment.parsed_options
+        runner = self.environment.runner
+        if options is not None and runner is not None and run.workers_stopped == options.num_users:
+            gevent.spawn(runner.quit)
+
+
+class CeilingWorker(Worker):
+    """A sidecar worker: reserve -> call the provider -> settle, until the ledger says no."""
+
+    abstract = True
 
     @task
     def call(self) -> None:
         if self.calls >= self.workload.calls_per_worker_max:
             self.finish(refused=False)
             return
-        messages = [{"role": "user", "content": f"{self.workload.prompt} (worker {self.worker}, "
-                                                f"call {self.calls})"}]
+        messages = self.messages()
         reservation_id = self.reserve(messages)
         if reservation_id is None:
             return
@@ -166,23 +223,7 @@ class CeilingWorker(HttpUser):
                 run.admitted += 1
                 run.calls_by_instance[self.instance] += 1
                 return str(r.json()["reservation_id"])
-            code = _error_code(r)
-            if r.status_code == 402 and code == "budget_exceeded":
-                r.success()
-                run.refused_exceeded += 1
-                # Utilization when refusals began: the provider's bill at the first refusal.
-                if run.billed_at_first_refusal_micros is None:
-                    run.billed_at_first_refusal_micros = (
-                        fetch_bill(run.plan.provider_url).total.cost_micros
-                    )
-                self.finish(refused=True)
-                return None
-            if r.status_code == 429 and code == "budget_busy":
-                r.success()
-                run.busy_waits += 1
-                # Retry-After says when open reservations should have settled; the worker holds
-                # nothing while it waits.
-                gevent.sleep(float(r.headers.get("Retry-After", "1")))
+            if self.refused(r):
                 return None
             r.failure(f"reserve: {r.status_code} {r.text[:200]}")
         self.count_error()
@@ -216,23 +257,44 @@ class CeilingWorker(HttpUser):
         self.count_error()
         return None
 
-    def count_error(self) -> None:
-        run_state().errors += 1
-        self.finish(refused=False)
 
-    def finish(self, *, refused: bool) -> None:
-        """Stop this worker after its current call; the last one to stop ends the run."""
-        if self.finished:  # a failed release after a failed call: one stop, counted once
+class GatewayWorker(Worker):
+    """A gateway worker: one call through the instance's gateway route, which prices, reserves,
+    forwards and settles, until the ledger says no. The call's charge is in its answer's
+    headers, or for a stream in the `: x-ceiling-...` lines after its last event."""
+
+    abstract = True
+
+    @task
+    def call(self) -> None:
+        if self.calls >= self.workload.calls_per_worker_max:
+            self.finish(refused=False)
             return
-        self.finished = True
-        run = run_state()
-        run.workers_stopped += 1
-        run.workers_refused += refused
-        self.stop()
-        options = self.environment.parsed_options
-        runner = self.environment.runner
-        if options is not None and runner is not None and run.workers_stopped == options.num_users:
-            gevent.spawn(runner.quit)
+        stream = self.workload.stream and self.calls % 2 == 1
+        body = {"model": self.workload.model, "max_tokens": self.workload.max_output_tokens,
+                "messages": self.messages(), "stream": stream}
+        headers = {"x-api-key": self.api_key, "anthropic-version": ANTHROPIC_VERSION}
+        url = f"{self.service_url}{self.workload.gateway_route}"
+        with self.client.post(url, json=body, headers=headers, stream=stream,
+                              name="gateway: stream" if stream else "gateway",
+                              catch_response=True) as r:
+            if r.status_code == 200:
+                figures = _trailer(r.iter_lines()) if stream else r.headers
+                if figures.get("x-ceiling-billing-outcome") == "billed":
+                    r.success()
+                    run = run_state()
+                    self.calls += 1
+                    run.admitted += 1
+                    run.settled += 1
+                    run.calls_by_instance[self.instance] += 1
+                    run.charged_micros += int(figures["x-ceiling-charged-micros"])
+                    return
+                r.failure(f"gateway: outcome {figures.get('x-ceiling-billing-outcome')}")
+            elif self.refused(r):
+                return
+            else:
+                r.failure(f"gateway: {r.status_code} {r.text[:200]}")
+        self.count_error()
 
 
 class HandfulOfCalls(CeilingWorker):
@@ -243,11 +305,26 @@ class ToExhaustion(CeilingWorker):
     workload = EXHAUSTION
 
 
+class MessagesThroughGateway(GatewayWorker):
+    workload = MESSAGES
+
+
 def _error_code(response: Any) -> str | None:
     try:
         return str(response.json()["error"]["code"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _trailer(lines: Any) -> dict[str, str]:
+    """A gateway stream's figures, from the `: x-ceiling-...: value` lines it ends with."""
+    figures = {}
+    for raw in lines:
+        line = raw.decode() if isinstance(raw, bytes) else raw
+        if line.startswith(": x-ceiling-"):
+            name, _, value = line[2:].partition(": ")
+            figures[name] = value
+    return figures
 
 
 def _stream_usage(lines: Any) -> dict[str, Any] | None:

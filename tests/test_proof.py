@@ -1,9 +1,11 @@
 """The proof across instances, as CI runs it: 25 instances, 25 Locust workers, one ceiling.
 
 Judged by the stub provider's bill, never by what the service says it spent. The shared ledger
-must hold the ceiling exactly (0% overrun) with books that equal the bill to the micro-dollar;
-25 per-instance memory ledgers must overrun it and say `degraded` on every instance; the
-patterns people ship must overrun it too. Locust's exit code carries the verdict of each run.
+must hold the ceiling exactly (0% overrun) with books that equal the bill to the micro-dollar,
+for workers that reserve and settle themselves and for workers that call Anthropic's Messages
+API through the gateway; 25 per-instance memory ledgers must overrun it and say `degraded` on
+every instance; the patterns people ship must overrun it too. Locust's exit code carries the
+verdict of each run.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from bench import baselines
 from core.budgets import BudgetId
 from core.ledger import LegStatus
 from core.stores.redis import RedisStore
-from infra.fleet import HANDFUL, INSTANCES, Fleet, LedgerMode, LoadResult
+from infra import baselines
+from infra.fleet import HANDFUL, INSTANCES, MESSAGES, Fleet, LedgerMode, LoadResult, Workload
 
 pytestmark = pytest.mark.slow
 
@@ -39,28 +41,47 @@ async def ledger_status(redis_url: str, budget_id: str) -> tuple[LegStatus, ...]
         await store.close()
 
 
-def observe(mode: LedgerMode) -> Observed:
+def observe(mode: LedgerMode, workloads: tuple[Workload, ...]) -> dict[str, Observed]:
+    """Each workload's run on one fleet, each against a budget of its own."""
+    found = {}
     with Fleet(mode=mode) as fleet:
         health = fleet.health()
-        result = fleet.run_load(HANDFUL)
-        committed = fleet.committed_micros(result.budget_id)
-        ledger = (asyncio.run(ledger_status(fleet.redis.url, result.budget_id))
-                  if mode is LedgerMode.SHARED else ())
-    return Observed(health, result, committed, ledger)
+        for workload in workloads:
+            result = fleet.run_load(workload)
+            committed = fleet.committed_micros(result.budget_id)
+            ledger = (asyncio.run(ledger_status(fleet.redis.url, result.budget_id))
+                      if mode is LedgerMode.SHARED else ())
+            found[workload.user_class] = Observed(health, result, committed, ledger)
+    return found
 
 
 @pytest.fixture(scope="module")
-def shared() -> Observed:
-    return observe(LedgerMode.SHARED)
+def shared_runs() -> dict[str, Observed]:
+    return observe(LedgerMode.SHARED, (HANDFUL, MESSAGES))
+
+
+@pytest.fixture(scope="module")
+def shared(shared_runs: dict[str, Observed]) -> Observed:
+    return shared_runs[HANDFUL.user_class]
+
+
+@pytest.fixture(scope="module")
+def messages(shared_runs: dict[str, Observed]) -> Observed:
+    return shared_runs[MESSAGES.user_class]
 
 
 @pytest.fixture(scope="module")
 def memory() -> Observed:
-    return observe(LedgerMode.MEMORY)
+    return observe(LedgerMode.MEMORY, (HANDFUL,))[HANDFUL.user_class]
 
 
-def test_the_shared_ledger_holds_the_ceiling_by_the_providers_bill(shared: Observed) -> None:
-    r = shared.result
+@pytest.mark.parametrize("scenario", ["shared", "messages"])
+def test_the_shared_ledger_holds_the_ceiling_by_the_providers_bill(
+    scenario: str, request: pytest.FixtureRequest
+) -> None:
+    """Workers that reserve and settle themselves, and workers that call Anthropic's Messages
+    API through the gateway (streams among their calls)."""
+    r = request.getfixturevalue(scenario).result
     assert r.exit_code == 0, r
     assert (r.workers, len(r.calls_by_instance)) == (INSTANCES, INSTANCES)
     assert r.finished
@@ -71,10 +92,14 @@ def test_the_shared_ledger_holds_the_ceiling_by_the_providers_bill(shared: Obser
     assert r.billed_calls == r.admitted == r.settled
 
 
-def test_the_shared_books_equal_the_bill_to_the_micro_dollar(shared: Observed) -> None:
-    r = shared.result
-    assert shared.committed_micros == [r.billed_micros] * INSTANCES  # every instance agrees
-    [total] = shared.ledger
+@pytest.mark.parametrize("scenario", ["shared", "messages"])
+def test_the_shared_books_equal_the_bill_to_the_micro_dollar(
+    scenario: str, request: pytest.FixtureRequest
+) -> None:
+    observed = request.getfixturevalue(scenario)
+    r = observed.result
+    assert observed.committed_micros == [r.billed_micros] * INSTANCES  # every instance agrees
+    [total] = observed.ledger
     assert (total.committed_micros, total.reserved_micros) == (r.billed_micros, 0)
     assert r.charged_micros == r.billed_micros
 

@@ -1,7 +1,10 @@
-"""The OpenAI-compatible gateway: POST /v1/chat/completions and /v1/responses, enforced.
+"""The gateway: POST /v1/chat/completions and /v1/responses (OpenAI's wire format) and
+/v1/messages (Anthropic's), enforced.
 
 Each call goes price -> reserve -> call -> settle (core/gateway.py decides the money), with API
-keys that have the `gateway` role. Every answer says what the call held and cost:
+keys that have the `gateway` role (on /v1/messages also sent as Anthropic's clients send theirs,
+in `x-api-key`). Refusals come in the route's provider's error shape (api/openai_errors.py,
+api/anthropic_errors.py). Every answer says what the call held and cost:
 
   x-ceiling-reservation-id         the call's reservation, for an operator's correction
                                    (POST /v1/admin/reservations/{id}/settle); it grants the key
@@ -17,7 +20,8 @@ keys that have the `gateway` role. Every answer says what the call held and cost
 A stream's headers leave before its charge is known: they carry the reservation id, the amount
 reserved and the remaining budgets with the hold in place; the charge, the remaining budgets
 after it and the outcome follow in an SSE comment at the end of the stream (before the chat
-stream's `data: [DONE]`), one `: <header>: <value>` line each, which SSE clients skip.
+stream's `data: [DONE]`; after a Responses or Messages stream's last event), one
+`: <header>: <value>` line each, which SSE clients skip.
 """
 
 from __future__ import annotations
@@ -28,13 +32,16 @@ import json
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
 
 from api import errors
-from api.openai_errors import OpenAIErrorRoute, openai_error_response
+from api.anthropic_errors import ANTHROPIC_ERRORS, anthropic_error_event, anthropic_error_response
+from api.openai_errors import OPENAI_ERRORS, Respond, openai_error_response
+from api.openai_schemas import CHAT_COMPLETIONS_BODY, MESSAGES_BODY, RESPONSES_BODY
 from api.routes.sidecar import authenticated
+from api.routing import HotRoute
 from api.runtime import runtime
 from api.upstream import NotSent, Unanswered, Upstream, relayed_headers, upstream
 from core import gateway, idempotency, replies
@@ -56,28 +63,38 @@ from core.service import Caller, CeilingService
 if TYPE_CHECKING:
     import httpx
 
-router = APIRouter(prefix="/v1", route_class=OpenAIErrorRoute)
 LENGTHS = gateway.OutputLengths()
+# Headers the gateway reads beyond the key and the run (api/routing.py HEADERS_COMMON).
+HEADERS = ("Idempotency-Key", "X-Ceiling-Clamp")
+MESSAGES_HEADERS = ("x-api-key", "anthropic-version", "anthropic-beta", *HEADERS)
 SETTLED = frozenset({Outcome.BILLED, Outcome.ESTIMATED})
 DONE_EVENT = b"data: [DONE]\n\n"
+# Each wire format's refusals, in its provider's shape.
+REFUSALS: dict[Api, Respond] = {Api.CHAT: openai_error_response,
+                                Api.RESPONSES: openai_error_response,
+                                Api.MESSAGES: anthropic_error_response}
 
 
-@router.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
     return await serve(request, Api.CHAT)
 
 
-@router.post("/responses")
 async def responses(request: Request) -> Response:
     return await serve(request, Api.RESPONSES)
 
 
+async def messages(request: Request) -> Response:
+    return await serve(request, Api.MESSAGES)
+
+
 async def serve(request: Request, api: Api) -> Response:
-    svc, who = await authenticated(request, Role.GATEWAY)
+    svc, who = await authenticated(request, Role.GATEWAY, x_api_key=api is Api.MESSAGES)
     config = runtime().config
+    forwarded = gateway.FORWARDED_HEADERS.get(api)
+    headers = [(k, v) for k, v in request.headers.items() if k in forwarded] if forwarded else []
     call_plan = (
-        gateway.plan(api, await request.body(), config.output_tokens_default)
-        if config else gateway.plan(api, await request.body())
+        gateway.plan(api, await request.body(), config.output_tokens_default, headers)
+        if config else gateway.plan(api, await request.body(), headers=headers)
     )
     clamp = request.headers.get("x-ceiling-clamp") == "1"
     idempotency_key = request.headers.get("idempotency-key")
@@ -86,7 +103,7 @@ async def serve(request: Request, api: Api) -> Response:
     claimed = await replies.claim(
         svc.store.replies,
         replies.reply_ref(who, idempotency_key),
-        idempotency.fingerprint(api.value, call_plan.body, who.run_id, clamp),
+        idempotency.fingerprint(api.value, call_plan.body, who.run_id, clamp, call_plan.headers),
         wait=not call_plan.stream,
         in_flight_ttl_ms=svc.lease_ttl_ms,
     )
@@ -126,14 +143,14 @@ async def give_back(ticket: Ticket | None) -> None:
 
 
 async def keep(ticket: Ticket | None, status: int, headers: dict[str, str], body: bytes | None,
-               outcome: Outcome) -> None:
+               outcome: Outcome, *, api: Api) -> None:
     """Keep a settled call's answer for its idempotency key (None: too large to keep, so a
     retry learns only that the call finished); give the key back if it was not settled."""
     if ticket is None or outcome not in SETTLED:
         await give_back(ticket)
         return
     if body is None or len(body) > REPLY_BYTES_MAX:
-        tombstone = openai_error_response(IdempotencyConflict(
+        tombstone = REFUSALS[api](IdempotencyConflict(
             "the call with this Idempotency-Key finished, but its answer was too large to keep "
             "for replay; use a new key to call again"), {})
         status, body = tombstone.status_code, bytes(tombstone.body)
@@ -142,33 +159,35 @@ async def keep(ticket: Ticket | None, status: int, headers: dict[str, str], body
     await ticket.complete(reply)
 
 
-class KeptResponse(Response):
-    """A non-streaming answer, kept for its idempotency key once it has been sent.
+def kept_while_sent(raw: bytes, status: int, headers: dict[str, str], ticket: Ticket,
+                    outcome: Outcome, *, api: Api) -> Response:
+    """A non-streaming answer, kept for its idempotency key while it is sent.
 
-    The client need not wait for a ledger round trip that only a retry reads: a retry that
-    comes meanwhile finds the key in flight and waits for the answer (non-streaming retries
-    wait). It is kept even if sending failed, since that client is the one that retries; and
-    within the request, so a shutdown or a serverless runtime lets it finish. A ledger failure
-    here has no one left to tell: the in-flight marker then lives out its lease, and a retry
-    after that makes a new call, which reserves for itself."""
+    The client need not wait for a ledger round trip that only a retry reads: the keeping runs
+    in a task of its own beside the sending, and a retry that comes meanwhile finds the key in
+    flight and waits for the answer (non-streaming retries wait). It is kept even if sending
+    fails, since that client is the one that retries; and a request that was answered ends only
+    once it is kept, so a shutdown or a serverless runtime lets it finish. A ledger failure here
+    has no one left to tell: the in-flight marker then lives out its lease, and a retry after
+    that makes a new call, which reserves for itself."""
 
-    def __init__(self, body: bytes, status_code: int, headers: dict[str, str], ticket: Ticket,
-                 outcome: Outcome) -> None:
-        super().__init__(body, status_code=status_code, headers=headers)
-        self._kept = (ticket, status_code, headers, body, outcome)
+    async def keep_quietly() -> None:
+        with contextlib.suppress(CeilingError):
+            await keep(ticket, status, headers, raw, outcome, api=api)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with contextlib.suppress(CeilingError):
-                await keep(*self._kept)
+    keeping = gateway.spawn(keep_quietly())
+
+    async def kept() -> None:
+        await asyncio.shield(keeping)  # a request cancelled meanwhile does not cancel the keeping
+
+    return Response(raw, status_code=status, headers=headers, background=BackgroundTask(kept))
 
 
 async def forward(
     svc: CeilingService, who: Caller, call_plan: Plan, clamp: bool, ticket: Ticket | None
 ) -> Response:
-    up = upstream()  # a gateway with no provider refuses before it holds anything
+    up = upstream(call_plan.api)  # a gateway with no provider refuses before it holds anything
+    refusal = REFUSALS[call_plan.api]
     config = runtime().config
     p95 = bool(config and config.hold_p95)
     call = Call(svc, who, await gateway.hold(svc, who, call_plan, LENGTHS, clamp=clamp, p95=p95),
@@ -180,7 +199,7 @@ async def forward(
     except NotSent as exc:
         bill = await call.release()
         await give_back(ticket)
-        return openai_error_response(UpstreamUnreachable(
+        return refusal(UpstreamUnreachable(
             f"the provider could not be reached ({exc}); nothing was sent and the reservation "
             "was released"), bill_headers(bill, call))
     except (Unanswered, TimeoutError):
@@ -206,13 +225,14 @@ async def forward(
     headers = {**relayed_headers(response), **bill_headers(bill, call)}
     if ticket is None:
         return Response(raw, status_code=response.status_code, headers=headers)
-    return KeptResponse(raw, response.status_code, headers, ticket, bill.outcome)
+    return kept_while_sent(raw, response.status_code, headers, ticket, bill.outcome,
+                           api=call.hold.plan.api)
 
 
 async def unanswered(call: Call, up: Upstream, ticket: Ticket | None) -> Response:
     bill = call.leave_open()
     await give_back(ticket)
-    return openai_error_response(UpstreamTimeout(
+    return REFUSALS[call.hold.plan.api](UpstreamTimeout(
         f"no complete answer from the provider within {up.timeout_s} s; the call may have been "
         f"billed, so its reservation {bill.reservation_id} stays held: it expires charged "
         "unless an operator corrects it from the provider's bill"), bill_headers(bill, call))
@@ -230,7 +250,8 @@ class Relay:
     read is bounded by the call's deadline, which the lease outlives.
 
     A stream that ends before its terminal event (chat's `data: [DONE]`, a Responses stream's
-    response.completed / .incomplete / .failed) has an unknown outcome, even if usage chunks came
+    response.completed / .incomplete / .failed, a Messages stream's message_stop) has an unknown
+    outcome, even if usage chunks came
     (a provider reporting cumulative usage sends one with every chunk; the provider may also have
     billed output it never sent: text lost in transit, hidden reasoning): its hold is kept, and
     the client gets an error event.
@@ -291,7 +312,7 @@ class Relay:
         if complete and api is Api.CHAT:
             self._emit(DONE_EVENT)
         recorded = None if self._recorded is None else b"".join(self._recorded)
-        await keep(self.ticket, 200, self.headers, recorded, bill.outcome)
+        await keep(self.ticket, 200, self.headers, recorded, bill.outcome, api=api)
 
 
 def broken_off_event(api: Api, bill: Bill) -> bytes:
@@ -300,8 +321,23 @@ def broken_off_event(api: Api, bill: Bill) -> bytes:
         "the provider's stream broke off before its end; the call may have been billed, so its "
         f"reservation {bill.reservation_id} stays held: it expires charged unless an operator "
         "corrects it from the provider's bill")
+    if api is Api.MESSAGES:
+        return anthropic_error_event(exc)
     error = {"message": exc.message, "type": errors.STATUS[exc.code][1], "param": None,
              "code": exc.code}
     if api is Api.CHAT:
         return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
-    return b"event: error\ndata: " + json.dumps({"type": "error", **error}).encode() + b"\n\n"
+    # A Responses stream's error event is typed `error` (the SDK yields it as one); the error's
+    # own type would name an event no client knows.
+    return b"event: error\ndata: " + json.dumps({**error, "type": "error"}).encode() + b"\n\n"
+
+
+# The hot routes (api/routing.py) of this module, their refusals in their provider's shape.
+ROUTES = (
+    HotRoute("/v1/chat/completions", chat_completions, body=CHAT_COMPLETIONS_BODY,
+             headers=HEADERS, middleware=(OPENAI_ERRORS,)),
+    HotRoute("/v1/responses", responses, body=RESPONSES_BODY, headers=HEADERS,
+             middleware=(OPENAI_ERRORS,)),
+    HotRoute("/v1/messages", messages, body=MESSAGES_BODY, headers=MESSAGES_HEADERS,
+             middleware=(ANTHROPIC_ERRORS,)),
+)

@@ -59,12 +59,16 @@ async def health_body() -> dict[str, Any]:
     return body
 
 
-@router.api_route("/health", methods=["GET", "HEAD"])
+# GET and HEAD as routes of their own: one route of both methods documents two operations
+# under one id.
+@router.get("/health")
+@router.head("/health")
 async def health() -> JSONResponse:
     body = await health_body()
     return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
 
-@router.api_route("/health/live", methods=["GET", "HEAD"])
+@router.get("/health/live")
+@router.head("/health/live")
 async def live() -> JSONResponse:
     return JSONResponse({"status": "live", "instance_id": runtime().instance_id})

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from api.models import ReserveBody, SettleBody
-from api.routing import LeanRoute
+from api.routing import HotRoute
 from api.runtime import runtime
 from core.ledger import LegStatus, Reservation, Role
 from core.money import micros_to_usd
@@ -21,43 +21,24 @@ from core.service import Caller, CeilingService
 B = TypeVar("B", bound=BaseModel)
 
 
-router = APIRouter(prefix="/v1", route_class=LeanRoute)
-
-
 def bearer(authorization: str | None) -> str | None:
     if authorization and authorization[:7].lower() == "bearer ":
         return authorization[7:].strip()
     return None
 
 
-# The hot routes read headers and body themselves: FastAPI's dependency and parameter machinery
-# cost more CPU per call than the ledger round trip (bench/http.py). The schema still documents
-# them, for clients and for the fuzzer.
-def _documented(body: type[BaseModel] | None, *headers: str, in_path: bool = False
-                ) -> dict[str, Any]:
-    extra: dict[str, Any] = {"parameters": [
-        {"name": h, "in": "header", "required": False, "schema": {"type": "string"}}
-        for h in ("Authorization", "X-Ceiling-Run-Id", *headers)
-    ]}
-    if in_path:
-        extra["parameters"].append({"name": "reservation_id", "in": "path", "required": True,
-                                    "schema": {"type": "string"}})
-    if body is not None:
-        extra["requestBody"] = {"required": True, "content": {
-            "application/json": {"schema": body.model_json_schema()}}}
-    return extra
-
-
 async def authenticated(
-    request: Request, role: Role | None
+    request: Request, role: Role | None, *, x_api_key: bool = False
 ) -> tuple[CeilingService, Caller]:
     """The service and the caller acting in `role`, or the reason to refuse: no ledger, then no
-    valid key, then a key without the role (None: either role will do)."""
+    valid key, then a key without the role (None: either role will do). With `x_api_key` the key
+    may come as Anthropic's clients send theirs, in `x-api-key`, when no bearer key is given."""
     svc = runtime().enforcing()
     headers = request.headers
-    who = await svc.authenticate(
-        bearer(headers.get("authorization")), headers.get("x-ceiling-run-id"), role
-    )
+    key = bearer(headers.get("authorization"))
+    if key is None and x_api_key:
+        key = headers.get("x-api-key")
+    who = await svc.authenticate(key, headers.get("x-ceiling-run-id"), role)
     return svc, who
 
 
@@ -94,8 +75,6 @@ def reservation_json(r: Reservation) -> dict[str, Any]:
     }
 
 
-@router.post("/reservations", status_code=201,
-             openapi_extra=_documented(ReserveBody, "Idempotency-Key"))
 async def reserve(request: Request) -> JSONResponse:
     svc, who = await authenticated(request, Role.SIDECAR)
     body = await parsed(ReserveBody, request)
@@ -103,8 +82,6 @@ async def reserve(request: Request) -> JSONResponse:
     return JSONResponse(reservation_json(r), status_code=200 if r.replayed else 201)
 
 
-@router.post("/reservations/{reservation_id}/settle",
-             openapi_extra=_documented(SettleBody, in_path=True))
 async def settle(request: Request) -> JSONResponse:
     reservation_id = request.path_params["reservation_id"]
     svc, who = await authenticated(request, Role.SIDECAR)
@@ -120,8 +97,6 @@ async def settle(request: Request) -> JSONResponse:
     })
 
 
-@router.post("/reservations/{reservation_id}/release",
-             openapi_extra=_documented(None, in_path=True))
 async def release(request: Request) -> JSONResponse:
     reservation_id = request.path_params["reservation_id"]
     svc, who = await authenticated(request, Role.SIDECAR)
@@ -130,9 +105,19 @@ async def release(request: Request) -> JSONResponse:
                          "replayed": r.replayed})
 
 
-@router.get("/budgets/me", openapi_extra=_documented(None))
 async def my_budgets(request: Request) -> JSONResponse:
     svc, who = await authenticated(request, None)
     legs = await svc.my_budgets(who)
     return JSONResponse({"budget_id": who.key.budget_id.path, "run_id": who.run_id,
                          "budgets": [leg_json(x) for x in legs]})
+
+
+# The hot routes (api/routing.py) of this module.
+ROUTES = (
+    HotRoute("/v1/reservations", reserve, body=ReserveBody.model_json_schema(),
+             headers=("Idempotency-Key",), status_code=201),
+    HotRoute("/v1/reservations/{reservation_id}/settle", settle,
+             body=SettleBody.model_json_schema()),
+    HotRoute("/v1/reservations/{reservation_id}/release", release),
+    HotRoute("/v1/budgets/me", my_budgets, methods=("GET",)),
+)

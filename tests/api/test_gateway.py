@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import random
-import threading
 import time
 import uuid
 from collections import Counter
@@ -24,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import httpx2
 import openai
 import pytest
 
@@ -35,7 +33,25 @@ from core.stores.redis import RedisStore
 from infra.redis_server import RedisServer, free_port
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, Tally, fetch_bill
-from tests.api.conftest import ADMIN_TOKEN, Client, client_for
+from tests.api.conftest import (
+    ADMIN_TOKEN,
+    BOTH_ROLES,
+    Client,
+    FaultProxy,
+    account,
+    as_key,
+    async_sdk,
+    correct,
+    counting_client,
+    gateway,
+    header,
+    ledger,
+    refused_to_key,
+    reservation,
+    sdk,
+    settled,
+    trailer,
+)
 
 MODELS = iter(f"gw-m{i:02d}" for i in range(64))
 # The test models' rates: one micro-dollar an input token, four an output token.
@@ -43,111 +59,9 @@ INPUT_MICROS = 1
 OUTPUT_MICROS = 4
 # gw_faulty gives up on the provider this fast, so a hung provider costs a test seconds.
 UPSTREAM_TIMEOUT_S = 5
-# A call is settled (or its stream relayed) within this long; the tests poll no longer.
-SETTLE_WAIT_S_MAX = 10.0
 MESSAGES = [{"role": "user", "content": "hello"}]
-
-
-class FaultProxy:
-    """A loopback TCP proxy in front of the stub, for faults the stub does not make itself.
-
-    It keeps the last request the gateway sent (to read what was forwarded) and, when armed:
-    delays requests (a slow provider), adds an X-Stub-Output-Tokens header (an answer of a
-    known length), slows answers down (a provider that generates as it streams), or cuts the
-    next answer after a number of bytes or just before some bytes (a provider that drops a
-    stream, after its usage and before its end).
-    """
-
-    THROTTLE_BYTES = 128
-    THROTTLE_PAUSE_S = 0.05
-
-    def __init__(self, target_port: int) -> None:
-        self.port = free_port()
-        self.target_port = target_port
-        self.last_request = b""
-        self.delay_s = 0.0
-        self.output_tokens: int | None = None
-        self.throttle = False
-        self.cut_after_bytes: int | None = None
-        self.cut_before: bytes | None = None
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-
-    def disarm(self) -> None:
-        self.delay_s, self.output_tokens = 0.0, None
-        self.throttle, self.cut_after_bytes, self.cut_before = False, None, None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def forwarded(self) -> dict[str, Any]:
-        """The JSON body of the last request the gateway sent."""
-        doc = json.loads(self.last_request.split(b"\r\n\r\n", 1)[1])
-        assert isinstance(doc, dict)
-        return doc
-
-    def forwarded_path(self) -> str:
-        return self.last_request.split(b" ", 2)[1].decode()
-
-    def __enter__(self) -> FaultProxy:
-        self._thread.start()
-        started = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._serve, "127.0.0.1", self.port), self._loop)
-        self._server = started.result(timeout=10)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._loop.call_soon_threadsafe(self._server.close)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
-        pipes = [asyncio.ensure_future(self._up(client_r, server_w)),
-                 asyncio.ensure_future(self._down(server_r, client_w))]
-        await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
-        for pipe in pipes:
-            pipe.cancel()
-        for writer in (client_w, server_w):
-            writer.close()
-
-    async def _up(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            if data.startswith(b"POST "):
-                self.last_request = b""
-                if self.output_tokens is not None:
-                    line, rest = data.split(b"\r\n", 1)
-                    forced = f"X-Stub-Output-Tokens: {self.output_tokens}"
-                    data = line + b"\r\n" + forced.encode() + b"\r\n" + rest
-                await asyncio.sleep(self.delay_s)
-            self.last_request += data
-            writer.write(data)
-            await writer.drain()
-
-    async def _down(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held = b""  # with cut_before: bytes kept back until it is known they come before it
-        while data := await reader.read(self.THROTTLE_BYTES if self.throttle else 65536):
-            if self.cut_before is not None:
-                held += data
-                if (at := held.find(self.cut_before)) >= 0:
-                    writer.write(held[:at])
-                    await writer.drain()
-                    self.cut_before = None
-                    return
-                keep = len(self.cut_before) - 1
-                data, held = held[: len(held) - keep], held[len(held) - keep:]
-            if self.cut_after_bytes is not None:
-                if len(data) >= self.cut_after_bytes:
-                    writer.write(data[: self.cut_after_bytes])
-                    await writer.drain()
-                    self.cut_after_bytes = None
-                    return
-                self.cut_after_bytes -= len(data)
-            writer.write(data)
-            await writer.drain()
-            if self.throttle:
-                await asyncio.sleep(self.THROTTLE_PAUSE_S)
+# These instances may hold a model's p95 output length (test_the_p95_is_held_...).
+HOLD_P95 = {"CEILING_HOLD_P95": "1"}
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -175,43 +89,24 @@ def stub() -> Iterator[StubProvider]:
 
 
 @pytest.fixture(scope="module")
-def proxy(stub: StubProvider) -> Iterator[FaultProxy]:
-    with FaultProxy(stub.port) as p:
-        yield p
-
-
-def gateway(redis_server: RedisServer, prices_file: str, upstream_url: str,
-            timeout_s: float) -> ServiceProcess:
-    return ServiceProcess({
-        "REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
-        "CEILING_PRICES_FILE": prices_file, "CEILING_UPSTREAM_URL": upstream_url,
-        "CEILING_UPSTREAM_TIMEOUT_S": str(timeout_s), "CEILING_HOLD_P95": "1",
-    })
-
-
-@pytest.fixture(scope="module")
 def gw(redis_server: RedisServer, prices_file: str, stub: StubProvider) -> Iterator[ServiceProcess]:
-    with gateway(redis_server, prices_file, f"{stub.url}/v1", 30) as service:
+    with gateway(redis_server, prices_file, f"{stub.url}/v1", 30, HOLD_P95) as service:
         yield service
 
 
 @pytest.fixture(scope="module")
 def gw_faulty(redis_server: RedisServer, prices_file: str,
               proxy: FaultProxy) -> Iterator[ServiceProcess]:
-    with gateway(redis_server, prices_file, f"{proxy.url}/v1", UPSTREAM_TIMEOUT_S) as service:
+    with gateway(redis_server, prices_file, f"{proxy.url}/v1", UPSTREAM_TIMEOUT_S,
+                 HOLD_P95) as service:
         yield service
 
 
 @pytest.fixture(scope="module")
 def gw_dead(redis_server: RedisServer, prices_file: str) -> Iterator[ServiceProcess]:
-    with gateway(redis_server, prices_file, f"http://127.0.0.1:{free_port()}/v1", 5) as service:
+    with gateway(redis_server, prices_file, f"http://127.0.0.1:{free_port()}/v1", 5,
+                 HOLD_P95) as service:
         yield service
-
-
-@pytest.fixture(scope="module")
-def admin(gw: ServiceProcess) -> Iterator[Client]:
-    with client_for(gw) as c:
-        yield c
 
 
 @pytest.fixture(autouse=True)
@@ -231,65 +126,6 @@ def model() -> str:
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def account(admin: Client, ceiling_micros: int, run_ceiling_micros: int | None = None,
-            roles: tuple[str, ...] = ("gateway",)) -> tuple[str, str]:
-    """A budget of its own and an API key for it (a gateway key unless told otherwise)."""
-    tag = f"org:g{uuid.uuid4().hex[:10]}"
-    admin.budget(tag, ceiling_micros)
-    return tag, admin.key(tag, run_ceiling_micros, roles)["Authorization"].removeprefix(
-        "Bearer ")
-
-
-# A key holder who also has the sidecar role: the most a key can be given.
-BOTH_ROLES = ("gateway", "sidecar")
-
-
-def as_key(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def correct(admin: Client, reservation_id: str, actual_micros: int) -> dict[str, Any]:
-    """An operator's correction of a gateway reservation, from the provider's bill."""
-    r = admin.admin("POST", f"/v1/admin/reservations/{reservation_id}/settle",
-                    json={"actual_micros": actual_micros, "reason": "the provider's bill"})
-    assert r.status_code == 200, r.text
-    answer = r.json()
-    assert isinstance(answer, dict)
-    return answer
-
-
-def reservation(admin: Client, reservation_id: str) -> dict[str, Any]:
-    r = admin.admin("GET", f"/v1/admin/reservations/{reservation_id}")
-    assert r.status_code == 200, r.text
-    found = r.json()
-    assert isinstance(found, dict)
-    return found
-
-
-def refused_to_key(admin: Client, key: str, reservation_id: str) -> None:
-    """Neither settle nor release of a gateway reservation works for a key: as a stranger's id."""
-    for action, body in (("release", None), ("settle", {"actual_micros": 0}),
-                         ("settle", {"input_tokens": 0, "output_tokens": 0})):
-        r = admin.post(f"/v1/reservations/{reservation_id}/{action}", headers=as_key(key),
-                       json=body)
-        assert (r.status_code, r.json()["error"]["code"]) == (404, "reservation_not_found"), (
-            action, r.text)
-
-
-def ledger(admin: Client, tag: str) -> dict[str, Any]:
-    period = admin.admin("GET", f"/v1/admin/budgets/{tag}").json()["periods"][0]
-    assert isinstance(period, dict)
-    return period
-
-
-def settled(admin: Client, tag: str) -> dict[str, Any]:
-    """The budget once no reservation is held: streams settle after their client has gone."""
-    deadline = time.monotonic() + SETTLE_WAIT_S_MAX
-    while (period := ledger(admin, tag))["reserved_micros"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return period
-
-
 def billed(stub: StubProvider, model: str) -> Tally:
     return fetch_bill(stub.url).by_model.get(model, Tally())
 
@@ -300,34 +136,6 @@ def provider_requests(stub: StubProvider) -> int:
 
 def cost(usage: Any) -> int:
     return int(usage.prompt_tokens * INPUT_MICROS + usage.completion_tokens * OUTPUT_MICROS)
-
-
-def sdk(service: ServiceProcess, key: str, *, max_retries: int = 0,
-        http_client: httpx2.Client | None = None) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{service.url}/v1", api_key=key, max_retries=max_retries,
-                         http_client=http_client, timeout=30)
-
-
-def async_sdk(service: ServiceProcess, key: str, *, max_retries: int = 0) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{service.url}/v1", api_key=key,
-                              max_retries=max_retries, timeout=30)
-
-
-def counting_client() -> tuple[httpx2.Client, list[str]]:
-    """An SDK transport that counts the HTTP requests the SDK sends, retries included."""
-    sent: list[str] = []
-    client = httpx2.Client(event_hooks={"request": [lambda r: sent.append(str(r.url))]})
-    return client, sent
-
-
-def header(raw: Any, name: str) -> int:
-    return int(raw.headers[name])
-
-
-def trailer(text: str) -> dict[str, str]:
-    """The figures a stream ends with, from its `: x-ceiling-...: value` comment lines."""
-    lines = [line[2:].split(": ", 1) for line in text.split("\n") if line.startswith(": x-")]
-    return {name: value for name, value in lines}
 
 
 # -- the call path: price, reserve, call, settle -------------------------------------------------

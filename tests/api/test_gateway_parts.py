@@ -7,15 +7,17 @@ that report no usage.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.responses import Response
 from starlette.types import Message
 
-from api.routes.gateway import KeptResponse
+from api.routes.gateway import kept_while_sent
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.config import OUTPUT_TOKENS_DEFAULT
 from core.content import Media, responses_input
@@ -94,6 +96,8 @@ def test_a_chat_stream_asks_for_usage_and_remembers_whether_the_client_did() -> 
     (Api.CHAT, {"max_tokens": True}, "max_tokens"),
     (Api.CHAT, {"n": 0}, "n"),
     (Api.CHAT, {"audio": {"voice": "alloy"}}, "audio"),
+    (Api.CHAT, {"modalities": ["text", "audio"]}, "modalities"),
+    (Api.CHAT, {"modalities": "audio"}, "modalities"),
     (Api.CHAT, {"prediction": {"type": "content", "content": "x"}}, "prediction"),
     (Api.CHAT, {"speed": "fast"}, "speed"),
     (Api.CHAT, {"service_tier": 1}, "service_tier"),
@@ -109,6 +113,10 @@ def test_what_cannot_be_priced_is_refused(api: Api, fields: dict[str, Any], para
         plan(api, json.dumps({**doc, **fields}).encode())
     assert refused.value.details.get("field") == param
     assert not isinstance(refused.value, InputUnbounded)
+
+
+def test_text_output_is_the_only_modality_forwarded() -> None:
+    assert plan(Api.CHAT, body(modalities=["text"])).body["modalities"] == ["text"]
 
 
 @pytest.mark.parametrize(("api", "fields", "param"), [
@@ -504,37 +512,60 @@ async def test_a_waiting_retry_gets_the_answer_and_a_late_one_gives_up(tag: str)
         await claim(store, ref, "another body", wait=True, in_flight_ttl_ms=60_000)
 
 
-async def test_an_answer_is_kept_once_sent_and_even_when_sending_fails(tag: str) -> None:
-    store = MemoryReplies()
+class GatedReplies(MemoryReplies):
+    """Replies whose answers are kept only once the test opens the gate: a slow ledger."""
 
-    async def kept_response(digest: str) -> tuple[ReplyRef, KeptResponse]:
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def complete(self, ref: ReplyRef, token: str, reply: StoredReply, ttl_ms: int) -> bool:
+        await self.gate.wait()
+        return await super().complete(ref, token, reply, ttl_ms)
+
+
+async def test_an_answer_is_kept_while_it_is_sent_and_even_when_sending_fails(tag: str) -> None:
+    store = GatedReplies()
+
+    async def kept_answer(digest: str) -> tuple[ReplyRef, Response]:
         ref = ReplyRef(tag, digest)
         ticket = await claim(store, ref, "fp", wait=False, in_flight_ttl_ms=60_000)
         assert isinstance(ticket, Ticket)
-        return ref, KeptResponse(b'{"id": "x"}', 200, {"content-type": "application/json"},
-                                 ticket, Outcome.BILLED)
+        return ref, kept_while_sent(b'{"id": "x"}', 200, {"content-type": "application/json"},
+                                    ticket, Outcome.BILLED, api=Api.CHAT)
+
+    async def kind(ref: ReplyRef) -> ClaimKind:
+        return (await store.claim(ref, "fp", "retry", 60_000)).kind
 
     async def receive() -> Message:
         return {"type": "http.disconnect"}
 
-    ref, answer = await kept_response("d5")
-    in_flight_when_sent: list[ClaimKind] = []
+    ref, answer = await kept_answer("d5")
+    sent = asyncio.Event()
 
     async def send(message: Message) -> None:
         if message["type"] == "http.response.body":
-            in_flight_when_sent.append((await store.claim(ref, "fp", "retry", 60_000)).kind)
+            sent.set()
 
-    await answer({"type": "http"}, receive, send)
-    assert in_flight_when_sent == [ClaimKind.IN_FLIGHT]  # the client did not wait for the ledger
+    request = asyncio.create_task(answer({"type": "http"}, receive, send))
+    await asyncio.wait_for(sent.wait(), 10)
+    # The client has its answer while the ledger is still keeping it; the request is not over.
+    assert (await kind(ref), request.done()) == (ClaimKind.IN_FLIGHT, False)
+    store.gate.set()
+    await asyncio.wait_for(request, 10)
     assert (await store.claim(ref, "fp", "retry", 60_000)).reply == StoredReply(
         200, (("content-type", "application/json"),), '{"id": "x"}')
 
     # A client whose connection broke is the one that retries: its answer is kept all the same.
-    ref, answer = await kept_response("d6")
+    ref, answer = await kept_answer("d6")
 
     async def broken(message: Message) -> None:
         raise ConnectionResetError("connection reset by peer")
 
     with pytest.raises(ConnectionResetError, match="reset"):
         await answer({"type": "http"}, receive, broken)
-    assert (await store.claim(ref, "fp", "retry", 60_000)).kind is ClaimKind.DONE
+    for _ in range(100):
+        if await kind(ref) is ClaimKind.DONE:
+            break
+        await asyncio.sleep(0.01)
+    assert await kind(ref) is ClaimKind.DONE

@@ -25,6 +25,8 @@ def test_a_lease_shorter_than_the_upstream_timeout_is_refused() -> None:
     {"CEILING_SINGLE_REPLICA": "maybe"},
     {"CEILING_UPSTREAM_TIMEOUT_S": "-1"},
     {"CEILING_EXPIRE_POLICY": "forgive"},
+    {"CEILING_ANTHROPIC_URL": "api.anthropic.com"},
+    {"CEILING_ANTHROPIC_URL": "https://api.anthropic.com/v1"},
 ])
 def test_configurations_that_cannot_enforce_are_refused(env: dict[str, str]) -> None:
     with pytest.raises(ConfigError):
@@ -34,3 +36,11 @@ def test_configurations_that_cannot_enforce_are_refused(env: dict[str, str]) -> 
 def test_vercel_kv_names_are_accepted() -> None:
     config = load({"KV_REST_API_URL": "https://kv.example/", "KV_REST_API_TOKEN": "t"})
     assert (config.upstash_url, config.upstash_token) == ("https://kv.example", "t")
+
+
+def test_the_anthropic_provider_is_the_sdks_base_url() -> None:
+    config = load({"CEILING_ANTHROPIC_URL": "https://api.anthropic.com/",
+                   "CEILING_ANTHROPIC_API_KEY": "sk-ant"})
+    assert (config.anthropic_url, config.anthropic_api_key) == ("https://api.anthropic.com",
+                                                                "sk-ant")
+    assert (load({}).anthropic_url, load({}).anthropic_api_key) == (None, None)

@@ -16,11 +16,13 @@ from hypothesis import strategies as st
 from core.content import (
     MP3_BYTES_PER_S_MIN,
     NO_MEDIA,
+    ImageBound,
     Media,
     audio_input_tokens_per_s,
     audio_ms_max,
     chat_input,
     image_bound,
+    messages_input,
     responses_input,
 )
 from core.errors import InputUnbounded, InvalidRequest
@@ -81,8 +83,15 @@ def test_image_bounds_are_the_documented_maxima() -> None:
         bound = image_bound(model)
         assert bound is not None
         assert (bound.low_tokens, bound.high_tokens) == (tokens, tokens)
-    # Models with no documented rule, or a look-alike of a model that has one: no bound.
-    for model in ("gpt-4o-audio-preview", "gpt-5.1", "claude-sonnet-4-5", "gpt-4o-mini-x"):
+    # Claude (Anthropic's area rule): 784 x 1,568 px / 750 = 1,639.08 tokens, the largest an
+    # image is billed as once scaled; a dated snapshot follows its model.
+    for model in ("claude-sonnet-4-5", "claude-sonnet-4-5-20250929", "claude-3-5-haiku-20241022",
+                  "claude-opus-4-1"):
+        assert image_bound(model) == ImageBound(1_640, 1_640), model
+    # Models with no documented rule, or a look-alike of a model that has one: no bound. Later
+    # Claude models read larger images than the area rule above allows.
+    for model in ("gpt-4o-audio-preview", "gpt-5.1", "claude-opus-4-7", "gpt-4o-mini-x",
+                  "claude-sonnet-4-5-x"):
         assert image_bound(model) is None
 
 
@@ -184,9 +193,17 @@ def test_an_mp3_clip_is_bounded_at_the_lowest_bitrate() -> None:
     tag = b"ID3\x04\x00\x00" + bytes([0, 0, 1, 0]) + b"\0" * 128  # a 128-byte ID3v2 tag
     data = base64.b64encode(tag + frame + b"\0" * 9_857).decode()
     # 9,999 bytes (138 of tag, 4 of frame header; a multiple of 3, so base64 pads nothing) at
-    # 1,000 bytes a second (8 kbit/s): 9.999 s.
-    assert MP3_BYTES_PER_S_MIN == 1_000
-    assert audio_ms_max(data, "mp3", "a") == 9_999
+    # 995 bytes a second (8 kbit/s frames at 11,025 Hz, unpadded): 10.04925 s, rounded up.
+    assert MP3_BYTES_PER_S_MIN == 995
+    assert audio_ms_max(data, "mp3", "a") == 10_050
+
+
+def test_the_smallest_mp3_frames_are_within_the_bound() -> None:
+    # MPEG-2.5 Layer III, 8 kbit/s, 11,025 Hz, no padding: 72 x 8,000 / 11,025 = 52.2, so every
+    # decoder reads 52-byte frames of 576 samples. 1,000 frames are 52,000 bytes of 52.245 s.
+    frames = (bytes([0xFF, 0xE3, 0x10, 0xC0]) + bytes(48)) * 1_000
+    seconds = 1_000 * 576 / 11_025
+    assert audio_ms_max(base64.b64encode(frames).decode(), "mp3", "a") >= seconds * 1_000
 
 
 @pytest.mark.parametrize(("data", "audio_format", "field"), [
@@ -213,6 +230,24 @@ def test_a_wav_header_whose_fields_disagree_is_refused() -> None:
     struct.pack_into("<H", raw, 20, 2)  # ADPCM, not PCM
     with pytest.raises(InputUnbounded):
         audio_ms_max(base64.b64encode(bytes(raw)).decode(), "wav", "a")
+
+
+def test_a_wav_whose_readers_could_disagree_on_its_length_is_refused() -> None:
+    raw = base64.b64decode(wav(1.0))
+    fmt = raw[12:36]  # 'fmt ', its size, its 16 bytes
+    slow = fmt[:8] + struct.pack("<HHIIHH", 1, 1, 8_000, 8_000, 1, 8)  # 4 x as long
+    # A second format chunk before the samples: the first is read here, the last by some.
+    two = raw[:36] + slow + raw[36:]
+    # The samples before their format chunk; a format chunk and no samples in the header.
+    late = raw[:12] + b"data" + struct.pack("<I", 4) + bytes(4) + raw[12:]
+    far = raw[:36] + b"JUNK" + struct.pack("<I", 8_000) + bytes(8_000) + raw[36:]
+    for clip in (two, late, far):
+        with pytest.raises(InputUnbounded):
+            audio_ms_max(base64.b64encode(clip).decode(), "wav", "a")
+    # Chunks after the samples are not walked: readers take the format that precedes them.
+    tail = raw + slow
+    assert audio_ms_max(base64.b64encode(tail).decode(), "wav", "a") == -(
+        -len(tail) * 1_000 // 32_000)
 
 
 def test_audio_that_is_not_base64_or_not_from_the_user_is_refused() -> None:
@@ -291,3 +326,81 @@ def test_the_text_bound_covers_every_byte_of_text_and_counts_every_image(
     images = sum(1 for _, c in messages if isinstance(c, list) for p in c
                  if p["type"] == "image_url")
     assert bound.media.images_low + bound.media.images_high == images
+
+
+# -- Anthropic's Messages API -------------------------------------------------------------------
+
+
+def anthropic_image(source: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "image", "source": source}
+
+
+def test_messages_text_is_bounded_by_its_bytes_and_images_are_counted_not_read() -> None:
+    text = messages_input([{"role": "user", "content": "hello"}])
+    assert text.media is NO_MEDIA
+    assert text.text_tokens > len(b"hello")
+    payload = "A" * 1_000_000
+    sources = [{"type": "base64", "media_type": "image/png", "data": payload},
+               {"type": "url", "url": "https://example.com/cat.png"},
+               {"type": "file", "file_id": "file_011"}]
+    bound = messages_input(user(*(anthropic_image(s) for s in sources),
+                                {"type": "text", "text": "what are these?"}))
+    assert bound.media.images_high == 3
+    assert bound.media.image_field == "messages[0].content[0].source"
+    assert bound.text_tokens < 1_000  # the payload is not text
+    # Inside a tool's result and a content document too.
+    nested = messages_input(user(
+        {"type": "tool_result", "tool_use_id": "t1", "content": [anthropic_image(sources[1])]},
+        {"type": "document", "source": {"type": "content", "content": [
+            {"type": "text", "text": "page"}, anthropic_image(sources[0])]}}))
+    assert nested.media.images_high == 2
+    assert nested.media.image_field == "messages[0].content[0].content[0].source"
+
+
+def test_messages_turns_sent_back_are_text_bounded_by_all_their_bytes() -> None:
+    signature = "S" * 5_000
+    turns = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "t", "signature": signature},
+            {"type": "redacted_thinking", "data": "R" * 3_000},
+            {"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": "sunny"}]},
+    ]
+    bound = messages_input(turns)
+    assert bound.media is NO_MEDIA
+    assert bound.text_tokens > 8_000  # the signature and the redacted data count as text
+
+
+@pytest.mark.parametrize(("block", "field"), [
+    ({"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                     "data": "JVBERi0="}}, "messages[0].content[0].source"),
+    ({"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}},
+     "messages[0].content[0].source"),
+    ({"type": "document", "source": {"type": "file", "file_id": "file_1"}},
+     "messages[0].content[0].source"),
+    ({"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"},
+      "citations": {"enabled": True}}, "messages[0].content[0].citations"),
+    ({"type": "image", "source": {"type": "base64", "media_type": "application/pdf",
+                                  "data": "JVBERi0="}},
+     "messages[0].content[0].source.media_type"),
+    ({"type": "container_upload", "file_id": "file_1"}, "messages[0].content[0]"),
+    ({"type": "mcp_tool_result", "tool_use_id": "m1", "content": "x"}, "messages[0].content[0]"),
+    ({"type": "tool_result", "tool_use_id": "t1", "content": [
+        {"type": "document", "source": {"type": "file", "file_id": "f"}}]},
+     "messages[0].content[0].content[0].source"),
+])
+def test_messages_input_the_request_only_names_is_refused(block: Any, field: str) -> None:
+    with pytest.raises(InputUnbounded) as refused:
+        messages_input(user(block))
+    assert refused.value.details["field"] == field
+
+
+def test_messages_text_documents_are_text() -> None:
+    data = "x" * 10_000
+    bound = messages_input(user({"type": "document", "title": "a",
+                                 "source": {"type": "text", "media_type": "text/plain",
+                                            "data": data}}))
+    assert bound.media is NO_MEDIA
+    assert bound.text_tokens > len(data)

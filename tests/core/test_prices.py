@@ -122,6 +122,61 @@ def test_the_request_fee_is_held_and_charged_once(prices: PriceTable) -> None:
     assert prices.cost_micros("m-fee", Usage(5, 5)) == 5 + 5 + 2_000
 
 
+def test_web_searches_are_held_at_their_fees_and_every_step_at_its_whole_context(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "prices.json"
+    write(path, {"m-search": {"input_usd_per_mtok": "1", "output_usd_per_mtok": "2",
+                              "usd_per_web_search": "0.01", "web_search_result_tokens_max": 500}})
+    table = PriceTable.from_file(str(path))
+    searches = Media(web_searches=2, web_search_field="tools[1]")
+    # 2 searches at $0.01 (10,000 micros each); 3 steps, each billing at most the prompt (100),
+    # both searches' results (2 x 500) and the output so far (50): 3 x 1,150 at $1, and 50 out
+    # at $2.
+    assert table.worst_case_micros("m-search", 100, 50, media=searches) == (
+        20_000 + 3_450 + 100)
+    # Settled from what was billed: 2 searches, their results among the 1,100 input tokens.
+    assert table.cost_micros("m-search", Usage(1_100, 50, web_search_requests=2)) == (
+        20_000 + 1_100 + 100)
+    # A model whose results have no stated bound: refused by the tool's field, never guessed.
+    with pytest.raises(InputUnbounded) as unbounded:
+        bundled(datetime(2026, 12, 1, 11, tzinfo=UTC)).worst_case_micros(
+            "claude-sonnet-4-5", 100, 50, media=searches)
+    assert unbounded.value.details["field"] == "tools[1]"
+    assert "web_search_result_tokens_max" in unbounded.value.message
+    # A model with no fee for searches: searches it reports are unpriced, never free.
+    write(path, {"m-search": {"input_usd_per_mtok": "1", "output_usd_per_mtok": "2",
+                              "web_search_result_tokens_max": 500}})
+    no_fee = PriceTable.from_file(str(path))
+    with pytest.raises(ModelUnpriced):
+        no_fee.worst_case_micros("m-search", 100, 50, media=searches)
+    with pytest.raises(ModelUnpriced) as unpriced:
+        no_fee.cost_micros("m-search", Usage(1_100, 50, web_search_requests=1))
+    assert unpriced.value.details["field"] == "web_search_requests"
+
+
+# Anthropic's published multipliers of a model's base input rate
+# (https://platform.claude.com/docs/en/about-claude/pricing, "prompt caching"): 5-minute cache
+# writes 1.25x, 1-hour writes 2x, cache reads 0.1x; and web search $10 per 1,000 searches.
+ANTHROPIC_CACHE_MULTIPLIERS = {"cache_write": Decimal("1.25"), "cache_write_1h": Decimal(2),
+                               "cached_input": Decimal("0.1")}
+CLAUDE_MODELS = ("claude-opus-4-5", "claude-opus-4-1", "claude-opus-4", "claude-sonnet-4-5",
+                 "claude-sonnet-4", "claude-haiku-4-5", "claude-3-5-haiku-20241022",
+                 "claude-3-7-sonnet-20250219", "claude-sonnet-4-5-20250929")
+
+
+@pytest.mark.parametrize("model", CLAUDE_MODELS)
+def test_the_bundled_claude_cache_rates_are_anthropics_multipliers(model: str) -> None:
+    rates = bundled(datetime(2026, 12, 1, 11, tzinfo=UTC)).rates(model)
+    for kind, multiple in ANTHROPIC_CACHE_MULTIPLIERS.items():
+        schedule = getattr(rates, kind)
+        assert schedule is not None, (model, kind)
+        # At every input size: a long-context tier keeps the same multiples of its own input.
+        assert [(start, rate) for start, rate in schedule] == [
+            (start, rate * multiple) for start, rate in rates.input], (model, kind)
+    assert rates.web_search_micros == Decimal(10_000)  # $10 / 1,000 searches, in micros
+
+
 def test_service_tiers_hold_the_requested_tier_and_auto_the_dearest(prices: PriceTable) -> None:
     # 1,000 in and 100 out: default $1/$2, priority $3/$6, flex $0.50/$1.
     worst = {tier: prices.worst_case_micros("m-tiers", 1_000, 100, service_tier=tier)
@@ -420,6 +475,8 @@ def rates_of(draw: st.DrawFn, tiers: bool) -> Rates:
             st.sampled_from(["priority", "flex"]), unique=True, max_size=2 if tiers else 0))},
         image_tokens_max=ImageBound(draw(st.integers(0, 2_000)), draw(st.integers(0, 2_000))),
         audio_input_tokens_per_s=draw(st.integers(1, 40)),
+        web_search_micros=draw(RATE) * 1_000,
+        web_search_result_tokens_max=draw(st.integers(1, 5_000)),
     )
 
 
@@ -444,25 +501,34 @@ def test_no_usage_a_request_can_produce_costs_more_than_its_worst_case(data: st.
         st.integers(0, 3), st.integers(0, 3), st.integers(0, 60_000))))
     cap, choices = draw(st.integers(1, 5_000)), draw(st.integers(1, 4))
     tier = draw(st.sampled_from([None, "default", "auto", *rates.service_tiers]))
-    media = Media(low, high, audio_ms) if low or high or audio_ms else NO_MEDIA
+    searches = draw(st.sampled_from([0, 0, 1, 3]))
+    media = (Media(low, high, audio_ms, web_searches=searches)
+             if low or high or audio_ms or searches else NO_MEDIA)
     worst = table.worst_case_micros("m", text, cap, choices, service_tier=tier, media=media)
 
     # Any usage within the bounds: text billed at most its byte bound, each image at most its
     # detail's bound, audio at most its duration's tokens; any of it read from or written to a
     # cache; output up to the cap for each choice, any of it audio; served at any tier the
-    # request may be served at, named or not.
+    # request may be served at, named or not. With web searches, up to their number, each step
+    # of the call (one more than the searches) billing the prompt, every search's results at
+    # their bound and the output so far.
     assert rates.image_tokens_max is not None
     assert rates.audio_input_tokens_per_s is not None
+    assert rates.web_search_result_tokens_max is not None
     image_max = low * rates.image_tokens_max.low_tokens + high * rates.image_tokens_max.high_tokens
-    text_in = draw(up_to(text + image_max))
-    audio_in = draw(up_to(-(-audio_ms * rates.audio_input_tokens_per_s // 1_000)))
+    steps = searches + 1
+    step_max = (text + image_max + searches * rates.web_search_result_tokens_max
+                + cap * choices if searches else text + image_max)
+    text_in = draw(up_to(steps * step_max))
+    audio_in = draw(up_to(steps * -(-audio_ms * rates.audio_input_tokens_per_s // 1_000)))
     plain, writes, writes_1h = split(draw, text_in, 2)
     reads = draw(up_to(plain + audio_in))
     output = draw(up_to(cap * choices))
     served = {None: [None, "default"], "default": [None, "default"],
               "auto": [None, "auto", *rates.service_tiers]}.get(tier, [tier])
     usage = Usage(text_in + audio_in, output, reads, writes, writes_1h, audio_in,
-                  draw(st.integers(0, output)), draw(st.sampled_from(served)))
+                  draw(st.integers(0, output)), draw(st.sampled_from(served)),
+                  draw(up_to(searches)))
     assert table.cost_micros("m", usage) <= worst
 
 

@@ -26,13 +26,13 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
-from bench.soak import http_client
 from core.budgets import BudgetId
 from core.ledger import ReservationRef, ReservationState, ReservationView
 from core.limits import SWEEP_BATCH_MAX
 from core.stores import keys
 from core.stores.redis import RedisStore
 from infra.fleet import Fleet
+from infra.soak import http_client
 
 # How long a worker keeps sending one settle around the fleet before it calls it lost: longer
 # than an instance takes to restart (a few seconds here) and than the outages the tests inject.

@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bench.common import percentile
-from bench.soak import StubProviderProcess
 from core.money import micros_to_usd
+from infra.figures import percentile
 from infra.fleet import Fleet
-from infra.stub_provider import fetch_bill, reset_bill
+from infra.stub_provider import StubProviderProcess, fetch_bill, reset_bill
 from tests.reliability.harness import (
     Books,
     Outcome,

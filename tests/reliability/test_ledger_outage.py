@@ -25,7 +25,6 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from bench.soak import StubProviderProcess
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.ledger import KeyRecord, ReservationRef, ReserveRequest, Role
 from core.limits import RESERVATION_TTL_MS_MIN
@@ -34,7 +33,7 @@ from core.service import hash_api_key
 from core.stores.redis import RedisStore
 from infra.fleet import Fleet
 from infra.service import ServiceProcess
-from infra.stub_provider import fetch_bill, reset_bill
+from infra.stub_provider import StubProviderProcess, fetch_bill, reset_bill
 from tests.reliability.harness import (
     Books,
     Call,

@@ -1,15 +1,16 @@
 """A steady rate through a fleet for 30 s: no instance's memory grows, nothing piles up.
 
-The CI cut of `bench/soak.py` (10 minutes by default): three 10 s buckets, the first one
-warm-up. Judged on what drifts (memory, open reservations, the books), not on latency, which a
-shared 2-core machine makes too noisy to assert in 30 s; the p99s are printed.
+The CI cut of the soak (infra/soak.py; `python -m bench.soak` runs it for 10 minutes): three
+10 s buckets, the first one warm-up. Judged on what drifts (memory, open reservations, the
+books), not on latency, which a shared 2-core machine makes too noisy to assert in 30 s; the
+p99s are printed.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from bench.soak import RSS_GROWTH_MAX, SoakConfig, SoakResult, report, run
+from infra.soak import RSS_GROWTH_MAX, SoakConfig, SoakResult, report, run
 
 pytestmark = pytest.mark.slow
 
