@@ -1,4 +1,4 @@
-"""The bare endpoint bench/http.py measures the service against: one EVALSHA, nothing else.
+"""The bare endpoint bench/http.py measures the service against: one FCALL, nothing else.
 
     REDIS_URL=... BENCH_BARE_CALL='{...}' .venv/bin/python -m bench.bare_app --port 8001
 
@@ -8,7 +8,7 @@ arguments the service's own store built for the same call, recorded by bench/htt
 in BENCH_BARE_CALL; only the reservation id is fresh per request. It reads no body, checks no
 key, prices nothing and answers a small JSON. It is served the way `ceiling serve` serves the
 app (uvicorn, one worker, start-up objects frozen out of the collector), so that the two differ
-only in what the service does per request beyond its one EVALSHA.
+only in what the service does per request beyond its one FCALL.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from bench.ledger import Call
 from core.errors import ensure
 from core.stores.redis import redis_client
 from core.stores.scripts import script
+from core.stores.wire import RESERVE_ARGS
 
 CALL_ENV = "BENCH_BARE_CALL"
 
@@ -57,19 +58,23 @@ def call_from_env(env: Mapping[str, str]) -> Call:
 
 
 def create_app(call: Call, client: Redis) -> FastAPI:
-    app = FastAPI(title="spend-ceiling bench: bare EVALSHA")
+    app = FastAPI(title="spend-ceiling bench: bare FCALL")
+    reserved_micros = int(call.words[call.key_count + RESERVE_ARGS.index("reserved_micros")])
 
     @app.post("/v1/reservations", status_code=201)
     async def reserve() -> JSONResponse:
         reservation_id = uuid.uuid4().hex
-        reply = await client.evalsha(
-            call.script.sha1, call.key_count, *call.words_for(reservation_id)
+        # The library's function, as the service's store calls it (core/stores/scripts.py).
+        reply = await client.fcall(
+            str(call.script.function), call.key_count, *call.words_for(reservation_id)
         )
         if reply[0] != "ok":
             # A refusal must not pass for a fast answer: the benchmark counts non-2xx as errors.
             return JSONResponse({"error": str(reply[0])}, status_code=500)
+        # A new hold is of what was asked (core/stores/wire.py reservation).
         return JSONResponse(
-            {"reservation_id": reservation_id, "reserved_micros": int(reply[2])}, status_code=201
+            {"reservation_id": reservation_id, "reserved_micros": reserved_micros},
+            status_code=201,
         )
 
     @app.get("/health/live")

@@ -1,4 +1,4 @@
-"""HTTP throughput of POST /v1/reservations against a bare EVALSHA endpoint, and the cold start.
+"""HTTP throughput of POST /v1/reservations against a bare FCALL endpoint, and the cold start.
 
     .venv/bin/python -m bench.http      # ~70 s on a quiet machine, ~2 min on a busy one; --help
                                         # needs wrk: apt-get install wrk
@@ -13,7 +13,7 @@ and stopped by pid:
   service  `ceiling serve` (infra.service.ServiceProcess) with REDIS_URL and CEILING_ADMIN_TOKEN;
            a budget path of 3 scopes (4 legs: org day+total, team month, key total) with ceilings
            that never refuse, and one API key, both made through the admin routes.
-  bare     bench/bare_app.py: one FastAPI route that runs one EVALSHA of the same reserve script
+  bare     bench/bare_app.py: one FastAPI route that runs one FCALL of the same reserve function
            with the keys and arguments the service's store builds for the same call (recorded
            from a CeilingService made as the runtime makes it, with the same key), a fresh
            reservation id per request, through the same client factory. No key check, no
@@ -757,7 +757,7 @@ def throughput_report(t: Throughput, options: argparse.Namespace) -> list[str]:
         [
             ["service reserve, 1 connection (wrk)", ms(t.reserve_alone.p50_s),
              ms(t.reserve_alone.p99_s), f"{t.reserve_alone.requests:,}"],
-            ["bare EVALSHA, 1 connection (wrk)", ms(t.bare_alone.p50_s), ms(t.bare_alone.p99_s),
+            ["bare FCALL, 1 connection (wrk)", ms(t.bare_alone.p50_s), ms(t.bare_alone.p99_s),
              f"{t.bare_alone.requests:,}"],
             timed_row("service reserve, 1 connection, cycle load (Lua)", t.cycle_alone.reserve_s),
             timed_row("service settle, 1 connection, cycle load (Lua)", t.cycle_alone.settle_s),
@@ -766,7 +766,7 @@ def throughput_report(t: Throughput, options: argparse.Namespace) -> list[str]:
              ms(median([r.reserve.p50_s for r in rounds])),
              ms(median([r.reserve.p99_s for r in rounds])),
              f"{sum(r.reserve.requests for r in rounds):,}"],
-            [f"bare EVALSHA, {c} connections (median of rounds)",
+            [f"bare FCALL, {c} connections (median of rounds)",
              ms(median([r.bare.p50_s for r in rounds])),
              ms(median([r.bare.p99_s for r in rounds])),
              f"{sum(r.bare.requests for r in rounds):,}"],
@@ -870,7 +870,7 @@ def report(t: Throughput, c: ColdStart, server: RedisServer, options: argparse.N
         f"rounds of reserve / bare / cycle ({options.seconds} s each, order rotated)",
         "service = `ceiling serve`, POST /v1/reservations (key check, pricing, reserve script) "
         f"with {RESERVE_BODY}; cycle = that, then POST .../settle with {SETTLE_BODY}",
-        "bare = bench/bare_app.py, the same request bytes, one EVALSHA of the same reserve "
+        "bare = bench/bare_app.py, the same request bytes, one FCALL of the same reserve "
         "script with the service's recorded arguments; both one uvicorn worker, gc.freeze()",
         "",
         *throughput_report(t, options),

@@ -118,11 +118,12 @@ def _zone(name: str) -> ZoneInfo:
 
 @dataclass(frozen=True)
 class Window:
-    """One calendar period in one time zone, as UTC milliseconds [start_ms, end_ms)."""
+    """One calendar period in one time zone, as UTC milliseconds [start_ms, resets_at_ms): its
+    end is when its budget resets, by the name the ledger's legs and the API give it."""
 
     key: str
     start_ms: int
-    end_ms: int
+    resets_at_ms: int
 
     @property
     def period(self) -> Period:
@@ -179,6 +180,6 @@ def window_at(tz: str, period: Period, now_ms: int) -> Window | None:
     if period is Period.TOTAL:
         return None
     for w in windows_around(tz, now_ms):
-        if w.period is period and w.start_ms <= now_ms < w.end_ms:
+        if w.period is period and w.start_ms <= now_ms < w.resets_at_ms:
             return w
     raise InvariantBroken("windows_around always holds now_ms")

@@ -1,9 +1,10 @@
-"""The ledger's vocabulary and the one protocol every store implements.
+"""The ledger's vocabulary and the protocols every store implements.
 
 A store holds budgets, API-key records and reservations, and runs the four ledger operations
-atomically: reserve, settle, release, expire. The conformance suite (tests/core/stores) is the
-definition of a store; RedisStore runs the lua/ scripts, MemoryStore the same semantics in Python
-for one process.
+atomically: reserve, settle, release, expire (each step of a reservation as core/lifecycle.py's
+table says). Beside the ledger it keeps the gateway's idempotency keys (ReplyStore). The
+conformance suite (tests/core/stores) is the definition of a store; the scripted stores run the
+lua/ scripts, MemoryStore the same semantics in Python for one process.
 
 Invariant, for every counter (one budget in one period window):
     committed + reserved <= ceiling + overshoot
@@ -21,8 +22,8 @@ from functools import lru_cache
 from typing import NamedTuple, Protocol
 
 from core.budgets import BudgetDef, BudgetId, Period, period_of
-from core.errors import BudgetBusy, BudgetExceeded, BudgetRefused, ReservationResolved
-from core.replies import ReplyStore
+from core.errors import BudgetBusy, BudgetExceeded, BudgetRefused, ReservationResolved, ensure
+from core.limits import IDEMPOTENCY_WINDOW_MS, RESEND_WINDOW_MS
 
 # A busy budget frees up when an open call settles, which takes seconds, not a lease's length.
 BUSY_RETRY_AFTER_S = 1
@@ -104,6 +105,11 @@ class RunLimit:
 
 @dataclass(frozen=True)
 class ReserveRequest:
+    """One call's hold. `retention_ms`: how long its record answers a repeat once it is resolved
+    (core/limits.py): RESEND_WINDOW_MS for a call only the gateway settles, under an id minted for
+    it (no fingerprint: nothing but a resend of the same script can repeat it); the idempotency
+    window for one whose caller holds the id and may replay or resend."""
+
     ref: ReservationRef
     budget_ids: tuple[BudgetId, ...]
     amount_micros: int
@@ -113,6 +119,16 @@ class ReserveRequest:
     model: str = ""
     expire_policy: ExpirePolicy = ExpirePolicy.CHARGE
     run: RunLimit | None = None
+    retention_ms: int = IDEMPOTENCY_WINDOW_MS
+
+    def __post_init__(self) -> None:
+        ensure(self.retention_ms > RESEND_WINDOW_MS or not self.fingerprint,
+               "a reservation kept only for resends is under an id minted for it: no fingerprint")
+
+
+# The window key of the legs the outage journal reports (core/outage.py): an instance's own
+# allowance while the ledger is unreachable, not a period of the budget.
+OUTAGE_WINDOW_KEY = "outage"
 
 
 class LegStatus(NamedTuple):
@@ -165,28 +181,28 @@ class Release:
 
 
 class ReservationState(StrEnum):
+    """Where a reservation is in its lifecycle (core/lifecycle.py); stored by these names."""
+
     OPEN = "open"
     SETTLED = "settled"
     RELEASED = "released"
     EXPIRED = "expired"
 
 
-STATE_CODES = {"o": ReservationState.OPEN, "s": ReservationState.SETTLED,
-               "r": ReservationState.RELEASED, "x": ReservationState.EXPIRED}
-
-
 @dataclass(frozen=True)
 class ReservationView:
-    """A reservation as stored. `outcome`: '' while open; 'settled', 'released' or 'corrected'
-    (an operator settled it); 'journal' for spend booked after an outage; for a lease that
-    expired, 'unknown' (expiry charged it) or 'released' (the release policy), until a late
-    settle, release or correction resolves it. The fields after `outcome` are filled for an
-    operator (LedgerStore.inspect); the owner-checked read leaves them at their defaults."""
+    """A reservation as stored. `outcome` (core.lifecycle.Outcome): '' while open; 'settled',
+    'released' or 'corrected' (an operator settled it); 'journal' for spend booked after an
+    outage; for a lease that expired, 'unknown' (expiry charged it) or 'released' (the release
+    policy), until a late settle, release or correction resolves it. The fields after `outcome`
+    are filled for an operator (LedgerStore.inspect); the owner-checked read leaves them at their
+    defaults. A gateway call's record keeps only what a resend needs once it is resolved: its
+    expiry, model and price version then read as None and ''."""
 
     reservation_id: str
     state: ReservationState
     reserved_micros: int
-    expires_at_ms: int
+    expires_at_ms: int | None
     model: str
     price_version: str
     charged_micros: int | None
@@ -235,13 +251,67 @@ class Probe:
     instances_seen: int | None
 
 
+# -- the gateway's idempotency keys ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplyRef:
+    """One idempotency key of one API key: the caller's hash tag and a digest of both keys
+    (core/replies.py reply_ref)."""
+
+    tag: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class StoredReply:
+    """A finished call's answer as the client got it: status, the headers to replay, the body."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: str
+
+
+class ClaimKind(StrEnum):
+    """What a claim of an idempotency key found: the key for this attempt, the call still
+    running under another, its answer, or another request under the same key."""
+
+    CLAIMED = "claimed"
+    IN_FLIGHT = "in_flight"
+    DONE = "done"
+    CONFLICT = "conflict"
+
+
+@dataclass(frozen=True)
+class Claim:
+    kind: ClaimKind
+    reply: StoredReply | None = None
+
+
+class ReplyStore(Protocol):
+    """The shared state behind idempotency keys (the workflow is core/replies.py). Every
+    operation is atomic and safe to repeat."""
+
+    async def claim(self, ref: ReplyRef, fingerprint: str, token: str, ttl_ms: int) -> Claim:
+        """Claim the key for the attempt `token` for `ttl_ms`, or say what became of it."""
+        ...
+
+    async def complete(self, ref: ReplyRef, token: str, reply: StoredReply, ttl_ms: int) -> bool:
+        """Keep `reply` for `ttl_ms`; False if `token` no longer holds the key."""
+        ...
+
+    async def abandon(self, ref: ReplyRef, token: str) -> None:
+        """Give the key back if `token` holds it in flight."""
+        ...
+
+
 class LedgerStore(Protocol):
     backend: str
     shared: bool
 
     @property
     def replies(self) -> ReplyStore:
-        """The gateway's idempotency keys (core/replies.py), kept beside the ledger they guard."""
+        """The gateway's idempotency keys, kept beside the ledger they guard."""
         ...
 
     async def open(self) -> str:

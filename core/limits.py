@@ -20,12 +20,36 @@ RESERVATION_TTL_MS_DEFAULT = 11 * 60_000
 
 # Expired leases reclaimed by one reserve: bounds the work (and latency) one call can inherit.
 RECLAIM_BATCH_MAX = 16
+# A reserve looks for its tag's expired leases only when one of them could be in its way (it
+# would be refused), and otherwise when its id ends in one of these hex digits, one reserve in
+# 16 (by the id, so a resend of a reserve does as its first run did): admission is the same as
+# reclaiming on every reserve, a reserve that fits saves a read, and a tag that sees calls books
+# its expired leases' charges within some 16 of them. With RECLAIM_BATCH_MAX that reclaims up to
+# one expired lease per reserve, more than calls die.
+RECLAIM_SAMPLE_DIGITS = "0"
 # Expired leases resolved by one expire call of a sweeper (an operator's, the reliability tests').
 SWEEP_BATCH_MAX = 500
-# Resolved reservations are kept a week so that replays and late settles find their answer. An
-# open one is kept that long past the end of its lease: expiry (the next reserve of its tag, or a
-# sweeper) resolves it long before, and a record nothing resolves in a week still goes away.
-RECORD_RETENTION_MS = 7 * 24 * 3_600_000
+# How long a resolved reservation is kept is what can still need it, and nothing longer:
+# - A gateway call's reservation is settled or released by the gateway alone, once; the only
+#   repeat is a resend of the same script after a lost reply, which redis-py and the Upstash SDK
+#   make within one ledger call's time bound (LEDGER_CALL_TIMEOUT_S, UPSTASH_CALL_TIMEOUT_S, two
+#   seconds each). Its record answers resends for this long, with room for a slow server.
+RESEND_WINDOW_MS = 10_000
+# - A sidecar's caller holds its reservation id and an Idempotency-Key: it may replay the reserve
+#   (issue 13: the replay says what became of it) or resend a settle or release from its own
+#   retry queue while the key means the same call. The gateway keeps the answers of calls made
+#   under an Idempotency-Key as long. A day: SDK retries come within minutes, and an agent that
+#   resumes a run the next morning should make new calls.
+IDEMPOTENCY_WINDOW_MS = 24 * 3_600_000
+# - A lease that expired under 'charge' has an unknown outcome: the worker may have been billed,
+#   and only an operator who reads the provider's bill may lower the charge (issue 13). Its record
+#   is kept until that bill can be read: the provider's invoice covers a calendar month and
+#   arrives days after it ends. Corrections, the operators' own audit trail, are kept as long. A
+#   late settle of such a lease (a call that outlived its lease) finds it in that time too.
+UNKNOWN_OUTCOME_RETENTION_MS = 35 * 24 * 3_600_000
+# - An open reservation is resolved by expiry (the next reserve of its tag, or a sweeper) soon
+#   after its lease; one that nothing resolves is an unknown outcome, and goes
+#   UNKNOWN_OUTCOME_RETENTION_MS after its lease.
 # A run's counter is dropped after a day with no write to it (a reserve, settle, release or expiry
 # of one of its calls): agent runs last minutes to hours, and run ids come from callers, so
 # without an end each one would be kept for ever. A day is far longer than any lease

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from core.budgets import BudgetId
 from core.errors import CeilingError, LedgerUnavailable
 from core.ledger import (
+    OUTAGE_WINDOW_KEY,
+    ExpirePolicy,
     LedgerStore,
     LegStatus,
     Release,
@@ -30,6 +32,7 @@ from core.ledger import (
     Settlement,
     resolved_replay,
 )
+from core.lifecycle import ABSENT, Effects, Event, effects
 
 # Budget paths whose allowances an instance remembers; bounded because paths come from keys.
 KNOWN_PATHS_MAX = 50_000
@@ -40,10 +43,12 @@ JOURNAL_ENTRIES_MAX = 100_000
 
 @dataclass
 class JournalEntry:
+    """A call admitted during the outage, and the step that resolved it (core/lifecycle.py)."""
+
     request: ReserveRequest
     admitted_at_ms: int
-    actual_micros: int | None = None
-    released: bool = False
+    state: ReservationState = ReservationState.OPEN
+    resolved: Effects | None = None
 
 
 def _wall_clock_ms() -> int:
@@ -54,6 +59,7 @@ class OutageAllowance:
     def __init__(self, clock: Callable[[], int] = _wall_clock_ms) -> None:
         self._clock = clock
         self._allowances: dict[tuple[str, ...], dict[str, int]] = {}
+        # What each budget has admitted against its allowance: holds and spend alike.
         self._admitted: dict[str, int] = {}
         self._journal: dict[tuple[str, str], JournalEntry] = {}
 
@@ -72,6 +78,12 @@ class OutageAllowance:
             leg.budget_id: leg.outage_allowance_micros for leg in legs if leg.budget_id in path
         }
 
+    def _book(self, request: ReserveRequest, fx: Effects) -> None:
+        """A step's effects on the allowances of the budgets its call was admitted under."""
+        delta = fx.reserved_delta + fx.committed_delta
+        for budget_id in self._allowances.get(tuple(b.path for b in request.budget_ids), {}):
+            self._admitted[budget_id] = self._admitted.get(budget_id, 0) + delta
+
     def admit(self, request: ReserveRequest, cause: LedgerUnavailable) -> Reservation:
         """Admit against the allowances, or re-raise `cause`: fail closed."""
         allowances = self._allowances.get(tuple(b.path for b in request.budget_ids))
@@ -85,78 +97,79 @@ class OutageAllowance:
         key = (request.ref.tag, request.ref.reservation_id)
         now_ms = self._clock()
         known = self._journal.get(key)
-        if known is not None and (known.released or known.actual_micros is not None):
+        if known is not None and known.resolved is not None:
             # A replay of a call this instance already resolved: what became of it, as the
             # ledger answers a replay of a resolved reservation.
-            state = ReservationState.RELEASED if known.released else ReservationState.SETTLED
             raise resolved_replay(
-                request.ref.reservation_id, state, state.value, request.amount_micros,
-                known.actual_micros or 0,
+                request.ref.reservation_id, known.state, known.resolved.outcome, amount,
+                known.resolved.charged_micros,
             )
-        if key not in self._journal:
-            for budget_id in allowances:
-                self._admitted[budget_id] = self._admitted.get(budget_id, 0) + amount
-            self._journal[key] = JournalEntry(request, now_ms)
-        entry = self._journal[key]
+        if known is None:
+            self._book(request, effects(Event.RESERVE, ABSENT, request.expire_policy, amount))
+            known = self._journal[key] = JournalEntry(request, now_ms)
         legs = tuple(
-            LegStatus(b, "outage", a, 0, self._admitted[b], 0, None, a)
+            LegStatus(b, OUTAGE_WINDOW_KEY, a, 0, self._admitted[b], 0, None, a)
             for b, a in allowances.items()
         )
         return Reservation(
-            request.ref.reservation_id, amount, entry.admitted_at_ms + request.ttl_ms, now_ms,
-            entry.admitted_at_ms != now_ms, legs,
+            request.ref.reservation_id, amount, known.admitted_at_ms + request.ttl_ms, now_ms,
+            known.admitted_at_ms != now_ms, legs,
         )
 
-    def settle(self, ref: ReservationRef, actual_micros: int) -> Settlement | None:
-        """Settle a call admitted during the outage, locally; None if it was not."""
+    def _entry(self, ref: ReservationRef) -> JournalEntry | None:
         entry = self._journal.get((ref.tag, ref.reservation_id))
-        if entry is None or entry.request.ref.owner != ref.owner or entry.released:
+        return None if entry is None or entry.request.ref.owner != ref.owner else entry
+
+    def _resolve(self, entry: JournalEntry, event: Event, actual_micros: int) -> Effects:
+        request = entry.request
+        fx = effects(event, entry.state, request.expire_policy, request.amount_micros,
+                     actual_micros)
+        self._book(request, fx)
+        entry.state, entry.resolved = fx.to, fx
+        return fx
+
+    def settle(self, ref: ReservationRef, actual_micros: int) -> Settlement | None:
+        """Settle a call admitted during the outage, locally; None if it was not (or was
+        released, which the ledger answers for)."""
+        entry = self._entry(ref)
+        if entry is None or entry.state is ReservationState.RELEASED:
             return None
-        replayed = entry.actual_micros is not None
-        if not replayed:
-            entry.actual_micros = actual_micros
-            delta = actual_micros - entry.request.amount_micros
-            for budget_id in self._allowances.get(
-                tuple(b.path for b in entry.request.budget_ids), {}
-            ):
-                self._admitted[budget_id] = self._admitted.get(budget_id, 0) + delta
-        amount = entry.request.amount_micros
-        charged = entry.actual_micros or 0
-        return Settlement(charged, max(0, amount - charged), max(0, charged - amount), False,
+        replayed = entry.resolved is not None
+        fx = entry.resolved or self._resolve(entry, Event.SETTLE, actual_micros)
+        return Settlement(fx.charged_micros, fx.released_micros, fx.overshoot_micros, fx.late,
                           replayed)
 
     def release(self, ref: ReservationRef) -> Release | None:
-        entry = self._journal.get((ref.tag, ref.reservation_id))
-        if entry is None or entry.request.ref.owner != ref.owner or entry.actual_micros is not None:
+        entry = self._entry(ref)
+        if entry is None or entry.state is ReservationState.SETTLED:
             return None
-        replayed = entry.released
-        if not replayed:
-            entry.released = True
-            for budget_id in self._allowances.get(
-                tuple(b.path for b in entry.request.budget_ids), {}
-            ):
-                self._admitted[budget_id] -= entry.request.amount_micros
-        return Release(entry.request.amount_micros, replayed)
+        replayed = entry.resolved is not None
+        fx = entry.resolved or self._resolve(entry, Event.RELEASE, 0)
+        return Release(fx.released_micros, replayed)
 
     async def flush(self, store: LedgerStore) -> int:
         """Book every finished journal entry into the ledger; return how many were booked.
 
-        An entry still open is booked at its reserved amount once its lease has run out, the
-        same as the ledger's 'charge' expiry: the worker may have been billed.
+        An entry still open is booked once its lease has run out at what the ledger's 'charge'
+        expiry charges, whatever its policy: the worker may have been billed, and nothing here
+        can learn otherwise.
         """
         booked = 0
         now_ms = self._clock()
         for key, entry in list(self._journal.items()):
-            if entry.released:
+            if entry.state is ReservationState.RELEASED:
                 del self._journal[key]
                 continue
-            actual = entry.actual_micros
-            if actual is None:
-                if now_ms < entry.admitted_at_ms + entry.request.ttl_ms:
-                    continue
-                actual = entry.request.amount_micros
+            request = entry.request
+            if entry.resolved is not None:
+                actual = entry.resolved.charged_micros
+            elif now_ms >= entry.admitted_at_ms + request.ttl_ms:
+                actual = effects(Event.EXPIRE, entry.state, ExpirePolicy.CHARGE,
+                                 request.amount_micros).charged_micros
+            else:
+                continue
             try:
-                await store.book(entry.request, actual, entry.admitted_at_ms)
+                await store.book(request, actual, entry.admitted_at_ms)
             except CeilingError:
                 return booked  # still unreachable, or refused: keep the entry, try again later
             del self._journal[key]

@@ -4,12 +4,12 @@ Reserving every call's full output cap locks a small budget after a handful of c
 most calls use a fraction of it. While a budget is far from its ceiling, the gateway reserves
 the p95 output length seen for the model instead; settle charges the real cost either way, so
 the ledger's invariant holds. Buckets grow by a quarter, so a p95 read from them is at most 25%
-above the true one, and never below it.
+above the true one, and never below it. The stores keep the histograms (core/stores/keys.py
+output_lengths is their key).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 # Output lengths are bucketed from 16 tokens up to 2**20 (a million), each bucket 25% above the
@@ -32,11 +32,6 @@ def bucket(output_tokens: int) -> int:
         if output_tokens <= bound:
             return bound
     return BUCKET_TOKENS_MAX
-
-
-def model_key(model: str) -> str:
-    """Model names are free text; the key holds a digest of one, so no name can shape a key."""
-    return "sc:{out:" + hashlib.sha256(model.lower().encode()).hexdigest()[:24] + "}"
 
 
 def p95(histogram: dict[int, int]) -> int | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import re
 import secrets
@@ -26,6 +25,7 @@ from core.errors import (
     ReservationNotFound,
     Unauthorized,
 )
+from core.idempotency import fingerprint, key_digest
 from core.ledger import (
     GATEWAY_OWNER_PREFIX,
     ROLES_DEFAULT,
@@ -50,6 +50,8 @@ from core.limits import (
     AMOUNT_MICROS_MAX,
     CEILING_MICROS_MAX,
     CORRECTION_REASON_LEN_MAX,
+    IDEMPOTENCY_WINDOW_MS,
+    RESEND_WINDOW_MS,
     RESERVATION_ID_LEN_MAX,
     RESERVATION_TTL_MS_DEFAULT,
     RESERVATION_TTL_MS_MAX,
@@ -58,9 +60,8 @@ from core.limits import (
 from core.outage import OutageAllowance
 from core.prices import PriceTable, Usage
 
-# Reservation ids and idempotency keys: printable ASCII without separators the ledger uses.
+# Reservation ids: printable ASCII without separators the ledger uses.
 _RESERVATION_ID = re.compile(rf"[A-Za-z0-9_.-]{{1,{RESERVATION_ID_LEN_MAX}}}")
-_IDEMPOTENCY_KEY = re.compile(rf"[\x21-\x7e]{{1,{RESERVATION_ID_LEN_MAX}}}")
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 API_KEY_PREFIX = "sk-ceil-"
 # Models of reservations this instance made, so a token-priced settle needs no extra read.
@@ -173,8 +174,7 @@ def _fingerprint(model: str, spec: CallSpec, ttl_ms: int, run_id: str | None) ->
     if spec.media is not NO_MEDIA or spec.service_tier is not None:
         # Only then: a text-only call keeps the fingerprint it had before these existed.
         words += [spec.media, spec.service_tier]
-    return hashlib.sha256(
-        json.dumps(words, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    return fingerprint(*words)
 
 
 def check_run_id(run_id: str | None) -> str | None:
@@ -251,22 +251,28 @@ class CeilingService:
         reservation_id = self._reservation_id(caller, idempotency_key)
         # The fingerprint tells a retry from a different call that reused a caller-chosen id. A
         # fresh random id cannot be reused, and a replay of its script sends the same words.
-        fingerprint = "" if idempotency_key is None else _fingerprint(
+        call_fingerprint = "" if idempotency_key is None else _fingerprint(
             model, spec, ttl_ms, caller.run_id)
+        gateway = caller.role is Role.GATEWAY
         request = ReserveRequest(
             ref=ReservationRef(caller.tag, reservation_id, caller.owner),
             budget_ids=caller.key.budget_id.lineage,
             amount_micros=amount,
             ttl_ms=ttl_ms,
-            fingerprint=fingerprint,
+            fingerprint=call_fingerprint,
             price_version=self.prices.version,
             model=model,
             # A gateway call left held has an outcome nobody but the provider knows: only a
             # 'charge' expiry keeps its possible bill under the ceiling, whatever the policy
             # for sidecar calls (CEILING_EXPIRE_POLICY) is.
-            expire_policy=ExpirePolicy.CHARGE if caller.role is Role.GATEWAY
-            else self.expire_policy,
+            expire_policy=ExpirePolicy.CHARGE if gateway else self.expire_policy,
             run=caller.run_limit(),
+            # A gateway call's reservation is resolved by the gateway alone, under an id minted
+            # for this one call (the gateway's own idempotency is core/replies.py's): only a
+            # resend of a script repeats it. A sidecar's caller holds its id and may replay or
+            # resend for the idempotency window.
+            retention_ms=RESEND_WINDOW_MS if gateway and idempotency_key is None
+            else IDEMPOTENCY_WINDOW_MS,
         )
         try:
             reservation = await self.store.reserve(request)
@@ -289,14 +295,8 @@ class CeilingService:
         if idempotency_key is None:
             # 128 random bits, as a uuid4 has, without building a UUID object.
             return mint_reservation_id(caller.tag, os.urandom(16).hex())
-        if not _IDEMPOTENCY_KEY.fullmatch(idempotency_key):
-            raise InvalidRequest(
-                "Idempotency-Key must be 1 to 128 printable ASCII characters",
-                field="Idempotency-Key",
-            )
         # Namespaced by owner: two keys that pick the same idempotency key never collide.
-        unique = hashlib.sha256(f"{caller.owner}\n{idempotency_key}".encode()).hexdigest()[:32]
-        return mint_reservation_id(caller.tag, unique)
+        return mint_reservation_id(caller.tag, key_digest(caller.owner, idempotency_key))
 
     def _remember_key(self, key_hash: str, record: KeyRecord | None, now_ms: int) -> None:
         if record is None:

@@ -17,8 +17,9 @@ Verdicts, printed under the table:
 - open reservations bounded: never more than the calls in flight can hold, none at the end;
 - books: the ledger's committed equals the provider's bill.
 
-Redis's memory grows by design: resolved reservations are kept RECORD_RETENTION_MS (a week) for
-replays and late settles, so it is reported, with its bytes per call, not judged.
+Redis's memory grows by design: resolved reservations are kept as long as a repeat can need them
+(core/limits.py: a sidecar call's for the idempotency window, a gateway call's for seconds), so
+it is reported, with its bytes per call, not judged.
 """
 
 from __future__ import annotations

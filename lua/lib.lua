@@ -1,6 +1,16 @@
--- Shared prelude, prepended to every ledger script when it is loaded (core/stores/scripts.py).
+-- What the ledger scripts share. A script is built from the statements of the generated prelude
+-- (core/stores/wire.py: the readers and writers of the arguments, records and definitions by
+-- their Python names, the limits of core/limits.py, the key parts of core/stores/keys.py, and
+-- the lifecycle's table compiled as `effects` and `committed_of`) and of this file that it uses
+-- (core/stores/scripts.py), then its own file.
 --
 -- Conventions every script follows:
+--   * Names are Python's: a field, an argument and a table key carry the name the Python gives
+--     the same thing, and no position is read outside the generated readers and writers.
+--   * The server runs every statement of a script on every call, and Lua's string handling is
+--     the dearest thing a script does: each top-level statement here is one 'local' (with its
+--     comment right above it), so a script carries only what it runs; values stay the strings
+--     they arrived as unless the script computes with them.
 --   * Money is integer micro-dollars. Lua numbers are doubles, exact below 2**53, so every
 --     integer argument is checked against INT_MAX before use.
 --   * Numbers are written back with istr() (string.format '%d'), never tostring(): Lua 5.1's
@@ -10,17 +20,15 @@
 --   * KEYS[1] is the tag's meta hash 'sc:{TAG}:meta'. Every other key a script touches is built
 --     from the same 'sc:{TAG}:' prefix, so all of them hash to one slot and the scripts run
 --     unchanged on Redis Cluster.
---   * Time is the ledger's: Redis TIME, unless the store passes an explicit now_ms (tests that
---     inject a clock; production passes '').
-
-local INT_MAX = 9007199254740991
+--   * Time is the ledger's: Redis TIME, unless the store passes now_ms (tests that inject a
+--     clock; production sends none).
 
 local function fail(code, detail)
   error({err = code .. ' ' .. detail})
 end
 
 local function int(s, name)
-  if type(s) ~= 'string' or #s == 0 or #s > 16 or not string.match(s, '^%d+$') then
+  if not s or #s == 0 or #s > 16 or string.find(s, '%D') then
     fail('BADARG', name)
   end
   local n = tonumber(s)
@@ -34,86 +42,117 @@ local function istr(n)
   return string.format('%d', n)
 end
 
-local function prefix_of(meta_key)
-  return string.sub(meta_key, 1, #meta_key - 4)
+-- An amount of a step as text: the text at hand where it is the held or the actual amount
+-- (string.format is the dearest thing a step does with a number).
+local function text_of(n, held, held_text, actual, actual_text)
+  if n == 0 then
+    return '0'
+  elseif n == held then
+    return held_text
+  elseif n == -held then
+    return '-' .. held_text
+  elseif n == actual then
+    return actual_text
+  end
+  return istr(n)
 end
 
 local function ledger_now(arg)
-  if arg ~= '' then
+  if arg then
     return int(arg, 'now_ms')
   end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The ledger id is written into each tag's meta hash when its first budget is put. A missing or
--- different id means the data this instance enforced against is gone (flushed, restarted
--- without persistence, or replaced), and enforcing now would serve a refilled budget.
+local function prefix_of(meta_key)
+  return string.sub(meta_key, 1, #meta_key - #META_KEY)
+end
+
+local function id_of(prefix, record_key)
+  return string.sub(record_key, #prefix + #RECORD_KEY + 1)
+end
+
+-- The ledger id is written into each tag's meta hash (and each budget's definition) when a
+-- budget is put. A missing or different id means the data this instance enforced against is
+-- gone (flushed, restarted without persistence, or replaced), and enforcing now would serve a
+-- refilled budget.
 local function ledger_matches(meta_key, ledger_id)
   return redis.call('HGET', meta_key, 'ledger') == ledger_id
 end
 
-local function split(s, sep)
-  local out = {}
-  for part in string.gmatch(s, '([^' .. sep .. ']+)') do
-    out[#out + 1] = part
-  end
-  return out
-end
-
 -- A leg is one (budget, period window) pair a reservation holds money in, stored on the
--- reservation as 'budget_id|window_key|ceiling|window_end_ms|allowance', with '|run' after it for
--- a run's leg (ids never contain '|' or ' '; core/budgets.py enforces it). The numeric parts are
--- kept as the strings they arrived as, never re-formatted. Legs stored before runs were marked
--- have five parts and count as budgets' legs.
+-- reservation as 'budget_id|window_key|ceiling_micros|resets_at_ms|outage_allowance_micros',
+-- with '|run' after it for a run's leg (ids never contain '|' or ' '; core/budgets.py enforces
+-- it). The numeric parts are kept as the strings they arrived as, never re-formatted. Legs
+-- stored before runs were marked have five parts and count as budgets' legs.
 local function parse_legs(s)
   local legs = {}
-  for _, raw in ipairs(split(s, ' ')) do
-    local f = split(raw, '|')
-    legs[#legs + 1] = {bid = f[1], wkey = f[2], ceil = f[3], wend = f[4], allow = f[5],
-                       run = f[6] == 'run'}
+  for raw in string.gmatch(s, '[^ ]+') do
+    local budget_id, window_key, ceiling, resets_at, allowance, run =
+      string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)(.*)$')
+    legs[#legs + 1] = {budget_id = budget_id, window_key = window_key, ceiling_micros = ceiling,
+                       resets_at_ms = resets_at, outage_allowance_micros = allowance,
+                       run = run == '|run'}
   end
   return legs
 end
 
+local function encode_legs(legs)
+  local out
+  for _, leg in ipairs(legs) do
+    local part = leg.budget_id .. '|' .. leg.window_key .. '|' .. leg.ceiling_micros .. '|' ..
+                 leg.resets_at_ms .. '|' .. leg.outage_allowance_micros .. (leg.run and '|run' or '')
+    out = out and out .. ' ' .. part or part
+  end
+  return out or ''
+end
+
+-- One leg's status as every script answers it: core/ledger.py LegStatus' fields in order, '|'
+-- between them (wire.py leg reads it), the counters as the strings Redis keeps them.
+local function leg_status(leg, committed, reserved, overshoot)
+  return leg.budget_id .. '|' .. leg.window_key .. '|' .. leg.ceiling_micros .. '|' ..
+         committed .. '|' .. reserved .. '|' .. overshoot .. '|' .. leg.resets_at_ms .. '|' ..
+         leg.outage_allowance_micros
+end
+
 local function counter_key(prefix, leg)
-  return prefix .. 'p:' .. leg.bid .. '|' .. leg.wkey
+  return prefix .. COUNTER_KEY .. leg.budget_id .. '|' .. leg.window_key
+end
+
+-- A leg's counters, as the strings Redis keeps them.
+local function counters(key)
+  local v = redis.call('HMGET', key, 'committed', 'reserved', 'overshoot')
+  return v[1] or '0', v[2] or '0', v[3] or '0'
 end
 
 -- A run's counter lives while its run is active. Every write to it stamps the ledger's time in
--- its 'seen' field and sets its expiry run_idle_ms from then (core/limits.py RUN_COUNTER_IDLE_MS),
--- so Redis drops it after that long without a call, and a counter 'seen' that long ago counts as
--- gone even before Redis drops it (the same instant under Redis TIME; under a test's injected
--- clock, the only one). A counter written before runs expired has no 'seen' and lives until its
--- next write stamps it.
-local function run_stale(ck, now, idle_ms)
+-- its 'seen' field and sets its expiry RUN_COUNTER_IDLE_MS from then, so Redis drops it after
+-- that long without a call, and a counter 'seen' that long ago counts as gone even before Redis
+-- drops it (the same instant under Redis TIME; under a test's injected clock, the only one). A
+-- counter written before runs expired has no 'seen' and lives until its next write stamps it.
+local function run_stale(ck, now)
   local seen = redis.call('HGET', ck, 'seen')
-  return seen and tonumber(seen) + idle_ms <= now
+  return seen and tonumber(seen) + RUN_COUNTER_IDLE_MS <= now
 end
 
-local function touch_run(ck, now, idle_ms)
+local function touch_run(ck, now)
   redis.call('HSET', ck, 'seen', istr(now))
-  redis.call('PEXPIRE', ck, istr(idle_ms))
+  redis.call('PEXPIRE', ck, istr(RUN_COUNTER_IDLE_MS))
 end
 
 -- Whether a settle, release or expiry may write to a leg's counter: a budget's always; a run's
 -- only while it lives. A run that went idle is over, and writing to its gone counter would
 -- recreate it holding only this call's delta (a negative balance for a refund).
-local function writable(ck, leg, now, idle_ms)
+local function writable(ck, leg, now)
   if not leg.run then
     return true
   end
-  if run_stale(ck, now, idle_ms) then
+  if run_stale(ck, now) then
     redis.call('DEL', ck)
     return false
   end
   return redis.call('EXISTS', ck) == 1
-end
-
-local function touched(ck, leg, now, idle_ms)
-  if leg.run then
-    touch_run(ck, now, idle_ms)
-  end
 end
 
 local function hincr(key, field, delta)
@@ -122,226 +161,310 @@ local function hincr(key, field, delta)
   end
 end
 
-local function counters(key)
-  local v = redis.call('HMGET', key, 'committed', 'reserved', 'overshoot')
-  return tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0')
+-- core/lifecycle.py is the one statement of what each step of a reservation books: HOLDINGS
+-- (what a reservation holds in its legs' counters, by state and policy) and TRANSITIONS (which
+-- event moves it from which state to which). The prelude compiles them into `effects` and
+-- `committed_of` (the only place the scripts get a delta from), and the conformance suite runs
+-- every row of the table against every store.
+-- Book one step in every leg of `legs` (a record's) that it may write to: the deltas of its
+-- counters' reserved, committed and overshoot. `now` is read only for a run's leg. The legs are
+-- read in place (a step needs only each one's counter) and the deltas formatted once for all.
+local function apply(prefix, legs, reserved, committed, overshoot, now)
+  reserved = reserved ~= 0 and istr(reserved)
+  committed = committed ~= 0 and istr(committed)
+  overshoot = overshoot ~= 0 and istr(overshoot)
+  for counter, rest in string.gmatch(legs, '([^ |]+|[^ |]+)([^ ]*)') do
+    local ck = prefix .. COUNTER_KEY .. counter
+    local run = string.sub(rest, -4) == '|run'
+    if not run or writable(ck, {run = true}, now) then
+      if reserved then redis.call('HINCRBY', ck, 'reserved', reserved) end
+      if committed then redis.call('HINCRBY', ck, 'committed', committed) end
+      if overshoot then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
+      if run then
+        touch_run(ck, now)
+      end
+    end
+  end
 end
 
--- Expiry of one lease. The policy was chosen when the lease was taken and is stored on it:
--- 'charge' books the reserved amount as committed with outcome 'unknown' (a worker that died may
--- have been billed by the provider); 'release' returns it to the budget.
-local function expire_one(prefix, open_key, rid, now, retention_ms, idle_ms)
-  local rkey = prefix .. 'r:' .. rid
-  local r = redis.call('HMGET', rkey, 'st', 'amt', 'legs', 'pol')
-  if r[1] ~= 'o' then
+-- A record as versions before records were strings kept it: a hash with short field names and
+-- one-letter states. Read, never written: the next step of such a reservation writes it anew.
+-- Its free text is escaped as wire.py escapes it, since the string form keeps it so.
+local LEGACY_STATES = {o = 'open', s = 'settled', r = 'released', x = 'expired'}
+
+local function escaped(s)
+  return (string.gsub(s or '', '[%%\t]', {['%'] = '%25', ['\t'] = '%09'}))
+end
+
+local function legacy_record(key)
+  local h = redis.call('HMGET', key, 'st', 'owner', 'fp', 'amt', 'exp', 'pol', 'legs',
+                       'created_ms', 'act', 'rel', 'over', 'late', 'outcome', 'resolved_ms',
+                       'corrected_by', 'corrected_at_ms', 'ver', 'model', 'correction_reason')
+  if not h[1] then
+    return nil
+  end
+  return {state = LEGACY_STATES[h[1]], owner = h[2] or '', fingerprint = h[3] or '',
+          reserved_micros = h[4], expires_at_ms = h[5] or '', expire_policy = h[6] or 'charge',
+          -- kept a week before: the longer of today's kinds
+          retention_ms = istr(IDEMPOTENCY_WINDOW_MS), legs = h[7] or '',
+          created_ms = h[8] or '', actual_micros = h[9] or '', released_micros = h[10] or '',
+          overshoot_micros = h[11] or '', late = h[12] or '', outcome = h[13] or '',
+          resolved_ms = h[14] or '', corrected_by = h[15] or '', corrected_at_ms = h[16] or '',
+          price_version = escaped(h[17]), model = escaped(h[18]),
+          correction_reason = escaped(h[19])}
+end
+
+-- The stored string of the reservation under `key`, nil if there is none, or false if it is
+-- kept as a hash, as versions before records were strings kept it (load_record reads those).
+local function record_string(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then
+    return false  -- WRONGTYPE
+  end
+  return v or nil
+end
+
+-- The reservation under `key` by RECORD_FIELDS' names; nil if there is none.
+local function load_record(key)
+  local v = record_string(key)
+  if v == false then
+    return legacy_record(key)
+  end
+  return v and (unpack_record(v) or fail('BADARG', 'record'))
+end
+
+local function keep(key, rec, ttl_ms)
+  redis.call('SET', key, pack_record(rec), 'PX', istr(ttl_ms))
+end
+
+-- Keep a reservation that a step resolved for as long as something can still need it
+-- (core/limits.py says why each): an unknown outcome and an operator's correction for an
+-- operator; a lease given back at expiry for a late settle, within its caller's retention and
+-- at least one more lease; a settle or release for its caller's retention, without its legs,
+-- which no step reads again; and a gateway call's (RESEND_WINDOW_MS) with only what a resend
+-- reads.
+local function keep_resolved(key, rec)
+  local retention = tonumber(rec.retention_ms)
+  if rec.outcome == 'unknown' or rec.outcome == 'corrected' then
+    keep(key, rec, UNKNOWN_OUTCOME_RETENTION_MS)
+  elseif rec.state == 'expired' then
+    local lease = (tonumber(rec.expires_at_ms) or 0) - (tonumber(rec.created_ms) or 0)
+    keep(key, rec, math.max(retention, lease))
+  elseif retention > RESEND_WINDOW_MS then
+    rec.legs = ''
+    keep(key, rec, retention)
+  else
+    redis.call('SET', key, pack_resolved(
+      rec.state, rec.reserved_micros, rec.expire_policy, rec.retention_ms, rec.owner,
+      rec.actual_micros or '', rec.released_micros, rec.overshoot_micros, rec.late,
+      rec.outcome, rec.fingerprint or ''), 'PX', rec.retention_ms)
+  end
+end
+
+-- One step that resolves a reservation (settle, release, expire, correct): booked in its legs
+-- as the lifecycle says, recorded on it, and its lease taken off the open set. `rec` needs only
+-- its head (wire.py RECORD_HEAD) for a record kept RESEND_WINDOW_MS, all of it otherwise.
+-- `actual` is what a settle or correction charges; `now` (nil to read it only if needed) is the
+-- ledger's time. `rec` is left as it was kept.
+local function resolve(prefix, key, open_key, rec, event, actual, now, extra)
+  local to, outcome, reserved, committed, overshoot, released, _, late =
+    effects(event, rec.state, rec.expire_policy, tonumber(rec.reserved_micros), actual)
+  local long = to == 'expired' or extra or tonumber(rec.retention_ms) > RESEND_WINDOW_MS
+  if not now and (long or string.find(rec.legs, '|run', 1, true)) then
+    now = ledger_now(nil)
+  end
+  apply(prefix, rec.legs, reserved, committed, overshoot, now)
+  rec.state, rec.outcome = to, outcome
+  if now and long then
+    rec.resolved_ms = istr(now)
+  end
+  if to == 'settled' then
+    rec.actual_micros = istr(actual)
+  end
+  rec.released_micros, rec.overshoot_micros = istr(released), istr(overshoot)
+  rec.late = late and '1' or '0'
+  if extra then
+    for name, value in pairs(extra) do
+      rec[name] = value
+    end
+  end
+  keep_resolved(key, rec)
+  redis.call('ZREM', open_key, id_of(prefix, key))
+end
+
+-- A repeat of a reserve (or a correction) of a reservation that is no longer open: what became
+-- of it, and what it charged (its committed share: lifecycle.charged_micros).
+local function resolved_reply(rec)
+  return {'resolved', rec.state, rec.outcome, rec.reserved_micros,
+          committed_of(rec.state, rec.expire_policy, tonumber(rec.reserved_micros),
+                       tonumber(rec.actual_micros))}
+end
+
+-- A repeat of a settle (or correction) already made, as it was answered.
+local function settled_reply(rec)
+  return {'replayed', rec.actual_micros, rec.released_micros, rec.overshoot_micros, rec.late}
+end
+
+-- Expiry of one lease, by the policy chosen when it was taken and stored on it: 'charge' books
+-- the hold as spent with outcome 'unknown' (a worker that died may have been billed by the
+-- provider); 'release' returns it to the budget.
+local function expire_one(prefix, open_key, rid, now)
+  local key = prefix .. RECORD_KEY .. rid
+  local rec = load_record(key)
+  if not rec or rec.state ~= 'open' then
     redis.call('ZREM', open_key, rid)
     return 0
   end
-  local amt = tonumber(r[2])
-  for _, leg in ipairs(parse_legs(r[3])) do
-    local ck = counter_key(prefix, leg)
-    if writable(ck, leg, now, idle_ms) then
-      hincr(ck, 'reserved', 0 - amt)
-      if r[4] == 'charge' then
-        hincr(ck, 'committed', amt)
-      end
-      touched(ck, leg, now, idle_ms)
-    end
-  end
-  if r[4] == 'charge' then
-    redis.call('HSET', rkey, 'st', 'x', 'outcome', 'unknown', 'resolved_ms', istr(now))
-  else
-    redis.call('HSET', rkey, 'st', 'x', 'outcome', 'released', 'resolved_ms', istr(now))
-  end
-  redis.call('PEXPIRE', rkey, istr(retention_ms))
-  redis.call('ZREM', open_key, rid)
+  resolve(prefix, key, open_key, rec, 'expire', 0, now)
   return 1
 end
 
-local function reclaim(prefix, open_key, now, batch_max, retention_ms, idle_ms)
-  local ids = redis.call('ZRANGEBYSCORE', open_key, '-inf', istr(now), 'LIMIT', 0, istr(batch_max))
+local function reclaim(prefix, open_key, now, batch_max)
+  local ids = redis.call('ZRANGEBYSCORE', open_key, '-inf', istr(now), 'LIMIT', '0',
+                        istr(batch_max))
   local n = 0
   for _, rid in ipairs(ids) do
-    n = n + expire_one(prefix, open_key, rid, now, retention_ms, idle_ms)
+    n = n + expire_one(prefix, open_key, rid, now)
   end
   return n
 end
 
--- What a resolved reservation charged: its settled amount; expiry's hold for an outcome
--- 'unknown'; nothing once released.
-local function charged_of(st, outcome, amt, charged)
-  if st == 's' then
-    return tonumber(charged)
-  end
-  if st == 'x' and outcome == 'unknown' then
-    return tonumber(amt)
-  end
-  return 0
-end
-
--- Settle one reservation that is open or expired ('o' or 'x') at actual (a checked integer,
--- given as the string it arrived as), recording `outcome` and `extra` (field, value pairs).
--- Shared by settle (an owner's) and correct (an operator's), so both book alike. Under the
--- 'charge' policy an expired lease's hold sits in committed and is swapped for the actual; under
--- 'release' nothing is held, so the whole actual is charged and counted as overshoot.
-local function settle_one(prefix, rkey, open_key, rid, st, amt_s, legs_s, pol, actual_s, now,
-                          retention_ms, idle_ms, outcome, extra)
-  local actual, amt = tonumber(actual_s), tonumber(amt_s)
-  local held, committed_delta, reserved_delta, late = amt, actual, 0 - amt, 0
-  if st == 'x' then
-    late = 1
-    reserved_delta = 0
-    if pol == 'charge' then
-      committed_delta = actual - amt
-    else
-      held = 0
-    end
-  end
-  local overshoot = math.max(0, actual - held)
-  local released = math.max(0, held - actual)
-  for _, leg in ipairs(parse_legs(legs_s)) do
-    local ck = counter_key(prefix, leg)
-    if writable(ck, leg, now, idle_ms) then
-      hincr(ck, 'reserved', reserved_delta)
-      hincr(ck, 'committed', committed_delta)
-      hincr(ck, 'overshoot', overshoot)
-      touched(ck, leg, now, idle_ms)
-    end
-  end
-  local fields = {'st', 's', 'act', actual_s, 'charged', actual_s, 'rel', istr(released),
-                  'over', istr(overshoot), 'late', istr(late), 'outcome', outcome,
-                  'resolved_ms', istr(now)}
-  for _, v in ipairs(extra) do
-    fields[#fields + 1] = v
-  end
-  redis.call('HSET', rkey, unpack(fields))
-  redis.call('PEXPIRE', rkey, istr(retention_ms))
-  redis.call('ZREM', open_key, rid)
-  return {'ok', actual, released, overshoot, late, 0}
-end
-
--- Period windows are computed by the caller (time zones need a tz database, Lua has none) for the
--- ledger time it expects: ARGV from position i holds a count of time zones, then per zone its
--- name, a count of windows and (key, start_ms, end_ms) triples. The script picks the window that
--- contains the ledger's own now; none does only if the caller's estimate was off by a whole
--- period, and the caller then retries with the now this script returns.
-local function parse_windows(argv, i)
-  local zones = {}
-  local nz = int(argv[i], 'zones')
-  i = i + 1
-  for _ = 1, nz do
-    local tz = argv[i]
-    local nw = int(argv[i + 1], 'windows')
-    i = i + 2
-    local ws = {}
-    for _ = 1, nw do
-      ws[#ws + 1] = {key = argv[i], start = int(argv[i + 1], 'start_ms'),
-                     finish = int(argv[i + 2], 'end_ms'), finish_s = argv[i + 2]}
-      i = i + 3
-    end
-    zones[tz] = ws
-  end
-  return zones, i
-end
-
-local function pick_window(zones, tz, period, now)
-  local ws = zones[tz]
-  if ws == nil then
-    return nil
-  end
-  local want = period .. ':'
-  for _, w in ipairs(ws) do
-    if string.sub(w.key, 1, #want) == want and w.start <= now and now < w.finish then
-      return w
-    end
-  end
-  return nil
-end
-
-local PERIODS = {'day', 'month', 'total'}
-
--- Budget entries from ARGV position i: a count, then per budget (budget_id, assumed tz,
--- inline ceiling or ''). A budget with an inline ceiling (a run budget) has one 'total' limit and
--- no definition in the ledger; the others are read from 'sc:{TAG}:def:<budget_id>', and a budget
--- on the path with no definition does not apply. Returns the legs, or a status table to return
--- as is ({'tz', budget_id, tz} when the caller assumed the wrong zone; {'clock', now} when no
--- window fits).
-local function resolve_legs(prefix, argv, i, zones, now)
-  local nb = int(argv[i], 'budgets')
-  i = i + 1
-  local legs = {}
-  for _ = 1, nb do
-    local bid, tz, inline = argv[i], argv[i + 1], argv[i + 2]
-    i = i + 3
-    if inline ~= '' then
-      int(inline, 'run_ceiling_micros')
-      legs[#legs + 1] = {bid = bid, period = 'total', wkey = 'total', ceil = inline,
-                         wend = '0', allow = '0', run = true}
-    else
-      local d = redis.call('HMGET', prefix .. 'def:' .. bid,
-                           'tz', 'allow', 'ceil:day', 'ceil:month', 'ceil:total')
-      if d[1] then
-        if d[1] ~= tz then
-          return nil, {'tz', bid, d[1]}
-        end
-        local ceils = {day = d[3], month = d[4], total = d[5]}
-        for _, p in ipairs(PERIODS) do
-          if ceils[p] then
-            local wkey, wend = 'total', '0'
-            if p ~= 'total' then
-              local w = pick_window(zones, tz, p, now)
-              if w == nil then
-                return nil, {'clock', now}
-              end
-              wkey, wend = w.key, w.finish_s
-            end
-            legs[#legs + 1] = {bid = bid, period = p, wkey = wkey, ceil = ceils[p],
-                               wend = wend, allow = d[2] or '0'}
-          end
-        end
-      end
-    end
-  end
-  return legs, nil
-end
-
-local function encode_legs(legs)
-  local parts = {}
-  for _, l in ipairs(legs) do
-    local part = l.bid .. '|' .. l.wkey .. '|' .. l.ceil .. '|' .. l.wend .. '|' .. l.allow
-    if l.run then
-      part = part .. '|run'
-    end
-    parts[#parts + 1] = part
-  end
-  return table.concat(parts, ' ')
-end
-
--- Flat status of each leg as the scripts return it:
--- budget_id, window_key, ceiling, committed, reserved, overshoot, window_end_ms, allowance.
--- A leg marked `gone` (a run that went idle, not yet dropped) reads as empty.
-local function leg_status(prefix, legs)
+-- Period windows are computed by the caller (time zones need a tz database, Lua has none):
+-- `zones` holds, per time zone, the day and month windows that hold the caller's estimate of
+-- the ledger's now (wire.py ZONE_PARTS). Read only when a budget limits a day or a month.
+local function zone_windows(zones)
   local out = {}
-  for _, l in ipairs(legs) do
-    local c, r, o = 0, 0, 0
-    if not l.gone then
-      c, r, o = counters(counter_key(prefix, l))
-    end
-    out[#out + 1] = l.bid
-    out[#out + 1] = l.wkey
-    out[#out + 1] = tonumber(l.ceil)
-    out[#out + 1] = c
-    out[#out + 1] = r
-    out[#out + 1] = o
-    out[#out + 1] = tonumber(l.wend)
-    out[#out + 1] = tonumber(l.allow)
+  for entry in string.gmatch(zones, '[^ ]+') do
+    local z = unpack_zone(entry) or fail('BADARG', 'zones')
+    z.day_start, z.day_end = int(z.day_start_ms, 'zones'), int(z.day_resets_at_ms, 'zones')
+    z.month_start, z.month_end = int(z.month_start_ms, 'zones'), int(z.month_resets_at_ms, 'zones')
+    out[z.timezone] = z
   end
   return out
 end
 
-local function append(dst, src)
-  for _, v in ipairs(src) do
-    dst[#dst + 1] = v
+-- A budget's definition as put before definitions had Python names: its ledger id is in the
+-- tag's meta hash. Nothing if the budget is not defined.
+local function legacy_definition(meta_key, key)
+  local timezone, allowance, day, month, total = read_legacy_definition(key)
+  if timezone then
+    return redis.call('HGET', meta_key, 'ledger'), timezone, allowance, day, month, total
   end
-  return dst
+end
+
+-- The legs of a call at `now`: every period of every budget on its path that is defined
+-- ('sc:{TAG}:def:<budget_id>'; one that is not does not apply), day, month, then total, then its
+-- run's budget, which has one 'total' limit given inline and no definition. Returns the legs, or
+-- a status table to return as is: {'ledger_reset'} when a definition was put under another
+-- ledger; {'timezone', budget_id, timezone} when the caller sent no windows for a zone a budget
+-- is in; {'clock', now} when the windows sent do not hold the ledger's now. The run's ceiling is
+-- checked here, before anything is written.
+local function resolve_legs(prefix, meta_key, a, now)
+  local legs, zones = {}, nil
+  for budget_id in string.gmatch(a.budget_ids, '[^ ]+') do
+    local key = prefix .. DEFINITION_KEY .. budget_id
+    local ledger, timezone, allowance, day, month, total = read_definition(key)
+    if not timezone then
+      ledger, timezone, allowance, day, month, total = legacy_definition(meta_key, key)
+    end
+    if timezone then
+      if ledger ~= a.ledger_id then
+        return nil, {'ledger_reset'}
+      end
+      allowance = allowance or '0'
+      if day or month then
+        zones = zones or zone_windows(a.zones)
+        local z = zones[timezone]
+        if z == nil then
+          return nil, {'timezone', budget_id, timezone}
+        end
+        if (day and (now < z.day_start or now >= z.day_end))
+            or (month and (now < z.month_start or now >= z.month_end)) then
+          return nil, {'clock', now}
+        end
+        if day then
+          legs[#legs + 1] = {budget_id = budget_id, window_key = z.day_window_key,
+                             ceiling_micros = day, resets_at_ms = z.day_resets_at_ms,
+                             outage_allowance_micros = allowance}
+        end
+        if month then
+          legs[#legs + 1] = {budget_id = budget_id, window_key = z.month_window_key,
+                             ceiling_micros = month, resets_at_ms = z.month_resets_at_ms,
+                             outage_allowance_micros = allowance}
+        end
+      end
+      if total then
+        legs[#legs + 1] = {budget_id = budget_id, window_key = 'total', ceiling_micros = total,
+                           resets_at_ms = '0', outage_allowance_micros = allowance}
+      end
+    end
+  end
+  if a.run ~= '' then
+    local budget_id, ceiling = string.match(a.run, '^(%S+) (%S+)$')
+    int(ceiling, 'run')
+    legs[#legs + 1] = {budget_id = budget_id, window_key = 'total', ceiling_micros = ceiling,
+                       resets_at_ms = '0', outage_allowance_micros = '0', run = true}
+  end
+  return legs, nil
+end
+
+-- reserve.lua's hold of `held` micros in every leg, if each has room and no reservation is under
+-- KEYS[2] (a's fields are reserve's arguments): its answer. Otherwise nil, and the first leg
+-- that refuses with why ('exceeded': its spend leaves no room; 'busy': open holds do), or no leg
+-- when a reservation is already under this id.
+local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
+  local exceeded, busy = nil, nil
+  for _, leg in ipairs(legs) do
+    local key = prefix .. COUNTER_KEY .. leg.budget_id .. '|' .. leg.window_key
+    if leg.run and run_stale(key, now) then
+      redis.call('DEL', key)  -- an idle run's counter Redis has not dropped yet: a new run
+    end
+    local c = redis.call('HMGET', key, 'committed', 'reserved', 'overshoot')
+    leg.key, leg.committed, leg.reserved, leg.overshoot = key, c[1] or '0', c[2] or '0', c[3] or '0'
+    local ceiling, committed = tonumber(leg.ceiling_micros), tonumber(leg.committed)
+    if committed + held > ceiling then
+      exceeded = exceeded or leg
+    elseif committed + tonumber(leg.reserved) + held > ceiling then
+      busy = busy or leg
+    end
+  end
+  if exceeded or busy then
+    return nil, exceeded or busy, exceeded and 'exceeded' or 'busy'
+  end
+  local state, outcome, reserved = reserve_effects('absent', a.expire_policy, held, 0)
+  local expires_at = istr(now + ttl)
+  if not redis.call('SET', KEYS[2], pack_opened(
+      state, a.reserved_micros, a.expire_policy, a.retention_ms, a.owner, encode_legs(legs),
+      expires_at, now_text, outcome, a.record_tail),
+      -- Expiry resolves the lease long before this (and keeps the record from then on); this
+      -- bounds a record that nothing ever resolves, an unknown outcome.
+      'PX', istr(ttl + UNKNOWN_OUTCOME_RETENTION_MS), 'NX') then
+    return nil
+  end
+  local out = {'ok', now}
+  local delta = text_of(reserved, held, a.reserved_micros, 0, '0')
+  for _, leg in ipairs(legs) do
+    redis.call('HINCRBY', leg.key, 'reserved', delta)
+    if leg.run then
+      touch_run(leg.key, now)
+    elseif leg.committed == '0' and leg.reserved == '0' and leg.window_key ~= 'total' then
+      -- a window's first hold: its counter goes COUNTER_RETENTION_MS after the window ends
+      redis.call('PEXPIREAT', leg.key, istr(tonumber(leg.resets_at_ms) + COUNTER_RETENTION_MS))
+    end
+    out[#out + 1] = leg_status(leg, leg.committed, istr(tonumber(leg.reserved) + reserved),
+                               leg.overshoot)
+  end
+  redis.call('ZADD', KEYS[3], expires_at, id_of(prefix, KEYS[2]))
+  return out
+end
+
+-- An idempotency key's state by Python names: 'state' ('in_flight' | 'done'), 'fingerprint',
+-- 'token'; a reply kept before these names has 'st' ('f' | 'd'), 'fp' and 'tok', read field by
+-- field (a legacy marker that was completed since has both).
+local LEGACY_REPLY_STATES = {f = 'in_flight', d = 'done'}
+
+local function reply_state(key)
+  local r = redis.call('HMGET', key, 'state', 'fingerprint', 'token', 'st', 'fp', 'tok')
+  return {state = r[1] or LEGACY_REPLY_STATES[r[4] or ''], fingerprint = r[2] or r[5],
+          token = r[3] or r[6]}
 end

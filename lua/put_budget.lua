@@ -4,14 +4,22 @@
 -- ARGV: ledger_id, timezone, outage_allowance_micros, then (period, ceiling_micros) pairs
 -- Returns {'ok'} or {'ledger_reset'}.
 -- Why: the first budget of a tag stamps the tag with the ledger id, which every other script
--- checks. A tag stamped with another id belongs to a ledger this instance does not know.
-local allow = int(ARGV[3], 'outage_allowance_micros')
-local fields = {'tz', ARGV[2], 'allow', istr(allow)}
+-- checks. A tag stamped with another id belongs to a ledger this instance does not know. The
+-- definition is written whole under wire.py DEFINITION_FIELDS' names, with the ledger id (which
+-- a reserve checks there, in the read it makes anyway), so a definition put under the names
+-- before them is rewritten by its next put.
+local CEILING_FIELDS = {day = DEFINITION_FIELDS[4], month = DEFINITION_FIELDS[5],
+                        total = DEFINITION_FIELDS[6]}
+local allowance = int(ARGV[3], 'outage_allowance_micros')
+local fields = {DEFINITION_FIELDS[1], ARGV[1], DEFINITION_FIELDS[2], ARGV[2],
+                DEFINITION_FIELDS[3], istr(allowance)}
 local i = 4
 while ARGV[i] do
-  local p = ARGV[i]
-  if p ~= 'day' and p ~= 'month' and p ~= 'total' then fail('BADARG', 'period') end
-  fields[#fields + 1] = 'ceil:' .. p
+  local field = CEILING_FIELDS[ARGV[i]]
+  if not field then
+    fail('BADARG', 'period')
+  end
+  fields[#fields + 1] = field
   fields[#fields + 1] = istr(int(ARGV[i + 1], 'ceiling_micros'))
   i = i + 2
 end

@@ -6,8 +6,8 @@
 -- Why: a call refused, failed or of unknown outcome is not kept, so that a retry makes the call
 -- again (and reserves for it again) instead of waiting for a marker until it expires. Only the
 -- claiming attempt's in-flight marker is removed; a finished answer never is. Safe to run twice.
-local r = redis.call('HMGET', KEYS[1], 'st', 'tok')
-if r[1] == 'f' and r[2] == ARGV[1] then
+local r = reply_state(KEYS[1])
+if r.state == 'in_flight' and r.token == ARGV[1] then
   redis.call('DEL', KEYS[1])
 end
 return {'ok'}

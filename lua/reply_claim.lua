@@ -15,17 +15,17 @@ local fp, token = ARGV[1], ARGV[2]
 local ttl_ms = int(ARGV[3], 'in_flight_ttl_ms')
 if ttl_ms < 1 then fail('BADARG', 'in_flight_ttl_ms') end
 
-local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'tok')
-if not r[1] then
-  redis.call('HSET', KEYS[1], 'st', 'f', 'fp', fp, 'tok', token)
+local r = reply_state(KEYS[1])
+if not r.state then
+  redis.call('HSET', KEYS[1], 'state', 'in_flight', 'fingerprint', fp, 'token', token)
   redis.call('PEXPIRE', KEYS[1], istr(ttl_ms))
   return {'claimed'}
 end
-if r[2] ~= fp then
+if r.fingerprint ~= fp then
   return {'conflict'}
 end
-if r[1] == 'f' then
-  if r[3] == token then
+if r.state == 'in_flight' then
+  if r.token == token then
     return {'claimed'}
   end
   return {'in_flight'}

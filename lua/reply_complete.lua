@@ -10,12 +10,13 @@ local token = ARGV[1]
 local ttl_ms = int(ARGV[5], 'reply_ttl_ms')
 if ttl_ms < 1 then fail('BADARG', 'reply_ttl_ms') end
 
-local r = redis.call('HMGET', KEYS[1], 'st', 'tok')
-if r[2] ~= token then
+local r = reply_state(KEYS[1])
+if r.token ~= token then
   return {'lost'}
 end
-if r[1] == 'f' then
-  redis.call('HSET', KEYS[1], 'st', 'd', 'status', ARGV[2], 'headers', ARGV[3], 'body', ARGV[4])
+if r.state == 'in_flight' then
+  redis.call('HSET', KEYS[1], 'state', 'done', 'fingerprint', r.fingerprint, 'token', token,
+             'status', ARGV[2], 'headers', ARGV[3], 'body', ARGV[4])
   redis.call('PEXPIRE', KEYS[1], istr(ttl_ms))
 end
 return {'ok'}

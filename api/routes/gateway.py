@@ -44,7 +44,7 @@ from api.routes.sidecar import authenticated
 from api.routing import HotRoute
 from api.runtime import runtime
 from api.upstream import NotSent, Unanswered, Upstream, relayed_headers, upstream
-from core import gateway, replies
+from core import gateway, idempotency, replies
 from core.errors import CeilingError, IdempotencyConflict
 from core.gateway import (
     Api,
@@ -56,8 +56,8 @@ from core.gateway import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from core.ledger import Role
-from core.replies import REPLY_BYTES_MAX, StoredReply, Ticket
+from core.ledger import Role, StoredReply
+from core.replies import REPLY_BYTES_MAX, Ticket
 from core.service import Caller, CeilingService
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ async def serve(request: Request, api: Api) -> Response:
     claimed = await replies.claim(
         svc.store.replies,
         replies.reply_ref(who, idempotency_key),
-        replies.fingerprint(api.value, call_plan.body, who.run_id, clamp, call_plan.headers),
+        idempotency.fingerprint(api.value, call_plan.body, who.run_id, clamp, call_plan.headers),
         wait=not call_plan.stream,
         in_flight_ttl_ms=svc.lease_ttl_ms,
     )

@@ -1,18 +1,22 @@
-"""The ledger's key layout, shared by every store that speaks Redis.
+"""The ledger's key layout, shared by every store that speaks Redis: every key is made here.
 
 Every key one call touches begins 'sc:{TAG}:' where TAG is the top scope of its budget path, so
-all of them hash to one Redis Cluster slot. Keys that belong to no call (the ledger id, API keys,
-live instances, the tag map) stand alone, each in its own slot.
+all of them hash to one Redis Cluster slot. The scripts build the keys of a call from its meta
+key's prefix and the parts below (the prelude core/stores/wire.py generates hands them the same
+parts). Keys that belong to no call (the ledger id, API keys, live instances, the tag map, a
+model's output lengths) stand alone, each in its own slot.
 
-What expires: everything a caller can make exist. Reservation records (a week after they are
-resolved, or after their lease ends), run counters (RUN_COUNTER_IDLE_MS after their last write),
-day and month counters (COUNTER_RETENTION_MS after their window), idempotency replies, output
-histograms, probes and the live-instance set. What an operator made stays: the ledger id, budget
-definitions and their total counters, API key records, the tag map, and a tag's open-lease set
-while it has members (Redis drops an empty one).
+What expires: everything a caller can make exist. Reservation records (core/limits.py says how
+long each kind is kept once resolved, and why), run counters (RUN_COUNTER_IDLE_MS after their
+last write), day and month counters (COUNTER_RETENTION_MS after their window), idempotency
+replies, output histograms, probes and the live-instance set. What an operator made stays: the
+ledger id, budget definitions and their total counters, API key records, the tag map, and a
+tag's open-lease set while it has members (Redis drops an empty one).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 LEDGER_ID_KEY = "sc:ledger"
 INSTANCES_KEY = "sc:instances"
@@ -20,21 +24,52 @@ INSTANCES_KEY = "sc:instances"
 # finds a reservation from its id alone. Read only by admin routes, never on a call's path.
 TAG_MAP_KEY = "sc:tags"
 
+# The parts after 'sc:{TAG}:' of the keys of one tag.
+META = "meta"
+RECORD = "r:"  # + reservation id: one reservation, a string (wire.py RECORD_FIELDS)
+OPEN = "open"  # the open leases, a sorted set of reservation ids by lease end
+DEFINITION = "def:"  # + budget id: one budget's limits
+COUNTER = "p:"  # + budget id '|' window key: one budget's counters in one period window
+REPLY = "reply:"  # + digest: one idempotency key of one API key (core/replies.py)
+# Model names are free text: the key of a model's output lengths holds a digest of one, so no
+# name can shape a key. 96 bits: two models of the millions a deployment could see share one
+# histogram with a chance below one in 10**16, and sharing one costs a p95 nothing money needs.
+MODEL_DIGEST_HEX = 24
+
+
+def prefix(tag: str) -> str:
+    return f"sc:{{{tag}}}:"
+
 
 def meta(tag: str) -> str:
-    return f"sc:{{{tag}}}:meta"
+    return prefix(tag) + META
 
 
 def reservation(tag: str, reservation_id: str) -> str:
-    return f"sc:{{{tag}}}:r:{reservation_id}"
+    return prefix(tag) + RECORD + reservation_id
 
 
 def open_leases(tag: str) -> str:
-    return f"sc:{{{tag}}}:open"
+    return prefix(tag) + OPEN
 
 
 def definition(tag: str, budget_id: str) -> str:
-    return f"sc:{{{tag}}}:def:{budget_id}"
+    return prefix(tag) + DEFINITION + budget_id
+
+
+def counter(tag: str, budget_id: str, window_key: str) -> str:
+    return f"{prefix(tag)}{COUNTER}{budget_id}|{window_key}"
+
+
+def reply(tag: str, digest: str) -> str:
+    return prefix(tag) + REPLY + digest
+
+
+def output_lengths(model: str) -> str:
+    """A model's output-length histogram (core/output_stats.py); names differing in case are
+    one model."""
+    digest = hashlib.sha256(model.lower().encode()).hexdigest()[:MODEL_DIGEST_HEX]
+    return "sc:{out:" + digest + "}"
 
 
 def api_key(key_hash: str) -> str:

@@ -9,6 +9,7 @@ reports `shared = False` and the service refuses it unless CEILING_SINGLE_REPLIC
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 import uuid
 from collections import OrderedDict
@@ -24,25 +25,34 @@ from core.errors import (
     ensure,
 )
 from core.ledger import (
-    STATE_CODES,
+    Claim,
+    ClaimKind,
     Correction,
     ExpirePolicy,
     KeyRecord,
     LegStatus,
     Probe,
     Release,
+    ReplyRef,
     Reservation,
     ReservationRef,
+    ReservationState,
     ReservationView,
     ReserveRequest,
     RunLimit,
     Settlement,
+    StoredReply,
     refusal,
     resolved_replay,
     tag_digest,
 )
-from core.limits import RECLAIM_BATCH_MAX, RECORD_RETENTION_MS, RUN_COUNTER_IDLE_MS
-from core.replies import MemoryReplies
+from core.lifecycle import ABSENT, Effects, Event, Outcome, charged_micros, effects, step
+from core.limits import (
+    IDEMPOTENCY_WINDOW_MS,
+    RECLAIM_BATCH_MAX,
+    RUN_COUNTER_IDLE_MS,
+    UNKNOWN_OUTCOME_RETENTION_MS,
+)
 from core.stores.scripted import Clock
 
 # Records, run counters and histograms dropped per call once their time has passed: bounds the
@@ -50,6 +60,8 @@ from core.stores.scripted import Clock
 PRUNE_BATCH_MAX = 64
 
 CounterKey = tuple[str, str]
+_OPEN, _SETTLED = ReservationState.OPEN, ReservationState.SETTLED
+_RELEASED, _EXPIRED = ReservationState.RELEASED, ReservationState.EXPIRED
 
 
 @dataclass
@@ -75,32 +87,40 @@ class _Leg:
 
 @dataclass
 class _Record:
-    state: str  # 'o' open, 's' settled, 'r' released, 'x' expired
+    state: ReservationState
     fingerprint: str
     owner: str
-    amount_micros: int
+    reserved_micros: int
     expires_at_ms: int
-    policy: ExpirePolicy
+    expire_policy: ExpirePolicy
     legs: tuple[_Leg, ...]
     price_version: str
     model: str
+    retention_ms: int
     created_ms: int = 0
     drop_at_ms: int = 0  # when the record is dropped, as Redis' expiry of it would
     actual_micros: int | None = None
     released_micros: int = 0
     overshoot_micros: int = 0
     late: bool = False
-    outcome: str = ""
+    outcome: str = Outcome.NONE
     resolved_ms: int | None = None
     correction: Correction | None = None
     corrected_at_ms: int | None = None
 
     @property
     def charged_micros(self) -> int:
-        """What it charged, as lua/lib.lua charged_of reads it."""
-        if self.state == "s":
-            return self.actual_micros or 0
-        return self.amount_micros if self.state == "x" and self.outcome == "unknown" else 0
+        return charged_micros(self.state, self.expire_policy, self.reserved_micros,
+                              self.actual_micros or 0)
+
+    @property
+    def kept_ms(self) -> int:
+        """How long it is kept once resolved, as lua/lib.lua keep_resolved_record says."""
+        if self.outcome in (Outcome.UNKNOWN, Outcome.CORRECTED):
+            return UNKNOWN_OUTCOME_RETENTION_MS
+        if self.state is _EXPIRED:
+            return max(self.retention_ms, self.expires_at_ms - self.created_ms)
+        return self.retention_ms
 
 
 @dataclass
@@ -145,7 +165,7 @@ class MemoryStore:
     def _counter(self, leg: _Leg) -> _Counter:
         return self._counters.setdefault(leg.key, _Counter())
 
-    # Run counters: the rules of lua/lib.lua (run_stale, writable, touched).
+    # Run counters: the rules of lua/lib.lua (run_stale, writable, touch_run).
 
     def _run_stale(self, leg: _Leg, now_ms: int) -> bool:
         seen = self._runs_seen.get(leg.key)
@@ -204,7 +224,7 @@ class MemoryStore:
                 legs.append(
                     _Leg(
                         bid.path, w.key if w else "total", lim.ceiling_micros,
-                        w.end_ms if w else None, d.outage_allowance_micros,
+                        w.resets_at_ms if w else None, d.outage_allowance_micros,
                     )
                 )
         if run:
@@ -216,10 +236,6 @@ class MemoryStore:
         rec.drop_at_ms = drop_at_ms
         heapq.heappush(t.drops, (drop_at_ms, rid))
 
-    def _resolve(self, t: _Tag, rid: str, rec: _Record, now_ms: int) -> None:
-        rec.resolved_ms = now_ms
-        self._keep_until(t, rid, rec, now_ms + RECORD_RETENTION_MS)
-
     def _prune(self, t: _Tag, now_ms: int) -> None:
         for _ in range(PRUNE_BATCH_MAX):
             if not t.drops or t.drops[0][0] > now_ms:
@@ -230,24 +246,39 @@ class MemoryStore:
                 del t.records[rid]
         self._prune_runs(now_ms)
 
+    def _apply(self, legs: tuple[_Leg, ...], fx: Effects, now_ms: int) -> None:
+        """Book one step in every leg it may write to (lua/lib.lua apply)."""
+        for leg in legs:
+            if not self._writable(leg, now_ms):
+                continue
+            c = self._counter(leg)
+            c.reserved += fx.reserved_delta
+            c.committed += fx.committed_delta
+            c.overshoot += fx.overshoot_micros
+            self._touched(leg, now_ms)
+
+    def _resolve(self, t: _Tag, rid: str, rec: _Record, event: Event, actual_micros: int,
+                 now_ms: int) -> Effects:
+        """One step that resolves a reservation, as the lifecycle's table says (lua/lib.lua
+        resolve)."""
+        fx = effects(event, rec.state, rec.expire_policy, rec.reserved_micros, actual_micros)
+        self._apply(rec.legs, fx, now_ms)
+        rec.state, rec.outcome, rec.resolved_ms = fx.to, fx.outcome, now_ms
+        if fx.to is _SETTLED:
+            rec.actual_micros = actual_micros
+        rec.released_micros, rec.overshoot_micros, rec.late = (
+            fx.released_micros, fx.overshoot_micros, fx.late)
+        self._keep_until(t, rid, rec, now_ms + rec.kept_ms)
+        return fx
+
     def _reclaim(self, t: _Tag, now_ms: int, batch_max: int) -> int:
         n = 0
         while t.open_heap and t.open_heap[0][0] <= now_ms and n < batch_max:
             _, rid = heapq.heappop(t.open_heap)
             rec = t.records.get(rid)
-            if rec is None or rec.state != "o":
+            if rec is None or rec.state is not _OPEN:
                 continue
-            for leg in rec.legs:
-                if not self._writable(leg, now_ms):
-                    continue
-                c = self._counter(leg)
-                c.reserved -= rec.amount_micros
-                if rec.policy is ExpirePolicy.CHARGE:
-                    c.committed += rec.amount_micros
-                self._touched(leg, now_ms)
-            rec.state = "x"
-            rec.outcome = "unknown" if rec.policy is ExpirePolicy.CHARGE else "released"
-            self._resolve(t, rid, rec, now_ms)
+            self._resolve(t, rid, rec, Event.EXPIRE, 0, now_ms)
             n += 1
         return n
 
@@ -266,21 +297,21 @@ class MemoryStore:
                     "this reservation id was used with other parameters",
                     reservation_id=ref.reservation_id,
                 )
-            if prior.state != "o":
+            if prior.state is not _OPEN:
                 raise resolved_replay(
-                    ref.reservation_id, STATE_CODES[prior.state], prior.outcome,
-                    prior.amount_micros, prior.charged_micros,
+                    ref.reservation_id, prior.state, prior.outcome, prior.reserved_micros,
+                    prior.charged_micros,
                 )
             return Reservation(
-                ref.reservation_id, prior.amount_micros, prior.expires_at_ms, now_ms, True,
+                ref.reservation_id, prior.reserved_micros, prior.expires_at_ms, now_ms, True,
                 self._status(prior.legs),
             )
-        self._reclaim(t, now_ms, RECLAIM_BATCH_MAX)
         legs = self._legs(request.budget_ids, request.run, now_ms)
         if not legs:
             raise BudgetNotFound(
                 "no budget applies to this call", budget_id=request.budget_ids[-1].path
             )
+        self._reclaim(t, now_ms, RECLAIM_BATCH_MAX)
         amount = request.amount_micros
         exceeded = busy = None
         for leg in legs:
@@ -294,16 +325,18 @@ class MemoryStore:
         failing = exceeded or busy
         if failing:
             raise refusal("exceeded" if exceeded else "busy", self._status((failing,))[0], now_ms)
+        fx = effects(Event.RESERVE, ABSENT, request.expire_policy, amount)
         for leg in legs:
-            self._counter(leg).reserved += amount
+            self._counter(leg).reserved += fx.reserved_delta
             self._touched(leg, now_ms)
         expires_at_ms = now_ms + request.ttl_ms
         rec = _Record(
-            "o", request.fingerprint, ref.owner, amount, expires_at_ms, request.expire_policy,
-            legs, request.price_version, request.model, created_ms=now_ms,
+            fx.to, request.fingerprint, ref.owner, amount, expires_at_ms, request.expire_policy,
+            legs, request.price_version, request.model, request.retention_ms, created_ms=now_ms,
         )
         t.records[ref.reservation_id] = rec
-        self._keep_until(t, ref.reservation_id, rec, expires_at_ms + RECORD_RETENTION_MS)
+        self._keep_until(t, ref.reservation_id, rec,
+                         expires_at_ms + UNKNOWN_OUTCOME_RETENTION_MS)
         heapq.heappush(t.open_heap, (expires_at_ms, ref.reservation_id))
         return Reservation(
             ref.reservation_id, amount, expires_at_ms, now_ms, False, self._status(legs)
@@ -317,36 +350,9 @@ class MemoryStore:
             raise ReservationNotFound("no such reservation", reservation_id=ref.reservation_id)
         return t, rec
 
-    def _settle_one(self, t: _Tag, rid: str, rec: _Record, actual_micros: int,
-                    outcome: str) -> Settlement:
-        """lua/lib.lua settle_one: an open or expired reservation, settled at actual_micros."""
-        now_ms = self._clock()
-        amount = rec.amount_micros
-        held, committed_delta, reserved_delta = amount, actual_micros, -amount
-        late = rec.state == "x"
-        if late:
-            reserved_delta = 0
-            if rec.policy is ExpirePolicy.CHARGE:
-                committed_delta = actual_micros - amount
-            else:
-                held = 0
-        overshoot = max(0, actual_micros - held)
-        for leg in rec.legs:
-            if not self._writable(leg, now_ms):
-                continue
-            c = self._counter(leg)
-            c.reserved += reserved_delta
-            c.committed += committed_delta
-            c.overshoot += overshoot
-            self._touched(leg, now_ms)
-        rec.state, rec.actual_micros, rec.late, rec.outcome = "s", actual_micros, late, outcome
-        rec.released_micros, rec.overshoot_micros = max(0, held - actual_micros), overshoot
-        self._resolve(t, rid, rec, now_ms)
-        return Settlement(actual_micros, rec.released_micros, overshoot, late, False)
-
     async def settle(self, ref: ReservationRef, actual_micros: int) -> Settlement:
         t, rec = self._record(ref)
-        if rec.state == "s":
+        if rec.state is _SETTLED:
             if rec.actual_micros != actual_micros:
                 raise IdempotencyConflict(
                     "this reservation was settled before with another amount",
@@ -355,38 +361,26 @@ class MemoryStore:
             return Settlement(
                 actual_micros, rec.released_micros, rec.overshoot_micros, rec.late, True
             )
-        if rec.state == "r":
+        if rec.state is _RELEASED:
             raise ReservationResolved(
                 "this reservation was released; it cannot be settled",
                 reservation_id=ref.reservation_id,
             )
-        return self._settle_one(t, ref.reservation_id, rec, actual_micros, "settled")
+        fx = self._resolve(t, ref.reservation_id, rec, Event.SETTLE, actual_micros, self._clock())
+        return Settlement(fx.charged_micros, fx.released_micros, fx.overshoot_micros, fx.late,
+                          False)
 
     async def release(self, ref: ReservationRef) -> Release:
         t, rec = self._record(ref)
-        if rec.state == "s":
+        if rec.state is _SETTLED:
             raise ReservationResolved(
                 "this reservation was settled; it cannot be released",
                 reservation_id=ref.reservation_id,
             )
-        if rec.state == "r":
+        if rec.state is _RELEASED:
             return Release(rec.released_micros, True)
-        now_ms = self._clock()
-        released = rec.amount_micros
-        for leg in rec.legs:
-            if not self._writable(leg, now_ms):
-                continue
-            c = self._counter(leg)
-            if rec.state == "o":
-                c.reserved -= rec.amount_micros
-            elif rec.policy is ExpirePolicy.CHARGE:
-                c.committed -= rec.amount_micros
-            self._touched(leg, now_ms)
-        if rec.state == "x" and rec.policy is not ExpirePolicy.CHARGE:
-            released = 0
-        rec.state, rec.released_micros, rec.outcome = "r", released, "released"
-        self._resolve(t, ref.reservation_id, rec, now_ms)
-        return Release(released, False)
+        fx = self._resolve(t, ref.reservation_id, rec, Event.RELEASE, 0, self._clock())
+        return Release(fx.released_micros, False)
 
     async def correct(
         self, tag: str, reservation_id: str, actual_micros: int, correction: Correction
@@ -396,7 +390,7 @@ class MemoryStore:
         rec = t.records.get(reservation_id)
         if rec is None:
             raise ReservationNotFound("no such reservation", reservation_id=reservation_id)
-        if rec.state == "s" and rec.correction is not None:
+        if rec.state is _SETTLED and rec.correction is not None:
             if rec.actual_micros != actual_micros:
                 raise IdempotencyConflict(
                     "this reservation was corrected before to another amount",
@@ -405,14 +399,15 @@ class MemoryStore:
             return Settlement(
                 actual_micros, rec.released_micros, rec.overshoot_micros, rec.late, True
             )
-        if rec.state != "o" and not (rec.state == "x" and rec.outcome == "unknown"):
+        if step(Event.CORRECT, rec.state, rec.expire_policy) is None:
             raise resolved_replay(
-                reservation_id, STATE_CODES[rec.state], rec.outcome, rec.amount_micros,
-                rec.charged_micros,
+                reservation_id, rec.state, rec.outcome, rec.reserved_micros, rec.charged_micros,
             )
-        settled = self._settle_one(t, reservation_id, rec, actual_micros, "corrected")
-        rec.correction, rec.corrected_at_ms = correction, rec.resolved_ms
-        return settled
+        rec.correction = correction
+        fx = self._resolve(t, reservation_id, rec, Event.CORRECT, actual_micros, self._clock())
+        rec.corrected_at_ms = rec.resolved_ms
+        return Settlement(fx.charged_micros, fx.released_micros, fx.overshoot_micros, fx.late,
+                          False)
 
     async def book(self, request: ReserveRequest, actual_micros: int, admitted_at_ms: int) -> bool:
         ref = request.ref
@@ -424,22 +419,41 @@ class MemoryStore:
         legs = self._legs(request.budget_ids, request.run, admitted_at_ms)
         if not legs:
             raise BudgetNotFound("no budget applies to this journal entry")
+        fx = effects(Event.BOOK, ABSENT, ExpirePolicy.CHARGE, request.amount_micros,
+                     actual_micros)
         for leg in legs:
             if leg.run and self._run_stale(leg, now_ms):
                 self._drop_run(leg.key)
+            # Booked unconditionally (lua/book.lua): the money is spent, a run's too.
             c = self._counter(leg)
-            c.committed += actual_micros
-            c.overshoot += actual_micros
+            c.committed += fx.committed_delta
+            c.overshoot += fx.overshoot_micros
             self._touched(leg, now_ms)
+        # Kept for the idempotency window, whatever call it was: a flush retried after a lost
+        # reply must find it (lua/book.lua).
         rec = _Record(
-            "s", request.fingerprint, ref.owner, request.amount_micros, admitted_at_ms,
+            fx.to, request.fingerprint, ref.owner, request.amount_micros, admitted_at_ms,
             ExpirePolicy.CHARGE, legs, request.price_version, request.model,
-            created_ms=admitted_at_ms, actual_micros=actual_micros,
-            overshoot_micros=actual_micros, late=True, outcome="journal",
+            IDEMPOTENCY_WINDOW_MS, created_ms=admitted_at_ms, actual_micros=actual_micros,
+            released_micros=fx.released_micros, overshoot_micros=fx.overshoot_micros,
+            late=fx.late, outcome=fx.outcome, resolved_ms=now_ms,
         )
         t.records[ref.reservation_id] = rec
-        self._resolve(t, ref.reservation_id, rec, now_ms)
+        self._keep_until(t, ref.reservation_id, rec, now_ms + rec.kept_ms)
         return True
+
+    def _view(self, reservation_id: str, rec: _Record, *, full: bool) -> ReservationView:
+        charged = rec.actual_micros if rec.state is _SETTLED else None
+        common = (reservation_id, rec.state, rec.reserved_micros, rec.expires_at_ms, rec.model,
+                  rec.price_version, charged, rec.outcome)
+        if not full:
+            return ReservationView(*common)
+        fix = rec.correction
+        return ReservationView(
+            *common, rec.owner, rec.created_ms, rec.resolved_ms,
+            fix.corrected_by if fix else None, rec.corrected_at_ms,
+            rec.reserved_micros if fix else None, fix.reason if fix else None,
+        )
 
     async def reservation(self, ref: ReservationRef) -> ReservationView | None:
         t = self._tag(ref.tag)
@@ -447,24 +461,13 @@ class MemoryStore:
         rec = t.records.get(ref.reservation_id)
         if rec is None or rec.owner != ref.owner:
             return None
-        return ReservationView(
-            ref.reservation_id, STATE_CODES[rec.state], rec.amount_micros, rec.expires_at_ms,
-            rec.model, rec.price_version, rec.actual_micros, rec.outcome,
-        )
+        return self._view(ref.reservation_id, rec, full=False)
 
     async def inspect(self, tag: str, reservation_id: str) -> ReservationView | None:
         t = self._tag(tag)
         self._prune(t, self._clock())
         rec = t.records.get(reservation_id)
-        if rec is None:
-            return None
-        fix = rec.correction
-        return ReservationView(
-            reservation_id, STATE_CODES[rec.state], rec.amount_micros, rec.expires_at_ms,
-            rec.model, rec.price_version, rec.actual_micros, rec.outcome, rec.owner,
-            rec.created_ms, rec.resolved_ms, fix.corrected_by if fix else None,
-            rec.corrected_at_ms, rec.amount_micros if fix else None, fix.reason if fix else None,
-        )
+        return None if rec is None else self._view(reservation_id, rec, full=True)
 
     async def tag_of(self, digest: str) -> str | None:
         return self._tag_map.get(digest)
@@ -506,7 +509,7 @@ class MemoryStore:
         return found[1]
 
     async def observe_output(self, model: str, output_tokens: int) -> None:
-        key, now_ms = output_stats.model_key(model), self._clock()
+        key, now_ms = model.lower(), self._clock()
         histogram = self._histogram(key, now_ms) or {}
         b = output_stats.bucket(output_tokens)
         histogram[b] = histogram.get(b, 0) + 1
@@ -519,7 +522,7 @@ class MemoryStore:
         self._outputs.move_to_end(key)
 
     async def output_histogram(self, model: str) -> dict[int, int]:
-        return dict(self._histogram(output_stats.model_key(model), self._clock()) or {})
+        return dict(self._histogram(model.lower(), self._clock()) or {})
 
     async def put_key(self, record: KeyRecord) -> None:
         self._keys[record.key_hash] = record
@@ -543,3 +546,64 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
+
+
+@dataclass
+class _Reply:
+    fingerprint: str
+    token: str
+    expires_at_ms: int
+    reply: StoredReply | None = None
+
+
+class MemoryReplies:
+    """ReplyStore in one process's memory, beside MemoryStore; same semantics as the scripts.
+
+    Atomic for the same reason MemoryStore is: no operation awaits between reading and writing.
+    Expired entries are dropped when their key is next touched, and a bounded batch of them on
+    every claim, so memory does not grow with keys nobody retries.
+    """
+
+    def __init__(self, clock: Clock = _wall_clock) -> None:
+        self._clock = clock
+        self._entries: dict[ReplyRef, _Reply] = {}
+
+    def _live(self, ref: ReplyRef, now_ms: int) -> _Reply | None:
+        entry = self._entries.get(ref)
+        if entry is not None and entry.expires_at_ms <= now_ms:
+            del self._entries[ref]
+            return None
+        return entry
+
+    def _prune(self, now_ms: int) -> None:
+        expired = [k for k, e in itertools.islice(self._entries.items(), PRUNE_BATCH_MAX)
+                   if e.expires_at_ms <= now_ms]
+        for ref in expired:
+            del self._entries[ref]
+
+    async def claim(self, ref: ReplyRef, fingerprint: str, token: str, ttl_ms: int) -> Claim:
+        now_ms = self._clock()
+        self._prune(now_ms)
+        entry = self._live(ref, now_ms)
+        if entry is None:
+            self._entries[ref] = _Reply(fingerprint, token, now_ms + ttl_ms)
+            return Claim(ClaimKind.CLAIMED)
+        if entry.fingerprint != fingerprint:
+            return Claim(ClaimKind.CONFLICT)
+        if entry.reply is not None:
+            return Claim(ClaimKind.DONE, entry.reply)
+        return Claim(ClaimKind.CLAIMED if entry.token == token else ClaimKind.IN_FLIGHT)
+
+    async def complete(self, ref: ReplyRef, token: str, reply: StoredReply, ttl_ms: int) -> bool:
+        entry = self._live(ref, self._clock())
+        if entry is None or entry.token != token:
+            return False
+        if entry.reply is None:
+            entry.reply = reply
+            entry.expires_at_ms = self._clock() + ttl_ms
+        return True
+
+    async def abandon(self, ref: ReplyRef, token: str) -> None:
+        entry = self._live(ref, self._clock())
+        if entry is not None and entry.reply is None and entry.token == token:
+            del self._entries[ref]

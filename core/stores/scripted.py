@@ -1,19 +1,21 @@
 """ScriptedStore: the LedgerStore of every backend that runs the lua/ scripts.
 
-The domain side (arguments, replies, ledger identity, time zones, probe) lives here once; a
-Transport (redis-py, redis-py cluster, the Upstash REST SDK) only carries commands and translates
-its client's exceptions into the core error tree.
+The domain side (arguments, replies, ledger identity, time zones, probe) lives here once, with
+the Lua boundary's names in core/stores/wire.py; a Transport (redis-py, redis-py cluster, the
+Upstash REST SDK) only carries commands and translates its client's exceptions into the core
+error tree.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 from core import output_stats
-from core.budgets import BudgetDef, BudgetId, Limit, Period, windows_around
+from core.budgets import BudgetDef, BudgetId, Limit, Period, window_at
 from core.errors import (
     BudgetNotFound,
     CeilingError,
@@ -26,12 +28,14 @@ from core.errors import (
 )
 from core.ledger import (
     ROLES_OF_LEGACY_KEYS,
-    STATE_CODES,
+    Claim,
+    ClaimKind,
     Correction,
     KeyRecord,
     LegStatus,
     Probe,
     Release,
+    ReplyRef,
     Reservation,
     ReservationRef,
     ReservationView,
@@ -39,21 +43,14 @@ from core.ledger import (
     Role,
     RunLimit,
     Settlement,
+    StoredReply,
     refusal,
     resolved_replay,
     tag_digest,
 )
-from core.limits import (
-    COUNTER_RETENTION_MS,
-    INT_EXACT_MAX,
-    RECLAIM_BATCH_MAX,
-    RECORD_RETENTION_MS,
-    RUN_COUNTER_IDLE_MS,
-    TZ_CACHE_MAX,
-    WINDOW_RETRIES_MAX,
-)
-from core.replies import ScriptedReplies
-from core.stores import keys
+from core.lifecycle import Event
+from core.limits import INT_EXACT_MAX, TZ_CACHE_MAX, WINDOW_RETRIES_MAX
+from core.stores import keys, wire
 from core.stores.scripts import Script, script
 
 Clock = Callable[[], int]
@@ -63,7 +60,9 @@ Clock = Callable[[], int]
 INSTANCE_SEEN_WINDOW_MS = 10 * 60_000
 # The probe's value lives a minute: long enough to read back, short enough to leave no trace.
 PROBE_TTL_MS = 60_000
-LEG_FIELDS = 8
+# Budget paths whose ledger form (their ids, joined) a process remembers; bounded because paths
+# come from keys.
+PATHS_CACHE_MAX = 10_000
 
 
 class Transport(Protocol):
@@ -99,25 +98,38 @@ def _roles(stored: str) -> frozenset[Role]:
 
 
 def _resolved(reservation_id: str, reply: Sequence[Any]) -> CeilingError:
-    """{'resolved', st, outcome, amount_micros, charged_micros} as the error it stands for."""
-    return resolved_replay(
-        reservation_id, STATE_CODES[str(reply[1])], str(reply[2]), int(reply[3]), int(reply[4])
-    )
+    """The error a repeat of a resolved reservation stands for."""
+    found = wire.resolved(reply)
+    return resolved_replay(reservation_id, found.state, found.outcome, found.reserved_micros,
+                           found.charged_micros)
 
 
-def _legs(flat: Sequence[Any]) -> tuple[LegStatus, ...]:
-    ensure(len(flat) % LEG_FIELDS == 0, "leg status comes in groups of 8")
-    # Positional, in LegStatus' field order: every reserve parses one per leg, and keyword
-    # arguments to a frozen dataclass cost a third more on this path.
-    return tuple(
-        LegStatus(
-            str(bid), str(wkey), int(ceil), int(committed), int(reserved), int(overshoot),
-            None if wkey == "total" else int(wend), int(allow),
+class ScriptedReplies:
+    """ReplyStore on a Redis-speaking backend, through the transport its ledger store uses."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    async def claim(self, ref: ReplyRef, fingerprint: str, token: str, ttl_ms: int) -> Claim:
+        reply = await self._t.run(
+            script("reply_claim"), (keys.reply(ref.tag, ref.digest),),
+            [fingerprint, token, str(ttl_ms)],
         )
-        for bid, wkey, ceil, committed, reserved, overshoot, wend, allow in zip(
-            *(iter(flat),) * LEG_FIELDS, strict=True
+        kind = ClaimKind(reply[0])
+        if kind is not ClaimKind.DONE:
+            return Claim(kind)
+        headers = tuple((str(k), str(v)) for k, v in json.loads(reply[2]))
+        return Claim(kind, StoredReply(int(reply[1]), headers, str(reply[3])))
+
+    async def complete(self, ref: ReplyRef, token: str, reply: StoredReply, ttl_ms: int) -> bool:
+        result = await self._t.run(
+            script("reply_complete"), (keys.reply(ref.tag, ref.digest),),
+            [token, str(reply.status), json.dumps(reply.headers), reply.body, str(ttl_ms)],
         )
-    )
+        return bool(result[0] == "ok")
+
+    async def abandon(self, ref: ReplyRef, token: str) -> None:
+        await self._t.run(script("reply_abandon"), (keys.reply(ref.tag, ref.digest),), [token])
 
 
 class ScriptedStore:
@@ -134,9 +146,10 @@ class ScriptedStore:
         self._reset = False
         self._tz: dict[str, str] = {}
         self._offset_ms = 0
-        # Per set of zones: the windows part of ARGV, and the span [from_ms, until_ms) it holds
-        # for (the local day it was built for, in every zone).
-        self._window_args: dict[tuple[str, ...], tuple[int, int, list[str]]] = {}
+        # Per set of zones: the zones field, and the span [from_ms, until_ms) it holds for (the
+        # local day it was built for, in every zone).
+        self._zones: dict[tuple[str, ...], tuple[int, int, str]] = {}
+        self._paths: dict[tuple[BudgetId, ...], str] = {}
 
     # -- identity and time -------------------------------------------------------------
 
@@ -153,7 +166,8 @@ class ScriptedStore:
         return self._ledger_id
 
     async def _identity_lost(self) -> bool:
-        """Called when a tag is not stamped with our ledger id: is the whole ledger gone?"""
+        """Called when a tag is not stamped with our ledger id, or a reservation is not found:
+        is the whole ledger gone?"""
         found = await self._t.execute("GET", keys.LEDGER_ID_KEY)
         if found != self._ledger_id:
             self._reset = True
@@ -178,55 +192,67 @@ class ScriptedStore:
 
     # -- scripts that need period windows ------------------------------------------------
 
-    def _windows_arg(self, zones: tuple[str, ...], now_ms: int) -> list[str]:
-        """The windows part of ARGV; rebuilt only when a local day passes in one of the zones."""
-        cached = self._window_args.get(zones)
+    def _zones_field(self, zones: tuple[str, ...], now_ms: int) -> str:
+        """The windows that hold `now_ms` in each zone; rebuilt only when a local day passes in
+        one of them."""
+        cached = self._zones.get(zones)
         if cached is not None and cached[0] <= now_ms < cached[1]:
             return cached[2]
-        args = [str(len(zones))]
+        entries = []
         from_ms, until_ms = 0, INT_EXACT_MAX
         for tz in zones:
-            ws = windows_around(tz, now_ms)
-            args += [tz, str(len(ws))]
-            for w in ws:
-                args += [w.key, str(w.start_ms), str(w.end_ms)]
-            # The windows are a function of the local date alone: they hold all of that day.
-            today = next(
-                w for w in ws if w.period is Period.DAY and w.start_ms <= now_ms < w.end_ms
-            )
-            from_ms, until_ms = max(from_ms, today.start_ms), min(until_ms, today.end_ms)
-        if len(self._window_args) >= TZ_CACHE_MAX:
-            self._window_args.clear()
-        self._window_args[zones] = (from_ms, until_ms, args)
-        return args
+            day, month = window_at(tz, Period.DAY, now_ms), window_at(tz, Period.MONTH, now_ms)
+            assert day is not None
+            assert month is not None
+            entries.append(wire.zone_entry(tz, day, month))
+            # A month's window holds its days: the entries hold for all of this local day.
+            from_ms, until_ms = max(from_ms, day.start_ms), min(until_ms, day.resets_at_ms)
+        field = wire.items(entries)
+        if len(self._zones) >= TZ_CACHE_MAX:
+            self._zones.clear()
+        self._zones[zones] = (from_ms, until_ms, field)
+        return field
+
+    def _path(self, budget_ids: tuple[BudgetId, ...]) -> str:
+        found = self._paths.get(budget_ids)
+        if found is None:
+            if len(self._paths) >= PATHS_CACHE_MAX:
+                self._paths.clear()
+            found = self._paths[budget_ids] = wire.items(b.path for b in budget_ids)
+        return found
 
     async def _run_windowed(
         self,
         op: Script,
         script_keys: Sequence[str],
-        head: list[str],
+        fields: dict[str, str],
         budget_ids: tuple[BudgetId, ...],
         run: RunLimit | None,
         now_ms: int | None = None,
     ) -> list[Any]:
-        """Run a script that needs period windows; retry when it says our tz or clock was off."""
+        """Run a script that needs period windows; ask again when it says the zones or the
+        time the windows were made for were not the ledger's."""
         now_ms = self._now_estimate() if now_ms is None else now_ms
+        fields["budget_ids"] = self._path(budget_ids)
+        fields["run"] = wire.run_field(run.budget_id.path, run.ceiling_micros) if run else ""
+        fields[wire.NOW] = self._now_arg()
+        shape = {"reserve": wire.RESERVE_ARGS, "book": wire.BOOK_ARGS,
+                 "status": wire.STATUS_ARGS}[op.name]
         for _ in range(WINDOW_RETRIES_MAX + 1):
             zones = tuple(sorted({self._tz.get(b.path, "UTC") for b in budget_ids}))
-            args = [*head, *self._windows_arg(zones, now_ms)]
-            args.append(str(len(budget_ids) + (1 if run else 0)))
-            for b in budget_ids:
-                args += [b.path, self._tz.get(b.path, "UTC"), ""]
-            if run:
-                args += [run.budget_id.path, "UTC", str(run.ceiling_micros)]
-            reply = await self._t.run(op, script_keys, args)
-            if reply[0] == "tz":
-                self._remember_tz(str(reply[1]), str(reply[2]))
-            elif reply[0] == "clock":
-                now_ms = int(reply[1])
-            else:
+            fields["zones"] = self._zones_field(zones, now_ms)
+            reply = await self._t.run(op, script_keys, wire.arguments(shape, **fields))
+            retry = wire.window_retry(reply)
+            if retry is None:
                 return list(reply)
+            if retry.kind == "timezone":
+                self._remember_tz(retry.budget_id, retry.timezone)
+            else:
+                now_ms = retry.now_ms
         raise InvariantBroken("period windows did not match the ledger's time after retries")
+
+    def _record_keys(self, tag: str, reservation_id: str) -> tuple[str, str, str]:
+        return (keys.meta(tag), keys.reservation(tag, reservation_id), keys.open_leases(tag))
 
     # -- the ledger operations -------------------------------------------------------------
 
@@ -234,44 +260,31 @@ class ScriptedStore:
         ledger_id = await self.open()
         ref = request.ref
         ensure(all(b.tag == ref.tag for b in request.budget_ids), "one tag per reservation")
-        head = [
-            ledger_id,
-            self._now_arg(),
-            ref.reservation_id,
-            ref.owner,
-            request.fingerprint,
-            str(request.amount_micros),
-            str(request.ttl_ms),
-            request.price_version,
-            request.model,
-            request.expire_policy,  # a StrEnum is its value; .value costs a descriptor call
-            str(RECLAIM_BATCH_MAX),
-            str(RECORD_RETENTION_MS),
-            str(COUNTER_RETENTION_MS),
-            str(RUN_COUNTER_IDLE_MS),
-        ]
         reply = await self._run_windowed(
             script("reserve"),
-            (keys.meta(ref.tag), keys.reservation(ref.tag, ref.reservation_id),
-             keys.open_leases(ref.tag)),
-            head,
+            self._record_keys(ref.tag, ref.reservation_id),
+            {
+                "ledger_id": ledger_id,
+                "owner": ref.owner,
+                "reserved_micros": str(request.amount_micros),
+                "ttl_ms": str(request.ttl_ms),
+                "expire_policy": request.expire_policy,  # a StrEnum is its value
+                "retention_ms": str(request.retention_ms),
+                "record_tail": wire.record_tail(request.fingerprint, request.price_version,
+                                                request.model),
+            },
             request.budget_ids,
             request.run,
         )
         kind = reply[0]
-        if kind == "ok":
-            now_ms = int(reply[4])
-            self._learn_now(now_ms)
-            return Reservation(
-                reservation_id=str(reply[1]),
-                reserved_micros=int(reply[2]),
-                expires_at_ms=int(reply[3]),
-                now_ms=now_ms,
-                replayed=reply[5] == 1,
-                legs=_legs(reply[6:]),
-            )
+        if kind == "ok" or kind == "replayed":
+            reservation = wire.reservation(ref.reservation_id, request.amount_micros,
+                                           request.ttl_ms, reply)
+            self._learn_now(reservation.now_ms)
+            return reservation
         if kind in ("exceeded", "busy"):
-            raise refusal(kind, _legs(reply[3:])[0], int(reply[1]))
+            refused = wire.refused(reply)
+            raise refusal(refused.kind, refused.leg, refused.now_ms)
         if kind == "resolved":
             raise _resolved(ref.reservation_id, reply)
         if kind == "conflict":
@@ -279,30 +292,23 @@ class ScriptedStore:
                 "this reservation id was used with other parameters",
                 reservation_id=ref.reservation_id,
             )
-        if kind == "ledger_reset" and await self._identity_lost():
+        # A wiped ledger has no budgets: 'no_budget' may mean the ledger is gone.
+        if await self._identity_lost():
             raise _ledger_reset()
         raise BudgetNotFound(
             "no budget applies to this call", budget_id=request.budget_ids[-1].path
         )
 
     async def settle(self, ref: ReservationRef, actual_micros: int) -> Settlement:
-        ledger_id = await self.open()
+        await self.open()  # a ledger known to be reset fails closed before it is asked
         reply = await self._t.run(
-            script("settle"),
-            (keys.meta(ref.tag), keys.reservation(ref.tag, ref.reservation_id),
-             keys.open_leases(ref.tag)),
-            [ledger_id, self._now_arg(), ref.reservation_id, ref.owner, str(actual_micros),
-             str(RECORD_RETENTION_MS), str(RUN_COUNTER_IDLE_MS)],
+            script("settle"), self._record_keys(ref.tag, ref.reservation_id),
+            wire.arguments(wire.SETTLE_ARGS, owner=ref.owner, actual_micros=str(actual_micros),
+                           now_ms=self._now_arg()),
         )
         kind = reply[0]
-        if kind == "ok":
-            return Settlement(
-                charged_micros=int(reply[1]),
-                released_micros=int(reply[2]),
-                overshoot_micros=int(reply[3]),
-                late=reply[4] == 1,
-                replayed=reply[5] == 1,
-            )
+        if kind == "ok" or kind == "replayed":
+            return wire.settlement(reply, actual_micros)
         if kind == "conflict":
             raise IdempotencyConflict(
                 "this reservation was settled before with another amount",
@@ -313,102 +319,79 @@ class ScriptedStore:
                 "this reservation was released; it cannot be settled",
                 reservation_id=ref.reservation_id,
             )
-        await self._not_found(kind, ref)
+        await self._not_found(ref.reservation_id)
 
     async def release(self, ref: ReservationRef) -> Release:
-        ledger_id = await self.open()
+        await self.open()
         reply = await self._t.run(
-            script("release"),
-            (keys.meta(ref.tag), keys.reservation(ref.tag, ref.reservation_id),
-             keys.open_leases(ref.tag)),
-            [ledger_id, self._now_arg(), ref.reservation_id, ref.owner, str(RECORD_RETENTION_MS),
-             str(RUN_COUNTER_IDLE_MS)],
+            script("release"), self._record_keys(ref.tag, ref.reservation_id),
+            wire.arguments(wire.RELEASE_ARGS, owner=ref.owner, now_ms=self._now_arg()),
         )
         kind = reply[0]
-        if kind == "ok":
-            return Release(released_micros=int(reply[1]), replayed=reply[2] == 1)
+        if kind == "ok" or kind == "replayed":
+            return wire.release(reply)
         if kind == "settled":
             raise ReservationResolved(
                 "this reservation was settled; it cannot be released",
                 reservation_id=ref.reservation_id,
             )
-        await self._not_found(kind, ref)
+        await self._not_found(ref.reservation_id)
 
     async def book(self, request: ReserveRequest, actual_micros: int, admitted_at_ms: int) -> bool:
         ledger_id = await self.open()
         ref = request.ref
-        head = [
-            ledger_id, str(admitted_at_ms), ref.reservation_id, ref.owner, request.fingerprint,
-            str(request.amount_micros), str(actual_micros), request.price_version, request.model,
-            str(RECORD_RETENTION_MS), str(COUNTER_RETENTION_MS), str(RUN_COUNTER_IDLE_MS),
-            self._now_arg(),
-        ]
         reply = await self._run_windowed(
             script("book"),
             (keys.meta(ref.tag), keys.reservation(ref.tag, ref.reservation_id)),
-            head, request.budget_ids, request.run, now_ms=admitted_at_ms,
+            {
+                "ledger_id": ledger_id,
+                "admitted_at_ms": str(admitted_at_ms),
+                "owner": ref.owner,
+                "reserved_micros": str(request.amount_micros),
+                "actual_micros": str(actual_micros),
+                "record_tail": wire.record_tail(request.fingerprint, request.price_version,
+                                                request.model),
+            },
+            request.budget_ids, request.run, now_ms=admitted_at_ms,
         )
         if reply[0] == "ok":
             return bool(reply[1] == 0)
-        if reply[0] == "ledger_reset" and await self._identity_lost():
+        if await self._identity_lost():
             raise _ledger_reset()
         raise BudgetNotFound("no budget applies to this journal entry")
 
-    async def reservation(self, ref: ReservationRef) -> ReservationView | None:
+    async def _read(self, tag: str, reservation_id: str) -> wire.StoredRecord | None:
         await self.open()
-        st, owner, amt, exp, model, ver, charged, outcome = await self._t.execute(
-            "HMGET", keys.reservation(ref.tag, ref.reservation_id),
-            "st", "owner", "amt", "exp", "model", "ver", "charged", "outcome",
+        reply = await self._t.run(
+            script("read"), self._record_keys(tag, reservation_id)[:2],
+            wire.arguments(wire.READ_ARGS, now_ms=self._now_arg()),
         )
-        if st is None or owner != ref.owner:
+        return wire.StoredRecord.unpacked(str(reply[1])) if reply[0] == "found" else None
+
+    async def reservation(self, ref: ReservationRef) -> ReservationView | None:
+        found = await self._read(ref.tag, ref.reservation_id)
+        if found is None or found.owner != ref.owner:
             return None
-        return ReservationView(
-            ref.reservation_id, STATE_CODES[st], int(amt), int(exp), str(model or ""),
-            str(ver or ""), None if charged is None else int(charged), str(outcome or ""),
-        )
+        return found.view(ref.reservation_id, full=False)
 
     async def inspect(self, tag: str, reservation_id: str) -> ReservationView | None:
-        await self.open()
-        (st, owner, amt, exp, model, ver, charged, outcome, created, resolved, by, at, from_,
-         reason) = await self._t.execute(
-            "HMGET", keys.reservation(tag, reservation_id),
-            "st", "owner", "amt", "exp", "model", "ver", "charged", "outcome", "created_ms",
-            "resolved_ms", "corrected_by", "corrected_at_ms", "corrected_from_micros",
-            "correction_reason",
-        )
-        if st is None:
-            return None
-
-        def number(value: Any) -> int | None:
-            return None if value is None else int(value)
-
-        return ReservationView(
-            reservation_id, STATE_CODES[st], int(amt), int(exp), str(model or ""),
-            str(ver or ""), number(charged), str(outcome or ""), str(owner or ""),
-            number(created), number(resolved), None if by is None else str(by), number(at),
-            number(from_), None if reason is None else str(reason),
-        )
+        found = await self._read(tag, reservation_id)
+        return None if found is None else found.view(reservation_id, full=True)
 
     async def correct(
         self, tag: str, reservation_id: str, actual_micros: int, correction: Correction
     ) -> Settlement:
-        ledger_id = await self.open()
+        await self.open()
         reply = await self._t.run(
-            script("correct"),
-            (keys.meta(tag), keys.reservation(tag, reservation_id), keys.open_leases(tag)),
-            [ledger_id, self._now_arg(), reservation_id, str(actual_micros),
-             correction.corrected_by, correction.reason, str(RECORD_RETENTION_MS),
-             str(RUN_COUNTER_IDLE_MS)],
+            script("correct"), self._record_keys(tag, reservation_id),
+            wire.arguments(wire.CORRECT_ARGS, actual_micros=str(actual_micros),
+                           corrected_by=correction.corrected_by,
+                           correction_reason=wire.escaped(correction.reason),
+                           now_ms=self._now_arg()),
         )
         kind = reply[0]
-        if kind == "ok":
-            return Settlement(
-                charged_micros=int(reply[1]),
-                released_micros=int(reply[2]),
-                overshoot_micros=int(reply[3]),
-                late=reply[4] == 1,
-                replayed=reply[5] == 1,
-            )
+        if kind == "ok" or kind == "replayed":
+            return wire.settlement(reply, actual_micros, Event.CORRECT)
         if kind == "resolved":
             raise _resolved(reservation_id, reply)
         if kind == "conflict":
@@ -416,27 +399,26 @@ class ScriptedStore:
                 "this reservation was corrected before to another amount",
                 reservation_id=reservation_id,
             )
-        await self._not_found(kind, ReservationRef(tag, reservation_id, ""))
+        await self._not_found(reservation_id)
 
     async def tag_of(self, digest: str) -> str | None:
         await self.open()
         found = await self._t.execute("HGET", keys.TAG_MAP_KEY, digest)
         return None if found is None else str(found)
 
-    async def _not_found(self, kind: str, ref: ReservationRef) -> NoReturn:
-        if kind == "ledger_reset" and await self._identity_lost():
+    async def _not_found(self, reservation_id: str) -> NoReturn:
+        # A settle, release or correction checks no ledger id (lua/settle.lua): a reservation
+        # that is not found may be one a wiped ledger lost.
+        if await self._identity_lost():
             raise _ledger_reset()
-        raise ReservationNotFound(
-            "no such reservation", reservation_id=ref.reservation_id
-        )
+        raise ReservationNotFound("no such reservation", reservation_id=reservation_id)
 
     async def expire(self, tag: str, batch_max: int) -> int:
         ledger_id = await self.open()
         reply = await self._t.run(
-            script("expire"),
-            (keys.meta(tag), keys.open_leases(tag)),
-            [ledger_id, self._now_arg(), str(batch_max), str(RECORD_RETENTION_MS),
-             str(RUN_COUNTER_IDLE_MS)],
+            script("expire"), (keys.meta(tag), keys.open_leases(tag)),
+            wire.arguments(wire.EXPIRE_ARGS, ledger_id=ledger_id, batch_max=str(batch_max),
+                           now_ms=self._now_arg()),
         )
         if reply[0] == "ok":
             return int(reply[1])
@@ -473,10 +455,14 @@ class ScriptedStore:
 
     async def get_budget(self, budget_id: BudgetId) -> BudgetDef | None:
         await self.open()
-        tz, allow, *ceils = await self._t.execute(
+        found = await self._t.execute(
             "HMGET", keys.definition(budget_id.tag, budget_id.path),
-            "tz", "allow", "ceil:day", "ceil:month", "ceil:total",
+            *wire.DEFINITION_FIELDS, *wire.LEGACY_DEFINITION_FIELDS,
         )
+        # Put under the names put_budget writes (the ledger id first), or under the ones it
+        # wrote before them.
+        count = len(wire.DEFINITION_FIELDS)
+        tz, allow, *ceils = found[1:count] if found[1] is not None else found[count:]
         if tz is None:
             return None
         limits = tuple(
@@ -494,11 +480,12 @@ class ScriptedStore:
         ensure(all(b.tag == tag for b in budget_ids), "one tag per status read")
         reply = await self._run_windowed(
             script("status"), (keys.meta(tag),),
-            [ledger_id, self._now_arg(), str(RUN_COUNTER_IDLE_MS)], budget_ids, run,
+            {"ledger_id": ledger_id}, budget_ids, run,
         )
         if reply[0] == "ok":
-            self._learn_now(int(reply[1]))
-            return _legs(reply[2:])
+            now_ms, legs = wire.status(reply)
+            self._learn_now(now_ms)
+            return legs
         if await self._identity_lost():
             raise _ledger_reset()
         return ()
@@ -507,13 +494,13 @@ class ScriptedStore:
 
     async def observe_output(self, model: str, output_tokens: int) -> None:
         await self._t.run(
-            script("observe"), (output_stats.model_key(model),),
+            script("observe"), (keys.output_lengths(model),),
             [str(output_stats.bucket(output_tokens)), str(output_stats.OBSERVATIONS_MAX),
              str(output_stats.HISTOGRAM_IDLE_MS)],
         )
 
     async def output_histogram(self, model: str) -> dict[int, int]:
-        flat = await self._t.execute("HGETALL", output_stats.model_key(model))
+        flat = await self._t.execute("HGETALL", keys.output_lengths(model))
         pairs = flat.items() if isinstance(flat, dict) else zip(flat[::2], flat[1::2], strict=True)
         return {int(k): int(v) for k, v in pairs if k != "n"}
 
@@ -526,15 +513,19 @@ class ScriptedStore:
             "HSET", keys.api_key(record.key_hash),
             "key_id", record.key_id,
             "budget_id", record.budget_id.path,
-            "run", "" if record.run_ceiling_micros is None else str(record.run_ceiling_micros),
+            "run_ceiling_micros",
+            "" if record.run_ceiling_micros is None else str(record.run_ceiling_micros),
             "roles", ",".join(sorted(record.roles)),
         )
 
     async def get_key(self, key_hash: str) -> KeyRecord | None:
         await self.open()
-        key_id, budget_id, run, roles = await self._t.execute(
-            "HMGET", keys.api_key(key_hash), "key_id", "budget_id", "run", "roles"
+        # A record put before fields had Python names keeps its run ceiling under 'run'.
+        key_id, budget_id, run, legacy_run, roles = await self._t.execute(
+            "HMGET", keys.api_key(key_hash), "key_id", "budget_id", "run_ceiling_micros", "run",
+            "roles",
         )
+        run = legacy_run if run is None else run
         if key_id is None:
             if await self._identity_lost():
                 raise _ledger_reset()

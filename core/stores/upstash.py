@@ -6,7 +6,8 @@ What the SDK (1.8) does, and what this module does about it:
 - It replays a request after any exception, a lost reply included (`rest_retries`, default one
   replay after a 3 s pause). A script whose reply was lost runs again: that is safe only because
   every script is idempotent by reservation id (see lua/reserve.lua) and every other command
-  ScriptedStore sends (reads, SET NX, HSET, DEL, ZADD) means the same when repeated. The replay
+  ScriptedStore sends (reads, SET NX, HSET, DEL, ZADD, FUNCTION LOAD) means the same when
+  repeated. The replay
   is kept, after a short pause, because the common lost reply is a keep-alive connection the
   server closed while idle, which a new connection cures.
 - It does not look at the HTTP status: a wrong token comes back as the error `Unauthorized`,
@@ -28,7 +29,13 @@ from upstash_redis.errors import UpstashError
 
 from core.errors import CeilingError, InvariantBroken, LedgerUnavailable, ensure
 from core.stores.scripted import Clock, ScriptedStore
-from core.stores.scripts import Script
+from core.stores.scripts import (
+    Script,
+    function_missing,
+    functions_unknown,
+    library,
+    library_exists,
+)
 
 # One ledger call, the SDK's replay and a script load included, before the caller fails closed.
 # Upstash answers from its region in tens of milliseconds and a new TLS connection adds a few
@@ -75,10 +82,14 @@ class UpstashTransport:
     backend = "upstash"
 
     def __init__(
-        self, client: UpstashRedis, *, call_timeout_s: float = UPSTASH_CALL_TIMEOUT_S
+        self, client: UpstashRedis, *, call_timeout_s: float = UPSTASH_CALL_TIMEOUT_S,
+        functions: bool = True,
     ) -> None:
         self._client = client
         self._call_timeout_s = call_timeout_s
+        # Whether to call the library's functions (Upstash has them): a server without them
+        # says so at the first call, and each call then runs as a script of its own.
+        self._functions = functions
 
     @contextlib.asynccontextmanager
     async def _call(self) -> AsyncIterator[None]:
@@ -90,8 +101,19 @@ class UpstashTransport:
             raise translate(exc, self._call_timeout_s) from exc
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
-        evalsha = ["EVALSHA", script.sha1, str(len(keys)), *keys, *args]
         async with self._call():
+            if self._functions and script.function:
+                fcall = ["FCALL", script.function, str(len(keys)), *keys, *args]
+                try:
+                    return await self._client.execute(fcall)
+                except UpstashError as exc:
+                    if function_missing(str(exc)):
+                        await self._load_library()
+                        return await self._client.execute(fcall)
+                    if not functions_unknown(str(exc)):
+                        raise
+                    self._functions = False
+            evalsha = ["EVALSHA", script.sha1, str(len(keys)), *keys, *args]
             try:
                 return await self._client.execute(evalsha)
             except UpstashError as exc:
@@ -101,6 +123,13 @@ class UpstashTransport:
             loaded = await self._client.execute(["SCRIPT", "LOAD", script.source])
             ensure(loaded == script.sha1, f"the ledger hashed {script.name} as we do")
             return await self._client.execute(evalsha)
+
+    async def _load_library(self) -> None:
+        try:
+            await self._client.execute(["FUNCTION", "LOAD", library().source])
+        except UpstashError as exc:
+            if not library_exists(str(exc)):
+                raise
 
     async def execute(self, *args: str) -> Any:
         async with self._call():
@@ -138,8 +167,10 @@ class UpstashStore(ScriptedStore):
         *,
         clock: Clock | None = None,
         call_timeout_s: float = UPSTASH_CALL_TIMEOUT_S,
+        functions: bool = True,
     ) -> None:
         super().__init__(
-            UpstashTransport(upstash_client(url, token), call_timeout_s=call_timeout_s),
+            UpstashTransport(upstash_client(url, token), call_timeout_s=call_timeout_s,
+                             functions=functions),
             clock=clock,
         )

@@ -34,23 +34,19 @@ from core.gateway import (
     plan,
     usage_of,
 )
+from core.ledger import ClaimKind, ReplyRef, ReplyStore, StoredReply
 from core.prices import PriceTable, Usage
 from core.replies import (
     IN_FLIGHT_RETRY_AFTER_S,
     IN_FLIGHT_WAIT_S_MAX,
-    ClaimKind,
     IdempotencyInFlight,
-    MemoryReplies,
-    ReplyRef,
-    ReplyStore,
-    ScriptedReplies,
-    StoredReply,
     Ticket,
     claim,
 )
 from core.service import CeilingService
-from core.stores.memory import MemoryStore
+from core.stores.memory import MemoryReplies, MemoryStore
 from core.stores.redis import RedisTransport, redis_client
+from core.stores.scripted import ScriptedReplies
 from infra.redis_server import RedisServer
 from tests.support import ManualClock
 

@@ -45,10 +45,10 @@ def test_windows_follow_the_calendar_of_the_zone() -> None:
     # 2026-03-08 is the US switch to daylight time: that day in New York has 23 hours.
     w = window_at("America/New_York", Period.DAY, ms(2026, 3, 8, 12))
     assert w is not None
-    assert (w.key, w.end_ms - w.start_ms) == ("day:2026-03-08", 23 * 3_600_000)
+    assert (w.key, w.resets_at_ms - w.start_ms) == ("day:2026-03-08", 23 * 3_600_000)
     m = window_at("UTC", Period.MONTH, ms(2026, 12, 31, 23, 59))
     assert m is not None
-    assert (m.key, m.end_ms) == ("month:2026-12", ms(2027, 1, 1))
+    assert (m.key, m.resets_at_ms) == ("month:2026-12", ms(2027, 1, 1))
     assert window_at("UTC", Period.TOTAL, 0) is None
 
 

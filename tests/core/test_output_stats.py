@@ -1,4 +1,5 @@
-from core.output_stats import BUCKETS, OBSERVATIONS_MIN, bucket, model_key, p95
+from core.output_stats import BUCKETS, OBSERVATIONS_MIN, bucket, p95
+from core.stores.keys import output_lengths
 
 
 def test_buckets_bound_from_above_within_a_quarter() -> None:
@@ -16,7 +17,7 @@ def test_p95_needs_enough_observations() -> None:
 
 
 def test_model_keys_are_digests() -> None:
-    assert model_key("GPT-4o") == model_key("gpt-4o")
-    key = model_key("a{b}/c d")
+    assert output_lengths("GPT-4o") == output_lengths("gpt-4o")
+    key = output_lengths("a{b}/c d")
     assert key.startswith("sc:{out:")
     assert key.count("{") == 1

@@ -23,11 +23,14 @@ from core.ledger import (
     GATEWAY_OWNER_PREFIX,
     ExpirePolicy,
     LedgerStore,
+    Reservation,
     ReservationState,
+    ReserveRequest,
     Role,
     tag_digest,
     tag_digest_of,
 )
+from core.limits import IDEMPOTENCY_WINDOW_MS, RESEND_WINDOW_MS
 from core.prices import PriceTable, Usage
 from core.service import (
     KEY_TRUST_MS,
@@ -307,3 +310,27 @@ async def test_a_replayed_reserve_of_a_settled_call_is_not_a_new_hold(
     assert (replay.value.details["state"], replay.value.details["charged_micros"]) == (
         "settled", 20)
     assert await books(service, caller) == (20, 0)
+
+
+@pytest.mark.parametrize(("role", "idempotency_key", "kept_ms"), [
+    (Role.GATEWAY, None, RESEND_WINDOW_MS),
+    (Role.SIDECAR, None, IDEMPOTENCY_WINDOW_MS),
+    (Role.SIDECAR, "call-1", IDEMPOTENCY_WINDOW_MS),
+])
+async def test_a_record_is_kept_as_long_as_its_kind_of_call_needs_it(
+    service: CeilingService, store: LedgerStore, tag: str, monkeypatch: pytest.MonkeyPatch,
+    role: Role, idempotency_key: str | None, kept_ms: int,
+) -> None:
+    caller = await caller_for(service, tag)
+    caller = Caller(caller.key, None, role)
+    made: list[ReserveRequest] = []
+    reserve = store.reserve
+
+    async def recording(request: ReserveRequest) -> Reservation:
+        made.append(request)
+        return await reserve(request)
+
+    monkeypatch.setattr(store, "reserve", recording)
+    await service.reserve(caller, CallSpec(amount_micros=5), idempotency_key)
+    assert [(r.retention_ms, bool(r.fingerprint)) for r in made] == [
+        (kept_ms, idempotency_key is not None)]

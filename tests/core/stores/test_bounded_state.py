@@ -20,16 +20,18 @@ import redis.asyncio as aioredis
 
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.errors import BudgetBusy
-from core.ledger import Role
+from core.ledger import Role, StoredReply
 from core.limits import (
-    RECORD_RETENTION_MS,
+    IDEMPOTENCY_WINDOW_MS,
     RESERVATION_TTL_MS_MAX,
     RESERVATION_TTL_MS_MIN,
     RUN_COUNTER_IDLE_MS,
+    UNKNOWN_OUTCOME_RETENTION_MS,
 )
 from core.prices import PriceTable
-from core.replies import REPLY_TTL_MS, StoredReply, reply_ref
+from core.replies import reply_ref
 from core.service import CallSpec, CeilingService, SettleSpec
+from core.stores import keys
 from core.stores.redis import RedisStore
 from infra.redis_server import RedisServer
 
@@ -92,7 +94,7 @@ async def test_10000_run_ids_leave_nothing_a_caller_made_without_an_expiry(
         Limit(Period.DAY, 10**12), Limit(Period.MONTH, 10**12), Limit(Period.TOTAL, 10**12))))
     await service.put_budget(BudgetDef(team, (Limit(Period.TOTAL, 10**12),)))
     key = await service.create_key(BudgetId(f"{team}/key:k"), 1_000, frozenset(Role))
-    record_ids: dict[str, str] = {}
+    record_ids: dict[tuple[str, Role], str] = {}
 
     async def one_run(i: int) -> None:
         role = Role.GATEWAY if i % 2 else Role.SIDECAR
@@ -105,7 +107,7 @@ async def test_10000_run_ids_leave_nothing_a_caller_made_without_an_expiry(
             raise AssertionError("each run holds only its own call") from None
         kind = ("open" if i % OPEN_EVERY == 0 else "released" if i % RELEASE_EVERY == 0
                 else "settled")
-        record_ids.setdefault(kind, r.reservation_id)
+        record_ids.setdefault((kind, role), r.reservation_id)
         if kind == "released":
             await service.release(who, r.reservation_id)
         elif kind == "settled":
@@ -116,7 +118,7 @@ async def test_10000_run_ids_leave_nothing_a_caller_made_without_an_expiry(
             assert claimed.kind == "claimed"
             if i % 3:
                 await store.replies.complete(ref, "token", StoredReply(200, (), "{}"),
-                                             REPLY_TTL_MS)
+                                             IDEMPOTENCY_WINDOW_MS)
         if i < MODELS:
             await store.observe_output(f"model-{i}", 100)
 
@@ -138,18 +140,22 @@ async def test_10000_run_ids_leave_nothing_a_caller_made_without_an_expiry(
     run_counter = f"sc:{{{tag}}}:p:{team}/key:k/run:run-long|total"
     assert RUN_COUNTER_IDLE_MS - 60_000 < await raw.pttl(run_counter) <= RUN_COUNTER_IDLE_MS
     open_record = f"sc:{{{tag}}}:r:{long.reservation_id}"
-    assert RECORD_RETENTION_MS + RESERVATION_TTL_MS_MAX - 60_000 < await raw.pttl(
-        open_record) <= RECORD_RETENTION_MS + RESERVATION_TTL_MS_MAX
+    assert UNKNOWN_OUTCOME_RETENTION_MS + RESERVATION_TTL_MS_MAX - 60_000 < await raw.pttl(
+        open_record) <= UNKNOWN_OUTCOME_RETENTION_MS + RESERVATION_TTL_MS_MAX
     await service.release(who, long.reservation_id)
 
-    # Measured, for the README's sizing: one run's counter, one resolved reservation record.
+    # Measured, for the README's sizing: one run's counter, one resolved reservation record. A
+    # sidecar's records are keys of their own, kept for the idempotency window; a gateway call's
+    # is one only while it is open or its outcome unknown (test_redis.py measures the rest).
     run_counters = [f"sc:{{{tag}}}:p:{team}/key:k/run:run-{i}|total" for i in range(1, 201)]
-    records = [f"sc:{{{tag}}}:r:{rid}" for rid in record_ids.values()]
-    settled_record = f"sc:{{{tag}}}:r:{record_ids['settled']}"
+    records = [keys.reservation(tag, rid) for (kind, role), rid in record_ids.items()
+               if role is Role.SIDECAR or kind == "open"]
+    settled_record = keys.reservation(tag, record_ids["settled", Role.SIDECAR])
     # samples=0: every field counted, not an estimate from a sample of them.
     counter_bytes = mean_bytes([await raw.memory_usage(k, samples=0) or 0 for k in run_counters])
     record_bytes = await raw.memory_usage(settled_record, samples=0) or 0
-    assert await raw.exists(*records) == len(records)
+    assert await raw.exists(*records) == len(records) == 3
+    assert 0 < await raw.pttl(settled_record) <= IDEMPOTENCY_WINDOW_MS
     assert 0 < counter_bytes < 1_000
     assert 0 < record_bytes < 2_000
 

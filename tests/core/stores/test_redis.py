@@ -13,9 +13,10 @@ from redis.exceptions import ResponseError
 from core.budgets import BudgetId, Period
 from core.errors import BudgetNotFound, LedgerUnavailable
 from core.ledger import ROLES_OF_LEGACY_KEYS, KeyRecord, ReservationRef, Role
-from core.stores import keys
+from core.limits import IDEMPOTENCY_WINDOW_MS, RESEND_WINDOW_MS
+from core.stores import keys, wire
 from core.stores.redis import LEDGER_CALL_TIMEOUT_S, RedisStore
-from core.stores.scripts import script
+from core.stores.scripts import library, script
 from infra.redis_server import RedisServer, free_port
 from tests.core.stores.test_conformance import OWNER, leg, put, request
 
@@ -52,15 +53,33 @@ async def test_ledger_time_is_redis_time_not_the_instance_clock(
     await store.close()
 
 
-async def test_a_flushed_script_cache_is_reloaded(
+async def test_a_flushed_library_or_script_cache_is_reloaded(
     redis_server: RedisServer, raw: aioredis.Redis, tag: str
 ) -> None:
-    store = RedisStore(redis_server.url)
-    await put(store, tag, (Period.TOTAL, 1_000))
-    await raw.script_flush()
-    r = await store.reserve(request(tag, tag, 10))
-    assert r.reserved_micros == 10
-    await store.close()
+    # As after a failover to a server that never loaded this version's library or scripts.
+    for functions in (True, False):
+        store = RedisStore(redis_server.url, functions=functions)
+        await put(store, tag, (Period.TOTAL, 1_000))
+        await raw.function_flush()
+        await raw.script_flush()
+        r = await store.reserve(request(tag, tag, 10))
+        assert r.reserved_micros == 10
+        await store.close()
+        loaded = (library().name in str(await raw.function_list()),
+                  await raw.script_exists(script("reserve").sha1) == [True])
+        assert loaded == ((True, False) if functions else (False, True))
+
+
+async def test_a_server_without_functions_runs_every_call_as_a_script(tag: str) -> None:
+    # Redis before 7.0 has no FCALL; renamed away here, the server answers as such a one does.
+    with RedisServer(extra_args=("--rename-command", "FCALL", "")) as old:
+        store = RedisStore(old.url)
+        await put(store, tag, (Period.TOTAL, 1_000))
+        r = await store.reserve(request(tag, tag, 10))
+        settled = await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 4)
+        assert settled.charged_micros == 4
+        assert (await leg(store, tag)).committed_micros == 4
+        await store.close()
 
 
 async def test_a_flushed_ledger_is_detected_not_served_as_empty(
@@ -130,7 +149,9 @@ async def test_a_ledger_that_comes_back_is_used_without_a_new_store(
     await store.close()
 
 
-@pytest.mark.parametrize("bad", ["-0", "1.5", "1e3", "9007199254740993", "", "-1", "0x10"])
+@pytest.mark.parametrize(
+    "bad", ["-0", "1.5", "1e3", "9007199254740993", "", "-1", "0x10", "0", "012"]
+)
 async def test_the_reserve_script_refuses_a_bad_amount_before_writing(
     redis_server: RedisServer, raw: aioredis.Redis, tag: str, bad: str
 ) -> None:
@@ -138,14 +159,25 @@ async def test_the_reserve_script_refuses_a_bad_amount_before_writing(
     ledger_id = await store.open()
     await put(store, tag, (Period.TOTAL, 1_000))
     rid = "bad-amount"
-    args = [ledger_id, "", rid, OWNER, "fp", bad, "60000", "v", "m", "charge", "16", "1000",
-            "1000", "0", "1", tag, "UTC", ""]
+    args = wire.arguments(
+        wire.RESERVE_ARGS, ledger_id=ledger_id, reserved_micros=bad, ttl_ms="60000",
+        budget_ids=tag, run="", zones="", expire_policy="charge", retention_ms="1000",
+        owner=OWNER, record_tail=wire.record_tail("fp", "v", "m"), now_ms="")
     reserve = script("reserve")
-    with pytest.raises(ResponseError, match="BADARG"):
+    # As a script of its own, and as the library's function.
+    with pytest.raises(ResponseError, match="BADARG reserved_micros"):
         await raw.eval(reserve.source, 3, keys.meta(tag), keys.reservation(tag, rid),
                        keys.open_leases(tag), *args)
+    await raw.function_load(library().source, replace=True)
+    with pytest.raises(ResponseError, match="BADARG reserved_micros"):
+        await raw.fcall(reserve.function, 3, keys.meta(tag), keys.reservation(tag, rid),
+                        keys.open_leases(tag), *args)
     assert not await raw.exists(keys.reservation(tag, rid))
     assert (await leg(store, tag)).reserved_micros == 0
+    # The same call with an amount that is one is held: the refusals above were the amount's.
+    good = [*args[:1], "1", *args[2:]]
+    assert (await raw.eval(reserve.source, 3, keys.meta(tag), keys.reservation(tag, rid),
+                           keys.open_leases(tag), *good))[0] == "ok"
     await store.close()
 
 
@@ -165,17 +197,31 @@ async def test_amounts_near_the_limits_survive_lua_exactly(
     await store.close()
 
 
-async def test_every_key_a_call_writes_carries_its_tag(
-    redis_server: RedisServer, raw: aioredis.Redis, tag: str
+@pytest.mark.parametrize("retention_ms", [RESEND_WINDOW_MS, IDEMPOTENCY_WINDOW_MS])
+@pytest.mark.parametrize("functions", [True, False], ids=["functions", "scripts"])
+async def test_a_call_writes_its_tags_keys_and_no_other(
+    redis_server: RedisServer, raw: aioredis.Redis, tag: str, functions: bool,
+    retention_ms: int,
 ) -> None:
-    store = RedisStore(redis_server.url)
+    store = RedisStore(redis_server.url, functions=functions)
     await put(store, tag, (Period.DAY, 1_000), (Period.TOTAL, 1_000))
     await put(store, f"{tag}/team:a", (Period.MONTH, 1_000))
-    r = await store.reserve(request(tag, f"{tag}/team:a/key:k", 10))
+    made = request(tag, f"{tag}/team:a/key:k", 10, retention_ms=retention_ms,
+                   fingerprint="" if retention_ms == RESEND_WINDOW_MS else "fp")
+    r = await store.reserve(made)
+    opened = {k async for k in raw.scan_iter(match=f"*{tag}*")}
     await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 5)
-    written = [k async for k in raw.scan_iter(match=f"*{tag}*")]
-    assert len(written) >= 6
+    written = {k async for k in raw.scan_iter(match=f"*{tag}*")}
+    day, month = r.legs[0].window_key, r.legs[2].window_key
+    expected = {keys.meta(tag), keys.definition(tag, tag), keys.definition(tag, f"{tag}/team:a"),
+                keys.counter(tag, tag, day), keys.counter(tag, tag, "total"),
+                keys.counter(tag, f"{tag}/team:a", month),
+                keys.reservation(tag, r.reservation_id)}
+    assert opened == expected | {keys.open_leases(tag)}
+    assert written == expected  # the open-lease set goes with its last lease
     assert all(k.startswith(f"sc:{{{tag}}}:") for k in written)
+    # Kept for as long as its kind of call needs it (core/limits.py).
+    assert 0 < await raw.pttl(keys.reservation(tag, r.reservation_id)) <= retention_ms
     await store.close()
 
 

@@ -15,7 +15,7 @@ import pytest
 from core.budgets import Period
 from core.errors import LedgerUnavailable
 from core.ledger import LedgerStore, ReservationRef
-from core.stores.scripts import script
+from core.stores.scripts import library, script
 from core.stores.upstash import UpstashStore
 from infra.upstash_bridge import UpstashBridge
 from tests.core.stores.test_conformance import OWNER, leg, put, request
@@ -116,10 +116,29 @@ async def test_a_hung_bridge_fails_closed_within_the_timeout(
     assert (await leg(store, tag)).reserved_micros == 100
 
 
-async def test_a_script_the_server_forgot_is_loaded_again(
+async def test_a_library_the_server_forgot_is_loaded_again(
     open_store: OpenStore, upstash_bridge: UpstashBridge, tag: str
 ) -> None:
     store = open_store(call_timeout_s=CALL_TIMEOUT_S)
+    await put(store, tag, (Period.TOTAL, 1_000))
+    async with httpx.AsyncClient(
+        headers={"Authorization": f"Bearer {upstash_bridge.token}"}, timeout=CALL_TIMEOUT_S
+    ) as client:
+        # As after a failover to a server that never loaded this version: FCALL finds nothing.
+        flushed = await client.post(upstash_bridge.url, json=["FUNCTION", "FLUSH"])
+        assert flushed.json() == {"result": "OK"}
+        await store.reserve(request(tag, tag, 100))
+        listed = await client.post(upstash_bridge.url, json=["FUNCTION", "LIST"])
+    assert library().name in str(listed.json())
+    assert (await leg(store, tag)).reserved_micros == 100
+
+
+async def test_a_script_the_server_forgot_is_loaded_again(
+    upstash_bridge: UpstashBridge, tag: str
+) -> None:
+    # A server without functions runs every call as a script of its own.
+    store = UpstashStore(upstash_bridge.url, upstash_bridge.token,
+                         call_timeout_s=CALL_TIMEOUT_S, functions=False)
     await put(store, tag, (Period.TOTAL, 1_000))
     async with httpx.AsyncClient(
         headers={"Authorization": f"Bearer {upstash_bridge.token}"}, timeout=CALL_TIMEOUT_S
@@ -133,6 +152,7 @@ async def test_a_script_the_server_forgot_is_loaded_again(
         )
     assert known.json() == {"result": [1]}
     assert (await leg(store, tag)).reserved_micros == 100
+    await store.close()
 
 
 async def _warm(store: LedgerStore, tag: str) -> None:

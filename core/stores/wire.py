@@ -1,0 +1,508 @@
+"""The Lua boundary, named once: what each script takes, what it answers, and what it stores.
+
+Every name here is a Python name, and the scripts use the same ones: the prelude this module
+generates (`prelude`, from which core/stores/scripts.py builds every script) hands the scripts
+readers and writers for the shapes below, the limits of core/limits.py, the key parts of
+core/stores/keys.py and the transition table of core/lifecycle.py, so none of them is written
+twice.
+
+What a call costs the server decides the shapes (bench/ledger_cpu.py measures it): every field a
+script reads costs it the field's conversion, and Lua reads a field out of a packed string by a
+pattern match that costs more per character than the server's own parsing of an argument. So:
+- Arguments: a script takes the few values it computes with, each its own argument, named by
+  its shape (RESERVE_ARGS, ...); nothing the scripts can know themselves is sent (the limits are
+  in the prelude, the period windows only once per zone, not per budget).
+- Replies: what the caller reads, in flat arrays read here into named values and nowhere else. A
+  reserve answers its legs' status one string per leg (LEG_STATUS_FIELDS); a settle or release
+  answers the state, policy and hold it found, from which the caller works out what it booked by
+  core/lifecycle.py's table (the script booked by the same table).
+- Records: a reservation is one string (RECORD_FIELDS), the fields every step reads first. A
+  resolved gateway reservation keeps only those, for RESEND_WINDOW_MS. Records written before
+  records were strings are hashes with short field names; the scripts read both (lua/lib.lua
+  load_record) and write the string form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from core.budgets import Window
+from core.errors import ensure
+from core.ledger import (
+    ExpirePolicy,
+    LegStatus,
+    Release,
+    Reservation,
+    ReservationState,
+    ReservationView,
+    Settlement,
+)
+from core.lifecycle import HOLDINGS, TRANSITIONS, Event, effects
+from core.limits import (
+    COUNTER_RETENTION_MS,
+    IDEMPOTENCY_WINDOW_MS,
+    INT_EXACT_MAX,
+    RECLAIM_BATCH_MAX,
+    RECLAIM_SAMPLE_DIGITS,
+    RESEND_WINDOW_MS,
+    RUN_COUNTER_IDLE_MS,
+    UNKNOWN_OUTCOME_RETENTION_MS,
+)
+from core.stores import keys
+
+# Between the fields of a record. None of the fields the scripts read can hold it (ids,
+# numbers, names of states and policies); the free text a record keeps (a model name, a price
+# version, an operator's reason) is escaped (`escaped`), and only Python reads it.
+SEPARATOR = "\t"
+# Inside a field: between budget ids, legs and zones; and between the parts of one of them
+# (budget ids, window keys and zone names never hold either: core/budgets.py).
+ITEM_SEPARATOR = " "
+PART_SEPARATOR = "|"
+
+# -- the scripts' arguments, each its own ARGV entry -----------------------------------------
+
+# The caller's own clock, for tests that inject one; production sends none (Redis TIME).
+NOW = "now_ms"
+# `run`: a run's budget id and ceiling, ITEM_SEPARATOR between them, or ''. `record_tail`: the
+# record's RECORD_TAIL, packed: a script keeps it as it came, and reads it only on a replay.
+RESERVE_ARGS = (
+    "ledger_id", "reserved_micros", "ttl_ms", "budget_ids", "run", "zones", "expire_policy",
+    "retention_ms", "owner", "record_tail", NOW,
+)
+BOOK_ARGS = (
+    "ledger_id", "admitted_at_ms", "reserved_micros", "actual_micros", "budget_ids", "run",
+    "zones", "owner", "record_tail", NOW,
+)
+STATUS_ARGS = ("ledger_id", "budget_ids", "run", "zones", NOW)
+SETTLE_ARGS = ("owner", "actual_micros", NOW)
+RELEASE_ARGS = ("owner", NOW)
+CORRECT_ARGS = ("actual_micros", "corrected_by", "correction_reason", NOW)
+EXPIRE_ARGS = ("ledger_id", "batch_max", NOW)
+READ_ARGS = (NOW,)
+# One time zone's windows that hold the caller's estimate of the ledger's now: a script picks the
+# window of each period its budgets limit, and asks again if its own now is outside it.
+ZONE_PARTS = (
+    "timezone", "day_window_key", "day_start_ms", "day_resets_at_ms", "month_window_key",
+    "month_start_ms", "month_resets_at_ms",
+)
+
+# -- what the scripts store --------------------------------------------------------------------
+
+# One reservation, under keys.RECORD + its id. `legs`: its legs, ITEM_SEPARATOR between them,
+# each 'budget_id|window_key|ceiling_micros|resets_at_ms|outage_allowance_micros', with '|run'
+# after a run's (resets_at_ms 0 for a total). Every step reads the first RECORD_HEAD fields;
+# the free text, which only Python reads, is last.
+RECORD_FIELDS = (
+    "state", "reserved_micros", "expire_policy", "retention_ms", "owner", "legs",
+    "expires_at_ms", "created_ms", "actual_micros", "released_micros", "overshoot_micros",
+    "late", "outcome", "resolved_ms", "corrected_by", "corrected_at_ms", "correction_reason",
+    "fingerprint", "price_version", "model",
+)
+RECORD_HEAD = 6
+RECORD_TAIL = RECORD_FIELDS[-3:]
+# What a reserve writes; what is kept of a gateway call once it is resolved (RESEND_WINDOW_MS):
+# all that a resend of its settle or release, or of its reserve, reads.
+OPENED_FIELDS = (
+    "state", "reserved_micros", "expire_policy", "retention_ms", "owner", "legs",
+    "expires_at_ms", "created_ms", "outcome", *RECORD_TAIL,
+)
+RESOLVED_FIELDS = (
+    "state", "reserved_micros", "expire_policy", "retention_ms", "owner", "actual_micros",
+    "released_micros", "overshoot_micros", "late", "outcome", "fingerprint",
+)
+# A budget's definition hash, by Python names, with the ledger id it was put under ('ledger').
+# Definitions put before these names have the legacy ones (and the ledger id in the tag's meta).
+DEFINITION_FIELDS = ("ledger", "timezone", "outage_allowance_micros", "ceiling_micros:day",
+                     "ceiling_micros:month", "ceiling_micros:total")
+LEGACY_DEFINITION_FIELDS = ("tz", "allow", "ceil:day", "ceil:month", "ceil:total")
+
+_ESCAPES = {"%": "%25", SEPARATOR: "%09"}
+
+
+def escaped(text: str) -> str:
+    """Free text as a field: no separator, and reversible (`unescaped`)."""
+    if "%" in text or SEPARATOR in text:
+        return "".join(_ESCAPES.get(c, c) for c in text)
+    return text
+
+
+def unescaped(text: str) -> str:
+    return text.replace("%09", SEPARATOR).replace("%25", "%") if "%" in text else text
+
+
+def arguments(shape: Sequence[str], **fields: str) -> list[str]:
+    """One script's ARGV: `fields` in the order of `shape`; now_ms left off when it is ''."""
+    ensure(len(fields) == len(shape), f"the arguments {sorted(fields)} are {shape}")
+    values = [fields[name] for name in shape]
+    return values[:-1] if shape[-1] == NOW and not values[-1] else values
+
+
+def record_tail(fingerprint: str, price_version: str, model: str) -> str:
+    return SEPARATOR.join((fingerprint, escaped(price_version), escaped(model)))
+
+
+def run_field(budget_id: str, ceiling_micros: int) -> str:
+    return f"{budget_id}{ITEM_SEPARATOR}{ceiling_micros}"
+
+
+def zone_entry(timezone: str, day: Window, month: Window) -> str:
+    return PART_SEPARATOR.join((timezone, day.key, str(day.start_ms), str(day.resets_at_ms),
+                                month.key, str(month.start_ms), str(month.resets_at_ms)))
+
+
+def items(values: Iterable[str]) -> str:
+    return ITEM_SEPARATOR.join(values)
+
+
+# -- the scripts' replies ----------------------------------------------------------------------
+
+
+def leg(status: str) -> LegStatus:
+    bid, wkey, ceiling, committed, reserved, overshoot, resets, allowance = status.split(
+        PART_SEPARATOR)
+    # Positional, in LegStatus' field order: every reserve builds one per leg, and keyword
+    # arguments cost a third more on this path.
+    return LegStatus(bid, wkey, int(ceiling), int(committed), int(reserved), int(overshoot),
+                     int(resets) or None, int(allowance))
+
+
+def legs(statuses: Sequence[Any]) -> tuple[LegStatus, ...]:
+    return tuple(leg(str(s)) for s in statuses)
+
+
+class Refused(NamedTuple):
+    """{'exceeded'|'busy', now_ms, the failing leg's status}"""
+
+    kind: str
+    now_ms: int
+    leg: LegStatus
+
+
+class Resolved(NamedTuple):
+    """{'resolved', state, outcome, reserved_micros, charged_micros}: a repeat of a reserve (or
+    a correction) of a reservation that is no longer open."""
+
+    state: ReservationState
+    outcome: str
+    reserved_micros: int
+    charged_micros: int
+
+
+class WindowRetry(NamedTuple):
+    """{'timezone', budget_id, timezone} or {'clock', now_ms}: the caller's windows did not fit
+    the ledger's budgets or its time; it asks again with these."""
+
+    kind: str
+    budget_id: str
+    timezone: str
+    now_ms: int
+
+
+def refused(reply: Sequence[Any]) -> Refused:
+    return Refused(str(reply[0]), int(reply[1]), leg(str(reply[2])))
+
+
+def resolved(reply: Sequence[Any]) -> Resolved:
+    return Resolved(ReservationState(reply[1]), str(reply[2]), int(reply[3]), int(reply[4]))
+
+
+def window_retry(reply: Sequence[Any]) -> WindowRetry | None:
+    if reply[0] == "timezone":
+        return WindowRetry("timezone", str(reply[1]), str(reply[2]), 0)
+    if reply[0] == "clock":
+        return WindowRetry("clock", "", "", int(reply[1]))
+    return None
+
+
+def reservation(reservation_id: str, reserved_micros: int, ttl_ms: int,
+                reply: Sequence[Any]) -> Reservation:
+    """{'ok', now_ms, leg status...}: a new hold of what was asked, from the ledger's now; or
+    {'replayed', reserved_micros, expires_at_ms, now_ms, leg status...}: the open reservation
+    a replay found."""
+    if reply[0] == "ok":
+        now_ms = int(reply[1])
+        return Reservation(reservation_id, reserved_micros, now_ms + ttl_ms, now_ms, False,
+                           legs(reply[2:]))
+    return Reservation(reservation_id, int(reply[1]), int(reply[2]), int(reply[3]), True,
+                       legs(reply[4:]))
+
+
+def _found(event: Event, reply: Sequence[Any], actual_micros: int) -> Any:
+    """{'ok', state, expire_policy, reserved_micros}: what the step found; what it booked
+    follows from the lifecycle's table, by which the script booked it."""
+    return effects(event, str(reply[1]), ExpirePolicy(reply[2]), int(reply[3]), actual_micros)
+
+
+def settlement(reply: Sequence[Any], actual_micros: int, event: Event = Event.SETTLE
+               ) -> Settlement:
+    """{'ok', ...} (`_found`) or {'replayed', charged_micros, released_micros,
+    overshoot_micros, late 0|1}: a settle (or correction) made before, as it was answered."""
+    if reply[0] == "replayed":
+        return Settlement(int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]) == 1, True)
+    fx = _found(event, reply, actual_micros)
+    return Settlement(fx.charged_micros, fx.released_micros, fx.overshoot_micros, fx.late, False)
+
+
+def release(reply: Sequence[Any]) -> Release:
+    """{'ok', ...} (`_found`) or {'replayed', released_micros}."""
+    if reply[0] == "replayed":
+        return Release(int(reply[1]), True)
+    return Release(_found(Event.RELEASE, reply, 0).released_micros, False)
+
+
+def status(reply: Sequence[Any]) -> tuple[int, tuple[LegStatus, ...]]:
+    """{'ok', now_ms, leg status...}"""
+    return int(reply[1]), legs(reply[2:])
+
+
+class StoredRecord(NamedTuple):
+    """A reservation's record as read.lua returns it: RECORD_FIELDS, whatever form it is kept
+    in. Empty fields are what the record no longer keeps (or never had)."""
+
+    state: str
+    reserved_micros: str
+    expire_policy: str
+    retention_ms: str
+    owner: str
+    legs: str
+    expires_at_ms: str
+    created_ms: str
+    actual_micros: str
+    released_micros: str
+    overshoot_micros: str
+    late: str
+    outcome: str
+    resolved_ms: str
+    corrected_by: str
+    corrected_at_ms: str
+    correction_reason: str
+    fingerprint: str
+    price_version: str
+    model: str
+
+    @classmethod
+    def unpacked(cls, packed_record: str) -> StoredRecord:
+        fields = packed_record.split(SEPARATOR)
+        ensure(len(fields) == len(RECORD_FIELDS), "a record has every field of RECORD_FIELDS")
+        return cls(*fields)
+
+    def view(self, reservation_id: str, *, full: bool) -> ReservationView:
+        """As the protocol reads it: `full` for an operator, with the owner and the correction;
+        otherwise as its owner reads it."""
+        state = ReservationState(self.state)
+        charged = _number(self.actual_micros) if state is ReservationState.SETTLED else None
+        common = (reservation_id, state, int(self.reserved_micros),
+                  _number(self.expires_at_ms), unescaped(self.model),
+                  unescaped(self.price_version), charged, self.outcome)
+        if not full:
+            return ReservationView(*common)
+        corrected = bool(self.corrected_by)
+        return ReservationView(
+            *common, self.owner, _number(self.created_ms), _number(self.resolved_ms),
+            self.corrected_by or None, _number(self.corrected_at_ms),
+            int(self.reserved_micros) if corrected else None,
+            unescaped(self.correction_reason) if corrected else None,
+        )
+
+
+def _number(text: str) -> int | None:
+    return int(text) if text else None
+
+
+ensure(StoredRecord._fields == RECORD_FIELDS, "StoredRecord is RECORD_FIELDS, in order")
+
+# -- the prelude ---------------------------------------------------------------------------------
+
+ARGUMENT_SHAPES = {
+    "reserve_args": RESERVE_ARGS, "book_args": BOOK_ARGS, "status_args": STATUS_ARGS,
+    "settle_args": SETTLE_ARGS, "release_args": RELEASE_ARGS, "correct_args": CORRECT_ARGS,
+    "expire_args": EXPIRE_ARGS, "read_args": READ_ARGS,
+}
+CONSTANTS = {
+    "INT_MAX": INT_EXACT_MAX,
+    "RECLAIM_BATCH_MAX": RECLAIM_BATCH_MAX,
+    "RUN_COUNTER_IDLE_MS": RUN_COUNTER_IDLE_MS,
+    "COUNTER_RETENTION_MS": COUNTER_RETENTION_MS,
+    "RESEND_WINDOW_MS": RESEND_WINDOW_MS,
+    "IDEMPOTENCY_WINDOW_MS": IDEMPOTENCY_WINDOW_MS,
+    "UNKNOWN_OUTCOME_RETENTION_MS": UNKNOWN_OUTCOME_RETENTION_MS,
+}
+KEY_PARTS = {
+    "META_KEY": keys.META, "RECORD_KEY": keys.RECORD, "DEFINITION_KEY": keys.DEFINITION,
+    "COUNTER_KEY": keys.COUNTER,
+}
+
+
+def _lua_string(text: str) -> str:
+    ensure(all(c.isprintable() and c not in "'\\" for c in text), f"{text!r} is a plain name")
+    return f"'{text}'"
+
+
+def _lua_list(values: Iterable[str]) -> str:
+    return "{" + ", ".join(_lua_string(v) for v in values) + "}"
+
+
+def _table(names: Sequence[str], values: Sequence[str]) -> str:
+    return "{" + ", ".join(f"{n} = {v}" for n, v in zip(names, values, strict=True)) + "}"
+
+
+def _argument_reader(name: str, shape: Sequence[str]) -> str:
+    """ARGV as a table by the shape's names (one constructor, sized once)."""
+    return (f"local function {name}(argv)\n"
+            f"  return {_table(shape, [f'argv[{i}]' for i in range(1, len(shape) + 1)])}\n"
+            "end")
+
+
+def _pattern(count: int, separator: str, *, whole: bool = True) -> str:
+    sep = "\\t" if separator == SEPARATOR else "%" + separator
+    field = f"([^{sep}]*)"
+    return "^" + sep.join([field] * count) + ("$" if whole else sep)
+
+
+def _values_reader(name: str, fields: Sequence[str]) -> str:
+    """A function that reads the first `fields` of a packed record as that many values (nil if
+    it is not one): no table is built."""
+    return (f"local function {name}(s)\n"
+            f"  return string.match(s, '{_pattern(len(fields), SEPARATOR, whole=False)}')\n"
+            "end")
+
+
+def _reader(name: str, fields: Sequence[str], separator: str = SEPARATOR, *,
+            whole: bool = True) -> str:
+    """A function that reads the fields of a packed string (all of them, or the first ones when
+    not `whole`) into a table by their names, in one match and one constructor (a table filled
+    key by key grows five times over); nil for a string of another shape."""
+    names = ", ".join(fields)
+    return (
+        f"local function {name}(s)\n"
+        f"  local {names} = string.match(s, '{_pattern(len(fields), separator, whole=whole)}')\n"
+        f"  if {fields[0]} == nil then\n    return nil\n  end\n"
+        f"  return {_table(fields, fields)}\n"
+        "end"
+    )
+
+
+def _writer(name: str, fields: Sequence[str]) -> str:
+    """A function that packs a table keyed by `fields` (strings; a missing one is empty)."""
+    parts = " .. '\\t' .. ".join(f"(t.{f} or '')" for f in fields)
+    return f"local function {name}(t)\n  return {parts}\nend"
+
+
+def _positional_writer(name: str, given: Sequence[str]) -> str:
+    """A function that packs a record from the fields `given`, its parameters in RECORD_FIELDS'
+    order under their names (RECORD_TAIL as one, `record_tail`, where all of it is given); the
+    others are empty. One concatenation: no table is built."""
+    ensure(list(given) == [f for f in RECORD_FIELDS if f in given], "given in record order")
+    packed_tail = set(RECORD_TAIL) <= set(given)
+    fields = [f for f in RECORD_FIELDS if not (packed_tail and f in RECORD_TAIL)]
+    fields += ["record_tail"] if packed_tail else []
+    pieces: list[str] = []  # the names, and the separators between them as one literal each
+    literal = ""
+    for i, field in enumerate(fields):
+        literal += "\\t" if i else ""
+        if field in given or field == "record_tail":
+            pieces += [f"'{literal}'", field] if literal else [field]
+            literal = ""
+    pieces += [f"'{literal}'"] if literal else []
+    params = [f for f in fields if f in given or f == "record_tail"]
+    return f"local function {name}({', '.join(params)})\n  return {' .. '.join(pieces)}\nend"
+
+
+def _definition_reader(name: str, fields: Sequence[str]) -> str:
+    """A budget's definition read under `fields`, as that many values (no table is built)."""
+    return (f"local function {name}(key)\n"
+            f"  local d = redis.call('HMGET', key, {', '.join(map(_lua_string, fields))})\n"
+            f"  return {', '.join(f'd[{i}]' for i in range(1, len(fields) + 1))}\n"
+            "end")
+
+
+def _amount(share: str) -> str:
+    return {"held": "held", "actual": "actual"}.get(share, "0")
+
+
+def _minus(x: str, y: str) -> str:
+    if y == "0":
+        return x
+    if x == y:
+        return "0"
+    return f"-{y}" if x == "0" else f"{x} - {y}"
+
+
+def _above(x: str, y: str) -> str:
+    """max(0, x - y) for amounts that are never negative."""
+    if y == "0" or x == y or x == "0":
+        return x if y == "0" else "0"
+    return f"({x} > {y} and {x} - {y} or 0)"
+
+
+def _effects() -> list[str]:
+    """core/lifecycle.py effects, compiled: for each event, a function with a branch per row
+    of TRANSITIONS, its amounts worked out from HOLDINGS, so a step costs a script a few
+    comparisons and a little arithmetic (no table, no call per share); and `effects`, which
+    picks the event's. Each returns to, outcome, and the deltas of reserved and committed, the
+    overshoot, the released and the charged amounts, and whether the step is late; nothing
+    where the table has no row."""
+    out, events = [], []
+    for event in Event:
+        rows = [(key, row) for key, row in TRANSITIONS.items() if key[0] == event]
+        name = f"{event}_effects"
+        events.append((event, name))
+        code = [f"local function {name}(state, policy, held, actual)"]
+        for (_, state, policy), row in rows:
+            before, after = HOLDINGS[(state, policy)], HOLDINGS[(row.to, policy)]
+            charged, covered = _amount(after.committed), _amount(before.covered)
+            values = [
+                _lua_string(row.to), _lua_string(row.outcome),
+                _minus(_amount(after.reserved), _amount(before.reserved)),
+                _minus(charged, _amount(before.committed)),
+                _above(charged, covered), _above(covered, charged), charged,
+                "true" if state == ReservationState.EXPIRED or event is Event.BOOK else "false",
+            ]
+            code.append(f"  if state == {_lua_string(state)} and policy == {_lua_string(policy)}"
+                        f" then\n    return {', '.join(values)}\n  end")
+        code.append("  return nil\nend")
+        out.append("\n".join(code))
+    dispatch = ["local function effects(event, state, policy, held, actual)"]
+    for event, name in events:
+        dispatch.append(f"  if event == {_lua_string(event)} then\n"
+                        f"    return {name}(state, policy, held, actual)\n  end")
+    dispatch.append("  return nil\nend")
+    out.append("\n".join(dispatch))
+    return out
+
+
+def _committed() -> str:
+    """core/lifecycle.py charged_micros, compiled: what a reservation in a state counts as
+    spent."""
+    out = ["local function committed_of(state, policy, held, actual)"]
+    for (state, policy), holding in HOLDINGS.items():
+        out.append(f"  if state == {_lua_string(state)} and policy == {_lua_string(policy)} "
+                   f"then\n    return {_amount(holding.committed)}\n  end")
+    out.append("  return 0\nend")
+    return "\n".join(out)
+
+
+def prelude() -> list[str]:
+    """Lua that defines, for the scripts, the names this module, core/limits.py,
+    core/stores/keys.py and core/lifecycle.py give, one top-level statement each: a script is
+    built from the statements it uses (core/stores/scripts.py)."""
+    out = [f"local {name} = {value}" for name, value in CONSTANTS.items()]
+    # Compared with a record's field as it is stored: a gateway call's retention.
+    out.append(f"local RESEND_WINDOW_MS_TEXT = '{RESEND_WINDOW_MS}'")
+    out.append(f"local RECLAIM_SAMPLE_DIGITS = {_lua_string(RECLAIM_SAMPLE_DIGITS)}")
+    out += [f"local {name} = {_lua_string(part)}" for name, part in KEY_PARTS.items()]
+    out += [_argument_reader(name, shape) for name, shape in ARGUMENT_SHAPES.items()]
+    out.append(_reader("unpack_record", RECORD_FIELDS))
+    out.append(_values_reader("record_head", RECORD_FIELDS[:RECORD_HEAD]))
+    out.append(_writer("pack_record", RECORD_FIELDS))
+    out.append(_positional_writer("pack_opened", OPENED_FIELDS))
+    out.append(_positional_writer("pack_resolved", RESOLVED_FIELDS))
+    out.append(f"local RECORD_FIELDS = {_lua_list(RECORD_FIELDS)}")
+    out.append(_reader("unpack_zone", ZONE_PARTS, PART_SEPARATOR))
+    out.append(_definition_reader("read_definition", DEFINITION_FIELDS))
+    out.append(_definition_reader("read_legacy_definition", LEGACY_DEFINITION_FIELDS))
+    out.append(f"local DEFINITION_FIELDS = {_lua_list(DEFINITION_FIELDS)}")
+    out += _effects()
+    out.append(_committed())
+    return out

@@ -1,0 +1,80 @@
+"""The outage journal books through the lifecycle's table, as the ledger would have."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.budgets import BudgetDef, BudgetId, Limit, Period
+from core.errors import LedgerUnavailable, ReservationResolved
+from core.ledger import LegStatus, ReservationRef, ReserveRequest
+from core.outage import OutageAllowance
+from core.stores.memory import MemoryStore
+from tests.support import ManualClock
+
+TAG = "org:outage"
+OWNER = "key_o"
+TTL_MS = 60_000
+DOWN = LedgerUnavailable("down", reason="ledger_unreachable")
+
+
+def journal(clock: ManualClock, allowance_micros: int = 1_000) -> OutageAllowance:
+    outage = OutageAllowance(clock)
+    outage.learn((BudgetId(TAG),), (
+        LegStatus(TAG, "total", 10_000, 0, 0, 0, None, allowance_micros),))
+    return outage
+
+
+def call(rid: str, amount_micros: int = 100) -> ReserveRequest:
+    return ReserveRequest(ReservationRef(TAG, rid, OWNER), (BudgetId(TAG),), amount_micros,
+                          TTL_MS, "fp", "v", "m")
+
+
+def admitted(outage: OutageAllowance) -> int:
+    return outage.admit(call("probe", 1), DOWN).legs[0].reserved_micros - 1
+
+
+async def test_settles_and_releases_move_the_allowance_as_the_ledger_would() -> None:
+    clock = ManualClock()
+    outage = journal(clock)
+    outage.admit(call("a"), DOWN)
+    outage.admit(call("b"), DOWN)
+    settled = outage.settle(call("a").ref, 130)
+    assert settled is not None
+    assert (settled.charged_micros, settled.released_micros, settled.overshoot_micros,
+            settled.replayed) == (130, 0, 30, False)
+    released = outage.release(call("b").ref)
+    assert released is not None
+    assert (released.released_micros, released.replayed) == (100, False)
+    assert admitted(outage) == 130  # a's actual; b gave its hold back
+    again = outage.settle(call("a").ref, 130)
+    assert again is not None
+    assert again.replayed
+    assert outage.release(call("a").ref) is None  # settled: the ledger answers for it
+    with pytest.raises(ReservationResolved):
+        outage.admit(call("a"), DOWN)
+
+
+async def test_a_refusal_is_the_outage_itself() -> None:
+    outage = journal(ManualClock(), allowance_micros=150)
+    outage.admit(call("a"), DOWN)
+    with pytest.raises(LedgerUnavailable):
+        outage.admit(call("b"), DOWN)
+
+
+async def test_the_flush_books_actuals_and_expired_holds_and_drops_releases() -> None:
+    clock = ManualClock()
+    outage = journal(clock)
+    for rid in ("settled", "released", "open"):
+        outage.admit(call(rid), DOWN)
+    outage.settle(call("settled").ref, 70)
+    outage.release(call("released").ref)
+    store = MemoryStore(clock=clock)
+    await store.put_budget(BudgetDef(BudgetId(TAG), (Limit(Period.TOTAL, 10_000),)))
+    assert await outage.flush(store) == 1  # the open call's lease has not run out
+    clock.advance(TTL_MS)
+    assert await outage.flush(store) == 1
+    assert outage.journal_size == 0
+    (total,) = await store.status((BudgetId(TAG),))
+    # What was settled at its actual, and the call left open at its hold: the 'charge' expiry.
+    assert (total.committed_micros, total.overshoot_micros, total.reserved_micros) == (
+        170, 170, 0)
