@@ -78,6 +78,13 @@ local prior = load_record(KEYS[2])
 if prior.fingerprint ~= string.match(a.record_tail, '^[^\t]*') or prior.owner ~= a.owner then
   return {'conflict'}
 end
+-- A lease past its end that no reclaim reached yet is expired here, by its own policy: a replay
+-- must not answer as a hold the ledger is about to take back.
+local lease_end = tonumber(prior.expires_at_ms)
+if prior.state == 'open' and lease_end and lease_end <= now then
+  expire_one(prefix, KEYS[3], id_of(prefix, KEYS[2]), now)
+  prior = load_record(KEYS[2])
+end
 if prior.state ~= 'open' then
   return resolved_reply(prior)
 end

@@ -297,6 +297,9 @@ class MemoryStore:
                     "this reservation id was used with other parameters",
                     reservation_id=ref.reservation_id,
                 )
+            if prior.state is _OPEN and prior.expires_at_ms <= now_ms:
+                # Past its lease and not reclaimed yet: expired here, as lua/reserve.lua does.
+                self._resolve(t, ref.reservation_id, prior, Event.EXPIRE, 0, now_ms)
             if prior.state is not _OPEN:
                 raise resolved_replay(
                     ref.reservation_id, prior.state, prior.outcome, prior.reserved_micros,

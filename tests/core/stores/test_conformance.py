@@ -499,6 +499,7 @@ async def test_a_call_that_outlives_its_lease_never_gets_its_budget_granted_twic
     ("release", "released", "released", 0),
     ("expire", "expired", "unknown", 100),
     ("expire_released", "expired", "released", 0),
+    ("lease_ended", "expired", "unknown", 100),
 ])
 async def test_a_replayed_reserve_of_a_resolved_reservation_says_what_became_of_it(
     store: LedgerStore, tag: str, clock: ManualClock, resolve: str, state: str, outcome: str,
@@ -512,10 +513,16 @@ async def test_a_replayed_reserve_of_a_resolved_reservation_says_what_became_of_
         await store.settle(first.ref, 40)
     elif resolve == "release":
         await store.release(first.ref)
+    elif resolve == "lease_ended":
+        # Past its lease and reached by no reclaim yet: the replay itself expires it.
+        clock.advance(TTL_MS)
     else:
         clock.advance(TTL_MS)
         await store.expire(tag, 100)
     books = await leg(store, tag)
+    if resolve == "lease_ended":
+        assert books.reserved_micros == 100  # still held until something expires it
+        books = books._replace(committed_micros=100, reserved_micros=0)
     with pytest.raises(ReservationResolved) as replay:
         await store.reserve(first)
     assert {k: replay.value.details[k] for k in (
@@ -603,10 +610,16 @@ async def test_an_operator_cannot_correct_what_was_resolved(
         await store.settle(held.ref, 40)
     elif resolve == "release":
         await store.release(held.ref)
+    elif resolve == "lease_ended":
+        # Past its lease and reached by no reclaim yet: the replay itself expires it.
+        clock.advance(TTL_MS)
     else:
         clock.advance(TTL_MS)
         await store.expire(tag, 100)
     books = await leg(store, tag)
+    if resolve == "lease_ended":
+        assert books.reserved_micros == 100  # still held until something expires it
+        books = books._replace(committed_micros=100, reserved_micros=0)
     with pytest.raises(ReservationResolved) as refused:
         await store.correct(tag, held.ref.reservation_id, 0, BY)
     assert refused.value.details["state"] == ("expired" if resolve == "expire_released"
