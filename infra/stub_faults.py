@@ -45,7 +45,9 @@ class Fault:
         """The fault that changes the answer, as logged in the bill."""
         for f in ("fail_status", "hang", "fail_after_billing", "hang_after_billing",
                   "break_after_events", "continuous_usage", "cached_tokens", "web_searches"):
-            if getattr(self, f) not in (None, False):
+            value = getattr(self, f)
+            # `is`, not `in (None, False)`: 0 == False, and break_after_events=0 is a fault.
+            if value is not None and value is not False:
                 return f
         return None
 

@@ -740,6 +740,16 @@ def test_a_broken_stream_is_billed_in_full_and_its_last_usage_is_partial(
     assert call.fault == "break_after_events"
 
 
+def test_a_stream_broken_after_no_events_sends_none_and_is_billed(http: httpx.Client) -> None:
+    # 0 is a count, not "off": the connection drops before the first event.
+    http.post("/control", json={"break_after_events": 0, "calls": 1}).raise_for_status()
+    events, clean = sse_data(http, CHAT, {"model": "gpt-4o", "messages": HELLO,
+                                          "max_tokens": 100, "stream": True}, forced(60))
+    assert (clean, events) == (False, [])
+    call = only_call(http)
+    assert (call.billed, call.fault) == (True, "break_after_events")
+
+
 def test_a_broken_responses_stream_never_sends_its_terminal_event(http: httpx.Client) -> None:
     http.post("/control", json={"break_after_events": 5, "calls": 1}).raise_for_status()
     events, clean = sse_data(http, RESPONSES, {"model": "gpt-4o", "input": "hello",
