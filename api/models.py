@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from core.budgets import BudgetDef, BudgetId, Limit, Period
+from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period
 from core.errors import InvalidRequest
 from core.prices import Usage
 from core.service import CallSpec, SettleSpec
@@ -84,6 +84,8 @@ class BudgetBody(Strict):
     limits: list[LimitBody]
     timezone: str = "UTC"
     outage_allowance_micros: int = 0
+    # None: 'allowance' when an allowance is given, else 'closed' (core/budgets.py BudgetDef).
+    outage_policy: Literal["closed", "allowance", "open"] | None = None
 
     def definition(self, budget_id: str) -> BudgetDef:
         return BudgetDef(
@@ -91,6 +93,7 @@ class BudgetBody(Strict):
             tuple(Limit(Period(x.period), x.ceiling_micros) for x in self.limits),
             self.timezone,
             self.outage_allowance_micros,
+            None if self.outage_policy is None else OutagePolicy(self.outage_policy),
         )
 
 
