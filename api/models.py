@@ -104,6 +104,12 @@ class KeyBody(Strict):
     roles: list[Literal["gateway", "sidecar"]] = ["gateway"]
 
 
+class RotateBody(Strict):
+    """POST /v1/admin/keys/{key_id}/rotate: how long the previous secret keeps working."""
+
+    grace_ms: int | None = None
+
+
 class CorrectionBody(Strict):
     """An operator's settle of a reservation (POST /v1/admin/reservations/{id}/settle)."""
 

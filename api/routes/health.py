@@ -12,6 +12,10 @@ from api.runtime import VERSION, runtime
 
 router = APIRouter()
 
+# Budgets with outage_policy `open` that health names: enough for an operator to see which, and a
+# bounded body for a monitor polling it.
+OPEN_BUDGETS_LISTED_MAX = 100
+
 # Reasons that mean this instance cannot enforce at all (as opposed to enforcing with a caveat).
 DOWN_REASONS = frozenset({"ledger_unreachable", "ledger_reset", "ledger_error", "ledger_auth",
                           "invalid_configuration"})
@@ -50,6 +54,8 @@ async def health_body() -> dict[str, Any]:
                       "ledger_id": probe.ledger_id}
     body["instances_seen"] = probe.instances_seen
     body["outage_journal_entries"] = rt.service.outage.journal_size
+    # Budgets this instance last read as outage_policy `open`: uncapped if the ledger goes away.
+    body["outage_open_budgets"] = rt.service.outage.open_budgets(OPEN_BUDGETS_LISTED_MAX)
     if not probe.reachable or DOWN_REASONS.intersection(reasons):
         body["status"] = "down"
     elif reasons:

@@ -219,6 +219,21 @@ class ScriptedStore:
             self._reset = True
         return self._reset
 
+    def now_arg(self) -> str:
+        """now_ms for a script: '' (Redis TIME) unless a test injected a clock."""
+        return self._now_arg()
+
+    def now_estimate(self) -> int:
+        """The ledger's time as this instance last learnt it, in ms."""
+        return self._now_estimate()
+
+    def use_ledger(self, ledger_id: str) -> None:
+        """Enforce against `ledger_id` from now on: the one a restore made here just stamped."""
+        self._ledger_id, self._reset = ledger_id, False
+
+    async def read_record(self, tag: str, reservation_id: str) -> wire.StoredRecord | None:
+        return await self._read(tag, reservation_id)
+
     def _now_arg(self) -> str:
         return str(self._clock()) if self._clock else ""
 
