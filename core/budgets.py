@@ -14,7 +14,7 @@ from enum import StrEnum
 from functools import cached_property, lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from core.errors import InvalidRequest, InvariantBroken
+from core.errors import InvalidRequest, InvariantBroken, ensure
 from core.limits import BUDGET_ID_LEN_MAX, CEILING_MICROS_MAX, INT_EXACT_MAX, SCOPES_MAX
 
 # ASCII only, and none of the characters the key layout or a hash tag gives meaning to:
@@ -112,9 +112,9 @@ class BudgetDef:
 
     @property
     def policy(self) -> OutagePolicy:
-        if self.outage_policy is not None:
-            return self.outage_policy
-        return OutagePolicy.ALLOWANCE if self.outage_allowance_micros else OutagePolicy.CLOSED
+        ensure(self.outage_policy is not None, "__post_init__ sets the policy")
+        assert self.outage_policy is not None
+        return self.outage_policy
 
     @property
     def ledger_allowance_micros(self) -> int:
@@ -130,9 +130,19 @@ class BudgetDef:
         return cls(budget_id, limits, timezone, allowance, policy)
 
     def __post_init__(self) -> None:
-        if self.outage_policy is not None and not isinstance(self.outage_policy, OutagePolicy):
+        if self.outage_policy is None:
+            # Given or not, a definition has its policy: equal definitions compare equal.
+            object.__setattr__(self, "outage_policy", OutagePolicy.ALLOWANCE
+                               if self.outage_allowance_micros else OutagePolicy.CLOSED)
+        if not isinstance(self.outage_policy, OutagePolicy):
             raise InvalidRequest("outage_policy must be closed, allowance or open",
                                  field="outage_policy")
+        if self.outage_policy is OutagePolicy.ALLOWANCE and not self.outage_allowance_micros:
+            raise InvalidRequest("outage_policy 'allowance' needs an outage_allowance_micros "
+                                 "above 0", field="outage_allowance_micros")
+        if self.outage_policy is OutagePolicy.OPEN and self.outage_allowance_micros:
+            raise InvalidRequest("an open budget admits without limit during an outage: give "
+                                 "no allowance with it", field="outage_allowance_micros")
         if self.outage_policy is OutagePolicy.CLOSED and self.outage_allowance_micros:
             raise InvalidRequest("a closed budget admits nothing during an outage: give "
                                  "outage_policy 'allowance' with an allowance, or no allowance",

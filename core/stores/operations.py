@@ -123,7 +123,7 @@ class ScriptedCatalogue:
         reply = await self._t.run(
             script("delete_budget"),
             (keys.meta(tag), keys.definition(tag, budget_id), keys.open_leases(tag)),
-            [budget_id, "1" if force else "0", self.store.now_arg()],
+            [budget_id, "1" if force else "0", *filter(None, [self.store.now_arg()])],
         )
         if reply[0] == "not_found":
             return None
