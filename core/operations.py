@@ -97,10 +97,11 @@ def decode_cursor(cursor: str | None) -> str | None:
     if len(cursor) > CURSOR_LEN_MAX:
         raise InvalidRequest("not a cursor this list gave", field="cursor")
     try:
-        position = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        position = base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_",
+                                    validate=True).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
         raise InvalidRequest("not a cursor this list gave", field="cursor") from exc
-    if not position.isprintable():
+    if not position or not position.isprintable():
         raise InvalidRequest("not a cursor this list gave", field="cursor")
     return position
 
@@ -444,6 +445,10 @@ class Operations:
             runs: set[str] = set()
             records = {r["reservation_id"]: wire.StoredRecord.unpacked(r["record"])
                        for r in org.get("open_reservations", [])}
+            if force and tag in live_tags:
+                # A reservation the ledger still has is booked in its counters as it stands.
+                records = {rid: r for rid, r in records.items()
+                           if not await catalogue.has_record(tag, rid)}
             for record in records.values():
                 reserved_d, committed_d = unknown_effects(int(record.reserved_micros))
                 for budget_id, window_key, run in legs_of(record):

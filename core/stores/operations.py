@@ -262,6 +262,9 @@ class ScriptedCatalogue:
     async def read_hash(self, key: str) -> dict[str, str]:
         return _pairs(await self._t.execute("HGETALL", key))
 
+    async def has_record(self, tag: str, reservation_id: str) -> bool:
+        return bool(await self._t.execute("EXISTS", keys.reservation(tag, reservation_id)))
+
     async def write_unknown(self, tag: str, reservation_id: str, record: wire.StoredRecord,
                             now_ms: int) -> bool:
         """An open reservation of the export, as expiry under 'charge' leaves it: committed in

@@ -84,9 +84,11 @@ async def test_lists_page_with_a_cursor_and_never_show_secrets(server: RedisServ
         await svc.authenticate(new.api_key)  # "last used" is written by a key check
         listed = (await ops.keys("org:b", None)).items
         assert [k["key_id"] for k in listed] == [new.key_id]
-        assert listed[0]["roles"] == ["sidecar"] and listed[0]["last_used_ms"]
+        assert listed[0]["roles"] == ["sidecar"]
+        assert listed[0]["last_used_ms"]
         text = json.dumps(listed)
-        assert new.api_key not in text and new.record.key_hash not in text
+        assert new.api_key not in text
+        assert new.record.key_hash not in text
     finally:
         await svc.store.close()
 
@@ -190,7 +192,8 @@ async def test_export_then_restore_into_a_wiped_ledger(server: RedisServer) -> N
         day_legs = await svc.store.status((day,))
         assert day_legs[0].committed_micros == 70
         view = await svc.store.inspect(bid.tag, open_one.reservation_id)
-        assert view is not None and view.outcome == "unknown"
+        assert view is not None
+        assert view.outcome == "unknown"
         # A late settle still corrects it, as after an expiry.
         await svc.store.settle(ReservationRef(bid.tag, open_one.reservation_id, "key_owner"), 100)
         legs = {x.budget_id: x for x in await svc.store.status(bid.lineage)}
