@@ -106,7 +106,10 @@ def test_the_outage_policy_is_stored_and_open_budgets_show_in_health(http: Clien
     assert _error(bad) == (422, "invalid_request")
     auth = http.sidecar_key(tag)
     assert http.post("/v1/reservations", headers=auth, json={"amount_micros": 5}).status_code == 201
-    assert tag in http.get("/health").json()["outage_open_budgets"]
+    assert tag in http.admin("GET", "/health").json()["outage_open_budgets"]
+    public = http.get("/health").json()  # health answers anyone: no customer's budget id
+    assert "outage_open_budgets" not in public
+    assert public["outage_open_budgets_count"] >= 1
 
 
 @pytest.mark.slow  # a Redis, a service and five `ceiling` processes of its own
