@@ -381,6 +381,7 @@ class Operations:
     async def export(self, by: str) -> dict[str, Any]:
         catalogue = self._needs()
         ledger_id = await self.service.store.open()
+        await catalogue.index_unlisted_keys()
         organisations = []
         for tag in await catalogue.tags():
             dump = await catalogue.dump_tag(tag)

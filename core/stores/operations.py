@@ -213,6 +213,28 @@ class ScriptedCatalogue:
                 records[rid] = found
         return TagDump(hashes, records)
 
+    async def index_unlisted_keys(self) -> int:
+        """Put keys made before the catalogue existed into it; how many. On one Redis (and
+        Upstash) a SCAN finds them; on a Cluster a SCAN sees one node, so there a key made
+        before the catalogue is listed once it is rotated or made again."""
+        if self._t.backend == "redis-cluster":
+            return 0
+        added, cursor = 0, "0"
+        for _ in range(DUMP_PAGES_MAX):
+            cursor, found = await self._t.execute(
+                "SCAN", cursor, "MATCH", keys.api_key_id("*"), "COUNT", str(DUMP_PAGE_KEYS))
+            for name in found:
+                key_id = str(name).removeprefix(keys.api_key_id(""))
+                key_hash = await self._t.execute("GET", str(name))
+                budget_id = None if key_hash is None else await self._t.execute(
+                    "HGET", keys.api_key(str(key_hash)), "budget_id")
+                if budget_id is not None:
+                    added += int(await self._t.execute(
+                        "ZADD", keys.KEYS_KEY, "NX", "0", f"{budget_id} {key_id}"))
+            if str(cursor) == "0":
+                break
+        return added
+
     async def key_records(self) -> list[dict[str, str]]:
         """Every indexed key's record: its hash, never a secret."""
         members = await self._t.execute("ZRANGE", keys.KEYS_KEY, "0", "-1")

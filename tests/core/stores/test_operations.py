@@ -159,6 +159,11 @@ async def test_export_then_restore_into_a_wiped_ledger(server: RedisServer) -> N
         day = BudgetId.parse("org:f")
         await ops.put_budget(BudgetDef(day, (Limit(Period.DAY, 900),), "Europe/Paris"), BY)
         key = await ops.create_key(bid, None, frozenset({Role.SIDECAR}), BY)
+        # A key made before the catalogue existed: in no index, and exported all the same.
+        legacy = await ops.create_key(bid, None, frozenset({Role.SIDECAR}), BY)
+        raw = aioredis.Redis.from_url(server.url, decode_responses=True)
+        await raw.zrem(keys.KEYS_KEY, f"{bid.path} {legacy.key_id}")
+        await raw.aclose()
         settled = await svc.store.reserve(_request(bid, 300))
         await svc.store.settle(ReservationRef(bid.tag, settled.reservation_id, "key_owner"), 250)
         open_one = await svc.store.reserve(_request(bid, 400))
@@ -198,7 +203,9 @@ async def test_export_then_restore_into_a_wiped_ledger(server: RedisServer) -> N
         await svc.store.settle(ReservationRef(bid.tag, open_one.reservation_id, "key_owner"), 100)
         legs = {x.budget_id: x for x in await svc.store.status(bid.lineage)}
         assert legs["org:e/team:x"].committed_micros == 700
-        assert (await svc.authenticate(key.api_key, role=Role.SIDECAR)).key.key_id == key.key_id
+        for made in (key, legacy):
+            assert (await svc.authenticate(made.api_key, role=Role.SIDECAR)).key.key_id == (
+                made.key_id)
         with pytest.raises(LedgerNotEmpty):
             await ops.restore(document, None, False, BY)
         # Forced, the larger committed of every counter stays: nothing refilled.
