@@ -473,9 +473,12 @@ class Operations:
             for suffix in sorted(set(exported) | {s for s in deltas if s not in runs}):
                 c = exported.get(suffix)
                 fields = dict(c["fields"]) if c else {}
-                reserved_d, committed_d = deltas.get(suffix, (0, 0))
+                _, committed_d = deltas.get(suffix, (0, 0))
                 committed = _amount(fields, "committed") + committed_d
-                reserved = max(0, _amount(fields, "reserved") + reserved_d)
+                # Every hold the export recorded is charged above; any other the counter held
+                # was taken or resolved while the export read (core/stores/operations.py
+                # dump_tag), and nothing in the restored ledger holds it.
+                reserved = 0
                 overshoot = _amount(fields, "overshoot")
                 budget_id, _, window_key = suffix.rpartition("|")
                 key = keys.counter(tag, budget_id, window_key)

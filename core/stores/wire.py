@@ -330,7 +330,7 @@ CONSTANTS = {
 }
 KEY_PARTS = {
     "META_KEY": keys.META, "RECORD_KEY": keys.RECORD, "DEFINITION_KEY": keys.DEFINITION,
-    "COUNTER_KEY": keys.COUNTER, "OPEN_KEY": keys.OPEN,
+    "COUNTER_KEY": keys.COUNTER,
 }
 
 
