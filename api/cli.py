@@ -18,10 +18,11 @@ from api.routes.admin import settlement_json, stored_reservation_json
 from api.routes.health import health_body
 from api.routes.sidecar import leg_json
 from api.runtime import Runtime, runtime
-from core.budgets import BudgetDef, BudgetId, Limit, Period
-from core.errors import CeilingError
+from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period
+from core.errors import CeilingError, InvalidRequest
 from core.ledger import ROLES_DEFAULT, Role
 from core.money import usd_to_micros
+from core.operations import Operations
 from core.service import CeilingService, operator_fingerprint
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ async def _budget_json(service: CeilingService, budget_id: BudgetId) -> Any:
         return None
     definition, legs = found
     return {"budget_id": budget_id.path, "timezone": definition.timezone,
+            "outage_policy": definition.policy.value,
             "outage_allowance_micros": definition.outage_allowance_micros,
             "periods": [leg_json(x) for x in legs]}
 
@@ -130,7 +132,10 @@ async def _budget_json(service: CeilingService, budget_id: BudgetId) -> Any:
 def budgets_set(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
         bid = BudgetId.parse(args.budget_id)
-        await service.put_budget(BudgetDef(bid, tuple(args.limit), args.timezone, args.allowance))
+        policy = None if args.outage_policy is None else OutagePolicy(args.outage_policy)
+        await Operations(service).put_budget(
+            BudgetDef(bid, tuple(args.limit), args.timezone, args.allowance, policy),
+            cli_operator())
         return await _budget_json(service, bid)
 
     return _run(work)
@@ -143,7 +148,8 @@ def budgets_show(args: argparse.Namespace) -> int:
 def keys_create(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
         roles = frozenset(args.role) if args.role else ROLES_DEFAULT
-        new = await service.create_key(BudgetId.parse(args.budget_id), args.run_ceiling, roles)
+        new = await Operations(service).create_key(BudgetId.parse(args.budget_id),
+                                                   args.run_ceiling, roles, cli_operator())
         return {"key_id": new.key_id, "api_key": new.api_key, "budget_id": args.budget_id,
                 "roles": sorted(new.record.roles)}
 
@@ -170,8 +176,8 @@ def _budget_arg(args: argparse.Namespace) -> BudgetId | None:
 def reservations_settle(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
         by = cli_operator()
-        settled = await service.correct(args.reservation_id, args.actual, args.reason, by,
-                                        _budget_arg(args))
+        settled = await Operations(service).correct(args.reservation_id, args.actual,
+                                                    args.reason, by, _budget_arg(args))
         return {**settlement_json(args.reservation_id, settled), "corrected_by": by}
 
     return _run(work)
@@ -187,9 +193,86 @@ def reservations_show(args: argparse.Namespace) -> int:
 
 def keys_revoke(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
-        return {"key_id": args.key_id, "revoked": await service.revoke_key(args.key_id)}
+        return {"key_id": args.key_id,
+                "revoked": await Operations(service).revoke_key(args.key_id, cli_operator())}
 
     return _run(work)
+
+
+def budgets_list(args: argparse.Namespace) -> int:
+    return _run(lambda service: _json(Operations(service).budgets(args.prefix, args.cursor,
+                                                                   args.limit)))
+
+
+def budgets_delete(args: argparse.Namespace) -> int:
+    return _run(lambda service: Operations(service).delete_budget(
+        BudgetId.parse(args.budget_id), args.force, cli_operator()))
+
+
+def keys_list(args: argparse.Namespace) -> int:
+    return _run(lambda service: _json(Operations(service).keys(args.budget_id, args.cursor,
+                                                                args.limit)))
+
+
+def keys_rotate(args: argparse.Namespace) -> int:
+    return _run(lambda service: Operations(service).rotate_key(
+        args.key_id, None if args.grace_s is None else args.grace_s * 1000, cli_operator()))
+
+
+def audit_list(args: argparse.Namespace) -> int:
+    return _run(lambda service: _json(Operations(service).audit_page(args.cursor, args.limit)))
+
+
+async def _json(page: Awaitable[Any]) -> Any:
+    return (await page).json()
+
+
+def _write_private(path: str, text: str) -> None:
+    """Write whole or not at all (a crash leaves the previous export), readable by the owner
+    only: an export holds every key's hash."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        raise InvalidRequest(f"cannot read {path}: {exc}", field="file") from exc
+
+
+def ledger_export(args: argparse.Namespace) -> int:
+    async def work(service: CeilingService) -> Any:
+        document = await Operations(service).export(cli_operator())
+        text = json.dumps(document, indent=1, sort_keys=True)
+        if args.file == "-":
+            return document
+        _write_private(args.file, text)
+        body = document["body"]
+        return {"file": args.file, "ledger_id": document["ledger_id"],
+                "organisations": len(body["organisations"]), "keys": len(body["keys"]),
+                "checksum": document["checksum"]}
+
+    return _run(work)
+
+
+def ledger_restore(args: argparse.Namespace) -> int:
+    async def work(service: CeilingService) -> Any:
+        document = _read_json(args.file)
+        bill = None if args.book_from_bill is None else _read_json(args.book_from_bill)
+        return await Operations(service).restore(document, bill, args.force, cli_operator())
+
+    return _run(work)
+
+
+def ledger_adopt(args: argparse.Namespace) -> int:
+    return _run(lambda service: Operations(service).adopt(cli_operator()))
 
 
 def health(args: argparse.Namespace) -> int:
@@ -212,7 +295,20 @@ def parser() -> argparse.ArgumentParser:
                     help="PERIOD=AMOUNT, e.g. day=$5.00 or total=1000000 (repeatable)")
     bs.add_argument("--timezone", default="UTC")
     bs.add_argument("--allowance", type=_amount, default=0, help="outage allowance")
+    bs.add_argument("--outage-policy", choices=[p.value for p in OutagePolicy], default=None,
+                    help="while the ledger is unreachable: closed (refuse), allowance (admit "
+                         "up to --allowance per instance), open (admit, journal, book later)")
     bs.set_defaults(func=budgets_set)
+    bl = b.add_parser("list", help="budgets in id order, a page at a time")
+    bl.add_argument("--prefix", default=None)
+    bl.add_argument("--cursor", default=None, help="next_cursor of the previous page")
+    bl.add_argument("--limit", type=int, default=None)
+    bl.set_defaults(func=budgets_list)
+    bd = b.add_parser("delete", help="delete a budget (refused while reservations hold money "
+                                     "in it, unless --force charges them as unknown)")
+    bd.add_argument("budget_id")
+    bd.add_argument("--force", action="store_true")
+    bd.set_defaults(func=budgets_delete)
     bw = b.add_parser("show")
     bw.add_argument("budget_id")
     bw.set_defaults(func=budgets_show)
@@ -226,6 +322,35 @@ def parser() -> argparse.ArgumentParser:
     kr = k.add_parser("revoke")
     kr.add_argument("key_id")
     kr.set_defaults(func=keys_revoke)
+    kl = k.add_parser("list", help="key ids, roles, created, last used; never secrets")
+    kl.add_argument("--budget-id", default=None)
+    kl.add_argument("--cursor", default=None)
+    kl.add_argument("--limit", type=int, default=None)
+    kl.set_defaults(func=keys_list)
+    ko = k.add_parser("rotate", help="a new secret (printed once); the old one works for the "
+                                     "grace period")
+    ko.add_argument("key_id")
+    ko.add_argument("--grace-s", type=int, default=None,
+                    help="seconds the old secret keeps working (default a day, at most 7 days)")
+    ko.set_defaults(func=keys_rotate)
+    a = sub.add_parser("audit", help="admin changes, newest first")
+    a.add_argument("--cursor", default=None)
+    a.add_argument("--limit", type=int, default=None)
+    a.set_defaults(func=audit_list)
+    lg = sub.add_parser("ledger").add_subparsers(required=True)
+    le = lg.add_parser("export", help="write the ledger to FILE ('-': stdout) as one document")
+    le.add_argument("file")
+    le.set_defaults(func=ledger_export)
+    lr = lg.add_parser("restore", help="restore an export into an empty or wiped ledger")
+    lr.add_argument("file")
+    lr.add_argument("--book-from-bill", default=None, metavar="BILL.json",
+                    help="a provider's bill (core/operations.py BILL_FORMAT): what it shows "
+                         "beyond the export is booked")
+    lr.add_argument("--force", action="store_true",
+                    help="restore over a ledger that has data: keeps the larger committed spend")
+    lr.set_defaults(func=ledger_restore)
+    la = lg.add_parser("adopt", help="confirm the restored ledger: running instances serve it")
+    la.set_defaults(func=ledger_adopt)
     r = sub.add_parser("reservations").add_subparsers(required=True)
     rs = r.add_parser("settle", help="correct a reservation's charge (an operator's settle)")
     rs.add_argument("reservation_id")

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from core.budgets import BudgetDef, BudgetId, Limit, Period
+from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period
 from core.errors import InvalidRequest
 from core.prices import Usage
 from core.service import CallSpec, SettleSpec
@@ -84,6 +84,8 @@ class BudgetBody(Strict):
     limits: list[LimitBody]
     timezone: str = "UTC"
     outage_allowance_micros: int = 0
+    # None: 'allowance' when an allowance is given, else 'closed' (core/budgets.py BudgetDef).
+    outage_policy: Literal["closed", "allowance", "open"] | None = None
 
     def definition(self, budget_id: str) -> BudgetDef:
         return BudgetDef(
@@ -91,6 +93,7 @@ class BudgetBody(Strict):
             tuple(Limit(Period(x.period), x.ceiling_micros) for x in self.limits),
             self.timezone,
             self.outage_allowance_micros,
+            None if self.outage_policy is None else OutagePolicy(self.outage_policy),
         )
 
 
@@ -99,6 +102,12 @@ class KeyBody(Strict):
     run_ceiling_micros: int | None = None
     # gateway: the OpenAI-compatible routes; sidecar: reserve / settle / release (CONTRACT.md).
     roles: list[Literal["gateway", "sidecar"]] = ["gateway"]
+
+
+class RotateBody(Strict):
+    """POST /v1/admin/keys/{key_id}/rotate: how long the previous secret keeps working."""
+
+    grace_ms: int | None = None
 
 
 class CorrectionBody(Strict):

@@ -14,8 +14,8 @@ from enum import StrEnum
 from functools import cached_property, lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from core.errors import InvalidRequest, InvariantBroken
-from core.limits import BUDGET_ID_LEN_MAX, CEILING_MICROS_MAX, SCOPES_MAX
+from core.errors import InvalidRequest, InvariantBroken, ensure
+from core.limits import BUDGET_ID_LEN_MAX, CEILING_MICROS_MAX, INT_EXACT_MAX, SCOPES_MAX
 
 # ASCII only, and none of the characters the key layout or a hash tag gives meaning to:
 # '{' '}' (hash tags), '|' and ' ' (separators inside a reservation), '/' and ':' (the path).
@@ -73,14 +73,80 @@ class Limit:
     ceiling_micros: int
 
 
+class OutagePolicy(StrEnum):
+    """What an instance does for a budget while the shared ledger is unreachable (core/outage.py).
+
+    closed: refuse (the default). allowance: admit up to outage_allowance_micros per instance.
+    open: admit without limit, and journal what was admitted, booked when the ledger returns."""
+
+    CLOSED = "closed"
+    ALLOWANCE = "allowance"
+    OPEN = "open"
+
+
+# How an `open` budget's allowance is stored and carried on its legs: an amount no real allowance
+# can reach (above CEILING_MICROS_MAX, so never put as one) and still exact in Lua, so the ledger
+# scripts, the reservation records and core/outage.py need no field of their own for the policy.
+OUTAGE_OPEN_ALLOWANCE_MICROS = INT_EXACT_MAX
+
+
+def outage_policy_of(ledger_allowance_micros: int) -> tuple[OutagePolicy, int]:
+    """The policy and allowance of a budget from the allowance the ledger keeps for it."""
+    if ledger_allowance_micros >= OUTAGE_OPEN_ALLOWANCE_MICROS:
+        return OutagePolicy.OPEN, 0
+    if ledger_allowance_micros > 0:
+        return OutagePolicy.ALLOWANCE, ledger_allowance_micros
+    return OutagePolicy.CLOSED, 0
+
+
 @dataclass(frozen=True)
 class BudgetDef:
+    """`outage_policy` None: `allowance` when an allowance is given (what a budget with one did
+    before policies existed), else `closed`."""
+
     budget_id: BudgetId
     limits: tuple[Limit, ...]
     timezone: str = "UTC"
     outage_allowance_micros: int = 0
+    outage_policy: OutagePolicy | None = None
+
+    @property
+    def policy(self) -> OutagePolicy:
+        ensure(self.outage_policy is not None, "__post_init__ sets the policy")
+        assert self.outage_policy is not None
+        return self.outage_policy
+
+    @property
+    def ledger_allowance_micros(self) -> int:
+        """The allowance as the ledger keeps it and the outage journal reads it off the legs."""
+        if self.policy is OutagePolicy.OPEN:
+            return OUTAGE_OPEN_ALLOWANCE_MICROS
+        return self.outage_allowance_micros if self.policy is OutagePolicy.ALLOWANCE else 0
+
+    @classmethod
+    def from_ledger(cls, budget_id: BudgetId, limits: tuple[Limit, ...], timezone: str,
+                    ledger_allowance_micros: int) -> BudgetDef:
+        policy, allowance = outage_policy_of(ledger_allowance_micros)
+        return cls(budget_id, limits, timezone, allowance, policy)
 
     def __post_init__(self) -> None:
+        if self.outage_policy is None:
+            # Given or not, a definition has its policy: equal definitions compare equal.
+            object.__setattr__(self, "outage_policy", OutagePolicy.ALLOWANCE
+                               if self.outage_allowance_micros else OutagePolicy.CLOSED)
+        if not isinstance(self.outage_policy, OutagePolicy):
+            raise InvalidRequest("outage_policy must be closed, allowance or open",
+                                 field="outage_policy")
+        if self.outage_policy is OutagePolicy.ALLOWANCE and not self.outage_allowance_micros:
+            raise InvalidRequest("outage_policy 'allowance' needs an outage_allowance_micros "
+                                 "above 0", field="outage_allowance_micros")
+        if self.outage_policy is OutagePolicy.OPEN and self.outage_allowance_micros:
+            raise InvalidRequest("an open budget admits without limit during an outage: give "
+                                 "no allowance with it", field="outage_allowance_micros")
+        if self.outage_policy is OutagePolicy.CLOSED and self.outage_allowance_micros:
+            raise InvalidRequest("a closed budget admits nothing during an outage: give "
+                                 "outage_policy 'allowance' with an allowance, or no allowance",
+                                 field="outage_allowance_micros")
         if not self.limits:
             raise InvalidRequest("a budget needs at least one limit", field="limits")
         if len({lim.period for lim in self.limits}) != len(self.limits):

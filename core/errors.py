@@ -12,6 +12,9 @@
     +-- ReservationNotFound         unknown id, or another owner's
     +-- IdempotencyConflict         same id, other parameters
     +-- ReservationResolved         settle after release, release after settle
+    +-- OperationRefused            an operator's change that would lose money (names why)
+    |   +-- BudgetInUse             delete while open reservations hold money in the budget
+    |   +-- LedgerNotEmpty          restore over a ledger that has data, without --force
     +-- LedgerUnavailable           fail closed: unreachable, reset, or not shared
     +-- InvariantBroken             a programmer error; crashes loudly
 
@@ -96,6 +99,20 @@ class IdempotencyConflict(CeilingError):
 
 class ReservationResolved(CeilingError):
     code = "reservation_resolved"
+
+
+class OperationRefused(CeilingError):
+    """An operator's change refused because it would lose or refill money; nothing changed."""
+
+    code = "operation_refused"
+
+
+class BudgetInUse(OperationRefused):
+    code = "budget_in_use"
+
+
+class LedgerNotEmpty(OperationRefused):
+    code = "ledger_not_empty"
 
 
 class LedgerUnavailable(CeilingError):

@@ -5,6 +5,11 @@ ledger cannot be reached, each instance admits calls against that allowance, usi
 definitions it last read, and keeps a journal of what it admitted. When the ledger answers again
 the journal is booked into it (lua/book.lua), so nothing is lost.
 
+A budget whose outage_policy is `open` has an allowance no spend reaches
+(core/budgets.py OUTAGE_OPEN_ALLOWANCE_MICROS): it admits without limit during an outage, still
+journaled and booked afterwards, and still bounded by JOURNAL_ENTRIES_MAX per instance, past
+which it fails closed. Health lists the budgets this instance knows as `open`.
+
 The price: every instance has its own allowance, so during an outage spend can exceed the
 ceiling by up to allowance x instances. The journal lives in the instance's memory; an instance
 that dies during the outage loses its journal, and the provider's bill is then the only record
@@ -17,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.budgets import BudgetId
+from core.budgets import OUTAGE_OPEN_ALLOWANCE_MICROS, BudgetId
 from core.errors import CeilingError, LedgerUnavailable
 from core.ledger import (
     OUTAGE_WINDOW_KEY,
@@ -66,6 +71,13 @@ class OutageAllowance:
     @property
     def journal_size(self) -> int:
         return len(self._journal)
+
+    def open_budgets(self, count_max: int) -> list[str]:
+        """Budgets whose outage policy is `open`, as this instance last read them: the ones that
+        would admit without limit if the ledger went away now (health lists them)."""
+        found = sorted({b for allowances in self._allowances.values()
+                        for b, a in allowances.items() if a >= OUTAGE_OPEN_ALLOWANCE_MICROS})
+        return found[:count_max]
 
     def learn(self, budget_ids: tuple[BudgetId, ...], legs: tuple[LegStatus, ...]) -> None:
         """Remember which budgets applied to this path and their allowances, as last read."""

@@ -9,12 +9,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse
 
-from api.models import BudgetBody, CorrectionBody, KeyBody
+from api.models import BudgetBody, CorrectionBody, KeyBody, RotateBody
 from api.routes.sidecar import bearer, leg_json
 from api.runtime import runtime
 from core.budgets import BudgetId
 from core.errors import BudgetNotFound, Forbidden, InvalidRequest, Unauthorized
 from core.ledger import GATEWAY_OWNER_PREFIX, ReservationView, Role, Settlement
+from core.operations import Operations, budget_json
 from core.service import CeilingService, check_roles, operator_fingerprint
 
 router = APIRouter(prefix="/v1/admin")
@@ -41,16 +42,38 @@ async def operator(_: Annotated[None, Depends(admin)]) -> str:
     return operator_fingerprint(config.admin_token if config and config.admin_token else "")
 
 
+async def operations() -> Operations:
+    return Operations(runtime().enforcing())
+
+
 Admin = Annotated[None, Depends(admin)]
 Operator = Annotated[str, Depends(operator)]
 Service = Annotated[CeilingService, Depends(service)]
+Ops = Annotated[Operations, Depends(operations)]
+
+
+@router.get("/budgets")
+async def list_budgets(_: Admin, ops: Ops, prefix: str | None = None, cursor: str | None = None,
+                       limit: int | None = None) -> JSONResponse:
+    """Budgets in id order, beginning with `prefix`; `next_cursor` pages on (null: the end)."""
+    return JSONResponse((await ops.budgets(prefix, cursor, limit)).json())
 
 
 @router.put("/budgets/{budget_id:path}")
-async def put_budget(budget_id: str, body: BudgetBody, _: Admin, svc: Service) -> JSONResponse:
+async def put_budget(budget_id: str, body: BudgetBody, by: Operator, ops: Ops,
+                     svc: Service) -> JSONResponse:
     definition = body.definition(budget_id)
-    await svc.put_budget(definition)
-    return await get_budget(budget_id, _, svc)
+    await ops.put_budget(definition, by)
+    return await get_budget(budget_id, None, svc)
+
+
+@router.delete("/budgets/{budget_id:path}")
+async def delete_budget(budget_id: str, by: Operator, ops: Ops,
+                        force: bool = False) -> JSONResponse:
+    """Refused (409 budget_in_use) while open reservations hold money in it, unless force=1,
+    which charges them as unknown. Its counters stay (re-creating it refills nothing); its
+    keys are revoked."""
+    return JSONResponse(await ops.delete_budget(BudgetId.parse(budget_id), force, by))
 
 
 @router.get("/budgets/{budget_id:path}")
@@ -59,20 +82,46 @@ async def get_budget(budget_id: str, _: Admin, svc: Service) -> JSONResponse:
     if found is None:
         raise BudgetNotFound(f"no budget {budget_id}", budget_id=budget_id)
     definition, legs = found
-    return JSONResponse({
-        "budget_id": definition.budget_id.path,
-        "limits": [{"period": x.period.value, "ceiling_micros": x.ceiling_micros}
-                   for x in definition.limits],
-        "timezone": definition.timezone,
-        "outage_allowance_micros": definition.outage_allowance_micros,
-        "periods": [leg_json(x) for x in legs],
-    })
+    return JSONResponse({**budget_json(definition), "periods": [leg_json(x) for x in legs]})
+
+
+@router.get("/keys")
+async def list_keys(_: Admin, ops: Ops, budget_id: str | None = None, cursor: str | None = None,
+                    limit: int | None = None) -> JSONResponse:
+    """Key ids, roles, budget, created and last used (to a minute); never a secret or a hash."""
+    return JSONResponse((await ops.keys(budget_id, cursor, limit)).json())
+
+
+@router.post("/keys/{key_id}/rotate")
+async def rotate_key(key_id: str, by: Operator, ops: Ops,
+                     body: RotateBody | None = None) -> JSONResponse:
+    """A new secret, shown once; the previous one keeps working for `grace_ms` (bounded)."""
+    return JSONResponse(await ops.rotate_key(key_id, body.grace_ms if body else None, by))
+
+
+@router.get("/audit")
+async def audit(_: Admin, ops: Ops, cursor: str | None = None,
+                limit: int | None = None) -> JSONResponse:
+    """Every admin change, newest first: who (the admin token's fingerprint), what, when."""
+    return JSONResponse((await ops.audit_page(cursor, limit)).json())
+
+
+@router.post("/ledger/export")
+async def export_ledger(by: Operator, ops: Ops) -> JSONResponse:
+    """The ledger as one document (`ceiling ledger export`), for a scheduler to store."""
+    return JSONResponse(await ops.export(by))
+
+
+@router.post("/ledger/adopt")
+async def adopt_ledger(by: Operator, ops: Ops) -> JSONResponse:
+    """Confirm a restored ledger: instances that reported ledger_reset serve against it."""
+    return JSONResponse(await ops.adopt(by))
 
 
 @router.post("/keys", status_code=201)
-async def create_key(body: KeyBody, _: Admin, svc: Service) -> JSONResponse:
-    new = await svc.create_key(BudgetId.parse(body.budget_id), body.run_ceiling_micros,
-                               check_roles(body.roles))
+async def create_key(body: KeyBody, by: Operator, ops: Ops) -> JSONResponse:
+    new = await ops.create_key(BudgetId.parse(body.budget_id), body.run_ceiling_micros,
+                               check_roles(body.roles), by)
     return JSONResponse({
         "key_id": new.key_id,
         "api_key": new.api_key,
@@ -84,10 +133,10 @@ async def create_key(body: KeyBody, _: Admin, svc: Service) -> JSONResponse:
 
 
 @router.delete("/keys/{key_id}")
-async def revoke_key(key_id: str, _: Admin, svc: Service) -> JSONResponse:
+async def revoke_key(key_id: str, by: Operator, ops: Ops) -> JSONResponse:
     if not key_id.isascii() or not key_id.startswith("key_") or len(key_id) > 64:
         raise InvalidRequest("not a key id", field="key_id")
-    if not await svc.revoke_key(key_id):
+    if not await ops.revoke_key(key_id, by):
         raise BudgetNotFound(f"no key {key_id}", key_id=key_id)
     return JSONResponse({"key_id": key_id, "revoked": True})
 
@@ -131,10 +180,10 @@ def _budget(budget_id: str | None) -> BudgetId | None:
 
 @router.post("/reservations/{reservation_id}/settle")
 async def correct_reservation(reservation_id: str, body: CorrectionBody, by: Operator,
-                              svc: Service) -> JSONResponse:
+                              ops: Ops) -> JSONResponse:
     """Settle a reservation no API key may settle (a gateway call of unknown outcome) from the
     provider's bill: allowed while it is open or after it expired as `unknown`."""
-    settled = await svc.correct(reservation_id, body.actual_micros, body.reason, by,
+    settled = await ops.correct(reservation_id, body.actual_micros, body.reason, by,
                                 _budget(body.budget_id))
     return JSONResponse({**settlement_json(reservation_id, settled), "corrected_by": by})
 

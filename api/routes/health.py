@@ -3,21 +3,28 @@ the body, with 503."""
 
 from __future__ import annotations
 
-from typing import Any
+import hmac
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse
 
+from api.routes.sidecar import bearer
 from api.runtime import VERSION, runtime
 
 router = APIRouter()
+
+# Budgets with outage_policy `open` that health names: enough for an operator to see which, and a
+# bounded body for a monitor polling it.
+OPEN_BUDGETS_LISTED_MAX = 100
 
 # Reasons that mean this instance cannot enforce at all (as opposed to enforcing with a caveat).
 DOWN_REASONS = frozenset({"ledger_unreachable", "ledger_reset", "ledger_error", "ledger_auth",
                           "invalid_configuration"})
 
 
-async def health_body() -> dict[str, Any]:
+async def health_body(operator: bool = True) -> dict[str, Any]:
+    """`operator`: the caller showed the admin token (or is the CLI): open budgets by name."""
     rt = runtime()
     body: dict[str, Any] = {
         "status": "down",
@@ -50,6 +57,12 @@ async def health_body() -> dict[str, Any]:
                       "ledger_id": probe.ledger_id}
     body["instances_seen"] = probe.instances_seen
     body["outage_journal_entries"] = rt.service.outage.journal_size
+    # Budgets this instance last read as outage_policy `open`: uncapped if the ledger goes away.
+    # Health answers anyone, and budget ids name customers: by name only to an operator.
+    open_budgets = rt.service.outage.open_budgets(OPEN_BUDGETS_LISTED_MAX)
+    body["outage_open_budgets_count"] = len(open_budgets)
+    if operator:
+        body["outage_open_budgets"] = open_budgets
     if not probe.reachable or DOWN_REASONS.intersection(reasons):
         body["status"] = "down"
     elif reasons:
@@ -59,12 +72,19 @@ async def health_body() -> dict[str, Any]:
     return body
 
 
+def _is_operator(authorization: str | None) -> bool:
+    config = runtime().config
+    expected = config.admin_token if config else None
+    given = bearer(authorization) if authorization else None
+    return bool(expected and given and hmac.compare_digest(given.encode(), expected.encode()))
+
+
 # GET and HEAD as routes of their own: one route of both methods documents two operations
 # under one id.
 @router.get("/health")
 @router.head("/health")
-async def health() -> JSONResponse:
-    body = await health_body()
+async def health(authorization: Annotated[str | None, Header()] = None) -> JSONResponse:
+    body = await health_body(operator=_is_operator(authorization))
     return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
 

@@ -24,6 +24,21 @@ INSTANCES_KEY = "sc:instances"
 # finds a reservation from its id alone. Read only by admin routes, never on a call's path.
 TAG_MAP_KEY = "sc:tags"
 
+# The ledger's catalogue, for operators (core/stores/operations.py), never read on a call's path.
+# Each is in the slot of LEDGER_ID_KEY: '{sc:ledger}' hashes as 'sc:ledger' does. A Redis Cluster
+# shard that loses them has lost the ledger id with them, which every instance already reads as
+# a reset; a shard that loses only some organisations leaves their entry in ORGS_KEY, which is
+# how their loss reads as `ledger_reset` instead of "no budget".
+CATALOGUE = "{sc:ledger}:"
+ORGS_KEY = CATALOGUE + "orgs"  # hash: tag -> the ledger id its budgets were put under
+BUDGETS_KEY = CATALOGUE + "budgets"  # sorted set, score 0: budget ids, in byte order
+KEYS_KEY = CATALOGUE + "keys"  # sorted set, score 0: '<budget id> <key id>', in byte order
+AUDIT_KEY = CATALOGUE + "audit"  # stream: every admin change (core/operations.py)
+# The ledger id a restore stamped, and the one an operator confirmed (`ceiling ledger adopt`):
+# instances that found their ledger reset take the new id when both name it.
+RESTORED_KEY = CATALOGUE + "restored"
+ADOPTED_KEY = CATALOGUE + "adopted"
+
 # The parts after 'sc:{TAG}:' of the keys of one tag.
 META = "meta"
 RECORD = "r:"  # + reservation id: one reservation, a string (wire.py RECORD_FIELDS)
@@ -78,6 +93,11 @@ def api_key(key_hash: str) -> str:
 
 def api_key_id(key_id: str) -> str:
     return f"sc:keyid:{key_id}"
+
+
+def api_key_previous(key_id: str) -> str:
+    """The hash of a rotated key's previous secret, during its grace period."""
+    return f"sc:keyprev:{key_id}"
 
 
 def probe(instance_id: str) -> str:

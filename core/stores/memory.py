@@ -224,7 +224,7 @@ class MemoryStore:
                 legs.append(
                     _Leg(
                         bid.path, w.key if w else "total", lim.ceiling_micros,
-                        w.resets_at_ms if w else None, d.outage_allowance_micros,
+                        w.resets_at_ms if w else None, d.ledger_allowance_micros,
                     )
                 )
         if run:

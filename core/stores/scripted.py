@@ -60,6 +60,14 @@ Clock = Callable[[], int]
 INSTANCE_SEEN_WINDOW_MS = 10 * 60_000
 # The probe's value lives a minute: long enough to read back, short enough to leave no trace.
 PROBE_TTL_MS = 60_000
+# An instance that found its ledger reset looks for an operator's adoption of a restored ledger
+# (`ceiling ledger adopt`) at most this often: two reads a second while it refuses every call.
+ADOPT_CHECK_INTERVAL_MS = 1_000
+# A key's last use is written when the stored one is older than this: at most one write a minute
+# per key and instance, on the key check the key-trust window (core/service.py KEY_TRUST_MS)
+# already makes rare, never on the reserve script. Operators read "last used" to find idle keys,
+# which a minute's resolution answers.
+KEY_LAST_USED_RESOLUTION_MS = 60_000
 # Budget paths whose ledger form (their ids, joined) a process remembers; bounded because paths
 # come from keys.
 PATHS_CACHE_MAX = 10_000
@@ -83,10 +91,18 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
-def _ledger_reset() -> LedgerUnavailable:
+def _ledger_reset(tag: str | None = None) -> LedgerUnavailable:
+    if tag is not None:
+        return LedgerUnavailable(
+            f"the ledger's data for {tag} is gone (its Redis Cluster shard was wiped or "
+            "replaced); enforcement is refused for it until an operator restores the ledger "
+            "(`ceiling ledger restore`)",
+            reason="ledger_reset", organisation=tag,
+        )
     return LedgerUnavailable(
         "the ledger's data is gone or was replaced (flushed, or restarted without persistence); "
-        "enforcement is refused until an operator re-initialises it",
+        "enforcement is refused until an operator restores it (`ceiling ledger restore`, then "
+        "`ceiling ledger adopt`)",
         reason="ledger_reset",
     )
 
@@ -150,11 +166,17 @@ class ScriptedStore:
         # local day it was built for, in every zone).
         self._zones: dict[tuple[str, ...], tuple[int, int, str]] = {}
         self._paths: dict[tuple[BudgetId, ...], str] = {}
+        self._adopt_checked_s = -float("inf")
+
+    @property
+    def transport(self) -> Transport:
+        """The backend's commands, for the operators' catalogue (core/stores/operations.py)."""
+        return self._t
 
     # -- identity and time -------------------------------------------------------------
 
     async def open(self) -> str:
-        if self._reset:
+        if self._reset and not await self._adopt():
             raise _ledger_reset()
         if self._ledger_id is None:
             found = await self._t.execute("GET", keys.LEDGER_ID_KEY)
@@ -165,6 +187,30 @@ class ScriptedStore:
             self._ledger_id = str(found)
         return self._ledger_id
 
+    async def _adopt(self) -> bool:
+        """Whether an operator confirmed a restored ledger since this instance found its own
+        reset; if so, it enforces against the restored one from now on, without a restart. A
+        ledger id alone is never adopted: an empty Redis gets a fresh one from the first instance
+        that opens it, and enforcing against that would serve refilled budgets."""
+        now_s = time.monotonic()
+        if (now_s - self._adopt_checked_s) * 1000 < ADOPT_CHECK_INTERVAL_MS:
+            return False
+        self._adopt_checked_s = now_s
+        found = await self._t.execute("GET", keys.LEDGER_ID_KEY)
+        adopted = await self._t.execute("GET", keys.ADOPTED_KEY)
+        if found is None or found != adopted or found == self._ledger_id:
+            return False
+        self._ledger_id, self._reset = str(found), False
+        return True
+
+    async def _org_lost(self, tag: str) -> bool:
+        """Whether one organisation's data is gone while the ledger id survived: a Redis Cluster
+        shard wiped or replaced. The catalogue, on the ledger id's shard, still names the
+        organisation; its own meta hash no longer carries the ledger id."""
+        if await self._t.execute("HGET", keys.ORGS_KEY, tag) is None:
+            return False
+        return bool(await self._t.execute("HGET", keys.meta(tag), "ledger") != self._ledger_id)
+
     async def _identity_lost(self) -> bool:
         """Called when a tag is not stamped with our ledger id, or a reservation is not found:
         is the whole ledger gone?"""
@@ -172,6 +218,21 @@ class ScriptedStore:
         if found != self._ledger_id:
             self._reset = True
         return self._reset
+
+    def now_arg(self) -> str:
+        """now_ms for a script: '' (Redis TIME) unless a test injected a clock."""
+        return self._now_arg()
+
+    def now_estimate(self) -> int:
+        """The ledger's time as this instance last learnt it, in ms."""
+        return self._now_estimate()
+
+    def use_ledger(self, ledger_id: str) -> None:
+        """Enforce against `ledger_id` from now on: the one a restore made here just stamped."""
+        self._ledger_id, self._reset = ledger_id, False
+
+    async def read_record(self, tag: str, reservation_id: str) -> wire.StoredRecord | None:
+        return await self._read(tag, reservation_id)
 
     def _now_arg(self) -> str:
         return str(self._clock()) if self._clock else ""
@@ -295,6 +356,8 @@ class ScriptedStore:
         # A wiped ledger has no budgets: 'no_budget' may mean the ledger is gone.
         if await self._identity_lost():
             raise _ledger_reset()
+        if await self._org_lost(ref.tag):
+            raise _ledger_reset(ref.tag)
         raise BudgetNotFound(
             "no budget applies to this call", budget_id=request.budget_ids[-1].path
         )
@@ -319,7 +382,7 @@ class ScriptedStore:
                 "this reservation was released; it cannot be settled",
                 reservation_id=ref.reservation_id,
             )
-        await self._not_found(ref.reservation_id)
+        await self._not_found(ref.reservation_id, ref.tag)
 
     async def release(self, ref: ReservationRef) -> Release:
         await self.open()
@@ -335,7 +398,7 @@ class ScriptedStore:
                 "this reservation was settled; it cannot be released",
                 reservation_id=ref.reservation_id,
             )
-        await self._not_found(ref.reservation_id)
+        await self._not_found(ref.reservation_id, ref.tag)
 
     async def book(self, request: ReserveRequest, actual_micros: int, admitted_at_ms: int) -> bool:
         ledger_id = await self.open()
@@ -358,6 +421,8 @@ class ScriptedStore:
             return bool(reply[1] == 0)
         if await self._identity_lost():
             raise _ledger_reset()
+        if await self._org_lost(ref.tag):
+            raise _ledger_reset(ref.tag)
         raise BudgetNotFound("no budget applies to this journal entry")
 
     async def _read(self, tag: str, reservation_id: str) -> wire.StoredRecord | None:
@@ -399,18 +464,20 @@ class ScriptedStore:
                 "this reservation was corrected before to another amount",
                 reservation_id=reservation_id,
             )
-        await self._not_found(reservation_id)
+        await self._not_found(reservation_id, tag)
 
     async def tag_of(self, digest: str) -> str | None:
         await self.open()
         found = await self._t.execute("HGET", keys.TAG_MAP_KEY, digest)
         return None if found is None else str(found)
 
-    async def _not_found(self, reservation_id: str) -> NoReturn:
+    async def _not_found(self, reservation_id: str, tag: str) -> NoReturn:
         # A settle, release or correction checks no ledger id (lua/settle.lua): a reservation
-        # that is not found may be one a wiped ledger lost.
+        # that is not found may be one a wiped ledger (or shard) lost.
         if await self._identity_lost():
             raise _ledger_reset()
+        if await self._org_lost(tag):
+            raise _ledger_reset(tag)
         raise ReservationNotFound("no such reservation", reservation_id=reservation_id)
 
     async def expire(self, tag: str, batch_max: int) -> int:
@@ -431,8 +498,10 @@ class ScriptedStore:
     async def put_budget(self, budget: BudgetDef) -> None:
         ledger_id = await self.open()
         bid = budget.budget_id
+        if await self._org_lost(bid.tag):
+            raise _ledger_reset(bid.tag)  # putting it again would refill what the shard lost
         await self._map_tag(bid.tag)
-        args = [ledger_id, budget.timezone, str(budget.outage_allowance_micros)]
+        args = [ledger_id, budget.timezone, str(budget.ledger_allowance_micros)]
         for lim in budget.limits:
             args += [lim.period.value, str(lim.ceiling_micros)]
         reply = await self._t.run(
@@ -441,6 +510,9 @@ class ScriptedStore:
         if reply[0] != "ok":
             self._reset = True
             raise _ledger_reset()
+        # After the stamp: an organisation named here has data under this ledger id to lose.
+        await self._t.execute("HSET", keys.ORGS_KEY, bid.tag, ledger_id)
+        await self._t.execute("ZADD", keys.BUDGETS_KEY, "0", bid.path)
         self._remember_tz(bid.path, budget.timezone)
 
     async def _map_tag(self, tag: str) -> None:
@@ -464,11 +536,13 @@ class ScriptedStore:
         count = len(wire.DEFINITION_FIELDS)
         tz, allow, *ceils = found[1:count] if found[1] is not None else found[count:]
         if tz is None:
+            if await self._org_lost(budget_id.tag):
+                raise _ledger_reset(budget_id.tag)
             return None
         limits = tuple(
             Limit(p, int(c)) for p, c in zip(Period, ceils, strict=True) if c is not None
         )
-        return BudgetDef(budget_id, limits, str(tz), int(allow))
+        return BudgetDef.from_ledger(budget_id, limits, str(tz), int(allow))
 
     async def status(
         self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None
@@ -517,19 +591,27 @@ class ScriptedStore:
             "" if record.run_ceiling_micros is None else str(record.run_ceiling_micros),
             "roles", ",".join(sorted(record.roles)),
         )
+        # Only when first made: a rotation or a restore keeps the key's own creation time.
+        await self._t.execute("HSETNX", keys.api_key(record.key_hash), "created_ms",
+                              str(self._now_estimate()))
+        await self._t.execute("ZADD", keys.KEYS_KEY, "0",
+                              f"{record.budget_id.path} {record.key_id}")
 
     async def get_key(self, key_hash: str) -> KeyRecord | None:
         await self.open()
         # A record put before fields had Python names keeps its run ceiling under 'run'.
-        key_id, budget_id, run, legacy_run, roles = await self._t.execute(
+        key_id, budget_id, run, legacy_run, roles, last_used = await self._t.execute(
             "HMGET", keys.api_key(key_hash), "key_id", "budget_id", "run_ceiling_micros", "run",
-            "roles",
+            "roles", "last_used_ms",
         )
         run = legacy_run if run is None else run
         if key_id is None:
             if await self._identity_lost():
                 raise _ledger_reset()
             return None
+        now_ms = self._now_estimate()
+        if not last_used or now_ms - int(last_used) >= KEY_LAST_USED_RESOLUTION_MS:
+            await self._t.execute("HSET", keys.api_key(key_hash), "last_used_ms", str(now_ms))
         return KeyRecord(
             key_id=str(key_id),
             key_hash=key_hash,
@@ -543,9 +625,17 @@ class ScriptedStore:
         key_hash = await self._t.execute("GET", keys.api_key_id(key_id))
         if key_hash is None:
             return False
-        # The record that authenticates goes first: from here on the key is refused.
+        budget_id = await self._t.execute("HGET", keys.api_key(str(key_hash)), "budget_id")
+        # The records that authenticate go first: from here on the key is refused, and so is
+        # its previous secret during a rotation's grace period.
         await self._t.execute("DEL", keys.api_key(str(key_hash)))
+        previous = await self._t.execute("GET", keys.api_key_previous(key_id))
+        if previous is not None:
+            await self._t.execute("DEL", keys.api_key(str(previous)))
+            await self._t.execute("DEL", keys.api_key_previous(key_id))
         await self._t.execute("DEL", keys.api_key_id(key_id))
+        if budget_id is not None:
+            await self._t.execute("ZREM", keys.KEYS_KEY, f"{budget_id} {key_id}")
         return True
 
     # -- health --------------------------------------------------------------------------

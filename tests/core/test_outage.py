@@ -78,3 +78,42 @@ async def test_the_flush_books_actuals_and_expired_holds_and_drops_releases() ->
     # What was settled at its actual, and the call left open at its hold: the 'charge' expiry.
     assert (total.committed_micros, total.overshoot_micros, total.reserved_micros) == (
         170, 170, 0)
+
+
+async def test_an_open_budget_admits_without_limit_and_journals_all_of_it() -> None:
+    """outage_policy `open` (issue 17): past any allowance, every call admitted is journaled and
+    booked into the ledger when it answers; health names the budget."""
+    from core.budgets import OUTAGE_OPEN_ALLOWANCE_MICROS, OutagePolicy
+
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    definition = BudgetDef(BudgetId(TAG), (Limit(Period.TOTAL, 10_000),),
+                           outage_policy=OutagePolicy.OPEN)
+    assert definition.ledger_allowance_micros == OUTAGE_OPEN_ALLOWANCE_MICROS
+    await store.put_budget(definition)
+    outage = OutageAllowance(clock)
+    outage.learn((BudgetId(TAG),), await store.status((BudgetId(TAG),)))
+    assert outage.open_budgets(10) == [TAG]
+    amount = 10**12  # far past the budget's ceiling and any allowance
+    for i in range(3):
+        outage.admit(call(f"open{i}", amount), DOWN)
+        assert outage.settle(ReservationRef(TAG, f"open{i}", OWNER), amount) is not None
+    assert await outage.flush(store) == 3
+    assert (await store.status((BudgetId(TAG),)))[0].committed_micros == 3 * amount
+    closed = journal(clock, allowance_micros=0)
+    with pytest.raises(LedgerUnavailable):
+        closed.admit(call("closed"), DOWN)
+    assert closed.open_budgets(10) == []
+
+
+def test_a_policy_and_an_allowance_that_contradict_are_refused() -> None:
+    from core.budgets import OutagePolicy
+    from core.errors import InvalidRequest
+
+    limits = (Limit(Period.TOTAL, 10),)
+    for policy, allowance in ((OutagePolicy.CLOSED, 5), (OutagePolicy.ALLOWANCE, 0),
+                              (OutagePolicy.OPEN, 5)):
+        with pytest.raises(InvalidRequest):
+            BudgetDef(BudgetId(TAG), limits, "UTC", allowance, policy)
+    assert BudgetDef(BudgetId(TAG), limits, "UTC", 5).policy is OutagePolicy.ALLOWANCE
+    assert BudgetDef(BudgetId(TAG), limits).policy is OutagePolicy.CLOSED

@@ -7,29 +7,35 @@ micro-dollar it held, or is refused until an operator re-creates it.
    the provider's bill).
 2. Redis restarted without its data (a wipe): every instance and every reserve says
    `ledger_reset`, nothing is written to the empty Redis, and enforcement stays refused until an
-   operator re-creates budgets, keys and the spend already billed; the instances that saw the
-   wipe serve again only after a restart. A new instance on the wiped Redis cannot tell (it
-   reports `ok`) but refuses every call: no key, no budget.
+   operator restores the last export (`ceiling ledger restore`, with the provider's bill for
+   the spend since) and confirms it (`ceiling ledger adopt`); then the same instances serve
+   again, without a restart, with the keys they had, and the ledger's committed is the whole
+   bill. A new instance on the wiped Redis cannot tell (it reports `ok`) but refuses every
+   call: no key, no budget.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from core.budgets import BudgetDef, BudgetId, Limit, Period
-from core.ledger import KeyRecord, ReservationRef, ReserveRequest, Role
-from core.limits import RESERVATION_TTL_MS_MIN
+from core.budgets import BudgetId
 from core.money import micros_to_usd
-from core.service import hash_api_key
+from core.operations import BILL_FORMAT
 from core.stores.redis import RedisStore
 from infra.fleet import Fleet
 from infra.service import ServiceProcess
@@ -70,9 +76,6 @@ IN_FLIGHT_GRACE_S = 1.0
 # An instance sees the ledger again, or a restarted instance answers, within this.
 RECOVERY_S_MAX = 20.0
 LEASE_WAIT_S_MAX = LEASE_TTL_MS / 1000 + 10
-# The operator's booking of the spend a wiped ledger lost: one record, made once.
-ADJUSTMENT_ID = "ledger-reset-adjustment"
-OPERATOR = "operator"
 
 
 def new_fleet() -> Fleet:
@@ -302,57 +305,75 @@ def test_no_budget_was_refilled(restarted: Restarted) -> None:
 @dataclass
 class Wiped:
     sidecar: Sidecar
+    exported_s: float
     wiped_s: float
-    reinitialised_s: float
-    restarting_s: float
-    restarted_s: float
+    restored_s: float
+    adopting_s: float  # the operator ran `ceiling ledger adopt`
+    adopted_s: float  # ... and it answered
     health_wiped: list[dict[str, Any]]
     keys_after_refusals: int
     requests_refused: tuple[int, int]
     billed_at_reset_micros: int
     newcomer_health: dict[str, Any]
     newcomer_reserve: Answer
-    after_operator: list[Answer]
-    health_after_operator: list[dict[str, Any]]
-    newcomer_after_operator: Answer
-    health_restarted: list[dict[str, Any]]
+    export: dict[str, Any]
+    restore: dict[str, Any]
+    after_restore: list[Answer]
+    health_after_restore: list[dict[str, Any]]
+    newcomer_after_restore: Answer
+    after_adopt: list[Answer]
+    newcomer_after_adopt: Answer
+    health_adopted: list[dict[str, Any]]
+    pids_before: list[int]
+    pids_after: list[int]
     probes: tuple[str, ...]
     billed_micros: int = 0
     provider_requests: int = 0
     books: Books | None = None
     rec: Reconciliation | None = None
 
+    @property
+    def exported_open_ids(self) -> set[str]:
+        return {r["reservation_id"] for org in self.export["body"]["organisations"]
+                for r in org["open_reservations"]}
 
-async def reinitialise(redis_url: str, who: Provisioned, billed_micros: int) -> None:
-    """The operator's re-initialisation of a wiped ledger, with the core's own operations: the
-    steps the proposed `ceiling ledger reset` runs. The budget first, then the spend the provider
-    has billed against it, and only then the key, so no call sees the budget refilled."""
-    store = RedisStore(redis_url)
-    bid = BudgetId.parse(who.budget_id)
-    try:
-        await store.open()
-        await store.put_budget(BudgetDef(bid, (Limit(Period.TOTAL, who.ceiling_micros),)))
-        booking = ReserveRequest(
-            ref=ReservationRef(bid.tag, ADJUSTMENT_ID, OPERATOR), budget_ids=bid.lineage,
-            amount_micros=billed_micros, ttl_ms=RESERVATION_TTL_MS_MIN,
-            fingerprint=ADJUSTMENT_ID, price_version="provider-bill",
-        )
-        await store.book(booking, billed_micros, int(time.time() * 1000))
-        # From the operator's export of key records: only the hash was ever stored.
-        await store.put_key(KeyRecord(who.key_id, hash_api_key(who.api_key), bid, None,
-                                      frozenset({Role.SIDECAR})))
-    finally:
-        await store.close()
+    @property
+    def exported_open_micros(self) -> int:
+        return sum(r["reserved_micros"] for org in self.export["body"]["organisations"]
+                   for r in org["open_reservations"])
+
+    @property
+    def committed_on_restore_micros(self) -> int:
+        (booked,) = self.restore["booked_from_bill"]
+        return int(booked["restored_committed_micros"]) + int(booked["booked_micros"])
 
 
-async def wipe_and_recover(fleet: Fleet, who: Provisioned, newcomer: ServiceProcess) -> Wiped:
+def ceiling(fleet: Fleet, *args: str) -> dict[str, Any]:
+    """The operator's command, as a process of its own with the fleet's ledger and token."""
+    env = {**os.environ, "REDIS_URL": fleet.redis.url, "CEILING_ADMIN_TOKEN": fleet.admin_token}
+    done = subprocess.run([sys.executable, "-m", "api.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert isinstance(answer, dict)
+    return answer
+
+
+async def wipe_and_recover(fleet: Fleet, who: Provisioned, newcomer: ServiceProcess,
+                           workdir: Path) -> Wiped:
     raw = aioredis.Redis.from_url(fleet.redis.url, decode_responses=True)
     probes: list[str] = []
+    export_file, bill_file = workdir / "ledger-export.json", workdir / "bill.json"
     async with sidecar_for(fleet, who) as sidecar:
         seen: dict[str, Any] = {}
 
         async def scenario() -> None:
-            await asyncio.sleep(UP_BEFORE_S)
+            await asyncio.sleep(UP_BEFORE_S / 2)
+            # The last scheduled export before the wipe, taken under load.
+            await asyncio.to_thread(ceiling, fleet, "ledger", "export", str(export_file))
+            seen["exported_s"] = time.monotonic()
+            await asyncio.sleep(UP_BEFORE_S / 2)
+            seen["pids_before"] = pids(fleet)
             await asyncio.to_thread(fleet.redis.restart, wipe=True)
             seen["wiped_s"] = time.monotonic()
 
@@ -378,39 +399,46 @@ async def wipe_and_recover(fleet: Fleet, who: Provisioned, newcomer: ServiceProc
                 seen["newcomer_health"] = (await http.get(f"{newcomer.url}/health")).json()
             seen["newcomer_reserve"] = await probe(newcomer.url, who, probes)
 
-            await reinitialise(fleet.redis.url, who, seen["billed_at_reset"])
-            seen["reinitialised_s"] = time.monotonic()
-            seen["after_operator"] = [await probe(url, who, probes) for url in fleet.urls]
-            seen["health_after_operator"] = await health(fleet)
-            seen["newcomer_after_operator"] = await probe(newcomer.url, who, probes)
+            # The provider's bill for the budget, from its GET /billing (this stub bills only
+            # this org's key): what it shows beyond the export is booked by the restore.
+            bill_file.write_text(json.dumps({"format": BILL_FORMAT, "entries": [
+                {"budget_id": who.budget_id, "billed_micros": seen["billed_at_reset"],
+                 "period": "total"}]}))
+            seen["restore"] = await asyncio.to_thread(
+                ceiling, fleet, "ledger", "restore", str(export_file), "--book-from-bill",
+                str(bill_file))
+            seen["restored_s"] = time.monotonic()
+            seen["after_restore"] = [await probe(url, who, probes) for url in fleet.urls]
+            seen["health_after_restore"] = await health(fleet)
+            seen["newcomer_after_restore"] = await probe(newcomer.url, who, probes)
 
-            seen["restarting_s"] = time.monotonic()
-            await asyncio.gather(*(asyncio.to_thread(restart_service, s)
-                                   for s in fleet.services))
-            seen["restarted_s"] = time.monotonic()
+            seen["adopting_s"] = time.monotonic()
+            await asyncio.to_thread(ceiling, fleet, "ledger", "adopt")
+            seen["adopted_s"] = time.monotonic()
 
             async def all_serving() -> bool:
-                return len(served_since(sidecar, seen["restarted_s"])) == INSTANCES
+                return len(served_since(sidecar, seen["adopted_s"])) == INSTANCES
 
-            await until(all_serving, "every restarted instance admitting again")
-            seen["health_restarted"] = await health(fleet)
+            await until(all_serving, "every instance admitting again, without a restart")
+            seen["after_adopt"] = [await probe(url, who, probes) for url in fleet.urls]
+            seen["newcomer_after_adopt"] = await probe(newcomer.url, who, probes)
+            seen["health_adopted"] = await health(fleet)
+            seen["pids_after"] = pids(fleet)
             await asyncio.sleep(UP_AFTER_S)
 
         try:
             await run_workers(sidecar, scenario())
         finally:
             await raw.aclose()
-    return Wiped(sidecar, seen["wiped_s"], seen["reinitialised_s"], seen["restarting_s"],
-                 seen["restarted_s"],
-                 seen["health_wiped"], seen["keys_after_refusals"], seen["requests_refused"],
-                 seen["billed_at_reset"], seen["newcomer_health"], seen["newcomer_reserve"],
-                 seen["after_operator"], seen["health_after_operator"],
-                 seen["newcomer_after_operator"], seen["health_restarted"], tuple(probes))
-
-
-def restart_service(service: ServiceProcess) -> None:
-    service.stop()
-    service.start()
+    return Wiped(sidecar, seen["exported_s"], seen["wiped_s"], seen["restored_s"],
+                 seen["adopting_s"], seen["adopted_s"], seen["health_wiped"],
+                 seen["keys_after_refusals"],
+                 seen["requests_refused"], seen["billed_at_reset"], seen["newcomer_health"],
+                 seen["newcomer_reserve"], json.loads(export_file.read_text()),
+                 seen["restore"], seen["after_restore"], seen["health_after_restore"],
+                 seen["newcomer_after_restore"], seen["after_adopt"],
+                 seen["newcomer_after_adopt"], seen["health_adopted"], seen["pids_before"],
+                 seen["pids_after"], tuple(probes))
 
 
 @pytest.fixture(scope="module")
@@ -421,32 +449,43 @@ def wiped() -> Wiped:
         try:
             who = provision(fleet, "org:wiped", CEILING_MICROS)
             reset_bill(fleet.provider.url)
-            obs = asyncio.run(wipe_and_recover(fleet, who, newcomer))
+            obs = asyncio.run(wipe_and_recover(fleet, who, newcomer, Path(fleet.workdir)))
         finally:
             newcomer.stop()
         bill = fetch_bill(fleet.provider.url)
         asyncio.run(expire_leases(fleet.redis.url, who.tag, LEASE_WAIT_S_MAX))
         obs.books = asyncio.run(read_books(fleet.redis.url, who))
     obs.billed_micros, obs.provider_requests = bill.total.cost_micros, bill.requests
-    after = [c for c in obs.sidecar.calls if c.sent_s > obs.reinitialised_s]
-    obs.rec = reconcile(after, obs.books, released=obs.probes)
+    after = [c for c in obs.sidecar.calls if c.sent_s > obs.restored_s]
+    # The export's open reservations, restored as charged: read apart from the workers' calls.
+    restored = {rid: v for rid, v in obs.books.reservations.items()
+                if rid in obs.exported_open_ids}
+    books = replace(obs.books, reservations={
+        rid: v for rid, v in obs.books.reservations.items() if rid not in restored})
+    obs.rec = reconcile(after, books, released=obs.probes)
     print(wipe_summary(obs))
     return obs
 
 
 def wipe_summary(obs: Wiped) -> str:
-    refused = during(obs.sidecar.calls, obs.wiped_s, obs.restarting_s)
+    refused = during(obs.sidecar.calls, obs.wiped_s, obs.adopting_s)
     outcomes = obs.sidecar.outcomes()
+    first_s = min((c.answered_s for c in obs.sidecar.calls
+                   if c.sent_s > obs.adopting_s and c.status == 201), default=math.nan)
     return (
-        f"\nledger wiped: {INSTANCES} instances, {WORKERS} workers; refused for "
-        f"{obs.reinitialised_s - obs.wiped_s:.1f} s until the operator acted, "
-        f"{obs.restarting_s - obs.wiped_s:.1f} s until the instances were restarted; "
+        f"\nledger wiped: {INSTANCES} instances, {WORKERS} workers; export taken "
+        f"{obs.wiped_s - obs.exported_s:.1f} s before the wipe; refused for "
+        f"{obs.restored_s - obs.wiped_s:.1f} s until the restore, "
+        f"{obs.adopting_s - obs.wiped_s:.1f} s until the operator's adopt, the first call "
+        f"admitted {first_s - obs.adopting_s:.1f} s after it; "
         f"{len(refused)} reserves in between answered "
         f"{dict(Counter(f'{c.status} {c.reason or c.code}' for c in refused))}\n"
         f"  attempts by outcome: {dict(sorted(outcomes.items()))}\n"
-        f"  billed before the operator acted ${micros_to_usd(obs.billed_at_reset_micros)} "
-        f"(booked as a 'total' adjustment); billed in all ${micros_to_usd(obs.billed_micros)}; "
-        f"the new ledger committed "
+        f"  billed before the restore ${micros_to_usd(obs.billed_at_reset_micros)}; restored "
+        f"${micros_to_usd(obs.committed_on_restore_micros)} (export + bill gap; "
+        f"{len(obs.exported_open_ids)} open holds charged as unknown, "
+        f"${micros_to_usd(obs.exported_open_micros)}); billed in all "
+        f"${micros_to_usd(obs.billed_micros)}; the ledger committed "
         f"${micros_to_usd(obs.books.committed_micros if obs.books else 0)}"
     )
 
@@ -454,7 +493,7 @@ def wipe_summary(obs: Wiped) -> str:
 def test_a_wipe_is_detected_on_every_instance_and_every_reserve(wiped: Wiped) -> None:
     assert [(h["status"], h["reasons"]) for h in wiped.health_wiped] == [
         ("down", ["ledger_reset"])] * INSTANCES
-    refused = during(wiped.sidecar.calls, wiped.wiped_s, wiped.reinitialised_s)
+    refused = during(wiped.sidecar.calls, wiped.wiped_s, wiped.adopting_s)
     assert {c.instance for c in refused} == set(range(INSTANCES))
     assert {(c.status, c.reason, c.forwarded) for c in refused} == {
         (503, "ledger_reset", False)}, wipe_summary(wiped)
@@ -465,9 +504,9 @@ def test_a_wiped_ledger_is_not_written_to_or_served(wiped: Wiped) -> None:
     assert wiped.keys_after_refusals == 0
     first, last = wiped.requests_refused
     assert first == last
-    before_restart = [c for c in wiped.sidecar.calls
-                      if wiped.wiped_s < c.sent_s and c.answered_s < wiped.restarting_s]
-    assert not any(c.status == 201 for c in before_restart)
+    before_adopt = [c for c in wiped.sidecar.calls
+                    if wiped.wiped_s < c.sent_s and c.answered_s < wiped.adopting_s]
+    assert not any(c.status == 201 for c in before_adopt)
     # Calls admitted before the wipe and settled after it: only the bill remembers them.
     assert wiped.sidecar.failures() == []
 
@@ -477,21 +516,36 @@ def test_a_new_instance_on_a_wiped_ledger_cannot_tell_but_refuses(wiped: Wiped) 
     assert wiped.newcomer_reserve == Answer(401, "unauthorized")  # gone with the data: the key
 
 
-def test_an_instance_that_saw_the_wipe_refuses_until_restarted(wiped: Wiped) -> None:
-    assert wiped.after_operator == [
-        Answer(503, "ledger_unavailable", "ledger_reset", False)] * INSTANCES
-    assert [h["reasons"] for h in wiped.health_after_operator] == [["ledger_reset"]] * INSTANCES
-    assert wiped.newcomer_after_operator == Answer(201)
-    assert [h["status"] for h in wiped.health_restarted] == ["ok"] * INSTANCES
+def test_a_restored_ledger_is_served_only_once_the_operator_adopts_it(wiped: Wiped) -> None:
+    reset = Answer(503, "ledger_unavailable", "ledger_reset", False)
+    assert wiped.after_restore == [reset] * INSTANCES
+    assert [h["reasons"] for h in wiped.health_after_restore] == [["ledger_reset"]] * INSTANCES
+    assert wiped.newcomer_after_restore == reset  # its fresh ledger id is not the restored one
+    # Adopted without a restart: the same processes serve, with the keys they had.
+    assert wiped.after_adopt == [Answer(201)] * INSTANCES
+    assert wiped.newcomer_after_adopt == Answer(201)
+    assert wiped.pids_after == wiped.pids_before
+    assert [h["status"] for h in wiped.health_adopted] == ["ok"] * INSTANCES
+    assert wiped.restore["keys"] == 1
+    assert wiped.restore["ledger_id"] not in (wiped.export["ledger_id"], None)
 
 
-def test_after_the_operator_the_budget_holds_what_was_billed(wiped: Wiped) -> None:
+def test_after_the_restore_the_budget_holds_the_whole_bill(wiped: Wiped) -> None:
     assert wiped.books is not None
     assert wiped.rec is not None
-    assert wiped.books.foreign == (ADJUSTMENT_ID,)
     assert wiped.rec.problems == (), "\n".join(wiped.rec.problems[:20])
-    # The new ledger's committed is the whole bill: what the operator booked from it, and
-    # every call settled since; nothing was refilled.
-    assert wiped.books.committed_micros == wiped.billed_micros + wiped.rec.unknown_micros
+    (booking,) = wiped.books.foreign  # the restore's booking of the bill's gap
+    assert booking == wiped.restore["booked_from_bill"][0].get("reservation_id", booking)
+    # Nothing refilled: the restored ledger holds at least the whole bill up to the wipe, and
+    # more only by the export's open holds, charged as unknown (held, never dropped).
+    over = wiped.committed_on_restore_micros - wiped.billed_at_reset_micros
+    assert 0 <= over <= wiped.exported_open_micros
+    restored = [v for rid, v in wiped.books.reservations.items() if rid in wiped.exported_open_ids]
+    assert {(v.state.value, v.outcome) for v in restored} <= {("expired", "unknown")}
+    assert len(restored) == len(wiped.exported_open_ids)
+    # The ledger's committed is the whole bill: what the restore put back, and every call
+    # settled since; plus leases nobody settled, charged as unknown, and that same `over`.
+    assert wiped.books.committed_micros == (
+        wiped.billed_micros + wiped.rec.unknown_micros + over)
     assert wiped.rec.settled_micros == wiped.billed_micros - wiped.billed_at_reset_micros
     assert (wiped.books.reserved_micros, wiped.books.open_leases) == (0, 0)

@@ -43,10 +43,12 @@ CONCURRENCY = 64
 OPEN_EVERY, RELEASE_EVERY, IDEMPOTENT_EVERY = 10, 7, 5
 MODELS = 50  # distinct model names with an output histogram
 # Keys an operator makes, kept without an expiry: the ledger id, a tag's meta and budget
-# definitions, the total counters of those budgets, API key records, the tag map, and a tag's
-# open-lease set while it has members.
+# definitions, the total counters of those budgets, API key records, the tag map, a tag's
+# open-lease set while it has members, and the operators' catalogue (its audit stream is trimmed
+# by age as it is written).
 OPERATOR_KEYS = re.compile(
     r"sc:ledger|sc:tags|sc:key:[0-9a-f]+|sc:keyid:key_[0-9a-f]+"
+    r"|\{sc:ledger\}:(orgs|budgets|keys|audit|restored|adopted)"
     r"|sc:\{(?P<tag>[^}]+)\}:(meta|open|def:.+|p:(?P<budget>[^|]+)\|total)"
 )
 

@@ -1,0 +1,351 @@
+"""The operators' catalogue on a Redis-speaking ledger: lists, deletion, key rotation, the audit
+stream, and the raw reads and writes of an export and a restore (core/operations.py says what
+they mean).
+
+Nothing here runs on a call's path. The catalogue's keys (core/stores/keys.py CATALOGUE) share
+the ledger id's slot, so on Redis Cluster every command below that names one of them goes to one
+master; what belongs to an organisation is read and written under its own hash tag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import BudgetInUse, ensure
+from core.ledger import ExpirePolicy, ReservationState
+from core.lifecycle import Event, effects
+from core.limits import UNKNOWN_OUTCOME_RETENTION_MS
+from core.stores import keys, wire
+from core.stores.scripted import ScriptedStore
+from core.stores.scripts import script
+
+# Keys one dump_tag page scans: enough that a tag of a few hundred budgets takes a few pages,
+# small enough that one page holds the server for well under a millisecond.
+DUMP_PAGE_KEYS = 1_000
+# Pages one tag's dump may take before it is refused as runaway (a scan that never ends).
+DUMP_PAGES_MAX = 100_000
+
+KEY_FIELDS = ("key_id", "budget_id", "run_ceiling_micros", "run", "roles", "created_ms",
+              "last_used_ms", "rotated_at_ms")
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """What a list of keys shows: never the secret, nor its hash."""
+
+    key_id: str
+    budget_id: str
+    roles: tuple[str, ...]
+    run_ceiling_micros: int | None
+    created_ms: int | None
+    last_used_ms: int | None
+    rotated_at_ms: int | None
+    previous_valid_ms: int | None  # how long a rotated key's previous secret still works
+
+
+@dataclass(frozen=True)
+class TagDump:
+    """One tag as kept: its hashes (meta, definitions, counters) by key suffix with their time to
+    live (None: kept for ever), and its open reservations' records."""
+
+    hashes: dict[str, tuple[int | None, dict[str, str]]]
+    open_records: dict[str, wire.StoredRecord]
+
+
+def _number(value: Any) -> int | None:
+    return int(value) if value not in (None, "") else None
+
+
+def _pairs(flat: Any) -> dict[str, str]:
+    if isinstance(flat, dict):
+        return {str(k): str(v) for k, v in flat.items()}
+    return {str(k): str(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
+
+
+class ScriptedCatalogue:
+    """See the module docstring. Every method raises only core errors (the transport's)."""
+
+    def __init__(self, store: ScriptedStore) -> None:
+        self.store = store
+        self._t = store.transport
+
+    # -- lists ---------------------------------------------------------------------------
+
+    async def budget_ids(self, prefix: str, after: str | None, count: int) -> list[str]:
+        """Budget ids from the index, in byte order, beginning with `prefix`, after `after`."""
+        low = f"({after}" if after is not None else f"[{prefix}"
+        high = f"[{prefix}\xff" if prefix else "+"
+        found = await self._t.execute("ZRANGEBYLEX", keys.BUDGETS_KEY, low, high, "LIMIT", "0",
+                                      str(count))
+        return [str(x) for x in found]
+
+    async def keys_of(self, budget_id: str | None, after: str | None, count: int
+                      ) -> list[KeyInfo]:
+        prefix = f"{budget_id} " if budget_id is not None else ""
+        low = f"({after}" if after is not None else (f"[{prefix}" if prefix else "-")
+        high = f"[{prefix}\xff" if prefix else "+"
+        members = await self._t.execute("ZRANGEBYLEX", keys.KEYS_KEY, low, high, "LIMIT", "0",
+                                        str(count))
+        out = []
+        for member in members:
+            info = await self.key_info(str(member).rpartition(" ")[2])
+            if info is not None:
+                out.append(info)
+        return out
+
+    async def key_info(self, key_id: str) -> KeyInfo | None:
+        key_hash = await self._t.execute("GET", keys.api_key_id(key_id))
+        if key_hash is None:
+            return None
+        values = await self._t.execute("HMGET", keys.api_key(str(key_hash)), *KEY_FIELDS)
+        f = dict(zip(KEY_FIELDS, values, strict=True))
+        if f["key_id"] is None:
+            return None
+        run = f["run_ceiling_micros"] if f["run_ceiling_micros"] is not None else f["run"]
+        previous_ms = None
+        previous = await self._t.execute("GET", keys.api_key_previous(key_id))
+        if previous is not None:
+            ttl = int(await self._t.execute("PTTL", keys.api_key(str(previous))))
+            previous_ms = ttl if ttl > 0 else None
+        roles = tuple(sorted(str(f["roles"]).split(","))) if f["roles"] is not None \
+            else ("gateway", "sidecar")  # core.ledger.ROLES_OF_LEGACY_KEYS
+        return KeyInfo(key_id, str(f["budget_id"]), roles, _number(run),
+                       _number(f["created_ms"]), _number(f["last_used_ms"]),
+                       _number(f["rotated_at_ms"]), previous_ms)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def delete_budget(self, tag: str, budget_id: str, force: bool) -> tuple[int, int] | None:
+        """(reservations charged, micros they held), or None if there is no such budget;
+        BudgetInUse while open reservations hold money in it and `force` is not given."""
+        reply = await self._t.run(
+            script("delete_budget"),
+            (keys.meta(tag), keys.definition(tag, budget_id), keys.open_leases(tag)),
+            [budget_id, "1" if force else "0", *filter(None, [self.store.now_arg()])],
+        )
+        if reply[0] == "not_found":
+            return None
+        if reply[0] == "in_use":
+            raise BudgetInUse(
+                f"{reply[1]} open reservations hold {reply[2]} micro-dollars in {budget_id}; "
+                "delete it once they settle, or with force=1, which charges them as unknown",
+                budget_id=budget_id, open_reservations=int(reply[1]),
+                held_micros=int(reply[2]),
+            )
+        await self._t.execute("ZREM", keys.BUDGETS_KEY, budget_id)
+        return int(reply[1]), int(reply[2])
+
+    async def rotate_key(self, key_id: str, new_hash: str, grace_ms: int) -> bool:
+        """Give the key a new secret (its hash); the previous one works for `grace_ms` more. A
+        key rotated again within its grace period loses the oldest secret at once: one previous
+        secret at a time. False if there is no such key."""
+        old_hash = await self._t.execute("GET", keys.api_key_id(key_id))
+        if old_hash is None:
+            return False
+        old = _pairs(await self._t.execute("HGETALL", keys.api_key(str(old_hash))))
+        if not old:
+            return False
+        older = await self._t.execute("GET", keys.api_key_previous(key_id))
+        if older is not None and older != old_hash:
+            await self._t.execute("DEL", keys.api_key(str(older)))
+        fields = {k: v for k, v in old.items() if k != "last_used_ms"}
+        fields["rotated_at_ms"] = str(self.store.now_estimate())
+        flat = [x for kv in fields.items() for x in kv]
+        # The new secret works before the old one starts to expire.
+        await self._t.execute("HSET", keys.api_key(new_hash), *flat)
+        await self._t.execute("SET", keys.api_key_id(key_id), new_hash)
+        await self._t.execute("SET", keys.api_key_previous(key_id), str(old_hash), "PX",
+                              str(grace_ms))
+        await self._t.execute("PEXPIRE", keys.api_key(str(old_hash)), str(grace_ms))
+        return True
+
+    # -- the audit stream ------------------------------------------------------------------
+
+    async def audit_append(self, fields: dict[str, str], retention_ms: int) -> str:
+        """Append one entry (its id is the ledger's time in ms, then a sequence number) and drop
+        entries older than `retention_ms`."""
+        oldest_ms = max(0, self.store.now_estimate() - retention_ms)
+        flat = [x for kv in fields.items() for x in kv]
+        return str(await self._t.execute("XADD", keys.AUDIT_KEY, "MINID", "~", str(oldest_ms),
+                                         "*", *flat))
+
+    async def audit_read(self, before: str | None, count: int
+                         ) -> list[tuple[str, dict[str, str]]]:
+        """Newest first, before the entry id `before`."""
+        high = f"({before}" if before is not None else "+"
+        found = await self._t.execute("XREVRANGE", keys.AUDIT_KEY, high, "-", "COUNT",
+                                      str(count))
+        return [(str(entry_id), _pairs(fields)) for entry_id, fields in found]
+
+    # -- export ------------------------------------------------------------------------------
+
+    async def tags(self) -> list[str]:
+        """Every organisation the ledger knows: the catalogue's, and the tag map's (budgets
+        put before the catalogue existed)."""
+        orgs = _pairs(await self._t.execute("HGETALL", keys.ORGS_KEY))
+        mapped = _pairs(await self._t.execute("HGETALL", keys.TAG_MAP_KEY))
+        return sorted(set(orgs) | set(mapped.values()))
+
+    async def dump_tag(self, tag: str) -> TagDump:
+        """Not one snapshot (a tag's keys are read a page at a time, under load): the open
+        reservations are read first, then the counters. A call that settles in between is then
+        in the committed it settled to and still in the open holds, which a restore charges: an
+        over-count, the safe way to be wrong; a hold taken in between is in no record, and a
+        restore drops it (its call is on the provider's bill, which --book-from-bill books)."""
+        records = {}
+        open_ids = await self._t.execute("ZRANGE", keys.open_leases(tag), "0", "-1")
+        for rid in sorted({str(x) for x in open_ids}):
+            found = await self.store.read_record(tag, rid)
+            if found is not None and found.state == ReservationState.OPEN.value:
+                records[rid] = found
+        hashes: dict[str, tuple[int | None, dict[str, str]]] = {}
+        cursor = "0"
+        for _ in range(DUMP_PAGES_MAX):
+            page = await self._t.run(script("dump_tag"), (keys.meta(tag),),
+                                     [cursor, str(DUMP_PAGE_KEYS)])
+            cursor = str(page[0])
+            for entry in page[1:]:
+                suffix, pttl, values = str(entry[1]), int(entry[2]), entry[3:]
+                hashes[suffix] = (pttl if pttl > 0 else None, _pairs(list(values)))
+            if cursor == "0":
+                break
+        else:
+            ensure(False, f"the dump of {tag} did not end")
+        return TagDump(hashes, records)
+
+    async def index_unlisted_keys(self) -> int:
+        """Put keys made before the catalogue existed into it; how many. On one Redis (and
+        Upstash) a SCAN finds them; on a Cluster a SCAN sees one node, so there a key made
+        before the catalogue is listed once it is rotated or made again."""
+        if self._t.backend == "redis-cluster":
+            return 0
+        added, cursor = 0, "0"
+        for _ in range(DUMP_PAGES_MAX):
+            cursor, found = await self._t.execute(
+                "SCAN", cursor, "MATCH", keys.api_key_id("*"), "COUNT", str(DUMP_PAGE_KEYS))
+            for name in found:
+                key_id = str(name).removeprefix(keys.api_key_id(""))
+                key_hash = await self._t.execute("GET", str(name))
+                budget_id = None if key_hash is None else await self._t.execute(
+                    "HGET", keys.api_key(str(key_hash)), "budget_id")
+                if budget_id is not None:
+                    added += int(await self._t.execute(
+                        "ZADD", keys.KEYS_KEY, "NX", "0", f"{budget_id} {key_id}"))
+            if str(cursor) == "0":
+                break
+        return added
+
+    async def key_records(self) -> list[dict[str, str]]:
+        """Every indexed key's record: its hash, never a secret."""
+        members = await self._t.execute("ZRANGE", keys.KEYS_KEY, "0", "-1")
+        out = []
+        for member in members:
+            key_id = str(member).rpartition(" ")[2]
+            key_hash = await self._t.execute("GET", keys.api_key_id(key_id))
+            if key_hash is None:
+                continue
+            record = _pairs(await self._t.execute("HGETALL", keys.api_key(str(key_hash))))
+            if record:
+                out.append({**record, "key_hash": str(key_hash)})
+        return out
+
+    # -- restore -----------------------------------------------------------------------------
+
+    async def has_data(self, tags: Iterable[str]) -> list[str]:
+        """What makes the ledger not empty: catalogue entries and organisations with data."""
+        found = []
+        if int(await self._t.execute("HLEN", keys.ORGS_KEY)):
+            found.append("organisations")
+        if int(await self._t.execute("ZCARD", keys.BUDGETS_KEY)):
+            found.append("budgets")
+        if int(await self._t.execute("ZCARD", keys.KEYS_KEY)):
+            found.append("keys")
+        for tag in tags:
+            if int(await self._t.execute("EXISTS", keys.meta(tag))):
+                found.append(tag)
+        return found
+
+    async def begin_restore(self) -> None:
+        """No confirmation given for an earlier restore applies to this one."""
+        await self._t.execute("DEL", keys.ADOPTED_KEY)
+
+    async def stamp_ledger(self, ledger_id: str) -> None:
+        """The restored ledger's id, written last: instances that find theirs gone wait for the
+        operator's adoption (`ceiling ledger adopt`) before they enforce against it."""
+        await self._t.execute("SET", keys.RESTORED_KEY, ledger_id)
+        await self._t.execute("SET", keys.LEDGER_ID_KEY, ledger_id)
+
+    async def write_hash(self, key: str, fields: dict[str, str], ttl_ms: int | None) -> None:
+        await self._t.execute("DEL", key)
+        await self._t.execute("HSET", key, *[x for kv in fields.items() for x in kv])
+        if ttl_ms is not None:
+            await self._t.execute("PEXPIRE", key, str(ttl_ms))
+
+    async def read_hash(self, key: str) -> dict[str, str]:
+        return _pairs(await self._t.execute("HGETALL", key))
+
+    async def has_record(self, tag: str, reservation_id: str) -> bool:
+        return bool(await self._t.execute("EXISTS", keys.reservation(tag, reservation_id)))
+
+    async def write_unknown(self, tag: str, reservation_id: str, record: wire.StoredRecord,
+                            now_ms: int) -> bool:
+        """An open reservation of the export, as expiry under 'charge' leaves it: committed in
+        its legs (the caller books that), outcome 'unknown', so a late settle or an operator's
+        correction still corrects it. Not over a record the ledger already has."""
+        held = int(record.reserved_micros)
+        fx = effects(Event.EXPIRE, ReservationState.OPEN, ExpirePolicy.CHARGE, held)
+        fields = record._replace(
+            state=fx.to.value, expire_policy=ExpirePolicy.CHARGE.value, outcome=fx.outcome,
+            resolved_ms=str(now_ms), released_micros=str(fx.released_micros),
+            overshoot_micros=str(fx.overshoot_micros), late="1" if fx.late else "0",
+            actual_micros="")
+        packed = wire.SEPARATOR.join(fields)
+        return bool(await self._t.execute(
+            "SET", keys.reservation(tag, reservation_id), packed, "PX",
+            str(UNKNOWN_OUTCOME_RETENTION_MS), "NX"))
+
+    async def catalogue_tag(self, tag: str, ledger_id: str, digest: str) -> None:
+        await self._t.execute("HSET", keys.TAG_MAP_KEY, digest, tag)
+        await self._t.execute("HSET", keys.ORGS_KEY, tag, ledger_id)
+
+    async def catalogue_budget(self, budget_id: str) -> None:
+        await self._t.execute("ZADD", keys.BUDGETS_KEY, "0", budget_id)
+
+    async def write_key(self, record: dict[str, str]) -> None:
+        key_hash = record["key_hash"]
+        fields = {k: v for k, v in record.items() if k != "key_hash"}
+        await self._t.execute("HSET", keys.api_key(key_hash),
+                              *[x for kv in fields.items() for x in kv])
+        await self._t.execute("SET", keys.api_key_id(fields["key_id"]), key_hash)
+        await self._t.execute("ZADD", keys.KEYS_KEY, "0",
+                              f"{fields['budget_id']} {fields['key_id']}")
+
+    async def adopt(self) -> tuple[str | None, str | None]:
+        """Confirm the restored ledger for adoption: (the ledger id now, the restored one)."""
+        current = await self._t.execute("GET", keys.LEDGER_ID_KEY)
+        restored = await self._t.execute("GET", keys.RESTORED_KEY)
+        if current is not None and current == restored:
+            await self._t.execute("SET", keys.ADOPTED_KEY, str(current))
+        return (None if current is None else str(current),
+                None if restored is None else str(restored))
+
+
+def unknown_effects(held_micros: int) -> tuple[int, int]:
+    """(reserved delta, committed delta) of charging an open hold as unknown (core/lifecycle.py's
+    expiry under 'charge')."""
+    fx = effects(Event.EXPIRE, ReservationState.OPEN, ExpirePolicy.CHARGE, held_micros)
+    return fx.reserved_delta, fx.committed_delta
+
+
+def legs_of(record: wire.StoredRecord) -> Sequence[tuple[str, str, bool]]:
+    """(budget id, window key, is a run's) of each leg a record holds money in."""
+    out = []
+    for item in record.legs.split(wire.ITEM_SEPARATOR):
+        if item:
+            parts = item.split(wire.PART_SEPARATOR)
+            out.append((parts[0], parts[1], parts[-1] == "run"))
+    return out
+
+
