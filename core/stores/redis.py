@@ -1,4 +1,13 @@
-"""RedisStore: the ledger on one Redis (or a managed Redis) through redis-py's asyncio client."""
+"""RedisStore: the ledger on one Redis (or a managed Redis) through redis-py's asyncio client.
+
+The scripts, two or more on every call the service serves, are sent on connections of the
+transport's own (`RedisTransport.run`): redis-py's connections (its URL handling, TLS, AUTH,
+SELECT, health checks and hiredis parser), each carrying one command and its reply at a time,
+taken from a list and put back. Not through the client's command path: its blocking pool,
+retry object, response callbacks and per-command telemetry cost several times what sending the
+command does, on every call. Everything else (key records, health, budgets) goes through the
+client, where its response callbacks shape the replies.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +15,11 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import hiredis
 import redis.asyncio as aioredis
 from redis import exceptions as rex
 from redis.asyncio.client import Redis
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
@@ -26,6 +37,7 @@ POOL_CONNECTIONS_MAX = 64
 # restart or failover broke, few enough to stay inside LEDGER_CALL_TIMEOUT_S.
 RETRIES_MAX = 2
 RETRY_BACKOFF_S_MAX = 0.05
+RETRY_BACKOFF_S_BASE = 0.01
 
 
 def translate(exc: BaseException) -> Exception:
@@ -39,16 +51,32 @@ def translate(exc: BaseException) -> Exception:
     return LedgerUnavailable(f"the ledger answered with an error: {exc}", reason="ledger_error")
 
 
+Command = tuple[str | int, ...]
+
+
 class RedisTransport:
     backend = "redis"
 
     def __init__(self, client: Redis, *, call_timeout_s: float = LEDGER_CALL_TIMEOUT_S,
-                 functions: bool = True) -> None:
+                 functions: bool = True, connections_max: int = POOL_CONNECTIONS_MAX) -> None:
         self._client = client
         self._call_timeout_s = call_timeout_s
         # Whether to call the library's functions: a server without them (before Redis 7.0)
         # says so at the first call, and each call then runs as a script of its own.
         self._functions = functions
+        # The scripts' connections (see the module docstring): made as the client's pool makes
+        # its own, but with no socket timeout of their own, since every call is bounded as a
+        # whole by call_timeout_s (a per-read timeout would cost a timer, or a task, per read).
+        pool = client.connection_pool
+        self._connection_class = pool.connection_class
+        self._connection_kwargs = {**pool.connection_kwargs, "socket_timeout": None}
+        self._connections_max = connections_max
+        self._idle: list[AbstractConnection] = []
+        # Past connections_max calls in flight, a call waits for a connection (within its
+        # timeout) instead of failing. Made per event loop, as the connections are: a
+        # serverless runtime may run each invocation on a loop of its own.
+        self._slots = asyncio.Semaphore(connections_max)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
         # FCALL of the script's function, loading the library when the server does not know it;
@@ -58,23 +86,53 @@ class RedisTransport:
         try:
             async with asyncio.timeout(self._call_timeout_s):
                 if self._functions and script.function:
+                    command: Command = ("FCALL", script.function, len(keys), *keys, *args)
                     try:
-                        return await self._client.fcall(script.function, len(keys), *keys, *args)
+                        return await self._send(command)
                     except rex.ResponseError as exc:
                         if function_missing(str(exc)):
                             await self._load_library()
-                            return await self._client.fcall(
-                                script.function, len(keys), *keys, *args)
+                            return await self._send(command)
                         if not functions_unknown(str(exc)):
                             raise
                         self._functions = False
+                command = ("EVALSHA", script.sha1, len(keys), *keys, *args)
                 try:
-                    return await self._client.evalsha(script.sha1, len(keys), *keys, *args)
+                    return await self._send(command)
                 except rex.NoScriptError:
                     await self._client.script_load(script.source)
-                    return await self._client.evalsha(script.sha1, len(keys), *keys, *args)
+                    return await self._send(command)
         except (rex.RedisError, OSError, TimeoutError) as exc:
             raise translate(exc) from exc
+
+    async def _send(self, command: Command) -> Any:
+        """One command on one of the scripts' connections, and its reply (an error reply
+        raised as redis-py's exception for it). A connection that breaks is retried on a
+        fresh one, RETRIES_MAX times: every script is safe to run twice."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # Connections and the semaphore belong to the loop they were made in.
+            self._idle, self._slots, self._loop = [], asyncio.Semaphore(self._connections_max), loop
+        # hiredis' stub types its argument as a 1-tuple; it takes a command of any length.
+        packed = hiredis.pack_command(command)  # type: ignore[arg-type]
+        async with self._slots:
+            idle = self._idle
+            connection = idle.pop() if idle else self._connection_class(**self._connection_kwargs)
+            try:
+                for attempt in range(RETRIES_MAX + 1):
+                    try:
+                        # redis-py connects (again) a connection that is not connected, and
+                        # disconnects one on any failure, a cancellation included: a
+                        # connection put back is always one whose replies were all read.
+                        await connection.send_packed_command(packed)
+                        return await connection.read_response()
+                    except (rex.ConnectionError, rex.TimeoutError, OSError):
+                        if attempt == RETRIES_MAX:
+                            raise
+                    await asyncio.sleep(min(RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_BASE * 2**attempt))
+                raise InvariantBroken("the retry loop returns or raises")
+            finally:
+                idle.append(connection)
 
     async def _load_library(self) -> None:
         try:
@@ -102,6 +160,9 @@ class RedisTransport:
         return config.get("appendonly") == "yes" or bool(config.get("save"))
 
     async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await connection.disconnect()
         await self._client.aclose()
 
 
@@ -118,7 +179,8 @@ def redis_client(url: str, call_timeout_s: float = LEDGER_CALL_TIMEOUT_S) -> Red
         health_check_interval=30,
         # A connection broken by a Redis restart fails its next command; retry on a fresh one.
         # Replaying a script is safe: every script is idempotent by reservation id.
-        retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_S_MAX, base=0.01), RETRIES_MAX),
+        retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_S_MAX, base=RETRY_BACKOFF_S_BASE),
+                    RETRIES_MAX),
     )
     return aioredis.Redis(connection_pool=pool)
 
