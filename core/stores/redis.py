@@ -1,12 +1,11 @@
 """RedisStore: the ledger on one Redis (or a managed Redis) through redis-py's asyncio client.
 
-The scripts, two or more on every call the service serves, are sent on connections of the
-transport's own (`RedisTransport.run`): redis-py's connections (its URL handling, TLS, AUTH,
-SELECT, health checks and hiredis parser), each carrying one command and its reply at a time,
-taken from a list and put back. Not through the client's command path: its blocking pool,
-retry object, response callbacks and per-command telemetry cost several times what sending the
-command does, on every call. Everything else (key records, health, budgets) goes through the
-client, where its response callbacks shape the replies.
+The scripts, two or more on every call the service serves, go out on connections of the
+transport's own (`RedisTransport.run`, core/stores/redis_resp.py: hiredis over an asyncio
+protocol, to where redis-py's client connects), kept in a list and each carrying one command at
+a time: redis-py's command path costs several times what sending the command does. Everything
+else (key records, health, budgets, loading the scripts) goes through the client, where its
+response callbacks shape the replies.
 """
 
 from __future__ import annotations
@@ -15,15 +14,14 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-import hiredis
 import redis.asyncio as aioredis
 from redis import exceptions as rex
 from redis.asyncio.client import Redis
-from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from core.errors import InvariantBroken, LedgerUnavailable
+from core.stores.redis_resp import Command, Endpoint, RespConnection, pack
 from core.stores.scripted import Clock, ScriptedStore
 from core.stores.scripts import Script, function_missing, functions_unknown, library, library_exists
 
@@ -51,9 +49,6 @@ def translate(exc: BaseException) -> Exception:
     return LedgerUnavailable(f"the ledger answered with an error: {exc}", reason="ledger_error")
 
 
-Command = tuple[str | int, ...]
-
-
 class RedisTransport:
     backend = "redis"
 
@@ -64,14 +59,11 @@ class RedisTransport:
         # Whether to call the library's functions: a server without them (before Redis 7.0)
         # says so at the first call, and each call then runs as a script of its own.
         self._functions = functions
-        # The scripts' connections (see the module docstring): made as the client's pool makes
-        # its own, but with no socket timeout of their own, since every call is bounded as a
-        # whole by call_timeout_s (a per-read timeout would cost a timer, or a task, per read).
-        pool = client.connection_pool
-        self._connection_class = pool.connection_class
-        self._connection_kwargs = {**pool.connection_kwargs, "socket_timeout": None}
+        # The scripts' connections (core/stores/redis_resp.py), to where the client connects;
+        # None: a setting only the client carries out, and the scripts go through it.
+        self._endpoint = Endpoint.of(client)
         self._connections_max = connections_max
-        self._idle: list[AbstractConnection] = []
+        self._idle: list[RespConnection] = []
         # Past connections_max calls in flight, a call waits for a connection (within its
         # timeout) instead of failing. Made per event loop, as the connections are: a
         # serverless runtime may run each invocation on a loop of its own.
@@ -109,30 +101,40 @@ class RedisTransport:
         """One command on one of the scripts' connections, and its reply (an error reply
         raised as redis-py's exception for it). A connection that breaks is retried on a
         fresh one, RETRIES_MAX times: every script is safe to run twice."""
+        if self._endpoint is None:
+            return await self._client.execute_command(*command)  # type: ignore[no-untyped-call]
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             # Connections and the semaphore belong to the loop they were made in.
             self._idle, self._slots, self._loop = [], asyncio.Semaphore(self._connections_max), loop
-        # hiredis' stub types its argument as a 1-tuple; it takes a command of any length.
-        packed = hiredis.pack_command(command)  # type: ignore[arg-type]
+        packed = pack(command)
         async with self._slots:
-            idle = self._idle
-            connection = idle.pop() if idle else self._connection_class(**self._connection_kwargs)
-            try:
-                for attempt in range(RETRIES_MAX + 1):
-                    try:
-                        # redis-py connects (again) a connection that is not connected, and
-                        # disconnects one on any failure, a cancellation included: a
-                        # connection put back is always one whose replies were all read.
-                        await connection.send_packed_command(packed)
-                        return await connection.read_response()
-                    except (rex.ConnectionError, rex.TimeoutError, OSError):
-                        if attempt == RETRIES_MAX:
-                            raise
-                    await asyncio.sleep(min(RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_BASE * 2**attempt))
-                raise InvariantBroken("the retry loop returns or raises")
-            finally:
-                idle.append(connection)
+            for attempt in range(RETRIES_MAX + 1):
+                connection = self._idle_connection()
+                try:
+                    if connection is None:
+                        connection = await self._endpoint.connect()
+                    reply = await connection.call(packed)
+                except (rex.ConnectionError, rex.TimeoutError, OSError):
+                    if attempt == RETRIES_MAX:
+                        raise
+                else:
+                    return reply
+                finally:
+                    # An error reply leaves a connection as good as a reply does; a broken or
+                    # abandoned one was closed and is dropped.
+                    if connection is not None and connection.usable:
+                        self._idle.append(connection)
+                await asyncio.sleep(min(RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_BASE * 2**attempt))
+            raise InvariantBroken("the retry loop returns or raises")
+
+    def _idle_connection(self) -> RespConnection | None:
+        """An idle connection still open; those the server closed meanwhile are dropped."""
+        while self._idle:
+            connection = self._idle.pop()
+            if connection.usable:
+                return connection
+        return None
 
     async def _load_library(self) -> None:
         try:
@@ -162,7 +164,7 @@ class RedisTransport:
     async def close(self) -> None:
         idle, self._idle = self._idle, []
         for connection in idle:
-            await connection.disconnect()
+            connection.close()
         await self._client.aclose()
 
 
