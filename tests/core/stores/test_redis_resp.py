@@ -4,20 +4,58 @@ go where the URL says as the URL says, and no reply is ever taken for another co
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import socket
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 from redis import exceptions as rex
 
 from core.budgets import Period
+from core.errors import LedgerUnavailable
 from core.ledger import ReservationRef
+from core.stores import keys
 from core.stores.redis import RedisStore, RedisTransport, redis_client
 from core.stores.redis_resp import Endpoint, pack
-from infra.redis_server import RedisServer
+from core.stores.scripts import script
+from infra.processes import stop, wait_ready
+from infra.redis_server import RedisServer, free_port, redis_server_binary
 from tests.core.stores.test_conformance import OWNER, leg, put, request
 
 PASSWORD = "s3cret-for-the-test"
+# redis-server answers a TLS handshake within seconds of starting.
+TLS_START_TIMEOUT_S = 10.0
+
+
+@pytest.fixture
+def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    """A redis-server that speaks only TLS, with a password, and its self-signed certificate."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    port = free_port()
+    process = subprocess.Popen(
+        [redis_server_binary(), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-auth-clients", "no",
+         "--requirepass", PASSWORD, "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trusting = ssl.create_default_context(cafile=str(cert))
+
+    def handshakes() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as raw_socket, \
+                    trusting.wrap_socket(raw_socket, server_hostname="127.0.0.1"):
+                return True
+        except OSError:
+            return False
+
+    wait_ready(process, handshakes, timeout_s=TLS_START_TIMEOUT_S, what="redis-server over TLS")
+    yield port, cert
+    stop(process)
 
 
 @pytest.fixture
@@ -114,3 +152,21 @@ async def test_connections_the_server_closed_are_replaced_without_a_failed_call(
     assert all(r.reserved_micros == 1 for r in reservations)
     assert (await leg(store, tag)).reserved_micros == 16
     await store.close()
+
+
+async def test_rediss_urls_are_served_over_tls_with_their_verification(
+    tls_redis: tuple[int, Path], tag: str
+) -> None:
+    port, cert = tls_redis
+    base = f"rediss://:{PASSWORD}@127.0.0.1:{port}/2"
+    store = RedisStore(f"{base}?ssl_ca_certs={cert}")
+    await put(store, tag, (Period.TOTAL, 100))
+    r = await store.reserve(request(tag, tag, 30))
+    await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 20)
+    assert (await leg(store, tag)).committed_micros == 20
+    await store.close()
+    # Verification is on unless the URL turns it off: a certificate nobody vouches for fails.
+    untrusting = RedisTransport(redis_client(base))
+    with pytest.raises(LedgerUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+        await untrusting.run(script("read"), (keys.meta(tag), keys.reservation(tag, "r1")), [])
+    await untrusting.close()
