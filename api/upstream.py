@@ -83,7 +83,7 @@ class Upstream:
         """`auth`: the header that carries the provider's key, as (name, value)."""
         import httpx  # deferred: see the module docstring
 
-        from api.transport import AiohttpTransport
+        from api.transport import AiohttpStream, AiohttpTransport
 
         self.timeout_s = timeout_s
         base = base_url.rstrip("/")
@@ -106,6 +106,7 @@ class Upstream:
         self._never_sent = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout,
                             httpx.UnsupportedProtocol)
         self._failed = httpx.HTTPError
+        self._aiohttp_stream = AiohttpStream
 
     async def open(self, call_plan: Plan) -> httpx.Response:
         """Send the call and return the provider's answer once its headers arrive."""
@@ -134,22 +135,17 @@ class Upstream:
             await response.aclose()
         return body[:ERROR_BODY_BYTES_MAX]
 
-    @staticmethod
-    async def read(response: httpx.Response) -> bytes:
+    async def read(self, response: httpx.Response) -> bytes:
         """The whole body of an answer; Unanswered if it broke off."""
-        import httpx
-
-        from api.transport import AiohttpStream
-
         try:
             stream = response.stream
-            if isinstance(stream, AiohttpStream) and not response.headers.get("content-encoding"):
+            if isinstance(stream, self._aiohttp_stream) and stream.unencoded():
                 # Nothing to decode: read in one await rather than through httpx's pipeline.
                 body = await stream.read()
                 await response.aclose()
                 return body
             return await response.aread()
-        except httpx.HTTPError as exc:
+        except self._failed as exc:
             raise Unanswered(_why(exc)) from exc
 
     @staticmethod

@@ -82,6 +82,7 @@ GATEWAY = "gateway logic: core/gateway.py, api/routes/; hardcap/app.py, router, 
 LEDGER = "ledger: scripts' arguments and replies (core/stores, core/ledger.py; hardcap/ledger.py)"
 PRICING = "pricing: core/prices.py, core/estimate.py, core/money.py; hardcap/estimator.py"
 OBJECTS = "per-call objects: dataclasses, enums, ids"
+REDIS_CLIENT = "Redis client: redis-py; core/stores/redis.py + redis_resp.py (hiredis)"
 LAYERS: tuple[tuple[str, str], ...] = (
     ("logging/", "logging"),
     ("json/", "JSON decode and encode (stdlib json)"),
@@ -98,7 +99,11 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("httpx/", CLIENT),
     ("httpcore/", CLIENT),
     ("api/upstream.py", CLIENT),
-    ("redis/", "redis-py"),
+    ("redis/", REDIS_CLIENT),
+    # The scripts' own connections (hiredis over an asyncio protocol) and the transport: what
+    # redis-py's client is on hardcap's side.
+    ("core/stores/redis.py", REDIS_CLIENT),
+    ("core/stores/redis_resp.py", REDIS_CLIENT),
     ("prometheus_client/", "metrics: prometheus_client (hardcap)"),
     ("core/prices.py", PRICING),
     ("core/estimate.py", PRICING),

@@ -22,7 +22,8 @@ lifespan, in uvicorn's graceful shutdown):
   loop_lag        how late a 1 ms timer fires: the longest an event-loop iteration keeps a
                   ready callback waiting
   pools           the wait for a connection from the provider's pool (aiohttp's connector, or
-                  httpcore's with --transport httpcore) and from redis-py's, and the
+                  httpcore's with --transport httpcore) and from redis-py's (the client's
+                  commands; the scripts' connections are counted, their wait is not), and the
                   connections each made
   spawned         tasks the gateway starts behind an answer (core.gateway.spawn), and their time
 
@@ -219,6 +220,18 @@ def install(probes: Probes) -> None:
         return make_connection(self)  # type: ignore[no-untyped-call]
 
     redis_connection.ConnectionPool.make_connection = make  # type: ignore[method-assign]
+
+    # The scripts' own connections (core/stores/redis_resp.py), made outside redis-py's pools.
+    from core.stores.redis_resp import Endpoint
+
+    endpoint_connect = Endpoint.connect
+
+    async def connect(self: Any) -> Any:
+        probes.connections_made["redis"] += 1
+        probes.connected_at["redis"].append(probes.at(now_s()))
+        return await endpoint_connect(self)
+
+    Endpoint.connect = connect  # type: ignore[method-assign]
 
     from core import gateway
 

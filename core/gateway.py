@@ -774,7 +774,7 @@ class Call:
         worst case (the whole hold, or more under a p95 hold): the visible answer does not bound
         what was billed (hidden reasoning tokens), and the worst case does."""
         call_plan = self.hold.plan
-        if usage is not None and usage.service_tier == TIER_AUTO:
+        if usage is not None and usage.service_tier == TIER_AUTO != call_plan.service_tier:
             # The answer names no tier: it was served at the one the request named, if any.
             usage = replace(usage, service_tier=call_plan.service_tier)
         try:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
-from core.errors import ensure
+from core.errors import InvariantBroken
 from core.ledger import ExpirePolicy, ReservationState
 
 
@@ -155,8 +155,8 @@ def effects(
     it settles at (settle, correct, book). Only for a row of the table: ask `step` first. No row
     leaves a settled reservation, so `actual` always means this step's."""
     row = step(event, state, policy)
-    ensure(row is not None, f"no transition {event} from {state} under {policy}")
-    assert row is not None
+    if row is None:  # checked on every step, its message built only on failure
+        raise InvariantBroken(f"no transition {event} from {state} under {policy}")
     before, after = HOLDINGS[(state, policy)], HOLDINGS[(row.to, policy)]
     charged = _amount(after.committed, held_micros, actual_micros)
     covered = _amount(before.covered, held_micros, actual_micros)

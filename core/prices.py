@@ -416,11 +416,15 @@ class PriceTable:
         if type(choices) is not int or not 1 <= choices <= CHOICES_MAX:
             raise InvalidRequest(f"n must be an integer from 1 to {CHOICES_MAX}", field="n")
         r = self.rates(model)
-        flat = r.flat_worst if service_tier is None and media is NO_MEDIA else None
-        if flat is not None:  # text at the default tier, at rates that do not depend on size
-            exact = input_tokens * flat[0] + output_tokens_max * choices * flat[1]
-            return _bounded(charge_micros(exact + r.request_micros))
         candidates = self._tiers(model, r, service_tier)
+        if media is NO_MEDIA:
+            # Text only, at rates that do not depend on its size: each tier's worst case from
+            # the two rates worked out once per tier (Rates.flat_worst), the dearest tier's.
+            flats = [(c.flat_worst, c.request_micros) for c in candidates]
+            if all(flat is not None for flat, _ in flats):
+                return _bounded(charge_micros(max(
+                    input_tokens * flat[0] + output_tokens_max * choices * flat[1] + fee
+                    for flat, fee in flats if flat is not None)))
         text_tokens = input_tokens + self._image_tokens(model, r, media)
         audio_tokens = self._audio_tokens(model, r, media)
         searches = media.web_searches

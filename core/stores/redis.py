@@ -1,4 +1,12 @@
-"""RedisStore: the ledger on one Redis (or a managed Redis) through redis-py's asyncio client."""
+"""RedisStore: the ledger on one Redis (or a managed Redis) through redis-py's asyncio client.
+
+The scripts, two or more on every call the service serves, go out on connections of the
+transport's own (`RedisTransport.run`, core/stores/redis_resp.py: hiredis over an asyncio
+protocol, to where redis-py's client connects), kept in a list and each carrying one command at
+a time: redis-py's command path costs several times what sending the command does. Everything
+else (key records, health, budgets, loading the scripts) goes through the client, where its
+response callbacks shape the replies.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from core.errors import InvariantBroken, LedgerUnavailable
+from core.stores.redis_resp import Command, Endpoint, RespConnection, pack
 from core.stores.scripted import Clock, ScriptedStore
 from core.stores.scripts import Script, function_missing, functions_unknown, library, library_exists
 
@@ -26,6 +35,7 @@ POOL_CONNECTIONS_MAX = 64
 # restart or failover broke, few enough to stay inside LEDGER_CALL_TIMEOUT_S.
 RETRIES_MAX = 2
 RETRY_BACKOFF_S_MAX = 0.05
+RETRY_BACKOFF_S_BASE = 0.01
 
 
 def translate(exc: BaseException) -> Exception:
@@ -43,12 +53,22 @@ class RedisTransport:
     backend = "redis"
 
     def __init__(self, client: Redis, *, call_timeout_s: float = LEDGER_CALL_TIMEOUT_S,
-                 functions: bool = True) -> None:
+                 functions: bool = True, connections_max: int = POOL_CONNECTIONS_MAX) -> None:
         self._client = client
         self._call_timeout_s = call_timeout_s
         # Whether to call the library's functions: a server without them (before Redis 7.0)
         # says so at the first call, and each call then runs as a script of its own.
         self._functions = functions
+        # The scripts' connections (core/stores/redis_resp.py), to where the client connects;
+        # None: a setting only the client carries out, and the scripts go through it.
+        self._endpoint = Endpoint.of(client)
+        self._connections_max = connections_max
+        self._idle: list[RespConnection] = []
+        # Past connections_max calls in flight, a call waits for a connection (within its
+        # timeout) instead of failing. Made per event loop, as the connections are: a
+        # serverless runtime may run each invocation on a loop of its own.
+        self._slots = asyncio.Semaphore(connections_max)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
         # FCALL of the script's function, loading the library when the server does not know it;
@@ -58,23 +78,63 @@ class RedisTransport:
         try:
             async with asyncio.timeout(self._call_timeout_s):
                 if self._functions and script.function:
+                    command: Command = ("FCALL", script.function, len(keys), *keys, *args)
                     try:
-                        return await self._client.fcall(script.function, len(keys), *keys, *args)
+                        return await self._send(command)
                     except rex.ResponseError as exc:
                         if function_missing(str(exc)):
                             await self._load_library()
-                            return await self._client.fcall(
-                                script.function, len(keys), *keys, *args)
+                            return await self._send(command)
                         if not functions_unknown(str(exc)):
                             raise
                         self._functions = False
+                command = ("EVALSHA", script.sha1, len(keys), *keys, *args)
                 try:
-                    return await self._client.evalsha(script.sha1, len(keys), *keys, *args)
+                    return await self._send(command)
                 except rex.NoScriptError:
                     await self._client.script_load(script.source)
-                    return await self._client.evalsha(script.sha1, len(keys), *keys, *args)
+                    return await self._send(command)
         except (rex.RedisError, OSError, TimeoutError) as exc:
             raise translate(exc) from exc
+
+    async def _send(self, command: Command) -> Any:
+        """One command on one of the scripts' connections, and its reply (an error reply
+        raised as redis-py's exception for it). A connection that breaks is retried on a
+        fresh one, RETRIES_MAX times: every script is safe to run twice."""
+        if self._endpoint is None:
+            return await self._client.execute_command(*command)  # type: ignore[no-untyped-call]
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # Connections and the semaphore belong to the loop they were made in.
+            self._idle, self._slots, self._loop = [], asyncio.Semaphore(self._connections_max), loop
+        packed = pack(command)
+        async with self._slots:
+            for attempt in range(RETRIES_MAX + 1):
+                connection = self._idle_connection()
+                try:
+                    if connection is None:
+                        connection = await self._endpoint.connect()
+                    reply = await connection.call(packed)
+                except (rex.ConnectionError, rex.TimeoutError, OSError):
+                    if attempt == RETRIES_MAX:
+                        raise
+                else:
+                    return reply
+                finally:
+                    # An error reply leaves a connection as good as a reply does; a broken or
+                    # abandoned one was closed and is dropped.
+                    if connection is not None and connection.usable:
+                        self._idle.append(connection)
+                await asyncio.sleep(min(RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_BASE * 2**attempt))
+            raise InvariantBroken("the retry loop returns or raises")
+
+    def _idle_connection(self) -> RespConnection | None:
+        """An idle connection still open; those the server closed meanwhile are dropped."""
+        while self._idle:
+            connection = self._idle.pop()
+            if connection.usable:
+                return connection
+        return None
 
     async def _load_library(self) -> None:
         try:
@@ -102,6 +162,9 @@ class RedisTransport:
         return config.get("appendonly") == "yes" or bool(config.get("save"))
 
     async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
         await self._client.aclose()
 
 
@@ -118,7 +181,8 @@ def redis_client(url: str, call_timeout_s: float = LEDGER_CALL_TIMEOUT_S) -> Red
         health_check_interval=30,
         # A connection broken by a Redis restart fails its next command; retry on a fresh one.
         # Replaying a script is safe: every script is idempotent by reservation id.
-        retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_S_MAX, base=0.01), RETRIES_MAX),
+        retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_S_MAX, base=RETRY_BACKOFF_S_BASE),
+                    RETRIES_MAX),
     )
     return aioredis.Redis(connection_pool=pool)
 

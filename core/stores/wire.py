@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from core.budgets import Window
-from core.errors import ensure
+from core.errors import InvariantBroken, ensure
 from core.ledger import (
     ExpirePolicy,
     LegStatus,
@@ -133,7 +133,8 @@ def unescaped(text: str) -> str:
 
 def arguments(shape: Sequence[str], **fields: str) -> list[str]:
     """One script's ARGV: `fields` in the order of `shape`; now_ms left off when it is ''."""
-    ensure(len(fields) == len(shape), f"the arguments {sorted(fields)} are {shape}")
+    if len(fields) != len(shape):  # checked on every call, its message built only on failure
+        raise InvariantBroken(f"the arguments {sorted(fields)} are {shape}")
     values = [fields[name] for name in shape]
     return values[:-1] if shape[-1] == NOW and not values[-1] else values
 

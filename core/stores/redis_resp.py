@@ -1,0 +1,170 @@
+"""The connections the ledger's scripts go out on: RESP over an asyncio protocol, parsed by hiredis.
+
+Two or more scripts run on every call the service serves, and redis-py's layers around one
+command (its client's pool, retry object, response callbacks and telemetry; its connection's
+stream reader and writer, health checks and per-read timeouts) cost several times what writing
+the command and parsing its reply do. Here a command is packed by hiredis, written, and its
+reply parsed by hiredis as it arrives, nothing else. Where to connect and how (host, port,
+database, user and password, TLS) is what redis-py made of the URL (`Endpoint.of`): both
+connect to the same server the same way. A setting this module does not carry out (a Unix
+socket, a credential provider, any other connection class) leaves the scripts on redis-py's
+client (`Endpoint.of` answers None).
+
+A connection carries one command at a time. One whose reply was not read (its call was
+cancelled or timed out) is closed, never used again: its late reply would answer the next
+command. One that breaks fails its call with redis-py's ConnectionError, which the transport
+retries on a fresh connection (core/stores/redis.py): every script is safe to run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass
+from typing import Any, cast
+
+import hiredis
+from redis import exceptions as rex
+from redis.asyncio.client import Redis
+from redis.asyncio.connection import Connection, SSLConnection
+
+# Error replies by their code, as redis-py raises them: NOSCRIPT is how EVALSHA says to load the
+# script; the others say the connection cannot serve yet (retried on another one).
+ERRORS_BY_CODE: dict[str, type[rex.RedisError]] = {
+    "NOSCRIPT": rex.NoScriptError,
+    "LOADING": rex.BusyLoadingError,
+    "NOAUTH": rex.AuthenticationError,
+    "WRONGPASS": rex.AuthenticationError,
+}
+
+
+Command = tuple[str | int, ...]
+
+
+def pack(command: Command) -> bytes:
+    """A command as RESP."""
+    # hiredis' stub types its argument as a 1-tuple; it takes a command of any length.
+    packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
+    return packed
+
+
+def reply_error(message: str) -> rex.RedisError:
+    """An error reply as the exception redis-py raises for it, its message whole."""
+    return ERRORS_BY_CODE.get(message.split(" ", 1)[0], rex.ResponseError)(message)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the scripts' connections go, and how they sign in."""
+
+    host: str
+    port: int
+    db: int
+    username: str | None
+    password: str | None
+    ssl_context: ssl.SSLContext | None
+    connect_timeout_s: float | None
+    encoding: str | None  # replies as str in this encoding, as the client decodes them; None: bytes
+
+    @classmethod
+    def of(cls, client: Redis) -> Endpoint | None:
+        """The endpoint of `client`'s connections, as redis-py parsed it from the URL; None for
+        a setting this module does not carry out (see the module docstring)."""
+        pool = client.connection_pool
+        kwargs = pool.connection_kwargs
+        if pool.connection_class not in (Connection, SSLConnection) or kwargs.get(
+                "credential_provider") is not None:
+            return None
+        context = None
+        if pool.connection_class is SSLConnection:
+            # redis-py's own TLS settings from the URL (certificates, verification, versions).
+            made = pool.connection_class(**kwargs)
+            assert isinstance(made, SSLConnection)
+            context = made.ssl_context.get()
+        return cls(str(kwargs.get("host", "localhost")), int(kwargs.get("port", 6379)),
+                   int(kwargs.get("db", 0) or 0), kwargs.get("username"), kwargs.get("password"),
+                   context, kwargs.get("socket_connect_timeout"),
+                   kwargs.get("encoding", "utf-8") if kwargs.get("decode_responses") else None)
+
+    async def connect(self) -> RespConnection:
+        """A connection, signed in and on the database, ready for a command."""
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(self.connect_timeout_s):
+            _, connection = await loop.create_connection(
+                lambda: RespConnection(self.encoding), self.host, self.port, ssl=self.ssl_context)
+        try:
+            if self.password is not None:
+                await connection.call(pack(("AUTH", self.username, self.password)
+                                           if self.username else ("AUTH", self.password)))
+            if self.db:
+                await connection.call(pack(("SELECT", self.db)))
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+
+class RespConnection(asyncio.Protocol):
+    """One connection to Redis, one command at a time; see the module docstring."""
+
+    def __init__(self, encoding: str | None = "utf-8") -> None:
+        self._reader = hiredis.Reader(encoding=encoding, replyError=reply_error)
+        self._transport: asyncio.Transport | None = None
+        self._waiting: asyncio.Future[Any] | None = None
+        self._broken: str | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self._broken is None and self._waiting is None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are asyncio's by their methods, not by their classes.
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        try:
+            reply = self._reader.gets()
+            if reply is False:
+                return  # more to come
+            waiting, self._waiting = self._waiting, None
+            if waiting is None or self._reader.gets() is not False:
+                self._break("the ledger sent a reply no command asked for")
+                return
+        except hiredis.ProtocolError as exc:
+            self._break(f"the ledger's reply could not be parsed: {exc}")
+            return
+        if not waiting.done():
+            waiting.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._break(f"the connection to the ledger was lost: {exc or 'closed by the server'}")
+
+    def _break(self, why: str) -> None:
+        self._broken = self._broken or why
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None and not waiting.done():
+            waiting.set_exception(rex.ConnectionError(self._broken))
+        self.close()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    async def call(self, packed: bytes) -> Any:
+        """Send one packed command and return its reply; an error reply is raised."""
+        if self._broken is not None or self._transport is None:
+            raise rex.ConnectionError(self._broken or "not connected")
+        waiting = asyncio.get_running_loop().create_future()
+        self._waiting = waiting
+        self._transport.write(packed)
+        try:
+            reply = await waiting
+        except BaseException:
+            if self._waiting is waiting:
+                # Cancelled or timed out before its reply: the reply may still come.
+                self._break("a command's reply was not read")
+            raise
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
