@@ -114,6 +114,15 @@ def chat_body(model: str) -> str:
                        "max_tokens": MAX_TOKENS}, separators=(",", ":"))
 
 
+# Anthropic's Messages takes the same body; its route is measured one connection at a time, beside
+# the chat route, against the relay's and the stub's same route (issue 15's latency goal).
+messages_body = chat_body
+ANTHROPIC_VERSION = "2023-06-01"
+# The gateway's added p50 (over the direct call) within this of the bare relay's, in the same
+# run, for chat and for Messages: the relay is one more server and client and nothing else.
+ADDED_P50_OVER_RELAY_MAX_S = 0.0005
+
+
 # -- processes ----------------------------------------------------------------------------------
 
 
@@ -213,10 +222,18 @@ class Target:
     api_key: str | None
     script: Path
     redis_url: str | None = None
+    route: str = "chat"  # or "messages": Anthropic's body and headers
 
     def headers(self) -> dict[str, str]:
+        if self.route == "messages":
+            auth = {"x-api-key": self.api_key} if self.api_key else {}
+            return {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION,
+                    **auth}
         auth = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         return {"content-type": "application/json", **auth}
+
+    def body(self) -> str:
+        return messages_body(self.model) if self.route == "messages" else chat_body(self.model)
 
 
 @dataclass(frozen=True)
@@ -283,11 +300,26 @@ end
 """
 
 
-def wrk_script(directory: Path, name: str, model: str, api_key: str | None) -> Path:
-    auth = f'wrk.headers["Authorization"] = "Bearer {api_key}"' if api_key else ""
+def wrk_script(directory: Path, name: str, model: str, api_key: str | None,
+               route: str = "chat") -> Path:
+    if route == "messages":
+        auth = (f'wrk.headers["x-api-key"] = "{api_key}"\n' if api_key else "") + (
+            f'wrk.headers["anthropic-version"] = "{ANTHROPIC_VERSION}"')
+        body = messages_body(model)
+    else:
+        auth = f'wrk.headers["Authorization"] = "Bearer {api_key}"' if api_key else ""
+        body = chat_body(model)
     path = directory / f"{name}.lua"
-    path.write_text(WRK_SCRIPT.replace("@BODY@", chat_body(model)).replace("@AUTH@", auth))
+    path.write_text(WRK_SCRIPT.replace("@BODY@", body).replace("@AUTH@", auth))
     return path
+
+
+def messages_target(directory: Path, key: str, target: Target, base_url: str) -> Target:
+    """`target`'s server on Anthropic's Messages route, for the one-connection measurement."""
+    return Target(f"{target.name}, /v1/messages", f"{base_url}/v1/messages", target.pid,
+                  target.model, target.api_key,
+                  wrk_script(directory, f"{key}-messages", target.model, target.api_key,
+                             "messages"), target.redis_url, "messages")
 
 
 def create_key(ours: Server, budget_id: str) -> str:
@@ -311,6 +343,7 @@ def start_ours(stack: contextlib.ExitStack, directory: Path, stub: Server, key: 
     server = stack.enter_context(Server(name, [*argv], {
         "REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
         "CEILING_UPSTREAM_URL": f"{stub.url}/v1",
+        "CEILING_ANTHROPIC_URL": stub.url,
         "CEILING_PRICES_FILE": str(prices_file(directory / key, [model])),
     }))
     budget_id = f"org:bench{uuid.uuid4().hex[:8]}"
@@ -362,9 +395,16 @@ def rig(*, with_hardcap: bool = True, with_floors: bool = True,
             targets["direct"] = Target("direct (stub)", f"{stub.url}/v1/chat/completions",
                                        stub.pid, floor, None,
                                        wrk_script(directory, "direct", floor, None))
+            # Messages: ours (the first instance), the relay and the stub, on that route. Their
+            # calls count under the same models, so the books below check them too.
+            first = next(iter(instances))
+            for key, base_url in ((first, instances[first].server.url), ("relay", relay.url),
+                                  ("direct", stub.url)):
+                targets[f"{key}-messages"] = messages_target(directory, key, targets[key],
+                                                             base_url)
         for target in targets.values():
             # One call each before any load: a gateway that answers anything but 200 stops here.
-            answer = httpx.post(target.url, content=chat_body(target.model),
+            answer = httpx.post(target.url, content=target.body(),
                                 headers=target.headers(), timeout=REQUEST_TIMEOUT_S)
             ensure(answer.status_code == 200,
                    f"{target.name}: {answer.status_code} {answer.text[:500]}")
@@ -590,14 +630,15 @@ def report(results: Results, options: argparse.Namespace) -> str:
            f"{results.load_after:.2f} after it; {os.cpu_count()} cores. `ceiling serve` runs "
            f"on {uvicorn_picks()} in this venv"]
     if results.serial:
-        direct = results.serial.get("direct")
         rows = []
         for key, x in results.serial.items():
-            added = "" if direct is None or key == "direct" else ms(x.p50_s - direct.p50_s)
+            direct = results.serial.get(direct_of(key))
+            added = "" if direct is None or direct is x else ms(x.p50_s - direct.p50_s)
             rows.append([x.target, f"{x.load_average:.2f}", f"{x.requests:,}", ms(x.p50_s),
                          ms(x.p99_s), added, us(x.per_call_s(x.gateway_cpu_s))])
         out += ["", table(["one connection", "load", "calls", "p50 ms", "p99 ms",
                            "p50 added ms", "CPU us/call"], rows)]
+        out += latency_goals(results.serial)
     rows = [[f"{i + 1}", x.target, f"{x.load_average:.2f}", f"{x.calls_per_s:,.0f}",
              ms(x.p50_s), ms(x.p99_s), ms(x.p999_s), ms(x.max_s),
              us(x.per_call_s(x.gateway_cpu_s)), f"{100 * x.system_share:.0f}",
@@ -659,6 +700,27 @@ def report(results: Results, options: argparse.Namespace) -> str:
     if "ours" in summary and "hardcap" in summary:
         out += ["", verdict(results, summary)]
     return "\n".join(out)
+
+
+def direct_of(key: str) -> str:
+    """The direct call on the same route as target `key`."""
+    return "direct-messages" if key.endswith("-messages") else "direct"
+
+
+def latency_goals(serial: dict[str, Load]) -> list[str]:
+    """Issue 15's goal, one connection at a time: the p50 our gateway adds to a direct call is
+    within ADDED_P50_OVER_RELAY_MAX_S of what the bare relay adds, on each route."""
+    lines = []
+    for ours, relay in (("ours", "relay"), ("ours-messages", "relay-messages")):
+        if not {ours, relay, direct_of(ours)} <= serial.keys():
+            continue
+        direct = serial[direct_of(ours)].p50_s
+        added, floor = serial[ours].p50_s - direct, serial[relay].p50_s - direct
+        ok = added - floor <= ADDED_P50_OVER_RELAY_MAX_S
+        lines.append(f"{'PASS' if ok else 'FAIL'}: {serial[ours].target}: p50 added within "
+                     f"{ADDED_P50_OVER_RELAY_MAX_S * 1000:.1f} ms of the bare relay's "
+                     f"({ms(added)} vs {ms(floor)} ms, {ms(added - floor)} over)")
+    return lines
 
 
 def verdict(results: Results, summary: dict[str, dict[str, Any]]) -> str:

@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.relay_app --port 8002 --upstream http://127.0.0.1:8001/v1
 
-One route, `POST /v1/chat/completions`, sends the body it received to the provider through
+Two routes, `POST /v1/chat/completions` and `POST /v1/messages`, send the body they received to
+the provider's same path through
 the gateway's own transport (api/transport.py: aiohttp's pool under httpx's API, prepared once
 as api/upstream.py prepares it) and answers with the provider's status, content type and body.
 No key check, no pricing, no ledger, no parsing. It is served as `ceiling serve` serves the app
@@ -20,7 +21,7 @@ import httpx
 from fastapi import FastAPI, Request, Response
 
 from api.cli import run_server
-from api.transport import AiohttpTransport
+from api.transport import AiohttpTransport, Prepared
 
 # As api/upstream.py's pool: enough connections for the benchmark's concurrent tasks.
 CONNECTIONS_MAX = 256
@@ -30,12 +31,13 @@ TIMEOUT_S = 30.0
 def create_app(upstream_url: str) -> FastAPI:
     app = FastAPI(title="spend-ceiling bench: bare relay")
     transport = AiohttpTransport(connections_max=CONNECTIONS_MAX)
-    prepared = transport.prepare("POST", f"{upstream_url.rstrip('/')}/chat/completions",
-                                 [("content-type", "application/json")],
-                                 httpx.Timeout(TIMEOUT_S).as_dict())
+    timeout = httpx.Timeout(TIMEOUT_S).as_dict()
+    headers = [("content-type", "application/json")]
+    chat = transport.prepare("POST", f"{upstream_url.rstrip('/')}/chat/completions", headers,
+                             timeout)
+    messages = transport.prepare("POST", f"{upstream_url.rstrip('/')}/messages", headers, timeout)
 
-    @app.post("/v1/chat/completions")
-    async def relay(request: Request) -> Response:
+    async def relay(prepared: Prepared, request: Request) -> Response:
         answer = await transport.send(prepared, await request.body())
         try:
             body = await answer.aread()
@@ -43,6 +45,14 @@ def create_app(upstream_url: str) -> FastAPI:
             await answer.aclose()
         return Response(body, status_code=answer.status_code,
                         media_type=answer.headers.get("content-type"))
+
+    @app.post("/v1/chat/completions")
+    async def relay_chat(request: Request) -> Response:
+        return await relay(chat, request)
+
+    @app.post("/v1/messages")
+    async def relay_messages(request: Request) -> Response:
+        return await relay(messages, request)
 
     @app.get("/health/live")
     async def live() -> Response:
