@@ -8,12 +8,13 @@ the top scope is the Redis hash tag of every key one call touches.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property, lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from core.alerts import AlertConfig
 from core.errors import InvalidRequest, InvariantBroken
 from core.limits import BUDGET_ID_LEN_MAX, CEILING_MICROS_MAX, SCOPES_MAX
 
@@ -79,6 +80,10 @@ class BudgetDef:
     limits: tuple[Limit, ...]
     timezone: str = "UTC"
     outage_allowance_micros: int = 0
+    # Issue 16: what it alerts on; and, as read back, when a velocity alarm paused it (state the
+    # ledger keeps beside the definition; a put leaves it as it is).
+    alerts: AlertConfig = field(default_factory=AlertConfig)
+    paused_at_ms: int | None = None
 
     def __post_init__(self) -> None:
         if not self.limits:

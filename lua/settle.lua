@@ -35,10 +35,16 @@ if type(stored) == 'string' then
     reserved = text_of(reserved, held, reserved_micros, actual, a.actual_micros)
     committed = text_of(committed, held, reserved_micros, actual, a.actual_micros)
     overshoot = text_of(overshoot, held, reserved_micros, actual, a.actual_micros)
-    for counter in string.gmatch(legs, '([^ |]+|[^ |]+)[^ ]*') do
-      local ck = prefix .. COUNTER_KEY .. counter
+    local seen
+    for budget_id, window_key, ceiling in string.gmatch(legs, '([^ |]+)|([^ |]+)|([^ |]+)[^ ]*') do
+      local ck = prefix .. COUNTER_KEY .. budget_id .. '|' .. window_key
       if reserved ~= '0' then redis.call('HINCRBY', ck, 'reserved', reserved) end
-      if committed ~= '0' then redis.call('HINCRBY', ck, 'committed', committed) end
+      if committed ~= '0' then
+        local after = redis.call('HINCRBY', ck, 'committed', committed)
+        -- alerts (issue 16): lib committed_moved
+        now = committed_moved(prefix, budget_id, window_key, ceiling, after, committed, now, seen)
+        seen = budget_id
+      end
       if overshoot ~= '0' then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
     end
     -- A gateway call's answer to a resend, its fingerprint '' (core/service.py): in the order

@@ -82,3 +82,30 @@ def api_key_id(key_id: str) -> str:
 
 def probe(instance_id: str) -> str:
     return f"sc:probe:{instance_id}"
+
+
+# -- alerts (issue 16): every key below expires (core/limits.py says when) ----------------------
+ALERT = "ev:"  # + event id: one alert event, a hash (its fields: core/alerts.py EVENT_FIELDS)
+OUTBOX = "outbox"  # events to deliver, a sorted set of event ids by next attempt
+ALERT_LOG = "alerts"  # every event of the tag, a sorted set of event ids by when it happened
+SPEND = "h:"  # + budget id '|' hour index: a budget's committed spend booked in one hour
+VELOCITY = "v:"  # + budget id '|' slot index: spend in one slot of a velocity window
+VELOCITY_MARK = "vm:"  # + budget id '|' window index: the window's velocity alarm went out
+# The meta hash field listing the tag's budgets with a velocity alarm, read by every settle.
+VELOCITY_FIELD = "alert_velocity"
+
+
+def alert(tag: str, event_id: str) -> str:
+    return prefix(tag) + ALERT + event_id
+
+
+def outbox(tag: str) -> str:
+    return prefix(tag) + OUTBOX
+
+
+def alert_log(tag: str) -> str:
+    return prefix(tag) + ALERT_LOG
+
+
+def spend(tag: str, budget_id: str, hour_index: int) -> str:
+    return f"{prefix(tag)}{SPEND}{budget_id}|{hour_index}"
