@@ -250,18 +250,24 @@ local function alert_velocity(prefix, alarms, budget_id, delta_text, now)
   end
   local over = tonumber(max_micros) > 0 and spent > tonumber(max_micros)
   if not over and tonumber(multiple_milli) > 0 then
-    -- The trailing hourly rate: the whole hours before this one. With no history there is no
-    -- rate to multiply, and only max_micros can fire. An alarm's comparison, not money: doubles.
+    -- The trailing hourly rate: the spend of the whole hours before this one, up to
+    -- VELOCITY_TRAILING_HOURS of them, over the hours since the oldest with spend (a budget a
+    -- few hours old is measured against its own few hours). With no history there is no rate
+    -- to multiply, and only max_micros can fire. An alarm's comparison, not money: doubles.
     local hour = math.floor(now / SPEND_BUCKET_MS)
     local hours = {}
     for i = 1, VELOCITY_TRAILING_HOURS do
       hours[#hours + 1] = prefix .. SPEND_KEY .. budget_id .. '|' .. istr(hour - i)
     end
-    local trailing = 0
-    for _, v in ipairs(redis.call('MGET', unpack(hours))) do
-      trailing = trailing + (tonumber(v) or 0)
+    local trailing, span = 0, 0
+    for i, v in ipairs(redis.call('MGET', unpack(hours))) do
+      local micros = tonumber(v) or 0
+      trailing = trailing + micros
+      if micros ~= 0 then
+        span = i
+      end
     end
-    over = trailing > 0 and spent * VELOCITY_TRAILING_HOURS * 3600000 * 1000
+    over = trailing > 0 and spent * span * 3600000 * 1000
       > tonumber(multiple_milli) * trailing * window_ms
   end
   if not over then

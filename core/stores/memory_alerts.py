@@ -140,9 +140,12 @@ class MemoryAlerts:
         over = bool(v.max_micros) and spent > v.max_micros
         if not over and v.max_rate_multiple_milli:
             hour = now_ms // SPEND_BUCKET_MS
-            trailing = sum(int(self.buckets.get((budget_id, hour - i), now_ms) or 0)
-                           for i in range(1, VELOCITY_TRAILING_HOURS + 1))
-            over = trailing > 0 and (spent * VELOCITY_TRAILING_HOURS * 3_600_000 * 1000
+            # lua/lib.lua alert_velocity: over the hours since the oldest with spend
+            history = [int(self.buckets.get((budget_id, hour - i), now_ms) or 0)
+                       for i in range(1, VELOCITY_TRAILING_HOURS + 1)]
+            trailing = sum(history)
+            span = max((i + 1 for i, m in enumerate(history) if m), default=0)
+            over = trailing > 0 and (spent * span * 3_600_000 * 1000
                                      > v.max_rate_multiple_milli * trailing * window_ms)
         if not over:
             return
