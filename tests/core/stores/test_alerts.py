@@ -163,7 +163,8 @@ async def test_velocity_alarm_fires_once_per_window_and_pauses(
         await store.reserve(request(tag, tag, 1))
     assert refused.value.details["budget_id"] == tag
     found = await store.get_budget(bid)
-    assert found is not None and found.paused_at_ms == clock.now_ms
+    assert found is not None
+    assert found.paused_at_ms == clock.now_ms
     # A put of the budget does not lift the pause; only a resume does.
     await put(store, tag, (Period.TOTAL, 10**9),
               alerts=AlertConfig(thresholds_pct=(), velocity=alarm))
@@ -224,7 +225,8 @@ async def test_the_outbox_leases_retries_and_records_delivery(
     await spend(store, tag, tag, 60)
     assert tag in await store.alert_tags()
     [event] = await store.claim_alerts(tag, 10, 1_000)
-    assert event.type == THRESHOLD_CROSSED and event.state == "pending"
+    assert event.type == THRESHOLD_CROSSED
+    assert event.state == "pending"
     assert await store.claim_alerts(tag, 10, 1_000) == []  # held by the first taker
     clock.advance(1_000)
     [again] = await store.claim_alerts(tag, 10, 1_000)  # the taker died: taken again
