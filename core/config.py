@@ -49,6 +49,9 @@ class Config:
     prices_file: str | None = None
     expire_policy: ExpirePolicy = ExpirePolicy.CHARGE
     output_tokens_default: int = OUTPUT_TOKENS_DEFAULT
+    # Issue 16: where alert events are posted, and the secret that signs them.
+    alert_webhook_url: str | None = None
+    alert_webhook_secret: str | None = None
     # Hold a model's p95 output instead of the cap while a budget is far from its ceiling: more
     # calls at once, but a bill that can pass the ceiling (core/gateway.py, hold()).
     hold_p95: bool = False
@@ -132,6 +135,7 @@ def load(env: Mapping[str, str]) -> Config:
             # The gateway adds /v1/messages: a base URL ending in /v1 would call /v1/v1/messages.
             raise ConfigError("CEILING_ANTHROPIC_URL is the base URL without /v1, as the "
                               "anthropic SDK takes it: https://api.anthropic.com")
+    alert_url, alert_secret = _alert_webhook(env)
     redis_url = env.get("REDIS_URL") or None
     if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError("REDIS_URL must start with redis://, rediss:// or unix://")
@@ -152,4 +156,24 @@ def load(env: Mapping[str, str]) -> Config:
         expire_policy=ExpirePolicy(policy),
         output_tokens_default=int(output_tokens_default),
         hold_p95=_flag(env, "CEILING_HOLD_P95"),
+        alert_webhook_url=alert_url,
+        alert_webhook_secret=alert_secret,
     )
+
+
+def _alert_webhook(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """CEILING_ALERT_WEBHOOK_URL and its secret. An unsigned event could be forged by anyone
+    who learns the URL, so a secret is required, except for a Slack incoming webhook (Slack
+    reads no signature; its URL is the secret)."""
+    from core.alerts import is_slack
+
+    url = env.get("CEILING_ALERT_WEBHOOK_URL", "").strip() or None
+    secret = env.get("CEILING_ALERT_WEBHOOK_SECRET") or None
+    if url is None:
+        return None, secret
+    if not url.startswith(("https://", "http://")):
+        raise ConfigError("CEILING_ALERT_WEBHOOK_URL must be an http(s) URL")
+    if secret is None and not is_slack(url):
+        raise ConfigError("CEILING_ALERT_WEBHOOK_URL is set but CEILING_ALERT_WEBHOOK_SECRET is "
+                          "not: receivers check the x-ceiling-signature it makes")
+    return url, secret

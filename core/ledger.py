@@ -389,6 +389,14 @@ class LedgerStore(Protocol):
 
     async def ledger_time_ms(self) -> int: ...
 
+    async def budgets_of(self, tag: str) -> list[str]:
+        """The budget ids of a tag (the spend page)."""
+        ...
+
+    async def open_leases(self, tag: str) -> tuple[int, int]:
+        """Open reservations of a tag, and how many are past their lease."""
+        ...
+
     async def alert_tags(self) -> list[str]:
         """Every tag with budgets: where alert outboxes can be."""
         ...

@@ -66,6 +66,9 @@ async def get_budget(budget_id: str, _: Admin, svc: Service) -> JSONResponse:
         "timezone": definition.timezone,
         "outage_allowance_micros": definition.outage_allowance_micros,
         "periods": [leg_json(x) for x in legs],
+        # issue 16
+        "alerts": definition.alerts.json(),
+        "paused_at_ms": definition.paused_at_ms,
     })
 
 

@@ -533,6 +533,14 @@ class MemoryStore:
     async def ledger_time_ms(self) -> int:
         return self._clock()
 
+    async def budgets_of(self, tag: str) -> list[str]:
+        return sorted(p for p in self._defs if BudgetId(p).tag == tag)
+
+    async def open_leases(self, tag: str) -> tuple[int, int]:
+        now_ms = self._clock()
+        held = [r for r in self._tag(tag).records.values() if r.state is _OPEN]
+        return len(held), sum(1 for r in held if r.expires_at_ms <= now_ms)
+
     async def alert_tags(self) -> list[str]:
         return sorted(set(self._tag_map.values()))
 

@@ -569,7 +569,8 @@ class ScriptedStore:
     async def _put_alerts(self, budget: BudgetDef) -> None:
         bid, config = budget.budget_id, budget.alerts
         await self._t.run(
-            script("put_alerts"), (keys.meta(bid.tag), keys.definition(bid.tag, bid.path)),
+            script("put_alerts"),
+            (keys.meta(bid.tag), keys.definition(bid.tag, bid.path), keys.budgets(bid.tag)),
             [bid.path, config.thresholds_ledger_form,
              config.velocity.ledger_form if config.velocity else ""])
 
@@ -579,6 +580,20 @@ class ScriptedStore:
         found = await self._t.execute(
             "HDEL", keys.definition(budget_id.tag, budget_id.path), "paused", "paused_at_ms")
         return int(found) > 0
+
+    async def budgets_of(self, tag: str) -> list[str]:
+        """The budget ids of a tag, as put since alerts (issue 16) were added."""
+        await self.open()
+        return sorted(str(b) for b in await self._t.execute("SMEMBERS", keys.budgets(tag)))
+
+    async def open_leases(self, tag: str) -> tuple[int, int]:
+        """The tag's open reservations, and how many of them are past their lease (expiry books
+        them with outcome unknown)."""
+        now_ms = await self.ledger_time_ms()
+        held = int(await self._t.execute("ZCARD", keys.open_leases(tag)))
+        overdue = int(await self._t.execute("ZCOUNT", keys.open_leases(tag), "-inf",
+                                            str(now_ms)))
+        return held, overdue
 
     async def ledger_time_ms(self) -> int:
         if self._clock:
