@@ -19,9 +19,6 @@ from api.runtime import runtime
 from core.alerts import ALERT_POST_TIMEOUT_S, DeliveryReport, Post, deliver_due
 from core.errors import CeilingError
 
-# How often a long-running instance looks at the outboxes: an event goes out within seconds of
-# the step that emitted it, and a pass that finds nothing costs one read per tag.
-DELIVERY_INTERVAL_S = 5.0
 
 log = logging.getLogger("spend_ceiling.alerts")
 
@@ -54,7 +51,11 @@ async def deliver_once(client: httpx.AsyncClient | None = None) -> DeliveryRepor
             await client.aclose()
 
 
-async def delivery_loop(interval_s: float = DELIVERY_INTERVAL_S) -> None:
+async def delivery_loop() -> None:
+    """Delivery passes every CEILING_ALERT_DELIVERY_INTERVAL_S (5 s by default: an event goes
+    out within seconds, and a pass that finds nothing costs a read per tag)."""
+    config = runtime().config
+    interval_s = config.alert_delivery_interval_s if config else 5.0
     async with httpx.AsyncClient(timeout=ALERT_POST_TIMEOUT_S) as client:
         while True:
             try:
@@ -70,15 +71,14 @@ class WithDelivery:
     """Wraps the app for `ceiling serve`: the delivery loop runs from the server's start-up to
     its shutdown (ASGI lifespan), beside the app's own lifespan handling."""
 
-    def __init__(self, app: ASGIApp, interval_s: float = DELIVERY_INTERVAL_S) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.interval_s = interval_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "lifespan":
             await self.app(scope, receive, send)
             return
-        task = asyncio.create_task(delivery_loop(self.interval_s))
+        task = asyncio.create_task(delivery_loop())
         try:
             await self.app(scope, receive, send)
         finally:

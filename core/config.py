@@ -52,6 +52,7 @@ class Config:
     # Issue 16: where alert events are posted, and the secret that signs them.
     alert_webhook_url: str | None = None
     alert_webhook_secret: str | None = None
+    alert_delivery_interval_s: float = 5.0
     # Hold a model's p95 output instead of the cap while a budget is far from its ceiling: more
     # calls at once, but a bill that can pass the ceiling (core/gateway.py, hold()).
     hold_p95: bool = False
@@ -158,7 +159,23 @@ def load(env: Mapping[str, str]) -> Config:
         hold_p95=_flag(env, "CEILING_HOLD_P95"),
         alert_webhook_url=alert_url,
         alert_webhook_secret=alert_secret,
+        alert_delivery_interval_s=_delivery_interval_s(env),
     )
+
+
+# A long-running instance's delivery passes: from a tenth of a second (tests, a busy ledger) to
+# an hour (an operator who delivers from a scheduler only).
+ALERT_DELIVERY_INTERVAL_S_MIN = 0.1
+ALERT_DELIVERY_INTERVAL_S_MAX = 3600.0
+
+
+def _delivery_interval_s(env: Mapping[str, str]) -> float:
+    interval_s = _number(env, "CEILING_ALERT_DELIVERY_INTERVAL_S", 5.0)
+    if not ALERT_DELIVERY_INTERVAL_S_MIN <= interval_s <= ALERT_DELIVERY_INTERVAL_S_MAX:
+        raise ConfigError(
+            f"CEILING_ALERT_DELIVERY_INTERVAL_S must be from {ALERT_DELIVERY_INTERVAL_S_MIN} to "
+            f"{ALERT_DELIVERY_INTERVAL_S_MAX}")
+    return interval_s
 
 
 def _alert_webhook(env: Mapping[str, str]) -> tuple[str | None, str | None]:
