@@ -19,7 +19,6 @@ from api.runtime import runtime
 from core.alerts import ALERT_POST_TIMEOUT_S, DeliveryReport, Post, deliver_due
 from core.errors import CeilingError
 
-
 log = logging.getLogger("spend_ceiling.alerts")
 
 

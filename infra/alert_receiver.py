@@ -59,7 +59,7 @@ class AlertReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 length = min(int(self.headers.get("content-length") or 0), POST_BYTES_MAX)
                 body = self.rfile.read(length)
                 with receiver._lock:
@@ -72,7 +72,7 @@ class AlertReceiver:
                 self.send_header("content-length", "0")
                 self.end_headers()
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 return
 
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
