@@ -87,7 +87,7 @@ def _page(body: str, status: int = 200, title: str = "spend-ceiling") -> HTMLRes
            "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
     return HTMLResponse(html, status_code=status, headers={
         "content-security-policy": csp, "x-content-type-options": "nosniff",
-        "referrer-policy": "no-referrer", "cache-control": "no-store",
+        "referrer-policy": "same-origin", "cache-control": "no-store",
         "x-frame-options": "DENY"})
 
 
@@ -181,9 +181,9 @@ def _bar(leg: LegStatus) -> str:
     held = min(1.0 - spent, leg.reserved_micros / ceiling)
     tone = "over" if spent >= 1 else "high" if spent >= 0.8 else "ok"
     return (f"<svg class=bar viewBox='0 0 100 8' preserveAspectRatio=none aria-hidden=true>"
-            f"<rect width=100 height=8 rx=4 fill='#e8ebf0'/>"
-            f"<rect class='{tone}' width='{spent * 100:.2f}' height=8 rx=4/>"
-            f"<rect x='{spent * 100:.2f}' width='{held * 100:.2f}' height=8 fill='#f5b94a'/>"
+            "<rect width='100' height='8' rx='4' fill='#e8ebf0'/>"
+            f"<rect class='{tone}' width='{spent * 100:.2f}' height='8' rx='4'/>"
+            f"<rect x='{spent * 100:.2f}' width='{held * 100:.2f}' height='8' fill='#f5b94a'/>"
             "</svg>")
 
 
