@@ -10,3 +10,13 @@ from mangum import Mangum
 from api.index import app
 
 handler = Mangum(app, lifespan="off")
+
+
+def deliver_alerts(event: object, context: object) -> dict[str, object]:
+    """The scheduled function of serverless.yml: one alert delivery pass (issue 16)."""
+    import asyncio
+
+    from api.alerts import deliver_once
+
+    report = asyncio.run(deliver_once())
+    return {"webhook_configured": report is not None, **(report.json() if report else {})}

@@ -149,7 +149,8 @@ def test_usage_me_shows_the_callers_own_budgets_and_nobody_elses(alerting: Clien
     assert body["budget_id"] == f"{tag}/key:mine"
     assert [b["budget_id"] for b in body["budgets"]] == [tag, f"{tag}/key:mine"]
     own = body["budgets"][1]
-    assert own["series"] == [] and own["periods"][0]["committed_micros"] == 0
+    assert own["series"] == []
+    assert own["periods"][0]["committed_micros"] == 0
     # The org's series is its own budget's: the scope this key is charged against too.
     assert sum(p["committed_micros"] for p in body["budgets"][0]["series"]) == 700
     # Attacks: another key's budget by parameter, by a crafted path, by another key's run.
