@@ -9,9 +9,11 @@ model's output lengths) stand alone, each in its own slot.
 What expires: everything a caller can make exist. Reservation records (core/limits.py says how
 long each kind is kept once resolved, and why), run counters (RUN_COUNTER_IDLE_MS after their
 last write), day and month counters (COUNTER_RETENTION_MS after their window), idempotency
-replies, output histograms, probes and the live-instance set. What an operator made stays: the
-ledger id, budget definitions and their total counters, API key records, the tag map, and a
-tag's open-lease set while it has members (Redis drops an empty one).
+replies, output histograms, probes and the live-instance set, and everything alerts write (the
+events, the outbox and the log, hourly spend buckets, velocity slots and marks). What an operator
+made stays: the ledger id, budget definitions and their total counters, API key records, the tag
+map, a tag's set of budget ids, and a tag's open-lease set while it has members (Redis drops an
+empty one).
 """
 
 from __future__ import annotations
