@@ -105,6 +105,13 @@ def _sign_in_page(message: str = "", status: int = 401) -> HTMLResponse:
         "<button type=submit>Sign in</button></form></main>", status, "Sign in · spend-ceiling")
 
 
+def _https(request: Request) -> bool:
+    """Whether the browser reached us over https: directly, or through a proxy that terminated
+    TLS and says so (Vercel, a load balancer). A forged header only makes the cookie stricter."""
+    return (request.url.scheme == "https"
+            or request.headers.get("x-forwarded-proto", "").lower() == "https")
+
+
 def _same_origin(request: Request) -> bool:
     """A form post from this host, or from no page at all (curl): never from another origin."""
     origin = request.headers.get("origin")
@@ -139,7 +146,7 @@ async def sign_in(request: Request) -> Response:
     answer = RedirectResponse("/dashboard", status_code=303)
     answer.set_cookie(COOKIE, session_cookie(token, int(time.time())), max_age=SESSION_S,
                       path="/dashboard", httponly=True, samesite="strict",
-                      secure=request.url.scheme == "https")
+                      secure=_https(request))
     return answer
 
 
@@ -149,7 +156,7 @@ async def sign_out(request: Request) -> Response:
         return _sign_in_page("Sign-out is accepted from this page only.", 403)
     answer = RedirectResponse("/dashboard", status_code=303)
     answer.delete_cookie(COOKIE, path="/dashboard", httponly=True, samesite="strict",
-                         secure=request.url.scheme == "https")
+                         secure=_https(request))
     return answer
 
 

@@ -166,3 +166,33 @@ def test_free_text_on_the_page_is_escaped() -> None:
     assert "<script>" not in html
     assert "<b>reason" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_sign_in_is_refused_from_another_origin_and_the_cookie_is_secure_behind_tls(
+    page_service: Client,
+) -> None:
+    http = page_service
+    form = {"token": ADMIN_TOKEN}
+    forged = http.post("/dashboard/sign-in", data=form,
+                       headers={"Origin": "https://evil.example"})
+    assert forged.status_code == 403
+    assert "set-cookie" not in forged.headers
+    assert http.post("/dashboard/sign-out",
+                     headers={"Origin": "https://evil.example"}).status_code == 403
+    ok = http.post("/dashboard/sign-in", data=form, headers={"x-forwarded-proto": "https"})
+    assert ok.status_code == 303
+    cookie = ok.headers["set-cookie"]
+    for part in ("HttpOnly", "Secure", "SameSite=strict", "Path=/dashboard"):
+        assert part.lower() in cookie.lower(), cookie
+    assert ADMIN_TOKEN not in cookie
+    # The cookie reads the page; it is not an admin credential for the API.
+    session = cookie.split(";", 1)[0].split("=", 1)[1]
+    tampered = session[:-1] + ("0" if session[-1] != "0" else "1")
+    assert http.get("/dashboard", headers={"Cookie": f"ceiling_session={session}"}
+                    ).status_code == 200
+    assert http.get("/v1/admin/alerts",
+                    headers={"Authorization": f"Bearer {session}"}).status_code == 401
+    assert http.get("/dashboard", headers={"Cookie": f"ceiling_session={tampered}"}
+                    ).status_code == 401
+    assert http.get("/dashboard",
+                    headers={"Authorization": "Bearer wrong"}).status_code == 401
