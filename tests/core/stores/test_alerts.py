@@ -122,10 +122,16 @@ async def test_spend_that_falls_back_and_rises_again_does_not_alert_twice(
     r = await store.reserve(request(tag, tag, 600))
     clock.advance(TTL_MS)
     await store.expire(tag, 10)  # charged 600: 50% crossed
+    [first] = await store.claim_alerts(tag, 10, 1_000)
+    await store.finish_alert(first, "delivered", 1, 0, "")
     await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 100)  # late: back to 100
     assert (await leg(store, tag)).committed_micros == 100
     await spend(store, tag, tag, 450)  # 550: 50% again
-    assert len(await events(store, tag, THRESHOLD_CROSSED)) == 1
+    # Not emitted again: nothing new in the outbox, and the delivered event is as it was.
+    clock.advance(10**6)
+    assert await store.claim_alerts(tag, 10, 1_000) == []
+    [logged] = await events(store, tag, THRESHOLD_CROSSED)
+    assert (logged.state, logged.committed_micros) == ("delivered", 600)
 
 
 async def test_the_first_refusal_of_a_period_emits_exceeded_once(
