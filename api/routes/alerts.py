@@ -32,10 +32,20 @@ async def alerts(_: Admin, svc: Service) -> JSONResponse:
     })
 
 
+@router.post("/v1/admin/alerts/deliver")
+async def deliver(_: Admin, svc: Service) -> JSONResponse:
+    """One delivery pass over every outbox: what a scheduler triggers."""
+    return await _deliver()
+
+
 # GET as well: Vercel's crons call their path with GET (and the bearer CRON_SECRET, which the
 # deployment sets to the admin token).
-@router.api_route("/v1/admin/alerts/deliver", methods=["POST", "GET"])
-async def deliver(_: Admin, svc: Service) -> JSONResponse:
+@router.get("/v1/admin/alerts/deliver")
+async def deliver_from_cron(_: Admin, svc: Service) -> JSONResponse:
+    return await _deliver()
+
+
+async def _deliver() -> JSONResponse:
     report = await deliver_once()
     if report is None:
         return JSONResponse({"webhook_configured": False, "delivered": 0, "retried": 0,
