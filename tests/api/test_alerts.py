@@ -211,3 +211,39 @@ def test_each_event_reaches_the_receiver_once_across_25_instances(
     finally:
         for s in services:
             s.stop()
+
+
+SCHEDULED_DRIVER = r"""
+import json
+from api.lambda_handler import handler
+# EventBridge's scheduled event, as serverless.yml's `schedule` sends it.
+print(json.dumps(handler({"source": "aws.events", "detail-type": "Scheduled Event"}, None)))
+"""
+
+
+def test_the_lambda_schedule_runs_a_delivery_pass(
+    redis_server: RedisServer, receiver: AlertReceiver
+) -> None:
+    import asyncio
+
+    from core.alerts import AlertConfig
+    from core.budgets import Period
+    from core.stores.redis import RedisStore
+    from tests.core.stores.test_alerts import put
+    from tests.core.stores.test_alerts import spend as book
+
+    tag = f"org:s{uuid.uuid4().hex[:10]}"
+
+    async def crossing() -> None:
+        store = RedisStore(redis_server.url)
+        await put(store, tag, (Period.TOTAL, 100), alerts=AlertConfig(thresholds_pct=(50,)))
+        await book(store, tag, tag, 60)
+        await store.close()
+
+    asyncio.run(crossing())
+    done = subprocess.run([sys.executable, "-c", SCHEDULED_DRIVER],
+                          env={**os.environ, **alerting_env(redis_server, receiver)},
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert '"webhook_configured": true' in done.stdout.splitlines()[-1]
+    [event] = received(receiver, tag, 1)
+    assert (event["type"], event["threshold_pct"]) == ("budget.threshold_crossed", 50)
