@@ -36,6 +36,7 @@ ANTHROPIC_TYPES = {
     # Anthropic's own word for an account that cannot pay for the call.
     "budget_exceeded": "billing_error",
     "budget_busy": "rate_limit_error",
+    "budget_paused": "billing_error",
     "idempotency_conflict": "invalid_request_error",
     "idempotency_in_flight": "invalid_request_error",
     "reservation_resolved": "invalid_request_error",

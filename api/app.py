@@ -25,7 +25,7 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import errors
-from api.routes import admin, gateway, health, sidecar
+from api.routes import admin, alerts, dashboard, gateway, health, sidecar
 from api.runtime import VERSION
 
 # The largest request body accepted: a chat request with a long prompt fits in a few hundred KB;
@@ -77,7 +77,8 @@ def create_app(middleware: Sequence[Middleware] = MIDDLEWARE) -> Starlette:
         title="spend-ceiling", version=VERSION, exception_handlers=errors.HANDLERS,
         # Given as routes, not through include_router(): FastAPI matches an included router
         # through a layer of its own on every request.
-        routes=[*admin.router.routes, *health.router.routes,
+        routes=[*admin.router.routes, *alerts.router.routes, *dashboard.router.routes,
+                *health.router.routes,
                 *(r.documented() for r in HOT_ROUTES)],
     )
     # The dispatcher: a hot route's path and method go to its Starlette route; anything else

@@ -71,7 +71,10 @@ def serve(args: argparse.Namespace) -> int:
         # every full collection walks them, pauses on the requests in flight.
         import api.transport  # noqa: F401
 
-    run_server(app, args.host, args.port)
+    from api.alerts import WithDelivery
+
+    # Alert delivery (issue 16) runs in the background of a long-running server.
+    run_server(WithDelivery(app), args.host, args.port)
     return 0
 
 
@@ -275,6 +278,33 @@ def ledger_adopt(args: argparse.Namespace) -> int:
     return _run(lambda service: Operations(service).adopt(cli_operator()))
 
 
+# -- alerts (issue 16) -------------------------------------------------------------------------
+
+
+def budgets_resume(args: argparse.Namespace) -> int:
+    return _run(lambda service: Operations(service).resume(BudgetId.parse(args.budget_id),
+                                                           cli_operator()))
+
+
+def alerts_deliver(args: argparse.Namespace) -> int:
+    from api.alerts import deliver_once
+
+    async def work(service: CeilingService) -> Any:
+        report = await deliver_once()
+        return {"delivered": None} if report is None else report.json()
+
+    return _run(work)
+
+
+def alerts_list(args: argparse.Namespace) -> int:
+    from core.spend import alert_log
+
+    async def work(service: CeilingService) -> Any:
+        return {"alerts": [e.json() for e in await alert_log(service.store)]}
+
+    return _run(work)
+
+
 def health(args: argparse.Namespace) -> int:
     body = asyncio.run(health_body())
     print(json.dumps(body, indent=2))
@@ -312,6 +342,14 @@ def parser() -> argparse.ArgumentParser:
     bw = b.add_parser("show")
     bw.add_argument("budget_id")
     bw.set_defaults(func=budgets_show)
+    bu = b.add_parser("resume", help="lift the pause a velocity alarm put on a budget")
+    bu.add_argument("budget_id")
+    bu.set_defaults(func=budgets_resume)
+    a = sub.add_parser("alerts").add_subparsers(required=True)
+    a.add_parser("list", help="the alert log, newest first, with delivery").set_defaults(
+        func=alerts_list)
+    a.add_parser("deliver", help="one delivery pass (what a scheduler triggers)").set_defaults(
+        func=alerts_deliver)
     k = sub.add_parser("keys").add_subparsers(required=True)
     kc = k.add_parser("create", help="create an API key (printed once)")
     kc.add_argument("budget_id")
@@ -333,10 +371,10 @@ def parser() -> argparse.ArgumentParser:
     ko.add_argument("--grace-s", type=int, default=None,
                     help="seconds the old secret keeps working (default a day, at most 7 days)")
     ko.set_defaults(func=keys_rotate)
-    a = sub.add_parser("audit", help="admin changes, newest first")
-    a.add_argument("--cursor", default=None)
-    a.add_argument("--limit", type=int, default=None)
-    a.set_defaults(func=audit_list)
+    au = sub.add_parser("audit", help="admin changes, newest first")
+    au.add_argument("--cursor", default=None)
+    au.add_argument("--limit", type=int, default=None)
+    au.set_defaults(func=audit_list)
     lg = sub.add_parser("ledger").add_subparsers(required=True)
     le = lg.add_parser("export", help="write the ledger to FILE ('-': stdout) as one document")
     le.add_argument("file")

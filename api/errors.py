@@ -32,6 +32,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "payload_too_large": (413, "invalid_request_error"),
     "budget_exceeded": (402, "budget_error"),
     "budget_busy": (429, "budget_error"),
+    "budget_paused": (402, "budget_error"),
     "idempotency_conflict": (409, "idempotency_error"),
     "idempotency_in_flight": (409, "idempotency_error"),
     "reservation_resolved": (409, "invalid_request_error"),

@@ -5,8 +5,32 @@ them: the runtime (config, Redis pool) is made on the first request and kept whi
 instance is warm.
 """
 
+from typing import Any
+
 from mangum import Mangum
 
 from api.index import app
 
-handler = Mangum(app, lifespan="off")
+_http = Mangum(app, lifespan="off")
+# What EventBridge's scheduled events carry as their source (serverless.yml `schedule`).
+SCHEDULE_SOURCE = "aws.events"
+
+
+def deliver_alerts() -> dict[str, object]:
+    """One alert delivery pass (issue 16), for the schedule of serverless.yml."""
+    import asyncio
+
+    from api.alerts import deliver_once
+
+    report = asyncio.run(deliver_once())
+    return {"webhook_configured": report is not None, **(report.json() if report else {})}
+
+
+def _dispatch(event: Any, context: Any) -> Any:
+    """HTTP events go to the app; the schedule's event runs an alert delivery pass."""
+    if isinstance(event, dict) and event.get("source") == SCHEDULE_SOURCE:
+        return deliver_alerts()
+    return _http(event, context)
+
+
+handler = _dispatch

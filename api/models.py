@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from core.alerts import THRESHOLDS_PCT_DEFAULT, AlertConfig, VelocityAlarm, multiple_milli
 from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period
 from core.errors import InvalidRequest
 from core.prices import Usage
@@ -80,12 +81,38 @@ class LimitBody(Strict):
     ceiling_micros: int
 
 
+class VelocityBody(Strict):
+    """Issue 16: spend over window_s above max_micros, or above max_rate_multiple times the
+    trailing hourly rate; pause stops the budget until an operator resumes it."""
+
+    window_s: int = 300
+    max_micros: int | None = None
+    max_rate_multiple: float | None = None
+    pause: bool = False
+
+    def alarm(self) -> VelocityAlarm:
+        return VelocityAlarm(
+            self.window_s, self.max_micros or 0,
+            0 if self.max_rate_multiple is None else multiple_milli(self.max_rate_multiple),
+            self.pause)
+
+
+class AlertsBody(Strict):
+    thresholds_pct: list[int] = list(THRESHOLDS_PCT_DEFAULT)
+    velocity: VelocityBody | None = None
+
+    def config(self) -> AlertConfig:
+        return AlertConfig(tuple(self.thresholds_pct),
+                           self.velocity.alarm() if self.velocity else None)
+
+
 class BudgetBody(Strict):
     limits: list[LimitBody]
     timezone: str = "UTC"
     outage_allowance_micros: int = 0
     # None: 'allowance' when an allowance is given, else 'closed' (core/budgets.py BudgetDef).
     outage_policy: Literal["closed", "allowance", "open"] | None = None
+    alerts: AlertsBody | None = None
 
     def definition(self, budget_id: str) -> BudgetDef:
         return BudgetDef(
@@ -94,6 +121,7 @@ class BudgetBody(Strict):
             self.timezone,
             self.outage_allowance_micros,
             None if self.outage_policy is None else OutagePolicy(self.outage_policy),
+            self.alerts.config() if self.alerts else AlertConfig(),
         )
 
 

@@ -8,12 +8,13 @@ the top scope is the Redis hash tag of every key one call touches.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property, lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from core.alerts import AlertConfig
 from core.errors import InvalidRequest, InvariantBroken, ensure
 from core.limits import BUDGET_ID_LEN_MAX, CEILING_MICROS_MAX, INT_EXACT_MAX, SCOPES_MAX
 
@@ -109,6 +110,10 @@ class BudgetDef:
     timezone: str = "UTC"
     outage_allowance_micros: int = 0
     outage_policy: OutagePolicy | None = None
+    # Issue 16: what it alerts on; and, as read back, when a velocity alarm paused it (state the
+    # ledger keeps beside the definition; a put leaves it as it is).
+    alerts: AlertConfig = field(default_factory=AlertConfig)
+    paused_at_ms: int | None = None
 
     @property
     def policy(self) -> OutagePolicy:
@@ -125,9 +130,11 @@ class BudgetDef:
 
     @classmethod
     def from_ledger(cls, budget_id: BudgetId, limits: tuple[Limit, ...], timezone: str,
-                    ledger_allowance_micros: int) -> BudgetDef:
+                    ledger_allowance_micros: int, alerts: AlertConfig | None = None,
+                    paused_at_ms: int | None = None) -> BudgetDef:
         policy, allowance = outage_policy_of(ledger_allowance_micros)
-        return cls(budget_id, limits, timezone, allowance, policy)
+        return cls(budget_id, limits, timezone, allowance, policy,
+                   alerts if alerts is not None else AlertConfig(), paused_at_ms)
 
     def __post_init__(self) -> None:
         if self.outage_policy is None:

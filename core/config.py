@@ -49,6 +49,10 @@ class Config:
     prices_file: str | None = None
     expire_policy: ExpirePolicy = ExpirePolicy.CHARGE
     output_tokens_default: int = OUTPUT_TOKENS_DEFAULT
+    # Issue 16: where alert events are posted, and the secret that signs them.
+    alert_webhook_url: str | None = None
+    alert_webhook_secret: str | None = None
+    alert_delivery_interval_s: float = 5.0
     # Hold a model's p95 output instead of the cap while a budget is far from its ceiling: more
     # calls at once, but a bill that can pass the ceiling (core/gateway.py, hold()).
     hold_p95: bool = False
@@ -132,6 +136,7 @@ def load(env: Mapping[str, str]) -> Config:
             # The gateway adds /v1/messages: a base URL ending in /v1 would call /v1/v1/messages.
             raise ConfigError("CEILING_ANTHROPIC_URL is the base URL without /v1, as the "
                               "anthropic SDK takes it: https://api.anthropic.com")
+    alert_url, alert_secret = _alert_webhook(env)
     redis_url = env.get("REDIS_URL") or None
     if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError("REDIS_URL must start with redis://, rediss:// or unix://")
@@ -152,4 +157,40 @@ def load(env: Mapping[str, str]) -> Config:
         expire_policy=ExpirePolicy(policy),
         output_tokens_default=int(output_tokens_default),
         hold_p95=_flag(env, "CEILING_HOLD_P95"),
+        alert_webhook_url=alert_url,
+        alert_webhook_secret=alert_secret,
+        alert_delivery_interval_s=_delivery_interval_s(env),
     )
+
+
+# A long-running instance's delivery passes: from a tenth of a second (tests, a busy ledger) to
+# an hour (an operator who delivers from a scheduler only).
+ALERT_DELIVERY_INTERVAL_S_MIN = 0.1
+ALERT_DELIVERY_INTERVAL_S_MAX = 3600.0
+
+
+def _delivery_interval_s(env: Mapping[str, str]) -> float:
+    interval_s = _number(env, "CEILING_ALERT_DELIVERY_INTERVAL_S", 5.0)
+    if not ALERT_DELIVERY_INTERVAL_S_MIN <= interval_s <= ALERT_DELIVERY_INTERVAL_S_MAX:
+        raise ConfigError(
+            f"CEILING_ALERT_DELIVERY_INTERVAL_S must be from {ALERT_DELIVERY_INTERVAL_S_MIN} to "
+            f"{ALERT_DELIVERY_INTERVAL_S_MAX}")
+    return interval_s
+
+
+def _alert_webhook(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """CEILING_ALERT_WEBHOOK_URL and its secret. An unsigned event could be forged by anyone
+    who learns the URL, so a secret is required, except for a Slack incoming webhook (Slack
+    reads no signature; its URL is the secret)."""
+    from core.alerts import is_slack
+
+    url = env.get("CEILING_ALERT_WEBHOOK_URL", "").strip() or None
+    secret = env.get("CEILING_ALERT_WEBHOOK_SECRET") or None
+    if url is None:
+        return None, secret
+    if not url.startswith(("https://", "http://")):
+        raise ConfigError("CEILING_ALERT_WEBHOOK_URL must be an http(s) URL")
+    if secret is None and not is_slack(url):
+        raise ConfigError("CEILING_ALERT_WEBHOOK_URL is set but CEILING_ALERT_WEBHOOK_SECRET is "
+                          "not: receivers check the x-ceiling-signature it makes")
+    return url, secret

@@ -9,6 +9,7 @@
     +-- BudgetRefused               the ledger said no
     |   +-- BudgetExceeded          committed spend leaves no room; retry after the reset
     |   +-- BudgetBusy              it would fit once open reservations settle
+    |   +-- BudgetPaused            a velocity alarm paused it until an operator resumes it
     +-- ReservationNotFound         unknown id, or another owner's
     +-- IdempotencyConflict         same id, other parameters
     +-- ReservationResolved         settle after release, release after settle
@@ -87,6 +88,12 @@ class BudgetExceeded(BudgetRefused):
 
 class BudgetBusy(BudgetRefused):
     code = "budget_busy"
+
+
+class BudgetPaused(BudgetRefused):
+    """A velocity alarm with pause (issue 16) stopped the budget; `ceiling budgets resume`."""
+
+    code = "budget_paused"
 
 
 class ReservationNotFound(CeilingError):

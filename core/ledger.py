@@ -21,6 +21,7 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import NamedTuple, Protocol
 
+from core.alerts import AlertEvent
 from core.budgets import BudgetDef, BudgetId, Period, period_of
 from core.errors import BudgetBusy, BudgetExceeded, BudgetRefused, ReservationResolved, ensure
 from core.limits import IDEMPOTENCY_WINDOW_MS, RESEND_WINDOW_MS
@@ -379,6 +380,46 @@ class LedgerStore(Protocol):
     async def probe(self, instance_id: str) -> Probe: ...
 
     async def close(self) -> None: ...
+
+    # -- alerts (issue 16): core/alerts.py ----------------------------------------------------
+
+    async def resume(self, budget_id: BudgetId) -> bool:
+        """Lift a velocity alarm's pause; False if the budget was not paused."""
+        ...
+
+    async def ledger_time_ms(self) -> int: ...
+
+    async def budgets_of(self, tag: str) -> list[str]:
+        """The budget ids of a tag (the spend page)."""
+        ...
+
+    async def open_leases(self, tag: str) -> tuple[int, int]:
+        """Open reservations of a tag, and how many are past their lease."""
+        ...
+
+    async def alert_tags(self) -> list[str]:
+        """Every tag with budgets: where alert outboxes can be."""
+        ...
+
+    async def claim_alerts(self, tag: str, batch_max: int, lease_ms: int) -> list[AlertEvent]:
+        """Up to batch_max due events of a tag's outbox, each held from other deliverers for
+        lease_ms."""
+        ...
+
+    async def finish_alert(self, event: AlertEvent, outcome: str, attempts: int,
+                           next_at_ms: int, last_error: str) -> None:
+        """Record an attempt: 'delivered', 'failed' (given up), or 'retry' at next_at_ms."""
+        ...
+
+    async def alert_log(self, tag: str, limit: int) -> list[AlertEvent]:
+        """The tag's events, newest first, with their delivery."""
+        ...
+
+    async def spend_series(self, budget_id: BudgetId, from_hour: int, to_hour: int
+                           ) -> list[tuple[int, int]]:
+        """(hour index, committed micros booked in it) for the hours in [from_hour, to_hour]
+        with spend (core/limits.py SPEND_BUCKET_MS)."""
+        ...
 
 
 def refusal(kind: str, leg: LegStatus, now_ms: int) -> BudgetRefused:

@@ -73,3 +73,26 @@ CORRECTION_REASON_LEN_MAX = 500
 WINDOW_RETRIES_MAX = 2
 # Budget time zones remembered per process, so a reserve needs one round trip.
 TZ_CACHE_MAX = 10_000
+
+# -- alerts (issue 16) ---------------------------------------------------------------------------
+# Thresholds one budget may alert at: a handful says "half, most, all"; more is noise.
+ALERT_THRESHOLDS_MAX = 10
+# An alert event is kept this long after it happened or was last delivered: the alert log on the
+# page and GET /v1/admin/alerts reach back a month, the span of the longest period a budget has.
+ALERT_RETENTION_MS = 35 * 24 * 3_600_000
+# Spend is kept per budget in hourly buckets (the page's chart, GET /v1/usage/me, the trailing
+# hourly rate of a velocity alarm), each kept as long as the alert log reaches back.
+SPEND_BUCKET_MS = 3_600_000
+SPEND_BUCKET_RETENTION_MS = ALERT_RETENTION_MS
+# A velocity window is counted in this many slots: the "sliding" window moves a tenth of its
+# length at a time, near enough for an alarm, and a check reads ten keys.
+VELOCITY_SLOTS = 10
+# Velocity windows from a minute (shorter is noise between two calls) to a day (longer is what
+# a day ceiling is for).
+VELOCITY_WINDOW_S_MIN = 60
+VELOCITY_WINDOW_S_MAX = 86_400
+# A velocity alarm's rate multiple, in thousandths in the ledger (integers only in Lua): from
+# 1.001x to 1,000,000x the trailing hourly rate.
+VELOCITY_MULTIPLE_MILLI_MAX = 10**9
+# The trailing hourly rate is the budget's spend over this many whole hours before this one.
+VELOCITY_TRAILING_HOURS = 24

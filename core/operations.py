@@ -228,6 +228,8 @@ def budget_json(definition: BudgetDef) -> dict[str, Any]:
         "timezone": definition.timezone,
         "outage_policy": definition.policy.value,
         "outage_allowance_micros": definition.outage_allowance_micros,
+        "alerts": definition.alerts.json(),
+        "paused_at_ms": definition.paused_at_ms,
     }
 
 
@@ -293,6 +295,13 @@ class Operations:
     async def put_budget(self, definition: BudgetDef, by: str) -> None:
         await self.service.put_budget(definition)
         await self.audit(by, "budget.put", definition.budget_id.path, **budget_json(definition))
+
+    async def resume(self, budget_id: BudgetId, by: str) -> dict[str, Any]:
+        """Lift the pause a velocity alarm put on a budget; `resumed` False if it had none."""
+        resumed = await self.service.store.resume(budget_id)
+        if resumed:
+            await self.audit(by, "budget.resume", budget_id.path)
+        return {"budget_id": budget_id.path, "resumed": resumed}
 
     async def budgets(self, prefix: str | None, cursor: str | None, limit: object = None
                       ) -> Page:

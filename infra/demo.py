@@ -6,7 +6,10 @@
 2. The same 25 instances on one shared Redis ledger: the same scenario, then a larger budget
    spent to exhaustion, then Anthropic's Messages API through the gateway (25 workers in the
    anthropic SDK's wire format, every other call streamed). The provider's bill stays within
-   the ceiling and equals the ledger's committed spend to the micro-dollar.
+   the ceiling and equals the ledger's committed spend to the micro-dollar. The instances
+   deliver the alert events the runs produced to a receiver on loopback (each once, signed),
+   and the spend page after the runs is saved (and screenshotted with chromium when it is
+   installed).
 3. The spend limits people ship, against the same stub provider, beside the enforced path
    (infra/baselines.py).
 
@@ -17,15 +20,20 @@ run did not finish cleanly. Everything runs on 127.0.0.1 and is stopped by pid w
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 from core.money import micros_to_usd
 from infra import baselines
+from infra.alert_receiver import AlertReceiver
 from infra.figures import table
 from infra.fleet import EXHAUSTION, HANDFUL, INSTANCES, MESSAGES, Fleet, LedgerMode, LoadResult
 from infra.stub_provider import StubProvider
@@ -44,9 +52,11 @@ class FleetRun:
     committed_micros: tuple[tuple[int, ...], ...]
 
 
-def run_fleet(mode: LedgerMode, instances: int, seed: int, workloads: tuple[str, ...]) -> FleetRun:
+def run_fleet(mode: LedgerMode, instances: int, seed: int, workloads: tuple[str, ...],
+              receiver: AlertReceiver | None = None) -> FleetRun:
     print(f"\n== {instances} instances, {mode.value} ledger ==", flush=True)
-    with Fleet(mode=mode, instances=instances, provider=StubProvider(seed=seed)) as fleet:
+    with Fleet(mode=mode, instances=instances, provider=StubProvider(seed=seed),
+               alert_webhook_url=receiver.url if receiver else None) as fleet:
         print(f"started {instances} instance processes in {fleet.start_s:.1f} s", flush=True)
         bodies = fleet.health()
         health = Counter(b["status"] for b in bodies)
@@ -60,7 +70,49 @@ def run_fleet(mode: LedgerMode, instances: int, seed: int, workloads: tuple[str,
             results.append(result)
             committed.append(tuple(fleet.committed_micros(result.budget_id)))
             print(describe(result, committed[-1]), flush=True)
+        if receiver is not None:
+            show_alerts(fleet, receiver)
     return FleetRun(mode, fleet.start_s, health, reasons, tuple(results), tuple(committed))
+
+
+# How long the demo waits for the instances' background delivery to go quiet.
+ALERTS_QUIET_S = 3.0
+ALERTS_WAIT_S_MAX = 30.0
+
+
+def show_alerts(fleet: Fleet, receiver: AlertReceiver) -> None:
+    """The alert events the runs produced, as the receiver got them (once each, signed), and the
+    spend page after them (issue 16)."""
+    deadline, seen, quiet_since = time.monotonic() + ALERTS_WAIT_S_MAX, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        if len(receiver.posts) != seen:
+            seen, quiet_since = len(receiver.posts), time.monotonic()
+        elif time.monotonic() - quiet_since > ALERTS_QUIET_S:
+            break
+        time.sleep(0.2)
+    accepted = [p for p in receiver.posts if p.status == 200]
+    ids = Counter(str(p.json()["event_id"]) for p in accepted)
+    signed = all(p.signed_by(fleet.alert_webhook_secret) for p in accepted)
+    print(f"alerts: the receiver got {len(accepted)} events, {len(ids)} distinct "
+          f"({sum(n - 1 for n in ids.values())} repeats), every one signed: {signed}", flush=True)
+    for p in sorted(accepted, key=lambda p: p.json()["at_ms"]):
+        e = p.json()
+        what = f"{e['threshold_pct']}%" if e["threshold_pct"] else ""
+        print(f"  {e['type']:<26} {e['budget_id']:<28} {e['period_key']:<16} {what:>5} "
+              f"${micros_to_usd(e['committed_micros'])} of ${micros_to_usd(e['ceiling_micros'])}",
+              flush=True)
+    page = fleet.http.get(f"{fleet.urls[0]}/dashboard",
+                          headers={"Authorization": f"Bearer {fleet.admin_token}"})
+    saved = Path(tempfile.gettempdir()) / "spend-ceiling-dashboard.html"
+    saved.write_text(page.text)
+    shot = saved.with_suffix(".png")
+    if shutil.which("chromium"):
+        subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                        "--disable-background-networking", "--no-first-run",
+                        f"--screenshot={shot}", "--window-size=1360,1400", saved.as_uri()],
+                       capture_output=True, timeout=60, check=False)
+    print(f"the spend page after the runs: {saved}" + (f" (screenshot {shot})"
+                                                         if shot.exists() else ""), flush=True)
 
 
 def describe(result: LoadResult, committed_micros: tuple[int, ...]) -> str:
@@ -119,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     started = time.monotonic()
     memory = run_fleet(LedgerMode.MEMORY, args.instances, args.seed, (HANDFUL.user_class,))
-    shared = run_fleet(LedgerMode.SHARED, args.instances, args.seed,
-                       (HANDFUL.user_class, EXHAUSTION.user_class, MESSAGES.user_class))
+    with AlertReceiver() as receiver:
+        shared = run_fleet(LedgerMode.SHARED, args.instances, args.seed,
+                           (HANDFUL.user_class, EXHAUSTION.user_class, MESSAGES.user_class),
+                           receiver)
     print("\n== the spend limits people ship, against the same provider ==", flush=True)
     rows = baselines.run(args.seed)
     print(baselines.report(rows))

@@ -190,6 +190,9 @@ class Fleet:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sc-fleet-")))
     redis: RedisServer = field(default_factory=lambda: RedisServer(durable=True))
     services: list[ServiceProcess] = field(default_factory=list)
+    # Issue 16: where the instances post alert events (and the secret), or None for no webhook.
+    alert_webhook_url: str | None = None
+    alert_webhook_secret: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     # Wall time from the first instance's spawn until all answered /health/live.
     start_s: float = 0.0
     _http: httpx.Client | None = field(default=None, init=False, repr=False)
@@ -212,6 +215,10 @@ class Fleet:
         else:
             env["CEILING_SINGLE_REPLICA"] = "1"
         env["CEILING_ANTHROPIC_URL"] = self.provider.url
+        if self.alert_webhook_url:
+            env["CEILING_ALERT_WEBHOOK_URL"] = self.alert_webhook_url
+            env["CEILING_ALERT_WEBHOOK_SECRET"] = self.alert_webhook_secret
+            env["CEILING_ALERT_DELIVERY_INTERVAL_S"] = "1"
         return env
 
     def start(self) -> Fleet:

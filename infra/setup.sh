@@ -20,6 +20,14 @@ if ! command -v npm >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive _sudo apt-get install -y -qq nodejs npm >/dev/null
 fi
 
+# chromium: tests/api/test_dashboard.py opens the spend page in a real headless browser
+# (Playwright drives Debian's package; it downloads no browser of its own).
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "setup: installing chromium (apt-get)" >&2
+  _sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive _sudo apt-get install -y -qq chromium >/dev/null
+fi
+
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   echo "setup: Python >= 3.11 is required (found $("$PYTHON" --version 2>&1))" >&2

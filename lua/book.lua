@@ -32,6 +32,7 @@ if #legs == 0 then
 end
 local state, outcome, _, committed, overshoot, released, _, late =
   book_effects('absent', 'charge', held, actual)
+local seen
 for _, leg in ipairs(legs) do
   local ck = counter_key(prefix, leg)
   if leg.run and run_stale(ck, now) then
@@ -39,6 +40,12 @@ for _, leg in ipairs(legs) do
   end
   local was_committed, was_reserved = counters(ck)
   hincr(ck, 'committed', committed)
+  if committed ~= 0 and not leg.run then
+    -- alerts (issue 16): spend booked after an outage crosses thresholds like any other
+    committed_moved(prefix, leg.budget_id, leg.window_key, leg.ceiling_micros,
+                    tonumber(was_committed) + committed, istr(committed), now, seen)
+    seen = leg.budget_id
+  end
   hincr(ck, 'overshoot', overshoot)
   if leg.run then
     touch_run(ck, now)

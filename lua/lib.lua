@@ -161,6 +161,171 @@ local function hincr(key, field, delta)
   end
 end
 
+-- ==== Alerts (issue 16) ============================================================================
+-- Threshold crossings, the first refusal of a period and velocity alarms are decided inside the
+-- script that moves the money: a marker written with the decision (HSETNX in the counter for a
+-- threshold or a refusal, SET NX for a velocity window) makes one event per (budget, period
+-- window, threshold) however many instances settle at once, and goes when its counter goes. A
+-- step reads nothing more unless its spend moved a whole percent of a ceiling or its tag has a
+-- velocity alarm; an event is written only on a crossing.
+
+-- Thresholds of a budget defined before alerts, or put without them.
+local ALERT_THRESHOLDS_DEFAULT = '50 80 100'
+
+-- One event into the tag's outbox: a hash under its id, which delivery reads; the id in the
+-- outbox (by when to try it next) and in the alert log (by when it happened). The id is a digest
+-- of what the event is about, so a receiver deduplicates on it and a repeat writes the same one.
+local function alert_emit(prefix, kind, budget_id, period_key, threshold, committed, ceiling, now)
+  local id = 'evt_' .. string.sub(redis.sha1hex(
+    kind .. '|' .. budget_id .. '|' .. period_key .. '|' .. threshold), 1, 32)
+  local key = prefix .. ALERT_KEY .. id
+  local now_text = istr(now)
+  redis.call('HSET', key, 'event_id', id, 'type', kind, 'budget_id', budget_id,
+             'period_key', period_key, 'threshold_pct', threshold, 'committed_micros', committed,
+             'ceiling_micros', ceiling, 'at_ms', now_text, 'attempts', '0', 'state', 'pending')
+  redis.call('PEXPIRE', key, istr(ALERT_RETENTION_MS))
+  local outbox, log = prefix .. OUTBOX_KEY, prefix .. ALERT_LOG_KEY
+  redis.call('ZADD', outbox, now_text, id)
+  redis.call('PEXPIRE', outbox, istr(ALERT_RETENTION_MS))
+  redis.call('ZADD', log, now_text, id)
+  redis.call('PEXPIRE', log, istr(ALERT_RETENTION_MS))
+end
+
+-- The spend at which `pct` percent of `ceiling` is reached, rounded up, exactly: ceiling * pct
+-- can pass 2**53, the parts below cannot.
+local function threshold_micros(ceiling, pct)
+  local hundreds = math.floor(ceiling / 100)
+  return hundreds * pct + math.ceil((ceiling - hundreds * 100) * pct / 100)
+end
+
+-- A budget's committed spend in one window went from after - delta to `after` (delta > 0):
+-- an event for each of its thresholds that this crossed first. The whole percentage, in doubles,
+-- is within far less than the slack of the exact one, so a step that moves it by no whole
+-- percent crosses nothing and reads nothing. Returns the ledger's now if it read it.
+local function alert_thresholds(prefix, budget_id, window_key, ceiling_text, after, delta, now)
+  local ceiling = tonumber(ceiling_text)
+  local before = after - delta
+  if ceiling <= 0 or math.floor(after * 100 / ceiling + 1e-6)
+      == math.floor(before * 100 / ceiling - 1e-6) then
+    return now
+  end
+  local stored = redis.call('HGET', prefix .. DEFINITION_KEY .. budget_id, 'alert_thresholds_pct')
+  local ck = prefix .. COUNTER_KEY .. budget_id .. '|' .. window_key
+  for pct in string.gmatch(stored or ALERT_THRESHOLDS_DEFAULT, '%d+') do
+    local at = threshold_micros(ceiling, tonumber(pct))
+    if before < at and after >= at and redis.call('HSETNX', ck, 'alerted:' .. pct, '1') == 1 then
+      now = now or ledger_now(nil)
+      alert_emit(prefix, 'budget.threshold_crossed', budget_id, window_key, pct, istr(after),
+                 ceiling_text, now)
+    end
+  end
+  return now
+end
+
+-- A budget's velocity alarm, if its tag's meta hash lists one for it (' budget_id,window_s,
+-- max_micros,max_rate_multiple_milli,pause' per budget; 0 for a rule not set): spend in the
+-- window's slots above max_micros, or above the multiple of the trailing hourly rate, emits
+-- budget.velocity once per window, and pauses the budget if asked to.
+local function alert_velocity(prefix, alarms, budget_id, delta_text, now)
+  local at = string.find(alarms, ' ' .. budget_id .. ',', 1, true)
+  if not at then
+    return
+  end
+  local window_s, max_micros, multiple_milli, pause = string.match(
+    alarms, '^ [^,]+,(%d+),(%d+),(%d+),(%d)', at)
+  local window_ms = tonumber(window_s) * 1000
+  local slot_ms = window_ms / VELOCITY_SLOTS
+  local slot = math.floor(now / slot_ms)
+  local base = prefix .. VELOCITY_KEY .. budget_id .. '|'
+  if redis.call('INCRBY', base .. istr(slot), delta_text) == tonumber(delta_text) then
+    redis.call('PEXPIRE', base .. istr(slot), istr(2 * window_ms))
+  end
+  local slots = {}
+  for i = 0, VELOCITY_SLOTS - 1 do
+    slots[#slots + 1] = base .. istr(slot - i)
+  end
+  local spent = 0
+  for _, v in ipairs(redis.call('MGET', unpack(slots))) do
+    spent = spent + (tonumber(v) or 0)
+  end
+  local over = tonumber(max_micros) > 0 and spent > tonumber(max_micros)
+  if not over and tonumber(multiple_milli) > 0 then
+    -- The trailing hourly rate: the spend of the whole hours before this one, up to
+    -- VELOCITY_TRAILING_HOURS of them, over the hours since the oldest with spend (a budget a
+    -- few hours old is measured against its own few hours). With no history there is no rate
+    -- to multiply, and only max_micros can fire. An alarm's comparison, not money: doubles.
+    local hour = math.floor(now / SPEND_BUCKET_MS)
+    local hours = {}
+    for i = 1, VELOCITY_TRAILING_HOURS do
+      hours[#hours + 1] = prefix .. SPEND_KEY .. budget_id .. '|' .. istr(hour - i)
+    end
+    local trailing, span = 0, 0
+    for i, v in ipairs(redis.call('MGET', unpack(hours))) do
+      local micros = tonumber(v) or 0
+      trailing = trailing + micros
+      if micros ~= 0 then
+        span = i
+      end
+    end
+    over = trailing > 0 and spent * span * 3600000 * 1000
+      > tonumber(multiple_milli) * trailing * window_ms
+  end
+  if not over then
+    return
+  end
+  local window = math.floor(now / window_ms)
+  if redis.call('SET', prefix .. VELOCITY_MARK_KEY .. budget_id .. '|' .. istr(window), '1',
+                'NX', 'PX', istr(2 * window_ms)) then
+    alert_emit(prefix, 'budget.velocity', budget_id, 'velocity:' .. istr(window * window_ms),
+               '', istr(spent), max_micros, now)
+    if pause == '1' then
+      redis.call('HSET', prefix .. DEFINITION_KEY .. budget_id, 'paused', '1',
+                 'paused_at_ms', istr(now))
+    end
+  end
+end
+
+-- What one step's booking in a budget's committed spend sets off: `delta_text` (not '0') was
+-- added in the window `window_key` of the leg 'budget_id|window_key|ceiling...', whose counter
+-- now holds `after`. Thresholds per window; the hourly spend bucket and the velocity alarm once
+-- per budget of the step (`seen`: the budget of the leg before, whose legs come together).
+-- Returns the ledger's now (read if it was not given).
+local function committed_moved(prefix, budget_id, window_key, ceiling_text, after, delta_text,
+                               now, seen)
+  local delta = tonumber(delta_text)
+  if delta > 0 then
+    now = alert_thresholds(prefix, budget_id, window_key, ceiling_text, after, delta, now)
+  end
+  if seen ~= budget_id then
+    now = now or ledger_now(nil)
+    local bucket = prefix .. SPEND_KEY .. budget_id .. '|' .. istr(math.floor(now / SPEND_BUCKET_MS))
+    if redis.call('INCRBY', bucket, delta_text) == delta then
+      redis.call('PEXPIRE', bucket, istr(SPEND_BUCKET_RETENTION_MS))
+    end
+    if delta > 0 then
+      local alarms = redis.call('HGET', prefix .. META_KEY, VELOCITY_FIELD)
+      if alarms then
+        alert_velocity(prefix, alarms, budget_id, delta_text, now)
+      end
+    end
+  end
+  return now
+end
+
+-- The first refusal (budget_exceeded) of a budget in a window: budget.exceeded, once. A run's
+-- leg has no budget to alert on. A counter this makes exists goes when a held one would.
+local function alert_refused(prefix, leg, now)
+  if leg.run or redis.call('HSETNX', leg.key, 'alerted:exceeded', '1') == 0 then
+    return
+  end
+  if leg.committed == '0' and leg.reserved == '0' and leg.window_key ~= 'total' then
+    redis.call('PEXPIREAT', leg.key, istr(tonumber(leg.resets_at_ms) + COUNTER_RETENTION_MS))
+  end
+  alert_emit(prefix, 'budget.exceeded', leg.budget_id, leg.window_key, '', leg.committed,
+             leg.ceiling_micros, now)
+end
+-- ==== end of alerts ==============================================================================
+
 -- core/lifecycle.py is the one statement of what each step of a reservation books: HOLDINGS
 -- (what a reservation holds in its legs' counters, by state and policy) and TRANSITIONS (which
 -- event moves it from which state to which). The prelude compiles them into `effects` and
@@ -173,18 +338,28 @@ local function apply(prefix, legs, reserved, committed, overshoot, now)
   reserved = reserved ~= 0 and istr(reserved)
   committed = committed ~= 0 and istr(committed)
   overshoot = overshoot ~= 0 and istr(overshoot)
-  for counter, rest in string.gmatch(legs, '([^ |]+|[^ |]+)([^ ]*)') do
-    local ck = prefix .. COUNTER_KEY .. counter
+  local seen
+  for budget_id, window_key, rest in string.gmatch(legs, '([^ |]+)|([^ |]+)([^ ]*)') do
+    local ck = prefix .. COUNTER_KEY .. budget_id .. '|' .. window_key
     local run = string.sub(rest, -4) == '|run'
     if not run or writable(ck, {run = true}, now) then
       if reserved then redis.call('HINCRBY', ck, 'reserved', reserved) end
-      if committed then redis.call('HINCRBY', ck, 'committed', committed) end
+      if committed then
+        local after = redis.call('HINCRBY', ck, 'committed', committed)
+        if not run then
+          -- alerts (issue 16): rest is '|ceiling_micros|...'
+          now = committed_moved(prefix, budget_id, window_key, string.match(rest, '^|(%d+)'),
+                                after, committed, now, seen)
+          seen = budget_id
+        end
+      end
       if overshoot then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
       if run then
         touch_run(ck, now)
       end
     end
   end
+  return now
 end
 
 -- A record as versions before records were strings kept it: a hash with short field names and
@@ -358,12 +533,14 @@ end
 -- a status table to return as is: {'ledger_reset'} when a definition was put under another
 -- ledger; {'timezone', budget_id, timezone} when the caller sent no windows for a zone a budget
 -- is in; {'clock', now} when the windows sent do not hold the ledger's now. The run's ceiling is
--- checked here, before anything is written.
+-- checked here, before anything is written. The third value is the first budget on the path a
+-- velocity alarm paused (issue 16), or nil; reserve refuses it, a status read shows it.
 local function resolve_legs(prefix, meta_key, a, now)
-  local legs, zones = {}, nil
+  local legs, zones, paused_id = {}, nil, nil
   for budget_id in string.gmatch(a.budget_ids, '[^ ]+') do
     local key = prefix .. DEFINITION_KEY .. budget_id
-    local ledger, timezone, allowance, day, month, total = read_definition(key)
+    local ledger, timezone, allowance, day, month, total, paused = read_definition(key)
+    paused_id = paused_id or (paused and budget_id)
     if not timezone then
       ledger, timezone, allowance, day, month, total = legacy_definition(meta_key, key)
     end
@@ -405,7 +582,7 @@ local function resolve_legs(prefix, meta_key, a, now)
     legs[#legs + 1] = {budget_id = budget_id, window_key = 'total', ceiling_micros = ceiling,
                        resets_at_ms = '0', outage_allowance_micros = '0', run = true}
   end
-  return legs, nil
+  return legs, nil, paused_id
 end
 
 -- reserve.lua's hold of `held` micros in every leg, if each has room and no reservation is under
@@ -468,3 +645,4 @@ local function reply_state(key)
   return {state = r[1] or LEGACY_REPLY_STATES[r[4] or ''], fingerprint = r[2] or r[5],
           token = r[3] or r[6]}
 end
+

@@ -16,6 +16,7 @@
 --   {'exceeded'|'busy', now_ms, failing leg status}
 --   {'conflict'} same id, other parameters   {'ledger_reset'}   {'no_budget'}
 --   {'timezone', budget_id, timezone}   {'clock', now_ms}
+--   {'paused', budget_id}  a velocity alarm paused a budget on the path (issue 16)
 -- Why: the check and the hold must be one step, or concurrent calls all pass the same stale
 -- check. Expired leases of this tag are reclaimed (a bounded batch) before a hold they might be
 -- in the way of is refused, so a dead worker's hold does not block the budget past its lease,
@@ -42,9 +43,12 @@ local now = ledger_now(a.now_ms)
 local now_text = istr(now)
 
 local prefix = prefix_of(KEYS[1])
-local legs, status = resolve_legs(prefix, KEYS[1], a, now)
+local legs, status, paused = resolve_legs(prefix, KEYS[1], a, now)
 if status then
   return status
+end
+if paused then
+  return {'paused', paused}  -- a velocity alarm paused it (issue 16)
 end
 if #legs == 0 then
   return {'no_budget'}
@@ -70,6 +74,9 @@ if reclaim(prefix, KEYS[3], now, RECLAIM_BATCH_MAX) > 0 or looks then
   end
 end
 if failing and redis.call('EXISTS', KEYS[2]) == 0 then
+  if why == 'exceeded' then
+    alert_refused(prefix, failing, now)  -- issue 16: budget.exceeded, once a window
+  end
   return {why, now, leg_status(failing, failing.committed, failing.reserved, failing.overshoot)}
 end
 -- A reservation already under this id: the first answer while it is open, else what became of

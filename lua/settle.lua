@@ -7,6 +7,8 @@
 --     was booked from them by core/lifecycle.py's table, by which it was booked here
 --   {'replayed', charged_micros, released_micros, overshoot_micros, late 0|1}  settled before
 --   {'not_found'}  {'conflict'} settled before at another actual  {'released'}
+-- Alerts (issue 16): each leg's committed spend, as HINCRBY returns it, goes to lib's
+-- committed_moved, which emits a threshold event only on a crossing and keeps the hourly bucket.
 -- Why: settle and expiry race for one winner. An open lease is settled here in one step. A lease
 -- that expiry already resolved is corrected (lib: resolve, by the lifecycle's table). Overshoot
 -- is what a settle charged beyond what was held for it, so committed + reserved <= ceiling +
@@ -35,10 +37,16 @@ if type(stored) == 'string' then
     reserved = text_of(reserved, held, reserved_micros, actual, a.actual_micros)
     committed = text_of(committed, held, reserved_micros, actual, a.actual_micros)
     overshoot = text_of(overshoot, held, reserved_micros, actual, a.actual_micros)
-    for counter in string.gmatch(legs, '([^ |]+|[^ |]+)[^ ]*') do
-      local ck = prefix .. COUNTER_KEY .. counter
+    local seen
+    for budget_id, window_key, ceiling in string.gmatch(legs, '([^ |]+)|([^ |]+)|([^ |]+)[^ ]*') do
+      local ck = prefix .. COUNTER_KEY .. budget_id .. '|' .. window_key
       if reserved ~= '0' then redis.call('HINCRBY', ck, 'reserved', reserved) end
-      if committed ~= '0' then redis.call('HINCRBY', ck, 'committed', committed) end
+      if committed ~= '0' then
+        local after = redis.call('HINCRBY', ck, 'committed', committed)
+        -- alerts (issue 16): lib committed_moved
+        now = committed_moved(prefix, budget_id, window_key, ceiling, after, committed, now, seen)
+        seen = budget_id
+      end
       if overshoot ~= '0' then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
     end
     -- A gateway call's answer to a resend, its fingerprint '' (core/service.py): in the order

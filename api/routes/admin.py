@@ -26,13 +26,22 @@ async def service() -> CeilingService:
     return runtime().enforcing()
 
 
-async def admin(authorization: Annotated[str | None, Header()] = None) -> None:
+def admin_token() -> str | None:
     config = runtime().config
-    expected = config.admin_token if config else None
-    if not expected:
+    return config.admin_token if config else None
+
+
+def is_admin_token(given: str | None) -> bool:
+    """`given` is the admin token (compared in constant time); never when none is set."""
+    expected = admin_token()
+    return bool(expected and given is not None
+                and hmac.compare_digest(given.encode(), expected.encode()))
+
+
+async def admin(authorization: Annotated[str | None, Header()] = None) -> None:
+    if not admin_token():
         raise Forbidden("admin routes are closed: CEILING_ADMIN_TOKEN is not set")
-    given = bearer(authorization) or ""
-    if not hmac.compare_digest(given.encode(), expected.encode()):
+    if not is_admin_token(bearer(authorization) or ""):
         raise Unauthorized("the admin token is required")
 
 

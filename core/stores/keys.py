@@ -9,9 +9,11 @@ model's output lengths) stand alone, each in its own slot.
 What expires: everything a caller can make exist. Reservation records (core/limits.py says how
 long each kind is kept once resolved, and why), run counters (RUN_COUNTER_IDLE_MS after their
 last write), day and month counters (COUNTER_RETENTION_MS after their window), idempotency
-replies, output histograms, probes and the live-instance set. What an operator made stays: the
-ledger id, budget definitions and their total counters, API key records, the tag map, and a
-tag's open-lease set while it has members (Redis drops an empty one).
+replies, output histograms, probes and the live-instance set, and everything alerts write (the
+events, the outbox and the log, hourly spend buckets, velocity slots and marks). What an operator
+made stays: the ledger id, budget definitions and their total counters, API key records, the tag
+map, a tag's set of budget ids, and a tag's open-lease set while it has members (Redis drops an
+empty one).
 """
 
 from __future__ import annotations
@@ -102,3 +104,36 @@ def api_key_previous(key_id: str) -> str:
 
 def probe(instance_id: str) -> str:
     return f"sc:probe:{instance_id}"
+
+
+# -- alerts (issue 16): every key below expires (core/limits.py says when) ----------------------
+ALERT = "ev:"  # + event id: one alert event, a hash (its fields: core/alerts.py EVENT_FIELDS)
+OUTBOX = "outbox"  # events to deliver, a sorted set of event ids by next attempt
+ALERT_LOG = "alerts"  # every event of the tag, a sorted set of event ids by when it happened
+SPEND = "h:"  # + budget id '|' hour index: a budget's committed spend booked in one hour
+VELOCITY = "v:"  # + budget id '|' slot index: spend in one slot of a velocity window
+VELOCITY_MARK = "vm:"  # + budget id '|' window index: the window's velocity alarm went out
+# The tag's budget ids, a set: what an operator made, kept as its definitions are.
+BUDGETS = "budgets"
+# The meta hash field listing the tag's budgets with a velocity alarm, read by every settle.
+VELOCITY_FIELD = "alert_velocity"
+
+
+def alert(tag: str, event_id: str) -> str:
+    return prefix(tag) + ALERT + event_id
+
+
+def outbox(tag: str) -> str:
+    return prefix(tag) + OUTBOX
+
+
+def alert_log(tag: str) -> str:
+    return prefix(tag) + ALERT_LOG
+
+
+def budgets(tag: str) -> str:
+    return prefix(tag) + BUDGETS
+
+
+def spend(tag: str, budget_id: str, hour_index: int) -> str:
+    return f"{prefix(tag)}{SPEND}{budget_id}|{hour_index}"

@@ -13,12 +13,14 @@ import itertools
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from core import output_stats
+from core.alerts import AlertEvent
 from core.budgets import BudgetDef, BudgetId, Period, window_at
 from core.errors import (
     BudgetNotFound,
+    BudgetPaused,
     IdempotencyConflict,
     ReservationNotFound,
     ReservationResolved,
@@ -53,6 +55,7 @@ from core.limits import (
     RUN_COUNTER_IDLE_MS,
     UNKNOWN_OUTCOME_RETENTION_MS,
 )
+from core.stores.memory_alerts import MemoryAlerts
 from core.stores.scripted import Clock
 
 # Records, run counters and histograms dropped per call once their time has passed: bounds the
@@ -130,6 +133,12 @@ class _Tag:
     drops: list[tuple[int, str]] = field(default_factory=list)  # (drop_at_ms, id), a heap
 
 
+def _paused(budget_id: str) -> BudgetPaused:
+    return BudgetPaused(
+        f"budget {budget_id} was paused by its velocity alarm; an operator resumes it "
+        "(ceiling budgets resume)", budget_id=budget_id)
+
+
 def _wall_clock() -> int:
     return int(time.time() * 1000)
 
@@ -153,6 +162,7 @@ class MemoryStore:
         self._runs_seen: OrderedDict[CounterKey, int] = OrderedDict()
         self._outputs: OrderedDict[str, tuple[int, dict[int, int]]] = OrderedDict()
         self.replies = MemoryReplies(self._clock)
+        self._alerts = MemoryAlerts(self._clock)
 
     async def open(self) -> str:
         return self._ledger_id
@@ -248,6 +258,7 @@ class MemoryStore:
 
     def _apply(self, legs: tuple[_Leg, ...], fx: Effects, now_ms: int) -> None:
         """Book one step in every leg it may write to (lua/lib.lua apply)."""
+        seen = None
         for leg in legs:
             if not self._writable(leg, now_ms):
                 continue
@@ -256,6 +267,17 @@ class MemoryStore:
             c.committed += fx.committed_delta
             c.overshoot += fx.overshoot_micros
             self._touched(leg, now_ms)
+            if fx.committed_delta and not leg.run:
+                self._committed_moved(leg, c.committed, fx.committed_delta, now_ms, seen)
+                seen = leg.budget_id
+
+    def _committed_moved(self, leg: _Leg, after: int, delta: int, now_ms: int,
+                         seen: str | None) -> None:
+        """Alerts (issue 16): lua/lib.lua committed_moved."""
+        d = self._defs.get(leg.budget_id)
+        self._alerts.committed_moved(
+            d.alerts if d else None, leg.budget_id, leg.window_key, leg.ceiling_micros,
+            leg.resets_at_ms, after, delta, now_ms, seen != leg.budget_id)
 
     def _resolve(self, t: _Tag, rid: str, rec: _Record, event: Event, actual_micros: int,
                  now_ms: int) -> Effects:
@@ -314,6 +336,10 @@ class MemoryStore:
             raise BudgetNotFound(
                 "no budget applies to this call", budget_id=request.budget_ids[-1].path
             )
+        paused = next((b.path for b in request.budget_ids if b.path in self._alerts.paused),
+                      None)
+        if paused is not None:
+            raise _paused(paused)
         self._reclaim(t, now_ms, RECLAIM_BATCH_MAX)
         amount = request.amount_micros
         exceeded = busy = None
@@ -326,6 +352,11 @@ class MemoryStore:
             elif c.committed + c.reserved + amount > leg.ceiling_micros:
                 busy = busy or leg
         failing = exceeded or busy
+        if exceeded and not exceeded.run:
+            self._alerts.refused(  # issue 16: budget.exceeded, once a window
+                exceeded.budget_id, exceeded.window_key, exceeded.ceiling_micros,
+                self._counters.get(exceeded.key, _Counter()).committed, exceeded.resets_at_ms,
+                now_ms)
         if failing:
             raise refusal("exceeded" if exceeded else "busy", self._status((failing,))[0], now_ms)
         fx = effects(Event.RESERVE, ABSENT, request.expire_policy, amount)
@@ -424,6 +455,7 @@ class MemoryStore:
             raise BudgetNotFound("no budget applies to this journal entry")
         fx = effects(Event.BOOK, ABSENT, ExpirePolicy.CHARGE, request.amount_micros,
                      actual_micros)
+        seen = None
         for leg in legs:
             if leg.run and self._run_stale(leg, now_ms):
                 self._drop_run(leg.key)
@@ -432,6 +464,9 @@ class MemoryStore:
             c.committed += fx.committed_delta
             c.overshoot += fx.overshoot_micros
             self._touched(leg, now_ms)
+            if fx.committed_delta and not leg.run:
+                self._committed_moved(leg, c.committed, fx.committed_delta, now_ms, seen)
+                seen = leg.budget_id
         # Kept for the idempotency window, whatever call it was: a flush retried after a lost
         # reply must find it (lua/book.lua).
         rec = _Record(
@@ -489,7 +524,42 @@ class MemoryStore:
         self._defs[budget.budget_id.path] = budget
 
     async def get_budget(self, budget_id: BudgetId) -> BudgetDef | None:
-        return self._defs.get(budget_id.path)
+        found = self._defs.get(budget_id.path)
+        paused = self._alerts.paused.get(budget_id.path)
+        return found if found is None or paused is None else replace(found, paused_at_ms=paused)
+
+    # -- alerts (issue 16): core/stores/memory_alerts.py ---------------------------------------
+
+    async def resume(self, budget_id: BudgetId) -> bool:
+        return self._alerts.paused.pop(budget_id.path, None) is not None
+
+    async def ledger_time_ms(self) -> int:
+        return self._clock()
+
+    async def budgets_of(self, tag: str) -> list[str]:
+        return sorted(p for p in self._defs if BudgetId(p).tag == tag)
+
+    async def open_leases(self, tag: str) -> tuple[int, int]:
+        now_ms = self._clock()
+        held = [r for r in self._tag(tag).records.values() if r.state is _OPEN]
+        return len(held), sum(1 for r in held if r.expires_at_ms <= now_ms)
+
+    async def alert_tags(self) -> list[str]:
+        return sorted(set(self._tag_map.values()))
+
+    async def claim_alerts(self, tag: str, batch_max: int, lease_ms: int) -> list[AlertEvent]:
+        return self._alerts.claim(tag, batch_max, lease_ms)
+
+    async def finish_alert(self, event: AlertEvent, outcome: str, attempts: int,
+                           next_at_ms: int, last_error: str) -> None:
+        self._alerts.finish(event, outcome, attempts, next_at_ms, last_error)
+
+    async def alert_log(self, tag: str, limit: int) -> list[AlertEvent]:
+        return self._alerts.log(tag, limit)
+
+    async def spend_series(self, budget_id: BudgetId, from_hour: int, to_hour: int
+                           ) -> list[tuple[int, int]]:
+        return self._alerts.series(budget_id.path, from_hour, to_hour)
 
     async def status(
         self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None

@@ -14,10 +14,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
-from core import output_stats
+from core import alerts, output_stats
 from core.budgets import BudgetDef, BudgetId, Limit, Period, window_at
 from core.errors import (
     BudgetNotFound,
+    BudgetPaused,
     CeilingError,
     IdempotencyConflict,
     InvariantBroken,
@@ -105,6 +106,12 @@ def _ledger_reset(tag: str | None = None) -> LedgerUnavailable:
         "`ceiling ledger adopt`)",
         reason="ledger_reset",
     )
+
+
+def _paused(budget_id: str) -> BudgetPaused:
+    return BudgetPaused(
+        f"budget {budget_id} was paused by its velocity alarm; an operator resumes it "
+        "(ceiling budgets resume)", budget_id=budget_id)
 
 
 def _roles(stored: str) -> frozenset[Role]:
@@ -348,6 +355,8 @@ class ScriptedStore:
             raise refusal(refused.kind, refused.leg, refused.now_ms)
         if kind == "resolved":
             raise _resolved(ref.reservation_id, reply)
+        if kind == "paused":
+            raise _paused(str(reply[1]))
         if kind == "conflict":
             raise IdempotencyConflict(
                 "this reservation id was used with other parameters",
@@ -513,6 +522,7 @@ class ScriptedStore:
         # After the stamp: an organisation named here has data under this ledger id to lose.
         await self._t.execute("HSET", keys.ORGS_KEY, bid.tag, ledger_id)
         await self._t.execute("ZADD", keys.BUDGETS_KEY, "0", bid.path)
+        await self._put_alerts(budget)
         self._remember_tz(bid.path, budget.timezone)
 
     async def _map_tag(self, tag: str) -> None:
@@ -534,7 +544,8 @@ class ScriptedStore:
         # Put under the names put_budget writes (the ledger id first), or under the ones it
         # wrote before them.
         count = len(wire.DEFINITION_FIELDS)
-        tz, allow, *ceils = found[1:count] if found[1] is not None else found[count:]
+        paused_field = wire.DEFINITION_FIELDS.index("paused")
+        tz, allow, *ceils = found[1:paused_field] if found[1] is not None else found[count:]
         if tz is None:
             if await self._org_lost(budget_id.tag):
                 raise _ledger_reset(budget_id.tag)
@@ -542,7 +553,13 @@ class ScriptedStore:
         limits = tuple(
             Limit(p, int(c)) for p, c in zip(Period, ceils, strict=True) if c is not None
         )
-        return BudgetDef.from_ledger(budget_id, limits, str(tz), int(allow))
+        thresholds, velocity, paused_at = await self._t.execute(
+            "HMGET", keys.definition(budget_id.tag, budget_id.path),
+            *wire.ALERT_DEFINITION_FIELDS)
+        paused = found[paused_field] is not None
+        return BudgetDef.from_ledger(budget_id, limits, str(tz), int(allow),
+                                     alerts.config_from_ledger(thresholds, velocity),
+                                     int(paused_at or 0) if paused else None)
 
     async def status(
         self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None
@@ -637,6 +654,91 @@ class ScriptedStore:
         if budget_id is not None:
             await self._t.execute("ZREM", keys.KEYS_KEY, f"{budget_id} {key_id}")
         return True
+
+    # -- alerts (issue 16) ----------------------------------------------------------------
+
+    async def _put_alerts(self, budget: BudgetDef) -> None:
+        bid, config = budget.budget_id, budget.alerts
+        await self._t.run(
+            script("put_alerts"),
+            (keys.meta(bid.tag), keys.definition(bid.tag, bid.path), keys.budgets(bid.tag)),
+            [bid.path, config.thresholds_ledger_form,
+             config.velocity.ledger_form if config.velocity else ""])
+
+    async def resume(self, budget_id: BudgetId) -> bool:
+        """Lift a velocity alarm's pause; False if the budget was not paused."""
+        await self.open()
+        found = await self._t.execute(
+            "HDEL", keys.definition(budget_id.tag, budget_id.path), "paused", "paused_at_ms")
+        return int(found) > 0
+
+    async def budgets_of(self, tag: str) -> list[str]:
+        """The budget ids of a tag, as put since alerts (issue 16) were added."""
+        await self.open()
+        return sorted(str(b) for b in await self._t.execute("SMEMBERS", keys.budgets(tag)))
+
+    async def open_leases(self, tag: str) -> tuple[int, int]:
+        """The tag's open reservations, and how many of them are past their lease (expiry books
+        them with outcome unknown)."""
+        now_ms = await self.ledger_time_ms()
+        held = int(await self._t.execute("ZCARD", keys.open_leases(tag)))
+        overdue = int(await self._t.execute("ZCOUNT", keys.open_leases(tag), "-inf",
+                                            str(now_ms)))
+        return held, overdue
+
+    async def ledger_time_ms(self) -> int:
+        if self._clock:
+            return self._clock()
+        seconds, micros = await self._t.execute("TIME")
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def alert_tags(self) -> list[str]:
+        """Every tag that has budgets (the tag map put_budget writes): where outboxes can be."""
+        await self.open()
+        found = await self._t.execute("HVALS", keys.TAG_MAP_KEY)
+        return sorted({str(t) for t in found})
+
+    def _events(self, tag: str, reply: Sequence[Any]) -> list[alerts.AlertEvent]:
+        out = []
+        for flat in reply:
+            if isinstance(flat, dict):
+                fields = {str(k): str(v) for k, v in flat.items()}
+            else:
+                fields = {str(k): str(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
+            out.append(alerts.AlertEvent.from_fields(tag, fields))
+        return out
+
+    async def claim_alerts(self, tag: str, batch_max: int, lease_ms: int
+                           ) -> list[alerts.AlertEvent]:
+        reply = await self._t.run(
+            script("alert_claim"), (keys.outbox(tag),),
+            [str(batch_max), str(lease_ms), *([self._now_arg()] if self._clock else [])])
+        return self._events(tag, reply)
+
+    async def finish_alert(self, event: alerts.AlertEvent, outcome: str, attempts: int,
+                           next_at_ms: int, last_error: str) -> None:
+        await self._t.run(
+            script("alert_done"),
+            (keys.outbox(event.tag), keys.alert(event.tag, event.event_id)),
+            [event.event_id, outcome, str(attempts), str(next_at_ms), last_error,
+             *([self._now_arg()] if self._clock else [])])
+
+    async def alert_log(self, tag: str, limit: int) -> list[alerts.AlertEvent]:
+        reply = await self._t.run(
+            script("alert_log"), (keys.alert_log(tag),),
+            [str(limit), *([self._now_arg()] if self._clock else [])])
+        return self._events(tag, reply)
+
+    async def spend_series(self, budget_id: BudgetId, from_hour: int, to_hour: int
+                           ) -> list[tuple[int, int]]:
+        """(hour index, committed micros booked in it) for every hour in [from_hour, to_hour]
+        with spend: the hourly buckets the ledger keeps (SPEND_BUCKET_MS)."""
+        hours = list(range(from_hour, to_hour + 1))
+        if not hours:
+            return []
+        found = await self._t.execute(
+            "MGET", *(keys.spend(budget_id.tag, budget_id.path, h) for h in hours))
+        return [(h, int(v)) for h, v in zip(hours, found, strict=True) if v not in (None, "0")]
 
     # -- health --------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from core.ledger import (
 )
 from core.lifecycle import HOLDINGS, TRANSITIONS, Event, effects
 from core.limits import (
+    ALERT_RETENTION_MS,
     COUNTER_RETENTION_MS,
     IDEMPOTENCY_WINDOW_MS,
     INT_EXACT_MAX,
@@ -47,7 +48,11 @@ from core.limits import (
     RECLAIM_SAMPLE_DIGITS,
     RESEND_WINDOW_MS,
     RUN_COUNTER_IDLE_MS,
+    SPEND_BUCKET_MS,
+    SPEND_BUCKET_RETENTION_MS,
     UNKNOWN_OUTCOME_RETENTION_MS,
+    VELOCITY_SLOTS,
+    VELOCITY_TRAILING_HOURS,
 )
 from core.stores import keys
 
@@ -114,7 +119,10 @@ RESOLVED_FIELDS = (
 # A budget's definition hash, by Python names, with the ledger id it was put under ('ledger').
 # Definitions put before these names have the legacy ones (and the ledger id in the tag's meta).
 DEFINITION_FIELDS = ("ledger", "timezone", "outage_allowance_micros", "ceiling_micros:day",
-                     "ceiling_micros:month", "ceiling_micros:total")
+                     "ceiling_micros:month", "ceiling_micros:total", "paused")
+# Alert settings kept in the definition hash, read by get_budget and (thresholds) by a settle
+# whose spend moved a whole percent, never by a reserve: core/alerts.py.
+ALERT_DEFINITION_FIELDS = ("alert_thresholds_pct", "alert_velocity", "paused_at_ms")
 LEGACY_DEFINITION_FIELDS = ("tz", "allow", "ceil:day", "ceil:month", "ceil:total")
 
 _ESCAPES = {"%": "%25", SEPARATOR: "%09"}
@@ -328,10 +336,18 @@ CONSTANTS = {
     "RESEND_WINDOW_MS": RESEND_WINDOW_MS,
     "IDEMPOTENCY_WINDOW_MS": IDEMPOTENCY_WINDOW_MS,
     "UNKNOWN_OUTCOME_RETENTION_MS": UNKNOWN_OUTCOME_RETENTION_MS,
+    "ALERT_RETENTION_MS": ALERT_RETENTION_MS,
+    "SPEND_BUCKET_MS": SPEND_BUCKET_MS,
+    "SPEND_BUCKET_RETENTION_MS": SPEND_BUCKET_RETENTION_MS,
+    "VELOCITY_SLOTS": VELOCITY_SLOTS,
+    "VELOCITY_TRAILING_HOURS": VELOCITY_TRAILING_HOURS,
 }
 KEY_PARTS = {
     "META_KEY": keys.META, "RECORD_KEY": keys.RECORD, "DEFINITION_KEY": keys.DEFINITION,
     "COUNTER_KEY": keys.COUNTER,
+    "ALERT_KEY": keys.ALERT, "OUTBOX_KEY": keys.OUTBOX, "ALERT_LOG_KEY": keys.ALERT_LOG,
+    "SPEND_KEY": keys.SPEND, "VELOCITY_KEY": keys.VELOCITY, "VELOCITY_MARK_KEY": keys.VELOCITY_MARK,
+    "VELOCITY_FIELD": keys.VELOCITY_FIELD,
 }
 
 

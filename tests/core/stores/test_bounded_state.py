@@ -49,7 +49,7 @@ MODELS = 50  # distinct model names with an output histogram
 OPERATOR_KEYS = re.compile(
     r"sc:ledger|sc:tags|sc:key:[0-9a-f]+|sc:keyid:key_[0-9a-f]+"
     r"|\{sc:ledger\}:(orgs|budgets|keys|audit|restored|adopted)"
-    r"|sc:\{(?P<tag>[^}]+)\}:(meta|open|def:.+|p:(?P<budget>[^|]+)\|total)"
+    r"|sc:\{(?P<tag>[^}]+)\}:(meta|open|budgets|def:.+|p:(?P<budget>[^|]+)\|total)"
 )
 
 

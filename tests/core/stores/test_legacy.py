@@ -178,7 +178,7 @@ async def test_a_budget_put_under_short_names_applies_until_it_is_put_again(
     await store.put_budget(budget)
     fields = await raw.hgetall(keys.definition(tag, tag))
     assert set(fields) == {"ledger", "timezone", "outage_allowance_micros",
-                           "ceiling_micros:total"}
+                           "ceiling_micros:total", "alert_thresholds_pct", "alert_velocity"}
     assert (await leg(store, tag)).reserved_micros == 300
 
 

@@ -216,9 +216,13 @@ async def test_a_call_writes_its_tags_keys_and_no_other(
     expected = {keys.meta(tag), keys.definition(tag, tag), keys.definition(tag, f"{tag}/team:a"),
                 keys.counter(tag, tag, day), keys.counter(tag, tag, "total"),
                 keys.counter(tag, f"{tag}/team:a", month),
-                keys.reservation(tag, r.reservation_id)}
+                keys.reservation(tag, r.reservation_id), keys.budgets(tag)}
     assert opened == expected | {keys.open_leases(tag)}
-    assert written == expected  # the open-lease set goes with its last lease
+    # The settle books each budget's hourly spend (issue 16), one bucket per budget.
+    buckets = {k for k in written if k.startswith(keys.prefix(tag) + keys.SPEND)}
+    assert sorted(k.removeprefix(keys.prefix(tag) + keys.SPEND).rsplit("|", 1)[0]
+                  for k in buckets) == sorted([tag, f"{tag}/team:a"])
+    assert written - buckets == expected  # the open-lease set goes with its last lease
     assert all(k.startswith(f"sc:{{{tag}}}:") for k in written)
     # Kept for as long as its kind of call needs it (core/limits.py).
     assert 0 < await raw.pttl(keys.reservation(tag, r.reservation_id)) <= retention_ms

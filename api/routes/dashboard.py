@@ -1,0 +1,354 @@
+"""GET /dashboard (issue 16): the spend page, server-rendered HTML for operators.
+
+No script at all, no build step, nothing from another host: the charts are inline SVG drawn
+here, the style one <style> element allowed by a per-response nonce, and the Content-Security-
+Policy says so (`default-src 'none'`), so markup that got into a budget id (escaped anyway)
+could not run. Access: the admin token as a bearer header, or the sign-in form, which sets an
+HttpOnly, SameSite=Strict cookie (Secure over https) holding a signed expiry, never the token.
+The sign-in and sign-out forms are the only requests that change anything, and they are refused
+from another origin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Sequence
+from decimal import Decimal
+from html import escape
+from typing import Annotated
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from api.routes.admin import admin_token, is_admin_token
+from api.routes.sidecar import bearer
+from api.runtime import runtime
+from core import spend
+from core.alerts import AlertEvent
+from core.budgets import period_of
+from core.ledger import LegStatus
+from core.limits import SPEND_BUCKET_MS
+
+router = APIRouter(include_in_schema=False)
+
+COOKIE = "ceiling_session"
+# A sign-in lasts a working day; the cookie's own signed expiry enforces it, not the browser.
+SESSION_S = 12 * 3600
+# The sign-in form's body: a token is far shorter.
+SIGN_IN_BYTES_MAX = 4096
+CHART_WIDTH, CHART_HEIGHT = 560, 120
+
+
+def _session_mac(token: str, expires_s: int) -> str:
+    return hmac.new(token.encode(), f"dashboard-session:{expires_s}".encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def session_cookie(token: str, now_s: int) -> str:
+    expires_s = now_s + SESSION_S
+    return f"v1.{expires_s}.{_session_mac(token, expires_s)}"
+
+
+def session_valid(token: str, cookie: str | None, now_s: int) -> bool:
+    if not cookie:
+        return False
+    parts = cookie.split(".")
+    if len(parts) != 3 or parts[0] != "v1" or not parts[1].isdigit():
+        return False
+    expires_s = int(parts[1])
+    return expires_s > now_s and hmac.compare_digest(parts[2], _session_mac(token, expires_s))
+
+
+def _signed_in(request: Request, authorization: str | None) -> bool:
+    token = admin_token()
+    if not token:
+        return False
+    given = bearer(authorization)
+    if given is not None:
+        return is_admin_token(given)
+    return session_valid(token, request.cookies.get(COOKIE), int(time.time()))
+
+
+def _page(body: str, status: int = 200, title: str = "spend-ceiling") -> HTMLResponse:
+    nonce = secrets.token_urlsafe(16)
+    html = (f"<!doctype html><html lang=en><head><meta charset=utf-8>"
+            f"<meta name=viewport content='width=device-width,initial-scale=1'>"
+            f"<title>{escape(title)}</title><style nonce=\"{nonce}\">{CSS}</style></head>"
+            f"<body>{body}</body></html>")
+    csp = (f"default-src 'none'; style-src 'nonce-{nonce}'; img-src 'self' data:; "
+           "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+    return HTMLResponse(html, status_code=status, headers={
+        "content-security-policy": csp, "x-content-type-options": "nosniff",
+        "referrer-policy": "same-origin", "cache-control": "no-store",
+        "x-frame-options": "DENY"})
+
+
+def _sign_in_page(message: str = "", status: int = 401) -> HTMLResponse:
+    closed = not admin_token()
+    note = ("<p class=warn>Admin routes are closed: CEILING_ADMIN_TOKEN is not set.</p>"
+            if closed else "")
+    error = f"<p class=warn role=alert>{escape(message)}</p>" if message else ""
+    return _page(
+        "<main class=signin><h1>spend-ceiling</h1><p class=muted>Sign in with the admin token "
+        f"to see where the money goes.</p>{note}{error}"
+        "<form method=post action='/dashboard/sign-in'>"
+        "<label for=token>Admin token</label>"
+        "<input id=token name=token type=password autocomplete=current-password required>"
+        "<button type=submit>Sign in</button></form></main>", status, "Sign in · spend-ceiling")
+
+
+def _https(request: Request) -> bool:
+    """Whether the browser reached us over https: directly, or through a proxy that terminated
+    TLS and says so (Vercel, a load balancer). A forged header only makes the cookie stricter."""
+    return (request.url.scheme == "https"
+            or request.headers.get("x-forwarded-proto", "").lower() == "https")
+
+
+def _same_origin(request: Request) -> bool:
+    """A form post from this host, or from no page at all (curl): never from another origin."""
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return origin is None
+    host = request.headers.get("host", "")
+    return origin.split("://", 1)[-1] == host
+
+
+@router.get("/dashboard")
+async def dashboard(request: Request,
+                    authorization: Annotated[str | None, Header()] = None) -> Response:
+    if not _signed_in(request, authorization):
+        return _sign_in_page(status=401)
+    svc = runtime().enforcing()
+    hours = spend.check_hours(request.query_params.get("hours"))
+    view = await spend.overview(svc.store, runtime().instance_id, hours)
+    return _page(render(view))
+
+
+@router.post("/dashboard/sign-in")
+async def sign_in(request: Request) -> Response:
+    if not _same_origin(request):
+        return _sign_in_page("Sign-in is accepted from this page only.", 403)
+    raw = await request.body()
+    if len(raw) > SIGN_IN_BYTES_MAX:
+        return _sign_in_page("That is not an admin token.", 401)
+    given = (parse_qs(raw.decode("utf-8", "replace")).get("token") or [""])[0]
+    token = admin_token()
+    if not token or not is_admin_token(given):
+        return _sign_in_page("That is not the admin token.", 401)
+    answer = RedirectResponse("/dashboard", status_code=303)
+    answer.set_cookie(COOKIE, session_cookie(token, int(time.time())), max_age=SESSION_S,
+                      path="/dashboard", httponly=True, samesite="strict",
+                      secure=_https(request))
+    return answer
+
+
+@router.post("/dashboard/sign-out")
+async def sign_out(request: Request) -> Response:
+    if not _same_origin(request):
+        return _sign_in_page("Sign-out is accepted from this page only.", 403)
+    answer = RedirectResponse("/dashboard", status_code=303)
+    answer.delete_cookie(COOKIE, path="/dashboard", httponly=True, samesite="strict",
+                         secure=_https(request))
+    return answer
+
+
+# -- rendering ----------------------------------------------------------------------------------
+
+
+def usd(micros: int) -> str:
+    sign = "-" if micros < 0 else ""
+    value = Decimal(abs(micros)) / 1_000_000
+    # cents once there are cents; below a cent, the four places a single cheap call needs
+    places = 2 if abs(micros) >= 10_000 or micros == 0 else 4
+    return f"{sign}${value:,.{places}f}"
+
+
+def _when(ms: int | None) -> str:
+    if not ms:
+        return "—"
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ms / 1000))
+
+
+def _attr(value: object) -> str:
+    return escape(str(value), quote=True)
+
+
+def _bar(leg: LegStatus) -> str:
+    """How much of a period's ceiling is spent (committed) and held (reserved)."""
+    ceiling = max(leg.ceiling_micros, 1)
+    spent = min(1.0, leg.committed_micros / ceiling)
+    held = min(1.0 - spent, leg.reserved_micros / ceiling)
+    tone = "over" if spent >= 1 else "high" if spent >= 0.8 else "ok"
+    return (f"<svg class=bar viewBox='0 0 100 8' preserveAspectRatio=none aria-hidden=true>"
+            "<rect width='100' height='8' rx='4' fill='#e8ebf0'/>"
+            f"<rect class='{tone}' width='{spent * 100:.2f}' height='8' rx='4'/>"
+            f"<rect x='{spent * 100:.2f}' width='{held * 100:.2f}' height='8' fill='#f5b94a'/>"
+            "</svg>")
+
+
+def _period_rows(r: spend.BudgetReport) -> str:
+    rows = []
+    for leg in r.legs:
+        period = period_of(leg.window_key).value
+        cells = "".join(
+            f"<td class=num data-field='{name}' data-micros='{micros}' "
+            f"title='{micros} micro-dollars'>{usd(micros)}</td>"
+            for name, micros in (("ceiling_micros", leg.ceiling_micros),
+                                 ("committed_micros", leg.committed_micros),
+                                 ("reserved_micros", leg.reserved_micros),
+                                 ("remaining_micros", leg.remaining_micros)))
+        resets = "never" if leg.resets_at_ms is None else _when(leg.resets_at_ms)
+        rows.append(f"<tr data-period='{_attr(period)}' data-window='{_attr(leg.window_key)}'>"
+                    f"<th scope=row>{escape(period)}<small>{escape(leg.window_key)}</small></th>"
+                    f"{cells}<td class=barcell>{_bar(leg)}<small>resets {resets}</small></td></tr>")
+    return "".join(rows)
+
+
+def chart(r: spend.BudgetReport, now_ms: int, hours: int) -> str:
+    """Hourly spend as bars, oldest left: one bar per hour of the span that had spend."""
+    last_hour = now_ms // SPEND_BUCKET_MS
+    first_hour = last_hour - hours + 1
+    top = max((p.committed_micros for p in r.series), default=0)
+    slot = CHART_WIDTH / hours
+    bars = []
+    for p in r.series:
+        h = max(0.0, p.committed_micros / top * (CHART_HEIGHT - 20)) if top > 0 else 0.0
+        x = (p.hour_start_ms // SPEND_BUCKET_MS - first_hour) * slot
+        bars.append(
+            f"<rect class=pt x='{x:.1f}' y='{CHART_HEIGHT - 14 - h:.1f}' "
+            f"width='{max(1.0, slot - 1):.1f}' height='{h:.1f}' "
+            f"data-hour-ms='{p.hour_start_ms}' data-micros='{p.committed_micros}'>"
+            f"<title>{_when(p.hour_start_ms)}: {usd(p.committed_micros)}</title></rect>")
+    axis = (f"<line x1=0 y1='{CHART_HEIGHT - 14}' x2='{CHART_WIDTH}' y2='{CHART_HEIGHT - 14}' "
+            "stroke='#c9ced6'/>"
+            f"<text x=0 y='{CHART_HEIGHT - 2}'>{_when(first_hour * SPEND_BUCKET_MS)}</text>"
+            f"<text x='{CHART_WIDTH}' y='{CHART_HEIGHT - 2}' text-anchor=end>now</text>"
+            f"<text x=0 y=10>peak {usd(top)}/h</text>")
+    empty = ("" if r.series else f"<text x='{CHART_WIDTH / 2}' y='{CHART_HEIGHT / 2}' "
+             "text-anchor=middle class=muted>no spend in this span</text>")
+    return (f"<svg class=chart viewBox='0 0 {CHART_WIDTH} {CHART_HEIGHT}' role=img "
+            f"data-chart-for='{_attr(r.budget_id)}' aria-label='hourly spend of "
+            f"{_attr(r.budget_id)}'>{axis}{empty}{''.join(bars)}</svg>")
+
+
+def _budget_card(r: spend.BudgetReport, now_ms: int, hours: int) -> str:
+    paused = r.definition is not None and r.definition.paused_at_ms is not None
+    badge = (f"<span class='badge over'>paused {escape(_when(r.definition.paused_at_ms))}"
+             "</span>" if paused and r.definition else "")
+    return (f"<section class=card data-budget='{_attr(r.budget_id)}'>"
+            f"<header><h3>{escape(r.budget_id)}</h3>{badge}"
+            f"<span class=muted>{usd(r.series_micros)} in {hours} h</span></header>"
+            "<table class=periods><thead><tr><th>period</th><th>ceiling</th><th>committed</th>"
+            "<th>reserved</th><th>remaining</th><th></th></tr></thead>"
+            f"<tbody>{_period_rows(r)}</tbody></table>{chart(r, now_ms, hours)}</section>")
+
+
+def _alert_rows(events: Sequence[AlertEvent]) -> str:
+    if not events:
+        return "<tr><td colspan=6 class=muted>No alerts yet.</td></tr>"
+    rows = []
+    for e in events:
+        what = {"budget.threshold_crossed": f"{e.threshold_pct}% reached",
+                "budget.exceeded": "refused: ceiling spent",
+                "budget.velocity": "velocity alarm"}.get(e.type, e.type)
+        rows.append(
+            f"<tr data-event='{_attr(e.event_id)}'><td>{_when(e.at_ms)}</td>"
+            f"<td>{escape(e.budget_id)}</td><td>{escape(e.period_key)}</td>"
+            f"<td>{escape(what)}</td><td class=num>{usd(e.committed_micros)} / "
+            f"{usd(e.ceiling_micros)}</td><td><span class='badge {_attr(e.state)}'>"
+            f"{escape(e.state)}</span> <small>{e.attempts} attempt"
+            f"{'' if e.attempts == 1 else 's'}</small></td></tr>")
+    return "".join(rows)
+
+
+def render(view: spend.Overview) -> str:
+    probe = view.probe
+    status = "ok" if probe.reachable and probe.shared and not probe.reasons else "degraded"
+    open_count = sum(t.open_count for t in view.leases)
+    overdue = sum(t.overdue_count for t in view.leases)
+    total = sum(b.series_micros for b in view.budgets)
+    stats = (
+        f"<div class=stat><b>{len(view.budgets)}</b><span>budgets</span></div>"
+        f"<div class=stat><b>{usd(total)}</b><span>spent in {view.hours} h</span></div>"
+        f"<div class=stat><b>{open_count}</b><span>open reservations</span></div>"
+        f"<div class=stat><b>{overdue}</b><span>past their lease (outcome unknown)</span></div>"
+        f"<div class=stat><b>{len(view.alerts)}</b><span>alerts</span></div>")
+    top = "".join(
+        f"<tr><td>{escape(b.budget_id)}</td><td class=num>{usd(b.series_micros)}</td></tr>"
+        for b in view.top_spenders) or "<tr><td colspan=2 class=muted>No spend yet.</td></tr>"
+    leases = "".join(
+        f"<tr><td>{escape(t.tag)}</td><td class=num>{t.open_count}</td>"
+        f"<td class=num>{t.overdue_count}</td></tr>" for t in view.leases if t.open_count
+    ) or "<tr><td colspan=3 class=muted>None open.</td></tr>"
+    reasons = ", ".join(probe.reasons) or "none"
+    cards = "".join(_budget_card(b, view.now_ms, view.hours) for b in view.budgets) or (
+        "<p class=muted>No budgets yet: PUT /v1/admin/budgets/{id} makes one.</p>")
+    return (
+        "<header class=top><h1>spend-ceiling</h1>"
+        f"<span class='badge {status}' id=health>ledger {escape(status)}</span>"
+        f"<span class=muted>{escape(probe.backend)} · {probe.instances_seen or 0} instances "
+        f"seen · {_when(view.now_ms)}</span>"
+        "<form method=post action='/dashboard/sign-out'><button class=link>Sign out</button>"
+        "</form></header><main>"
+        f"<div class=stats>{stats}</div>"
+        f"<h2>Budgets</h2><div class=cards>{cards}</div>"
+        "<div class=split><section><h2>Top spenders</h2><table class=list id=top>"
+        f"<thead><tr><th>budget</th><th>last {view.hours} h</th></tr></thead>"
+        f"<tbody>{top}</tbody></table></section>"
+        "<section><h2>Open reservations</h2><table class=list id=leases><thead><tr>"
+        "<th>top scope</th><th>open</th><th>past lease</th></tr></thead>"
+        f"<tbody>{leases}</tbody></table>"
+        f"<h2>Health</h2><p>Ledger <b>{escape(probe.backend)}</b>, shared: "
+        f"{'yes' if probe.shared else 'no'}, reachable: {'yes' if probe.reachable else 'no'}, "
+        f"latency {probe.latency_ms if probe.latency_ms is not None else '—'} ms, "
+        f"reasons: {escape(reasons)}.</p></section></div>"
+        "<h2>Alert log</h2><table class=list id=alerts><thead><tr><th>when</th><th>budget</th>"
+        "<th>period</th><th>what</th><th>spent / ceiling</th><th>delivery</th></tr></thead>"
+        f"<tbody>{_alert_rows(view.alerts)}</tbody></table></main>")
+
+
+CSS = """
+:root{--ink:#1d2430;--muted:#6b7482;--line:#e3e6eb;--bg:#f6f7f9;--ok:#2f9e6b;--high:#e08a1e;
+--over:#d9463b;--card:#fff}
+*{box-sizing:border-box}body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,
+sans-serif;color:var(--ink);background:var(--bg)}
+h1{font-size:18px;margin:0}h2{font-size:15px;margin:28px 0 10px}h3{font-size:14px;margin:0;
+font-family:ui-monospace,SFMono-Regular,Menlo,monospace;word-break:break-all}
+.top{display:flex;gap:14px;align-items:center;padding:14px 28px;background:var(--card);
+border-bottom:1px solid var(--line)}.top form{margin-left:auto}
+main{padding:8px 28px 40px;max-width:1280px}
+.muted,small{color:var(--muted)}small{display:block;font-size:11px}
+.badge{display:inline-block;padding:2px 8px;border-radius:10px;font-size:12px;font-weight:600;
+background:#e8ebf0}.badge.ok,.badge.delivered{background:#dff3e9;color:#1e7a50}
+.badge.degraded,.badge.pending{background:#fdf0d9;color:#8a5a0b}
+.badge.over,.badge.failed{background:#fbe1de;color:#a3271d}
+.stats{display:grid;grid-template-columns:repeat(auto-fit,minmax(170px,1fr));gap:12px;
+margin-top:18px}.stat{background:var(--card);border:1px solid var(--line);border-radius:10px;
+padding:14px 16px}.stat b{display:block;font-size:22px}.stat span{color:var(--muted)}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:14px}
+.card{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:14px 16px}
+.card header{display:flex;gap:10px;align-items:baseline;margin-bottom:8px}
+.card header .muted{margin-left:auto}
+table{width:100%;border-collapse:collapse}th,td{text-align:left;padding:6px 8px;
+border-bottom:1px solid var(--line);vertical-align:top}th{font-weight:600;color:var(--muted);
+font-size:12px}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.periods th[scope=row]{color:var(--ink);font-size:13px}.barcell{width:28%}
+svg.bar{width:100%;height:8px;display:block;margin-top:5px}
+svg.bar .ok{fill:var(--ok)}svg.bar .high{fill:var(--high)}svg.bar .over{fill:var(--over)}
+svg.chart{width:100%;height:auto;margin-top:10px}svg.chart text{font-size:10px;fill:#6b7482}
+svg.chart .pt{fill:#4a6cf7}svg.chart .pt:hover{fill:#2c48c4}
+.list{background:var(--card);border:1px solid var(--line);border-radius:10px}
+.split{display:grid;grid-template-columns:1fr 1fr;gap:24px}
+button{font:inherit;padding:8px 14px;border-radius:8px;border:1px solid #3552d6;
+background:#4a6cf7;color:#fff;cursor:pointer}button.link{background:none;border:none;
+color:var(--muted);text-decoration:underline;padding:0}
+.signin{max-width:360px;margin:12vh auto;background:var(--card);padding:28px;
+border:1px solid var(--line);border-radius:12px}.signin label{display:block;margin:16px 0 6px;
+font-weight:600}.signin input{width:100%;padding:9px 10px;border:1px solid #c9ced6;
+border-radius:8px;font:inherit;margin-bottom:14px}.warn{color:#a3271d}
+@media (max-width:800px){.split{grid-template-columns:1fr}.cards{grid-template-columns:1fr}}
+"""

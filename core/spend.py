@@ -1,0 +1,124 @@
+"""Where the money goes (issue 16): the reads behind GET /dashboard and GET /v1/usage/me.
+
+Framework-free: the routes render what these return. Everything here reads the ledger (status,
+the hourly spend buckets, the alert log, open leases, the probe) and writes nothing but what a
+probe writes; none of it is on a call's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from core.alerts import AlertEvent
+from core.budgets import BudgetDef, BudgetId
+from core.errors import InvalidRequest
+from core.ledger import LedgerStore, LegStatus, Probe, RunLimit
+from core.limits import SPEND_BUCKET_MS, SPEND_BUCKET_RETENTION_MS
+
+# The chart's span by default, and the longest a caller may ask for: the buckets' retention.
+SERIES_HOURS_DEFAULT = 48
+SERIES_HOURS_MAX = SPEND_BUCKET_RETENTION_MS // SPEND_BUCKET_MS
+# Alert events the page and GET /v1/admin/alerts show per tag, newest first.
+ALERT_LOG_LIMIT = 200
+# Budgets the page lists: a page that renders, not an export (GET /v1/admin/budgets pages).
+PAGE_BUDGETS_MAX = 500
+# Budgets ranked by the chart span's spend under "top spenders".
+TOP_SPENDERS_MAX = 10
+
+
+@dataclass(frozen=True)
+class SpendPoint:
+    hour_start_ms: int
+    committed_micros: int
+
+
+@dataclass(frozen=True)
+class BudgetReport:
+    budget_id: str
+    definition: BudgetDef | None
+    legs: tuple[LegStatus, ...]
+    series: tuple[SpendPoint, ...]
+
+    @property
+    def series_micros(self) -> int:
+        return sum(p.committed_micros for p in self.series)
+
+
+@dataclass(frozen=True)
+class TagLeases:
+    tag: str
+    open_count: int
+    overdue_count: int
+
+
+@dataclass(frozen=True)
+class Overview:
+    now_ms: int
+    hours: int
+    budgets: tuple[BudgetReport, ...]
+    alerts: tuple[AlertEvent, ...]
+    leases: tuple[TagLeases, ...]
+    probe: Probe
+
+    @property
+    def top_spenders(self) -> tuple[BudgetReport, ...]:
+        ranked = sorted((b for b in self.budgets if b.series_micros > 0),
+                        key=lambda b: (-b.series_micros, b.budget_id))
+        return tuple(ranked[:TOP_SPENDERS_MAX])
+
+
+def check_hours(raw: object) -> int:
+    if raw is None:
+        return SERIES_HOURS_DEFAULT
+    if not isinstance(raw, str) or not raw.isdigit() or not 1 <= int(raw) <= SERIES_HOURS_MAX:
+        raise InvalidRequest(f"hours must be a whole number from 1 to {SERIES_HOURS_MAX}",
+                             field="hours")
+    return int(raw)
+
+
+async def _series(store: LedgerStore, budget_id: BudgetId, now_ms: int, hours: int
+                  ) -> tuple[SpendPoint, ...]:
+    to_hour = now_ms // SPEND_BUCKET_MS
+    found = await store.spend_series(budget_id, to_hour - hours + 1, to_hour)
+    return tuple(SpendPoint(h * SPEND_BUCKET_MS, m) for h, m in found)
+
+
+async def budget_report(store: LedgerStore, budget_id: BudgetId, now_ms: int, hours: int,
+                        run: RunLimit | None = None) -> BudgetReport:
+    definition = await store.get_budget(budget_id)
+    legs = await store.status((budget_id,), run) if definition or run else ()
+    return BudgetReport(budget_id.path, definition, legs,
+                        await _series(store, budget_id, now_ms, hours))
+
+
+async def usage(store: LedgerStore, budget_id: BudgetId, hours: int) -> list[BudgetReport]:
+    """A key holder's own budgets (its budget and the scopes above it that have one, as
+    GET /v1/budgets/me shows them), with their spend series: nothing the key is not charged
+    against."""
+    now_ms = await store.ledger_time_ms()
+    reports = [await budget_report(store, b, now_ms, hours) for b in budget_id.lineage]
+    return [r for r in reports if r.definition is not None]
+
+
+async def alert_log(store: LedgerStore, limit: int = ALERT_LOG_LIMIT) -> list[AlertEvent]:
+    """Every tag's events, newest first."""
+    events: list[AlertEvent] = []
+    for tag in await store.alert_tags():
+        events += await store.alert_log(tag, limit)
+    return sorted(events, key=lambda e: (e.at_ms, e.event_id), reverse=True)[:limit]
+
+
+async def overview(store: LedgerStore, instance_id: str, hours: int) -> Overview:
+    """What the spend page shows: every budget with its periods and spend series, the alert log,
+    open reservations per tag, and the ledger's health with the instances it has seen."""
+    now_ms = await store.ledger_time_ms()
+    tags = await store.alert_tags()
+    ids: list[str] = []
+    for tag in tags:
+        ids += await store.budgets_of(tag)
+    reports = await asyncio.gather(*(budget_report(store, BudgetId(b), now_ms, hours)
+                                     for b in ids[:PAGE_BUDGETS_MAX]))
+    leases = [TagLeases(t, *await store.open_leases(t)) for t in tags]
+    return Overview(now_ms, hours, tuple(reports), tuple(await alert_log(store)),
+                    tuple(leases), await store.probe(instance_id))

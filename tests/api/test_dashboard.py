@@ -1,0 +1,198 @@
+"""The spend page (issue 16) in a real headless Chromium (Debian's `chromium`, driven by
+Playwright): sign-in, the numbers against the ledger's, the chart's points against the ledger's
+hourly buckets, the CSP, and no request to another host."""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from api.routes.dashboard import render
+from core import spend as spend_report
+from core.budgets import BudgetId
+from core.ledger import Probe
+from core.limits import SPEND_BUCKET_MS, SPEND_BUCKET_RETENTION_MS
+from core.stores import keys
+from infra.redis_server import RedisServer
+from infra.service import ServiceProcess
+from tests.api.conftest import ADMIN_TOKEN, Client, client_for
+from tests.api.test_alerts import budget, spend
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu",
+                  "--disable-background-networking", "--no-first-run"]
+# Where the README's screenshot is refreshed from, when a run asks for it.
+README_SCREENSHOT = Path(__file__).parents[2] / "docs" / "dashboard.png"
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+
+@pytest.fixture(scope="module")
+def page_service(redis_server: RedisServer) -> Iterator[Client]:
+    env = {"REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN}
+    with ServiceProcess(env) as s, client_for(s) as c:
+        yield c
+
+
+def seed_hours(redis_server: RedisServer, budget_id: str, now_hour: int,
+               micros_by_hours_ago: dict[int, int]) -> None:
+    """Spend booked in earlier hours, as the ledger's settles would have left it."""
+    raw = redis.Redis.from_url(redis_server.url)
+    bid = BudgetId(budget_id)
+    for ago, micros in micros_by_hours_ago.items():
+        key = keys.spend(bid.tag, bid.path, now_hour - ago)
+        raw.incrby(key, micros)
+        raw.pexpire(key, SPEND_BUCKET_RETENTION_MS)
+    raw.close()
+
+
+def test_the_page_in_chromium(page_service: Client, redis_server: RedisServer,
+                              tmp_path: Path) -> None:
+    if shutil.which("chromium") is None:
+        pytest.fail("chromium is missing: bash infra/setup.sh installs it")
+    http = page_service
+    tag = f"org:d{uuid.uuid4().hex[:8]}"
+    team = f"{tag}/team:search"
+    r = http.admin("PUT", f"/v1/admin/budgets/{tag}", json={
+        "limits": [{"period": "day", "ceiling_micros": 50_000_000},
+                   {"period": "month", "ceiling_micros": 900_000_000}],
+        "alerts": {"thresholds_pct": [50, 80, 100]}})
+    assert r.status_code == 200
+    budget(http, team, 4_000_000, {"thresholds_pct": [50, 80, 100]})
+    key = http.sidecar_key(team)
+    for micros in (900_000, 1_200_000, 600_000, 700_000):
+        assert spend(http, key, micros).status_code == 200
+    held = http.post("/v1/reservations", headers=key, json={"amount_micros": 250_000})
+    assert held.status_code == 201  # open: shows as reserved
+    # The ledger's hour (Redis TIME on this machine's clock), which the settles above used.
+    hour = int(time.time() * 1000) // SPEND_BUCKET_MS
+    history = {ago: 150_000 + (ago * 37_000) % 400_000 for ago in range(1, 40)}
+    seed_hours(redis_server, team, hour, history)
+    seed_hours(redis_server, tag, hour, {a: m * 3 for a, m in history.items()})
+    assert http.admin("PUT", f"/v1/admin/budgets/{tag}/<script>alert(1)</script>", json={
+        "limits": [{"period": "day", "ceiling_micros": 1}]}).status_code == 422
+    ledger = {b: http.admin("GET", f"/v1/admin/budgets/{b}").json() for b in (tag, team)}
+    series = {b["budget_id"]: b["series"] for b in
+              http.get("/v1/usage/me", headers=key, params={"hours": "48"}).json()["budgets"]}
+
+    errors: list[str] = []
+    hosts: set[str] = set()
+    blocked: list[str] = []
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        context = browser.new_context(viewport={"width": 1360, "height": 1000})
+        page = context.new_page()
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        # Requests that got an answer, and those the browser stopped (with why).
+        page.on("requestfinished", lambda req: hosts.add(urlsplit(req.url).hostname or ""))
+        page.on("requestfailed", lambda req: blocked.append(f"{req.url} {req.failure}"))
+
+        answer = page.goto(f"{http.base_url}/dashboard")
+        assert answer is not None
+        assert answer.status == 401
+        page.fill("#token", "not-the-token")
+        page.click("button[type=submit]")
+        assert "not the admin token" in page.inner_text("[role=alert]")
+        assert context.cookies() == []
+        page.fill("#token", ADMIN_TOKEN)
+        page.click("button[type=submit]")
+        page.wait_for_selector("#health")
+        [cookie] = context.cookies()
+        assert (cookie["httpOnly"], cookie["sameSite"]) == (True, "Strict")
+        assert ADMIN_TOKEN not in cookie["value"]
+        # Errors from here on are the page's own; the 401 of the sign-in form was logged.
+        errors.clear()
+        page.reload()
+        page.wait_for_selector("#health")
+
+        for b in (tag, team):
+            card = page.locator(f"section.card[data-budget='{b}']")
+            for period in ledger[b]["periods"]:
+                row = card.locator(f"tr[data-window='{period['period_key']}']")
+                for field in ("ceiling_micros", "committed_micros", "reserved_micros",
+                              "remaining_micros"):
+                    shown = row.locator(f"td[data-field='{field}']").get_attribute("data-micros")
+                    assert int(shown or "-1") == period[field], (b, period["period_key"], field)
+            points = card.locator("svg.chart rect.pt")
+            drawn = {int(points.nth(i).get_attribute("data-hour-ms") or 0):
+                     int(points.nth(i).get_attribute("data-micros") or 0)
+                     for i in range(points.count())}
+            assert drawn == {s["hour_start_ms"]: s["committed_micros"] for s in series[b]}
+            assert len(drawn) >= 40
+            assert all(points.nth(i).bounding_box() for i in range(3))  # rendered, with a size
+        team_row = page.locator(f"section.card[data-budget='{team}'] tr[data-period='day']")
+        assert team_row.locator("td[data-field='committed_micros']").inner_text() == "$3.40"
+        assert "1" in page.inner_text("#leases")
+        assert errors == []
+        page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+        if README_SCREENSHOT.parent.is_dir():
+            page.screenshot(path=str(README_SCREENSHOT), full_page=False)
+
+        # The CSP: a script put into the page does not run, and nothing leaves for another host.
+        page.evaluate("""() => {
+            const s = document.createElement('script');
+            s.textContent = 'window.pwned = 1';
+            document.body.appendChild(s);
+            document.body.insertAdjacentHTML('beforeend',
+              '<img src="https://evil.example/x.png"><img src=x onerror="window.pwned=2">');
+        }""")
+        page.wait_for_timeout(300)
+        assert page.evaluate("() => window.pwned") is None
+        assert any("Content Security Policy" in e for e in errors), errors
+        assert hosts == {"127.0.0.1"}, hosts
+        assert any("evil.example" in b and "csp" in b.lower() for b in blocked), blocked
+
+        page.click("text=Sign out")
+        page.wait_for_selector("#token")
+        assert context.cookies() == []
+        browser.close()
+
+
+def test_free_text_on_the_page_is_escaped() -> None:
+    hostile = "org:x/<script>alert(1)</script>"
+    report = spend_report.BudgetReport(hostile, None, (), ())
+    view = spend_report.Overview(
+        0, 24, (report,), (), (),
+        Probe("redis", True, True, 0.1, "id", True, ("<b>reason</b>",), 1))
+    html = render(view)
+    assert "<script>" not in html
+    assert "<b>reason" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_sign_in_is_refused_from_another_origin_and_the_cookie_is_secure_behind_tls(
+    page_service: Client,
+) -> None:
+    http = page_service
+    form = {"token": ADMIN_TOKEN}
+    forged = http.post("/dashboard/sign-in", data=form,
+                       headers={"Origin": "https://evil.example"})
+    assert forged.status_code == 403
+    assert "set-cookie" not in forged.headers
+    assert http.post("/dashboard/sign-out",
+                     headers={"Origin": "https://evil.example"}).status_code == 403
+    ok = http.post("/dashboard/sign-in", data=form, headers={"x-forwarded-proto": "https"})
+    assert ok.status_code == 303
+    cookie = ok.headers["set-cookie"]
+    for part in ("HttpOnly", "Secure", "SameSite=strict", "Path=/dashboard"):
+        assert part.lower() in cookie.lower(), cookie
+    assert ADMIN_TOKEN not in cookie
+    # The cookie reads the page; it is not an admin credential for the API.
+    session = cookie.split(";", 1)[0].split("=", 1)[1]
+    tampered = session[:-1] + ("0" if session[-1] != "0" else "1")
+    assert http.get("/dashboard", headers={"Cookie": f"ceiling_session={session}"}
+                    ).status_code == 200
+    assert http.get("/v1/admin/alerts",
+                    headers={"Authorization": f"Bearer {session}"}).status_code == 401
+    assert http.get("/dashboard", headers={"Cookie": f"ceiling_session={tampered}"}
+                    ).status_code == 401
+    assert http.get("/dashboard",
+                    headers={"Authorization": "Bearer wrong"}).status_code == 401
