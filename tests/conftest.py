@@ -29,6 +29,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("shared_store_kind", sorted(SHARED_STORE_BUILDERS))
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto` (pyproject's addopts) with `-s` runs in one process: what tests print (the
+    reliability runs' figures) reaches the terminal only from there, not from workers."""
+    if config.getoption("capture") == "no":
+        return 0
+    return None  # xdist's own count: one worker per core
+
+
 # The modules that run fleets of instances or build artifacts, longest first. A scheduling hint
 # only: a module missing here (or a name that no longer exists) just starts later.
 LONGEST_FIRST = (
