@@ -29,6 +29,46 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("shared_store_kind", sorted(SHARED_STORE_BUILDERS))
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto` (pyproject's addopts) with `-s` runs in one process: what tests print (the
+    reliability runs' figures) reaches the terminal only from there, not from workers."""
+    if config.getoption("capture") == "no":
+        return 0
+    return None  # xdist's own count: one worker per core
+
+
+# The modules that run fleets of instances or build artifacts, longest first. A scheduling hint
+# only: a module missing here (or a name that no longer exists) just starts later.
+LONGEST_FIRST = (
+    "tests/test_proof.py",
+    "tests/reliability/test_crashes.py",
+    "tests/deploy/test_built_artifacts.py",
+    "tests/reliability/test_ledger_outage.py",
+    "tests/reliability/test_soak.py",
+    "tests/api/test_hostile.py",
+    "tests/api/test_gateway.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest modules first, then the others with slow tests, then the rest; each
+    module's tests in their own order.
+
+    With parallel workers (infra/test.sh runs `-n`, whole modules per worker) the run lasts as
+    long as its busiest worker: the long modules start at once and the short ones fill the
+    other workers around them.
+    """
+    slow_modules = {item.module for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        path = Path(item.path).relative_to(Path(__file__).parent.parent).as_posix()
+        if path in LONGEST_FIRST:
+            return (0, LONGEST_FIRST.index(path))
+        return (1 if item.module in slow_modules else 2, 0)
+
+    items.sort(key=rank)
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """The configuration spend-ceiling ships: AOF and noeviction, so health can say `ok`."""

@@ -31,12 +31,20 @@ class ManualClock:
 
 StoreFactory = Callable[[pytest.FixtureRequest, ManualClock], LedgerStore]
 
+# The call timeout of every store the shared suites open (conformance, state machine,
+# concurrency). Generous: these tests count what is admitted under contention (hundreds of calls
+# at once, tests running in parallel workers on a shared 2-core machine), and a call that times
+# out would fail closed and not be counted. The timeouts themselves are tested with stores of
+# their own (test_redis.py, test_upstash.py).
+CONTENTION_CALL_TIMEOUT_S = 60.0
+
 # Every store kind the conformance suite runs against. Plugins in tests/plugins/ add the kinds
 # that need a server of their own (an Upstash REST bridge, a Redis Cluster).
 STORE_FACTORIES: dict[str, StoreFactory] = {
     "memory": lambda request, clock: MemoryStore(clock=clock),
     "redis": lambda request, clock: RedisStore(
-        request.getfixturevalue("redis_server").url, clock=clock
+        request.getfixturevalue("redis_server").url, clock=clock,
+        call_timeout_s=CONTENTION_CALL_TIMEOUT_S,
     ),
 }
 
@@ -45,10 +53,7 @@ SharedStoreBuilder = Callable[[pytest.FixtureRequest], Callable[[], LedgerStore]
 
 # Store kinds that several OS processes can share, as a picklable builder (a functools.partial
 # of the store class) that a child process calls to open its own connection. Production path:
-# no injected clock, the ledger's own time. The timeout is generous: these tests count what is
-# admitted under contention, on a shared 2-core machine, and a call that times out would fail
-# closed and not be counted.
-CONTENTION_CALL_TIMEOUT_S = 60.0
+# no injected clock, the ledger's own time.
 SHARED_STORE_BUILDERS: dict[str, SharedStoreBuilder] = {
     "redis": lambda request: partial(
         RedisStore, request.getfixturevalue("redis_server").url,

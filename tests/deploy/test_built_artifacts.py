@@ -35,7 +35,7 @@ from tests.deploy.conftest import (
     vercel_env,
 )
 
-pytestmark = pytest.mark.deploy
+pytestmark = [pytest.mark.deploy, pytest.mark.slow]
 
 # health, budget, key, reserve the whole ceiling, settle it, reserve 1 more, then health x4
 EXPECTED_STATUSES = [200, 200, 201, 201, 200, 402, 200, 200, 200, 200]

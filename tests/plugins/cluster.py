@@ -31,7 +31,7 @@ def _cluster(request: pytest.FixtureRequest) -> LocalCluster:
 
 
 STORE_FACTORIES["cluster"] = lambda request, clock: RedisClusterStore(
-    _cluster(request).url, clock=clock
+    _cluster(request).url, clock=clock, call_timeout_s=CONTENTION_CALL_TIMEOUT_S
 )
 SHARED_STORE_BUILDERS["cluster"] = lambda request: partial(
     RedisClusterStore, _cluster(request).url, call_timeout_s=CONTENTION_CALL_TIMEOUT_S

@@ -9,8 +9,9 @@ keeps the same semantics as the library's functions.
 from __future__ import annotations
 
 from core.stores.redis import RedisStore
-from tests.support import STORE_FACTORIES
+from tests.support import CONTENTION_CALL_TIMEOUT_S, STORE_FACTORIES
 
 STORE_FACTORIES["redis-scripts"] = lambda request, clock: RedisStore(
-    request.getfixturevalue("redis_server").url, clock=clock, functions=False
+    request.getfixturevalue("redis_server").url, clock=clock, functions=False,
+    call_timeout_s=CONTENTION_CALL_TIMEOUT_S,
 )
