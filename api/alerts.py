@@ -11,15 +11,26 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.runtime import runtime
 from core.alerts import ALERT_POST_TIMEOUT_S, DeliveryReport, Post, deliver_due
 from core.errors import CeilingError
 
+if TYPE_CHECKING:
+    import httpx
+
 log = logging.getLogger("spend_ceiling.alerts")
+
+
+def _client() -> httpx.AsyncClient:
+    # Imported when delivery first runs, not with the app: httpx (and what its CLI pulls in)
+    # would add to every serverless instance's cold start, as the gateway's client would.
+    import httpx
+
+    return httpx.AsyncClient(timeout=ALERT_POST_TIMEOUT_S)
 
 
 def http_post(client: httpx.AsyncClient) -> Post:
@@ -41,7 +52,7 @@ async def deliver_once(client: httpx.AsyncClient | None = None) -> DeliveryRepor
     if config is None or not config.alert_webhook_url:
         return None
     own = client is None
-    client = client or httpx.AsyncClient(timeout=ALERT_POST_TIMEOUT_S)
+    client = client or _client()
     try:
         return await deliver_due(svc.store, config.alert_webhook_url,
                                  config.alert_webhook_secret or "", http_post(client))
@@ -55,7 +66,7 @@ async def delivery_loop() -> None:
     out within seconds, and a pass that finds nothing costs a read per tag)."""
     config = runtime().config
     interval_s = config.alert_delivery_interval_s if config else 5.0
-    async with httpx.AsyncClient(timeout=ALERT_POST_TIMEOUT_S) as client:
+    async with _client() as client:
         while True:
             try:
                 await deliver_once(client)
