@@ -12,6 +12,34 @@ from collections.abc import Callable
 # A child that has not exited this long after SIGTERM is killed.
 STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.05
+# A free port is chosen before the child binds it; a parallel test worker may take it between
+# the two. A child that lost its first port is started again on another, this many times.
+PORT_ATTEMPTS_MAX = 3
+# /proc/net/tcp's state of a listening socket.
+TCP_LISTEN = "0A"
+
+
+def listening(pid: int, port: int) -> bool:
+    """`pid` holds the socket listening on `port` (Linux /proc). A server answering on a port is
+    not known to be ours until this says so: another process may have bound it first."""
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[len("socket:["):-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            for row in rows.readlines()[1:]:
+                cols = row.split()
+                if (cols[3] == TCP_LISTEN and cols[9] in inodes
+                        and int(cols[1].rsplit(":", 1)[1], 16) == port):
+                    return True
+    return False
 
 
 def wait_ready(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from infra.processes import stop, wait_ready
+from infra.processes import PORT_ATTEMPTS_MAX, listening, stop, wait_ready
 
 # redis-server answers PING as soon as it has started; 10 s means it is not coming up.
 START_TIMEOUT_S = 10.0
@@ -44,6 +44,7 @@ class RedisServer:
     extra_args: tuple[str, ...] = ()
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sc-redis-")))
     process: subprocess.Popen[bytes] | None = None
+    _started_once: bool = field(default=False, init=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -62,12 +63,28 @@ class RedisServer:
         ]
 
     def start(self) -> RedisServer:
-        self.process = subprocess.Popen(
-            self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        wait_ready(self.process, self.ping, timeout_s=START_TIMEOUT_S,
-                   what=f"redis-server on port {self.port}")
-        return self
+        for attempt in range(PORT_ATTEMPTS_MAX):
+            self.process = subprocess.Popen(
+                self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            try:
+                wait_ready(self.process, self.ours, timeout_s=START_TIMEOUT_S,
+                           what=f"redis-server on port {self.port}")
+            except RuntimeError:
+                # Lost a port it never had (another process bound it first): another port.
+                # A restart keeps its port (its data and its clients are there).
+                if self._started_once or attempt == PORT_ATTEMPTS_MAX - 1 \
+                        or self.process.poll() is None:
+                    raise
+                self.port = free_port()
+                continue
+            self._started_once = True
+            return self
+        raise AssertionError("unreachable")
+
+    def ours(self) -> bool:
+        """It answers, and it is this process that listens on the port."""
+        return self.ping() and self.process is not None and listening(self.process.pid, self.port)
 
     def ping(self) -> bool:
         try:

@@ -17,7 +17,7 @@ from types import TracebackType
 
 import httpx
 
-from infra.processes import stop, wait_ready
+from infra.processes import PORT_ATTEMPTS_MAX, listening, stop, wait_ready
 from infra.redis_server import free_port
 
 # An instance imports FastAPI and answers /health/live in moments; after 30 s it is broken.
@@ -31,12 +31,26 @@ class ServiceProcess:
     process: subprocess.Popen[bytes] | None = None
     log_path: str | None = None
     platform: bool = False
+    _started_once: bool = field(default=False, init=False, repr=False)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ServiceProcess:
+        for attempt in range(PORT_ATTEMPTS_MAX):
+            try:
+                return self._start_once()
+            except RuntimeError:
+                # Lost a port it never had (another process bound it first): another port.
+                # A restart after a first start keeps its port, and fails if it cannot have it.
+                if self._started_once or attempt == PORT_ATTEMPTS_MAX - 1 or self.process is None \
+                        or self.process.poll() is None:
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> ServiceProcess:
         env = {**os.environ, **self.env}
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         command = (
@@ -53,11 +67,15 @@ class ServiceProcess:
 
             def live() -> bool:
                 with contextlib.suppress(httpx.HTTPError):
-                    return client.get(f"{self.url}/health/live").status_code == 200
+                    if client.get(f"{self.url}/health/live").status_code != 200:
+                        return False
+                    assert self.process is not None
+                    return listening(self.process.pid, self.port)
                 return False
 
             wait_ready(self.process, live, timeout_s=START_TIMEOUT_S,
                        what=f"service on port {self.port}")
+        self._started_once = True
         return self
 
     def stop(self, *, kill: bool = False) -> None:

@@ -1,0 +1,31 @@
+"""A harness server whose free port was taken before it bound it (a parallel test worker) moves to
+another port, and is never mistaken for the server that took it."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+
+from infra.processes import listening
+from infra.redis_server import RedisServer
+from infra.service import ServiceProcess
+
+
+def test_a_redis_server_whose_port_is_taken_starts_on_another() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with RedisServer(port=port) as server:
+            assert server.port != port
+            assert server.process is not None
+            assert listening(server.process.pid, server.port)
+
+
+def test_a_service_never_takes_another_service_on_its_port_for_itself() -> None:
+    env = {"CEILING_SINGLE_REPLICA": "1"}
+    with ServiceProcess(env) as first, ServiceProcess(env, port=first.port) as second:
+        assert second.port != first.port
+        ids = {httpx.get(f"{s.url}/health/live").json()["instance_id"] for s in (first, second)}
+        assert len(ids) == 2
