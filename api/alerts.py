@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
-
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.runtime import runtime
 from core.alerts import ALERT_POST_TIMEOUT_S, DeliveryReport, Post, deliver_due
@@ -77,21 +75,14 @@ async def delivery_loop() -> None:
             await asyncio.sleep(interval_s)
 
 
-class WithDelivery:
-    """Wraps the app for `ceiling serve`: the delivery loop runs from the server's start-up to
-    its shutdown (ASGI lifespan), beside the app's own lifespan handling."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "lifespan":
-            await self.app(scope, receive, send)
-            return
-        task = asyncio.create_task(delivery_loop())
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+@contextlib.asynccontextmanager
+async def delivering(_: object) -> AsyncIterator[None]:
+    """The app's lifespan in `ceiling serve`: the delivery loop runs from the server's start-up
+    to its shutdown. Serverless instances deliver from a schedule instead (the admin route)."""
+    task = asyncio.create_task(delivery_loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

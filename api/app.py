@@ -22,7 +22,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Mount
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from api import errors
 from api.routes import admin, alerts, dashboard, gateway, health, sidecar
@@ -72,7 +72,9 @@ MIDDLEWARE: tuple[Middleware, ...] = (Middleware(BodyLimit),)
 HOT_ROUTES = (*sidecar.ROUTES, *gateway.ROUTES)
 
 
-def create_app(middleware: Sequence[Middleware] = MIDDLEWARE) -> Starlette:
+def create_app(middleware: Sequence[Middleware] = MIDDLEWARE,
+               lifespan: Lifespan[Starlette] | None = None) -> Starlette:
+    """`lifespan`: what runs from start-up to shutdown; `ceiling serve` delivers alerts there."""
     documented = FastAPI(
         title="spend-ceiling", version=VERSION, exception_handlers=errors.HANDLERS,
         # Given as routes, not through include_router(): FastAPI matches an included router
@@ -89,4 +91,5 @@ def create_app(middleware: Sequence[Middleware] = MIDDLEWARE) -> Starlette:
         routes=[*(r.served() for r in HOT_ROUTES), Mount("", app=documented)],
         middleware=middleware,
         exception_handlers=errors.HANDLERS,
+        lifespan=lifespan,
     )

@@ -56,8 +56,6 @@ def serve(args: argparse.Namespace) -> int:
     if rt.service is None:
         print(f"ceiling serve: refusing to start: {rt.problem}", file=sys.stderr)
         return 2
-    from api.index import app
-
     missing = {m: instead for m, instead in SERVE_EXTRA.items()
                if importlib.util.find_spec(m) is None}
     if missing:
@@ -71,10 +69,11 @@ def serve(args: argparse.Namespace) -> int:
         # every full collection walks them, pauses on the requests in flight.
         import api.transport  # noqa: F401
 
-    from api.alerts import WithDelivery
+    from api.alerts import delivering
+    from api.app import create_app
 
     # Alert delivery (issue 16) runs in the background of a long-running server.
-    run_server(WithDelivery(app), args.host, args.port)
+    run_server(create_app(lifespan=delivering), args.host, args.port)
     return 0
 
 
