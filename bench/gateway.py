@@ -67,8 +67,8 @@ import redis
 from bench import side_venv
 from core.errors import ensure
 from infra.figures import ms, table
-from infra.processes import stop, wait_ready
-from infra.redis_server import RedisServer, free_port
+from infra.processes import free_port, stop, wait_ready
+from infra.redis_server import RedisServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONNECTIONS = 16

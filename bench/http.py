@@ -81,8 +81,9 @@ from core.service import CallSpec, CeilingService, SettleSpec
 from core.stores.redis import RedisTransport, redis_client
 from core.stores.scripted import ScriptedStore
 from infra.figures import median, ms, percentile, table
+from infra.processes import free_port
 from infra.processes import stop as stop_process
-from infra.redis_server import RedisServer, free_port
+from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

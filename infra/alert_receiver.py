@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
-from infra.redis_server import free_port
+from infra.processes import free_port
 
 # The largest post recorded: an event is a few hundred bytes.
 POST_BYTES_MAX = 64 * 1024

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -17,6 +18,28 @@ POLL_INTERVAL_S = 0.05
 PORT_ATTEMPTS_MAX = 3
 # /proc/net/tcp's state of a listening socket.
 TCP_LISTEN = "0A"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_on_a_free_port(start_once: Callable[[], None], first_start: bool,
+                         move: Callable[[int], None]) -> None:
+    """Run `start_once`, which starts a child on its port and waits until it is ready (raising
+    RuntimeError if it is not). A first start that fails may have lost its port to another
+    process between free_port() and the bind: it is started again on another port (`move`), up
+    to PORT_ATTEMPTS_MAX times. A restart keeps its port (its clients and data are there)."""
+    for attempt in range(PORT_ATTEMPTS_MAX):
+        try:
+            start_once()
+            return
+        except RuntimeError:
+            if not first_start or attempt == PORT_ATTEMPTS_MAX - 1:
+                raise
+            move(free_port())
 
 
 def listening(pid: int, port: int) -> bool:

@@ -19,7 +19,8 @@ from typing import Any
 import redis
 from redis.crc import key_slot
 
-from infra.redis_server import RedisServer, free_port
+from infra.processes import free_port
+from infra.redis_server import RedisServer
 
 # Redis' default is 15 s. Two seconds let a test watch a whole failover (detection, election,
 # promotion) in a few seconds, while a node starved of CPU for a second on a busy 2-core machine

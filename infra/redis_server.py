@@ -15,16 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from infra.processes import PORT_ATTEMPTS_MAX, listening, stop, wait_ready
+from infra.processes import free_port, listening, start_on_a_free_port, stop, wait_ready
 
 # redis-server answers PING as soon as it has started; 10 s means it is not coming up.
 START_TIMEOUT_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def redis_server_binary() -> str:
@@ -63,24 +57,19 @@ class RedisServer:
         ]
 
     def start(self) -> RedisServer:
-        for attempt in range(PORT_ATTEMPTS_MAX):
-            self.process = subprocess.Popen(
-                self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-            try:
-                wait_ready(self.process, self.ours, timeout_s=START_TIMEOUT_S,
-                           what=f"redis-server on port {self.port}")
-            except RuntimeError:
-                # Lost a port it never had (another process bound it first): another port.
-                # A restart keeps its port (its data and its clients are there).
-                if self._started_once or attempt == PORT_ATTEMPTS_MAX - 1 \
-                        or self.process.poll() is None:
-                    raise
-                self.port = free_port()
-                continue
-            self._started_once = True
-            return self
-        raise AssertionError("unreachable")
+        start_on_a_free_port(self._start_once, not self._started_once, self._move)
+        self._started_once = True
+        return self
+
+    def _move(self, port: int) -> None:
+        self.port = port
+
+    def _start_once(self) -> None:
+        self.process = subprocess.Popen(
+            self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_ready(self.process, self.ours, timeout_s=START_TIMEOUT_S,
+                   what=f"redis-server on port {self.port}")
 
     def ours(self) -> bool:
         """It answers, and it is this process that listens on the port."""

@@ -17,8 +17,7 @@ from types import TracebackType
 
 import httpx
 
-from infra.processes import PORT_ATTEMPTS_MAX, listening, stop, wait_ready
-from infra.redis_server import free_port
+from infra.processes import free_port, listening, start_on_a_free_port, stop, wait_ready
 
 # An instance imports FastAPI and answers /health/live in moments; after 30 s it is broken.
 START_TIMEOUT_S = 30.0
@@ -38,19 +37,14 @@ class ServiceProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ServiceProcess:
-        for attempt in range(PORT_ATTEMPTS_MAX):
-            try:
-                return self._start_once()
-            except RuntimeError:
-                # Lost a port it never had (another process bound it first): another port.
-                # A restart after a first start keeps its port, and fails if it cannot have it.
-                if self._started_once or attempt == PORT_ATTEMPTS_MAX - 1 or self.process is None \
-                        or self.process.poll() is None:
-                    raise
-                self.port = free_port()
-        raise AssertionError("unreachable")
+        start_on_a_free_port(self._start_once, not self._started_once, self._move)
+        self._started_once = True
+        return self
 
-    def _start_once(self) -> ServiceProcess:
+    def _move(self, port: int) -> None:
+        self.port = port
+
+    def _start_once(self) -> None:
         env = {**os.environ, **self.env}
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         command = (
@@ -75,8 +69,6 @@ class ServiceProcess:
 
             wait_ready(self.process, live, timeout_s=START_TIMEOUT_S,
                        what=f"service on port {self.port}")
-        self._started_once = True
-        return self
 
     def stop(self, *, kill: bool = False) -> None:
         """SIGTERM lets uvicorn finish open requests; kill=True is a crash."""

@@ -88,9 +88,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from infra.processes import free_port, wait_ready
 from infra.processes import stop as stop_process
-from infra.processes import wait_ready
-from infra.redis_server import free_port
 from infra.stub_anthropic import (
     WEB_SEARCH_RESULT_TOKENS_DEFAULT,
     WEB_SEARCH_RESULT_TOKENS_MIN,

@@ -31,8 +31,8 @@ import pytest
 
 from core import __version__
 from infra import deploy_build
-from infra.processes import stop, wait_ready
-from infra.redis_server import RedisServer, free_port
+from infra.processes import free_port, stop, wait_ready
+from infra.redis_server import RedisServer
 from tests.api.conftest import ADMIN_TOKEN
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,8 @@ import httpx2
 import openai
 import pytest
 
-from infra.redis_server import RedisServer, free_port
+from infra.processes import free_port
+from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider
 

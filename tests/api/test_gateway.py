@@ -30,7 +30,8 @@ from core.config import OUTPUT_TOKENS_DEFAULT
 from core.gateway import CLAMP_OUTPUT_TOKENS_MIN
 from core.replies import IN_FLIGHT_RETRY_AFTER_S, IN_FLIGHT_WAIT_S_MAX
 from core.stores.redis import RedisStore
-from infra.redis_server import RedisServer, free_port
+from infra.processes import free_port
+from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, Tally, fetch_bill
 from tests.api.conftest import (

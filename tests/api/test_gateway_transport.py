@@ -18,7 +18,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from infra.redis_server import RedisServer, free_port
+from infra.processes import free_port
+from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from tests.api.conftest import Client, account, client_for, gateway, header, ledger, sdk
 

@@ -21,7 +21,7 @@ import pytest
 
 from api.upstream import CONNECTIONS_MAX, NotSent, Unanswered, Upstream
 from core.gateway import Api, Plan, plan
-from infra.redis_server import free_port
+from infra.processes import free_port
 
 # Long enough for a body that is still being written when the provider resets: more than a
 # loopback socket's buffers take at once.

@@ -10,6 +10,7 @@ import httpx
 from infra.processes import listening
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
+from infra.upstash_bridge import UpstashBridge
 
 
 def test_a_redis_server_whose_port_is_taken_starts_on_another() -> None:
@@ -21,6 +22,16 @@ def test_a_redis_server_whose_port_is_taken_starts_on_another() -> None:
             assert server.port != port
             assert server.process is not None
             assert listening(server.process.pid, server.port)
+
+
+def test_an_upstash_bridge_whose_port_is_taken_starts_on_another() -> None:
+    with socket.socket() as taken, RedisServer() as redis_server:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with UpstashBridge(redis_server.url, port=port) as bridge:
+            assert bridge.port != port
+            assert bridge.ping()
 
 
 def test_a_service_never_takes_another_service_on_its_port_for_itself() -> None:

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infra.redis_server import free_port
+from infra.processes import free_port
 from infra.stub_bill import Bill, CallRecord
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill
 from tests.infra.media import b64, data_url, gif, jpeg, mp3, pdf, png, wav, webp

@@ -17,7 +17,8 @@ from core.limits import IDEMPOTENCY_WINDOW_MS, RESEND_WINDOW_MS
 from core.stores import keys, wire
 from core.stores.redis import LEDGER_CALL_TIMEOUT_S, RedisStore
 from core.stores.scripts import library, script
-from infra.redis_server import RedisServer, free_port
+from infra.processes import free_port
+from infra.redis_server import RedisServer
 from tests.core.stores.test_conformance import OWNER, leg, put, request
 
 

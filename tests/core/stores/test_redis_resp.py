@@ -21,8 +21,8 @@ from core.stores import keys
 from core.stores.redis import RedisStore, RedisTransport, redis_client
 from core.stores.redis_resp import Endpoint, pack
 from core.stores.scripts import script
-from infra.processes import stop, wait_ready
-from infra.redis_server import RedisServer, free_port, redis_server_binary
+from infra.processes import free_port, stop, wait_ready
+from infra.redis_server import RedisServer, redis_server_binary
 from tests.core.stores.test_conformance import OWNER, leg, put, request
 
 PASSWORD = "s3cret-for-the-test"
