@@ -362,6 +362,51 @@ local function apply(prefix, legs, reserved, committed, overshoot, now)
   return now
 end
 
+-- The common case of settle and release, written out once: an open reservation of a gateway
+-- call, resolved by its owner, in budgets' legs (no run's), kept only for resends once resolved,
+-- so its head is all this reads of it. `resolve` does the same for every case; this is what it
+-- does for this one, without what the others need, since every gateway call takes it.
+-- `step` is the lifecycle's settle_effects or release_effects; `actual` 0 for a release.
+-- Returns the script's answer and `now`, or nil when the record is not this case.
+local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_text, now)
+  local stored = redis.pcall('GET', keys[2])
+  if type(stored) ~= 'string' then
+    return nil, now
+  end
+  local state, reserved_micros, expire_policy, retention_ms, rec_owner, legs = record_head(stored)
+  if state ~= 'open' or rec_owner ~= owner or retention_ms ~= RESEND_WINDOW_MS_TEXT
+      or string.find(legs, '|run', 1, true) then
+    return nil, now
+  end
+  local held = tonumber(reserved_micros)
+  local to, outcome, reserved, committed, overshoot, released, _, late =
+    step(state, expire_policy, held, actual)
+  reserved = text_of(reserved, held, reserved_micros, actual, actual_text)
+  committed = text_of(committed, held, reserved_micros, actual, actual_text)
+  overshoot = text_of(overshoot, held, reserved_micros, actual, actual_text)
+  local seen
+  for budget_id, window_key, ceiling in string.gmatch(legs, '([^ |]+)|([^ |]+)|([^ |]+)[^ ]*') do
+    local ck = prefix .. COUNTER_KEY .. budget_id .. '|' .. window_key
+    if reserved ~= '0' then redis.call('HINCRBY', ck, 'reserved', reserved) end
+    if committed ~= '0' then
+      local after = redis.call('HINCRBY', ck, 'committed', committed)
+      -- alerts (issue 16)
+      now = committed_moved(prefix, budget_id, window_key, ceiling, after, committed, now, seen)
+      seen = budget_id
+    end
+    if overshoot ~= '0' then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
+  end
+  -- A gateway call's answer to a resend, its fingerprint '' (core/service.py): in the order
+  -- of pack_resolved's parameters (wire.py RESOLVED_FIELDS).
+  redis.call('SET', keys[2], pack_resolved(
+    to, reserved_micros, expire_policy, retention_ms, owner,
+    to == 'settled' and actual_text or '',
+    text_of(released, held, reserved_micros, actual, actual_text), overshoot,
+    late and '1' or '0', outcome, ''), 'PX', retention_ms)
+  redis.call('ZREM', keys[3], id_of(prefix, keys[2]))
+  return {'ok', state, expire_policy, reserved_micros}, now
+end
+
 -- A record as versions before records were strings kept it: a hash with short field names and
 -- one-letter states. Read, never written: the next step of such a reservation writes it anew.
 -- Its free text is escaped as wire.py escapes it, since the string form keeps it so.

@@ -22,42 +22,12 @@ local actual = int(a.actual_micros, 'actual_micros')
 local now = a.now_ms and ledger_now(a.now_ms)
 local prefix = prefix_of(KEYS[1])
 
--- The common case, written out: an open reservation of a gateway call, settled by its owner,
--- in budgets' legs (no run's), kept only for resends once resolved, so its head is all this
--- reads of it. lib's resolve does the same for every case; this is what it does for this one,
--- without what the others need, since every gateway call takes it.
-local stored = redis.pcall('GET', KEYS[2])
-if type(stored) == 'string' then
-  local state, reserved_micros, expire_policy, retention_ms, owner, legs = record_head(stored)
-  if state == 'open' and owner == a.owner and retention_ms == RESEND_WINDOW_MS_TEXT
-      and not string.find(legs, '|run', 1, true) then
-    local held = tonumber(reserved_micros)
-    local to, outcome, reserved, committed, overshoot, released, _, late =
-      settle_effects(state, expire_policy, held, actual)
-    reserved = text_of(reserved, held, reserved_micros, actual, a.actual_micros)
-    committed = text_of(committed, held, reserved_micros, actual, a.actual_micros)
-    overshoot = text_of(overshoot, held, reserved_micros, actual, a.actual_micros)
-    local seen
-    for budget_id, window_key, ceiling in string.gmatch(legs, '([^ |]+)|([^ |]+)|([^ |]+)[^ ]*') do
-      local ck = prefix .. COUNTER_KEY .. budget_id .. '|' .. window_key
-      if reserved ~= '0' then redis.call('HINCRBY', ck, 'reserved', reserved) end
-      if committed ~= '0' then
-        local after = redis.call('HINCRBY', ck, 'committed', committed)
-        -- alerts (issue 16): lib committed_moved
-        now = committed_moved(prefix, budget_id, window_key, ceiling, after, committed, now, seen)
-        seen = budget_id
-      end
-      if overshoot ~= '0' then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
-    end
-    -- A gateway call's answer to a resend, its fingerprint '' (core/service.py): in the order
-    -- of pack_resolved's parameters (wire.py RESOLVED_FIELDS).
-    redis.call('SET', KEYS[2], pack_resolved(
-      to, reserved_micros, expire_policy, retention_ms, owner,
-      to == 'settled' and a.actual_micros or '', text_of(released, held, reserved_micros, actual, a.actual_micros), overshoot,
-      late and '1' or '0', outcome, ''), 'PX', retention_ms)
-    redis.call('ZREM', KEYS[3], id_of(prefix, KEYS[2]))
-    return {'ok', state, expire_policy, reserved_micros}
-  end
+-- The common case: an open gateway call resolved by its owner (lib: resolve_gateway_call).
+local answer
+answer, now = resolve_gateway_call(prefix, KEYS, a.owner, settle_effects, actual,
+                                   a.actual_micros, now)
+if answer then
+  return answer
 end
 
 -- The general case: a record kept whole, one settled or released before, or one kept as a hash.
