@@ -9,15 +9,17 @@ it), outermost first:
     router                  the hot routes (api/routing.py), then FastAPI for everything else
 
 FastAPI serves admin, health, the docs and the OpenAPI schema, which documents the hot routes
-too. A middleware added to MIDDLEWARE (CORS, request ids, tracing) applies to every route;
-FastAPI's own per-request telemetry sees only what reaches FastAPI.
+too. It is built, and its routes' modules imported, on the first request that reaches it: a
+serverless instance started for a reserve or a gateway call never pays for the admin surface
+(bench/http.py judges `import api.index` against `import fastapi`). A middleware added to
+MIDDLEWARE (CORS, request ids, tracing) applies to every route; FastAPI's own per-request
+telemetry sees only what reaches FastAPI.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from fastapi import FastAPI
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -25,7 +27,7 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from api import errors
-from api.routes import admin, alerts, dashboard, gateway, health, sidecar
+from api.routes import gateway, sidecar
 from api.runtime import VERSION
 
 # The largest request body accepted: a chat request with a long prompt fits in a few hundred KB;
@@ -72,10 +74,13 @@ MIDDLEWARE: tuple[Middleware, ...] = (Middleware(BodyLimit),)
 HOT_ROUTES = (*sidecar.ROUTES, *gateway.ROUTES)
 
 
-def create_app(middleware: Sequence[Middleware] = MIDDLEWARE,
-               lifespan: Lifespan[Starlette] | None = None) -> Starlette:
-    """`lifespan`: what runs from start-up to shutdown; `ceiling serve` delivers alerts there."""
-    documented = FastAPI(
+def documented_app() -> ASGIApp:
+    """FastAPI with every route that is not hot, and a documented copy of each hot one."""
+    from fastapi import FastAPI
+
+    from api.routes import admin, alerts, dashboard, health
+
+    return FastAPI(
         title="spend-ceiling", version=VERSION, exception_handlers=errors.HANDLERS,
         # Given as routes, not through include_router(): FastAPI matches an included router
         # through a layer of its own on every request.
@@ -83,12 +88,30 @@ def create_app(middleware: Sequence[Middleware] = MIDDLEWARE,
                 *health.router.routes,
                 *(r.documented() for r in HOT_ROUTES)],
     )
+
+
+class OnFirstRequest:
+    """An ASGI app built by `build` when the first request reaches it, then that app."""
+
+    def __init__(self, build: Callable[[], ASGIApp]) -> None:
+        self.build = build
+        self.app: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.app is None:
+            self.app = self.build()
+        await self.app(scope, receive, send)
+
+
+def create_app(middleware: Sequence[Middleware] = MIDDLEWARE,
+               lifespan: Lifespan[Starlette] | None = None) -> Starlette:
+    """`lifespan`: what runs from start-up to shutdown; `ceiling serve` delivers alerts there."""
     # The dispatcher: a hot route's path and method go to its Starlette route; anything else
     # (admin, health, docs, a hot path with another method, a path nobody serves) to FastAPI,
     # which answers it with the same mapping. Mount("") leaves the path and root path as
     # they came.
     return Starlette(
-        routes=[*(r.served() for r in HOT_ROUTES), Mount("", app=documented)],
+        routes=[*(r.served() for r in HOT_ROUTES), Mount("", app=OnFirstRequest(documented_app))],
         middleware=middleware,
         exception_handlers=errors.HANDLERS,
         lifespan=lifespan,

@@ -104,3 +104,27 @@ def test_vercel_entry_loads_by_path_and_serves(redis_server: RedisServer) -> Non
                           text=True, timeout=60, check=True,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert json.loads(done.stdout.splitlines()[-1]) == [200, "ok"]
+
+
+COLD_IMPORT = r"""
+import json, sys
+import api.index
+hot = sorted(m for m in sys.modules if m.startswith("api.routes."))
+from starlette.testclient import TestClient
+with TestClient(api.index.app) as client:
+    status = client.get("/health").status_code
+print(json.dumps({"before": hot, "status": status,
+                  "after": "api.routes.admin" in sys.modules}))
+"""
+
+
+def test_an_instance_imports_the_admin_surface_on_its_first_request_for_it() -> None:
+    # A serverless instance started for a reserve or a gateway call imports only the hot
+    # routes (bench/http.py judges the import's time); the admin, health and dashboard routes
+    # come with the first request that reaches FastAPI, and answer it.
+    done = subprocess.run([sys.executable, "-c", COLD_IMPORT], capture_output=True, text=True,
+                          timeout=60, check=True)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["before"] == ["api.routes.gateway", "api.routes.sidecar"]
+    assert seen["after"] is True
+    assert seen["status"] in (200, 503)
