@@ -14,10 +14,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from api.routes.admin import settlement_json, stored_reservation_json
-from api.routes.health import health_body
-from api.routes.sidecar import leg_json
 from api.runtime import Runtime, runtime
+from api.views import leg_json, settlement_json, stored_reservation_json
 from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period
 from core.errors import CeilingError, InvalidRequest
 from core.ledger import ROLES_DEFAULT, Role
@@ -305,6 +303,8 @@ def alerts_list(args: argparse.Namespace) -> int:
 
 
 def health(args: argparse.Namespace) -> int:
+    from api.routes.health import health_body
+
     body = asyncio.run(health_body())
     print(json.dumps(body, indent=2))
     return 0 if body["status"] == "ok" else 1

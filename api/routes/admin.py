@@ -4,17 +4,17 @@ when the token is unset."""
 from __future__ import annotations
 
 import hmac
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse
 
 from api.models import BudgetBody, CorrectionBody, KeyBody, RotateBody
-from api.routes.sidecar import bearer, leg_json
+from api.routes.sidecar import bearer
 from api.runtime import runtime
+from api.views import leg_json, settlement_json, stored_reservation_json
 from core.budgets import BudgetId
 from core.errors import BudgetNotFound, Forbidden, InvalidRequest, Unauthorized
-from core.ledger import GATEWAY_OWNER_PREFIX, ReservationView, Role, Settlement
 from core.operations import Operations, budget_json
 from core.service import CeilingService, check_roles, operator_fingerprint
 
@@ -148,39 +148,6 @@ async def revoke_key(key_id: str, by: Operator, ops: Ops) -> JSONResponse:
     if not await ops.revoke_key(key_id, by):
         raise BudgetNotFound(f"no key {key_id}", key_id=key_id)
     return JSONResponse({"key_id": key_id, "revoked": True})
-
-
-def settlement_json(reservation_id: str, s: Settlement) -> dict[str, Any]:
-    return {
-        "reservation_id": reservation_id,
-        "charged_micros": s.charged_micros,
-        "released_micros": s.released_micros,
-        "overshoot_micros": s.overshoot_micros,
-        "late": s.late,
-        "replayed": s.replayed,
-    }
-
-
-def stored_reservation_json(view: ReservationView) -> dict[str, Any]:
-    gateway = view.owner.startswith(GATEWAY_OWNER_PREFIX)
-    return {
-        "reservation_id": view.reservation_id,
-        "state": view.state.value,
-        "outcome": view.outcome,
-        "made_by": Role.GATEWAY.value if gateway else Role.SIDECAR.value,
-        "key_id": view.owner.removeprefix(GATEWAY_OWNER_PREFIX) or None,
-        "model": view.model,
-        "price_version": view.price_version,
-        "reserved_micros": view.reserved_micros,
-        "charged_micros": view.charged_micros,
-        "created_ms": view.created_ms,
-        "expires_at_ms": view.expires_at_ms,
-        "resolved_ms": view.resolved_ms,
-        "corrected_by": view.corrected_by,
-        "corrected_at_ms": view.corrected_at_ms,
-        "corrected_from_micros": view.corrected_from_micros,
-        "correction_reason": view.correction_reason,
-    }
 
 
 def _budget(budget_id: str | None) -> BudgetId | None:

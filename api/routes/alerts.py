@@ -10,8 +10,9 @@ from fastapi.responses import JSONResponse
 
 from api.alerts import deliver_once
 from api.routes.admin import Admin, Operator, Ops, Service
-from api.routes.sidecar import authenticated, leg_json
+from api.routes.sidecar import authenticated
 from api.runtime import runtime
+from api.views import leg_json
 from core import spend
 from core.budgets import BudgetId
 from core.errors import InvalidRequest

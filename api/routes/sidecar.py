@@ -4,7 +4,7 @@ the gateway made for it (core/ledger.py GATEWAY_OWNER_PREFIX)."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
@@ -14,8 +14,8 @@ from starlette.responses import JSONResponse
 from api.models import ReserveBody, SettleBody
 from api.routing import HotRoute
 from api.runtime import runtime
-from core.ledger import LegStatus, Reservation, Role
-from core.money import micros_to_usd
+from api.views import leg_json, reservation_json, settlement_json
+from core.ledger import Role
 from core.service import Caller, CeilingService
 
 B = TypeVar("B", bound=BaseModel)
@@ -49,32 +49,6 @@ async def parsed(model: type[B], request: Request) -> B:
         raise RequestValidationError(exc.errors(include_url=False, include_context=False)) from exc
 
 
-def leg_json(leg: LegStatus) -> dict[str, Any]:
-    return {
-        "budget_id": leg.budget_id,
-        # A StrEnum is its value (.value costs a descriptor call per leg).
-        "period": leg.period if leg.window_key != "outage" else "outage",
-        "period_key": leg.window_key,
-        "ceiling_micros": leg.ceiling_micros,
-        "committed_micros": leg.committed_micros,
-        "reserved_micros": leg.reserved_micros,
-        "remaining_micros": leg.remaining_micros,
-        "overshoot_micros": leg.overshoot_micros,
-        "resets_at_ms": leg.resets_at_ms,
-    }
-
-
-def reservation_json(r: Reservation) -> dict[str, Any]:
-    return {
-        "reservation_id": r.reservation_id,
-        "reserved_micros": r.reserved_micros,
-        "reserved_usd": micros_to_usd(r.reserved_micros),
-        "expires_at_ms": r.expires_at_ms,
-        "replayed": r.replayed,
-        "budgets": [leg_json(x) for x in r.legs],
-    }
-
-
 async def reserve(request: Request) -> JSONResponse:
     svc, who = await authenticated(request, Role.SIDECAR)
     body = await parsed(ReserveBody, request)
@@ -87,14 +61,7 @@ async def settle(request: Request) -> JSONResponse:
     svc, who = await authenticated(request, Role.SIDECAR)
     body = await parsed(SettleBody, request)
     s = await svc.settle(who, reservation_id, body.spec())
-    return JSONResponse({
-        "reservation_id": reservation_id,
-        "charged_micros": s.charged_micros,
-        "released_micros": s.released_micros,
-        "overshoot_micros": s.overshoot_micros,
-        "late": s.late,
-        "replayed": s.replayed,
-    })
+    return JSONResponse(settlement_json(reservation_id, s))
 
 
 async def release(request: Request) -> JSONResponse:

@@ -1,0 +1,78 @@
+"""The JSON the routes and the CLI answer with: one home for each shape.
+
+Plain functions of core's values, importing no web framework, so that the CLI answers in the
+routes' shapes without importing the routes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.ledger import (
+    GATEWAY_OWNER_PREFIX,
+    LegStatus,
+    Reservation,
+    ReservationView,
+    Role,
+    Settlement,
+)
+from core.money import micros_to_usd
+
+
+def leg_json(leg: LegStatus) -> dict[str, Any]:
+    return {
+        "budget_id": leg.budget_id,
+        # A StrEnum is its value (.value costs a descriptor call per leg).
+        "period": leg.period if leg.window_key != "outage" else "outage",
+        "period_key": leg.window_key,
+        "ceiling_micros": leg.ceiling_micros,
+        "committed_micros": leg.committed_micros,
+        "reserved_micros": leg.reserved_micros,
+        "remaining_micros": leg.remaining_micros,
+        "overshoot_micros": leg.overshoot_micros,
+        "resets_at_ms": leg.resets_at_ms,
+    }
+
+
+def reservation_json(r: Reservation) -> dict[str, Any]:
+    return {
+        "reservation_id": r.reservation_id,
+        "reserved_micros": r.reserved_micros,
+        "reserved_usd": micros_to_usd(r.reserved_micros),
+        "expires_at_ms": r.expires_at_ms,
+        "replayed": r.replayed,
+        "budgets": [leg_json(x) for x in r.legs],
+    }
+
+
+def settlement_json(reservation_id: str, s: Settlement) -> dict[str, Any]:
+    return {
+        "reservation_id": reservation_id,
+        "charged_micros": s.charged_micros,
+        "released_micros": s.released_micros,
+        "overshoot_micros": s.overshoot_micros,
+        "late": s.late,
+        "replayed": s.replayed,
+    }
+
+
+def stored_reservation_json(view: ReservationView) -> dict[str, Any]:
+    gateway = view.owner.startswith(GATEWAY_OWNER_PREFIX)
+    return {
+        "reservation_id": view.reservation_id,
+        "state": view.state.value,
+        "outcome": view.outcome,
+        "made_by": Role.GATEWAY.value if gateway else Role.SIDECAR.value,
+        "key_id": view.owner.removeprefix(GATEWAY_OWNER_PREFIX) or None,
+        "model": view.model,
+        "price_version": view.price_version,
+        "reserved_micros": view.reserved_micros,
+        "charged_micros": view.charged_micros,
+        "created_ms": view.created_ms,
+        "expires_at_ms": view.expires_at_ms,
+        "resolved_ms": view.resolved_ms,
+        "corrected_by": view.corrected_by,
+        "corrected_at_ms": view.corrected_at_ms,
+        "corrected_from_micros": view.corrected_from_micros,
+        "correction_reason": view.correction_reason,
+    }
