@@ -1,14 +1,13 @@
-"""Request bodies. Strict: a number as a string, a float where an integer belongs, a boolean
-for a count, or an unknown field is refused before anything reaches the ledger."""
+"""Request bodies of the hot routes (reserve, settle). Strict: a number as a string, a float where
+an integer belongs, a boolean for a count, or an unknown field is refused before anything reaches
+the ledger. The admin routes' bodies are in api/admin_models.py, imported with those routes."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from core.alerts import THRESHOLDS_PCT_DEFAULT, AlertConfig, VelocityAlarm, multiple_milli
-from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period
 from core.errors import InvalidRequest
 from core.prices import Usage
 from core.service import CallSpec, SettleSpec
@@ -74,74 +73,3 @@ class SettleBody(Strict):
             self.cache_write_tokens, self.cache_write_1h_tokens, self.input_audio_tokens,
             self.output_audio_tokens, self.service_tier,
         ))
-
-
-class LimitBody(Strict):
-    period: Literal["day", "month", "total"]
-    ceiling_micros: int
-
-
-class VelocityBody(Strict):
-    """Issue 16: spend over window_s above max_micros, or above max_rate_multiple times the
-    trailing hourly rate; pause stops the budget until an operator resumes it."""
-
-    window_s: int = 300
-    max_micros: int | None = None
-    max_rate_multiple: float | None = None
-    pause: bool = False
-
-    def alarm(self) -> VelocityAlarm:
-        return VelocityAlarm(
-            self.window_s, self.max_micros or 0,
-            0 if self.max_rate_multiple is None else multiple_milli(self.max_rate_multiple),
-            self.pause)
-
-
-class AlertsBody(Strict):
-    thresholds_pct: list[int] = list(THRESHOLDS_PCT_DEFAULT)
-    velocity: VelocityBody | None = None
-
-    def config(self) -> AlertConfig:
-        return AlertConfig(tuple(self.thresholds_pct),
-                           self.velocity.alarm() if self.velocity else None)
-
-
-class BudgetBody(Strict):
-    limits: list[LimitBody]
-    timezone: str = "UTC"
-    outage_allowance_micros: int = 0
-    # None: 'allowance' when an allowance is given, else 'closed' (core/budgets.py BudgetDef).
-    outage_policy: Literal["closed", "allowance", "open"] | None = None
-    alerts: AlertsBody | None = None
-
-    def definition(self, budget_id: str) -> BudgetDef:
-        return BudgetDef(
-            BudgetId.parse(budget_id),
-            tuple(Limit(Period(x.period), x.ceiling_micros) for x in self.limits),
-            self.timezone,
-            self.outage_allowance_micros,
-            None if self.outage_policy is None else OutagePolicy(self.outage_policy),
-            self.alerts.config() if self.alerts else AlertConfig(),
-        )
-
-
-class KeyBody(Strict):
-    budget_id: str
-    run_ceiling_micros: int | None = None
-    # gateway: the OpenAI-compatible routes; sidecar: reserve / settle / release (CONTRACT.md).
-    roles: list[Literal["gateway", "sidecar"]] = ["gateway"]
-
-
-class RotateBody(Strict):
-    """POST /v1/admin/keys/{key_id}/rotate: how long the previous secret keeps working."""
-
-    grace_ms: int | None = None
-
-
-class CorrectionBody(Strict):
-    """An operator's settle of a reservation (POST /v1/admin/reservations/{id}/settle)."""
-
-    actual_micros: int
-    reason: str
-    # Only for an id minted before ids named their budget's tag (core/ledger.py tag_digest).
-    budget_id: str | None = None

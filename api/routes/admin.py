@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse
 
-from api.models import BudgetBody, CorrectionBody, KeyBody, RotateBody
+from api.admin_models import BudgetBody, CorrectionBody, KeyBody, RotateBody
 from api.routes.sidecar import bearer
 from api.runtime import runtime
 from api.views import leg_json, settlement_json, stored_reservation_json
