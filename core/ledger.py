@@ -256,7 +256,8 @@ class Probe:
 class OpenHold:
     """One open reservation as an operator lists it (the spend page): who holds how much in
     which budgets, since when and until when. `owner` is the key id it was made under (a
-    gateway call's with GATEWAY_OWNER_PREFIX), never a secret; `run_budget_id` the run it holds in, if any."""
+    gateway call's with GATEWAY_OWNER_PREFIX), never a secret; `run_budget_id` the run it
+    holds in, if any."""
 
     reservation_id: str
     owner: str
