@@ -32,9 +32,10 @@ TOP_SPENDERS_MAX = 10
 # the earliest lease end first: the ones an operator acts on; the rest are counted.
 RESERVATIONS_LISTED_MAX = 20
 # Newest open reservations per organisation whose runs are read: a run with a call in flight has
-# one of its tag's newest leases unless hundreds of calls are open at once, and the read stays
-# one bounded script (lua/open_listing.lua).
-RUNS_EXAMINED_MAX = 500
+# one of its tag's newest leases unless hundreds of calls are open at once. The read is one
+# script (lua/open_listing.lua), which holds the ledger while it reads each of them, so this
+# bounds how long a page load can make a reserve wait.
+RUNS_EXAMINED_MAX = 200
 # Live runs listed, by committed spend.
 TOP_RUNS_MAX = 10
 # Keys listed per top-spending budget (the rest counted): a page, not the key list
