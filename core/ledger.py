@@ -252,6 +252,50 @@ class Probe:
     instances_seen: int | None
 
 
+@dataclass(frozen=True)
+class OpenHold:
+    """One open reservation as an operator lists it (the spend page): who holds how much in
+    which budgets, since when and until when. `owner` is the key id it was made under (a
+    gateway call's with GATEWAY_OWNER_PREFIX), never a secret; `run_budget_id` the run it
+    holds in, if any."""
+
+    reservation_id: str
+    owner: str
+    budget_ids: tuple[str, ...]
+    run_budget_id: str | None
+    reserved_micros: int
+    created_ms: int | None
+    expires_at_ms: int
+
+
+@dataclass(frozen=True)
+class RunSpend:
+    """A run's counter as the ledger keeps it: its budget id (the key's budget, then
+    '/run:<id>'), the ceiling its open call holds it under, and its spend."""
+
+    budget_id: str
+    ceiling_micros: int
+    committed_micros: int
+    reserved_micros: int
+    seen_ms: int | None
+
+
+@dataclass(frozen=True)
+class OpenLeases:
+    """A tag's open reservations as one read sees them at `now_ms`: how many, how many are past
+    their lease (an unknown outcome: held in full until expiry books them by their policy), the
+    first `listed_max` of each kind by lease end (the most at risk first), and the live runs
+    those open calls hold in (LedgerStore.open_listing says which calls are looked at)."""
+
+    tag: str
+    now_ms: int
+    open_count: int
+    overdue_count: int
+    overdue: tuple[OpenHold, ...]
+    within_lease: tuple[OpenHold, ...]
+    runs: tuple[RunSpend, ...]
+
+
 # -- the gateway's idempotency keys ----------------------------------------------------------
 
 
@@ -395,6 +439,13 @@ class LedgerStore(Protocol):
 
     async def open_leases(self, tag: str) -> tuple[int, int]:
         """Open reservations of a tag, and how many are past their lease."""
+        ...
+
+    async def open_listing(self, tag: str, listed_max: int, examined_max: int) -> OpenLeases:
+        """The tag's open reservations for an operator, read at one instant and writing nothing:
+        counts, up to listed_max past their lease and up to listed_max within it (each by lease
+        end, earliest first), and the runs held in by the examined_max newest open reservations,
+        each once, a run whose counter went idle (RUN_COUNTER_IDLE_MS) left out."""
         ...
 
     async def alert_tags(self) -> list[str]:

@@ -1,20 +1,23 @@
 """Where the money goes (issue 16): the reads behind GET /dashboard and GET /v1/usage/me.
 
 Framework-free: the routes render what these return. Everything here reads the ledger (status,
-the hourly spend buckets, the alert log, open leases, the probe) and writes nothing but what a
-probe writes; none of it is on a call's path.
+the hourly spend buckets, the alert log, open leases and the runs they hold in, the keys bound
+to a budget, the probe) and writes nothing but what a probe writes; none of it is on a call's
+path, and every list is bounded by a named constant below, the rest counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core.alerts import AlertEvent
 from core.budgets import BudgetDef, BudgetId
 from core.errors import InvalidRequest
-from core.ledger import LedgerStore, LegStatus, Probe, RunLimit
+from core.ledger import LedgerStore, LegStatus, OpenLeases, Probe, RunLimit, RunSpend
 from core.limits import SPEND_BUCKET_MS, SPEND_BUCKET_RETENTION_MS
+from core.stores.operations import KeyInfo, ScriptedCatalogue
 
 # The chart's span by default, and the longest a caller may ask for: the buckets' retention.
 SERIES_HOURS_DEFAULT = 48
@@ -25,6 +28,19 @@ ALERT_LOG_LIMIT = 200
 PAGE_BUDGETS_MAX = 500
 # Budgets ranked by the chart span's spend under "top spenders".
 TOP_SPENDERS_MAX = 10
+# Open reservations listed per organisation (tag) of each kind, past their lease and within it,
+# the earliest lease end first: the ones an operator acts on; the rest are counted.
+RESERVATIONS_LISTED_MAX = 20
+# Newest open reservations per organisation whose runs are read: a run with a call in flight has
+# one of its tag's newest leases unless hundreds of calls are open at once. The read is one
+# script (lua/open_listing.lua), which holds the ledger while it reads each of them, so this
+# bounds how long a page load can make a reserve wait.
+RUNS_EXAMINED_MAX = 200
+# Live runs listed, by committed spend.
+TOP_RUNS_MAX = 10
+# Keys listed per top-spending budget (the rest counted): a page, not the key list
+# (GET /v1/admin/keys?budget_id= pages through all of them).
+KEYS_LISTED_MAX = 10
 
 
 @dataclass(frozen=True)
@@ -46,26 +62,44 @@ class BudgetReport:
 
 
 @dataclass(frozen=True)
-class TagLeases:
-    tag: str
-    open_count: int
-    overdue_count: int
+class BudgetKeys:
+    """The API keys bound to one budget (never a secret or its hash): a key spends its budget's
+    money and its ancestors', and is not charged apart from them. `more`: keys beyond those
+    listed."""
+
+    budget_id: str
+    keys: tuple[KeyInfo, ...]
+    more: bool
 
 
 @dataclass(frozen=True)
 class Overview:
+    """`keys` is None where the ledger keeps no key catalogue (the in-memory ledger)."""
+
     now_ms: int
     hours: int
     budgets: tuple[BudgetReport, ...]
     alerts: tuple[AlertEvent, ...]
-    leases: tuple[TagLeases, ...]
+    leases: tuple[OpenLeases, ...]
     probe: Probe
+    keys: tuple[BudgetKeys, ...] | None = None
 
     @property
     def top_spenders(self) -> tuple[BudgetReport, ...]:
-        ranked = sorted((b for b in self.budgets if b.series_micros > 0),
-                        key=lambda b: (-b.series_micros, b.budget_id))
-        return tuple(ranked[:TOP_SPENDERS_MAX])
+        return top_spenders(self.budgets)
+
+    @property
+    def top_runs(self) -> tuple[RunSpend, ...]:
+        """The live runs (a call of theirs open now) with the most committed spend."""
+        runs = [r for t in self.leases for r in t.runs]
+        ranked = sorted(runs, key=lambda r: (-r.committed_micros, r.budget_id))
+        return tuple(ranked[:TOP_RUNS_MAX])
+
+
+def top_spenders(budgets: Sequence[BudgetReport]) -> tuple[BudgetReport, ...]:
+    ranked = sorted((b for b in budgets if b.series_micros > 0),
+                    key=lambda b: (-b.series_micros, b.budget_id))
+    return tuple(ranked[:TOP_SPENDERS_MAX])
 
 
 def check_hours(raw: object) -> int:
@@ -109,9 +143,24 @@ async def alert_log(store: LedgerStore, limit: int = ALERT_LOG_LIMIT) -> list[Al
     return sorted(events, key=lambda e: (e.at_ms, e.event_id), reverse=True)[:limit]
 
 
-async def overview(store: LedgerStore, instance_id: str, hours: int) -> Overview:
+async def keys_of(catalogue: ScriptedCatalogue, budgets: Sequence[BudgetReport]
+                  ) -> tuple[BudgetKeys, ...]:
+    """The keys bound to each of `budgets` (to it, not to a scope below it), KEYS_LISTED_MAX
+    each."""
+    out = []
+    for b in budgets:
+        found = await catalogue.keys_of(b.budget_id, None, KEYS_LISTED_MAX + 1)
+        out.append(BudgetKeys(b.budget_id, tuple(found[:KEYS_LISTED_MAX]),
+                              len(found) > KEYS_LISTED_MAX))
+    return tuple(out)
+
+
+async def overview(store: LedgerStore, instance_id: str, hours: int,
+                   catalogue: ScriptedCatalogue | None = None) -> Overview:
     """What the spend page shows: every budget with its periods and spend series, the alert log,
-    open reservations per tag, and the ledger's health with the instances it has seen."""
+    open and overdue reservations per tag with the live runs they hold in, the keys of the top
+    spenders (from `catalogue`, where the ledger keeps one), and the ledger's health with the
+    instances it has seen."""
     now_ms = await store.ledger_time_ms()
     tags = await store.alert_tags()
     ids: list[str] = []
@@ -119,6 +168,8 @@ async def overview(store: LedgerStore, instance_id: str, hours: int) -> Overview
         ids += await store.budgets_of(tag)
     reports = await asyncio.gather(*(budget_report(store, BudgetId(b), now_ms, hours)
                                      for b in ids[:PAGE_BUDGETS_MAX]))
-    leases = [TagLeases(t, *await store.open_leases(t)) for t in tags]
+    leases = [await store.open_listing(t, RESERVATIONS_LISTED_MAX, RUNS_EXAMINED_MAX)
+              for t in tags]
+    keys = None if catalogue is None else await keys_of(catalogue, top_spenders(reports))
     return Overview(now_ms, hours, tuple(reports), tuple(await alert_log(store)),
-                    tuple(leases), await store.probe(instance_id))
+                    tuple(leases), await store.probe(instance_id), keys)

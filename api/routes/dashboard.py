@@ -29,9 +29,10 @@ from api.routes.sidecar import bearer
 from api.runtime import runtime
 from core import spend
 from core.alerts import AlertEvent
-from core.budgets import period_of
-from core.ledger import LegStatus
+from core.budgets import RUN_SCOPE_KIND, period_of
+from core.ledger import GATEWAY_OWNER_PREFIX, LegStatus, OpenHold, RunSpend
 from core.limits import SPEND_BUCKET_MS
+from core.operations import Operations
 
 router = APIRouter(include_in_schema=False)
 
@@ -124,7 +125,8 @@ async def dashboard(request: Request,
         return _sign_in_page(status=401)
     svc = runtime().enforcing()
     hours = spend.check_hours(request.query_params.get("hours"))
-    view = await spend.overview(svc.store, runtime().instance_id, hours)
+    view = await spend.overview(svc.store, runtime().instance_id, hours,
+                                Operations(svc).catalogue)
     return _page(render(view))
 
 
@@ -265,6 +267,141 @@ def _alert_rows(events: Sequence[AlertEvent]) -> str:
     return "".join(rows)
 
 
+def _duration(ms: int) -> str:
+    """A span as a person reads it: '42 s', '3 m 20 s', '2 h 05 m', '1 d 3 h'."""
+    s = max(0, ms) // 1000
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} m {s % 60:02d} s"
+    if s < 86_400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} m"
+    return f"{s // 86_400} d {s % 86_400 // 3600} h"
+
+
+def _owner(owner: str) -> str:
+    """The key a reservation was made under, and by which route (never a secret)."""
+    if owner.startswith(GATEWAY_OWNER_PREFIX):
+        return f"{owner.removeprefix(GATEWAY_OWNER_PREFIX)} · gateway"
+    return f"{owner} · sidecar" if owner else "—"
+
+
+def _hold_row(h: OpenHold, now_ms: int) -> str:
+    held_in = "".join(f"<span class=path>{escape(b)}</span>" for b in h.budget_ids)
+    if h.run_budget_id:
+        held_in += f"<span class=path>{escape(h.run_budget_id)} (run)</span>"
+    age = "—" if h.created_ms is None else _duration(now_ms - h.created_ms)
+    lease = (f"ended {_duration(now_ms - h.expires_at_ms)} ago" if h.expires_at_ms <= now_ms
+             else f"ends in {_duration(h.expires_at_ms - now_ms)}")
+    return (f"<tr data-reservation='{_attr(h.reservation_id)}' data-micros='{h.reserved_micros}'"
+            f" data-expires-ms='{h.expires_at_ms}' data-owner='{_attr(h.owner)}'>"
+            f"<td><code>{escape(h.reservation_id)}</code><small>{escape(_owner(h.owner))}</small>"
+            f"</td><td>{held_in}</td><td class=num title='{h.reserved_micros} micro-dollars'>"
+            f"{usd(h.reserved_micros)}</td>"
+            f"<td class=num>{age}</td><td>{lease}<small>{_when(h.expires_at_ms)}</small></td></tr>")
+
+
+def _holds_table(view: spend.Overview, overdue: bool) -> str:
+    rows, unlisted = [], 0
+    for t in view.leases:
+        listed = t.overdue if overdue else t.within_lease
+        count = t.overdue_count if overdue else t.open_count - t.overdue_count
+        rows += [_hold_row(h, view.now_ms) for h in listed]
+        unlisted += max(0, count - len(listed))
+    if unlisted:
+        rows.append(f"<tr class=more><td colspan=5 class=muted data-unlisted='{unlisted}'>"
+                    f"{unlisted} more not listed: the {spend.RESERVATIONS_LISTED_MAX} earliest "
+                    "lease ends of each organisation are.</td></tr>")
+    none = "None past their lease." if overdue else "None open."
+    return (f"<table class=list id={'overdue' if overdue else 'open'}><thead><tr>"
+            "<th>reservation · key</th><th>held in</th><th>held</th><th>age</th>"
+            f"<th>lease</th></tr></thead><tbody>"
+            f"{''.join(rows) or f'<tr><td colspan=5 class=muted>{none}</td></tr>'}"
+            "</tbody></table>")
+
+
+def _leases(view: spend.Overview) -> str:
+    counts = "".join(
+        f"<tr data-tag='{_attr(t.tag)}'><td>{escape(t.tag)}</td><td class=num>{t.open_count}</td>"
+        f"<td class=num>{t.overdue_count}</td></tr>" for t in view.leases if t.open_count
+    ) or "<tr><td colspan=3 class=muted>None open.</td></tr>"
+    return (
+        "<h2>Open reservations</h2><p class=muted>Money held for calls in flight. A call's "
+        "reservation holds its estimate in every budget on its path until it settles or is "
+        "released. One past its lease has an unknown outcome: the caller never settled it, "
+        "and it stays held in full until expiry books it by its policy (charged in full, or "
+        "released). Listed: the "
+        f"{spend.RESERVATIONS_LISTED_MAX} earliest lease ends of each kind per organisation; "
+        "the rest are counted. Once expiry has charged a lease it is no longer open: its "
+        "unknown outcome is kept for a correction (<code>ceiling reservations settle</code>), "
+        "read by its id, not listed here.</p>"
+        "<table class=list id=leases><thead><tr><th>organisation</th><th>open</th>"
+        f"<th>past lease</th></tr></thead><tbody>{counts}</tbody></table>"
+        f"<h3 class=sub>Past their lease (outcome unknown)</h3>{_holds_table(view, True)}"
+        f"<h3 class=sub>Within their lease</h3>{_holds_table(view, False)}")
+
+
+def _run_rows(runs: Sequence[RunSpend]) -> str:
+    rows = []
+    for r in runs:
+        budget, _, run_id = r.budget_id.rpartition(f"/{RUN_SCOPE_KIND}:")
+        cells = "".join(
+            f"<td class=num data-field='{name}' data-micros='{micros}'>{usd(micros)}</td>"
+            for name, micros in (("committed_micros", r.committed_micros),
+                                 ("reserved_micros", r.reserved_micros),
+                                 ("ceiling_micros", r.ceiling_micros)))
+        seen = "—" if r.seen_ms is None else _when(r.seen_ms)
+        rows.append(f"<tr data-run='{_attr(r.budget_id)}'><td><code class=id>"
+                    f"{escape(run_id)}</code></td><td>{escape(budget)}</td>{cells}"
+                    f"<td>{seen}</td></tr>")
+    return "".join(rows) or "<tr><td colspan=6 class=muted>No run has a call open.</td></tr>"
+
+
+def _runs(view: spend.Overview) -> str:
+    return (
+        "<h2>Top runs</h2><p class=muted>Live runs: a run (<code>X-Ceiling-Run-Id</code>) with a "
+        "call open now, found through the newest "
+        f"{spend.RUNS_EXAMINED_MAX} open reservations of each organisation, ranked by committed "
+        f"spend, {spend.TOP_RUNS_MAX} at most. A run between calls is not listed: the ledger "
+        "keeps no index of runs, only a call's reservation leads to its run's counter. A run "
+        "ends after a day without a call. The ceiling is the one its open call holds it to.</p>"
+        "<table class=list id=runs><thead><tr><th>run</th><th>budget</th><th>committed</th>"
+        "<th>reserved</th><th>ceiling</th><th>last call</th></tr></thead>"
+        f"<tbody>{_run_rows(view.top_runs)}</tbody></table>")
+
+
+def _key_rows(found: Sequence[spend.BudgetKeys]) -> str:
+    rows = []
+    for b in found:
+        for k in b.keys:
+            run = "—" if k.run_ceiling_micros is None else usd(k.run_ceiling_micros)
+            rows.append(
+                f"<tr data-key='{_attr(k.key_id)}' data-budget='{_attr(b.budget_id)}'>"
+                f"<td>{escape(b.budget_id)}</td><td><code>{escape(k.key_id)}</code></td>"
+                f"<td>{escape(', '.join(k.roles))}</td><td class=num>{run}</td>"
+                f"<td>{_when(k.last_used_ms)}</td></tr>")
+        if not b.keys:
+            rows.append(f"<tr><td>{escape(b.budget_id)}</td><td colspan=4 class=muted>"
+                        "no key bound to it (its spend comes from keys of scopes below)</td></tr>")
+        if b.more:
+            rows.append(f"<tr class=more><td colspan=5 class=muted>more keys bound to "
+                        f"{escape(b.budget_id)}: GET /v1/admin/keys?budget_id= lists them</td>"
+                        "</tr>")
+    return "".join(rows) or "<tr><td colspan=5 class=muted>No spend yet.</td></tr>"
+
+
+def _keys(view: spend.Overview) -> str:
+    intro = ("<h2>Keys of the top spenders</h2><p class=muted>Keys are not charged apart from "
+             "their budgets: a key spends its budget's money, and its ancestors'. These are the "
+             f"keys bound to each top spender ({spend.KEYS_LISTED_MAX} each at most), by id; "
+             "the secret is never stored.</p>")
+    if view.keys is None:
+        return intro + "<p class=muted>The in-memory ledger keeps no list of keys.</p>"
+    return (intro + "<table class=list id=keys><thead><tr><th>budget</th><th>key</th>"
+            "<th>roles</th><th>run ceiling</th><th>last used</th></tr></thead>"
+            f"<tbody>{_key_rows(view.keys)}</tbody></table>")
+
+
 def render(view: spend.Overview) -> str:
     probe = view.probe
     status = "ok" if probe.reachable and probe.shared and not probe.reasons else "degraded"
@@ -280,10 +417,6 @@ def render(view: spend.Overview) -> str:
     top = "".join(
         f"<tr><td>{escape(b.budget_id)}</td><td class=num>{usd(b.series_micros)}</td></tr>"
         for b in view.top_spenders) or "<tr><td colspan=2 class=muted>No spend yet.</td></tr>"
-    leases = "".join(
-        f"<tr><td>{escape(t.tag)}</td><td class=num>{t.open_count}</td>"
-        f"<td class=num>{t.overdue_count}</td></tr>" for t in view.leases if t.open_count
-    ) or "<tr><td colspan=3 class=muted>None open.</td></tr>"
     reasons = ", ".join(probe.reasons) or "none"
     cards = "".join(_budget_card(b, view.now_ms, view.hours) for b in view.budgets) or (
         "<p class=muted>No budgets yet: PUT /v1/admin/budgets/{id} makes one.</p>")
@@ -298,14 +431,13 @@ def render(view: spend.Overview) -> str:
         f"<h2>Budgets</h2><div class=cards>{cards}</div>"
         "<div class=split><section><h2>Top spenders</h2><table class=list id=top>"
         f"<thead><tr><th>budget</th><th>last {view.hours} h</th></tr></thead>"
-        f"<tbody>{top}</tbody></table></section>"
-        "<section><h2>Open reservations</h2><table class=list id=leases><thead><tr>"
-        "<th>top scope</th><th>open</th><th>past lease</th></tr></thead>"
-        f"<tbody>{leases}</tbody></table>"
+        f"<tbody>{top}</tbody></table>{_keys(view)}</section>"
+        f"<section>{_runs(view)}"
         f"<h2>Health</h2><p>Ledger <b>{escape(probe.backend)}</b>, shared: "
         f"{'yes' if probe.shared else 'no'}, reachable: {'yes' if probe.reachable else 'no'}, "
         f"latency {probe.latency_ms if probe.latency_ms is not None else '—'} ms, "
         f"reasons: {escape(reasons)}.</p></section></div>"
+        f"<section id=reservations>{_leases(view)}</section>"
         "<h2>Alert log</h2><table class=list id=alerts><thead><tr><th>when</th><th>budget</th>"
         "<th>period</th><th>what</th><th>spent / ceiling</th><th>delivery</th></tr></thead>"
         f"<tbody>{_alert_rows(view.alerts)}</tbody></table></main>")
@@ -350,5 +482,9 @@ color:var(--muted);text-decoration:underline;padding:0}
 border:1px solid var(--line);border-radius:12px}.signin label{display:block;margin:16px 0 6px;
 font-weight:600}.signin input{width:100%;padding:9px 10px;border:1px solid #c9ced6;
 border-radius:8px;font:inherit;margin-bottom:14px}.warn{color:#a3271d}
+h3.sub{font-size:13px;margin:16px 0 8px;font-family:inherit}
+code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;word-break:break-all}
+code.id{white-space:nowrap;word-break:normal}
+.path{display:block;font:12px ui-monospace,SFMono-Regular,Menlo,monospace;word-break:break-all}
 @media (max-width:800px){.split{grid-template-columns:1fr}.cards{grid-template-columns:1fr}}
 """

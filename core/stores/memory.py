@@ -33,6 +33,8 @@ from core.ledger import (
     ExpirePolicy,
     KeyRecord,
     LegStatus,
+    OpenHold,
+    OpenLeases,
     Probe,
     Release,
     ReplyRef,
@@ -42,6 +44,7 @@ from core.ledger import (
     ReservationView,
     ReserveRequest,
     RunLimit,
+    RunSpend,
     Settlement,
     StoredReply,
     refusal,
@@ -141,6 +144,14 @@ def _paused(budget_id: str) -> BudgetPaused:
 
 def _wall_clock() -> int:
     return int(time.time() * 1000)
+
+
+def _holds(held: list[tuple[int, str, _Record]]) -> tuple[OpenHold, ...]:
+    return tuple(
+        OpenHold(rid, rec.owner, tuple(dict.fromkeys(x.budget_id for x in rec.legs if not x.run)),
+                 next((x.budget_id for x in rec.legs if x.run), None), rec.reserved_micros,
+                 rec.created_ms, rec.expires_at_ms)
+        for _, rid, rec in held)
 
 
 class MemoryStore:
@@ -543,6 +554,25 @@ class MemoryStore:
         now_ms = self._clock()
         held = [r for r in self._tag(tag).records.values() if r.state is _OPEN]
         return len(held), sum(1 for r in held if r.expires_at_ms <= now_ms)
+
+    async def open_listing(self, tag: str, listed_max: int, examined_max: int) -> OpenLeases:
+        ensure(listed_max >= 1 and examined_max >= 1, "an open listing lists something")
+        now_ms = self._clock()
+        # By lease end, then id: the open-lease set's order in Redis.
+        held = sorted(((r.expires_at_ms, rid, r) for rid, r in self._tag(tag).records.items()
+                       if r.state is _OPEN), key=lambda x: (x[0], x[1]))
+        overdue = [h for h in held if h[0] <= now_ms]
+        within = [h for h in held if h[0] > now_ms]
+        runs: dict[CounterKey, RunSpend] = {}
+        for _, _, rec in reversed(held[-examined_max:]):
+            for leg in rec.legs:
+                c = self._counters.get(leg.key)
+                if leg.run and leg.key not in runs and c and not self._run_stale(leg, now_ms):
+                    runs[leg.key] = RunSpend(leg.budget_id, leg.ceiling_micros, c.committed,
+                                             c.reserved, self._runs_seen.get(leg.key))
+        return OpenLeases(tag, now_ms, len(held), len(overdue),
+                          _holds(overdue[:listed_max]), _holds(within[:listed_max]),
+                          tuple(runs.values()))
 
     async def alert_tags(self) -> list[str]:
         return sorted(set(self._tag_map.values()))

@@ -34,6 +34,8 @@ from core.ledger import (
     Correction,
     KeyRecord,
     LegStatus,
+    OpenHold,
+    OpenLeases,
     Probe,
     Release,
     ReplyRef,
@@ -43,6 +45,7 @@ from core.ledger import (
     ReserveRequest,
     Role,
     RunLimit,
+    RunSpend,
     Settlement,
     StoredReply,
     refusal,
@@ -72,6 +75,29 @@ KEY_LAST_USED_RESOLUTION_MS = 60_000
 # Budget paths whose ledger form (their ids, joined) a process remembers; bounded because paths
 # come from keys.
 PATHS_CACHE_MAX = 10_000
+
+
+def _holds(flat: Sequence[Any]) -> tuple[OpenHold, ...]:
+    """open_listing.lua's {id, packed record, ...} as the protocol lists them."""
+    out = []
+    for rid, packed in zip(flat[::2], flat[1::2], strict=True):
+        rec = wire.StoredRecord.unpacked(str(packed))
+        legs = [leg.split(wire.PART_SEPARATOR) for leg in rec.legs.split(wire.ITEM_SEPARATOR)
+                if leg]
+        budgets = tuple(dict.fromkeys(p[0] for p in legs if p[-1] != "run"))
+        run = next((p[0] for p in legs if p[-1] == "run"), None)
+        out.append(OpenHold(str(rid), rec.owner, budgets, run, int(rec.reserved_micros),
+                            int(rec.created_ms) if rec.created_ms else None,
+                            int(rec.expires_at_ms)))
+    return tuple(out)
+
+
+def _runs(flat: Sequence[Any]) -> tuple[RunSpend, ...]:
+    """open_listing.lua's {budget_id, ceiling, committed, reserved, seen_ms, ...}."""
+    return tuple(
+        RunSpend(str(flat[i]), int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]),
+                 int(flat[i + 4]) if str(flat[i + 4]) else None)
+        for i in range(0, len(flat), 5))
 
 
 class Transport(Protocol):
@@ -685,6 +711,18 @@ class ScriptedStore:
         overdue = int(await self._t.execute("ZCOUNT", keys.open_leases(tag), "-inf",
                                             str(now_ms)))
         return held, overdue
+
+    async def open_listing(self, tag: str, listed_max: int, examined_max: int) -> OpenLeases:
+        """lua/open_listing.lua: one read of the tag's open leases, their records and the run
+        counters they hold in."""
+        ensure(listed_max >= 1 and examined_max >= 1, "an open listing lists something")
+        await self.open()
+        reply = await self._t.run(
+            script("open_listing"), (keys.meta(tag), keys.open_leases(tag)),
+            [str(listed_max), str(examined_max), *filter(None, [self._now_arg()])])
+        now_ms, open_count, overdue_count, overdue, within, runs = reply
+        return OpenLeases(tag, int(now_ms), int(open_count), int(overdue_count),
+                          _holds(overdue), _holds(within), _runs(runs))
 
     async def ledger_time_ms(self) -> int:
         if self._clock:

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -18,9 +19,10 @@ import redis
 from api.routes.dashboard import render
 from core import spend as spend_report
 from core.budgets import BudgetId
-from core.ledger import Probe
-from core.limits import SPEND_BUCKET_MS, SPEND_BUCKET_RETENTION_MS
+from core.ledger import OpenHold, OpenLeases, Probe, RunSpend
+from core.limits import RESERVATION_TTL_MS_MIN, SPEND_BUCKET_MS, SPEND_BUCKET_RETENTION_MS
 from core.stores import keys
+from core.stores.operations import KeyInfo
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from tests.api.conftest import ADMIN_TOKEN, Client, client_for
@@ -32,6 +34,10 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu",
 # Where the docs' screenshot is refreshed from, when a run asks for it
 # (CEILING_REFRESH_SCREENSHOT=1): a test run leaves the checkout as it found it.
 README_SCREENSHOT = Path(__file__).parents[2] / "docs" / "dashboard.png"
+RUN_ID = "r-page"
+RUN_CEILING_MICROS = 20_000_000
+# Past a lease by this much on the machine's clock, so the ledger's (Redis TIME) is past it too.
+LEASE_MARGIN_MS = 200
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -73,16 +79,40 @@ def test_the_page_in_chromium(page_service: Client, redis_server: RedisServer,
         assert spend(http, key, micros).status_code == 200
     held = http.post("/v1/reservations", headers=key, json={"amount_micros": 250_000})
     assert held.status_code == 201  # open: shows as reserved
+    # An agent's run: spend booked in it, and a call of it open now (what makes it live).
+    agents = f"{tag}/team:agents"
+    budget(http, agents, 40_000_000, {"thresholds_pct": [50, 80, 100]})
+    run_key = {**http.sidecar_key(agents, RUN_CEILING_MICROS), "X-Ceiling-Run-Id": RUN_ID}
+    assert spend(http, run_key, 1_700_000).status_code == 200
+    in_run = http.post("/v1/reservations", headers=run_key, json={"amount_micros": 300_000})
+    assert in_run.status_code == 201
+    # A call whose caller never settles it: past its short lease its outcome is unknown. The
+    # tag's last reserve, since a later one may expire it (lua/reserve.lua reclaims).
+    lost = http.post("/v1/reservations", headers=key,
+                     json={"amount_micros": 125_000, "ttl_ms": RESERVATION_TTL_MS_MIN})
+    assert lost.status_code == 201
     # The ledger's hour (Redis TIME on this machine's clock), which the settles above used.
     hour = int(time.time() * 1000) // SPEND_BUCKET_MS
     history = {ago: 150_000 + (ago * 37_000) % 400_000 for ago in range(1, 40)}
     seed_hours(redis_server, team, hour, history)
+    seed_hours(redis_server, agents, hour, history)
     seed_hours(redis_server, tag, hour, {a: m * 3 for a, m in history.items()})
     assert http.admin("PUT", f"/v1/admin/budgets/{tag}/<script>alert(1)</script>", json={
         "limits": [{"period": "day", "ceiling_micros": 1}]}).status_code == 422
     ledger = {b: http.admin("GET", f"/v1/admin/budgets/{b}").json() for b in (tag, team)}
     series = {b["budget_id"]: b["series"] for b in
               http.get("/v1/usage/me", headers=key, params={"hours": "48"}).json()["budgets"]}
+    [run_leg] = [b for b in http.get("/v1/budgets/me", headers=run_key).json()["budgets"]
+                 if b["budget_id"] == f"{agents}/run:{RUN_ID}"]
+    bound = {b: {k["key_id"] for k in http.admin("GET", "/v1/admin/keys",
+                                                  params={"budget_id": b}).json()["items"]}
+             for b in (team, agents)}
+    assert all(bound.values())
+    stored = {r.json()["reservation_id"]: http.admin(
+        "GET", f"/v1/admin/reservations/{r.json()['reservation_id']}").json()
+        for r in (held, in_run, lost)}
+    while int(time.time() * 1000) <= lost.json()["expires_at_ms"] + LEASE_MARGIN_MS:
+        time.sleep(0.05)
 
     errors: list[str] = []
     hosts: set[str] = set()
@@ -132,7 +162,7 @@ def test_the_page_in_chromium(page_service: Client, redis_server: RedisServer,
             assert all(points.nth(i).bounding_box() for i in range(3))  # rendered, with a size
         team_row = page.locator(f"section.card[data-budget='{team}'] tr[data-period='day']")
         assert team_row.locator("td[data-field='committed_micros']").inner_text() == "$3.40"
-        assert "1" in page.inner_text("#leases")
+        see_lists(page, tag, stored, lost.json()["reservation_id"], run_leg, bound)
         assert errors == []
         page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
         if os.environ.get("CEILING_REFRESH_SCREENSHOT") == "1":
@@ -158,16 +188,87 @@ def test_the_page_in_chromium(page_service: Client, redis_server: RedisServer,
         browser.close()
 
 
+def see_lists(page: Any, tag: str, stored: dict[str, dict[str, Any]], lost_id: str,
+              run_leg: dict[str, Any], bound: dict[str, set[str]]) -> None:
+    """The open and overdue reservations, the live run and the keys as the page shows them,
+    against what the ledger holds (the admin reads of each)."""
+    counts = page.locator(f"#leases tr[data-tag='{tag}'] td.num")
+    assert [counts.nth(i).inner_text() for i in range(2)] == ["3", "1"]
+    for rid, view in stored.items():
+        assert view["state"] == "open"
+        table = "#overdue" if rid == lost_id else "#open"
+        row = page.locator(f"{table} tr[data-reservation='{rid}']")
+        assert row.count() == 1, (table, rid)
+        assert int(row.get_attribute("data-micros") or -1) == view["reserved_micros"]
+        assert int(row.get_attribute("data-expires-ms") or -1) == view["expires_at_ms"]
+        assert view["key_id"] in row.inner_text()
+    assert "ended" in page.locator(f"#overdue tr[data-reservation='{lost_id}']").inner_text()
+    run = page.locator(f"#runs tr[data-run='{run_leg['budget_id']}']")
+    for field in ("committed_micros", "reserved_micros", "ceiling_micros"):
+        shown = run.locator(f"td[data-field='{field}']").get_attribute("data-micros")
+        assert int(shown or -1) == run_leg[field], field
+    assert (run_leg["committed_micros"], run_leg["ceiling_micros"]) == (
+        1_700_000, RUN_CEILING_MICROS)
+    assert RUN_ID in run.inner_text()
+    for budget_id, key_ids in bound.items():
+        rows = page.locator(f"#keys tr[data-budget='{budget_id}']")
+        shown = {rows.nth(i).get_attribute("data-key") for i in range(rows.count())}
+        assert shown == key_ids, budget_id
+
+
 def test_free_text_on_the_page_is_escaped() -> None:
     hostile = "org:x/<script>alert(1)</script>"
     report = spend_report.BudgetReport(hostile, None, (), ())
+    hold = OpenHold("<i>rid", "gw:<i>owner", (hostile,), f"{hostile}/run:<i>r", 5, 0, 1)
+    leases = OpenLeases(hostile, 2, 1, 1, (hold,), (), (RunSpend(f"{hostile}/run:<i>r", 9, 1, 5,
+                                                                  None),))
+    keys = (spend_report.BudgetKeys(hostile, (KeyInfo("<i>key", hostile, ("<i>role",), None,
+                                                      None, None, None, None),), True),)
     view = spend_report.Overview(
-        0, 24, (report,), (), (),
-        Probe("redis", True, True, 0.1, "id", True, ("<b>reason</b>",), 1))
+        0, 24, (report,), (), (leases,),
+        Probe("redis", True, True, 0.1, "id", True, ("<b>reason</b>",), 1), keys)
     html = render(view)
     assert "<script>" not in html
     assert "<b>reason" not in html
+    assert "<i>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert html.count("&lt;i&gt;") >= 6  # the id, owner, run, key and role are all shown
+
+
+def test_a_key_holder_sees_none_of_the_operators_lists(page_service: Client,
+                                                       redis_server: RedisServer) -> None:
+    """The page's lists (open and overdue reservations, runs, keys) are the operator's: a key's
+    bearer token gets the sign-in form, and its own reads name no reservation, run or other
+    key."""
+    http = page_service
+    tag = f"org:h{uuid.uuid4().hex[:8]}"
+    budget(http, tag, 10_000_000, {"thresholds_pct": [50]})
+    mine = http.sidecar_key(f"{tag}", 5_000_000)
+    theirs = {**http.sidecar_key(f"{tag}", 5_000_000), "X-Ceiling-Run-Id": "their-run"}
+    assert spend(http, theirs, 400_000).status_code == 200
+    open_call = http.post("/v1/reservations", headers=theirs, json={"amount_micros": 70_000})
+    assert open_call.status_code == 201
+    # Among the top spenders whatever else this Redis holds, so the page lists its keys.
+    seed_hours(redis_server, tag, int(time.time() * 1000) // SPEND_BUCKET_MS, {1: 10**11})
+    secrets = [open_call.json()["reservation_id"], "their-run",
+               *(k["key_id"] for k in http.admin("GET", "/v1/admin/keys",
+                                                  params={"budget_id": tag}).json()["items"])]
+    admin_page = http.admin("GET", "/dashboard").text
+    assert all(s in admin_page for s in secrets)  # the admin sees each of them
+    for key in (mine, theirs):
+        page = http.get("/dashboard", headers=key)
+        assert page.status_code == 401
+        assert 'id="token"' in page.text or "id=token" in page.text
+        for path in ("/v1/usage/me", "/v1/budgets/me"):
+            answer = http.get(path, headers=key)
+            assert answer.status_code == 200, (path, answer.text)
+            # A key's own run is in its own budgets' read; nothing else of the lists is.
+            own_run = key is theirs and path == "/v1/budgets/me"
+            leaked = [s for s in secrets if s in answer.text
+                      and not (own_run and s == "their-run")]
+            assert leaked == [], (path, leaked)
+        assert http.get("/dashboard", headers={**key, "Cookie": "ceiling_session=" + key[
+            "Authorization"].removeprefix("Bearer ")}).status_code == 401
 
 
 def test_sign_in_is_refused_from_another_origin_and_the_cookie_is_secure_behind_tls(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,8 @@ from core.ledger import (
     KeyRecord,
     LedgerStore,
     LegStatus,
+    OpenHold,
+    OpenLeases,
     Release,
     Reservation,
     ReservationRef,
@@ -843,3 +846,60 @@ async def test_an_event_the_table_has_no_row_for_books_nothing(
         await step_on(store, clock, made, event, 41)
     assert await counters_of(store, tag) == before
     assert await store.inspect(tag, made.ref.reservation_id) == first
+
+
+async def test_an_operator_lists_open_reservations_and_the_live_runs_they_hold_in(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    """The spend page's read (open_listing): counts, the open reservations past their lease and
+    within it by lease end, the runs their calls hold in, and no write: the overdue lease stays
+    open and held until expiry books it."""
+    team = f"{tag}/team:a"
+    run, other = (RunLimit(BudgetId(f"{team}/run:r1"), 5_000),
+                  RunLimit(BudgetId(f"{team}/run:r2"), 7_000))
+
+    async def hold(amount_micros: int, **kwargs: Any) -> str:
+        # An id a reserve does not sample for reclaiming (RECLAIM_SAMPLE_DIGITS).
+        rid = uuid.uuid4().hex[:-1] + "f"
+        await store.reserve(request(tag, team, amount_micros, rid=rid, **kwargs))
+        return rid
+
+    await put(store, tag, (Period.TOTAL, 100_000))
+    await put(store, team, (Period.DAY, 50_000))
+    await store.settle(ReservationRef(tag, await hold(300, run=run), OWNER), 300)
+    held = await hold(200)
+    in_run = await hold(100, run=run)
+    newest = await hold(10, run=other, ttl_ms=2 * TTL_MS)
+    # The last reserve before the listing: the memory store reclaims on every reserve.
+    soon = await hold(50, ttl_ms=1_000, owner="gw:key_a", fingerprint="",
+                      retention_ms=RESEND_WINDOW_MS)
+    started_ms = clock.now_ms
+    clock.advance(2_000)
+
+    listing = await store.open_listing(tag, 10, 100)
+    assert (listing.tag, listing.now_ms) == (tag, clock.now_ms)
+    assert (listing.open_count, listing.overdue_count) == (4, 1)
+    assert listing.overdue == (
+        OpenHold(soon, "gw:key_a", (tag, team), None, 50, started_ms, started_ms + 1_000),)
+    assert [h.reservation_id for h in listing.within_lease] == [*sorted([held, in_run]), newest]
+    by_id = {h.reservation_id: h for h in listing.within_lease}
+    assert by_id[in_run].run_budget_id == f"{team}/run:r1"
+    assert (by_id[held].reserved_micros, by_id[held].expires_at_ms) == (
+        200, started_ms + TTL_MS)
+    runs = {(r.budget_id, r.ceiling_micros, r.committed_micros, r.reserved_micros, r.seen_ms)
+            for r in listing.runs}
+    assert runs == {(f"{team}/run:r1", 5_000, 300, 100, started_ms),
+                    (f"{team}/run:r2", 7_000, 0, 10, started_ms)}
+    # Bounded: listed_max of each kind; the runs of the examined_max newest leases only.
+    small = await store.open_listing(tag, 1, 1)
+    assert [h.reservation_id for h in small.within_lease] == [sorted([held, in_run])[0]]
+    assert [r.budget_id for r in small.runs] == [f"{team}/run:r2"]
+    # A read: the same answer again, and the overdue lease is still open and held.
+    assert await store.open_listing(tag, 10, 100) == listing
+    assert (await leg(store, team, Period.DAY)).reserved_micros == 360
+    # A run idle for RUN_COUNTER_IDLE_MS is over, whether or not its open calls list it.
+    clock.advance(RUN_COUNTER_IDLE_MS)
+    late = await store.open_listing(tag, 10, 100)
+    assert (late.open_count, late.overdue_count, late.runs) == (4, 4, ())
+    assert await store.open_listing(f"{tag}x", 10, 100) == OpenLeases(
+        f"{tag}x", clock.now_ms, 0, 0, (), (), ())
