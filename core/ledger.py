@@ -437,10 +437,6 @@ class LedgerStore(Protocol):
         """The budget ids of a tag (the spend page)."""
         ...
 
-    async def open_leases(self, tag: str) -> tuple[int, int]:
-        """Open reservations of a tag, and how many are past their lease."""
-        ...
-
     async def open_listing(self, tag: str, listed_max: int, examined_max: int) -> OpenLeases:
         """The tag's open reservations for an operator, read at one instant and writing nothing:
         counts, up to listed_max past their lease and up to listed_max within it (each by lease

@@ -550,11 +550,6 @@ class MemoryStore:
     async def budgets_of(self, tag: str) -> list[str]:
         return sorted(p for p in self._defs if BudgetId(p).tag == tag)
 
-    async def open_leases(self, tag: str) -> tuple[int, int]:
-        now_ms = self._clock()
-        held = [r for r in self._tag(tag).records.values() if r.state is _OPEN]
-        return len(held), sum(1 for r in held if r.expires_at_ms <= now_ms)
-
     async def open_listing(self, tag: str, listed_max: int, examined_max: int) -> OpenLeases:
         ensure(listed_max >= 1 and examined_max >= 1, "an open listing lists something")
         now_ms = self._clock()

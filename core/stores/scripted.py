@@ -703,15 +703,6 @@ class ScriptedStore:
         await self.open()
         return sorted(str(b) for b in await self._t.execute("SMEMBERS", keys.budgets(tag)))
 
-    async def open_leases(self, tag: str) -> tuple[int, int]:
-        """The tag's open reservations, and how many of them are past their lease (expiry books
-        them with outcome unknown)."""
-        now_ms = await self.ledger_time_ms()
-        held = int(await self._t.execute("ZCARD", keys.open_leases(tag)))
-        overdue = int(await self._t.execute("ZCOUNT", keys.open_leases(tag), "-inf",
-                                            str(now_ms)))
-        return held, overdue
-
     async def open_listing(self, tag: str, listed_max: int, examined_max: int) -> OpenLeases:
         """lua/open_listing.lua: one read of the tag's open leases, their records and the run
         counters they hold in."""
