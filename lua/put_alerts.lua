@@ -1,7 +1,6 @@
 -- put_alerts: a budget's alert settings (issue 16), put right after its definition.
 --
 -- KEYS[1] meta hash   KEYS[2] definition hash 'sc:{TAG}:def:<budget_id>'
--- KEYS[3] the tag's budget ids, a set 'sc:{TAG}:budgets' (the spend page lists them)
 -- ARGV: budget_id, thresholds_pct (ascending whole percents, ' ' between, '' for none),
 --       velocity ('window_s,max_micros,max_rate_multiple_milli,pause' or '' for none)
 -- Returns {'ok'} or {'no_budget'}.
@@ -17,7 +16,6 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
   return {'no_budget'}
 end
 redis.call('HSET', KEYS[2], 'alert_thresholds_pct', thresholds, 'alert_velocity', velocity)
-redis.call('SADD', KEYS[3], budget_id)
 local alarms = redis.call('HGET', KEYS[1], VELOCITY_FIELD) or ''
 local mine = ' ' .. budget_id .. ','
 local at = string.find(alarms, mine, 1, true)

@@ -113,8 +113,6 @@ ALERT_LOG = "alerts"  # every event of the tag, a sorted set of event ids by whe
 SPEND = "h:"  # + budget id '|' hour index: a budget's committed spend booked in one hour
 VELOCITY = "v:"  # + budget id '|' slot index: spend in one slot of a velocity window
 VELOCITY_MARK = "vm:"  # + budget id '|' window index: the window's velocity alarm went out
-# The tag's budget ids, a set: what an operator made, kept as its definitions are.
-BUDGETS = "budgets"
 # The meta hash field listing the tag's budgets with a velocity alarm, read by every settle.
 VELOCITY_FIELD = "alert_velocity"
 
@@ -129,10 +127,6 @@ def outbox(tag: str) -> str:
 
 def alert_log(tag: str) -> str:
     return prefix(tag) + ALERT_LOG
-
-
-def budgets(tag: str) -> str:
-    return prefix(tag) + BUDGETS
 
 
 def spend(tag: str, budget_id: str, hour_index: int) -> str:

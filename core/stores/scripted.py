@@ -687,7 +687,7 @@ class ScriptedStore:
         bid, config = budget.budget_id, budget.alerts
         await self._t.run(
             script("put_alerts"),
-            (keys.meta(bid.tag), keys.definition(bid.tag, bid.path), keys.budgets(bid.tag)),
+            (keys.meta(bid.tag), keys.definition(bid.tag, bid.path)),
             [bid.path, config.thresholds_ledger_form,
              config.velocity.ledger_form if config.velocity else ""])
 
@@ -699,9 +699,11 @@ class ScriptedStore:
         return int(found) > 0
 
     async def budgets_of(self, tag: str) -> list[str]:
-        """The budget ids of a tag, as put since alerts (issue 16) were added."""
+        """The budget ids of a tag, from the ledger's one list of budgets (the catalogue, which
+        put, delete and restore keep): the tag itself and the ids under it."""
         await self.open()
-        return sorted(str(b) for b in await self._t.execute("SMEMBERS", keys.budgets(tag)))
+        found = await self._t.execute("ZRANGEBYLEX", keys.BUDGETS_KEY, f"[{tag}", f"[{tag}/\xff")
+        return [b for b in map(str, found) if b == tag or b.startswith(f"{tag}/")]
 
     async def open_listing(self, tag: str, listed_max: int, examined_max: int) -> OpenLeases:
         """lua/open_listing.lua: one read of the tag's open leases, their records and the run

@@ -77,10 +77,12 @@ def test_rotation_delete_and_the_audit_stream(http: Client) -> None:
     assert _error(refused) == (409, "budget_in_use")
     assert refused.json()["error"]["open_reservations"] == 2
     assert http.admin("GET", f"/v1/admin/budgets/{tag}").status_code == 200
+    assert f">{tag}<" in http.admin("GET", "/dashboard").text
     forced = http.admin("DELETE", f"/v1/admin/budgets/{tag}", params={"force": "1"}).json()
     assert (forced["reservations_charged_as_unknown"], forced["charged_micros"]) == (2, 10)
     assert forced["keys_revoked"] == [made["key_id"]]
     assert _error(http.admin("DELETE", f"/v1/admin/budgets/{tag}")) == (404, "budget_not_found")
+    assert tag not in http.admin("GET", "/dashboard").text  # the page lists what the ledger has
     time.sleep(KEY_TRUST_MS / 1000)
     for auth in (old, new):  # a deleted budget's keys, old secret and new
         assert _error(http.post("/v1/reservations", headers=auth,
@@ -169,5 +171,6 @@ def test_recovery_from_a_wipe_is_one_command_and_a_confirmation(tmp_path: Path) 
             legs = answer.json()["budgets"]
             assert (legs[0]["committed_micros"], legs[0]["reserved_micros"]) == (600, 300)
             assert client.get("/health").json()["reasons"] == ["ledger_not_durable"]  # no reset
+            assert f">{tag}<" in client.admin("GET", "/dashboard").text  # restored, listed
             audit = client.admin("GET", "/v1/admin/audit").json()["items"]
             assert [e["what"] for e in audit[:2]] == ["ledger.adopt", "ledger.restore"]

@@ -217,7 +217,7 @@ async def test_a_call_writes_its_tags_keys_and_no_other(
     expected = {keys.meta(tag), keys.definition(tag, tag), keys.definition(tag, f"{tag}/team:a"),
                 keys.counter(tag, tag, day), keys.counter(tag, tag, "total"),
                 keys.counter(tag, f"{tag}/team:a", month),
-                keys.reservation(tag, r.reservation_id), keys.budgets(tag)}
+                keys.reservation(tag, r.reservation_id)}
     assert opened == expected | {keys.open_leases(tag)}
     # The settle books each budget's hourly spend (issue 16), one bucket per budget.
     buckets = {k for k in written if k.startswith(keys.prefix(tag) + keys.SPEND)}
