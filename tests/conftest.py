@@ -5,6 +5,7 @@ A missing redis-server is a failure, not a skip: `bash infra/test.sh` installs i
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,6 +15,13 @@ import pytest
 from core.ledger import LedgerStore
 from infra.redis_server import RedisServer
 from tests.support import SHARED_STORE_BUILDERS, STORE_FACTORIES, ManualClock
+
+# Every Python process the suite starts (its workers, service instances, `ceiling` runs, stub
+# servers) imports the app. Where PYTHONDONTWRITEBYTECODE is set for every shell, none of them
+# finds core/, api/ or infra/ compiled and each compiles them again at its start: most of a
+# start's CPU. The suite's children write and reuse bytecode as Python does by default (into the
+# gitignored __pycache__ directories, which no package or deploy build copies).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 pytest_plugins = [
     f"tests.plugins.{p.stem}"
