@@ -119,10 +119,25 @@ class LocalCluster:
                     f"{created.stdout[-2_000:]}{created.stderr[-2_000:]}"
                 )
             self.wait_settled()
+            self._wait_replicas_attached()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _wait_replicas_attached(self, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+        """Until every master that owns slots has its replicas: `--cluster create` assigns them
+        after the slots, and a cluster can be settled (every slot owned, state ok) before they
+        follow their masters. A failover test needs them there from the start."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            short = [m.port for m in self.masters()
+                     if len(self.replicas_of(m)) < self.replicas_per_master]
+            if not short:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"masters {short} have no replica after {timeout_s} s")
+            time.sleep(POLL_INTERVAL_S)
 
     def stop(self) -> None:
         self._stack.close()

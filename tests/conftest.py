@@ -5,6 +5,7 @@ A missing redis-server is a failure, not a skip: `bash infra/test.sh` installs i
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,6 +15,13 @@ import pytest
 from core.ledger import LedgerStore
 from infra.redis_server import RedisServer
 from tests.support import SHARED_STORE_BUILDERS, STORE_FACTORIES, ManualClock
+
+# Every Python process the suite starts (its workers, service instances, `ceiling` runs, stub
+# servers) imports the app. Where PYTHONDONTWRITEBYTECODE is set for every shell, none of them
+# finds core/, api/ or infra/ compiled and each compiles them again at its start: most of a
+# start's CPU. The suite's children write and reuse bytecode as Python does by default (into the
+# gitignored __pycache__ directories, which no package or deploy build copies).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 pytest_plugins = [
     f"tests.plugins.{p.stem}"
@@ -50,14 +58,22 @@ LONGEST_FIRST = (
 )
 
 
+# Slow tests in modules that are otherwise in the dev loop, marked here by node id: a real
+# headless browser costs more CPU than the rest of its module together.
+SLOW_TESTS = ("tests/api/test_dashboard.py::test_the_page_in_chromium",)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest modules first, then the others with slow tests, then the rest; each
-    module's tests in their own order.
+    """SLOW_TESTS marked slow; then the longest modules first, then the others with slow tests,
+    then the rest; each module's tests in their own order.
 
     With parallel workers (infra/test.sh runs `-n`, whole modules per worker) the run lasts as
     long as its busiest worker: the long modules start at once and the short ones fill the
     other workers around them.
     """
+    for item in items:
+        if item.nodeid in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
     slow_modules = {item.module for item in items if item.get_closest_marker("slow")}
 
     def rank(item: pytest.Item) -> tuple[int, int]:

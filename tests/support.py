@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 
 import pytest
+from hypothesis import settings
 
 from core.ledger import LedgerStore
 from core.stores.memory import MemoryStore
@@ -27,6 +29,24 @@ class ManualClock:
 
     def advance(self, ms: int) -> None:
         self.now_ms += ms
+
+
+# Hypothesis profiles. CI (.ci/run sets CI=true) draws each property's own count, on top of
+# Hypothesis's own ci profile (derandomized, no example database); the dev loop draws a quarter
+# of it, enough to exercise every path a property has while a change is being made, with CI's
+# larger draw still between it and main. HYPOTHESIS_PROFILE=ci runs CI's counts anywhere.
+CI_EXAMPLES = 100
+DEV_EXAMPLES = 25
+settings.register_profile("ci", parent=settings.get_profile("ci"), max_examples=CI_EXAMPLES)
+settings.register_profile("dev", max_examples=DEV_EXAMPLES)
+settings.load_profile(os.environ.get(
+    "HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI", "") not in ("", "0", "false") else "dev"))
+
+
+def examples(in_ci: int) -> int:
+    """A property's example count: `in_ci` under the ci profile, scaled down as the loaded
+    profile is (the dev loop's quarter)."""
+    return max(1, in_ci * settings.default.max_examples // CI_EXAMPLES)
 
 
 StoreFactory = Callable[[pytest.FixtureRequest, ManualClock], LedgerStore]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -11,16 +13,47 @@ import uuid
 
 import httpx
 
+import api.runtime
+from api import cli
 from core.service import KEY_TRUST_MS, operator_fingerprint
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 
 
-def ceiling(redis_server: RedisServer, *args: str,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def ceiling_process(redis_server: RedisServer, *args: str,
+                    env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`ceiling ARGS` as its own process, as an operator's shell runs it: its exit code is the
+    process's."""
     env = {**os.environ, "REDIS_URL": redis_server.url, **(env or {})}
     return subprocess.run([sys.executable, "-m", "api.cli", *args], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
+
+
+def ceiling(redis_server: RedisServer, *args: str,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`ceiling ARGS` run by its main() in this process, with the environment it would be
+    given: the same parser, runtime and output as the command, without a Python start-up each
+    time. main()'s return (or argparse's exit) is the exit code. test_bad_input_... runs the
+    real process."""
+    changed = {"REDIS_URL": redis_server.url, **(env or {})}
+    saved = {name: os.environ.get(name) for name in changed}
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.update(changed)
+    api.runtime._runtime = None  # made from the environment above, as a new process would
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(list(args))
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        api.runtime._runtime = None
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return subprocess.CompletedProcess(["ceiling", *args], code, out.getvalue(), err.getvalue())
 
 
 def test_budgets_and_keys_from_the_command_line(
@@ -48,6 +81,13 @@ def test_budgets_and_keys_from_the_command_line(
 
 
 def test_bad_input_on_the_command_line_is_an_error(redis_server: RedisServer) -> None:
+    # Real processes: the exit codes an operator's shell sees.
+    bad = ceiling_process(redis_server, "budgets", "set", "org:x{y}", "--limit", "day=5")
+    assert bad.returncode == 1
+    assert json.loads(bad.stderr)["error"]["code"] == "invalid_request"
+    assert ceiling_process(redis_server, "budgets", "set", "org:x", "--limit",
+                           "week=5").returncode == 2
+    # The same refusals from main() in this process, as the other tests here run it.
     bad = ceiling(redis_server, "budgets", "set", "org:x{y}", "--limit", "day=5")
     assert bad.returncode == 1
     assert json.loads(bad.stderr)["error"]["code"] == "invalid_request"

@@ -57,6 +57,11 @@ from tests.api.hostile import Attack, blocking, control, expire_held, judge, str
 from tests.core.stores.test_bounded_state import keys_without_expiry
 from tests.infra.media import data_url, mp3, pdf, png, wav
 
+# The attack batteries run outside the dev loop (`-m "not slow"`) and in CI: each attack drives
+# real gateway processes with a real SDK until the ceiling would have been passed several times
+# over, the most CPU of any module in tests/api/. The dev loop keeps the gateway's own suites.
+pytestmark = pytest.mark.slow
+
 # The audio test model, in each side's own format: text at a hundredth of a micro-dollar a token,
 # so what an audio clip is held and billed at is nearly all audio.
 AUDIO_MODEL = "hx-audio"
@@ -539,7 +544,6 @@ def flood_redis() -> Iterator[RedisServer]:
         yield server
 
 
-@pytest.mark.slow
 async def test_a_flood_of_run_ids_leaves_nothing_without_an_expiry(
     flood_redis: RedisServer, prices_file: str, stub: StubProvider,
 ) -> None:

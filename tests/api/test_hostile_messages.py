@@ -42,6 +42,11 @@ from tests.api.conftest import (
 from tests.api.hostile import Attack, control, judge, streamed
 from tests.infra.media import b64, pdf, png
 
+# The attack batteries run outside the dev loop (`-m "not slow"`) and in CI: each attack drives
+# real gateway processes with a real SDK until the ceiling would have been passed several times
+# over, the most CPU of any module in tests/api/. The dev loop keeps the gateway's own suites.
+pytestmark = pytest.mark.slow
+
 # The web search test model, in each side's own format. Anthropic documents no size for a
 # search's results: the stub bills SEARCH_RESULT_TOKENS a search, and the operator states the
 # same bound in the service's prices file.

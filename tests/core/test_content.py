@@ -26,6 +26,7 @@ from core.content import (
     responses_input,
 )
 from core.errors import InputUnbounded, InvalidRequest
+from tests.support import examples
 
 # 1 MB of base64 "image": as text it would be ~1.3 million tokens.
 BIG_PNG = "data:image/png;base64," + "A" * 1_300_000
@@ -312,7 +313,7 @@ PARTS = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["user", "system", "assistant"]),
                           st.one_of(TEXTS, st.lists(PARTS, max_size=4))), min_size=1, max_size=5))
 def test_the_text_bound_covers_every_byte_of_text_and_counts_every_image(

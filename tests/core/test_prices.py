@@ -30,6 +30,7 @@ from core.prices import (
     load_prices_file,
     max_tiers,
 )
+from tests.support import examples
 
 MODELS: dict[str, Any] = {
     "acme-llm": {"input_usd_per_mtok": "1.00", "output_usd_per_mtok": "2.00",
@@ -490,7 +491,7 @@ def split(draw: st.DrawFn, total: int, parts: int) -> list[int]:
     return [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.data())
 def test_no_usage_a_request_can_produce_costs_more_than_its_worst_case(data: st.DataObject) -> None:
     draw = data.draw
@@ -532,7 +533,7 @@ def test_no_usage_a_request_can_produce_costs_more_than_its_worst_case(data: st.
     assert table.cost_micros("m", usage) <= worst
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(TIERS, TIERS, st.integers(0, 10_000))
 def test_merged_tiers_are_as_dear_as_each_at_every_size(a: Tiers, b: Tiers, tokens: int) -> None:
     merged = max_tiers(a, b)

@@ -6,11 +6,16 @@ from __future__ import annotations
 import socket
 
 import httpx
+import pytest
 
 from infra.processes import listening
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.upstash_bridge import UpstashBridge
+
+# Servers and service instances started only to test the harness's port handling: outside the
+# dev loop (`-m "not slow"`), run in CI and when infra/processes.py changes.
+pytestmark = pytest.mark.slow
 
 
 def test_a_redis_server_whose_port_is_taken_starts_on_another() -> None:

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from infra.stub_bill import Bill, CallRecord
 from infra.stub_provider import StubProvider
 from tests.infra.media import b64, jpeg, pdf, png
+from tests.support import examples
 
 # The SDK warns that claude-opus-4-5 is deprecated; the table still prices it, as Anthropic does.
 pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
@@ -1079,7 +1080,7 @@ OPTIONAL = {f: JSON for f in ("max_tokens", "system", "tools", "tool_choice", "t
                               "stream", "cache_control", "service_tier", "container")}
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=examples(75), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(model=st.sampled_from([SONNET, "claude-opus-4-5", "claude-3-5-haiku-20241022"]),
        messages=JSON, max_tokens=st.integers(0, 3_000),

@@ -28,6 +28,7 @@ from infra.processes import free_port
 from infra.stub_bill import Bill, CallRecord
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill
 from tests.infra.media import b64, data_url, gif, jpeg, mp3, pdf, png, wav, webp
+from tests.support import examples
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
@@ -971,7 +972,7 @@ OPTIONAL = {f: JSON for f in ("n", "max_tokens", "max_completion_tokens", "max_o
                               "instructions", "text", "response_format", "store")}
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=examples(75), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=st.sampled_from([CHAT, RESPONSES]),
        model=st.sampled_from(["gpt-4o", "o3", "gpt-4.1-mini", "gpt-4o-audio-preview"]),
