@@ -58,22 +58,14 @@ LONGEST_FIRST = (
 )
 
 
-# Slow tests in modules that are otherwise in the dev loop, marked here by node id: a real
-# headless browser costs more CPU than the rest of its module together.
-SLOW_TESTS = ("tests/api/test_dashboard.py::test_the_page_in_chromium",)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """SLOW_TESTS marked slow; then the longest modules first, then the others with slow tests,
-    then the rest; each module's tests in their own order.
+    """The longest modules first, then the others with slow tests, then the rest; each
+    module's tests in their own order.
 
     With parallel workers (infra/test.sh runs `-n`, whole modules per worker) the run lasts as
     long as its busiest worker: the long modules start at once and the short ones fill the
     other workers around them.
     """
-    for item in items:
-        if item.nodeid in SLOW_TESTS:
-            item.add_marker(pytest.mark.slow)
     slow_modules = {item.module for item in items if item.get_closest_marker("slow")}
 
     def rank(item: pytest.Item) -> tuple[int, int]:

@@ -61,6 +61,8 @@ def seed_hours(redis_server: RedisServer, budget_id: str, now_hour: int,
     raw.close()
 
 
+# Slow: a real headless browser costs more CPU than the rest of this module together; CI runs it.
+@pytest.mark.slow
 def test_the_page_in_chromium(page_service: Client, redis_server: RedisServer,
                               tmp_path: Path) -> None:
     if shutil.which("chromium") is None:
