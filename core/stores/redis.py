@@ -38,8 +38,24 @@ RETRY_BACKOFF_S_MAX = 0.05
 RETRY_BACKOFF_S_BASE = 0.01
 
 
+# redis-py's asyncio connection, writing on a connection its peer has just closed, can raise
+# the torn-down transport's internals ("'NoneType' object is not callable", "... has no
+# attribute 'writelines'") instead of ConnectionError (redis/redis-py#4287; seen here in a Redis
+# Cluster failover): a lost connection all the same. Only those are translated; any other
+# TypeError or AttributeError is a bug and goes out as it is.
+TORN_DOWN = (TypeError, AttributeError)
+TORN_DOWN_MARK = "'NoneType' object"
+
+
+def lost_connection(exc: BaseException) -> bool:
+    return isinstance(exc, TORN_DOWN) and TORN_DOWN_MARK in str(exc)
+
+
 def translate(exc: BaseException) -> Exception:
     """The core error for a redis-py exception; stores never let a client exception out."""
+    if lost_connection(exc):
+        return LedgerUnavailable(f"the ledger is unreachable: the connection was lost ({exc})",
+                                 reason="ledger_unreachable")
     if isinstance(exc, rex.ResponseError) and str(exc).startswith("BADARG"):
         return InvariantBroken(f"the ledger refused an argument: {exc}")
     if isinstance(exc, rex.ConnectionError | rex.TimeoutError | TimeoutError | OSError):
@@ -148,6 +164,10 @@ class RedisTransport:
             async with asyncio.timeout(self._call_timeout_s):
                 return await self._client.execute_command(*args)  # type: ignore[no-untyped-call]
         except (rex.RedisError, OSError, TimeoutError) as exc:
+            raise translate(exc) from exc
+        except TORN_DOWN as exc:
+            if not lost_connection(exc):
+                raise
             raise translate(exc) from exc
 
     async def durable(self) -> bool | None:

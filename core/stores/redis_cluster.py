@@ -20,7 +20,13 @@ from redis import exceptions as rex
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from core.errors import InvariantBroken, LedgerUnavailable, ensure
-from core.stores.redis import LEDGER_CALL_TIMEOUT_S, POOL_CONNECTIONS_MAX, translate
+from core.stores.redis import (
+    LEDGER_CALL_TIMEOUT_S,
+    POOL_CONNECTIONS_MAX,
+    TORN_DOWN,
+    lost_connection,
+    translate,
+)
 from core.stores.scripted import Clock, ScriptedStore
 from core.stores.scripts import Script
 
@@ -109,6 +115,10 @@ class RedisClusterTransport:
             return await self._bounded(lambda: self._eval(script, keys, args))
         except CLIENT_ERRORS as exc:
             raise translate_cluster(exc) from exc
+        except TORN_DOWN as exc:
+            if not lost_connection(exc):
+                raise
+            raise translate(exc) from exc
 
     async def _eval(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
         # The client routes EVALSHA and EVAL by their keys, to the slot's master.
@@ -127,6 +137,10 @@ class RedisClusterTransport:
             return await self._bounded(lambda: self._client.execute_command(*args))
         except CLIENT_ERRORS as exc:
             raise translate_cluster(exc) from exc
+        except TORN_DOWN as exc:
+            if not lost_connection(exc):
+                raise
+            raise translate(exc) from exc
 
     async def durable(self) -> bool | None:
         """Durable only if every master persists: each holds the only copy of its slots' data

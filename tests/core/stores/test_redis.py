@@ -15,7 +15,7 @@ from core.errors import BudgetNotFound, LedgerUnavailable
 from core.ledger import ROLES_OF_LEGACY_KEYS, KeyRecord, ReservationRef, Role
 from core.limits import IDEMPOTENCY_WINDOW_MS, RESEND_WINDOW_MS
 from core.stores import keys, wire
-from core.stores.redis import LEDGER_CALL_TIMEOUT_S, RedisStore
+from core.stores.redis import LEDGER_CALL_TIMEOUT_S, RedisStore, lost_connection, translate
 from core.stores.scripts import library, script
 from infra.processes import free_port
 from infra.redis_server import RedisServer
@@ -248,3 +248,17 @@ async def test_a_key_stored_before_roles_keeps_both_and_a_role_unknown_here_gran
     assert later is not None
     assert later.roles == {Role.SIDECAR}
     await store.close()
+
+
+def test_a_connection_torn_down_under_redis_py_is_an_unreachable_ledger_not_a_crash() -> None:
+    # What redis-py's asyncio connection raised in a Redis Cluster failover here, writing on a
+    # connection its peer had just closed (redis/redis-py#4287): the call fails closed, as a
+    # lost connection does. Any other TypeError or AttributeError is a bug, and not hidden.
+    torn = AttributeError("'NoneType' object has no attribute 'writelines'")
+    assert lost_connection(torn)
+    assert lost_connection(TypeError("'NoneType' object is not callable"))
+    translated = translate(torn)
+    assert isinstance(translated, LedgerUnavailable)
+    assert translated.reason == "ledger_unreachable"
+    assert not lost_connection(AttributeError("'Store' object has no attribute 'x'"))
+    assert not lost_connection(ValueError("'NoneType' object"))
