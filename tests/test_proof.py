@@ -3,26 +3,38 @@
 Judged by the stub provider's bill, never by what the service says it spent. The shared ledger
 must hold the ceiling exactly (0% overrun) with books that equal the bill to the micro-dollar,
 for workers that reserve and settle themselves and for workers that call Anthropic's Messages
-API through the gateway; 25 per-instance memory ledgers must overrun it and say `degraded` on
-every instance; the patterns people ship must overrun it too. Locust's exit code carries the
-verdict of each run.
+API through the gateway; the alert events those runs set off reach a receiver once each, across
+the 25 instances that deliver them (issue 16); 25 per-instance memory ledgers must overrun it and
+say `degraded` on every instance; the patterns people ship must overrun it too. Locust's exit
+code carries the verdict of each run.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from core.alerts import THRESHOLDS_PCT_DEFAULT
 from core.budgets import BudgetId
 from core.ledger import LegStatus
 from core.stores.redis import RedisStore
 from infra import baselines
+from infra.alert_receiver import AlertReceiver, Post
 from infra.fleet import HANDFUL, INSTANCES, MESSAGES, Fleet, LedgerMode, LoadResult, Workload
 
 pytestmark = pytest.mark.slow
+
+# After the runs, the instances keep delivering (every second each, CEILING_ALERT_DELIVERY_
+# INTERVAL_S in infra/fleet.py) until the outbox is empty; the receiver counts as done when this
+# many seconds, several passes of every instance, bring nothing new, within the wait's bound.
+ALERTS_QUIET_S = 4.0
+ALERTS_WAIT_S_MAX = 60.0
 
 
 @dataclass(frozen=True)
@@ -31,6 +43,19 @@ class Observed:
     result: LoadResult
     committed_micros: list[int]
     ledger: tuple[LegStatus, ...]
+    # What the alert receiver got for this run's budget, and the secret it was signed with.
+    alerts: tuple[Post, ...] = field(default=())
+    alert_secret: str = ""
+
+
+def quiet(receiver: AlertReceiver) -> list[Post]:
+    deadline, seen, quiet_since = time.monotonic() + ALERTS_WAIT_S_MAX, -1, time.monotonic()
+    while time.monotonic() - quiet_since < ALERTS_QUIET_S:
+        assert time.monotonic() < deadline, "the instances kept posting alert events"
+        if len(receiver.posts) != seen:
+            seen, quiet_since = len(receiver.posts), time.monotonic()
+        time.sleep(0.2)
+    return list(receiver.posts)
 
 
 async def ledger_status(redis_url: str, budget_id: str) -> tuple[LegStatus, ...]:
@@ -41,10 +66,12 @@ async def ledger_status(redis_url: str, budget_id: str) -> tuple[LegStatus, ...]
         await store.close()
 
 
-def observe(mode: LedgerMode, workloads: tuple[Workload, ...]) -> dict[str, Observed]:
-    """Each workload's run on one fleet, each against a budget of its own."""
+def observe(mode: LedgerMode, workloads: tuple[Workload, ...],
+            receiver: AlertReceiver | None = None) -> dict[str, Observed]:
+    """Each workload's run on one fleet, each against a budget of its own; with `receiver`, the
+    instances post their alert events to it."""
     found = {}
-    with Fleet(mode=mode) as fleet:
+    with Fleet(mode=mode, alert_webhook_url=receiver.url if receiver else None) as fleet:
         health = fleet.health()
         for workload in workloads:
             result = fleet.run_load(workload)
@@ -52,12 +79,20 @@ def observe(mode: LedgerMode, workloads: tuple[Workload, ...]) -> dict[str, Obse
             ledger = (asyncio.run(ledger_status(fleet.redis.url, result.budget_id))
                       if mode is LedgerMode.SHARED else ())
             found[workload.user_class] = Observed(health, result, committed, ledger)
+        if receiver is not None:
+            posts = quiet(receiver)
+            found = {k: Observed(o.health, o.result, o.committed_micros, o.ledger,
+                                 tuple(p for p in posts
+                                       if p.json()["budget_id"] == o.result.budget_id),
+                                 fleet.alert_webhook_secret)
+                     for k, o in found.items()}
     return found
 
 
 @pytest.fixture(scope="module")
 def shared_runs() -> dict[str, Observed]:
-    return observe(LedgerMode.SHARED, (HANDFUL, MESSAGES))
+    with AlertReceiver() as receiver:
+        return observe(LedgerMode.SHARED, (HANDFUL, MESSAGES), receiver)
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +137,30 @@ def test_the_shared_books_equal_the_bill_to_the_micro_dollar(
     [total] = observed.ledger
     assert (total.committed_micros, total.reserved_micros) == (r.billed_micros, 0)
     assert r.charged_micros == r.billed_micros
+
+
+@pytest.mark.parametrize("scenario", ["shared", "messages"])
+def test_each_alert_event_reaches_the_receiver_once_across_the_instances(
+    scenario: str, request: pytest.FixtureRequest
+) -> None:
+    """25 instances deliver from one outbox, racing every second: each threshold the provider's
+    bill crossed, and the first refusal, arrive once each, signed; nothing else arrives."""
+    observed = request.getfixturevalue(scenario)
+    r = observed.result
+    events = [p.json() for p in observed.alerts]
+    assert all(p.status == 200 and p.signed_by(observed.alert_secret) for p in observed.alerts)
+    repeats = [i for i, n in Counter(e["event_id"] for e in events).items() if n > 1]
+    assert repeats == [], repeats
+    crossed_by_bill = [pct for pct in THRESHOLDS_PCT_DEFAULT
+                       if r.billed_micros >= math.ceil(r.ceiling_micros * pct / 100)]
+    assert crossed_by_bill, "the run spent past the first threshold"
+    assert sorted((e["type"], e["threshold_pct"] or 0) for e in events) == sorted(
+        [("budget.threshold_crossed", pct) for pct in crossed_by_bill]
+        + [("budget.exceeded", 0)])
+    for e in events:
+        if e["type"] == "budget.threshold_crossed":  # what the ledger held when it crossed
+            assert math.ceil(r.ceiling_micros * e["threshold_pct"] / 100) <= \
+                e["committed_micros"] <= r.billed_micros
 
 
 def test_every_shared_instance_is_healthy(shared: Observed) -> None:
