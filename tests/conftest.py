@@ -37,12 +37,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("shared_store_kind", sorted(SHARED_STORE_BUILDERS))
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """`-n auto` (pyproject's addopts) with `-s` runs in one process: what tests print (the
-    reliability runs' figures) reaches the terminal only from there, not from workers."""
+# Workers per core under `-n auto`: most of the suite waits on the servers it started (Redis,
+# service instances, the stub provider), so one worker per core leaves the cores idle much of
+# the run.
+WORKERS_PER_CORE = 2
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject's addopts): WORKERS_PER_CORE per core; with `-s`, one process: what
+    tests print (the reliability runs' figures) reaches the terminal only from there, not from
+    workers."""
     if config.getoption("capture") == "no":
         return 0
-    return None  # xdist's own count: one worker per core
+    return WORKERS_PER_CORE * (os.cpu_count() or 1)
 
 
 # The modules that run fleets of instances or build artifacts, longest first. A scheduling hint
