@@ -383,11 +383,13 @@ class LedgerStore(Protocol):
         ...
 
     async def reservation(self, ref: ReservationRef) -> ReservationView | None:
-        """The stored reservation, or None if unknown or another owner's."""
+        """The stored reservation, or None if unknown or another owner's; LedgerUnavailable
+        (ledger_reset) when it is unknown because the ledger that held it is gone."""
         ...
 
     async def inspect(self, tag: str, reservation_id: str) -> ReservationView | None:
-        """An operator's read: the stored reservation whoever owns it, with its correction."""
+        """An operator's read: the stored reservation whoever owns it, with its correction; as
+        reservation() for one the ledger lost."""
         ...
 
     async def correct(

@@ -470,13 +470,18 @@ class ScriptedStore:
 
     async def reservation(self, ref: ReservationRef) -> ReservationView | None:
         found = await self._read(ref.tag, ref.reservation_id)
+        if found is None:
+            await self._lost_check(ref.tag)
         if found is None or found.owner != ref.owner:
             return None
         return found.view(ref.reservation_id, full=False)
 
     async def inspect(self, tag: str, reservation_id: str) -> ReservationView | None:
         found = await self._read(tag, reservation_id)
-        return None if found is None else found.view(reservation_id, full=True)
+        if found is None:
+            await self._lost_check(tag)
+            return None
+        return found.view(reservation_id, full=True)
 
     async def correct(
         self, tag: str, reservation_id: str, actual_micros: int, correction: Correction
@@ -506,13 +511,17 @@ class ScriptedStore:
         found = await self._t.execute("HGET", keys.TAG_MAP_KEY, digest)
         return None if found is None else str(found)
 
-    async def _not_found(self, reservation_id: str, tag: str) -> NoReturn:
-        # A settle, release or correction checks no ledger id (lua/settle.lua): a reservation
-        # that is not found may be one a wiped ledger (or shard) lost.
+    async def _lost_check(self, tag: str) -> None:
+        """A reservation that is not found may be one a wiped ledger (or shard) lost: then the
+        answer is ledger_reset, never "no such reservation" (settle, release, correction and the
+        reads check no ledger id in their scripts)."""
         if await self._identity_lost():
             raise _ledger_reset()
         if await self._org_lost(tag):
             raise _ledger_reset(tag)
+
+    async def _not_found(self, reservation_id: str, tag: str) -> NoReturn:
+        await self._lost_check(tag)
         raise ReservationNotFound("no such reservation", reservation_id=reservation_id)
 
     async def expire(self, tag: str, batch_max: int) -> int:

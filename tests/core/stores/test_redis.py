@@ -90,9 +90,17 @@ async def test_a_flushed_ledger_is_detected_not_served_as_empty(
     await put(store, tag, (Period.TOTAL, 100))
     await store.put_key(KeyRecord("key_a", "hash_a", BudgetId(tag), None))
     r = await store.reserve(request(tag, tag, 100))
+    other = RedisStore(own_redis.url)  # another instance, which has not yet seen the reset
+    await other.open()
     raw = aioredis.Redis.from_url(own_redis.url)
     await raw.flushall()
     await raw.aclose()
+    # A settle by usage on an instance that did not make the reservation first reads it (for
+    # its model): gone with the ledger is a reset, never "no such reservation".
+    with pytest.raises(LedgerUnavailable) as info:
+        await other.reservation(ReservationRef(tag, r.reservation_id, OWNER))
+    assert info.value.reason == "ledger_reset"
+    await other.close()
     with pytest.raises(LedgerUnavailable) as info:
         await store.reserve(request(tag, tag, 100))
     assert info.value.reason == "ledger_reset"
