@@ -304,8 +304,10 @@ class UpstashBridge:
         return f"http://{HOST}:{self.port}"
 
     def args(self) -> list[str]:
+        # --token=VALUE: a random token starts with '-' one time in 64, which argparse would
+        # read as an option of its own.
         args = [sys.executable, "-m", "infra.upstash_bridge", "--port", str(self.port),
-                "--redis-url", self.redis_url, "--token", self.token]
+                "--redis-url", self.redis_url, f"--token={self.token}"]
         return [*args, "--test-faults"] if self.test_faults else args
 
     @property
