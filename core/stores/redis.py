@@ -11,7 +11,8 @@ response callbacks shape the replies.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -41,14 +42,38 @@ RETRY_BACKOFF_S_BASE = 0.01
 # redis-py's asyncio connection, writing on a connection its peer has just closed, can raise
 # the torn-down transport's internals ("'NoneType' object is not callable", "... has no
 # attribute 'writelines'") instead of ConnectionError (redis/redis-py#4287; seen here in a Redis
-# Cluster failover): a lost connection all the same. Only those are translated; any other
-# TypeError or AttributeError is a bug and goes out as it is.
+# Cluster failover): a lost connection all the same. Known by where it was raised, the innermost
+# frame in asyncio's or redis-py's connection code; any other TypeError or AttributeError is a
+# bug and goes out as it is.
 TORN_DOWN = (TypeError, AttributeError)
-TORN_DOWN_MARK = "'NoneType' object"
+TORN_DOWN_FILES = ("/asyncio/selector_events.py", "/asyncio/streams.py",
+                   "/redis/asyncio/connection.py")
+# The errors a redis-py client call fails with, each translated (translate) into a core error.
+CLIENT_ERRORS: tuple[type[BaseException], ...] = (rex.RedisError, OSError, TimeoutError)
 
 
 def lost_connection(exc: BaseException) -> bool:
-    return isinstance(exc, TORN_DOWN) and TORN_DOWN_MARK in str(exc)
+    if not isinstance(exc, TORN_DOWN):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.endswith(TORN_DOWN_FILES)
+
+
+@contextmanager
+def translated(translator: Callable[[BaseException], Exception] | None = None,
+               errors: tuple[type[BaseException], ...] = CLIENT_ERRORS) -> Iterator[None]:
+    """Inside: a client call's failure (`errors`, or a lost connection in torn-down clothing)
+    leaves as the core error `translator` (translate by default) makes of it."""
+    try:
+        yield
+    except errors as exc:
+        raise (translator or translate)(exc) from exc
+    except TORN_DOWN as exc:
+        if not lost_connection(exc):
+            raise
+        raise (translator or translate)(exc) from exc
 
 
 def translate(exc: BaseException) -> Exception:
@@ -91,7 +116,7 @@ class RedisTransport:
         # on a server without functions, EVALSHA, and on NOSCRIPT load and retry once: what
         # redis-py's Script object does, without its per-call import and its isinstance()
         # through typing.Protocol.
-        try:
+        with translated():
             async with asyncio.timeout(self._call_timeout_s):
                 if self._functions and script.function:
                     command: Command = ("FCALL", script.function, len(keys), *keys, *args)
@@ -110,8 +135,6 @@ class RedisTransport:
                 except rex.NoScriptError:
                     await self._client.script_load(script.source)
                     return await self._send(command)
-        except (rex.RedisError, OSError, TimeoutError) as exc:
-            raise translate(exc) from exc
 
     async def _send(self, command: Command) -> Any:
         """One command on one of the scripts' connections, and its reply (an error reply
@@ -160,25 +183,18 @@ class RedisTransport:
                 raise
 
     async def execute(self, *args: str) -> Any:
-        try:
+        with translated():
             async with asyncio.timeout(self._call_timeout_s):
                 return await self._client.execute_command(*args)  # type: ignore[no-untyped-call]
-        except (rex.RedisError, OSError, TimeoutError) as exc:
-            raise translate(exc) from exc
-        except TORN_DOWN as exc:
-            if not lost_connection(exc):
-                raise
-            raise translate(exc) from exc
 
     async def durable(self) -> bool | None:
-        try:
-            async with asyncio.timeout(self._call_timeout_s):
-                config = await self._client.config_get("appendonly")
-                config.update(await self._client.config_get("save"))
-        except (rex.ResponseError, TimeoutError):
-            return None  # managed Redis often disables CONFIG; durability cannot be told
-        except (rex.RedisError, OSError) as exc:
-            raise translate(exc) from exc
+        with translated():
+            try:
+                async with asyncio.timeout(self._call_timeout_s):
+                    config = await self._client.config_get("appendonly")
+                    config.update(await self._client.config_get("save"))
+            except (rex.ResponseError, TimeoutError):
+                return None  # managed Redis often disables CONFIG; durability cannot be told
         return config.get("appendonly") == "yes" or bool(config.get("save"))
 
     async def close(self) -> None:

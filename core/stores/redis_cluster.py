@@ -23,9 +23,8 @@ from core.errors import InvariantBroken, LedgerUnavailable, ensure
 from core.stores.redis import (
     LEDGER_CALL_TIMEOUT_S,
     POOL_CONNECTIONS_MAX,
-    TORN_DOWN,
-    lost_connection,
     translate,
+    translated,
 )
 from core.stores.scripted import Clock, ScriptedStore
 from core.stores.scripts import Script
@@ -69,7 +68,9 @@ SLOT_UNSERVED_ERRORS = (
 # this node does not own; or, for a script that declares flags ('#!lua'), any other slot. A
 # script without flags may touch other slots of its own node unchecked.
 SCRIPT_CROSS_SLOT_ERRORS = ("non local key", "do not hash to the same slot")
-CLIENT_ERRORS = (rex.RedisError, rex.RedisClusterException, OSError, TimeoutError)
+CLIENT_ERRORS: tuple[type[BaseException], ...] = (
+    rex.RedisError, rex.RedisClusterException, OSError, TimeoutError
+)
 
 
 def translate_cluster(exc: BaseException) -> Exception:
@@ -111,14 +112,8 @@ class RedisClusterTransport:
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
         ensure_one_slot(keys)
-        try:
+        with translated(translate_cluster, CLIENT_ERRORS):
             return await self._bounded(lambda: self._eval(script, keys, args))
-        except CLIENT_ERRORS as exc:
-            raise translate_cluster(exc) from exc
-        except TORN_DOWN as exc:
-            if not lost_connection(exc):
-                raise
-            raise translate(exc) from exc
 
     async def _eval(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
         # The client routes EVALSHA and EVAL by their keys, to the slot's master.
@@ -133,26 +128,19 @@ class RedisClusterTransport:
 
     async def execute(self, *args: str) -> Any:
         # Single-key commands go to their key's master; keyless ones (TIME) to any node.
-        try:
+        with translated(translate_cluster, CLIENT_ERRORS):
             return await self._bounded(lambda: self._client.execute_command(*args))
-        except CLIENT_ERRORS as exc:
-            raise translate_cluster(exc) from exc
-        except TORN_DOWN as exc:
-            if not lost_connection(exc):
-                raise
-            raise translate(exc) from exc
 
     async def durable(self) -> bool | None:
         """Durable only if every master persists: each holds the only copy of its slots' data
         that the ledger trusts (its replica may lag)."""
-        try:
-            configs = await self._bounded(self._master_configs)
-        except SLOT_UNSERVED_ERRORS as exc:
-            raise translate_cluster(exc) from exc
-        except (rex.ResponseError, TimeoutError):
-            return None  # managed clusters often disable CONFIG; durability cannot be told
-        except CLIENT_ERRORS as exc:
-            raise translate_cluster(exc) from exc
+        with translated(translate_cluster, CLIENT_ERRORS):
+            try:
+                configs = await self._bounded(self._master_configs)
+            except SLOT_UNSERVED_ERRORS as exc:
+                raise translate_cluster(exc) from exc
+            except (rex.ResponseError, TimeoutError):
+                return None  # managed clusters often disable CONFIG; durability cannot be told
         return all(c.get("appendonly") == "yes" or bool(c.get("save")) for c in configs)
 
     async def _master_configs(self) -> list[dict[str | None, str | None]]:

@@ -15,7 +15,7 @@ from core.errors import BudgetNotFound, LedgerUnavailable
 from core.ledger import ROLES_OF_LEGACY_KEYS, KeyRecord, ReservationRef, Role
 from core.limits import IDEMPOTENCY_WINDOW_MS, RESEND_WINDOW_MS
 from core.stores import keys, wire
-from core.stores.redis import LEDGER_CALL_TIMEOUT_S, RedisStore, lost_connection, translate
+from core.stores.redis import LEDGER_CALL_TIMEOUT_S, RedisStore, lost_connection, translated
 from core.stores.scripts import library, script
 from infra.processes import free_port
 from infra.redis_server import RedisServer
@@ -258,15 +258,24 @@ async def test_a_key_stored_before_roles_keeps_both_and_a_role_unknown_here_gran
     await store.close()
 
 
-def test_a_connection_torn_down_under_redis_py_is_an_unreachable_ledger_not_a_crash() -> None:
+def _raised_in(filename: str, source: str) -> AttributeError:
+    try:
+        exec(compile(source, filename, "exec"))  # noqa: S102 - the frame a client raises from
+    except AttributeError as exc:
+        return exc
+    raise AssertionError("the source raises")
+
+
+async def test_a_connection_torn_down_under_redis_py_fails_closed_other_bugs_go_out() -> None:
     # What redis-py's asyncio connection raised in a Redis Cluster failover here, writing on a
-    # connection its peer had just closed (redis/redis-py#4287): the call fails closed, as a
-    # lost connection does. Any other TypeError or AttributeError is a bug, and not hidden.
-    torn = AttributeError("'NoneType' object has no attribute 'writelines'")
+    # connection another task had just torn down (redis/redis-py#4287): the call fails closed, as
+    # a lost connection does. The same error raised anywhere else is a bug and is not hidden.
+    torn = _raised_in("/venv/site-packages/redis/asyncio/connection.py", "None.writelines([])")
     assert lost_connection(torn)
-    assert lost_connection(TypeError("'NoneType' object is not callable"))
-    translated = translate(torn)
-    assert isinstance(translated, LedgerUnavailable)
-    assert translated.reason == "ledger_unreachable"
-    assert not lost_connection(AttributeError("'Store' object has no attribute 'x'"))
-    assert not lost_connection(ValueError("'NoneType' object"))
+    with pytest.raises(LedgerUnavailable) as info, translated():
+        raise torn
+    assert info.value.reason == "ledger_unreachable"
+    ours = _raised_in("/work/core/stores/scripted.py", "None.writelines([])")
+    assert not lost_connection(ours)
+    with pytest.raises(AttributeError), translated():
+        raise ours
