@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from api.runtime import Runtime, runtime
-from api.views import leg_json, settlement_json, stored_reservation_json
+from api.views import correction_json, leg_json, stored_reservation_json
 from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period
 from core.errors import CeilingError, InvalidRequest
 from core.ledger import ROLES_DEFAULT, Role
@@ -178,7 +178,7 @@ def reservations_settle(args: argparse.Namespace) -> int:
         by = cli_operator()
         settled = await Operations(service).correct(args.reservation_id, args.actual,
                                                     args.reason, by, _budget_arg(args))
-        return {**settlement_json(args.reservation_id, settled), "corrected_by": by}
+        return correction_json(args.reservation_id, settled, by)
 
     return _run(work)
 

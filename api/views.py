@@ -56,6 +56,12 @@ def settlement_json(reservation_id: str, s: Settlement) -> dict[str, Any]:
     }
 
 
+def correction_json(reservation_id: str, s: Settlement, corrected_by: str) -> dict[str, Any]:
+    """An operator's settle of a reservation (the admin route and `ceiling reservations
+    settle`): the settlement, and who made it."""
+    return {**settlement_json(reservation_id, s), "corrected_by": corrected_by}
+
+
 def stored_reservation_json(view: ReservationView) -> dict[str, Any]:
     gateway = view.owner.startswith(GATEWAY_OWNER_PREFIX)
     return {

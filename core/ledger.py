@@ -442,8 +442,9 @@ class LedgerStore(Protocol):
     async def open_listing(self, tag: str, listed_max: int, examined_max: int) -> OpenLeases:
         """The tag's open reservations for an operator, read at one instant and writing nothing:
         counts, up to listed_max past their lease and up to listed_max within it (each by lease
-        end, earliest first), and the runs held in by the examined_max newest open reservations,
-        each once, a run whose counter went idle (RUN_COUNTER_IDLE_MS) left out."""
+        end, earliest first), and the runs held in by the examined_max open reservations with the
+        latest lease ends, each once, a run whose counter went idle (RUN_COUNTER_IDLE_MS) left
+        out."""
         ...
 
     async def alert_tags(self) -> list[str]:

@@ -31,8 +31,9 @@ TOP_SPENDERS_MAX = 10
 # Open reservations listed per organisation (tag) of each kind, past their lease and within it,
 # the earliest lease end first: the ones an operator acts on; the rest are counted.
 RESERVATIONS_LISTED_MAX = 20
-# Newest open reservations per organisation whose runs are read: a run with a call in flight has
-# one of its tag's newest leases unless hundreds of calls are open at once. The read is one
+# Open reservations per organisation whose runs are read, those with the latest lease ends (the
+# most recent calls, for calls of one lease length): a run with a call in flight is among them
+# unless hundreds of calls are open at once. The read is one
 # script (lua/open_listing.lua), which holds the ledger while it reads each of them, so this
 # bounds how long a page load can make a reserve wait.
 RUNS_EXAMINED_MAX = 200

@@ -2,8 +2,8 @@
 -- one instant.
 --
 -- KEYS[1] meta hash 'sc:{TAG}:meta'   KEYS[2] the tag's open leases 'sc:{TAG}:open'
--- ARGV: listed_max (reservations listed of each kind, >= 1), examined_max (newest open
---       reservations whose runs are read, >= 1), [now_ms]
+-- ARGV: listed_max (reservations listed of each kind, >= 1), examined_max (open reservations
+--       whose runs are read, those with the latest lease ends, >= 1), [now_ms]
 -- Returns {now_ms, open_count, overdue_count, overdue, within_lease, runs}: `overdue` (lease
 -- ended: an unknown outcome until expiry books it) and `within_lease`, each {id, record
 -- (wire.py RECORD_FIELDS, packed), ...} by lease end, earliest first; `runs` {budget_id,
@@ -14,7 +14,7 @@
 -- drop, as status.lua leaves it), so it is safe to run twice; every key is under the one tag.
 local listed_max, examined_max = int(ARGV[1], 'listed_max'), int(ARGV[2], 'examined_max')
 if listed_max < 1 or examined_max < 1 then
-  fail('BADARG', 'listed_max')
+  fail('BADARG', 'listed_max, examined_max')
 end
 local now = ledger_now(ARGV[3])
 local prefix = prefix_of(KEYS[1])

@@ -81,6 +81,9 @@ def observe(mode: LedgerMode, workloads: tuple[Workload, ...],
             found[workload.user_class] = Observed(health, result, committed, ledger)
         if receiver is not None:
             posts = quiet(receiver)
+            budgets = {o.result.budget_id for o in found.values()}
+            strays = [p.json() for p in posts if p.json()["budget_id"] not in budgets]
+            assert strays == [], strays  # nothing arrives but the runs' own events
             found = {k: Observed(o.health, o.result, o.committed_micros, o.ledger,
                                  tuple(p for p in posts
                                        if p.json()["budget_id"] == o.result.budget_id),

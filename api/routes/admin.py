@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from api.admin_models import BudgetBody, CorrectionBody, KeyBody, RotateBody
 from api.routes.sidecar import bearer
 from api.runtime import runtime
-from api.views import leg_json, settlement_json, stored_reservation_json
+from api.views import correction_json, leg_json, stored_reservation_json
 from core.budgets import BudgetId
 from core.errors import BudgetNotFound, Forbidden, InvalidRequest, Unauthorized
 from core.operations import Operations, budget_json
@@ -161,7 +161,7 @@ async def correct_reservation(reservation_id: str, body: CorrectionBody, by: Ope
     provider's bill: allowed while it is open or after it expired as `unknown`."""
     settled = await ops.correct(reservation_id, body.actual_micros, body.reason, by,
                                 _budget(body.budget_id))
-    return JSONResponse({**settlement_json(reservation_id, settled), "corrected_by": by})
+    return JSONResponse(correction_json(reservation_id, settled, by))
 
 
 @router.get("/reservations/{reservation_id}")

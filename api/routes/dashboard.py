@@ -360,8 +360,9 @@ def _run_rows(runs: Sequence[RunSpend]) -> str:
 def _runs(view: spend.Overview) -> str:
     return (
         "<h2>Top runs</h2><p class=muted>Live runs: a run (<code>X-Ceiling-Run-Id</code>) with a "
-        "call open now, found through the newest "
-        f"{spend.RUNS_EXAMINED_MAX} open reservations of each organisation, ranked by committed "
+        "call open now, found through the "
+        f"{spend.RUNS_EXAMINED_MAX} open reservations with the latest lease ends in each "
+        "organisation, ranked by committed "
         f"spend, {spend.TOP_RUNS_MAX} at most. A run between calls is not listed: the ledger "
         "keeps no index of runs, only a call's reservation leads to its run's counter. A run "
         "ends after a day without a call. The ceiling is the one its open call holds it to.</p>"

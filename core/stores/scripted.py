@@ -711,8 +711,11 @@ class ScriptedStore:
         """The budget ids of a tag, from the ledger's one list of budgets (the catalogue, which
         put, delete and restore keep): the tag itself and the ids under it."""
         await self.open()
-        found = await self._t.execute("ZRANGEBYLEX", keys.BUDGETS_KEY, f"[{tag}", f"[{tag}/\xff")
-        return [b for b in map(str, found) if b == tag or b.startswith(f"{tag}/")]
+        # The tag's own id, then the ids under it: '[tag/' .. '[tag/\xff' holds exactly those
+        # (an id never holds '\xff'), and no sibling such as 'tag-eu'.
+        own = await self._t.execute("ZRANGEBYLEX", keys.BUDGETS_KEY, f"[{tag}", f"[{tag}")
+        under = await self._t.execute("ZRANGEBYLEX", keys.BUDGETS_KEY, f"[{tag}/", f"[{tag}/\xff")
+        return [str(b) for b in (*own, *under)]
 
     async def open_listing(self, tag: str, listed_max: int, examined_max: int) -> OpenLeases:
         """lua/open_listing.lua: one read of the tag's open leases, their records and the run

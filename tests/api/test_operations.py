@@ -82,7 +82,9 @@ def test_rotation_delete_and_the_audit_stream(http: Client) -> None:
     assert (forced["reservations_charged_as_unknown"], forced["charged_micros"]) == (2, 10)
     assert forced["keys_revoked"] == [made["key_id"]]
     assert _error(http.admin("DELETE", f"/v1/admin/budgets/{tag}")) == (404, "budget_not_found")
-    assert tag not in http.admin("GET", "/dashboard").text  # the page lists what the ledger has
+    page = http.admin("GET", "/dashboard")
+    assert page.status_code == 200
+    assert tag not in page.text  # the page lists what the ledger has
     time.sleep(KEY_TRUST_MS / 1000)
     for auth in (old, new):  # a deleted budget's keys, old secret and new
         assert _error(http.post("/v1/reservations", headers=auth,
