@@ -62,14 +62,22 @@ def correction_json(reservation_id: str, s: Settlement, corrected_by: str) -> di
     return {**settlement_json(reservation_id, s), "corrected_by": corrected_by}
 
 
+def made_by(owner: str) -> tuple[str | None, Role]:
+    """The key id a reservation was made under (None for none), and the route that made it:
+    what its owner says, never a secret."""
+    if owner.startswith(GATEWAY_OWNER_PREFIX):
+        return owner.removeprefix(GATEWAY_OWNER_PREFIX) or None, Role.GATEWAY
+    return owner or None, Role.SIDECAR
+
+
 def stored_reservation_json(view: ReservationView) -> dict[str, Any]:
-    gateway = view.owner.startswith(GATEWAY_OWNER_PREFIX)
+    key_id, route = made_by(view.owner)
     return {
         "reservation_id": view.reservation_id,
         "state": view.state.value,
         "outcome": view.outcome,
-        "made_by": Role.GATEWAY.value if gateway else Role.SIDECAR.value,
-        "key_id": view.owner.removeprefix(GATEWAY_OWNER_PREFIX) or None,
+        "made_by": route.value,
+        "key_id": key_id,
         "model": view.model,
         "price_version": view.price_version,
         "reserved_micros": view.reserved_micros,

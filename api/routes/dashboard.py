@@ -27,10 +27,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from api.routes.admin import admin_token, is_admin_token
 from api.routes.sidecar import bearer
 from api.runtime import runtime
+from api.views import made_by
 from core import spend
 from core.alerts import AlertEvent
 from core.budgets import RUN_SCOPE_KIND, period_of
-from core.ledger import GATEWAY_OWNER_PREFIX, LegStatus, OpenHold, RunSpend
+from core.ledger import LegStatus, OpenHold, RunSpend
 from core.limits import SPEND_BUCKET_MS
 from core.operations import Operations
 
@@ -281,9 +282,8 @@ def _duration(ms: int) -> str:
 
 def _owner(owner: str) -> str:
     """The key a reservation was made under, and by which route (never a secret)."""
-    if owner.startswith(GATEWAY_OWNER_PREFIX):
-        return f"{owner.removeprefix(GATEWAY_OWNER_PREFIX)} · gateway"
-    return f"{owner} · sidecar" if owner else "—"
+    key_id, route = made_by(owner)
+    return f"{key_id} · {route.value}" if key_id else "—"
 
 
 def _hold_row(h: OpenHold, now_ms: int) -> str:

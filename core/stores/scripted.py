@@ -389,10 +389,7 @@ class ScriptedStore:
                 reservation_id=ref.reservation_id,
             )
         # A wiped ledger has no budgets: 'no_budget' may mean the ledger is gone.
-        if await self._identity_lost():
-            raise _ledger_reset()
-        if await self._org_lost(ref.tag):
-            raise _ledger_reset(ref.tag)
+        await self._lost_check(ref.tag)
         raise BudgetNotFound(
             "no budget applies to this call", budget_id=request.budget_ids[-1].path
         )
@@ -454,10 +451,7 @@ class ScriptedStore:
         )
         if reply[0] == "ok":
             return bool(reply[1] == 0)
-        if await self._identity_lost():
-            raise _ledger_reset()
-        if await self._org_lost(ref.tag):
-            raise _ledger_reset(ref.tag)
+        await self._lost_check(ref.tag)
         raise BudgetNotFound("no budget applies to this journal entry")
 
     async def _read(self, tag: str, reservation_id: str) -> wire.StoredRecord | None:
@@ -512,9 +506,9 @@ class ScriptedStore:
         return None if found is None else str(found)
 
     async def _lost_check(self, tag: str) -> None:
-        """A reservation that is not found may be one a wiped ledger (or shard) lost: then the
-        answer is ledger_reset, never "no such reservation" (settle, release, correction and the
-        reads check no ledger id in their scripts)."""
+        """A reservation or budget that is not found may be one a wiped ledger (or shard) lost:
+        then the answer is ledger_reset, never "not found" (settle, release, correction and the
+        reads check no ledger id in their scripts; a wiped ledger has no budgets)."""
         if await self._identity_lost():
             raise _ledger_reset()
         if await self._org_lost(tag):
