@@ -26,6 +26,10 @@ SERIES_HOURS_MAX = SPEND_BUCKET_RETENTION_MS // SPEND_BUCKET_MS
 ALERT_LOG_LIMIT = 200
 # Budgets the page lists: a page that renders, not an export (GET /v1/admin/budgets pages).
 PAGE_BUDGETS_MAX = 500
+# Budgets the page reads at once. Each read is a few ledger calls on the instance's connections,
+# which the calls it serves need too; and a call queued behind hundreds of the page's reads would
+# wait out its own time bound and fail the page.
+PAGE_READS_IN_FLIGHT_MAX = 4
 # Budgets ranked by the chart span's spend under "top spenders".
 TOP_SPENDERS_MAX = 10
 # Open reservations listed per organisation (tag) of each kind, past their lease and within it,
@@ -167,8 +171,13 @@ async def overview(store: LedgerStore, instance_id: str, hours: int,
     ids: list[str] = []
     for tag in tags:
         ids += await store.budgets_of(tag)
-    reports = await asyncio.gather(*(budget_report(store, BudgetId(b), now_ms, hours)
-                                     for b in ids[:PAGE_BUDGETS_MAX]))
+    in_flight = asyncio.Semaphore(PAGE_READS_IN_FLIGHT_MAX)
+
+    async def report(budget_id: str) -> BudgetReport:
+        async with in_flight:
+            return await budget_report(store, BudgetId(budget_id), now_ms, hours)
+
+    reports = await asyncio.gather(*(report(b) for b in ids[:PAGE_BUDGETS_MAX]))
     leases = [await store.open_listing(t, RESERVATIONS_LISTED_MAX, RUNS_EXAMINED_MAX)
               for t in tags]
     keys = None if catalogue is None else await keys_of(catalogue, top_spenders(reports))
