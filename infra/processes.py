@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from typing import Self
 
 # A child that has not exited this long after SIGTERM is killed.
 STOP_TIMEOUT_S = 10.0
@@ -26,20 +27,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_on_a_free_port(start_once: Callable[[], None], first_start: bool,
-                         move: Callable[[int], None]) -> None:
-    """Run `start_once`, which starts a child on its port and waits until it is ready (raising
-    RuntimeError if it is not). A first start that fails may have lost its port to another
-    process between free_port() and the bind: it is started again on another port (`move`), up
-    to PORT_ATTEMPTS_MAX times. A restart keeps its port (its clients and data are there)."""
-    for attempt in range(PORT_ATTEMPTS_MAX):
-        try:
-            start_once()
-            return
-        except RuntimeError:
-            if not first_start or attempt == PORT_ATTEMPTS_MAX - 1:
-                raise
-            move(free_port())
+class OnAFreePort:
+    """A harness server started on a free port: `_start_once` starts the child on `self.port`
+    and waits until it is ready, raising RuntimeError if it is not. A first start that fails may
+    have lost its port to another process between free_port() and the bind: it is started again
+    on another port, up to PORT_ATTEMPTS_MAX times. A restart keeps its port (its clients and
+    data are there)."""
+
+    port: int
+    _started_once = False
+
+    def _start_once(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        for attempt in range(PORT_ATTEMPTS_MAX):
+            try:
+                self._start_once()
+                break
+            except RuntimeError:
+                if self._started_once or attempt == PORT_ATTEMPTS_MAX - 1:
+                    raise
+                self.port = free_port()
+        self._started_once = True
+        return self
 
 
 def listening(pid: int, port: int) -> bool:

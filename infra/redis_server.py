@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from infra.processes import free_port, listening, start_on_a_free_port, stop, wait_ready
+from infra.processes import OnAFreePort, free_port, listening, stop, wait_ready
 
 # redis-server answers PING as soon as it has started; 10 s means it is not coming up.
 START_TIMEOUT_S = 10.0
@@ -32,13 +32,12 @@ def redis_server_binary() -> str:
 
 
 @dataclass
-class RedisServer:
+class RedisServer(OnAFreePort):
     port: int = field(default_factory=free_port)
     durable: bool = False
     extra_args: tuple[str, ...] = ()
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sc-redis-")))
     process: subprocess.Popen[bytes] | None = None
-    _started_once: bool = field(default=False, init=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -55,14 +54,6 @@ class RedisServer:
             "--dir", str(self.workdir), "--maxmemory-policy", "noeviction",
             "--daemonize", "no", "--loglevel", "warning", *persistence, *self.extra_args,
         ]
-
-    def start(self) -> RedisServer:
-        start_on_a_free_port(self._start_once, not self._started_once, self._move)
-        self._started_once = True
-        return self
-
-    def _move(self, port: int) -> None:
-        self.port = port
 
     def _start_once(self) -> None:
         self.process = subprocess.Popen(

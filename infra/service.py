@@ -17,32 +17,23 @@ from types import TracebackType
 
 import httpx
 
-from infra.processes import free_port, listening, start_on_a_free_port, stop, wait_ready
+from infra.processes import OnAFreePort, free_port, listening, stop, wait_ready
 
 # An instance imports FastAPI and answers /health/live in moments; after 30 s it is broken.
 START_TIMEOUT_S = 30.0
 
 
 @dataclass
-class ServiceProcess:
+class ServiceProcess(OnAFreePort):
     env: dict[str, str]
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     log_path: str | None = None
     platform: bool = False
-    _started_once: bool = field(default=False, init=False, repr=False)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> ServiceProcess:
-        start_on_a_free_port(self._start_once, not self._started_once, self._move)
-        self._started_once = True
-        return self
-
-    def _move(self, port: int) -> None:
-        self.port = port
 
     def _start_once(self) -> None:
         env = {**os.environ, **self.env}

@@ -48,7 +48,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from infra.processes import free_port, start_on_a_free_port, stop, wait_ready
+from infra.processes import OnAFreePort, free_port, stop, wait_ready
 
 HOST = "127.0.0.1"
 # Connections the bridge holds to Redis. Under a burst the bridge is CPU-bound, not Redis: a
@@ -288,7 +288,7 @@ class Bridge:
 
 
 @dataclass
-class UpstashBridge:
+class UpstashBridge(OnAFreePort):
     """The bridge as a subprocess on a free loopback port, started and stopped by pid."""
 
     redis_url: str
@@ -297,7 +297,6 @@ class UpstashBridge:
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sc-bridge-")))
-    _started_once: bool = field(default=False, init=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -314,15 +313,7 @@ class UpstashBridge:
     def log_path(self) -> Path:
         return self.workdir / "bridge.log"
 
-    def start(self) -> UpstashBridge:
-        # Its PING carries its own token: a bridge that answers it is this one.
-        start_on_a_free_port(self._start_once, not self._started_once, self._move)
-        self._started_once = True
-        return self
-
-    def _move(self, port: int) -> None:
-        self.port = port
-
+    # Its PING carries its own token: a bridge that answers it is this one.
     def _start_once(self) -> None:
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 import redis.asyncio as aioredis
@@ -47,6 +48,16 @@ async def _service(url: str) -> CeilingService:
     return CeilingService(store, PriceTable.from_file(None))
 
 
+@asynccontextmanager
+async def _instance(url: str) -> AsyncIterator[tuple[CeilingService, Operations]]:
+    """An instance on the ledger at `url` and its operations, closed on the way out."""
+    svc = await _service(url)
+    try:
+        yield svc, Operations(svc)
+    finally:
+        await svc.store.close()
+
+
 def _request(bid: BudgetId, amount: int, rid: str | None = None) -> ReserveRequest:
     return ReserveRequest(
         ref=ReservationRef(bid.tag, rid or f"r{uuid.uuid4().hex}", "key_owner"),
@@ -61,9 +72,7 @@ async def _put(ops: Operations, path: str, total: int, **kw: object) -> BudgetId
 
 
 async def test_lists_page_with_a_cursor_and_never_show_secrets(server: RedisServer) -> None:
-    svc = await _service(server.url)
-    ops = Operations(svc)
-    try:
+    async with _instance(server.url) as (svc, ops):
         for i in range(5):
             await _put(ops, f"org:a/team:t{i}", 100)
         await _put(ops, "org:b", 100)
@@ -89,15 +98,11 @@ async def test_lists_page_with_a_cursor_and_never_show_secrets(server: RedisServ
         text = json.dumps(listed)
         assert new.api_key not in text
         assert new.record.key_hash not in text
-    finally:
-        await svc.store.close()
 
 
 async def test_rotation_keeps_the_old_secret_for_its_grace_and_revoke_ends_both(
         server: RedisServer) -> None:
-    svc = await _service(server.url)
-    ops = Operations(svc)
-    try:
+    async with _instance(server.url) as (svc, ops):
         bid = await _put(ops, "org:r", 100)
         new = await ops.create_key(bid, None, frozenset({Role.SIDECAR}), BY)
         rotated = await ops.rotate_key(new.key_id, 60_000, BY)
@@ -113,15 +118,11 @@ async def test_rotation_keeps_the_old_secret_for_its_grace_and_revoke_ends_both(
             await ops.rotate_key(new.key_id, 1000, BY)
         with pytest.raises(InvalidRequest):
             await ops.rotate_key(new.key_id, 10**12, BY)
-    finally:
-        await svc.store.close()
 
 
 async def test_delete_is_refused_under_open_holds_and_force_charges_them(
         server: RedisServer) -> None:
-    svc = await _service(server.url)
-    ops = Operations(svc)
-    try:
+    async with _instance(server.url) as (svc, ops):
         parent = await _put(ops, "org:d", 1_000)
         child = await _put(ops, "org:d/team:x", 500)
         key = await ops.create_key(child, None, frozenset({Role.SIDECAR}), BY)
@@ -146,14 +147,10 @@ async def test_delete_is_refused_under_open_holds_and_force_charges_them(
         whats = [e["what"] for e in (await ops.audit_page(None)).items]
         assert whats[:3] == ["budget.put", "budget.delete", "key.create"]
         assert all(e["who"] == BY for e in (await ops.audit_page(None)).items)
-    finally:
-        await svc.store.close()
 
 
 async def test_export_then_restore_into_a_wiped_ledger(server: RedisServer) -> None:
-    svc = await _service(server.url)
-    ops = Operations(svc)
-    try:
+    async with _instance(server.url) as (svc, ops):
         bid = await _put(ops, "org:e/team:x", 10_000)
         await _put(ops, "org:e", 20_000, outage_policy=OutagePolicy.OPEN)
         day = BudgetId.parse("org:f")
@@ -170,8 +167,6 @@ async def test_export_then_restore_into_a_wiped_ledger(server: RedisServer) -> N
         await svc.store.reserve(_request(day, 70))
         document = await ops.export(BY)
         old_id = document["ledger_id"]
-    finally:
-        await svc.store.close()
 
     raw = aioredis.Redis.from_url(server.url, decode_responses=True)
     await raw.flushall()
