@@ -201,11 +201,14 @@ end
 -- A budget's committed spend in one window went from after - delta to `after` (delta > 0):
 -- an event for each of its thresholds that this crossed first. The whole percentage, in doubles,
 -- is within far less than the slack of the exact one, so a step that moves it by no whole
--- percent crosses nothing and reads nothing. Returns the ledger's now if it read it.
+-- percent crosses nothing and reads nothing. Below 1% of the ceiling it crosses nothing either
+-- (thresholds are 1 to 100; after * 100 is exact while it is below the ceiling, under 2**53):
+-- the slack alone would send every step of a window's first millionth to read the thresholds.
+-- Returns the ledger's now if it read it.
 local function alert_thresholds(prefix, budget_id, window_key, ceiling_text, after, delta, now)
   local ceiling = tonumber(ceiling_text)
   local before = after - delta
-  if ceiling <= 0 or math.floor(after * 100 / ceiling + 1e-6)
+  if ceiling <= 0 or after * 100 < ceiling or math.floor(after * 100 / ceiling + 1e-6)
       == math.floor(before * 100 / ceiling - 1e-6) then
     return now
   end
