@@ -16,8 +16,8 @@ server's CPU (INFO cpu, user + system: parsing, scripts, replies), the scripts' 
 commandstats: EVALSHA and FCALL), the commands a cycle runs inside its scripts, and the bytes the
 server still holds per cycle once the cycles are done (INFO memory) and, with --wait-s, after a
 gateway call's record has gone (RESEND_WINDOW_MS). Time is the lead's measure on an idle
-machine; on a busy one the instructions a server runs per cycle (valgrind --tool=callgrind on
-redis-server) are the steadier figure.
+machine; on a busy one the instructions a server runs per gateway call are the steadier figure:
+bench/redis_instructions.py counts them (callgrind) for the calls a real gateway call makes.
 """
 
 from __future__ import annotations
