@@ -87,6 +87,8 @@ REQUEST_TIMEOUT_S = 10
 WRK_MARGIN_S = 30.0
 # Servers import their framework and answer their health route within seconds; 60 is broken.
 START_TIMEOUT_S = 60.0
+# A gateway under an instrumenting wrapper (`rig(under=...)`: callgrind) runs some 50x slower.
+UNDER_START_TIMEOUT_S = 600.0
 # Goals of issue 18, printed against the run's figures (a benchmark reports; it does not fail).
 CALLS_RATIO_MIN = 1.0
 P99_RATIO_MAX = 2.0
@@ -154,6 +156,7 @@ class Server:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     live_path: str = "/health/live"
+    start_timeout_s: float = START_TIMEOUT_S
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     # A file, not a pipe: a pipe nobody reads blocks a server that logs a burst of errors.
@@ -181,7 +184,7 @@ class Server:
             return False
 
         try:
-            wait_ready(self.process, live, timeout_s=START_TIMEOUT_S, what=self.name)
+            wait_ready(self.process, live, timeout_s=self.start_timeout_s, what=self.name)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}; its output: {self.output()[-2000:]}") from exc
         return self
@@ -322,21 +325,22 @@ def messages_target(directory: Path, key: str, target: Target, base_url: str) ->
                              "messages"), target.redis_url, "messages")
 
 
-def create_key(ours: Server, budget_id: str) -> str:
+def create_key(ours: Server, budget_id: str, timeout_s: float = REQUEST_TIMEOUT_S) -> str:
     """A gateway-role key for the budget. Keys have roles on branches with issue 13's owners
     work, and `gateway` is the default there; a service without roles refuses the field."""
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     created = httpx.post(f"{ours.url}/v1/admin/keys", headers=admin,
-                         json={"budget_id": budget_id, "roles": ["gateway"]})
+                         json={"budget_id": budget_id, "roles": ["gateway"]}, timeout=timeout_s)
     if created.status_code == 422 and "roles" in created.text:
         created = httpx.post(f"{ours.url}/v1/admin/keys", headers=admin,
-                             json={"budget_id": budget_id})
+                             json={"budget_id": budget_id}, timeout=timeout_s)
     ensure(created.status_code == 201, f"create a key: {created.status_code} {created.text}")
     return str(created.json()["api_key"])
 
 
 def start_ours(stack: contextlib.ExitStack, directory: Path, stub: Server, key: str, name: str,
-               argv: Sequence[str]) -> tuple[Ours, Target]:
+               argv: Sequence[str], start_timeout_s: float = START_TIMEOUT_S
+               ) -> tuple[Ours, Target]:
     """An instance of ours with its own Redis, a budget the run cannot spend and a key for it."""
     model = f"bench-{key}"
     redis_server = stack.enter_context(RedisServer(durable=False))
@@ -345,12 +349,14 @@ def start_ours(stack: contextlib.ExitStack, directory: Path, stub: Server, key: 
         "CEILING_UPSTREAM_URL": f"{stub.url}/v1",
         "CEILING_ANTHROPIC_URL": stub.url,
         "CEILING_PRICES_FILE": str(prices_file(directory / key, [model])),
-    }))
+    }, start_timeout_s=start_timeout_s))
     budget_id = f"org:bench{uuid.uuid4().hex[:8]}"
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    # The first admin request builds the admin surface (api/app.py): slow under a wrapper.
     httpx.put(f"{server.url}/v1/admin/budgets/{budget_id}", headers=admin, json={
-        "limits": [{"period": "total", "ceiling_micros": CEILING_MICROS}]}).raise_for_status()
-    api_key = create_key(server, budget_id)
+        "limits": [{"period": "total", "ceiling_micros": CEILING_MICROS}]},
+        timeout=start_timeout_s).raise_for_status()
+    api_key = create_key(server, budget_id, start_timeout_s)
     target = Target(name, f"{server.url}/v1/chat/completions", server.pid, model, api_key,
                     wrk_script(directory, key, model, api_key), redis_server.url)
     return Ours(server, redis_server, budget_id, model), target
@@ -358,27 +364,32 @@ def start_ours(stack: contextlib.ExitStack, directory: Path, stub: Server, key: 
 
 @contextlib.contextmanager
 def rig(*, with_hardcap: bool = True, with_floors: bool = True,
-        ours: Mapping[str, tuple[str, Sequence[str]]] | None = None) -> Iterator[Rig]:
+        ours: Mapping[str, tuple[str, Sequence[str]]] | None = None,
+        under: Sequence[str] = ()) -> Iterator[Rig]:
     """Everything started, configured and checked to answer; all of it stopped on the way out.
 
     `ours` names the instances of our gateway to start, key -> (name, argv); by default one,
-    "ours", run as `ceiling serve`."""
+    "ours", run as `ceiling serve`. `under` is a command both gateways (ours and hardcap) run
+    under, such as valgrind's: hardcap's console script is then run by its venv's python."""
     with contextlib.ExitStack() as stack:
         directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sc-bench-")))
         python = side_venv.python()
         stub = stack.enter_context(Server("bench stub", [python, "-m", "bench.stub_upstream"]))
         instances, targets, redis_by_target = {}, {}, {}
+        start_timeout = UNDER_START_TIMEOUT_S if under else START_TIMEOUT_S
         for key, (name, argv) in (ours or {"ours": ("spend-ceiling", serve_argv())}).items():
             (directory / key).mkdir()
-            instances[key], targets[key] = start_ours(stack, directory, stub, key, name, argv)
+            instances[key], targets[key] = start_ours(
+                stack, directory, stub, key, name, [*under, *argv], start_timeout)
             redis_by_target[key] = instances[key].redis
         if with_hardcap:
             redis_hardcap = stack.enter_context(RedisServer(durable=False))
             hardcap_key = f"sk-bench-{secrets.token_hex(8)}"
             config = hardcap_config(directory, stub.url, redis_hardcap.url, hardcap_key)
             hardcap = stack.enter_context(Server(
-                "hardcap", [side_venv.tool("hardcap"), "serve", "-c", str(config)],
-                live_path="/healthz"))
+                "hardcap", [*under, *([python] if under else []), side_venv.tool("hardcap"),
+                            "serve", "-c", str(config)],
+                live_path="/healthz", start_timeout_s=start_timeout))
             targets["hardcap"] = Target(
                 "hardcap 0.1.0", f"{hardcap.url}/v1/chat/completions", hardcap.pid,
                 MODELS["hardcap"], hardcap_key,
@@ -405,7 +416,7 @@ def rig(*, with_hardcap: bool = True, with_floors: bool = True,
         for target in targets.values():
             # One call each before any load: a gateway that answers anything but 200 stops here.
             answer = httpx.post(target.url, content=target.body(),
-                                headers=target.headers(), timeout=REQUEST_TIMEOUT_S)
+                                headers=target.headers(), timeout=start_timeout)
             ensure(answer.status_code == 200,
                    f"{target.name}: {answer.status_code} {answer.text[:500]}")
         yield Rig(directory, stub, targets, instances, redis_by_target)

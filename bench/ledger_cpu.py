@@ -17,7 +17,7 @@ commandstats: EVALSHA and FCALL), the commands a cycle runs inside its scripts, 
 server still holds per cycle once the cycles are done (INFO memory) and, with --wait-s, after a
 gateway call's record has gone (RESEND_WINDOW_MS). Time is the lead's measure on an idle
 machine; on a busy one the instructions a server runs per gateway call are the steadier figure:
-bench/redis_instructions.py counts them (callgrind) for the calls a real gateway call makes.
+bench/instructions.py counts them (callgrind) for the calls a real gateway call makes.
 """
 
 from __future__ import annotations

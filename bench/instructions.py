@@ -1,0 +1,241 @@
+"""A gateway call's work in instructions, ours beside hardcap 0.1.0: the figures that do not move.
+
+    .venv/bin/python -m bench.instructions     # ~4 min; needs valgrind (apt-get install valgrind)
+
+bench.gateway judges CPU per call under wrk: the figures that count, but on a shared or virtual
+machine they move with everything else it runs (the same code's Redis has read 1.3x to 1.6x
+hardcap's, its gateway 0.97x to 1.15x). This counts what does not move: the user-space
+instructions a process executes (valgrind's callgrind), per gateway call.
+
+  gateway  bench.gateway's rig (the stub, `ceiling serve` and hardcap, each with its own Redis)
+           with both gateways started under callgrind; GATEWAY_CALLS chat calls sent one at a
+           time on one keep-alive connection after a warm-up, the counters zeroed before them.
+           The server's whole process: HTTP, authentication, pricing, the ledger client, the
+           upstream client, its event loop. The kernel's share (the syscalls' own work) is not
+           counted.
+  Redis    one call through each gateway is watched with MONITOR for its two script calls
+           (reserve and settle; admit and settle). A redis-server under callgrind gets a copy of
+           that gateway's Redis (DUMP/RESTORE of every key, its functions or scripts) and
+           replays the two calls REDIS_CALLS times in sequence, each pair under a fresh
+           reservation id, as a gateway sends them one call at a time: reading the requests, the
+           scripts, the commands they call, the replies.
+
+Sequential calls run with warm caches and no batching; under wrk sixteen connections interleave.
+The counts say how much work each side does per call, not how long it takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import redis
+
+from bench import side_venv
+from bench.gateway import Target, rig
+from core.errors import ensure
+from infra.figures import table
+from infra.processes import free_port, stop
+
+GATEWAY_CALLS = 300
+REDIS_CALLS = 1000
+WARMUP_CALLS = 30
+# Under callgrind a process runs some 50x slower than natively.
+CALL_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 120.0
+MONITOR_TIMEOUT_S = 10.0
+SCRIPT_COMMANDS = ("FCALL", "EVALSHA")
+TARGETS = {"ours": "spend-ceiling", "hardcap": "hardcap 0.1.0"}
+
+
+def callgrind(out: Path) -> list[str]:
+    """The command a process runs under to be counted; its counts go to `out`.<pid>.<dump>."""
+    return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p"]
+
+
+def counted_since_zero(pid: int, out: Path) -> int:
+    """Dump the counters of the process `pid` (zeroed by `zero`) and read their total."""
+    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+    dumps = sorted(out.parent.glob(f"{out.name}.{pid}.*"))
+    ensure(bool(dumps), f"callgrind wrote no dump for {pid}")
+    found = re.search(r"^summary: (\d+)", dumps[-1].read_text(), re.MULTILINE)
+    ensure(found is not None, "callgrind's dump has no summary")
+    assert found is not None
+    return int(found.group(1))
+
+
+def zero(pid: int) -> None:
+    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+
+
+def gateway_per_call(target: Target, out: Path, calls: int) -> float:
+    """Instructions the gateway process runs per chat call, one call at a time."""
+    with httpx.Client(timeout=CALL_TIMEOUT_S) as client:
+        def one_call() -> None:
+            answer = client.post(target.url, content=target.body(), headers=target.headers())
+            ensure(answer.status_code == 200, f"{target.name}: {answer.status_code}")
+
+        for _ in range(WARMUP_CALLS):
+            one_call()
+        zero(target.pid)
+        for _ in range(calls):
+            one_call()
+        return counted_since_zero(target.pid, out) / calls
+
+
+@dataclass(frozen=True)
+class Captured:
+    """One gateway call's two script calls, as its Redis received them, and the reservation id
+    in them (replaced by a fresh one for each replay)."""
+
+    commands: tuple[tuple[str, ...], ...]
+    reservation_id: str
+
+    def replay(self) -> Iterator[tuple[str, ...]]:
+        fresh = secrets.token_hex(len(self.reservation_id) // 2)
+        for command in self.commands:
+            yield tuple(part.replace(self.reservation_id, fresh) for part in command)
+
+
+def capture(target: Target) -> Captured:
+    """The script calls one call through `target` makes: MONITOR while it is sent."""
+    redis_url = target.redis_url
+    assert redis_url is not None
+    seen: list[str] = []
+    listening = threading.Event()
+
+    def monitor() -> None:
+        with redis.Redis.from_url(redis_url, decode_responses=True) as client, \
+                client.monitor() as m:
+            listening.set()
+            for entry in m.listen():
+                seen.append(entry["command"])
+                if sum(line.startswith(SCRIPT_COMMANDS) for line in seen) >= 2:
+                    return
+
+    thread = threading.Thread(target=monitor, daemon=True)
+    thread.start()
+    ensure(listening.wait(MONITOR_TIMEOUT_S), "MONITOR did not start")
+    time.sleep(0.2)  # MONITOR is registered once the server has read it
+    answer = httpx.post(target.url, content=target.body(), headers=target.headers(),
+                        timeout=CALL_TIMEOUT_S)
+    ensure(answer.status_code == 200, f"{target.name}: {answer.status_code}")
+    thread.join(MONITOR_TIMEOUT_S)
+    commands = tuple(tuple(line.split(" ")) for line in seen if line.startswith(SCRIPT_COMMANDS))
+    ensure(len(commands) == 2, f"{target.name}: script calls seen: {commands}")
+    # The reservation id: the random one (hex, or ours' '<hex>_<hex>') at the end of a key or
+    # argument of the first call that the second call names too.
+    ids = [part.rsplit(":", 1)[-1] for part in commands[0][3:]]
+    rid = next(i for i in ids if re.fullmatch(r"[0-9a-f]{16,}(_[0-9a-f]{16,})?", i)
+               and any(i in part for part in commands[1]))
+    return Captured(commands, rid)
+
+
+def hardcap_scripts() -> list[str]:
+    """hardcap's Lua sources, from the side venv that runs it."""
+    where = subprocess.run(
+        [side_venv.python(), "-c",
+         "from importlib.resources import files; print(files('hardcap') / 'lua')"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    return [p.read_text() for p in sorted(Path(where).glob("*.lua"))]
+
+
+@contextlib.contextmanager
+def counted_redis(out: Path) -> Iterator[tuple[redis.Redis, int]]:
+    """A redis-server under callgrind, started here and stopped by pid: a client and its pid."""
+    port = free_port()
+    process = subprocess.Popen(
+        [*callgrind(out), "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+         "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port, socket_timeout=START_TIMEOUT_S)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                ensure(time.monotonic() < deadline and process.poll() is None,
+                       "redis-server under callgrind did not start")
+                time.sleep(0.2)
+        yield client, process.pid
+    finally:
+        stop(process)
+
+
+def copy_state(source_url: str, dest: redis.Redis, scripts: Sequence[str]) -> None:
+    """Every key of the source, with its time to live; its function library, or `scripts`."""
+    with redis.Redis.from_url(source_url) as source:
+        for key in source.scan_iter(count=1000):
+            dumped = source.dump(key)
+            if dumped is not None:
+                dest.restore(key, max(source.pttl(key), 0), dumped, replace=True)
+        library = source.function_dump()
+    if scripts:
+        for text in scripts:
+            dest.script_load(text)
+    else:
+        dest.function_restore(library)
+
+
+def redis_per_call(key: str, target: Target, out: Path, calls: int) -> float:
+    """Instructions a Redis runs per gateway call for the two script calls `target` makes."""
+    captured = capture(target)
+    assert target.redis_url is not None
+    with counted_redis(out) as (client, pid):
+        copy_state(target.redis_url, client, hardcap_scripts() if key == "hardcap" else [])
+
+        def one_call() -> None:
+            for command in captured.replay():
+                client.execute_command(*command)  # type: ignore[no-untyped-call]
+
+        for _ in range(WARMUP_CALLS):
+            one_call()
+        zero(pid)
+        for _ in range(calls):
+            one_call()
+        return counted_since_zero(pid, out) / calls
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--gateway-calls", type=int, default=GATEWAY_CALLS)
+    parser.add_argument("--redis-calls", type=int, default=REDIS_CALLS)
+    options = parser.parse_args(argv)
+    for tool in ("valgrind", "callgrind_control"):
+        ensure(shutil.which(tool) is not None,
+               f"{tool} is not installed (apt-get install valgrind)")
+    counts = {}
+    with tempfile.TemporaryDirectory(prefix="sc-callgrind-") as where:
+        out = Path(where) / "gateway"
+        with rig(with_floors=False, under=callgrind(out)) as rig_:
+            for key in TARGETS:
+                target = rig_.targets[key]
+                counts[key] = (gateway_per_call(target, out, options.gateway_calls),
+                               redis_per_call(key, target, Path(where) / f"redis-{key}",
+                                              options.redis_calls))
+    rows = [[name, f"{counts[key][0]:,.0f}", f"{counts[key][1]:,.0f}"]
+            for key, name in TARGETS.items()]
+    ours, theirs = counts["ours"], counts["hardcap"]
+    rows.append(["ours / hardcap", f"{ours[0] / theirs[0]:.2f}", f"{ours[1] / theirs[1]:.2f}"])
+    print(f"Instructions per gateway call (callgrind): the gateway process over "
+          f"{options.gateway_calls:,} chat calls, its Redis over {options.redis_calls:,} replays "
+          "of the call's two script calls; one call at a time\n")
+    print(table(["gateway", "gateway process", "its Redis"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
