@@ -9,8 +9,8 @@ it), outermost first:
     router                  the hot routes (api/routing.py), then FastAPI for everything else
 
 FastAPI serves admin, health, the docs and the OpenAPI schema, which documents the hot routes
-too. It is built, and its routes' modules imported, on the first request that reaches it: a
-serverless instance started for a reserve or a gateway call never pays for the admin surface
+too. It is built, and FastAPI and its routes' modules imported, on the first request that
+reaches it: a serverless instance started for a reserve or a gateway call never imports FastAPI
 (bench/http.py judges `import api.index` against `import fastapi`). A middleware added to
 MIDDLEWARE (CORS, request ids, tracing) applies to every route; FastAPI's own per-request
 telemetry sees only what reaches FastAPI.
@@ -81,7 +81,7 @@ def documented_app() -> ASGIApp:
     from api.routes import admin, alerts, dashboard, health
 
     return FastAPI(
-        title="spend-ceiling", version=VERSION, exception_handlers=errors.HANDLERS,
+        title="spend-ceiling", version=VERSION, exception_handlers=errors.fastapi_handlers(),
         # Given as routes, not through include_router(): FastAPI matches an included router
         # through a layer of its own on every request.
         routes=[*admin.router.routes, *alerts.router.routes, *dashboard.router.routes,

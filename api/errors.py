@@ -8,10 +8,9 @@ the way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, cast
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, Protocol, cast
 
-from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -75,11 +74,32 @@ async def _on_ceiling_error(request: Request, exc: Exception) -> JSONResponse:
     return ceiling_error_response(cast(CeilingError, exc))
 
 
+class ValidationProblems(Protocol):
+    """A request that does not match the API, as pydantic lists its errors: FastAPI's
+    RequestValidationError, and InvalidBody."""
+
+    def errors(self) -> Sequence[Any]: ...
+
+
+class InvalidBody(Exception):
+    """A hot route's body that does not match its model (api/routes/sidecar.py), answered as
+    FastAPI answers its own routes' RequestValidationError. The hot routes raise this one so
+    that serving them never imports FastAPI (api/app.py builds it on the first request that
+    needs it)."""
+
+    def __init__(self, errors: Sequence[Any]) -> None:
+        super().__init__(errors)
+        self._errors = errors
+
+    def errors(self) -> Sequence[Any]:
+        return self._errors
+
+
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
-    return validation_error_response(cast(RequestValidationError, exc))
+    return validation_error_response(cast(ValidationProblems, exc))
 
 
-def validation_error_response(exc: RequestValidationError) -> JSONResponse:
+def validation_error_response(exc: ValidationProblems) -> JSONResponse:
     problems = [
         {"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"), "problem": e["msg"]}
         for e in exc.errors()
@@ -99,12 +119,21 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(code, str(exc.detail), headers=exc.headers)
 
 
-# The one mapping of errors to answers. api/app.py gives it to the app and to FastAPI; a route
-# whose errors take another shape declares its own on top of it (api/openai_errors.py).
-# Starlette calls each handler only with the exception class it was registered for.
+# The one mapping of errors to answers. api/app.py gives it to the app, and to FastAPI with
+# FastAPI's own validation error added (fastapi_handlers); a route whose errors take another
+# shape declares its own on top of it (api/openai_errors.py). Starlette calls each handler only
+# with the exception class it was registered for.
 Handler = Callable[[Request, Any], Coroutine[Any, Any, Response]]
 HANDLERS: dict[int | type[Exception], Handler] = {
     CeilingError: _on_ceiling_error,
-    RequestValidationError: _on_validation_error,
+    InvalidBody: _on_validation_error,
     HTTPException: _on_http_error,
 }
+
+
+def fastapi_handlers() -> dict[int | type[Exception], Handler]:
+    """HANDLERS, and FastAPI's RequestValidationError answered as InvalidBody is: for the
+    FastAPI app alone, which imports FastAPI when it is built."""
+    from fastapi.exceptions import RequestValidationError
+
+    return {**HANDLERS, RequestValidationError: _on_validation_error}

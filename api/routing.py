@@ -15,15 +15,17 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi.routing import APIRoute
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from core.limits import RESERVATION_ID_LEN_MAX
+
+if TYPE_CHECKING:
+    from fastapi.routing import APIRoute
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -63,6 +65,9 @@ class HotRoute:
                      middleware=list(self.middleware))
 
     def documented(self) -> APIRoute:
+        # Imported here: only FastAPI's app (built on its first request) documents the routes.
+        from fastapi.routing import APIRoute
+
         return APIRoute(self.path, self.endpoint, methods=list(self.methods),
                         status_code=self.status_code, openapi_extra=self.openapi())
 

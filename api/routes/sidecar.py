@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from api.errors import InvalidBody
 from api.models import ReserveBody, SettleBody
 from api.routing import HotRoute
 from api.runtime import runtime
@@ -46,7 +46,7 @@ async def parsed(model: type[B], request: Request) -> B:
     try:
         return model.model_validate_json(await request.body())
     except ValidationError as exc:
-        raise RequestValidationError(exc.errors(include_url=False, include_context=False)) from exc
+        raise InvalidBody(exc.errors(include_url=False, include_context=False)) from exc
 
 
 async def reserve(request: Request) -> JSONResponse:

@@ -110,21 +110,23 @@ COLD_IMPORT = r"""
 import json, sys
 import api.index
 hot = sorted(m for m in sys.modules if m.startswith("api.routes."))
+fastapi_before = "fastapi" in sys.modules
 from starlette.testclient import TestClient
 with TestClient(api.index.app) as client:
     status = client.get("/health").status_code
-print(json.dumps({"before": hot, "status": status,
+print(json.dumps({"before": hot, "fastapi_before": fastapi_before, "status": status,
                   "after": "api.routes.admin" in sys.modules}))
 """
 
 
 def test_an_instance_imports_the_admin_surface_on_its_first_request_for_it() -> None:
     # A serverless instance started for a reserve or a gateway call imports only the hot
-    # routes (bench/http.py judges the import's time); the admin, health and dashboard routes
-    # come with the first request that reaches FastAPI, and answer it.
+    # routes, and no FastAPI (bench/http.py judges the import's time); FastAPI and the admin,
+    # health and dashboard routes come with the first request that reaches them, and answer it.
     done = subprocess.run([sys.executable, "-c", COLD_IMPORT], capture_output=True, text=True,
                           timeout=60, check=True)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["before"] == ["api.routes.gateway", "api.routes.sidecar"]
+    assert seen["fastapi_before"] is False  # not even for its exceptions or route classes
     assert seen["after"] is True
     assert seen["status"] in (200, 503)
