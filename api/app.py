@@ -8,12 +8,12 @@ it), outermost first:
     ExceptionMiddleware     errors.HANDLERS, the one mapping of errors to answers
     router                  the hot routes (api/routing.py), then FastAPI for everything else
 
-FastAPI serves admin, health, the docs and the OpenAPI schema, which documents the hot routes
-too. It is built, and FastAPI and its routes' modules imported, on the first request that
-reaches it: a serverless instance started for a reserve or a gateway call never imports FastAPI
-(bench/http.py judges `import api.index` against `import fastapi`). A middleware added to
-MIDDLEWARE (CORS, request ids, tracing) applies to every route; FastAPI's own per-request
-telemetry sees only what reaches FastAPI.
+FastAPI serves admin, the dashboard, the docs and the OpenAPI schema, which documents the hot
+routes too. It is built, and FastAPI and its routes' modules imported, on the first request
+that reaches it: a serverless instance started for a reserve, a gateway call or a health check
+never imports FastAPI (bench/http.py judges `import api.index` against `import fastapi`). A
+middleware added to MIDDLEWARE (CORS, request ids, tracing) applies to every route; FastAPI's
+own per-request telemetry sees only what reaches FastAPI.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from api import errors
-from api.routes import gateway, sidecar
+from api.routes import gateway, health, sidecar
 from api.runtime import VERSION
 
 # The largest request body accepted: a chat request with a long prompt fits in a few hundred KB;
@@ -71,21 +71,20 @@ class BodyLimit:
 
 # Every request goes through these, outermost first, hot route or not.
 MIDDLEWARE: tuple[Middleware, ...] = (Middleware(BodyLimit),)
-HOT_ROUTES = (*sidecar.ROUTES, *gateway.ROUTES)
+HOT_ROUTES = (*sidecar.ROUTES, *gateway.ROUTES, *health.ROUTES)
 
 
 def documented_app() -> ASGIApp:
     """FastAPI with every route that is not hot, and a documented copy of each hot one."""
     from fastapi import FastAPI
 
-    from api.routes import admin, alerts, dashboard, health
+    from api.routes import admin, alerts, dashboard
 
     return FastAPI(
         title="spend-ceiling", version=VERSION, exception_handlers=errors.fastapi_handlers(),
         # Given as routes, not through include_router(): FastAPI matches an included router
         # through a layer of its own on every request.
         routes=[*admin.router.routes, *alerts.router.routes, *dashboard.router.routes,
-                *health.router.routes,
                 *(r.documented() for r in HOT_ROUTES)],
     )
 
@@ -107,7 +106,7 @@ def create_app(middleware: Sequence[Middleware] = MIDDLEWARE,
                lifespan: Lifespan[Starlette] | None = None) -> Starlette:
     """`lifespan`: what runs from start-up to shutdown; `ceiling serve` delivers alerts there."""
     # The dispatcher: a hot route's path and method go to its Starlette route; anything else
-    # (admin, health, docs, a hot path with another method, a path nobody serves) to FastAPI,
+    # (admin, dashboard, docs, a hot path with another method, a path nobody serves) to FastAPI,
     # which answers it with the same mapping. Mount("") leaves the path and root path as
     # they came.
     return Starlette(

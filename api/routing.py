@@ -1,11 +1,12 @@
 """The hot routes, each declared once: served by Starlette, documented by FastAPI.
 
-Reserve, settle, release, the caller's budgets and the gateway's calls are nearly all of the
-traffic. Each takes the Request and returns a Response, reading its own headers and body:
-FastAPI's request handling (dependency solving, a per-request exit stack) costs more CPU per
-call than the ledger round trip (bench/http.py prints both). api/app.py serves them as plain
-Starlette routes; FastAPI holds a documented copy of each, so that its OpenAPI schema describes
-them with their real headers and request bodies, for clients and for the fuzzer. The copy never
+Reserve, settle, release, the caller's budgets, the gateway's calls and the monitors' health
+checks are nearly all of the traffic. Each takes the Request and returns a Response, reading
+its own headers and body: FastAPI's request handling (dependency solving, a per-request exit
+stack) costs more CPU per call than the ledger round trip (bench/http.py prints both).
+api/app.py serves them as plain Starlette routes; FastAPI holds a documented copy of each, so
+that its OpenAPI schema describes them with their real headers and request bodies, for clients
+and for the fuzzer. The copy never
 runs its endpoint: the app's router matches a hot route's path and method first, and FastAPI
 sees only the other methods on that path, which the copy answers with a 405.
 """
@@ -33,7 +34,8 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 HEADERS_COMMON = ("Authorization", "X-Ceiling-Run-Id")
 # What the service accepts in each header it reads (core/service.py checks the ids).
 HEADER_SCHEMAS: dict[str, dict[str, Any]] = {
-    "Authorization": {"type": "string", "description": "Bearer <api key>"},
+    "Authorization": {"type": "string",
+                      "description": "Bearer <api key> (on health: the admin token, optional)"},
     "X-Ceiling-Run-Id": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"},
     "Idempotency-Key": {"type": "string",
                         "pattern": f"^[\\x21-\\x7e]{{1,{RESERVATION_ID_LEN_MAX}}}$"},
@@ -56,6 +58,8 @@ class HotRoute:
     methods: tuple[str, ...] = ("POST",)
     body: dict[str, Any] | None = None  # the request body's JSON Schema
     headers: tuple[str, ...] = ()  # headers read beyond HEADERS_COMMON
+    # A key holder's route, which reads HEADERS_COMMON; health is not one.
+    keyed: bool = True
     status_code: int = 200  # the documented success
     # The route's own, inside the app's stack: e.g. its errors in another shape.
     middleware: tuple[Middleware, ...] = ()
@@ -75,7 +79,7 @@ class HotRoute:
         """What FastAPI cannot see in an endpoint that reads its own request."""
         parameters = [
             {"name": h, "in": "header", "required": False, "schema": HEADER_SCHEMAS[h]}
-            for h in (*HEADERS_COMMON, *self.headers)
+            for h in (*(HEADERS_COMMON if self.keyed else ()), *self.headers)
         ] + [
             {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
             for p in _PATH_PARAM.findall(self.path)

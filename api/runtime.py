@@ -9,6 +9,7 @@ the reason that enforcement is refused and health is `down`.
 
 from __future__ import annotations
 
+import hmac
 import os
 import uuid
 from collections.abc import Mapping
@@ -90,3 +91,17 @@ def runtime() -> Runtime:
     if _runtime is None:
         _runtime = Runtime.from_env(os.environ)
     return _runtime
+
+
+def admin_token() -> str | None:
+    """The operator's token (CEILING_ADMIN_TOKEN); None when it is unset or the configuration
+    could not be read."""
+    config = runtime().config
+    return config.admin_token if config else None
+
+
+def is_admin_token(given: str | None) -> bool:
+    """`given` is the admin token (compared in constant time); never when none is set."""
+    expected = admin_token()
+    return bool(expected and given is not None
+                and hmac.compare_digest(given.encode(), expected.encode()))

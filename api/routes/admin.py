@@ -3,7 +3,6 @@ when the token is unset."""
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header
@@ -11,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from api.admin_models import BudgetBody, CorrectionBody, KeyBody, RotateBody
 from api.routes.sidecar import bearer
-from api.runtime import runtime
+from api.runtime import admin_token, is_admin_token, runtime
 from api.views import correction_json, leg_json, stored_reservation_json
 from core.budgets import BudgetId
 from core.errors import BudgetNotFound, Forbidden, InvalidRequest, Unauthorized
@@ -24,18 +23,6 @@ router = APIRouter(prefix="/v1/admin")
 async def service() -> CeilingService:
     # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hand-off per call.
     return runtime().enforcing()
-
-
-def admin_token() -> str | None:
-    config = runtime().config
-    return config.admin_token if config else None
-
-
-def is_admin_token(given: str | None) -> bool:
-    """`given` is the admin token (compared in constant time); never when none is set."""
-    expected = admin_token()
-    return bool(expected and given is not None
-                and hmac.compare_digest(given.encode(), expected.encode()))
 
 
 async def admin(authorization: Annotated[str | None, Header()] = None) -> None:

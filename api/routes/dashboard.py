@@ -24,9 +24,8 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from api.routes.admin import admin_token, is_admin_token
 from api.routes.sidecar import bearer
-from api.runtime import runtime
+from api.runtime import admin_token, is_admin_token, runtime
 from api.views import made_by
 from core import spend
 from core.alerts import AlertEvent

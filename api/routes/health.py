@@ -1,18 +1,19 @@
 """Health for uptime monitors: 200 only when `ok`. It never raises: a failing ledger shows in
-the body, with 503."""
+the body, with 503.
+
+Hot routes (api/routing.py), as reserve and the gateway are: a monitor polling a new serverless
+instance, or a fleet waiting for its instances, does not make it build the admin surface."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Header
-from fastapi.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
-from api.routes.admin import is_admin_token
 from api.routes.sidecar import bearer
-from api.runtime import VERSION, runtime
-
-router = APIRouter()
+from api.routing import HotRoute
+from api.runtime import VERSION, is_admin_token, runtime
 
 # Budgets with outage_policy `open` that health names: enough for an operator to see which, and a
 # bounded body for a monitor polling it.
@@ -76,16 +77,17 @@ def _is_operator(authorization: str | None) -> bool:
     return bool(authorization) and is_admin_token(bearer(authorization))
 
 
-# GET and HEAD as routes of their own: one route of both methods documents two operations
-# under one id.
-@router.get("/health")
-@router.head("/health")
-async def health(authorization: Annotated[str | None, Header()] = None) -> JSONResponse:
-    body = await health_body(operator=_is_operator(authorization))
+async def health(request: Request) -> JSONResponse:
+    body = await health_body(operator=_is_operator(request.headers.get("authorization")))
     return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
 
-@router.get("/health/live")
-@router.head("/health/live")
-async def live() -> JSONResponse:
+async def live(request: Request) -> JSONResponse:
     return JSONResponse({"status": "live", "instance_id": runtime().instance_id})
+
+
+# GET, which Starlette serves for HEAD too. Authorization here is the admin token, optional.
+ROUTES = (
+    HotRoute("/health", health, methods=("GET",), keyed=False, headers=("Authorization",)),
+    HotRoute("/health/live", live, methods=("GET",), keyed=False),
+)

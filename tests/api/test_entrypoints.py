@@ -114,19 +114,23 @@ fastapi_before = "fastapi" in sys.modules
 from starlette.testclient import TestClient
 with TestClient(api.index.app) as client:
     status = client.get("/health").status_code
+    fastapi_after_health = "fastapi" in sys.modules
+    client.get("/v1/admin/keys/key_x")
 print(json.dumps({"before": hot, "fastapi_before": fastapi_before, "status": status,
+                  "fastapi_after_health": fastapi_after_health,
                   "after": "api.routes.admin" in sys.modules}))
 """
 
 
 def test_an_instance_imports_the_admin_surface_on_its_first_request_for_it() -> None:
     # A serverless instance started for a reserve or a gateway call imports only the hot
-    # routes, and no FastAPI (bench/http.py judges the import's time); FastAPI and the admin,
-    # health and dashboard routes come with the first request that reaches them, and answer it.
+    # routes, and no FastAPI (bench/http.py judges the import's time), nor does health; FastAPI
+    # and the admin and dashboard routes come with the first request that reaches them.
     done = subprocess.run([sys.executable, "-c", COLD_IMPORT], capture_output=True, text=True,
                           timeout=60, check=True)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["before"] == ["api.routes.gateway", "api.routes.sidecar"]
+    assert seen["before"] == ["api.routes.gateway", "api.routes.health", "api.routes.sidecar"]
     assert seen["fastapi_before"] is False  # not even for its exceptions or route classes
+    assert seen["fastapi_after_health"] is False  # a monitor's check is a hot route
     assert seen["after"] is True
     assert seen["status"] in (200, 503)
