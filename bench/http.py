@@ -81,7 +81,7 @@ from core.service import CallSpec, CeilingService, SettleSpec
 from core.stores.redis import RedisTransport, redis_client
 from core.stores.scripted import ScriptedStore
 from infra.figures import median, ms, percentile, table
-from infra.processes import free_port
+from infra.processes import Child, free_port
 from infra.processes import stop as stop_process
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
@@ -265,7 +265,7 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def pid_of(process: subprocess.Popen[bytes] | None) -> int:
+def pid_of(process: Child | None) -> int:
     if process is None:
         raise InvariantBroken("the server under test runs")
     return process.pid

@@ -227,7 +227,8 @@ class Fleet:
             self.provider.start()
             env = self.service_env()
             self.services = [
-                ServiceProcess(env=env, log_path=str(self.workdir / f"instance-{i:02d}.log"))
+                ServiceProcess(env=env, log_path=str(self.workdir / f"instance-{i:02d}.log"),
+                               forked=True)
                 for i in range(self.instances)
             ]
             started = time.monotonic()

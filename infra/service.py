@@ -17,7 +17,8 @@ from types import TracebackType
 
 import httpx
 
-from infra.processes import OnAFreePort, free_port, listening, stop, wait_ready
+from infra.forkserver import ForkServer
+from infra.processes import Child, OnAFreePort, free_port, listening, stop, wait_ready
 
 # An instance imports FastAPI and answers /health/live in moments; after 30 s it is broken.
 START_TIMEOUT_S = 30.0
@@ -27,9 +28,12 @@ START_TIMEOUT_S = 30.0
 class ServiceProcess(OnAFreePort):
     env: dict[str, str]
     port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
+    process: Child | None = None
     log_path: str | None = None
     platform: bool = False
+    # Forked from a process that has imported the service already (infra/forkserver.py): the
+    # same `ceiling serve`, without each instance's import CPU. For fleets, which start dozens.
+    forked: bool = False
 
     @property
     def url(self) -> str:
@@ -37,15 +41,17 @@ class ServiceProcess(OnAFreePort):
 
     def _start_once(self) -> None:
         env = {**os.environ, **self.env}
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        command = (
-            ["-m", "uvicorn", "api.index:app", "--log-level", "warning"]
-            if self.platform else ["-m", "api.cli", "serve"]
-        )
-        self.process = subprocess.Popen(
-            [sys.executable, *command, "--host", "127.0.0.1", "--port", str(self.port)],
-            env=env, stdout=out, stderr=out,
-        )
+        listen = ["--host", "127.0.0.1", "--port", str(self.port)]
+        if self.forked and not self.platform:
+            self.process = ForkServer.shared().spawn(["serve", *listen], env, self.log_path)
+        else:
+            out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+            command = (
+                ["-m", "uvicorn", "api.index:app", "--log-level", "warning"]
+                if self.platform else ["-m", "api.cli", "serve"]
+            )
+            self.process = subprocess.Popen(
+                [sys.executable, *command, *listen], env=env, stdout=out, stderr=out)
         # One client for all polls: each new client builds an SSL context, CPU that 25 instances
         # starting at once would pay many times over.
         with httpx.Client(timeout=1.0) as client:
