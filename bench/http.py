@@ -930,7 +930,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             stack.callback(server.__exit__, None, None, None)
             server.start()
             env = {"REDIS_URL": server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN}
-            service = ServiceProcess(env)
+            # Started as `ceiling serve` is, not forked: its CPU and heap are what is measured.
+            service = ServiceProcess(env, forked=False)
             stack.callback(service.stop)
             service.start()
             setup = set_up(service, env)

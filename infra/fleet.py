@@ -227,8 +227,7 @@ class Fleet:
             self.provider.start()
             env = self.service_env()
             self.services = [
-                ServiceProcess(env=env, log_path=str(self.workdir / f"instance-{i:02d}.log"),
-                               forked=True)
+                ServiceProcess(env=env, log_path=str(self.workdir / f"instance-{i:02d}.log"))
                 for i in range(self.instances)
             ]
             started = time.monotonic()
