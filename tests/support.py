@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
+from multiprocessing.context import BaseContext
 
 import pytest
 from hypothesis import settings
@@ -80,3 +82,17 @@ SHARED_STORE_BUILDERS: dict[str, SharedStoreBuilder] = {
         call_timeout_s=CONTENTION_CALL_TIMEOUT_S,
     ),
 }
+
+
+# The modules whose functions the cross-process tests run in child processes.
+CHILD_MODULES = ("tests.core.stores.test_concurrency", "tests.core.stores.test_alerts")
+
+
+def process_context() -> BaseContext:
+    """The cross-process tests' children: separate processes with their own stores and
+    connections, forked from one server process that has imported them once (multiprocessing's
+    forkserver). A spawned child imports the stores and the test module again, each time; a
+    child forked from a test worker would copy the locks its threads hold."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(CHILD_MODULES))
+    return ctx
