@@ -2,7 +2,7 @@
 
 A `ceiling serve` process spends nearly all of its start-up CPU importing the app (FastAPI,
 pydantic, uvicorn, the gateway's HTTP clients); a fleet pays that once per instance, and the
-suite starts a hundred instances. The fork server imports those modules once, then forks an
+suite starts many fleets. The fork server imports those modules once, then forks an
 instance per request: each child sets the environment it is given, sends its output to its own
 log, and runs `ceiling serve` (api.cli.main) as the command line would. Each instance is still
 an OS process with its own memory, configured only by its environment, stopped by its pid.
@@ -40,7 +40,7 @@ PRELOADED = (
 # The `serve` extra's loop and parser, when installed (uvicorn falls back without them).
 PRELOADED_IF_INSTALLED = ("uvloop", "httptools", "uvicorn.loops.uvloop",
                           "uvicorn.protocols.http.httptools_impl")
-# The server itself starts in about as long as one instance; past this it is broken.
+# The server imports what one instance does; past this it is broken.
 READY_TIMEOUT_S = 60.0
 # Descriptors a child closes before it runs: everything but stdin, stdout and stderr.
 FD_FIRST_CLOSED = 3

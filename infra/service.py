@@ -35,7 +35,7 @@ class ServiceProcess(OnAFreePort):
     log_path: str | None = None
     platform: bool = False
     # Forked from a process that has imported the service already (infra/forkserver.py): the
-    # same `ceiling serve`, without each start's import CPU (the suite starts a hundred). An
+    # same `ceiling serve`, without each start's import CPU, which the suite pays per start. An
     # environment that acts only when an interpreter starts (LD_PRELOAD's libfaketime, PYTHON*)
     # is run as a command of its own, as is `platform`; forked=False always is.
     forked: bool = True
