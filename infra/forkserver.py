@@ -9,7 +9,8 @@ an OS process with its own memory, configured only by its environment, stopped b
 
 Nothing is configured before the fork: the imports read no environment (api.runtime reads it on
 the first call), so an instance sees only the environment it was given. Python reseeds `random`
-in a forked child; the hash seed is the server's, which the service does not depend on.
+in a forked child; the instances share the server's hash seed, as processes started with one
+PYTHONHASHSEED would.
 
 Protocol over the server's stdin and stdout, one JSON object a line: the client sends
 {"argv", "env", "cwd", "log"}; the server answers {"pid"} (or {"error"}) in order, and sends
