@@ -17,11 +17,12 @@ from infra.processes import free_port, wait_ready
 START_TIMEOUT_S = 30.0
 
 
-@pytest.fixture
-def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ForkServer]:
+@pytest.fixture(scope="module")
+def server() -> Iterator[ForkServer]:
     # The server's own environment names a ledger; no instance is given it.
-    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
-    s = ForkServer()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+        s = ForkServer()
     yield s
     s.stop()
 
@@ -73,7 +74,8 @@ def test_an_instance_that_refuses_to_start_says_why_and_exits_with_its_code(
     assert "refusing to start" in log.read_text()
 
 
-def test_the_instances_stop_when_the_client_goes(server: ForkServer, tmp_path: Path) -> None:
+def test_the_instances_stop_when_the_client_goes(tmp_path: Path) -> None:
+    server = ForkServer()
     env = {**os.environ, "REDIS_URL": "", "CEILING_SINGLE_REPLICA": "1"}
     child = server.spawn(serve_argv(free_port()), env, str(tmp_path / "log"))
     assert child.poll() is None
