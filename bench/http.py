@@ -81,7 +81,7 @@ from core.service import CallSpec, CeilingService, SettleSpec
 from core.stores.redis import RedisTransport, redis_client
 from core.stores.scripted import ScriptedStore
 from infra.figures import median, ms, percentile, table
-from infra.processes import free_port
+from infra.processes import Child, free_port
 from infra.processes import stop as stop_process
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
@@ -267,7 +267,7 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def pid_of(process: subprocess.Popen[bytes] | None) -> int:
+def pid_of(process: Child | None) -> int:
     if process is None:
         raise InvariantBroken("the server under test runs")
     return process.pid
@@ -932,7 +932,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             stack.callback(server.__exit__, None, None, None)
             server.start()
             env = {"REDIS_URL": server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN}
-            service = ServiceProcess(env)
+            # Started as `ceiling serve` is, not forked: its CPU and heap are what is measured.
+            service = ServiceProcess(env, forked=False)
             stack.callback(service.stop)
             service.start()
             setup = set_up(service, env)

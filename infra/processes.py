@@ -9,7 +9,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
-from typing import Self
+from typing import Protocol, Self
 
 # A child that has not exited this long after SIGTERM is killed.
 STOP_TIMEOUT_S = 10.0
@@ -19,6 +19,23 @@ POLL_INTERVAL_S = 0.05
 PORT_ATTEMPTS_MAX = 3
 # /proc/net/tcp's state of a listening socket.
 TCP_LISTEN = "0A"
+
+
+class Child(Protocol):
+    """What the harness uses of a child process: subprocess.Popen, or a fork server's child
+    (infra/forkserver.py)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
 
 
 def free_port() -> int:
@@ -77,7 +94,7 @@ def listening(pid: int, port: int) -> bool:
 
 
 def wait_ready(
-    process: subprocess.Popen[bytes], ready: Callable[[], bool], *, timeout_s: float, what: str
+    process: Child, ready: Callable[[], bool], *, timeout_s: float, what: str
 ) -> None:
     """Poll `ready` until it is true; stop the child and raise if it exits or time runs out."""
     deadline = time.monotonic() + timeout_s
@@ -91,7 +108,7 @@ def wait_ready(
     raise RuntimeError(f"{what} was not ready within {timeout_s} s")
 
 
-def stop(process: subprocess.Popen[bytes] | None, *, kill: bool = False) -> None:
+def stop(process: Child | None, *, kill: bool = False) -> None:
     """Stop a child by its pid: SIGTERM lets it finish cleanly, kill=True is a crash."""
     if process is None:
         return

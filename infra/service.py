@@ -3,7 +3,8 @@
 `ServiceProcess` runs `ceiling serve` (uvicorn, one worker) on a free loopback port with the
 environment it is given, waits until `/health/live` answers, and stops it by pid. With
 `platform=True` it runs the app the way Vercel and Lambda do: the ASGI app served as it is, with
-no `ceiling serve` start-up check in front of it.
+no `ceiling serve` start-up check in front of it. `ceiling serve` is forked from a process that
+has imported the app (infra/forkserver.py) unless told not to.
 """
 
 from __future__ import annotations
@@ -17,35 +18,50 @@ from types import TracebackType
 
 import httpx
 
-from infra.processes import OnAFreePort, free_port, listening, stop, wait_ready
+from infra.forkserver import ForkServer
+from infra.processes import Child, OnAFreePort, free_port, listening, stop, wait_ready
 
 # An instance imports FastAPI and answers /health/live in moments; after 30 s it is broken.
 START_TIMEOUT_S = 30.0
+# Variables read by the dynamic loader or the interpreter at exec, which a fork never repeats.
+EXEC_ONLY_ENV_PREFIXES = ("LD_", "PYTHON")
 
 
 @dataclass
 class ServiceProcess(OnAFreePort):
     env: dict[str, str]
     port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
+    process: Child | None = None
     log_path: str | None = None
     platform: bool = False
+    # Forked from a process that has imported the service already (infra/forkserver.py): the
+    # same `ceiling serve`, without each start's import CPU, which the suite pays per start. An
+    # environment that acts only when an interpreter starts (LD_PRELOAD's libfaketime, PYTHON*)
+    # is run as a command of its own, as is `platform`; forked=False always is.
+    forked: bool = True
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def forks(self) -> bool:
+        return self.forked and not self.platform and not any(
+            name.startswith(EXEC_ONLY_ENV_PREFIXES) for name in self.env)
+
     def _start_once(self) -> None:
         env = {**os.environ, **self.env}
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        command = (
-            ["-m", "uvicorn", "api.index:app", "--log-level", "warning"]
-            if self.platform else ["-m", "api.cli", "serve"]
-        )
-        self.process = subprocess.Popen(
-            [sys.executable, *command, "--host", "127.0.0.1", "--port", str(self.port)],
-            env=env, stdout=out, stderr=out,
-        )
+        listen = ["--host", "127.0.0.1", "--port", str(self.port)]
+        if self.forks:
+            self.process = ForkServer.shared().spawn(["serve", *listen], env, self.log_path)
+        else:
+            out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+            command = (
+                ["-m", "uvicorn", "api.index:app", "--log-level", "warning"]
+                if self.platform else ["-m", "api.cli", "serve"]
+            )
+            self.process = subprocess.Popen(
+                [sys.executable, *command, *listen], env=env, stdout=out, stderr=out)
         # One client for all polls: each new client builds an SSL context, CPU that 25 instances
         # starting at once would pay many times over.
         with httpx.Client(timeout=1.0) as client:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing
 import os
 from collections.abc import Callable
 from datetime import UTC, datetime
-from functools import partial
+from functools import cache, partial
+from multiprocessing import forkserver
+from multiprocessing.context import BaseContext
 
 import pytest
 from hypothesis import settings
@@ -80,3 +84,25 @@ SHARED_STORE_BUILDERS: dict[str, SharedStoreBuilder] = {
         call_timeout_s=CONTENTION_CALL_TIMEOUT_S,
     ),
 }
+
+
+# The modules whose functions the cross-process tests run in child processes.
+CHILD_MODULES = ("tests.core.stores.test_concurrency", "tests.core.stores.test_alerts")
+
+
+@cache
+def _reap_forkserver_at_exit() -> None:
+    """The forkserver outlives the tests; multiprocessing leaves it to init at exit. Stopped
+    and reaped here instead: nothing is left running, and its CPU counts to this process."""
+    atexit.register(forkserver._forkserver._stop)
+
+
+def process_context() -> BaseContext:
+    """The cross-process tests' children: separate processes with their own stores and
+    connections, forked from one server process that has imported them once (multiprocessing's
+    forkserver). A spawned child imports the stores and the test module again, each time; a
+    child forked from a test worker would copy the locks its threads hold."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(CHILD_MODULES))
+    _reap_forkserver_at_exit()
+    return ctx

@@ -4,7 +4,6 @@ money; the outbox, the log and the hourly buckets; velocity and pause; every key
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -32,7 +31,7 @@ from core.limits import (
 from core.stores import keys
 from tests.core.stores.test_conformance import OWNER, TTL_MS, leg, request
 from tests.core.stores.test_conformance import request as reserve_request
-from tests.support import SHARED_STORE_BUILDERS, ManualClock
+from tests.support import SHARED_STORE_BUILDERS, ManualClock, process_context
 
 DAY_MS = 24 * 3_600_000
 
@@ -337,7 +336,7 @@ async def test_each_threshold_fires_once_under_concurrent_settles_from_processes
     thresholds = tuple(range(10, 101, 10))
     await put(store, tag, (Period.DAY, CEILING_MICROS), (Period.TOTAL, CEILING_MICROS * 10),
               alerts=AlertConfig(thresholds_pct=thresholds))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     with ctx.Manager() as manager, ProcessPoolExecutor(PROCESSES, mp_context=ctx) as pool:
         ready = manager.Barrier(PROCESSES)
         futures = [asyncio.wrap_future(pool.submit(_child, build, tag, SETTLES_PER_PROCESS,

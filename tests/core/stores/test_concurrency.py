@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import random
 import threading
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from core.budgets import Period
 from core.errors import BudgetRefused
 from core.ledger import LedgerStore, ReservationRef
 from tests.core.stores.test_conformance import OWNER, TTL_MS, leg, put, request
-from tests.support import SHARED_STORE_BUILDERS, ManualClock
+from tests.support import SHARED_STORE_BUILDERS, ManualClock, process_context
 
 PROCESSES = 4
 REQUESTS = 1_000
@@ -57,7 +56,7 @@ async def test_exactly_the_ceiling_is_admitted_across_processes(
     build = SHARED_STORE_BUILDERS[shared_store_kind](request)
     store = build()
     await put(store, tag, (Period.TOTAL, CEILING_MICROS))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     with ctx.Manager() as manager, ProcessPoolExecutor(PROCESSES, mp_context=ctx) as pool:
         ready = manager.Barrier(PROCESSES)
         futures = [
