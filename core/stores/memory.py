@@ -271,16 +271,21 @@ class MemoryStore:
         """Book one step in every leg it may write to (lua/lib.lua apply)."""
         seen = None
         for leg in legs:
-            if not self._writable(leg, now_ms):
-                continue
-            c = self._counter(leg)
-            c.reserved += fx.reserved_delta
-            c.committed += fx.committed_delta
-            c.overshoot += fx.overshoot_micros
-            self._touched(leg, now_ms)
-            if fx.committed_delta and not leg.run:
-                self._committed_moved(leg, c.committed, fx.committed_delta, now_ms, seen)
-                seen = leg.budget_id
+            if self._writable(leg, now_ms):
+                seen = self._book_in(leg, fx, now_ms, seen)
+
+    def _book_in(self, leg: _Leg, fx: Effects, now_ms: int, seen: str | None) -> str | None:
+        """One step's deltas in one leg's counter, and what its committed spend sets off;
+        returns the budget whose alerts were looked at (lua/lib.lua: `seen`)."""
+        c = self._counter(leg)
+        c.reserved += fx.reserved_delta
+        c.committed += fx.committed_delta
+        c.overshoot += fx.overshoot_micros
+        self._touched(leg, now_ms)
+        if fx.committed_delta and not leg.run:
+            self._committed_moved(leg, c.committed, fx.committed_delta, now_ms, seen)
+            return leg.budget_id
+        return seen
 
     def _committed_moved(self, leg: _Leg, after: int, delta: int, now_ms: int,
                          seen: str | None) -> None:
@@ -471,13 +476,7 @@ class MemoryStore:
             if leg.run and self._run_stale(leg, now_ms):
                 self._drop_run(leg.key)
             # Booked unconditionally (lua/book.lua): the money is spent, a run's too.
-            c = self._counter(leg)
-            c.committed += fx.committed_delta
-            c.overshoot += fx.overshoot_micros
-            self._touched(leg, now_ms)
-            if fx.committed_delta and not leg.run:
-                self._committed_moved(leg, c.committed, fx.committed_delta, now_ms, seen)
-                seen = leg.budget_id
+            seen = self._book_in(leg, fx, now_ms, seen)
         # Kept for the idempotency window, whatever call it was: a flush retried after a lost
         # reply must find it (lua/book.lua).
         rec = _Record(
