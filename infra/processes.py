@@ -38,6 +38,15 @@ class Child(Protocol):
     def kill(self) -> None: ...
 
 
+def alive(pid: int) -> bool:
+    """A process of this pid exists (a zombie not yet reaped counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 
 import pytest
 
 from infra.fleet import LEDGER_ENV, Fleet, LedgerMode
+from infra.processes import alive
 from infra.stub_provider import StubProvider
 
 pytestmark = pytest.mark.slow
@@ -17,14 +17,6 @@ pytestmark = pytest.mark.slow
 def listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def ports_and_pids(fleet: Fleet) -> tuple[list[int], list[int]]:

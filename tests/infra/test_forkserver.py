@@ -12,7 +12,7 @@ import pytest
 
 from infra.fleet import LEDGER_ENV
 from infra.forkserver import ForkServer
-from infra.processes import free_port, wait_ready
+from infra.processes import alive, free_port, wait_ready
 
 START_TIMEOUT_S = 30.0
 
@@ -29,14 +29,6 @@ def server() -> Iterator[ForkServer]:
 
 def serve_argv(port: int) -> list[str]:
     return ["serve", "--host", "127.0.0.1", "--port", str(port)]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_an_instance_is_configured_by_its_environment_alone(
