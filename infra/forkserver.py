@@ -28,8 +28,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
+from collections.abc import Callable
 from typing import Any
+
+from infra.processes import STOP_TIMEOUT_S, alive
 
 # What `ceiling serve` imports before and while it serves a fleet's instance (the gateway's
 # transport, the admin and health routes the fleet calls), and uvicorn's loop and protocols.
@@ -43,6 +47,10 @@ PRELOADED_IF_INSTALLED = ("uvloop", "httptools", "uvicorn.loops.uvloop",
                           "uvicorn.protocols.http.httptools_impl")
 # The server imports what one instance does; past this it is broken.
 READY_TIMEOUT_S = 60.0
+# A child still running this long after SIGTERM, when the server ends, is killed.
+CHILD_STOP_TIMEOUT_S = STOP_TIMEOUT_S
+# The client waits this long for the server to stop its children and exit.
+SERVER_STOP_TIMEOUT_S = CHILD_STOP_TIMEOUT_S + 5.0
 # Descriptors a child closes before it runs: everything but stdin, stdout and stderr.
 FD_FIRST_CLOSED = 3
 
@@ -104,6 +112,35 @@ def serve() -> None:
         out.flush()
 
     children: set[int] = set()
+    try:
+        _serve(children, send, reader)
+    finally:
+        _stop_children(children)
+
+
+def _stop_children(children: set[int]) -> None:
+    """SIGTERM each child, SIGKILL any still running after CHILD_STOP_TIMEOUT_S, and reap them
+    all here: none is left running or left to init, whatever ended the server."""
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + CHILD_STOP_TIMEOUT_S
+    while children and time.monotonic() < deadline:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            time.sleep(0.05)
+        else:
+            children.discard(pid)
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in children:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    children.clear()
+
+
+def _serve(children: set[int], send: Callable[[dict[str, Any]], None], reader: int) -> None:
     send({"ready": os.getpid()})
     stdin = sys.stdin.fileno()
     pending = b""
@@ -121,14 +158,7 @@ def serve() -> None:
         if stdin not in ready:
             continue
         chunk = os.read(stdin, 65536)
-        if not chunk:  # the client is gone: so are the instances it started
-            for pid in children:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
-            # Reaped here, not left to init: a child's CPU counts to this process's parent.
-            for pid in children:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
+        if not chunk:  # the client is gone: so are the instances it started (serve's finally)
             return
         pending += chunk
         while b"\n" in pending:
@@ -255,7 +285,12 @@ class ForkServer:
             self._changed.wait_for(lambda: pid in self._exits or self._gone, timeout_s)
             if pid in self._exits:
                 return self._exits.pop(pid)
-            if self._gone:  # the server is gone; its children were told to stop with it
+            if self._gone:
+                # The server stopped and reaped its children on its way out (_stop_children);
+                # one that outlived a server that was killed is killed here.
+                if alive(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
                 return -signal.SIGTERM
             return None
 
@@ -265,7 +300,7 @@ class ForkServer:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()
         try:
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=SERVER_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()

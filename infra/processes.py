@@ -121,6 +121,10 @@ def stop(process: Child | None, *, kill: bool = False) -> None:
     """Stop a child by its pid: SIGTERM lets it finish cleanly, kill=True is a crash."""
     if process is None:
         return
+    # An ended child is not signalled: a fork server's child is reaped as soon as it ends, and
+    # its pid may already be another process's.
+    if process.poll() is not None:
+        return
     with contextlib.suppress(ProcessLookupError):
         os.kill(process.pid, signal.SIGKILL if kill else signal.SIGTERM)
     try:
