@@ -203,7 +203,8 @@ end
 -- is within far less than the slack of the exact one, so a step that moves it by no whole
 -- percent crosses nothing and reads nothing. Below 1% of the ceiling it crosses nothing either
 -- (thresholds are 1 to 100; after * 100 is exact while it is below the ceiling, under 2**53):
--- the slack alone would send every step of a window's first millionth to read the thresholds.
+-- the slack (a millionth of a percent) alone would send every step of a window's first
+-- hundred-millionth of its ceiling to read the thresholds.
 -- Returns the ledger's now if it read it.
 local function alert_thresholds(prefix, budget_id, window_key, ceiling_text, after, delta, now)
   local ceiling = tonumber(ceiling_text)

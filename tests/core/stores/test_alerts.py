@@ -102,15 +102,19 @@ async def test_a_settle_that_jumps_past_several_thresholds_emits_each(
 async def test_a_one_percent_threshold_fires_at_its_first_micro_and_not_before(
     store: LedgerStore, tag: str, gateway: bool
 ) -> None:
-    # 1% of 150 rounds up to 2 micros: the settle reaching 1 crosses nothing (the scripts skip
-    # a step below 1% of the ceiling without reading the thresholds), the one reaching 2 does.
-    await put(store, tag, (Period.TOTAL, 150), alerts=AlertConfig(thresholds_pct=(1, 2)))
+    # 1% of 200 is exactly 2 micros: the settle reaching 1 crosses nothing (the scripts skip a
+    # step below 1% of the ceiling without reading the thresholds), the one reaching exactly 2
+    # does; 2% is 4.
+    await put(store, tag, (Period.TOTAL, 200), alerts=AlertConfig(thresholds_pct=(1, 2)))
     await spend(store, tag, tag, 1, gateway=gateway)
     assert await events(store, tag) == []
     await spend(store, tag, tag, 1, gateway=gateway)
     assert [(e.threshold_pct, e.committed_micros) for e in await events(store, tag)] == [(1, 2)]
     await spend(store, tag, tag, 1, gateway=gateway)
-    assert sorted(e.threshold_pct or 0 for e in await events(store, tag)) == [1, 2]
+    assert len(await events(store, tag)) == 1
+    await spend(store, tag, tag, 1, gateway=gateway)
+    assert sorted((e.threshold_pct or 0, e.committed_micros)
+                  for e in await events(store, tag)) == [(1, 2), (2, 4)]
 
 
 async def test_no_thresholds_means_no_threshold_events(store: LedgerStore, tag: str) -> None:
