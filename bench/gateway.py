@@ -87,7 +87,7 @@ REQUEST_TIMEOUT_S = 10
 WRK_MARGIN_S = 30.0
 # Servers import their framework and answer their health route within seconds; 60 is broken.
 START_TIMEOUT_S = 60.0
-# A gateway under an instrumenting wrapper (`rig(under=...)`: callgrind) runs some 50x slower.
+# A gateway under an instrumenting wrapper (`rig(under=...)`: callgrind) runs many times slower.
 UNDER_START_TIMEOUT_S = 600.0
 # Goals of issue 18, printed against the run's figures (a benchmark reports; it does not fail).
 CALLS_RATIO_MIN = 1.0

@@ -3,9 +3,9 @@
     .venv/bin/python -m bench.instructions     # ~4 min; needs valgrind (apt-get install valgrind)
 
 bench.gateway judges CPU per call under wrk: the figures that count, but on a shared or virtual
-machine they move with everything else it runs (the same code's Redis has read 1.3x to 1.6x
-hardcap's, its gateway 0.97x to 1.15x). This counts what does not move: the user-space
-instructions a process executes (valgrind's callgrind), per gateway call.
+machine they move with everything else it runs (docs/measured.md has the spread on this
+project's machine). This counts what does not move: the user-space instructions a process
+executes (valgrind's callgrind), per gateway call.
 
   gateway  bench.gateway's rig (the stub, `ceiling serve` and hardcap, each with its own Redis)
            with both gateways started under callgrind; GATEWAY_CALLS chat calls sent one at a
@@ -38,6 +38,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -51,7 +52,7 @@ from infra.processes import free_port, stop
 GATEWAY_CALLS = 300
 REDIS_CALLS = 1000
 WARMUP_CALLS = 30
-# Under callgrind a process runs some 50x slower than natively.
+# Under callgrind a process runs many times slower than natively: timeouts with room for it.
 CALL_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 120.0
 MONITOR_TIMEOUT_S = 10.0
@@ -108,21 +109,33 @@ class Captured:
             yield tuple(part.replace(self.reservation_id, fresh) for part in command)
 
 
+# One argument of a MONITOR line: Redis quotes each and escapes what is inside (sdscatrepr).
+MONITOR_ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+def monitor_args(line: str) -> tuple[str, ...]:
+    """The arguments of one MONITOR line, as the client sent them: spaces, tabs and all."""
+    quoted = line.split("] ", 1)[1] if "] " in line else ""
+    return tuple(arg.encode("latin-1").decode("unicode_escape")
+                 for arg in MONITOR_ARG.findall(quoted))
+
+
 def capture(target: Target) -> Captured:
-    """The script calls one call through `target` makes: MONITOR while it is sent."""
+    """The script calls one call through `target` makes: MONITOR while it is sent, read line by
+    line (redis-py's parsed MONITOR joins the arguments with spaces and keeps escapes)."""
     redis_url = target.redis_url
     assert redis_url is not None
-    seen: list[str] = []
+    commands: list[tuple[str, ...]] = []
     listening = threading.Event()
 
     def monitor() -> None:
         with redis.Redis.from_url(redis_url, decode_responses=True) as client, \
                 client.monitor() as m:
             listening.set()
-            for entry in m.listen():
-                seen.append(entry["command"])
-                if sum(line.startswith(SCRIPT_COMMANDS) for line in seen) >= 2:
-                    return
+            while len(commands) < 2:
+                args = monitor_args(str(m.connection.read_response()))
+                if args and args[0].upper() in SCRIPT_COMMANDS:
+                    commands.append(args)
 
     thread = threading.Thread(target=monitor, daemon=True)
     thread.start()
@@ -132,14 +145,13 @@ def capture(target: Target) -> Captured:
                         timeout=CALL_TIMEOUT_S)
     ensure(answer.status_code == 200, f"{target.name}: {answer.status_code}")
     thread.join(MONITOR_TIMEOUT_S)
-    commands = tuple(tuple(line.split(" ")) for line in seen if line.startswith(SCRIPT_COMMANDS))
     ensure(len(commands) == 2, f"{target.name}: script calls seen: {commands}")
     # The reservation id: the random one (hex, or ours' '<hex>_<hex>') at the end of a key or
     # argument of the first call that the second call names too.
     ids = [part.rsplit(":", 1)[-1] for part in commands[0][3:]]
     rid = next(i for i in ids if re.fullmatch(r"[0-9a-f]{16,}(_[0-9a-f]{16,})?", i)
                and any(i in part for part in commands[1]))
-    return Captured(commands, rid)
+    return Captured(tuple(commands), rid)
 
 
 def hardcap_scripts() -> list[str]:
@@ -190,6 +202,18 @@ def copy_state(source_url: str, dest: redis.Redis, scripts: Sequence[str]) -> No
         dest.function_restore(library)
 
 
+def head(reply: Any) -> Any:
+    return reply[0] if isinstance(reply, list) and reply else reply
+
+
+def answered_as_a_call(key: str, replies: list[Any]) -> bool:
+    """The replayed pair was a hold and its settle, not refusals, which would be counted as a
+    cheaper path than a gateway call's: ours answers 'ok' to both, hardcap's admit 1 first."""
+    if key == "ours":
+        return [head(reply) for reply in replies] == [b"ok", b"ok"]
+    return bool(head(replies[0]) == 1)
+
+
 def redis_per_call(key: str, target: Target, out: Path, calls: int) -> float:
     """Instructions a Redis runs per gateway call for the two script calls `target` makes."""
     captured = capture(target)
@@ -197,16 +221,20 @@ def redis_per_call(key: str, target: Target, out: Path, calls: int) -> float:
     with counted_redis(out) as (client, pid):
         copy_state(target.redis_url, client, hardcap_scripts() if key == "hardcap" else [])
 
-        def one_call() -> None:
-            for command in captured.replay():
-                client.execute_command(*command)  # type: ignore[no-untyped-call]
+        def one_call() -> list[Any]:
+            return [client.execute_command(*command)  # type: ignore[no-untyped-call]
+                    for command in captured.replay()]
 
+        first = one_call()
+        ensure(answered_as_a_call(key, first), f"{key}: replayed calls answered {first}")
         for _ in range(WARMUP_CALLS):
             one_call()
         zero(pid)
         for _ in range(calls):
-            one_call()
-        return counted_since_zero(pid, out) / calls
+            last = one_call()
+        counted = counted_since_zero(pid, out)
+        ensure(answered_as_a_call(key, last), f"{key}: replayed calls answered {last}")
+        return counted / calls
 
 
 def main(argv: Sequence[str] | None = None) -> int:
