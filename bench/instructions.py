@@ -20,6 +20,11 @@ executes (valgrind's callgrind), per gateway call.
            reservation id, as a gateway sends them one call at a time: reading the requests, the
            scripts, the commands they call, the replies.
 
+  sidecar  with --sidecar-source DIR: `ceiling serve` run from the source tree DIR (this
+           checkout, or an older commit's worktree) under callgrind, SIDECAR_CALLS
+           `POST /v1/reservations` one at a time: the reserve route's work per request, to
+           compare two versions of the code by a figure the machine does not move.
+
 Sequential calls run with warm caches and no batching; under wrk sixteen connections interleave.
 The counts say how much work each side does per call, not how long it takes.
 """
@@ -28,10 +33,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -47,9 +54,14 @@ from bench import side_venv
 from bench.gateway import Target, rig
 from core.errors import ensure
 from infra.figures import table
-from infra.processes import free_port, stop
+from infra.processes import free_port, stop, wait_ready
+from infra.redis_server import RedisServer
 
 GATEWAY_CALLS = 300
+SIDECAR_CALLS = 300
+# bench/http.py's reserve: a small call, its worst case held.
+SIDECAR_BODY = {"model": "gpt-4o-mini", "input_tokens": 500, "max_output_tokens": 1000}
+SIDECAR_CEILING_MICROS = 10**12
 REDIS_CALLS = 1000
 WARMUP_CALLS = 30
 # Under callgrind a process runs many times slower than natively: timeouts with room for it.
@@ -237,14 +249,70 @@ def redis_per_call(key: str, target: Target, out: Path, calls: int) -> float:
         return counted / calls
 
 
+def sidecar_per_reserve(source: Path, calls: int, where: Path) -> float:
+    """Instructions `ceiling serve`, run from the source tree `source`, spends per reserve."""
+    out = where / "sidecar"
+    admin_token = secrets.token_hex(16)
+    with RedisServer(durable=False) as ledger:
+        port = free_port()
+        process = subprocess.Popen(
+            [*callgrind(out), sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1",
+             "--port", str(port)],
+            cwd=source, env={**os.environ, "REDIS_URL": ledger.url, "PYTHONPATH": str(source),
+                             "CEILING_ADMIN_TOKEN": admin_token},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            with httpx.Client(base_url=url, timeout=CALL_TIMEOUT_S) as client:
+                def live() -> bool:
+                    with contextlib.suppress(httpx.HTTPError):
+                        return client.get("/health/live").status_code == 200
+                    return False
+
+                wait_ready(process, live, timeout_s=START_TIMEOUT_S, what="ceiling serve")
+                admin = {"Authorization": f"Bearer {admin_token}"}
+                client.put("/v1/admin/budgets/org:instructions", headers=admin, json={
+                    "limits": [{"period": "total", "ceiling_micros": SIDECAR_CEILING_MICROS}]},
+                ).raise_for_status()
+                made = client.post("/v1/admin/keys", headers=admin, json={
+                    "budget_id": "org:instructions", "roles": ["sidecar"]})
+                ensure(made.status_code == 201, f"a key: {made.status_code} {made.text}")
+                key = {"Authorization": f"Bearer {made.json()['api_key']}"}
+
+                def one_call() -> None:
+                    answer = client.post("/v1/reservations", headers=key, json=SIDECAR_BODY)
+                    ensure(answer.status_code == 201, f"reserve: {answer.status_code}")
+
+                for _ in range(WARMUP_CALLS):
+                    one_call()
+                zero(process.pid)
+                for _ in range(calls):
+                    one_call()
+                return counted_since_zero(process.pid, out) / calls
+        finally:
+            stop(process)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--gateway-calls", type=int, default=GATEWAY_CALLS)
     parser.add_argument("--redis-calls", type=int, default=REDIS_CALLS)
+    parser.add_argument("--sidecar-source", type=Path, default=None,
+                        help="count `ceiling serve`'s reserve route, run from this source tree, "
+                        "instead of the gateways")
+    parser.add_argument("--sidecar-calls", type=int, default=SIDECAR_CALLS)
     options = parser.parse_args(argv)
     for tool in ("valgrind", "callgrind_control"):
         ensure(shutil.which(tool) is not None,
                f"{tool} is not installed (apt-get install valgrind)")
+    if options.sidecar_source is not None:
+        with tempfile.TemporaryDirectory(prefix="sc-callgrind-") as where:
+            per_reserve = sidecar_per_reserve(options.sidecar_source.resolve(),
+                                              options.sidecar_calls, Path(where))
+        print(f"Instructions per POST /v1/reservations (callgrind), `ceiling serve` from "
+              f"{options.sidecar_source}, {options.sidecar_calls:,} calls one at a time: "
+              f"{per_reserve:,.0f}")
+        return 0
     counts = {}
     with tempfile.TemporaryDirectory(prefix="sc-callgrind-") as where:
         out = Path(where) / "gateway"
