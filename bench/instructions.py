@@ -42,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,17 @@ def zero(pid: int) -> None:
     subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
 
 
+def per_call(pid: int, out: Path, calls: int, one_call: Callable[[], object]) -> float:
+    """Instructions the process `pid` runs per `one_call()`: after WARMUP_CALLS uncounted,
+    `calls` counted, one at a time."""
+    for _ in range(WARMUP_CALLS):
+        one_call()
+    zero(pid)
+    for _ in range(calls):
+        one_call()
+    return counted_since_zero(pid, out) / calls
+
+
 def gateway_per_call(target: Target, out: Path, calls: int) -> float:
     """Instructions the gateway process runs per chat call, one call at a time."""
     with httpx.Client(timeout=CALL_TIMEOUT_S) as client:
@@ -99,12 +110,7 @@ def gateway_per_call(target: Target, out: Path, calls: int) -> float:
             answer = client.post(target.url, content=target.body(), headers=target.headers())
             ensure(answer.status_code == 200, f"{target.name}: {answer.status_code}")
 
-        for _ in range(WARMUP_CALLS):
-            one_call()
-        zero(target.pid)
-        for _ in range(calls):
-            one_call()
-        return counted_since_zero(target.pid, out) / calls
+        return per_call(target.pid, out, calls, one_call)
 
 
 @dataclass(frozen=True)
@@ -239,14 +245,10 @@ def redis_per_call(key: str, target: Target, out: Path, calls: int) -> float:
 
         first = one_call()
         ensure(answered_as_a_call(key, first), f"{key}: replayed calls answered {first}")
-        for _ in range(WARMUP_CALLS):
-            one_call()
-        zero(pid)
-        for _ in range(calls):
-            last = one_call()
-        counted = counted_since_zero(pid, out)
+        counted = per_call(pid, out, calls, one_call)
+        last = one_call()
         ensure(answered_as_a_call(key, last), f"{key}: replayed calls answered {last}")
-        return counted / calls
+        return counted
 
 
 def sidecar_per_reserve(source: Path, calls: int, where: Path) -> float:
@@ -283,12 +285,7 @@ def sidecar_per_reserve(source: Path, calls: int, where: Path) -> float:
                     answer = client.post("/v1/reservations", headers=key, json=SIDECAR_BODY)
                     ensure(answer.status_code == 201, f"reserve: {answer.status_code}")
 
-                for _ in range(WARMUP_CALLS):
-                    one_call()
-                zero(process.pid)
-                for _ in range(calls):
-                    one_call()
-                return counted_since_zero(process.pid, out) / calls
+                return per_call(process.pid, out, calls, one_call)
         finally:
             stop(process)
 
