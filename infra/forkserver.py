@@ -126,7 +126,10 @@ def _stop_children(children: set[int]) -> None:
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + CHILD_STOP_TIMEOUT_S
     while children and time.monotonic() < deadline:
-        pid, _ = os.waitpid(-1, os.WNOHANG)
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:  # none left to reap: all of them are gone
+            break
         if pid == 0:
             time.sleep(0.05)
         else:
