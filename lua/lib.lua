@@ -293,22 +293,30 @@ end
 -- added in the window `window_key` of the leg 'budget_id|window_key|ceiling...', whose counter
 -- now holds `after`. Thresholds per window; the hourly spend bucket and the velocity alarm once
 -- per budget of the step (`seen`: the budget of the leg before, whose legs come together).
--- Returns the ledger's now (read if it was not given).
+-- The bucket is the hour of `spent_at_ms`, the call's own time (when it was reserved, or
+-- admitted for a journal's entry), as its periods are the ones its reservation held: a call is
+-- counted in one hour whenever it settles, and a settle needs no clock for it. A velocity alarm
+-- measures spend as it lands, in the ledger's now. Returns the ledger's now if it was read.
 local function committed_moved(prefix, budget_id, window_key, ceiling_text, after, delta_text,
-                               now, seen)
+                               now, seen, spent_at_ms)
   local delta = tonumber(delta_text)
   if delta > 0 then
     now = alert_thresholds(prefix, budget_id, window_key, ceiling_text, after, delta, now)
   end
   if seen ~= budget_id then
-    now = now or ledger_now(nil)
-    local bucket = prefix .. SPEND_KEY .. budget_id .. '|' .. istr(math.floor(now / SPEND_BUCKET_MS))
+    if not spent_at_ms then
+      now = now or ledger_now(nil)
+      spent_at_ms = now
+    end
+    local bucket = prefix .. SPEND_KEY .. budget_id .. '|' ..
+                   istr(math.floor(spent_at_ms / SPEND_BUCKET_MS))
     if redis.call('INCRBY', bucket, delta_text) == delta then
       redis.call('PEXPIRE', bucket, istr(SPEND_BUCKET_RETENTION_MS))
     end
     if delta > 0 then
       local alarms = redis.call('HGET', prefix .. META_KEY, VELOCITY_FIELD)
       if alarms then
+        now = now or ledger_now(nil)
         alert_velocity(prefix, alarms, budget_id, delta_text, now)
       end
     end
@@ -338,7 +346,8 @@ end
 -- Book one step in every leg of `legs` (a record's) that it may write to: the deltas of its
 -- counters' reserved, committed and overshoot. `now` is read only for a run's leg. The legs are
 -- read in place (a step needs only each one's counter) and the deltas formatted once for all.
-local function apply(prefix, legs, reserved, committed, overshoot, now)
+-- `spent_at_ms`: the reservation's own time, for alerts' hourly bucket (nil: the ledger's now).
+local function apply(prefix, legs, reserved, committed, overshoot, now, spent_at_ms)
   reserved = reserved ~= 0 and istr(reserved)
   committed = committed ~= 0 and istr(committed)
   overshoot = overshoot ~= 0 and istr(overshoot)
@@ -353,7 +362,7 @@ local function apply(prefix, legs, reserved, committed, overshoot, now)
         if not run then
           -- alerts (issue 16): rest is '|ceiling_micros|...'
           now = committed_moved(prefix, budget_id, window_key, string.match(rest, '^|(%d+)'),
-                                after, committed, now, seen)
+                                after, committed, now, seen, spent_at_ms)
           seen = budget_id
         end
       end
@@ -377,7 +386,8 @@ local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_te
   if type(stored) ~= 'string' then
     return nil, now
   end
-  local state, reserved_micros, expire_policy, retention_ms, rec_owner, legs = record_head(stored)
+  local state, reserved_micros, expire_policy, retention_ms, rec_owner, legs, _, created_ms =
+    record_head(stored)
   if state ~= 'open' or rec_owner ~= owner or retention_ms ~= RESEND_WINDOW_MS_TEXT
       or string.find(legs, '|run', 1, true) then
     return nil, now
@@ -395,7 +405,8 @@ local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_te
     if committed ~= '0' then
       local after = redis.call('HINCRBY', ck, 'committed', committed)
       -- alerts (issue 16)
-      now = committed_moved(prefix, budget_id, window_key, ceiling, after, committed, now, seen)
+      now = committed_moved(prefix, budget_id, window_key, ceiling, after, committed, now, seen,
+                            tonumber(created_ms))
       seen = budget_id
     end
     if overshoot ~= '0' then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
@@ -497,7 +508,7 @@ local function resolve(prefix, key, open_key, rec, event, actual, now, extra)
   if not now and (long or string.find(rec.legs, '|run', 1, true)) then
     now = ledger_now(nil)
   end
-  apply(prefix, rec.legs, reserved, committed, overshoot, now)
+  apply(prefix, rec.legs, reserved, committed, overshoot, now, tonumber(rec.created_ms or ''))
   rec.state, rec.outcome = to, outcome
   if now and long then
     rec.resolved_ms = istr(now)

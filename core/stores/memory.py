@@ -267,40 +267,44 @@ class MemoryStore:
                 del t.records[rid]
         self._prune_runs(now_ms)
 
-    def _apply(self, legs: tuple[_Leg, ...], fx: Effects, now_ms: int) -> None:
+    def _apply(self, legs: tuple[_Leg, ...], fx: Effects, now_ms: int,
+               spent_at_ms: int) -> None:
         """Book one step in every leg it may write to (lua/lib.lua apply)."""
         seen = None
         for leg in legs:
             if self._writable(leg, now_ms):
-                seen = self._book_in(leg, fx, now_ms, seen)
+                seen = self._book_in(leg, fx, now_ms, spent_at_ms, seen)
 
-    def _book_in(self, leg: _Leg, fx: Effects, now_ms: int, seen: str | None) -> str | None:
-        """One step's deltas in one leg's counter, and what its committed spend sets off;
-        returns the budget whose alerts were looked at (lua/lib.lua: `seen`)."""
+    def _book_in(self, leg: _Leg, fx: Effects, now_ms: int, spent_at_ms: int,
+                 seen: str | None) -> str | None:
+        """One step's deltas in one leg's counter, and what its committed spend sets off
+        (its hourly bucket: the hour of `spent_at_ms`, the call's own time); returns the budget
+        whose alerts were looked at (lua/lib.lua: `seen`)."""
         c = self._counter(leg)
         c.reserved += fx.reserved_delta
         c.committed += fx.committed_delta
         c.overshoot += fx.overshoot_micros
         self._touched(leg, now_ms)
         if fx.committed_delta and not leg.run:
-            self._committed_moved(leg, c.committed, fx.committed_delta, now_ms, seen)
+            self._committed_moved(leg, c.committed, fx.committed_delta, now_ms, spent_at_ms,
+                                  seen)
             return leg.budget_id
         return seen
 
     def _committed_moved(self, leg: _Leg, after: int, delta: int, now_ms: int,
-                         seen: str | None) -> None:
+                         spent_at_ms: int, seen: str | None) -> None:
         """Alerts (issue 16): lua/lib.lua committed_moved."""
         d = self._defs.get(leg.budget_id)
         self._alerts.committed_moved(
             d.alerts if d else None, leg.budget_id, leg.window_key, leg.ceiling_micros,
-            leg.resets_at_ms, after, delta, now_ms, seen != leg.budget_id)
+            leg.resets_at_ms, after, delta, now_ms, spent_at_ms, seen != leg.budget_id)
 
     def _resolve(self, t: _Tag, rid: str, rec: _Record, event: Event, actual_micros: int,
                  now_ms: int) -> Effects:
         """One step that resolves a reservation, as the lifecycle's table says (lua/lib.lua
         resolve)."""
         fx = effects(event, rec.state, rec.expire_policy, rec.reserved_micros, actual_micros)
-        self._apply(rec.legs, fx, now_ms)
+        self._apply(rec.legs, fx, now_ms, rec.created_ms)
         rec.state, rec.outcome, rec.resolved_ms = fx.to, fx.outcome, now_ms
         if fx.to is _SETTLED:
             rec.actual_micros = actual_micros
@@ -476,7 +480,7 @@ class MemoryStore:
             if leg.run and self._run_stale(leg, now_ms):
                 self._drop_run(leg.key)
             # Booked unconditionally (lua/book.lua): the money is spent, a run's too.
-            seen = self._book_in(leg, fx, now_ms, seen)
+            seen = self._book_in(leg, fx, now_ms, admitted_at_ms, seen)
         # Kept for the idempotency window, whatever call it was: a flush retried after a lost
         # reply must find it (lua/book.lua).
         rec = _Record(

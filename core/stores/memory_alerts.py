@@ -101,9 +101,10 @@ class MemoryAlerts:
 
     def committed_moved(self, config: AlertConfig | None, budget_id: str, window_key: str,
                         ceiling_micros: int, resets_at_ms: int | None, after: int, delta: int,
-                        now_ms: int, first_of_budget: bool) -> None:
+                        now_ms: int, spent_at_ms: int, first_of_budget: bool) -> None:
         """lua/lib.lua committed_moved: a step added `delta` to a budget's committed spend in
-        one window, which now holds `after`."""
+        one window, which now holds `after`; its hourly bucket is the hour of `spent_at_ms`,
+        the call's own time."""
         self._prune(now_ms)
         config = config or AlertConfig()
         before = after - delta
@@ -118,8 +119,7 @@ class MemoryAlerts:
                                ceiling_micros, now_ms)
         if not first_of_budget:
             return
-        hour = now_ms // SPEND_BUCKET_MS
-        bucket = (budget_id, hour)
+        bucket = (budget_id, spent_at_ms // SPEND_BUCKET_MS)
         held = self.buckets.get(bucket, now_ms)
         self.buckets.put(bucket, int(held or 0) + delta, now_ms + SPEND_BUCKET_RETENTION_MS
                          if held is None else self.buckets.values[bucket][0])

@@ -104,7 +104,7 @@ RECORD_FIELDS = (
     "late", "outcome", "resolved_ms", "corrected_by", "corrected_at_ms", "correction_reason",
     "fingerprint", "price_version", "model",
 )
-RECORD_HEAD = 6
+RECORD_HEAD = 8
 RECORD_TAIL = RECORD_FIELDS[-3:]
 # What a reserve writes; what is kept of a gateway call once it is resolved (RESEND_WINDOW_MS):
 # all that a resend of its settle or release, or of its reserve, reads.

@@ -242,6 +242,32 @@ async def test_hourly_buckets_hold_the_spend_of_each_hour(
         total.committed_micros)
 
 
+@pytest.mark.parametrize("how", ["sidecar", "gateway", "expiry", "journal"])
+async def test_a_call_is_counted_in_the_hour_it_was_reserved(
+    store: LedgerStore, tag: str, clock: ManualClock, how: str
+) -> None:
+    """Its periods are the ones its reservation held; its hour too, whenever it settles (and
+    a settle needs no clock for it). A journal's entry counts in the hour it was admitted."""
+    bid = await put(store, tag, (Period.TOTAL, 10**9))
+    clock.advance(SPEND_BUCKET_MS - clock.now_ms % SPEND_BUCKET_MS - 1_000)
+    hour = clock.now_ms // SPEND_BUCKET_MS
+    req = request(tag, tag, 300, retention_ms=RESEND_WINDOW_MS if how == "gateway"
+                  else IDEMPOTENCY_WINDOW_MS, fingerprint="" if how == "gateway" else "fp")
+    if how == "journal":
+        admitted_at_ms = clock.now_ms
+        clock.advance(2_000)
+        assert await store.book(req, 300, admitted_at_ms)
+    else:
+        r = await store.reserve(req)
+        clock.advance(TTL_MS if how == "expiry" else 2_000)
+        assert clock.now_ms // SPEND_BUCKET_MS == hour + 1
+        if how == "expiry":
+            assert await store.expire(tag, 10) == 1
+        else:
+            await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 300)
+    assert await store.spend_series(bid, hour - 1, hour + 2) == [(hour, 300)]
+
+
 async def test_the_outbox_leases_retries_and_records_delivery(
     store: LedgerStore, tag: str, clock: ManualClock
 ) -> None:
