@@ -43,7 +43,8 @@ for _, leg in ipairs(legs) do
   if committed ~= 0 and not leg.run then
     -- alerts (issue 16): spend booked after an outage crosses thresholds like any other
     committed_moved(prefix, leg.budget_id, leg.window_key, leg.ceiling_micros,
-                    tonumber(was_committed) + committed, istr(committed), now, seen, at_ms)
+                    tonumber(was_committed) + committed, istr(committed), now, seen, at_ms,
+                    leg.velocity)
     seen = leg.budget_id
   end
   hincr(ck, 'overshoot', overshoot)

@@ -83,17 +83,20 @@ end
 
 -- A leg is one (budget, period window) pair a reservation holds money in, stored on the
 -- reservation as 'budget_id|window_key|ceiling_micros|resets_at_ms|outage_allowance_micros',
--- with '|run' after it for a run's leg (ids never contain '|' or ' '; core/budgets.py enforces
--- it). The numeric parts are kept as the strings they arrived as, never re-formatted. Legs
--- stored before runs were marked have five parts and count as budgets' legs.
+-- with '|run' after it for a run's leg, or '|v' after a budget's leg that a velocity alarm
+-- watched when it was held (ids never contain '|' or ' '; core/budgets.py enforces it). The
+-- numeric parts are kept as the strings they arrived as, never re-formatted. Legs stored before
+-- runs were marked have five parts and count as budgets' legs; legs stored before '|v' count as
+-- unwatched. A settle reads the tag's velocity alarms only for a watched leg: an alarm watches
+-- the calls held while it is set.
 local function parse_legs(s)
   local legs = {}
   for raw in string.gmatch(s, '[^ ]+') do
-    local budget_id, window_key, ceiling, resets_at, allowance, run =
+    local budget_id, window_key, ceiling, resets_at, allowance, mark =
       string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)(.*)$')
     legs[#legs + 1] = {budget_id = budget_id, window_key = window_key, ceiling_micros = ceiling,
                        resets_at_ms = resets_at, outage_allowance_micros = allowance,
-                       run = run == '|run'}
+                       run = mark == '|run', velocity = mark == '|v'}
   end
   return legs
 end
@@ -102,7 +105,8 @@ local function encode_legs(legs)
   local out
   for _, leg in ipairs(legs) do
     local part = leg.budget_id .. '|' .. leg.window_key .. '|' .. leg.ceiling_micros .. '|' ..
-                 leg.resets_at_ms .. '|' .. leg.outage_allowance_micros .. (leg.run and '|run' or '')
+                 leg.resets_at_ms .. '|' .. leg.outage_allowance_micros ..
+                 (leg.run and '|run' or leg.velocity and '|v' or '')
     out = out and out .. ' ' .. part or part
   end
   return out or ''
@@ -296,9 +300,10 @@ end
 -- The bucket is the hour of `spent_at_ms`, the call's own time (when it was reserved, or
 -- admitted for a journal's entry), as its periods are the ones its reservation held: a call is
 -- counted in one hour whenever it settles, and a settle needs no clock for it. A velocity alarm
--- measures spend as it lands, in the ledger's now. Returns the ledger's now if it was read.
+-- measures spend as it lands, in the ledger's now, for a leg it `watched` (parse_legs).
+-- Returns the ledger's now if it was read.
 local function committed_moved(prefix, budget_id, window_key, ceiling_text, after, delta_text,
-                               now, seen, spent_at_ms)
+                               now, seen, spent_at_ms, watched)
   local delta = tonumber(delta_text)
   if delta > 0 then
     now = alert_thresholds(prefix, budget_id, window_key, ceiling_text, after, delta, now)
@@ -313,7 +318,7 @@ local function committed_moved(prefix, budget_id, window_key, ceiling_text, afte
     if redis.call('INCRBY', bucket, delta_text) == delta then
       redis.call('PEXPIRE', bucket, istr(SPEND_BUCKET_RETENTION_MS))
     end
-    if delta > 0 then
+    if delta > 0 and watched then
       local alarms = redis.call('HGET', prefix .. META_KEY, VELOCITY_FIELD)
       if alarms then
         now = now or ledger_now(nil)
@@ -362,7 +367,8 @@ local function apply(prefix, legs, reserved, committed, overshoot, now, spent_at
         if not run then
           -- alerts (issue 16): rest is '|ceiling_micros|...'
           now = committed_moved(prefix, budget_id, window_key, string.match(rest, '^|(%d+)'),
-                                after, committed, now, seen, spent_at_ms)
+                                after, committed, now, seen, spent_at_ms,
+                                string.sub(rest, -2) == '|v')
           seen = budget_id
         end
       end
@@ -399,14 +405,16 @@ local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_te
   committed = text_of(committed, held, reserved_micros, actual, actual_text)
   overshoot = text_of(overshoot, held, reserved_micros, actual, actual_text)
   local seen
-  for budget_id, window_key, ceiling in string.gmatch(legs, '([^ |]+)|([^ |]+)|([^ |]+)[^ ]*') do
+  -- `stop`: where the leg ends, after '|v' if a velocity alarm watched it (parse_legs).
+  for budget_id, window_key, ceiling, stop in
+      string.gmatch(legs, '([^ |]+)|([^ |]+)|([^ |]+)[^ ]*()') do
     local ck = prefix .. COUNTER_KEY .. budget_id .. '|' .. window_key
     if reserved ~= '0' then redis.call('HINCRBY', ck, 'reserved', reserved) end
     if committed ~= '0' then
       local after = redis.call('HINCRBY', ck, 'committed', committed)
       -- alerts (issue 16)
       now = committed_moved(prefix, budget_id, window_key, ceiling, after, committed, now, seen,
-                            tonumber(created_ms))
+                            tonumber(created_ms), string.sub(legs, stop - 2, stop - 1) == '|v')
       seen = budget_id
     end
     if overshoot ~= '0' then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
@@ -599,7 +607,8 @@ local function resolve_legs(prefix, meta_key, a, now)
   local legs, zones, paused_id = {}, nil, nil
   for budget_id in string.gmatch(a.budget_ids, '[^ ]+') do
     local key = prefix .. DEFINITION_KEY .. budget_id
-    local ledger, timezone, allowance, day, month, total, paused = read_definition(key)
+    local ledger, timezone, allowance, day, month, total, paused, velocity = read_definition(key)
+    local watched = velocity and velocity ~= ''
     paused_id = paused_id or (paused and budget_id)
     if not timezone then
       ledger, timezone, allowance, day, month, total = legacy_definition(meta_key, key)
@@ -622,17 +631,18 @@ local function resolve_legs(prefix, meta_key, a, now)
         if day then
           legs[#legs + 1] = {budget_id = budget_id, window_key = z.day_window_key,
                              ceiling_micros = day, resets_at_ms = z.day_resets_at_ms,
-                             outage_allowance_micros = allowance}
+                             outage_allowance_micros = allowance, velocity = watched}
         end
         if month then
           legs[#legs + 1] = {budget_id = budget_id, window_key = z.month_window_key,
                              ceiling_micros = month, resets_at_ms = z.month_resets_at_ms,
-                             outage_allowance_micros = allowance}
+                             outage_allowance_micros = allowance, velocity = watched}
         end
       end
       if total then
         legs[#legs + 1] = {budget_id = budget_id, window_key = 'total', ceiling_micros = total,
-                           resets_at_ms = '0', outage_allowance_micros = allowance}
+                           resets_at_ms = '0', outage_allowance_micros = allowance,
+                           velocity = watched}
       end
     end
   end

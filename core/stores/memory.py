@@ -85,6 +85,8 @@ class _Leg:
     resets_at_ms: int | None
     outage_allowance_micros: int
     run: bool = False
+    # A velocity alarm watched its budget when it was held (lua/lib.lua parse_legs).
+    velocity: bool = False
 
     @property
     def key(self) -> CounterKey:
@@ -246,6 +248,7 @@ class MemoryStore:
                     _Leg(
                         bid.path, w.key if w else "total", lim.ceiling_micros,
                         w.resets_at_ms if w else None, d.ledger_allowance_micros,
+                        velocity=d.alerts.velocity is not None,
                     )
                 )
         if run:
@@ -297,7 +300,8 @@ class MemoryStore:
         d = self._defs.get(leg.budget_id)
         self._alerts.committed_moved(
             d.alerts if d else None, leg.budget_id, leg.window_key, leg.ceiling_micros,
-            leg.resets_at_ms, after, delta, now_ms, spent_at_ms, seen != leg.budget_id)
+            leg.resets_at_ms, after, delta, now_ms, spent_at_ms, seen != leg.budget_id,
+            leg.velocity)
 
     def _resolve(self, t: _Tag, rid: str, rec: _Record, event: Event, actual_micros: int,
                  now_ms: int) -> Effects:

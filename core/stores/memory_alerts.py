@@ -101,10 +101,11 @@ class MemoryAlerts:
 
     def committed_moved(self, config: AlertConfig | None, budget_id: str, window_key: str,
                         ceiling_micros: int, resets_at_ms: int | None, after: int, delta: int,
-                        now_ms: int, spent_at_ms: int, first_of_budget: bool) -> None:
+                        now_ms: int, spent_at_ms: int, first_of_budget: bool,
+                        watched: bool) -> None:
         """lua/lib.lua committed_moved: a step added `delta` to a budget's committed spend in
         one window, which now holds `after`; its hourly bucket is the hour of `spent_at_ms`,
-        the call's own time."""
+        the call's own time; a velocity alarm counts it if it `watched` the call's hold."""
         self._prune(now_ms)
         config = config or AlertConfig()
         before = after - delta
@@ -123,7 +124,7 @@ class MemoryAlerts:
         held = self.buckets.get(bucket, now_ms)
         self.buckets.put(bucket, int(held or 0) + delta, now_ms + SPEND_BUCKET_RETENTION_MS
                          if held is None else self.buckets.values[bucket][0])
-        if delta > 0 and config.velocity is not None:
+        if delta > 0 and watched and config.velocity is not None:
             self._velocity(config, budget_id, delta, now_ms)
 
     def _velocity(self, config: AlertConfig, budget_id: str, delta: int, now_ms: int) -> None:

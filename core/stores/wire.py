@@ -120,9 +120,14 @@ RESOLVED_FIELDS = (
 # Definitions put before these names have the legacy ones (and the ledger id in the tag's meta).
 DEFINITION_FIELDS = ("ledger", "timezone", "outage_allowance_micros", "ceiling_micros:day",
                      "ceiling_micros:month", "ceiling_micros:total", "paused")
-# Alert settings kept in the definition hash, read by get_budget and (thresholds) by a settle
-# whose spend moved a whole percent, never by a reserve: core/alerts.py.
-ALERT_DEFINITION_FIELDS = ("alert_thresholds_pct", "alert_velocity", "paused_at_ms")
+# Alert settings kept in the definition hash, read by get_budget, the thresholds by a settle whose
+# spend moved a whole percent, and the velocity alarm's setting by a reserve: core/alerts.py.
+VELOCITY_DEFINITION_FIELD = "alert_velocity"
+ALERT_DEFINITION_FIELDS = ("alert_thresholds_pct", VELOCITY_DEFINITION_FIELD, "paused_at_ms")
+# What a reserve reads of each budget's definition: the budget, and whether a velocity alarm
+# watches it ('' or none: no), which the reservation's legs carry to its settle (lua/lib.lua
+# parse_legs), so that a settle reads the tag's alarms only for a budget that has one.
+HOLD_DEFINITION_FIELDS = (*DEFINITION_FIELDS, VELOCITY_DEFINITION_FIELD)
 LEGACY_DEFINITION_FIELDS = ("tz", "allow", "ceil:day", "ceil:month", "ceil:total")
 
 _ESCAPES = {"%": "%25", SEPARATOR: "%09"}
@@ -517,7 +522,7 @@ def prelude() -> list[str]:
     out.append(_positional_writer("pack_resolved", RESOLVED_FIELDS))
     out.append(f"local RECORD_FIELDS = {_lua_list(RECORD_FIELDS)}")
     out.append(_reader("unpack_zone", ZONE_PARTS, PART_SEPARATOR))
-    out.append(_definition_reader("read_definition", DEFINITION_FIELDS))
+    out.append(_definition_reader("read_definition", HOLD_DEFINITION_FIELDS))
     out.append(_definition_reader("read_legacy_definition", LEGACY_DEFINITION_FIELDS))
     out.append(f"local DEFINITION_FIELDS = {_lua_list(DEFINITION_FIELDS)}")
     out += _effects()

@@ -206,6 +206,31 @@ async def test_velocity_alarm_fires_once_per_window_and_pauses(
     assert len(await events(store, tag, VELOCITY)) == 2
 
 
+@pytest.mark.parametrize("gateway", [False, True], ids=["sidecar", "gateway"])
+async def test_a_velocity_alarm_watches_the_calls_held_while_it_is_set(
+    store: LedgerStore, tag: str, gateway: bool
+) -> None:
+    """A settle reads the tag's alarms only for a call its budget's alarm watched when it was
+    held: one held before the alarm was set is not counted, one held under it is, and one
+    whose alarm was taken off before it settled sets off nothing."""
+    alarm = AlertConfig(thresholds_pct=(), velocity=VelocityAlarm(window_s=300, max_micros=1_000))
+    kind = {"fingerprint": "", "retention_ms": RESEND_WINDOW_MS} if gateway else {}
+    await put(store, tag, (Period.TOTAL, 10**9), alerts=AlertConfig(thresholds_pct=()))
+    before = await store.reserve(request(tag, tag, 2_000, **kind))
+    await put(store, tag, (Period.TOTAL, 10**9), alerts=alarm)
+    await store.settle(ReservationRef(tag, before.reservation_id, OWNER), 2_000)
+    assert await events(store, tag, VELOCITY) == []
+    under = await store.reserve(request(tag, tag, 1_001, **kind))
+    await store.settle(ReservationRef(tag, under.reservation_id, OWNER), 1_001)
+    assert len(await events(store, tag, VELOCITY)) == 1
+    other = f"{tag}/team:other"
+    await put(store, other, (Period.TOTAL, 10**9), alerts=alarm)
+    held = await store.reserve(request(tag, other, 5_000, **kind))
+    await put(store, other, (Period.TOTAL, 10**9), alerts=AlertConfig(thresholds_pct=()))
+    await store.settle(ReservationRef(tag, held.reservation_id, OWNER), 5_000)
+    assert [e.budget_id for e in await events(store, tag, VELOCITY)] == [tag]
+
+
 async def test_velocity_above_a_multiple_of_the_trailing_hourly_rate(
     store: LedgerStore, tag: str, clock: ManualClock
 ) -> None:
