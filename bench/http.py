@@ -441,8 +441,9 @@ def http_reserve_and_settle(client: httpx.Client, api_key: str) -> tuple[int, in
     return int(reserved["reserved_micros"]), int(s.json()["charged_micros"])
 
 
-def set_up(service_url: str, env: dict[str, str]) -> Setup:
-    with httpx.Client(base_url=service_url, timeout=REQUEST_TIMEOUT_S) as client:
+def set_up(service_url: str, env: dict[str, str], *,
+           timeout_s: float = REQUEST_TIMEOUT_S) -> Setup:
+    with httpx.Client(base_url=service_url, timeout=timeout_s) as client:
         api_key = create_budget_and_key(client)
         reserve, recorded_micros = asyncio.run(record_reserve(env, api_key))
         amount_micros, charged_micros = http_reserve_and_settle(client, api_key)
@@ -459,8 +460,8 @@ def ensure_held(r: httpx.Response, setup: Setup, what: str) -> None:
            f"{what} holds what the service holds")
 
 
-def check_bare(bare_url: str, setup: Setup) -> None:
-    r = httpx.post(f"{bare_url}{RESERVE_PATH}", content=RESERVE_BODY, timeout=REQUEST_TIMEOUT_S)
+def check_bare(bare_url: str, setup: Setup, *, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    r = httpx.post(f"{bare_url}{RESERVE_PATH}", content=RESERVE_BODY, timeout=timeout_s)
     ensure_held(r, setup, "the bare endpoint")
 
 

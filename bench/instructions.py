@@ -317,10 +317,10 @@ def sidecar_work(source: Path, calls: int, where: Path) -> SidecarWork:
         env = bench_http.service_env(ledger.url)
         with counted_server(bench_http.serve_argv(), {**env, "PYTHONPATH": str(source)},
                             source, where / "service") as (service_url, service_pid):
-            setup = bench_http.set_up(service_url, env)
+            setup = bench_http.set_up(service_url, env, timeout_s=CALL_TIMEOUT_S)
             with counted_server(bench_http.bare_argv(), bench_http.bare_env(ledger.url, setup),
                                 bench_http.REPO_ROOT, where / "bare") as (bare_url, bare_pid):
-                bench_http.check_bare(bare_url, setup)
+                bench_http.check_bare(bare_url, setup, timeout_s=CALL_TIMEOUT_S)
                 return SidecarWork(
                     reserve=reserve_per_call(service_url, service_pid, setup, "the service",
                                              where / "service", calls),
