@@ -33,8 +33,8 @@ executes (valgrind's callgrind), per gateway call.
            1 / TARGET_RATIO of the bare endpoint's work per request. This is issue 14's
            "reserve >= 0.9x bare" by a judge the machine does not move, but it is not
            throughput: it counts the user-space instructions of each server process only. The
-           kernel's share (the syscalls' own work, which the two share in kind) is not in it,
-           nor is Redis's (it runs the same function for both), nor time spent waiting.
+           kernel's share (the syscalls' own work) is not in it, nor is Redis's (it runs the
+           same function for both), nor time spent waiting.
 
 Sequential calls run with warm caches and no batching; under wrk sixteen connections interleave.
 The counts say how much work each side does per call, not how long it takes.
