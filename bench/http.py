@@ -369,6 +369,21 @@ def admin_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
+def service_env(redis_url: str) -> dict[str, str]:
+    """What `ceiling serve` is started with: its ledger and the run's admin token."""
+    return {"REDIS_URL": redis_url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN}
+
+
+def bare_env(redis_url: str, setup: Setup) -> dict[str, str]:
+    """What the bare app is started with: the same ledger and the service's recorded reserve."""
+    return {"REDIS_URL": redis_url, CALL_ENV: call_to_json(setup.reserve)}
+
+
+def reserve_headers(api_key: str) -> dict[str, str]:
+    """The headers of every reserve, to the service and the bare endpoint alike."""
+    return {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+
+
 def create_budget_and_key(client: httpx.Client) -> str:
     """The budget path and one API key, through the admin routes as an operator makes them."""
     for budget_id, limits in zip(BudgetId.parse(BUDGET_PATH).lineage, LIMITS_BY_SCOPE,
@@ -412,7 +427,7 @@ async def record_reserve(env: dict[str, str], api_key: str) -> tuple[Call, int]:
 
 def http_reserve_and_settle(client: httpx.Client, api_key: str) -> tuple[int, int]:
     """One reserve and settle through the service: the answers wrk's Lua relies on."""
-    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+    headers = reserve_headers(api_key)
     r = client.post(RESERVE_PATH, headers=headers, content=RESERVE_BODY)
     ensure(r.status_code == 201, f"reserve: {r.status_code} {r.text}")
     reserved = r.json()
@@ -426,8 +441,9 @@ def http_reserve_and_settle(client: httpx.Client, api_key: str) -> tuple[int, in
     return int(reserved["reserved_micros"]), int(s.json()["charged_micros"])
 
 
-def set_up(service: ServiceProcess, env: dict[str, str]) -> Setup:
-    with httpx.Client(base_url=service.url, timeout=REQUEST_TIMEOUT_S) as client:
+def set_up(service_url: str, env: dict[str, str], *,
+           timeout_s: float = REQUEST_TIMEOUT_S) -> Setup:
+    with httpx.Client(base_url=service_url, timeout=timeout_s) as client:
         api_key = create_budget_and_key(client)
         reserve, recorded_micros = asyncio.run(record_reserve(env, api_key))
         amount_micros, charged_micros = http_reserve_and_settle(client, api_key)
@@ -436,11 +452,17 @@ def set_up(service: ServiceProcess, env: dict[str, str]) -> Setup:
     return Setup(api_key, reserve, amount_micros, charged_micros, reserves=2, settles=2)
 
 
-def check_bare(bare: Spawned, setup: Setup) -> None:
-    r = httpx.post(f"{bare.url}{RESERVE_PATH}", content=RESERVE_BODY, timeout=REQUEST_TIMEOUT_S)
-    ensure(r.status_code == 201, f"bare: {r.status_code} {r.text}")
+def ensure_held(r: httpx.Response, setup: Setup, what: str) -> None:
+    """A reserve answered with a hold of what the service holds: a refusal or an error must not
+    pass for a fast answer."""
+    ensure(r.status_code == 201, f"{what}: {r.status_code} {r.text}")
     ensure(int(r.json()["reserved_micros"]) == setup.amount_micros,
-           "the bare endpoint holds what the service holds")
+           f"{what} holds what the service holds")
+
+
+def check_bare(bare_url: str, setup: Setup, *, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    r = httpx.post(f"{bare_url}{RESERVE_PATH}", content=RESERVE_BODY, timeout=timeout_s)
+    ensure_held(r, setup, "the bare endpoint")
 
 
 # -- wrk runs -------------------------------------------------------------------------------------
@@ -931,17 +953,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             server = RedisServer(durable=options.durable)
             stack.callback(server.__exit__, None, None, None)
             server.start()
-            env = {"REDIS_URL": server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN}
+            env = service_env(server.url)
             # Started as `ceiling serve` is, not forked: its CPU and heap are what is measured.
             service = ServiceProcess(env, forked=False)
             stack.callback(service.stop)
             service.start()
-            setup = set_up(service, env)
-            bare = Spawned(bare_argv(), {"REDIS_URL": server.url,
-                                         CALL_ENV: call_to_json(setup.reserve)})
+            setup = set_up(service.url, env)
+            bare = Spawned(bare_argv(), bare_env(server.url, setup))
             stack.callback(bare.stop)
             bare.start()
-            check_bare(bare, setup)
+            check_bare(bare.url, setup)
             throughput = measure_throughput(service, bare, setup, options)
             # The cold start is measured with neither server running, so it competes only with
             # the machine, not with this benchmark's own processes.
