@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from core.money import usd_to_micros
+from infra.processes import tls_context
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, reset_bill
@@ -204,7 +205,7 @@ class Fleet:
     @property
     def http(self) -> httpx.Client:
         if self._http is None:
-            self._http = httpx.Client(timeout=ADMIN_CALL_TIMEOUT_S)
+            self._http = httpx.Client(timeout=ADMIN_CALL_TIMEOUT_S, verify=tls_context())
         return self._http
 
     def service_env(self) -> dict[str, str]:

@@ -21,6 +21,7 @@ cannot be waited for by the client).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import select
@@ -36,11 +37,16 @@ from typing import Any
 from infra.processes import STOP_TIMEOUT_S, alive
 
 # What `ceiling serve` imports before and while it serves a fleet's instance (the gateway's
-# transport, the admin and health routes the fleet calls), and uvicorn's loop and protocols.
+# transport, the admin and health routes the fleet calls), uvicorn's loop and protocols, the
+# ledger stores the harness starts instances against (api.runtime imports the one its
+# environment names, at start), and the HTTP client's connection layer (httpx imports it with
+# the first client an instance makes: the alert delivery's, at start).
 PRELOADED = (
     "api.cli", "api.app", "api.alerts", "api.transport", "api.routes.admin",
     "api.routes.alerts", "api.routes.dashboard", "api.routes.health", "fastapi", "uvicorn",
     "uvicorn.loops.auto", "uvicorn.protocols.http.auto", "uvicorn.lifespan.on",
+    "core.stores.redis", "core.stores.redis_cluster", "core.stores.upstash", "httpcore",
+    "certifi",
 )
 # The `serve` extra's loop and parser, when installed (uvicorn falls back without them).
 PRELOADED_IF_INSTALLED = ("uvloop", "httptools", "uvicorn.loops.uvloop",
@@ -101,6 +107,11 @@ def serve() -> None:
     for name in PRELOADED_IF_INSTALLED:
         with contextlib.suppress(ImportError):
             __import__(name)
+    # The imported modules' objects are shared with every child: frozen here, a child's own
+    # collections (`ceiling serve` collects and freezes at its start) never walk them, and
+    # touch the pages that hold them to do so, which would copy those pages into the child.
+    gc.collect()
+    gc.freeze()
     reader, waker = os.pipe()
     os.set_blocking(waker, False)
     signal.set_wakeup_fd(waker)

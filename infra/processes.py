@@ -6,9 +6,11 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Callable
+from functools import cache
 from typing import Protocol, Self
 
 # A child that has not exited this long after SIGTERM is killed.
@@ -20,6 +22,18 @@ PORT_ATTEMPTS_MAX = 3
 # /proc/net/tcp's state of a listening socket.
 TCP_LISTEN = "0A"
 
+
+
+@cache
+def tls_context() -> ssl.SSLContext:
+    """The TLS context of the harness's HTTP clients, one per process: httpx's default (it
+    verifies against the same CA bundle). httpx builds a new one for every client or one-off
+    request that is not given one, reading the whole bundle each time: more CPU than the
+    loopback call the client makes, and the suite makes thousands of them (readiness polls,
+    fixtures, bill reads, fault resets)."""
+    import httpx  # only where a client is made: Redis's and the fork server's users need none
+
+    return httpx.create_ssl_context()
 
 class Child(Protocol):
     """What the harness uses of a child process: subprocess.Popen, or a fork server's child

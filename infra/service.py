@@ -19,7 +19,15 @@ from types import TracebackType
 import httpx
 
 from infra.forkserver import ForkServer
-from infra.processes import Child, OnAFreePort, free_port, listening, stop, wait_ready
+from infra.processes import (
+    Child,
+    OnAFreePort,
+    free_port,
+    listening,
+    stop,
+    tls_context,
+    wait_ready,
+)
 
 # An instance imports FastAPI and answers /health/live in moments; after 30 s it is broken.
 START_TIMEOUT_S = 30.0
@@ -62,9 +70,9 @@ class ServiceProcess(OnAFreePort):
             )
             self.process = subprocess.Popen(
                 [sys.executable, *command, *listen], env=env, stdout=out, stderr=out)
-        # One client for all polls: each new client builds an SSL context, CPU that 25 instances
-        # starting at once would pay many times over.
-        with httpx.Client(timeout=1.0) as client:
+        # One client for all polls, with the process's one SSL context: a new context per client
+        # is CPU that 25 instances starting at once would pay many times over.
+        with httpx.Client(timeout=1.0, verify=tls_context()) as client:
 
             def live() -> bool:
                 with contextlib.suppress(httpx.HTTPError):

@@ -42,6 +42,7 @@ from core.stores import keys
 from core.stores.redis import RedisStore
 from infra.figures import median, percentile, table
 from infra.fleet import Fleet
+from infra.processes import tls_context
 from infra.stub_provider import StubProviderProcess, fetch_bill
 
 DURATION_S = 600.0
@@ -72,7 +73,7 @@ DRAIN_S_MAX = 60.0
 
 def http_client() -> httpx.AsyncClient:
     return httpx.AsyncClient(
-        timeout=REQUEST_TIMEOUT_S,
+        timeout=REQUEST_TIMEOUT_S, verify=tls_context(),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=None,
                             keepalive_expiry=KEEPALIVE_S),
     )

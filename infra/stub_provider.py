@@ -88,7 +88,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from infra.processes import free_port, wait_ready
+from infra.processes import free_port, tls_context, wait_ready
 from infra.processes import stop as stop_process
 from infra.stub_anthropic import (
     WEB_SEARCH_RESULT_TOKENS_DEFAULT,
@@ -724,7 +724,7 @@ class StubProviderProcess(StubProvider):
             argv += ["--prices-file", str(self.prices)]
         self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
-        with httpx.Client(timeout=1.0) as client:
+        with httpx.Client(timeout=1.0, verify=tls_context()) as client:
 
             def live() -> bool:
                 try:
@@ -762,13 +762,20 @@ def server_config(app: StubProviderApp, port: int) -> uvicorn.Config:
 
 def fetch_bill(provider_url: str, *, with_log: bool = True) -> Bill:
     response = httpx.get(f"{provider_url}/billing", params={"log": int(with_log)},
-                         timeout=BILL_FETCH_TIMEOUT_S)
+                         timeout=BILL_FETCH_TIMEOUT_S, verify=tls_context())
     response.raise_for_status()
     return Bill.from_json(response.json())
 
 
+def stub_control(provider_url: str, settings: dict[str, Any]) -> None:
+    """Faults and settings of the stub's next calls (a fault set replaces the last one)."""
+    httpx.post(f"{provider_url}/control", json=settings, timeout=BILL_FETCH_TIMEOUT_S,
+               verify=tls_context()).raise_for_status()
+
+
 def reset_bill(provider_url: str) -> None:
-    httpx.post(f"{provider_url}/billing/reset", timeout=BILL_FETCH_TIMEOUT_S).raise_for_status()
+    httpx.post(f"{provider_url}/billing/reset", timeout=BILL_FETCH_TIMEOUT_S,
+               verify=tls_context()).raise_for_status()
 
 
 def main() -> None:

@@ -48,7 +48,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from infra.processes import OnAFreePort, free_port, stop, wait_ready
+from infra.processes import OnAFreePort, free_port, stop, tls_context, wait_ready
 
 HOST = "127.0.0.1"
 # Connections the bridge holds to Redis. Under a burst the bridge is CPU-bound, not Redis: a
@@ -331,7 +331,7 @@ class UpstashBridge(OnAFreePort):
         try:
             reply = httpx.post(
                 self.url, json=["PING"], headers={"Authorization": f"Bearer {self.token}"},
-                timeout=0.5,
+                timeout=0.5, verify=tls_context(),
             )
         except httpx.HTTPError:
             return False

@@ -22,7 +22,7 @@ import httpx2
 import openai
 import pytest
 
-from infra.processes import free_port
+from infra.processes import free_port, tls_context
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider
@@ -64,7 +64,7 @@ class Client(httpx.Client):
 
 
 def client_for(service: ServiceProcess) -> Client:
-    return Client(base_url=service.url, timeout=10.0)
+    return Client(base_url=service.url, timeout=10.0, verify=tls_context())
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ from core.ledger import LegStatus
 from core.limits import RESERVATION_TTL_MS_MAX, SWEEP_BATCH_MAX
 from core.stores.redis import RedisStore
 from infra.redis_server import RedisServer
-from infra.stub_provider import Bill, StubProvider, fetch_bill
+from infra.stub_provider import Bill, StubProvider, fetch_bill, stub_control
 
 T = TypeVar("T")
 # What an SDK raises for an error answer.
@@ -56,7 +56,7 @@ def refusal_code(refused: openai.APIStatusError | anthropic.APIStatusError) -> s
 
 def control(stub: StubProvider, **settings: Any) -> None:
     """Faults and settings of the stub's next calls (a fault set replaces the last one)."""
-    httpx.post(f"{stub.url}/control", json=settings, timeout=10).raise_for_status()
+    stub_control(stub.url, settings)
 
 
 @dataclass

@@ -33,7 +33,7 @@ from core.stores.redis import RedisStore
 from infra.processes import free_port
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
-from infra.stub_provider import StubProvider, Tally, fetch_bill
+from infra.stub_provider import StubProvider, Tally, fetch_bill, stub_control
 from tests.api.conftest import (
     ADMIN_TOKEN,
     BOTH_ROLES,
@@ -116,7 +116,7 @@ def no_faults(request: pytest.FixtureRequest) -> Iterator[None]:
     if "proxy" in request.fixturenames:
         request.getfixturevalue("proxy").disarm()
     if "stub" in request.fixturenames:
-        httpx.post(f"{request.getfixturevalue('stub').url}/control", json={}).raise_for_status()
+        stub_control(request.getfixturevalue("stub").url, {})
 
 
 @pytest.fixture
@@ -303,7 +303,7 @@ def test_no_answer_keeps_the_worst_case_and_a_waiting_retry_gives_up(
     gw_faulty: ServiceProcess, admin: Client, stub: StubProvider, model: str
 ) -> None:
     tag, key = account(admin, 1_000_000)
-    httpx.post(f"{stub.url}/control", json={"hang": True, "calls": 1}).raise_for_status()
+    stub_control(stub.url, {"hang": True, "calls": 1})
     requests_before = provider_requests(stub)
     retry_key = {"Idempotency-Key": f"k-{uuid.uuid4().hex}"}
     request: dict[str, Any] = {"model": model, "messages": MESSAGES, "max_tokens": 100,
@@ -353,7 +353,7 @@ def test_provider_errors_pass_through_and_only_a_refusal_releases_the_hold(
     outcome: str,
 ) -> None:
     tag, key = account(admin, 1_000_000, roles=BOTH_ROLES)
-    httpx.post(f"{stub.url}/control", json={"fail_status": status, "calls": 1}).raise_for_status()
+    stub_control(stub.url, {"fail_status": status, "calls": 1})
     with pytest.raises(openai.APIStatusError) as failed:
         sdk(gw_faulty, key).chat.completions.create(model=model, messages=MESSAGES, max_tokens=90)
     error = failed.value
@@ -430,7 +430,7 @@ def test_a_504_cannot_be_settled_by_its_key_only_corrected_by_an_operator(
     gw_faulty: ServiceProcess, admin: Client, stub: StubProvider, model: str
 ) -> None:
     tag, key = account(admin, 1_000_000, roles=BOTH_ROLES)
-    httpx.post(f"{stub.url}/control", json={"hang": True, "calls": 1}).raise_for_status()
+    stub_control(stub.url, {"hang": True, "calls": 1})
     with pytest.raises(openai.APIStatusError) as failed:
         sdk(gw_faulty, key).chat.completions.create(model=model, messages=MESSAGES, max_tokens=90)
     assert (failed.value.status_code, failed.value.code) == (504, "upstream_timeout")
@@ -598,7 +598,7 @@ def test_the_responses_route_forwards_prices_and_releases_what_the_provider_refu
 ) -> None:
     # The stub refuses the call (a 404 it is told to answer): the refusal shows the call was
     # forwarded, priced (a reservation was held and released) and relayed with its status.
-    httpx.post(f"{stub.url}/control", json={"fail_status": 404, "calls": 1}).raise_for_status()
+    stub_control(stub.url, {"fail_status": 404, "calls": 1})
     tag, key = account(admin, 1_000_000)
     with pytest.raises(openai.NotFoundError) as missing:
         sdk(gw_faulty, key).responses.create(model=model, input="hi")

@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_bill import CallRecord
-from infra.stub_provider import StubProvider, fetch_bill, reset_bill
+from infra.stub_provider import StubProvider, fetch_bill, reset_bill, stub_control
 from tests.api.conftest import (
     Client,
     FaultProxy,
@@ -70,8 +69,7 @@ def gw(redis_server: RedisServer, proxy: FaultProxy,
 
 @pytest.fixture(autouse=True)
 def fresh_bill(stub: StubProvider) -> None:
-    httpx.post(f"{stub.url}/control", json={"prompt_cache": True,
-                                            "default_service_tier": "default"}).raise_for_status()
+    stub_control(stub.url, {"prompt_cache": True, "default_service_tier": "default"})
     reset_bill(stub.url)
 
 

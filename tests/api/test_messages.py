@@ -21,7 +21,7 @@ import pytest
 
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
-from infra.stub_provider import StubProvider, fetch_bill, reset_bill
+from infra.stub_provider import StubProvider, fetch_bill, reset_bill, stub_control
 from tests.api.conftest import (
     ADMIN_TOKEN,
     Client,
@@ -73,11 +73,11 @@ def gw_no_anthropic(redis_server: RedisServer, stub: StubProvider) -> Iterator[S
 
 @pytest.fixture(autouse=True)
 def fresh_bill(stub: StubProvider, proxy: FaultProxy) -> Iterator[None]:
-    httpx.post(f"{stub.url}/control", json={"prompt_cache": True}).raise_for_status()
+    stub_control(stub.url, {"prompt_cache": True})
     reset_bill(stub.url)
     yield
     proxy.disarm()
-    httpx.post(f"{stub.url}/control", json={}).raise_for_status()
+    stub_control(stub.url, {})
 
 
 def billed_costs(stub: StubProvider) -> list[int]:
@@ -280,7 +280,7 @@ def test_a_providers_refusal_releases_and_an_error_after_billing_stays_held(
                                                extra_body={"temperature": 2.0})
     assert bad.value.response.headers["x-ceiling-billing-outcome"] == "released"
     assert ledger(admin, tag)["reserved_micros"] == 0
-    httpx.post(f"{stub.url}/control", json={"fail_after_billing": 529}).raise_for_status()
+    stub_control(stub.url, {"fail_after_billing": 529})
     transport, sent = counting_client()
     with pytest.raises(anthropic.APIStatusError) as overloaded:
         anthropic_sdk(gw, key, max_retries=2, http_client=transport).messages.create(
@@ -305,7 +305,7 @@ def test_a_stream_the_provider_breaks_off_raises_in_the_sdk_and_stays_held(
     gw: ServiceProcess, admin: Client, stub: StubProvider
 ) -> None:
     tag, key = account(admin, 1_000_000)
-    httpx.post(f"{stub.url}/control", json={"break_after_events": 5}).raise_for_status()
+    stub_control(stub.url, {"break_after_events": 5})
     with pytest.raises(anthropic.APIStatusError, match="broke off"):
         list(anthropic_sdk(gw, key).messages.create(model=SONNET, max_tokens=100,
                                                     messages=HELLO, stream=True))

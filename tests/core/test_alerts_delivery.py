@@ -25,6 +25,7 @@ from core.alerts import (
 from core.budgets import Period
 from core.ledger import LedgerStore
 from infra.alert_receiver import AlertReceiver
+from infra.processes import tls_context
 from tests.core.stores.test_alerts import put, spend
 from tests.support import ManualClock
 
@@ -38,7 +39,7 @@ def receiver() -> Iterator[AlertReceiver]:
 
 
 async def deliver(store: LedgerStore, receiver: AlertReceiver, tag: str) -> tuple[int, ...]:
-    async with httpx.AsyncClient(timeout=5.0) as client:
+    async with httpx.AsyncClient(timeout=5.0, verify=tls_context()) as client:
         report = await deliver_due(store, receiver.url, SECRET, http_post(client), [tag])
     return report.delivered, report.retried, report.failed
 

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infra.processes import free_port
+from infra.processes import free_port, tls_context
 from infra.stub_bill import Bill, CallRecord
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill
 from tests.infra.media import b64, data_url, gif, jpeg, mp3, pdf, png, wav, webp
@@ -929,7 +929,8 @@ def test_it_runs_as_its_own_process(tmp_path: Path) -> None:
         deadline = time.monotonic() + 20
         while True:
             try:
-                if httpx.get(f"{url}/health/live", timeout=0.5).status_code == 200:
+                if httpx.get(f"{url}/health/live", timeout=0.5,
+                             verify=tls_context()).status_code == 200:
                     break
             except httpx.TransportError:
                 assert time.monotonic() < deadline, "the stub provider did not start"
