@@ -23,7 +23,6 @@ PORT_ATTEMPTS_MAX = 3
 TCP_LISTEN = "0A"
 
 
-
 @cache
 def tls_context() -> ssl.SSLContext:
     """The TLS context of the harness's HTTP clients, one per process: httpx's default (it
@@ -34,6 +33,7 @@ def tls_context() -> ssl.SSLContext:
     import httpx  # only where a client is made: Redis's and the fork server's users need none
 
     return httpx.create_ssl_context()
+
 
 class Child(Protocol):
     """What the harness uses of a child process: subprocess.Popen, or a fork server's child
