@@ -63,7 +63,10 @@ async def delivery_loop() -> None:
     """Delivery passes every CEILING_ALERT_DELIVERY_INTERVAL_S (5 s by default: an event goes
     out within seconds, and a pass that finds nothing costs a read per tag)."""
     config = runtime().config
-    interval_s = config.alert_delivery_interval_s if config else 5.0
+    if config is None or not config.alert_webhook_url:
+        # The configuration is read once per process: with no webhook there is nothing to
+        # deliver to (events stay in the outbox and the alert log), and no client is made.
+        return
     async with _client() as client:
         while True:
             try:
@@ -72,7 +75,7 @@ async def delivery_loop() -> None:
                 log.warning("alert delivery skipped: %s", exc.message)
             except Exception:
                 log.exception("alert delivery pass failed")
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(config.alert_delivery_interval_s)
 
 
 @contextlib.asynccontextmanager
