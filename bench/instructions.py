@@ -44,6 +44,7 @@ The counts say how much work each side does per call, not how long it takes.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import re
@@ -114,14 +115,33 @@ def per_call(pid: int, out: Path, calls: int, one_call: Callable[[], object]) ->
     return counted_since_zero(pid, out) / calls
 
 
-def gateway_per_call(target: Target, out: Path, calls: int) -> float:
-    """Instructions the gateway process runs per chat call, one call at a time."""
-    with httpx.Client(timeout=CALL_TIMEOUT_S) as client:
-        def one_call() -> None:
-            answer = client.post(target.url, content=target.body(), headers=target.headers())
-            ensure(answer.status_code == 200, f"{target.name}: {answer.status_code}")
+def gateway_per_call(target: Target, out: Path, calls: int, at_once: int = 1) -> float:
+    """Instructions the gateway process runs per chat call: one call at a time, or rounds of
+    `at_once` calls sent together on as many keep-alive connections (what a server does per
+    call with others in flight: its event loop's turns, its pools, its collector)."""
+    if at_once == 1:
+        with httpx.Client(timeout=CALL_TIMEOUT_S) as client:
+            def one_call() -> None:
+                answer = client.post(target.url, content=target.body(), headers=target.headers())
+                ensure(answer.status_code == 200, f"{target.name}: {answer.status_code}")
 
-        return per_call(target.pid, out, calls, one_call)
+            return per_call(target.pid, out, calls, one_call)
+    with asyncio.Runner() as runner:
+        many = httpx.AsyncClient(timeout=CALL_TIMEOUT_S,
+                                 limits=httpx.Limits(max_connections=at_once))
+
+        async def together() -> None:
+            answers = await asyncio.gather(*(
+                many.post(target.url, content=target.body(), headers=target.headers())
+                for _ in range(at_once)))
+            for answer in answers:
+                ensure(answer.status_code == 200, f"{target.name}: {answer.status_code}")
+
+        try:
+            return per_call(target.pid, out, max(1, calls // at_once),
+                            lambda: runner.run(together())) / at_once
+        finally:
+            runner.run(many.aclose())
 
 
 @dataclass(frozen=True)
@@ -365,6 +385,10 @@ def sidecar_report(work: SidecarWork, source: Path, calls: int) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--gateway-calls", type=int, default=GATEWAY_CALLS)
+    parser.add_argument("--gateway-at-once", type=int, default=1,
+                        help="send the gateway calls in rounds of this many together (wrk's "
+                        "load is 16 connections): the gateway process's work per call with "
+                        "others in flight")
     parser.add_argument("--redis-calls", type=int, default=REDIS_CALLS)
     parser.add_argument("--sidecar", action="store_true",
                         help="count `ceiling serve`'s reserve route and bench/http.py's bare "
@@ -389,16 +413,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         with rig(with_floors=False, under=callgrind(out)) as rig_:
             for key in TARGETS:
                 target = rig_.targets[key]
-                counts[key] = (gateway_per_call(target, out, options.gateway_calls),
+                counts[key] = (gateway_per_call(target, out, options.gateway_calls,
+                                                options.gateway_at_once),
                                redis_per_call(key, target, Path(where) / f"redis-{key}",
                                               options.redis_calls))
     rows = [[name, f"{counts[key][0]:,.0f}", f"{counts[key][1]:,.0f}"]
             for key, name in TARGETS.items()]
     ours, theirs = counts["ours"], counts["hardcap"]
     rows.append(["ours / hardcap", f"{ours[0] / theirs[0]:.2f}", f"{ours[1] / theirs[1]:.2f}"])
+    at_once = options.gateway_at_once
+    sent = "one at a time" if at_once == 1 else f"in rounds of {at_once} together"
     print(f"Instructions per gateway call (callgrind): the gateway process over "
-          f"{options.gateway_calls:,} chat calls, its Redis over {options.redis_calls:,} replays "
-          "of the call's two script calls; one call at a time\n")
+          f"{options.gateway_calls:,} chat calls sent {sent}, its Redis over "
+          f"{options.redis_calls:,} replays of the call's two script calls, one at a time\n")
     print(table(["gateway", "gateway process", "its Redis"], rows))
     return 0
 
