@@ -1,6 +1,7 @@
 """A gateway call's work in instructions, ours beside hardcap 0.1.0: the figures that do not move.
 
     .venv/bin/python -m bench.instructions     # ~4 min; needs valgrind (apt-get install valgrind)
+    .venv/bin/python -m bench.instructions --gateway-at-once 16 --gateway-calls 480
     .venv/bin/python -m bench.instructions --sidecar [--sidecar-source DIR]
 
 bench.gateway judges CPU per call under wrk: the figures that count, but on a shared or virtual
@@ -10,7 +11,9 @@ executes (valgrind's callgrind), per gateway call.
 
   gateway  bench.gateway's rig (the stub, `ceiling serve` and hardcap, each with its own Redis)
            with both gateways started under callgrind; GATEWAY_CALLS chat calls sent one at a
-           time on one keep-alive connection after a warm-up, the counters zeroed before them.
+           time on one keep-alive connection after a warm-up, the counters zeroed before them
+           (with --gateway-at-once N: in rounds of N sent together on N connections, as a
+           server meets them under wrk's sixteen).
            The server's whole process: HTTP, authentication, pricing, the ledger client, the
            upstream client, its event loop. The kernel's share (the syscalls' own work) is not
            counted.
@@ -37,7 +40,8 @@ executes (valgrind's callgrind), per gateway call.
            kernel's share (the syscalls' own work) is not in it, nor is Redis's (it runs the
            same function for both), nor time spent waiting.
 
-Sequential calls run with warm caches and no batching; under wrk sixteen connections interleave.
+Sequential calls run with warm caches and no batching; under wrk sixteen connections interleave
+(--gateway-at-once comes closer to that).
 The counts say how much work each side does per call, not how long it takes.
 """
 
