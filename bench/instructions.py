@@ -41,7 +41,10 @@ executes (valgrind's callgrind), per gateway call.
            same function for both), nor time spent waiting.
 
 Sequential calls run with warm caches and no batching; under wrk sixteen connections interleave
-(--gateway-at-once comes closer to that).
+(--gateway-at-once comes closer to that). Under callgrind a process runs many times slower, so a
+cache that trusts by the clock (an API key is trusted for a second, core/service.py) is
+refreshed many times more often per call than at native speed, and with N calls in flight it is
+refreshed by each of them: docs/measured.md says what that adds.
 The counts say how much work each side does per call, not how long it takes.
 """
 
