@@ -81,6 +81,14 @@ local function ledger_matches(meta_key, ledger_id)
   return redis.call('HGET', meta_key, 'ledger') == ledger_id
 end
 
+-- What follows a budget's leg that a velocity alarm watched when it was held (parse_legs).
+local VELOCITY_MARK = '|v'
+
+-- Whether the leg of `s` that ends just before `stop` carries VELOCITY_MARK.
+local function watched_leg(s, stop)
+  return string.sub(s, stop - #VELOCITY_MARK, stop - 1) == VELOCITY_MARK
+end
+
 -- A leg is one (budget, period window) pair a reservation holds money in, stored on the
 -- reservation as 'budget_id|window_key|ceiling_micros|resets_at_ms|outage_allowance_micros',
 -- with '|run' after it for a run's leg, or '|v' after a budget's leg that a velocity alarm
@@ -96,7 +104,7 @@ local function parse_legs(s)
       string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)(.*)$')
     legs[#legs + 1] = {budget_id = budget_id, window_key = window_key, ceiling_micros = ceiling,
                        resets_at_ms = resets_at, outage_allowance_micros = allowance,
-                       run = mark == '|run', velocity = mark == '|v'}
+                       run = mark == '|run', velocity = mark == VELOCITY_MARK}
   end
   return legs
 end
@@ -106,7 +114,7 @@ local function encode_legs(legs)
   for _, leg in ipairs(legs) do
     local part = leg.budget_id .. '|' .. leg.window_key .. '|' .. leg.ceiling_micros .. '|' ..
                  leg.resets_at_ms .. '|' .. leg.outage_allowance_micros ..
-                 (leg.run and '|run' or leg.velocity and '|v' or '')
+                 (leg.run and '|run' or leg.velocity and VELOCITY_MARK or '')
     out = out and out .. ' ' .. part or part
   end
   return out or ''
@@ -368,7 +376,7 @@ local function apply(prefix, legs, reserved, committed, overshoot, now, spent_at
           -- alerts (issue 16): rest is '|ceiling_micros|...'
           now = committed_moved(prefix, budget_id, window_key, string.match(rest, '^|(%d+)'),
                                 after, committed, now, seen, spent_at_ms,
-                                string.sub(rest, -2) == '|v')
+                                watched_leg(rest, #rest + 1))
           seen = budget_id
         end
       end
@@ -405,7 +413,7 @@ local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_te
   committed = text_of(committed, held, reserved_micros, actual, actual_text)
   overshoot = text_of(overshoot, held, reserved_micros, actual, actual_text)
   local seen
-  -- `stop`: where the leg ends, after '|v' if a velocity alarm watched it (parse_legs).
+  -- `stop`: where the leg ends (watched_leg).
   for budget_id, window_key, ceiling, stop in
       string.gmatch(legs, '([^ |]+)|([^ |]+)|([^ |]+)[^ ]*()') do
     local ck = prefix .. COUNTER_KEY .. budget_id .. '|' .. window_key
@@ -414,7 +422,7 @@ local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_te
       local after = redis.call('HINCRBY', ck, 'committed', committed)
       -- alerts (issue 16)
       now = committed_moved(prefix, budget_id, window_key, ceiling, after, committed, now, seen,
-                            tonumber(created_ms), string.sub(legs, stop - 2, stop - 1) == '|v')
+                            tonumber(created_ms), watched_leg(legs, stop))
       seen = budget_id
     end
     if overshoot ~= '0' then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
