@@ -37,8 +37,15 @@ stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   echo "setup: creating .venv and installing dependencies" >&2
   "$PYTHON" -m venv .venv
-  .venv/bin/pip install -q --upgrade pip >/dev/null
-  .venv/bin/pip install -q -e ".[dev]"
+  # uv (from PyPI) downloads, installs and byte-compiles the dependencies in parallel where pip
+  # does one at a time; pip's install was most of a clean CI run outside pytest. uv reads PyPI,
+  # not pip's configuration, so where uv cannot be installed pip does the install as configured.
+  if .venv/bin/pip install -q uv >/dev/null 2>&1; then
+    .venv/bin/uv pip install --python .venv/bin/python -q --compile-bytecode -e ".[dev]"
+  else
+    .venv/bin/pip install -q --upgrade pip >/dev/null
+    .venv/bin/pip install -q -e ".[dev]"
+  fi
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
