@@ -22,9 +22,10 @@ CEILING_MICROS budget (gpt-4o, up to 1,000 output tokens a call, realistic answe
                             pricing the worst case, reserving it atomically, settling the usage.
 
 Part two: RACE_REQUESTS concurrent requests against a ceiling with room for exactly RACE_ROOM
-calls of a fixed cost: a naive read-check-write counter (GET, compare, INCRBY) against the
-atomic reserve script, both through the Redis client the service ships (core.stores.redis: a
-pool of 64 connections). The atomic script admits exactly RACE_ROOM. All requests are admitted (or
+calls of a fixed cost: a naive read-check-write counter (GET, compare, INCRBY; every request
+reads before any writes, as in a burst across instances) against the atomic reserve script,
+both through the Redis client the service ships (core.stores.redis: a pool of 64 connections).
+The atomic script admits exactly RACE_ROOM. All requests are admitted (or
 not) before the admitted ones call the provider: neither pattern looks at the call's result to
 admit, and a thousand HTTP calls on this process's event loop would only slow the race down.
 
@@ -287,8 +288,14 @@ async def naive_counter(bench: Bench, unit_micros: int, ceiling_micros: int) -> 
     key = f"bench:naive:{uuid.uuid4().hex}"
     redis = bench.redis
 
+    # The requests arrive together, as a burst across instances does: each has read the counter
+    # before any of them writes it. Left to the connection pool's timing, how many reads came
+    # before the first write moved with the machine's load, down to none.
+    all_read = asyncio.Barrier(RACE_REQUESTS)
+
     async def admit() -> bool:
         spent = int(await redis.get(key) or 0)
+        await all_read.wait()
         if spent + unit_micros > ceiling_micros:
             return False
         await redis.incrby(key, unit_micros)
