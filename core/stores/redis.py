@@ -1,11 +1,12 @@
 """RedisStore: the ledger on one Redis (or a managed Redis) through redis-py's asyncio client.
 
-The scripts, two or more on every call the service serves, go out on connections of the
+The scripts, two or more on every call the service serves, go out on a connection of the
 transport's own (`RedisTransport.run`, core/stores/redis_resp.py: hiredis over an asyncio
-protocol, to where redis-py's client connects), kept in a list and each carrying one command at
-a time: redis-py's command path costs several times what sending the command does. Everything
-else (key records, health, budgets, loading the scripts) goes through the client, where its
-response callbacks shape the replies.
+protocol, to where redis-py's client connects), one per event loop, carrying its calls
+pipelined: redis-py's command path costs several times what sending the command does, and a
+connection per call in flight costs the server and the service a wake-up and a system call per
+command. Everything else (key records, health, budgets, loading the scripts) goes through the
+client, where its response callbacks shape the replies.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from core.stores.scripts import Script, function_missing, functions_unknown, lib
 # One ledger call may take this long, retries included, before the caller fails closed. A
 # reserve is one round trip of well under a millisecond; two seconds is an outage, not load.
 LEDGER_CALL_TIMEOUT_S = 2.0
-# Connections one instance keeps to Redis: enough for the concurrency of one serverless instance
-# or one uvicorn worker; a pool that is too small queues calls instead of failing them.
+# Connections one instance keeps to Redis for redis-py's client (key records, health, budgets):
+# enough for the concurrency of one serverless instance or one uvicorn worker; a pool that is
+# too small queues calls instead of failing them. The scripts share one connection of their own.
 POOL_CONNECTIONS_MAX = 64
 # Retries of one command after a connection error: enough to get past connections that a Redis
 # restart or failover broke, few enough to stay inside LEDGER_CALL_TIMEOUT_S.
@@ -94,21 +96,19 @@ class RedisTransport:
     backend = "redis"
 
     def __init__(self, client: Redis, *, call_timeout_s: float = LEDGER_CALL_TIMEOUT_S,
-                 functions: bool = True, connections_max: int = POOL_CONNECTIONS_MAX) -> None:
+                 functions: bool = True) -> None:
         self._client = client
         self._call_timeout_s = call_timeout_s
         # Whether to call the library's functions: a server without them (before Redis 7.0)
         # says so at the first call, and each call then runs as a script of its own.
         self._functions = functions
-        # The scripts' connections (core/stores/redis_resp.py), to where the client connects;
+        # The scripts' connection (core/stores/redis_resp.py), to where the client connects;
         # None: a setting only the client carries out, and the scripts go through it.
         self._endpoint = Endpoint.of(client)
-        self._connections_max = connections_max
-        self._idle: list[RespConnection] = []
-        # Past connections_max calls in flight, a call waits for a connection (within its
-        # timeout) instead of failing. Made per event loop, as the connections are: a
-        # serverless runtime may run each invocation on a loop of its own.
-        self._slots = asyncio.Semaphore(connections_max)
+        # Made per event loop, as is the lock that lets one call at a time open it: a serverless
+        # runtime may run each invocation on a loop of its own.
+        self._connection: RespConnection | None = None
+        self._connecting = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
@@ -137,43 +137,35 @@ class RedisTransport:
                     return await self._send(command)
 
     async def _send(self, command: Command) -> Any:
-        """One command on one of the scripts' connections, and its reply (an error reply
-        raised as redis-py's exception for it). A connection that breaks is retried on a
-        fresh one, RETRIES_MAX times: every script is safe to run twice."""
+        """One command on the scripts' connection, and its reply (an error reply raised as
+        redis-py's exception for it). A call whose connection breaks is retried on a fresh one,
+        RETRIES_MAX times: every script is safe to run twice."""
         if self._endpoint is None:
             return await self._client.execute_command(*command)  # type: ignore[no-untyped-call]
+        packed = pack(command)
+        for attempt in range(RETRIES_MAX + 1):
+            try:
+                return await (await self._connected()).call(packed)
+            except (rex.ConnectionError, rex.TimeoutError, OSError):
+                if attempt == RETRIES_MAX:
+                    raise
+            await asyncio.sleep(min(RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_BASE * 2**attempt))
+        raise InvariantBroken("the retry loop returns or raises")
+
+    async def _connected(self) -> RespConnection:
+        """This loop's connection for the scripts, opened if it is not open (or broke)."""
+        assert self._endpoint is not None
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            # Connections and the semaphore belong to the loop they were made in.
-            self._idle, self._slots, self._loop = [], asyncio.Semaphore(self._connections_max), loop
-        packed = pack(command)
-        async with self._slots:
-            for attempt in range(RETRIES_MAX + 1):
-                connection = self._idle_connection()
-                try:
-                    if connection is None:
-                        connection = await self._endpoint.connect()
-                    reply = await connection.call(packed)
-                except (rex.ConnectionError, rex.TimeoutError, OSError):
-                    if attempt == RETRIES_MAX:
-                        raise
-                else:
-                    return reply
-                finally:
-                    # An error reply leaves a connection as good as a reply does; a broken or
-                    # abandoned one was closed and is dropped.
-                    if connection is not None and connection.usable:
-                        self._idle.append(connection)
-                await asyncio.sleep(min(RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_BASE * 2**attempt))
-            raise InvariantBroken("the retry loop returns or raises")
-
-    def _idle_connection(self) -> RespConnection | None:
-        """An idle connection still open; those the server closed meanwhile are dropped."""
-        while self._idle:
-            connection = self._idle.pop()
-            if connection.usable:
-                return connection
-        return None
+            self._connection, self._connecting, self._loop = None, asyncio.Lock(), loop
+        connection = self._connection
+        if connection is not None and connection.usable:
+            return connection
+        async with self._connecting:
+            # Calls that waited here take the connection the first of them opened.
+            if self._connection is None or not self._connection.usable:
+                self._connection = await self._endpoint.connect()
+            return self._connection
 
     async def _load_library(self) -> None:
         try:
@@ -198,8 +190,8 @@ class RedisTransport:
         return config.get("appendonly") == "yes" or bool(config.get("save"))
 
     async def close(self) -> None:
-        idle, self._idle = self._idle, []
-        for connection in idle:
+        connection, self._connection = self._connection, None
+        if connection is not None:
             connection.close()
         await self._client.aclose()
 

@@ -1,4 +1,4 @@
-"""The connections the ledger's scripts go out on: RESP over an asyncio protocol, parsed by hiredis.
+"""The connection the ledger's scripts go out on: RESP over an asyncio protocol, parsed by hiredis.
 
 Two or more scripts run on every call the service serves, and redis-py's layers around one
 command (its client's pool, retry object, response callbacks and telemetry; its connection's
@@ -10,16 +10,23 @@ connect to the same server the same way. A setting this module does not carry ou
 socket, a credential provider, any other connection class) leaves the scripts on redis-py's
 client (`Endpoint.of` answers None).
 
-A connection carries one command at a time. One whose reply was not read (its call was
-cancelled or timed out) is closed, never used again: its late reply would answer the next
-command. One that breaks fails its call with redis-py's ConnectionError, which the transport
-retries on a fresh connection (core/stores/redis.py): every script is safe to run twice.
+One connection carries every call of its event loop, pipelined: the commands the loop's tasks
+send while it runs one pass of its ready callbacks go out together in one write, at the end of
+that pass, and Redis answers them in order, in as few writes. A connection per call in flight
+made the server and the service each wake and make a system call for every command; under load
+that was most of what a call cost Redis beyond its scripts. Replies are matched to commands by
+their order alone, so a call that stops waiting (its task cancelled, its time bound passed)
+breaks the connection: its reply, if it came, would be taken for the next command's. Every call
+still in flight on a connection that breaks fails with redis-py's ConnectionError, which the
+transport retries on a fresh connection (core/stores/redis.py): every script is safe to run
+twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -105,17 +112,20 @@ class Endpoint:
 
 
 class RespConnection(asyncio.Protocol):
-    """One connection to Redis, one command at a time; see the module docstring."""
+    """One connection to Redis, carrying its calls pipelined; see the module docstring."""
 
     def __init__(self, encoding: str | None = "utf-8") -> None:
         self._reader = hiredis.Reader(encoding=encoding, replyError=reply_error)
         self._transport: asyncio.Transport | None = None
-        self._waiting: asyncio.Future[Any] | None = None
+        # The calls sent and not yet answered, in the order their commands were written.
+        self._waiting: deque[asyncio.Future[Any]] = deque()
+        # Commands of this pass of the event loop, written together at its end (`_flush`).
+        self._unsent: list[bytes] = []
         self._broken: str | None = None
 
     @property
     def usable(self) -> bool:
-        return self._broken is None and self._waiting is None
+        return self._broken is None and self._transport is not None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are asyncio's by their methods, not by their classes.
@@ -124,45 +134,53 @@ class RespConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
         try:
-            reply = self._reader.gets()
-            if reply is False:
-                return  # more to come
-            waiting, self._waiting = self._waiting, None
-            if waiting is None or self._reader.gets() is not False:
-                self._break("the ledger sent a reply no command asked for")
-                return
+            while (reply := self._reader.gets()) is not False:
+                if not self._waiting:
+                    self._break("the ledger sent a reply no command asked for")
+                    return
+                waiting = self._waiting.popleft()
+                if not waiting.done():
+                    waiting.set_result(reply)
         except hiredis.ProtocolError as exc:
             self._break(f"the ledger's reply could not be parsed: {exc}")
-            return
-        if not waiting.done():
-            waiting.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._break(f"the connection to the ledger was lost: {exc or 'closed by the server'}")
 
     def _break(self, why: str) -> None:
         self._broken = self._broken or why
-        waiting, self._waiting = self._waiting, None
-        if waiting is not None and not waiting.done():
-            waiting.set_exception(rex.ConnectionError(self._broken))
+        waiting, self._waiting = self._waiting, deque()
+        self._unsent.clear()
+        for call in waiting:
+            if not call.done():
+                call.set_exception(rex.ConnectionError(self._broken))
         self.close()
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
 
+    def _flush(self) -> None:
+        unsent, self._unsent = self._unsent, []
+        if unsent and self._broken is None and self._transport is not None:
+            self._transport.write(b"".join(unsent))
+
     async def call(self, packed: bytes) -> Any:
         """Send one packed command and return its reply; an error reply is raised."""
         if self._broken is not None or self._transport is None:
             raise rex.ConnectionError(self._broken or "not connected")
-        waiting = asyncio.get_running_loop().create_future()
-        self._waiting = waiting
-        self._transport.write(packed)
+        loop = asyncio.get_running_loop()
+        waiting = loop.create_future()
+        self._waiting.append(waiting)
+        if not self._unsent:
+            # Runs once the loop's callbacks ready now have run, and sent what they sent.
+            loop.call_soon(self._flush)
+        self._unsent.append(packed)
         try:
             reply = await waiting
         except BaseException:
-            if self._waiting is waiting:
-                # Cancelled or timed out before its reply: the reply may still come.
+            if waiting.cancelled():
+                # Stopped waiting before its reply: the reply may still come.
                 self._break("a command's reply was not read")
             raise
         if isinstance(reply, Exception):
