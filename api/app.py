@@ -18,6 +18,7 @@ own per-request telemetry sees only what reaches FastAPI.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 
 from starlette.applications import Starlette
@@ -90,7 +91,14 @@ def documented_app() -> ASGIApp:
 
 
 class OnFirstRequest:
-    """An ASGI app built by `build` when the first request reaches it, then that app."""
+    """An ASGI app built by `build` when the first request reaches it, then that app.
+
+    What the build imports and makes (FastAPI, pydantic's models, the routes) lives as long as
+    the process, like the start-up objects `ceiling serve` freezes (api/cli.py run_server): it
+    is frozen too once built. Left in the collector's generations, its tens of thousands of
+    objects were walked by every full collection, a pause on every request in flight that made
+    most of the gateway's p99 (bench/gateway_tail.py). Frozen objects are still freed when
+    nothing refers to them; only the collector's cycle search passes them by."""
 
     def __init__(self, build: Callable[[], ASGIApp]) -> None:
         self.build = build
@@ -99,6 +107,7 @@ class OnFirstRequest:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.app is None:
             self.app = self.build()
+            gc.freeze()
         await self.app(scope, receive, send)
 
 
