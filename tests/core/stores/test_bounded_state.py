@@ -97,6 +97,8 @@ async def test_10000_run_ids_leave_nothing_a_caller_made_without_an_expiry(
     await service.put_budget(BudgetDef(team, (Limit(Period.TOTAL, 10**12),)))
     key = await service.create_key(BudgetId(f"{team}/key:k"), 1_000, frozenset(Role))
     record_ids: dict[tuple[str, Role], str] = {}
+    # A gateway call's record once settled, measured at once: it is kept RESEND_WINDOW_MS.
+    gateway_record_bytes: list[int] = []
 
     async def one_run(i: int) -> None:
         role = Role.GATEWAY if i % 2 else Role.SIDECAR
@@ -114,6 +116,9 @@ async def test_10000_run_ids_leave_nothing_a_caller_made_without_an_expiry(
             await service.release(who, r.reservation_id)
         elif kind == "settled":
             await service.settle(who, r.reservation_id, SettleSpec(actual_micros=40))
+            if role is Role.GATEWAY and idempotency_key is None and not gateway_record_bytes:
+                gateway_record_bytes.append(await raw.memory_usage(
+                    keys.reservation(tag, r.reservation_id), samples=0) or 0)
         if idempotency_key is not None and role is Role.GATEWAY:
             ref = reply_ref(who, idempotency_key)
             claimed = await store.replies.claim(ref, "fp", "token", RESERVATION_TTL_MS_MIN)
@@ -160,6 +165,7 @@ async def test_10000_run_ids_leave_nothing_a_caller_made_without_an_expiry(
     assert 0 < await raw.pttl(settled_record) <= IDEMPOTENCY_WINDOW_MS
     assert 0 < counter_bytes < 1_000
     assert 0 < record_bytes < 2_000
+    assert 0 < gateway_record_bytes[0] < 1_000
 
     # Once the leases have run out, expiry resolves them, and the open-lease set goes with them.
     await asyncio.sleep(RESERVATION_TTL_MS_MIN / 1000)
@@ -172,5 +178,7 @@ async def test_10000_run_ids_leave_nothing_a_caller_made_without_an_expiry(
     info = await raw.info("memory")
     print(f"\nbounded state: {RUNS} run ids, {await raw.dbsize()} keys, none a caller made "
           f"without an expiry; bytes (MEMORY USAGE) per run counter {counter_bytes}, per "
-          f"settled reservation record {record_bytes}; used_memory {info['used_memory']}")
+          f"settled reservation record {record_bytes}, per settled gateway call's record "
+          f"(kept RESEND_WINDOW_MS) {gateway_record_bytes[0]}; used_memory "
+          f"{info['used_memory']}")
     await store.close()
