@@ -19,7 +19,7 @@ from core.errors import LedgerUnavailable
 from core.ledger import ReservationRef
 from core.stores import keys
 from core.stores.redis import RedisStore, RedisTransport, redis_client
-from core.stores.redis_resp import Endpoint, pack
+from core.stores.redis_resp import Endpoint, RespConnection, pack
 from core.stores.scripts import script
 from infra.processes import free_port, stop, wait_ready
 from infra.redis_server import RedisServer, redis_server_binary
@@ -67,6 +67,16 @@ async def raw(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
+@pytest.fixture
+async def connection(redis_server: RedisServer) -> AsyncIterator[RespConnection]:
+    """One of the scripts' connections to the test's server, closed after the test."""
+    endpoint = Endpoint.of(redis_client(redis_server.url))
+    assert endpoint is not None
+    connected = await endpoint.connect()
+    yield connected
+    connected.close()
+
+
 async def require_password(server: RedisServer) -> None:
     # Set once the server answers: its readiness check signs in with no password.
     client = aioredis.Redis.from_url(server.url)
@@ -101,11 +111,8 @@ async def test_a_wrong_password_fails_closed() -> None:
 
 
 async def test_a_reply_that_came_too_late_is_never_read_as_the_next_ones(
-    redis_server: RedisServer, raw: aioredis.Redis
+    connection: RespConnection, raw: aioredis.Redis
 ) -> None:
-    endpoint = Endpoint.of(redis_client(redis_server.url))
-    assert endpoint is not None
-    connection = await endpoint.connect()
     assert await connection.call(pack(("ECHO", "first"))) == "first"
     await raw.execute_command("CLIENT", "PAUSE", "300", "ALL")  # type: ignore[no-untyped-call]
     with pytest.raises(TimeoutError):
@@ -176,11 +183,8 @@ async def test_rediss_urls_are_served_over_tls_with_their_verification(
 
 
 async def test_calls_in_flight_share_one_connection_and_each_gets_its_own_reply(
-    redis_server: RedisServer, raw: aioredis.Redis
+    connection: RespConnection, raw: aioredis.Redis
 ) -> None:
-    endpoint = Endpoint.of(redis_client(redis_server.url))
-    assert endpoint is not None
-    connection = await endpoint.connect()
     before = (await raw.info("stats"))["total_reads_processed"]
     words = [f"call-{i}" for i in range(200)]
     async with asyncio.timeout(CALLS_TIMEOUT_S):
@@ -190,7 +194,6 @@ async def test_calls_in_flight_share_one_connection_and_each_gets_its_own_reply(
     # reads (one, unless the kernel split the write), not one read a command.
     reads = (await raw.info("stats"))["total_reads_processed"] - before
     assert reads <= 10, reads
-    connection.close()
 
 
 async def test_every_call_in_flight_on_a_connection_that_breaks_is_retried_on_a_fresh_one(
