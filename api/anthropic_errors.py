@@ -26,6 +26,8 @@ ANTHROPIC_TYPES = {
     "invalid_request": "invalid_request_error",
     "model_unpriced": "invalid_request_error",
     "input_unbounded": "invalid_request_error",
+    "model_unbounded": "invalid_request_error",
+    "field_unsupported": "invalid_request_error",
     "unauthorized": "authentication_error",
     "forbidden": "permission_error",
     "budget_not_found": "not_found_error",

@@ -22,6 +22,8 @@ STATUS: dict[str, tuple[int, str]] = {
     "invalid_request": (422, "invalid_request_error"),
     "model_unpriced": (422, "invalid_request_error"),
     "input_unbounded": (422, "invalid_request_error"),
+    "model_unbounded": (422, "invalid_request_error"),
+    "field_unsupported": (422, "invalid_request_error"),
     "unauthorized": (401, "authentication_error"),
     "forbidden": (403, "permission_error"),
     "budget_not_found": (404, "invalid_request_error"),

@@ -27,9 +27,10 @@ from core.errors import CeilingError
 # Codes a retry of the same request cannot fix. budget_busy, idempotency_in_flight,
 # ledger_unavailable and upstream_unreachable are left to the SDK's retries: each can pass later.
 RETRY_CANNOT_HELP = frozenset({
-    "budget_exceeded", "budget_not_found", "budget_paused", "forbidden", "idempotency_conflict",
-    "invalid_configuration", "invalid_request", "ledger_not_shared", "model_unpriced",
-    "payload_too_large", "unauthorized", "upstream_timeout",
+    "budget_exceeded", "budget_not_found", "budget_paused", "field_unsupported", "forbidden",
+    "idempotency_conflict", "input_unbounded", "invalid_configuration", "invalid_request",
+    "ledger_not_shared", "model_unbounded", "model_unpriced", "payload_too_large",
+    "unauthorized", "upstream_timeout",
 })
 # A refusal reserved and charged nothing.
 NOTHING_HELD = {"x-ceiling-reserved-micros": "0", "x-ceiling-charged-micros": "0"}

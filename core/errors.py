@@ -3,7 +3,9 @@
     CeilingError                    root of every error raised on purpose
     +-- InvalidRequest              bad input; nothing was reserved or written
     |   +-- InputUnbounded          input whose billed size the request cannot show (names it)
+    |   +-- FieldUnsupported        a request field the gateway does not forward (names it)
     +-- ModelUnpriced               no price for the model; never priced at zero
+    |   +-- ModelUnbounded          a price component the worst case cannot bound (names it)
     +-- Unauthorized / Forbidden    no valid key / a key outside its scope
     +-- BudgetNotFound              no budget applies to the call
     +-- BudgetRefused               the ledger said no
@@ -62,8 +64,22 @@ class InputUnbounded(InvalidRequest):
     code = "input_unbounded"
 
 
+class FieldUnsupported(InvalidRequest):
+    """A top-level request field that is not on the gateway route's allow-list: its billing
+    effect is not known, so it is neither forwarded nor ignored. `field` names it."""
+
+    code = "field_unsupported"
+
+
 class ModelUnpriced(CeilingError):
     code = "model_unpriced"
+
+
+class ModelUnbounded(ModelUnpriced):
+    """The model's bill has a component (a fee, a rate) that no bound from the request covers.
+    `component` names it; the call is refused rather than held without it."""
+
+    code = "model_unbounded"
 
 
 class Unauthorized(CeilingError):
