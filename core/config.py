@@ -8,6 +8,7 @@ granted twice.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -56,6 +57,10 @@ class Config:
     # Hold a model's p95 output instead of the cap while a budget is far from its ceiling: more
     # calls at once, but a bill that can pass the ceiling (core/gateway.py, hold()).
     hold_p95: bool = False
+    # Top-level request fields the gateway forwards besides its routes' own allow-lists
+    # (core/gateway.py ALLOWED_FIELDS): an operator's, for fields of its upstream that bill
+    # nothing (CEILING_GATEWAY_FIELDS_ALLOWED, comma-separated).
+    gateway_fields_allowed: frozenset[str] = frozenset()
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -157,10 +162,23 @@ def load(env: Mapping[str, str]) -> Config:
         expire_policy=ExpirePolicy(policy),
         output_tokens_default=int(output_tokens_default),
         hold_p95=_flag(env, "CEILING_HOLD_P95"),
+        gateway_fields_allowed=_field_names(env, "CEILING_GATEWAY_FIELDS_ALLOWED"),
         alert_webhook_url=alert_url,
         alert_webhook_secret=alert_secret,
         alert_delivery_interval_s=_delivery_interval_s(env),
     )
+
+
+# A field name an operator may allow: JSON keys as providers name their fields.
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def _field_names(env: Mapping[str, str], name: str) -> frozenset[str]:
+    names = frozenset(n.strip() for n in env.get(name, "").split(",") if n.strip())
+    bad = sorted(n for n in names if not _FIELD_NAME.fullmatch(n))
+    if bad:
+        raise ConfigError(f"{name} must be comma-separated field names, not {bad[0]!r}")
+    return names
 
 
 # A long-running instance's delivery passes: from a tenth of a second (tests, a busy ledger) to

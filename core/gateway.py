@@ -45,7 +45,14 @@ from core.content import (
     messages_input,
     responses_input,
 )
-from core.errors import BudgetRefused, CeilingError, InputUnbounded, InvalidRequest
+from core.errors import (
+    BudgetRefused,
+    CeilingError,
+    FieldUnsupported,
+    InputUnbounded,
+    InvalidRequest,
+)
+from core.jsonbody import loads_answer, loads_object
 from core.ledger import LedgerStore, LegStatus, Reservation
 from core.prices import TIER_AUTO, TIER_DEFAULT, Usage, check_service_tier
 from core.service import Caller, CallSpec, CeilingService, SettleSpec
@@ -109,6 +116,20 @@ UNBOUNDED_INPUT_FIELDS = {
     Api.CHAT: ("web_search_options",),
     Api.RESPONSES: ("conversation", "previous_response_id", "prompt"),
 }
+# The top-level fields forwarded, each because its billing effect is known: the ones the worst
+# case reads (model, prompt, output cap, `n`, tier, tools), and the ones that change nothing it
+# leaves out (sampling, logprobs, which only lengthen the answer's body, caching hints, storing,
+# reasoning effort, whose tokens count within the output cap, metadata and end-user ids). Any
+# other field is refused by name (FieldUnsupported) and nothing is forwarded: on an
+# OpenAI-compatible upstream an unknown field can bill (a router's web plugin, fallback models,
+# a provider's cached content), and a field added after this list may. The fields of
+# UNBOUNDED_FIELDS and UNBOUNDED_INPUT_FIELDS are known and refused with their own reason. An
+# operator adds fields with no billing effect by CEILING_GATEWAY_FIELDS_ALLOWED.
+COMMON_FIELDS = frozenset({
+    "model", "metadata", "parallel_tool_calls", "prompt_cache_key", "prompt_cache_retention",
+    "safety_identifier", "service_tier", "store", "stream", "temperature", "tool_choice",
+    "tools", "top_logprobs", "top_p", "user",
+})
 # Tools the client runs itself; hosted tools (web search, file search, code interpreter...)
 # feed the model input the request does not contain.
 CLIENT_TOOL_TYPES = frozenset({"function", "custom"})
@@ -125,8 +146,8 @@ USAGE_FIELDS = {
 # -- Anthropic's Messages API --
 # The request headers forwarded to the provider (its version and betas), by wire format.
 FORWARDED_HEADERS = {Api.MESSAGES: frozenset({"anthropic-version", "anthropic-beta"})}
-# The top-level fields whose cost the gateway knows. Any other is refused by name: fast mode's
-# `speed` and `inference_geo` bill other rates; `container`, `mcp_servers` and
+# The top-level fields whose cost the gateway knows (ALLOWED_FIELDS). Any other is refused by
+# name: fast mode's `speed` and `inference_geo` bill other rates; `container`, `mcp_servers` and
 # `context_management` feed the model input (or run compaction) the request does not contain;
 # and a field added after this list may do either.
 MESSAGES_FIELDS = frozenset({
@@ -134,6 +155,19 @@ MESSAGES_FIELDS = frozenset({
     "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking", "service_tier",
     "cache_control",
 })
+ALLOWED_FIELDS = {
+    Api.CHAT: COMMON_FIELDS | {
+        "messages", "max_tokens", "max_completion_tokens", "n", "stream_options", "stop",
+        "seed", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
+        "response_format", "reasoning_effort", "verbosity", "modalities", "functions",
+        "function_call",
+    },
+    Api.RESPONSES: COMMON_FIELDS | {
+        "input", "instructions", "max_output_tokens", "reasoning", "text", "truncation",
+        "include", "max_tool_calls", "stream_options",
+    },
+    Api.MESSAGES: MESSAGES_FIELDS,
+}
 # anthropic-beta flags that change nothing the worst case leaves out: interleaved thinking (the
 # output is still capped by max_tokens), how tool input streams, fewer tokens for tool calls, a
 # higher max_tokens (which is held), 1-hour cache writes (every input token is held at the
@@ -284,18 +318,16 @@ def _text_tokens(body: dict[str, Any], prompt_field: str, prompt: InputBound) ->
 
 
 def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAULT,
-         headers: Sequence[tuple[str, str]] = ()) -> Plan:
+         headers: Sequence[tuple[str, str]] = (),
+         fields_allowed: frozenset[str] = frozenset()) -> Plan:
     """Price a request body; InvalidRequest before anything is reserved if it cannot be.
 
     A call that sets no output cap is sent with `output_tokens_default` (CEILING_DEFAULT_MAX_
     OUTPUT_TOKENS): without a cap there is no worst case. `headers`: the request's headers that
-    FORWARDED_HEADERS names for `api`, which are forwarded with it."""
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidRequest("the body must be JSON") from exc
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object")
+    FORWARDED_HEADERS names for `api`, which are forwarded with it. `fields_allowed`: the
+    operator's fields forwarded besides the route's own (CEILING_GATEWAY_FIELDS_ALLOWED)."""
+    body = loads_object(raw)
+    _check_fields(api, body, fields_allowed)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model is required", field="model")
@@ -339,6 +371,17 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
     text_tokens = _text_tokens(body, "messages" if api is Api.CHAT else "input", prompt)
     return Plan(api, model, body, stream, text_tokens, output_tokens_max, choices, usage_wanted,
                 prompt.media, service_tier)
+
+
+def _check_fields(api: Api, body: dict[str, Any], fields_allowed: frozenset[str]) -> None:
+    known = ALLOWED_FIELDS[api]
+    for field in body:
+        if field not in known and field not in fields_allowed and field not in (
+                UNBOUNDED_FIELDS.get(api, ())) and field not in UNBOUNDED_INPUT_FIELDS.get(api, ()):
+            raise FieldUnsupported(
+                f"{field} is not a field the gateway forwards: what it bills is not known (it "
+                "may change the call's rates or feed the model input the request does not "
+                "contain), so nothing was forwarded or reserved", field=field)
 
 
 def _betas(headers: tuple[tuple[str, str], ...]) -> bool:
@@ -399,12 +442,6 @@ def _messages_system(system: object) -> None:
 def _messages_plan(body: dict[str, Any], model: str, headers: tuple[tuple[str, str], ...],
                    output_tokens_default: int) -> Plan:
     """An Anthropic Messages API call, priced: what plan() does for OpenAI's, in its format."""
-    for field in body:
-        if field not in MESSAGES_FIELDS:
-            raise InputUnbounded(
-                f"{field} is not a field the gateway knows the cost of: it may change the "
-                "call's rates or feed the model input the request does not contain",
-                field=field)
     long_context = _betas(headers)
     _messages_system(body.get("system"))
     searches, search_field = _messages_tools(body.get("tools"))
@@ -546,10 +583,7 @@ class StreamTally:
         if self.plan.api is Api.CHAT and data == "[DONE]":
             self.finished = True
             return False
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            return True
+        doc = loads_answer(data)
         if not isinstance(doc, dict):
             return True
         if self.plan.api is Api.MESSAGES:
@@ -586,10 +620,7 @@ class StreamTally:
 def body_outcome(call_plan: Plan, raw: bytes) -> tuple[Usage | None] | None:
     """A complete non-streaming answer's usage (None inside when it reports none); None if the
     answer is not a JSON object, which leaves the call's outcome unknown."""
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return None
+    doc = loads_answer(raw)
     if not isinstance(doc, dict):
         return None
     return (usage_of(call_plan.api, doc.get("usage"), doc.get("service_tier")),)

@@ -31,6 +31,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from core.content import NO_MEDIA, ImageBound, Media, audio_input_tokens_per_s, image_bound
-from core.errors import InputUnbounded, InvalidRequest, ModelUnpriced
+from core.errors import InputUnbounded, InvalidRequest, ModelUnbounded, ModelUnpriced
 from core.limits import AMOUNT_MICROS_MAX, CHOICES_MAX, RESERVATION_TTL_MS_MAX, TOKENS_MAX
 from core.money import MICROS_PER_USD, charge_micros
 
@@ -74,8 +75,25 @@ AUDIO_TOKENS_PER_S_MAX = 10_000
 # A prices file's bound on one web search's results above this is a typo: it is five times the
 # largest context window any provider offers for one whole call.
 WEB_SEARCH_RESULT_TOKENS_MAX = 5_000_000
+# A prices file's searches per call above this is a typo: search models run one.
+WEB_SEARCHES_PER_CALL_MAX = 100
+# Models that run a web search on every call, whatever the request says: OpenAI's chat search
+# models "always retrieve information from the web before responding", and each call is billed
+# a search fee that no usage reports. No price table says which models do this (genai-prices
+# prices gpt-4o-mini-search-preview as gpt-4o-mini, and the others by their tokens alone), so
+# they are named here by their exact names; a prices file names others with
+# `web_searches_per_call`. Each is held and charged the fee of one search a call, and refused
+# (model_unbounded) where no fee for a search is known.
+WEB_SEARCH_EVERY_CALL_MODELS = frozenset({
+    "gpt-4o-search-preview", "gpt-4o-search-preview-2025-03-11",
+    "gpt-4o-mini-search-preview", "gpt-4o-mini-search-preview-2025-03-11",
+    "gpt-5-search-api", "gpt-5-search-api-2025-10-14",
+})
 
 ZERO = Decimal(0)
+# What may follow a model family's name in the name of one of its dated snapshots: nothing, or
+# a date as providers write them (`-20251001`, `-2024-08-06`).
+_SNAPSHOT_SUFFIX = re.compile(r"(-\d{8}|-\d{4}-\d{2}-\d{2})?")
 
 # A rate by input size: (input_tokens_from, rate), the first from 0. A call with more input
 # tokens than a tier's start pays that tier's rate on all its tokens (the providers' "cliff").
@@ -108,7 +126,9 @@ class Rates:
     (a cache read or write as input, a 1-hour write as a 5-minute one, a cached audio read as
     audio), except audio and output, which a model without them cannot be priced for.
     `request_micros` is a fee per request, `web_search_micros` one per server-side web search
-    (None: the model's searches have no known price). `service_tiers` are the model's other
+    (None: the model's searches have no known price), and `web_searches_per_call` the searches
+    the model runs on every call, whatever the request says (a search model's); together they
+    are `call_fee_micros`, held and charged on every call. `service_tiers` are the model's other
     tiers' rates (each a complete Rates); the fields here are its default tier's.
     `image_tokens_max` and `audio_input_tokens_per_s` bound what its images and audio are billed
     as (core/content.py); `web_search_result_tokens_max` what one search's results are billed as
@@ -125,6 +145,7 @@ class Rates:
     output_audio: Tiers | None = None
     request_micros: Decimal = ZERO
     web_search_micros: Decimal | None = None
+    web_searches_per_call: int = 0
     service_tiers: Mapping[str, Rates] = field(default_factory=dict, hash=False)
     image_tokens_max: ImageBound | None = None
     audio_input_tokens_per_s: int | None = None
@@ -151,6 +172,16 @@ class Rates:
         return None if found is None else (found,)
 
     @cached_property
+    def call_fee_micros(self) -> Decimal:
+        """What every call is billed besides its tokens: the fee per request, and the searches
+        a search model runs on every call (PriceTable.rates refuses such a model when the fee of
+        a search is not known)."""
+        searches = ZERO
+        if self.web_searches_per_call and self.web_search_micros is not None:
+            searches = self.web_searches_per_call * self.web_search_micros
+        return self.request_micros + searches
+
+    @cached_property
     def flat_worst(self) -> tuple[Decimal, Decimal] | None:
         """(text input, output) rates of the worst case when neither depends on the input's
         size: the reserve path's common case, worked out once per model, not per call."""
@@ -171,7 +202,7 @@ class Rates:
         text_rate = max(peak(t, input_tokens_max) for t in (
             self.input, self.cached_input, self.cache_write, self.cache_write_1h)
             if t is not None)
-        exact = text_tokens * text_rate + self.request_micros
+        exact = text_tokens * text_rate + self.call_fee_micros
         if audio_tokens:
             exact += audio_tokens * max(text_rate, *(peak(t, input_tokens_max) for t in (
                 self.input_audio, self.cached_input_audio) if t is not None))
@@ -206,8 +237,10 @@ class Rates:
         exact = max(input_cost(max(0, reads - audio)), input_cost(min(reads, text)))
         exact += (usage.cache_write_tokens * write_rate
                   + usage.cache_write_1h_tokens * write_1h_rate + self.request_micros)
-        if usage.web_search_requests and self.web_search_micros is not None:
-            exact += usage.web_search_requests * self.web_search_micros
+        # A search model's searches are billed whether or not its usage reports them.
+        searches = max(usage.web_search_requests, self.web_searches_per_call)
+        if searches and self.web_search_micros is not None:
+            exact += searches * self.web_search_micros
         output_text = usage.output_tokens - usage.output_audio_tokens
         if output_text and self.output is not None:
             exact += output_text * at(self.output, total)
@@ -390,6 +423,12 @@ class PriceTable:
                 self._bundled[key] = found
         if isinstance(found, str):
             raise ModelUnpriced(found, model=model)
+        if found.web_searches_per_call and any(
+                r.web_search_micros is None for r in (found, *found.service_tiers.values())):
+            raise ModelUnbounded(
+                f"model {model!r} runs {found.web_searches_per_call} web search(es) on every "
+                "call, and no fee for a search is known for it: set usd_per_web_search for it "
+                "in the prices file", model=model, component="web_search")
         return found
 
     def _tiers(self, model: str, rates: Rates, tier: str | None) -> tuple[Rates, ...]:
@@ -420,7 +459,7 @@ class PriceTable:
         if media is NO_MEDIA:
             # Text only, at rates that do not depend on its size: each tier's worst case from
             # the two rates worked out once per tier (Rates.flat_worst), the dearest tier's.
-            flats = [(c.flat_worst, c.request_micros) for c in candidates]
+            flats = [(c.flat_worst, c.call_fee_micros) for c in candidates]
             if all(flat is not None for flat, _ in flats):
                 return _bounded(charge_micros(max(
                     input_tokens * flat[0] + output_tokens_max * choices * flat[1] + fee
@@ -530,9 +569,11 @@ RATE_FIELDS = {
 }
 REQUEST_FIELD = "usd_per_request"
 WEB_SEARCH_FIELD = "usd_per_web_search"
+SEARCHES_PER_CALL_FIELD = "web_searches_per_call"
 TIER_FIELDS = frozenset({*RATE_FIELDS, REQUEST_FIELD, WEB_SEARCH_FIELD})
 MODEL_FIELDS = frozenset({*TIER_FIELDS, "service_tiers", "image_input_tokens_max",
-                          "audio_input_tokens_per_s", "web_search_result_tokens_max"})
+                          "audio_input_tokens_per_s", "web_search_result_tokens_max",
+                          SEARCHES_PER_CALL_FIELD})
 
 
 def load_prices_file(path: str) -> tuple[dict[str, Rates], str]:
@@ -595,6 +636,11 @@ def _rates_from_json(name: str, entry: Any) -> Rates:
     values = _rate_values(name, entry, MODEL_FIELDS)
     if "input" not in values:
         raise ValueError(f"{name}.input_usd_per_mtok is required")
+    values["web_searches_per_call"] = _searches_per_call(name)
+    if SEARCHES_PER_CALL_FIELD in entry:
+        values["web_searches_per_call"] = _count(name, SEARCHES_PER_CALL_FIELD,
+                                                 entry[SEARCHES_PER_CALL_FIELD], 0,
+                                                 WEB_SEARCHES_PER_CALL_MAX)
     tiers_doc = entry.get("service_tiers", {})
     if not isinstance(tiers_doc, dict):
         raise ValueError(f"{name}.service_tiers must be an object of tiers")
@@ -626,6 +672,10 @@ def _rates_from_json(name: str, entry: Any) -> Rates:
     return Rates(**values, service_tiers=tiers, image_tokens_max=image,
                  audio_input_tokens_per_s=audio_per_s,
                  web_search_result_tokens_max=search_tokens)
+
+
+def _searches_per_call(model: str) -> int:
+    return 1 if model.lower() in WEB_SEARCH_EVERY_CALL_MODELS else 0
 
 
 # -- the bundled table (genai-prices) -------------------------------------------------------------
@@ -701,18 +751,25 @@ def _prices_at(info: Any, instant: datetime, tier: str | None) -> dict[str, Tier
 
 
 def _rates_from_keys(model: str, prices: dict[str, Tiers], **extra: Any) -> Rates:
-    """Rates from genai-prices' price keys, by their units' dimensions. A key the gateway does
-    not meter makes the model unpriced, except other hosted tools' than web search (the gateway
-    refuses them) and video's (the gateway forwards no video: an unknown content type is
-    refused)."""
+    """Rates from genai-prices' price keys, by their units' dimensions. Every component of a
+    price is held in the worst case, or the model is refused:
+    - a token rate is held at the dearest of its side (input or output) and of its tiers;
+    - a fee per request on every call; a fee per web search for the searches a call may run
+      (the `max_uses` of a Messages web search tool, and a search model's own searches:
+      WEB_SEARCH_EVERY_CALL_MODELS);
+    - other hosted tools' fees (file, social and code tools) and video tokens are held at zero,
+      because nothing that runs them is forwarded: the gateway refuses hosted tools, fields not on
+      its allow-lists and unknown content types;
+    - any other component (characters, pages, durations, pixels, a unit the gateway does not
+      know) makes the model unbounded (ModelUnbounded names the component)."""
     kinds: dict[str, list[Tiers]] = {}
     request_micros = ZERO
     web_search_micros: Decimal | None = None
     for key, tiers in prices.items():
         unit = _unit(key)
         if unit is None:
-            raise ModelUnpriced(f"model {model!r} is billed by {key}, which is not metered",
-                                model=model)
+            raise ModelUnbounded(f"model {model!r} is billed by {key}, a unit the gateway "
+                                 "does not know", model=model, component=key)
         per, dims = unit
         family, direction = dims.get("family"), dims.get("direction")
         modality, purpose = dims.get("modality"), dims.get("token_type")
@@ -727,8 +784,8 @@ def _rates_from_keys(model: str, prices: dict[str, Tiers], **extra: Any) -> Rate
                                  max(rate for _, rate in tiers) * MICROS_PER_USD / per)
             continue
         if family != "tokens" or per != 1_000_000:
-            raise ModelUnpriced(f"model {model!r} is billed by {key}, which is not metered",
-                                model=model)
+            raise ModelUnbounded(f"model {model!r} is billed by {key}, which no request's "
+                                 "worst case bounds", model=model, component=key)
         if direction == "output":
             kind = "output_audio" if modality == "audio" else "output"
         elif modality == "audio":
@@ -753,6 +810,20 @@ def _rates_from_keys(model: str, prices: dict[str, Tiers], **extra: Any) -> Rate
     )
 
 
+def _named(clause: Any, model: str) -> bool:
+    """Whether a genai-prices match clause names `model` (besides the entry's own id): by
+    equality (a documented alias), or
+    as a family's prefix itself or followed by a dated snapshot (Anthropic names its snapshots
+    `claude-haiku-4-5-20251001`). Not by another prefix's tail, a substring or a pattern."""
+    equals, prefix = getattr(clause, "equals", None), getattr(clause, "starts_with", None)
+    if isinstance(equals, str) and model == equals.lower():
+        return True
+    if isinstance(prefix, str) and model.startswith(prefix.lower()) and (
+            _SNAPSHOT_SUFFIX.fullmatch(model[len(prefix):])):
+        return True
+    return any(_named(child, model) for child in getattr(clause, "or_", None) or ())
+
+
 def _bundled_rates(model: str, window: int) -> Rates:
     from genai_prices import data_snapshot  # deferred: see the module docstring
 
@@ -760,12 +831,21 @@ def _bundled_rates(model: str, window: int) -> Rates:
         _, info = data_snapshot.get_snapshot().find_provider_model(model, None, None, None)
     except LookupError as exc:
         raise ModelUnpriced(f"no price for model {model!r}", model=model) from exc
+    if model != info.id.lower() and not _named(info.match, model):
+        # genai-prices also matches by prefix, pattern and date normalisation, across
+        # providers: a name it resolves that way may be billed unlike the entry it lands on (a
+        # search model as its base model). One name, one price: only the names an entry gives.
+        raise ModelUnpriced(
+            f"no price for model {model!r}: the price table has no entry of that exact name "
+            f"(it resembles {info.id!r}); name it in the prices file", model=model)
+    extra = {"web_searches_per_call": _searches_per_call(model)}
     start = datetime.fromtimestamp(window * BUNDLED_WINDOW_S, UTC)
     instants = (start, start + timedelta(seconds=BUNDLED_WINDOW_S,
                                          milliseconds=RESERVATION_TTL_MS_MAX))
     try:
         tiers = {
-            tier: _rates_from_keys(model, _dearest(_prices_at(info, t, tier) for t in instants))
+            tier: _rates_from_keys(model, _dearest(_prices_at(info, t, tier) for t in instants),
+                                   **extra)
             for tier in sorted({v.when["service_tier"]
                                 for v in getattr(info, "price_variants", None) or ()
                                 if set(v.when) == {"service_tier"}} - {TIER_DEFAULT, TIER_AUTO})
@@ -774,6 +854,6 @@ def _bundled_rates(model: str, window: int) -> Rates:
     except (ValueError, TypeError, AttributeError) as exc:
         raise ModelUnpriced(f"the price data of model {model!r} cannot be read: {exc}",
                             model=model) from exc
-    return _rates_from_keys(model, prices, service_tiers=tiers,
+    return _rates_from_keys(model, prices, service_tiers=tiers, **extra,
                             image_tokens_max=image_bound(model),
                             audio_input_tokens_per_s=audio_input_tokens_per_s(model))

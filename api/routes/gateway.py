@@ -93,7 +93,8 @@ async def serve(request: Request, api: Api) -> Response:
     forwarded = gateway.FORWARDED_HEADERS.get(api)
     headers = [(k, v) for k, v in request.headers.items() if k in forwarded] if forwarded else []
     call_plan = (
-        gateway.plan(api, await request.body(), config.output_tokens_default, headers)
+        gateway.plan(api, await request.body(), config.output_tokens_default, headers,
+                     config.gateway_fields_allowed)
         if config else gateway.plan(api, await request.body(), headers=headers)
     )
     clamp = request.headers.get("x-ceiling-clamp") == "1"

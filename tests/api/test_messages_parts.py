@@ -17,9 +17,10 @@ from api import errors
 from api.anthropic_errors import ANTHROPIC_TYPES, anthropic_error_event, anthropic_error_response
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.content import CLAUDE_IMAGE_TOKENS_MAX
-from core.errors import BudgetExceeded, InputUnbounded, InvalidRequest
+from core.errors import BudgetExceeded, FieldUnsupported, InputUnbounded, InvalidRequest
 from core.gateway import (
     CONTEXT_1M_BETA,
+    MESSAGES_FIELDS,
     TOOL_USE_SYSTEM_PROMPT_TOKENS_MAX,
     Api,
     OutputLengths,
@@ -110,9 +111,12 @@ def test_images_are_counted_at_the_models_per_image_bound() -> None:
 def test_what_the_gateway_cannot_bound_is_refused_by_its_field(
     fields: dict[str, Any], field: str
 ) -> None:
-    with pytest.raises(InputUnbounded) as info:
+    with pytest.raises((InputUnbounded, FieldUnsupported)) as info:
         messages_plan(**fields)
     assert info.value.details["field"] == field
+    # A top-level field off the allow-list is refused as unsupported, by its name.
+    top_level = field in fields and field not in MESSAGES_FIELDS
+    assert isinstance(info.value, FieldUnsupported) is top_level
 
 
 @pytest.mark.parametrize("beta", ["fast-mode-2026-02-01", "code-execution-2025-08-25",

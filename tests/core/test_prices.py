@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import core.prices
 from core.content import NO_MEDIA, ImageBound, Media
-from core.errors import InputUnbounded, InvalidRequest, ModelUnpriced
+from core.errors import InputUnbounded, InvalidRequest, ModelUnbounded, ModelUnpriced
 from core.prices import (
     BUNDLED_WINDOW_S,
     PriceTable,
@@ -291,6 +291,138 @@ def test_time_of_day_prices_are_held_at_their_dearest() -> None:
 def test_an_unknown_model_is_refused_never_free() -> None:
     with pytest.raises(ModelUnpriced) as info:
         PriceTable().rates("brand-new-model-9000")
+    assert info.value.code == "model_unpriced"
+
+
+# -- every component held, one name one price ---------------------------------------------------
+
+
+def _exact_and_family_names(clause: Any) -> list[str]:
+    names = [v.lower() for v in (getattr(clause, "equals", None),
+                                 getattr(clause, "starts_with", None)) if isinstance(v, str)]
+    for child in getattr(clause, "or_", None) or ():
+        names += _exact_and_family_names(child)
+    return names
+
+
+def test_every_component_of_every_bundled_price_is_held_or_the_model_refused() -> None:
+    """Every entry of the bundled table a name reaches, walked through the planner, judged by
+    genai-prices' own calculator: for each component the entry prices (each token kind, at each
+    input size tier and service tier, fees per request, a search model's search), a usage that
+    bills the whole call at that component costs no more than the worst case the gateway holds
+    for a request that names no tier, or the model is refused."""
+    import warnings
+
+    from genai_prices import Usage as Billed
+    from genai_prices import calc_price, data_snapshot
+
+    snapshot = data_snapshot.get_snapshot()
+    table = PriceTable(now_s=lambda: DECEMBER_S)
+    when = datetime.fromtimestamp(DECEMBER_S, UTC)
+    output_tokens = 1_000
+    walked, refused, seen = 0, 0, set()
+    for provider in snapshot.providers:
+        for entry in provider.models:
+            for name in [entry.id.lower(), *_exact_and_family_names(entry.match)]:
+                try:
+                    found, info = snapshot.find_provider_model(name, None, None, None)
+                except LookupError:
+                    continue
+                if (found.id, info.id) in seen:
+                    continue
+                seen.add((found.id, info.id))
+                walked += 1
+                tiers = [None, *sorted({v.when["service_tier"] for v in info.price_variants or ()
+                                        if set(v.when) == {"service_tier"}})]
+                for input_tokens in (1_000, 300_000):  # below and above long-context tiers
+                    try:
+                        worst = table.worst_case_micros(name, input_tokens, output_tokens,
+                                                        service_tier="auto")
+                    except ModelUnpriced:
+                        refused += 1
+                        break
+                    i, o = input_tokens, output_tokens
+                    usages: list[dict[str, int]] = [
+                        {"input_tokens": i, "output_tokens": o},
+                        {"input_tokens": i, "cache_write_tokens": i, "output_tokens": o},
+                        {"input_tokens": i, "cache_read_tokens": i, "output_tokens": o},
+                        {"input_tokens": i, "cache_write_tokens": i, "cache_write_1h_tokens": i,
+                         "output_tokens": o},
+                        {"input_tokens": i, "output_tokens": o, "output_reasoning_tokens": o},
+                    ]
+                    if name in core.prices.WEB_SEARCH_EVERY_CALL_MODELS:
+                        usages = [{**u, "web_searches": 1} for u in usages]
+                    for tier in tiers:
+                        for usage in usages:
+                            with warnings.catch_warnings():
+                                warnings.simplefilter("ignore")
+                                billed = calc_price(
+                                    Billed(**usage), name, genai_request_timestamp=when,
+                                    price_context={"service_tier": tier} if tier else None)
+                            billed_micros = -(-billed.total_price * 1_000_000 // 1)
+                            assert billed_micros <= worst, (name, tier, usage, worst)
+    # The walk reached the table, and most of it is priced.
+    assert walked > 400
+    assert refused < walked // 4, (walked, refused)
+
+
+def test_a_search_model_is_held_and_charged_its_search_on_every_call() -> None:
+    # gpt-4o-mini-search-preview is gpt-4o-mini's entry in genai-prices ($0.15 in, $0.60 out
+    # per million), whose web search is $10 per 1,000: 10,000 micros a call, which no usage
+    # reports.
+    table = PriceTable(now_s=lambda: DECEMBER_S)
+    search, base = "gpt-4o-mini-search-preview", "gpt-4o-mini"
+    held = table.worst_case_micros(search, 1_000, 100, service_tier="default")
+    assert held == table.worst_case_micros(base, 1_000, 100, service_tier="default") + 10_000
+    usage = Usage(input_tokens=1_000, output_tokens=100)
+    assert table.cost_micros(search, usage) == table.cost_micros(base, usage) + 10_000
+    assert table.cost_micros(search + "-2025-03-11", usage) == table.cost_micros(search, usage)
+
+
+@pytest.mark.parametrize("model", ["gpt-4o-search-preview", "gpt-5-search-api"])
+def test_a_search_model_whose_search_has_no_known_fee_is_refused(
+        model: str, tmp_path: Path) -> None:
+    with pytest.raises(ModelUnbounded) as info:
+        PriceTable().worst_case_micros(model, 10, 10)
+    assert info.value.code == "model_unbounded"
+    assert info.value.details["component"] == "web_search"
+    # A prices file that gives the fee prices it, and holds the fee on every call.
+    path = tmp_path / "prices.json"
+    write(path, {model: {"input_usd_per_mtok": "1", "output_usd_per_mtok": "1",
+                         "usd_per_web_search": "0.025"}})
+    assert PriceTable.from_file(str(path)).worst_case_micros(model, 10, 10) == 20 + 25_000
+
+
+def test_the_prices_file_names_a_model_that_searches_on_every_call(tmp_path: Path) -> None:
+    path = tmp_path / "prices.json"
+    write(path, {"acme-search": {"input_usd_per_mtok": "1", "output_usd_per_mtok": "1",
+                                 "usd_per_web_search": "0.005", "web_searches_per_call": 2},
+                 "acme-nofee": {"input_usd_per_mtok": "1", "output_usd_per_mtok": "1",
+                                "web_searches_per_call": 1}})
+    table = PriceTable.from_file(str(path))
+    assert table.worst_case_micros("acme-search", 10, 10) == 20 + 10_000
+    assert table.cost_micros("acme-search", Usage(10, 10)) == 20 + 10_000
+    with pytest.raises(ModelUnbounded):
+        table.rates("acme-nofee")
+
+
+@pytest.mark.parametrize("model", [
+    "claude-haiku-4-5-20251001",  # a family's dated snapshot, as Anthropic names them
+    "claude-3-5-haiku-latest",  # an entry's own id
+    "gpt-4o-2024-08-06",  # a documented alias
+])
+def test_a_name_the_table_gives_is_priced(model: str) -> None:
+    assert PriceTable(now_s=lambda: DECEMBER_S).worst_case_micros(model, 10, 10) > 0
+
+
+@pytest.mark.parametrize("model", [
+    "claude-sonnet-4-5-x",  # a family's prefix with another tail
+    "gpt-5.2-20251211",  # a compact date genai-prices normalises
+    "claude-haiku-4-5-20251001-preview",
+])
+def test_a_name_the_table_only_resembles_is_refused(model: str) -> None:
+    with pytest.raises(ModelUnpriced) as info:
+        PriceTable(now_s=lambda: DECEMBER_S).rates(model)
     assert info.value.code == "model_unpriced"
 
 
