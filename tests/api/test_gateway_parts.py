@@ -21,7 +21,7 @@ from api.routes.gateway import kept_while_sent
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.config import OUTPUT_TOKENS_DEFAULT
 from core.content import Media, responses_input
-from core.errors import IdempotencyConflict, InputUnbounded, InvalidRequest
+from core.errors import FieldUnsupported, IdempotencyConflict, InputUnbounded, InvalidRequest
 from core.estimate import input_tokens_upper_bound
 from core.gateway import (
     Api,
@@ -34,6 +34,7 @@ from core.gateway import (
     plan,
     usage_of,
 )
+from core.jsonbody import JSON_DEPTH_MAX
 from core.ledger import ClaimKind, ReplyRef, ReplyStore, StoredReply
 from core.prices import PriceTable, Usage
 from core.replies import (
@@ -113,6 +114,64 @@ def test_what_cannot_be_priced_is_refused(api: Api, fields: dict[str, Any], para
         plan(api, json.dumps({**doc, **fields}).encode())
     assert refused.value.details.get("field") == param
     assert not isinstance(refused.value, InputUnbounded)
+
+
+@pytest.mark.parametrize("api", [Api.CHAT, Api.RESPONSES, Api.MESSAGES])
+@pytest.mark.parametrize("field", [
+    "plugins",  # a router's web plugin, billed per result
+    "models",  # a router's fallback models, billed at theirs
+    "cached_content",  # a provider's cache, read as input
+    "provider", "transforms", "extra_body", "a_field_from_tomorrow",
+])
+def test_a_field_off_the_allow_list_is_refused_by_name(api: Api, field: str) -> None:
+    doc = {"model": "gpt-4o", "input": "hi"} if api is Api.RESPONSES else {
+        "model": "gpt-4o", "messages": MESSAGES, "max_tokens": 10}
+    with pytest.raises(FieldUnsupported) as refused:
+        plan(api, json.dumps({**doc, field: [{"id": "web"}]}).encode())
+    assert (refused.value.code, refused.value.details["field"]) == ("field_unsupported", field)
+
+
+def test_an_operator_allows_a_field_that_bills_nothing() -> None:
+    allowed = frozenset({"transforms"})
+    forwarded = plan(Api.CHAT, body(transforms=["middle-out"]), fields_allowed=allowed)
+    assert forwarded.body["transforms"] == ["middle-out"]
+    with pytest.raises(FieldUnsupported):
+        plan(Api.CHAT, body(plugins=[{"id": "web"}]), fields_allowed=allowed)
+
+
+def test_every_field_a_chat_or_responses_request_may_carry_is_forwarded() -> None:
+    chat = plan(Api.CHAT, body(
+        temperature=0.5, top_p=1, n=1, stop=["x"], seed=1, frequency_penalty=0,
+        presence_penalty=0, logit_bias={"1": 1}, logprobs=True, top_logprobs=2, user="u",
+        safety_identifier="s", metadata={"a": "b"}, store=False, reasoning_effort="low",
+        verbosity="low", response_format={"type": "json_object"}, prompt_cache_key="k",
+        parallel_tool_calls=False, service_tier="default", max_completion_tokens=5))
+    assert chat.body["logit_bias"] == {"1": 1}
+    responses = plan(Api.RESPONSES, json.dumps({
+        "model": "gpt-4o", "input": "hi", "instructions": "be brief", "max_output_tokens": 5,
+        "reasoning": {"effort": "low"}, "text": {"verbosity": "low"}, "truncation": "auto",
+        "include": ["message.output_text.logprobs"], "top_logprobs": 2, "store": False,
+        "user": "u", "metadata": {}}).encode())
+    assert responses.body["truncation"] == "auto"
+
+
+@pytest.mark.parametrize("api", [Api.CHAT, Api.RESPONSES, Api.MESSAGES])
+@pytest.mark.parametrize("depth", [JSON_DEPTH_MAX + 1, 1_000, 50_000])
+def test_a_body_nested_too_deep_is_refused_before_any_parser_recurses(
+        api: Api, depth: int) -> None:
+    deep = b"[" * depth + b"]" * depth
+    with pytest.raises(InvalidRequest):  # not an object, or too deep to parse
+        plan(api, deep)
+    with pytest.raises(InvalidRequest) as refused:
+        plan(api, b'{"model": "gpt-4o", "metadata": ' + deep + b"}")
+    assert "nested deeper" in refused.value.message
+
+
+def test_a_body_at_the_depth_limit_is_priced() -> None:
+    nested: Any = "x"
+    for _ in range(JSON_DEPTH_MAX - 2):  # the body and its metadata are two levels
+        nested = [nested]
+    assert plan(Api.CHAT, body(metadata={"deep": nested})).model == "gpt-4o"
 
 
 def test_text_output_is_the_only_modality_forwarded() -> None:

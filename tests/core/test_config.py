@@ -27,6 +27,7 @@ def test_a_lease_shorter_than_the_upstream_timeout_is_refused() -> None:
     {"CEILING_EXPIRE_POLICY": "forgive"},
     {"CEILING_ANTHROPIC_URL": "api.anthropic.com"},
     {"CEILING_ANTHROPIC_URL": "https://api.anthropic.com/v1"},
+    {"CEILING_GATEWAY_FIELDS_ALLOWED": "transforms, not a name"},
 ])
 def test_configurations_that_cannot_enforce_are_refused(env: dict[str, str]) -> None:
     with pytest.raises(ConfigError):
@@ -44,3 +45,9 @@ def test_the_anthropic_provider_is_the_sdks_base_url() -> None:
     assert (config.anthropic_url, config.anthropic_api_key) == ("https://api.anthropic.com",
                                                                 "sk-ant")
     assert (load({}).anthropic_url, load({}).anthropic_api_key) == (None, None)
+
+
+def test_an_operator_names_the_fields_it_allows() -> None:
+    config = load({"CEILING_GATEWAY_FIELDS_ALLOWED": "transforms, route ,"})
+    assert config.gateway_fields_allowed == frozenset({"transforms", "route"})
+    assert load({}).gateway_fields_allowed == frozenset()
