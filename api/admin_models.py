@@ -52,7 +52,7 @@ class BudgetBody(Strict):
 
     def definition(self, budget_id: str) -> BudgetDef:
         return BudgetDef(
-            BudgetId.parse(budget_id),
+            BudgetId.operator(budget_id),  # an operator names it: no reserved scope kind
             tuple(Limit(Period(x.period), x.ceiling_micros) for x in self.limits),
             self.timezone,
             self.outage_allowance_micros,

@@ -131,7 +131,7 @@ async def _budget_json(service: CeilingService, budget_id: BudgetId) -> Any:
 
 def budgets_set(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
-        bid = BudgetId.parse(args.budget_id)
+        bid = BudgetId.operator(args.budget_id)  # as PUT /v1/admin/budgets: no reserved kind
         policy = None if args.outage_policy is None else OutagePolicy(args.outage_policy)
         await Operations(service).put_budget(
             BudgetDef(bid, tuple(args.limit), args.timezone, args.allowance, policy),
@@ -148,7 +148,7 @@ def budgets_show(args: argparse.Namespace) -> int:
 def keys_create(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
         roles = frozenset(args.role) if args.role else ROLES_DEFAULT
-        new = await Operations(service).create_key(BudgetId.parse(args.budget_id),
+        new = await Operations(service).create_key(BudgetId.operator(args.budget_id),
                                                    args.run_ceiling, roles, cli_operator())
         return {"key_id": new.key_id, "api_key": new.api_key, "budget_id": args.budget_id,
                 "roles": sorted(new.record.roles)}

@@ -8,10 +8,12 @@ the top scope is the Redis hash tag of every key one call touches.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property, lru_cache
+from types import MappingProxyType
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from core.alerts import AlertConfig
@@ -23,6 +25,18 @@ from core.limits import BUDGET_ID_LEN_MAX, CEILING_MICROS_MAX, INT_EXACT_MAX, SC
 _SCOPE = re.compile(r"[a-z][a-z0-9_-]{0,31}:[A-Za-z0-9._-]{1,64}")
 _TZ = re.compile(r"[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*")
 RUN_SCOPE_KIND = "run"
+# Scope kinds the ledger names budgets by itself, never an operator. Keyed by kind, the reason,
+# which a refusal quotes.
+RESERVED_SCOPE_KINDS: Mapping[str, str] = MappingProxyType({
+    # A key's run is counted as the budget `<key's budget>/run:<run id>` (BudgetId.run), in the
+    # counters an operator's budget of that id would have: the run's calls would move them, and
+    # the run's idle expiry (RUN_COUNTER_IDLE_MS) would be put on its lifetime total.
+    RUN_SCOPE_KIND: "the ledger counts a key's run as the budget '<key's budget>/run:<run id>',"
+                    " so a budget of such an id would share its counters with a run",
+    # The per-end-user budgets to come, which the ledger will name itself as it names runs: a
+    # budget an operator made under this kind before then would share their counters.
+    "user": "it is kept for the per-end-user budgets the ledger will name itself",
+})
 
 
 class Period(StrEnum):
@@ -47,6 +61,24 @@ class BudgetId:
                 field="budget_id",
             )
         return cls(raw)
+
+    @classmethod
+    def operator(cls, raw: object) -> BudgetId:
+        """An id an operator names (a budget put, a key made): parse's rules, and no scope of a
+        reserved kind. parse alone stays for ids the ledger made itself and reads back (a run's
+        counters in listings, the spend page, an export being restored)."""
+        budget_id = cls.parse(raw)
+        # Any scope, not only the last: a reserved scope higher up still puts a run's counters on
+        # the path. `org:x/run:batch/team:t` has `org:x/run:batch` in its lineage, which a key of
+        # org:x spends into under the run id `batch`, so the keys of one would be held and
+        # charged in the other's counters.
+        for scope in budget_id.path.split("/"):
+            kind = scope.split(":", 1)[0]
+            if kind in RESERVED_SCOPE_KINDS:
+                raise InvalidRequest(
+                    f"budget_id scope {scope!r} is of the reserved kind {kind!r}, in any scope "
+                    f"of a budget id: {RESERVED_SCOPE_KINDS[kind]}", field="budget_id")
+        return budget_id
 
     # Cached: every call asks a key's budget for both, and the id never changes.
     @cached_property

@@ -116,7 +116,9 @@ async def adopt_ledger(by: Operator, ops: Ops) -> JSONResponse:
 
 @router.post("/keys", status_code=201)
 async def create_key(body: KeyBody, by: Operator, ops: Ops) -> JSONResponse:
-    new = await ops.create_key(BudgetId.parse(body.budget_id), body.run_ceiling_micros,
+    # BudgetId.operator: a key's budget is named by an operator, so no reserved scope kind (a
+    # key of `org:x/run:r` would spend in the counters of org:x's keys' run `r`).
+    new = await ops.create_key(BudgetId.operator(body.budget_id), body.run_ceiling_micros,
                                check_roles(body.roles), by)
     return JSONResponse({
         "key_id": new.key_id,

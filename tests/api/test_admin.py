@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
+import httpx
 import pytest
 
+from core.budgets import RESERVED_SCOPE_KINDS
+from infra.redis_server import RedisServer
 from tests.api.conftest import ADMIN_TOKEN, Client
+from tests.api.test_cli import ceiling
 
 
 def test_budgets_are_created_read_and_replaced(http: Client) -> None:
@@ -53,6 +58,68 @@ def test_admin_routes_need_the_admin_token(http: Client) -> None:
 def test_keys_need_a_budget_on_their_path(http: Client) -> None:
     r = http.admin("POST", "/v1/admin/keys", json={"budget_id": "org:nobody-here/key:k"})
     assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request")
+
+
+# Ids an operator may not name: a reserved scope kind (run, user) in the last scope or higher up.
+RESERVED_PATHS = ("run:batch", "user:u1", "run:batch/team:t", "team:t/user:u1/key:k")
+
+
+def refused_as_reserved(r: httpx.Response, kind: str) -> None:
+    assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request"), r.text
+    error = r.json()["error"]
+    assert error["field"] == "budget_id"
+    assert f"reserved kind '{kind}'" in error["message"]
+    assert RESERVED_SCOPE_KINDS[kind] in error["message"]
+
+
+@pytest.mark.parametrize("under", RESERVED_PATHS)
+def test_an_operator_cannot_make_a_budget_of_a_reserved_scope_kind(
+    http: Client, under: str
+) -> None:
+    """`org:x/run:batch` is where the ledger counts org:x's keys' run `batch`: a budget of that
+    id would share its counters with the run. Refused, and nothing is written."""
+    tag = f"org:a{uuid.uuid4().hex[:10]}"
+    http.budget(tag, 1_000)
+    kind = "run" if under.startswith("run:") or "/run:" in under else "user"
+    r = http.admin("PUT", f"/v1/admin/budgets/{tag}/{under}", json={
+        "limits": [{"period": "total", "ceiling_micros": 1_000}]})
+    refused_as_reserved(r, kind)
+    assert http.admin("GET", f"/v1/admin/budgets/{tag}/{under}").status_code == 404
+    listed = http.admin("GET", "/v1/admin/budgets", params={"prefix": tag}).json()
+    assert [b["budget_id"] for b in listed["items"]] == [tag]
+    audit = http.admin("GET", "/v1/admin/audit", params={"limit": 100}).json()["items"]
+    assert not [e for e in audit if f"{tag}/" in json.dumps(e)]
+
+
+@pytest.mark.parametrize("under", RESERVED_PATHS)
+def test_no_key_is_made_for_a_reserved_scope_kind(http: Client, under: str) -> None:
+    tag = f"org:a{uuid.uuid4().hex[:10]}"
+    http.budget(tag, 1_000)
+    kind = "run" if under.startswith("run:") or "/run:" in under else "user"
+    r = http.admin("POST", "/v1/admin/keys", json={"budget_id": f"{tag}/{under}",
+                                                    "run_ceiling_micros": 100})
+    refused_as_reserved(r, kind)
+    assert "api_key" not in r.text
+    for budget_id in (tag, f"{tag}/{under}"):
+        keys = http.admin("GET", "/v1/admin/keys", params={"budget_id": budget_id}).json()
+        assert keys["items"] == [], budget_id
+
+
+def test_the_command_line_refuses_a_reserved_scope_kind_too(
+    redis_server: RedisServer, http: Client
+) -> None:
+    tag = f"org:a{uuid.uuid4().hex[:10]}"
+    http.budget(tag, 1_000)
+    made = ceiling(redis_server, "budgets", "set", f"{tag}/run:batch", "--limit", "total=$1")
+    assert made.returncode == 1
+    error = json.loads(made.stderr)["error"]
+    assert (error["code"], error["field"]) == ("invalid_request", "budget_id")
+    assert http.admin("GET", f"/v1/admin/budgets/{tag}/run:batch").status_code == 404
+    key = ceiling(redis_server, "keys", "create", f"{tag}/user:u1", "--run-ceiling", "100")
+    assert key.returncode == 1
+    assert json.loads(key.stderr)["error"]["code"] == "invalid_request"
+    assert http.admin("GET", "/v1/admin/keys", params={"budget_id": f"{tag}/user:u1"}
+                      ).json()["items"] == []
 
 
 def test_the_secret_is_never_echoed_in_errors(http: Client) -> None:

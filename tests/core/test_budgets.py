@@ -2,7 +2,16 @@ from datetime import UTC, datetime
 
 import pytest
 
-from core.budgets import BudgetDef, BudgetId, Limit, Period, window_at, windows_around
+from core.budgets import (
+    RESERVED_SCOPE_KINDS,
+    RUN_SCOPE_KIND,
+    BudgetDef,
+    BudgetId,
+    Limit,
+    Period,
+    window_at,
+    windows_around,
+)
 from core.errors import InvalidRequest
 
 
@@ -25,6 +34,43 @@ def test_a_path_checks_itself_and_every_ancestor() -> None:
 def test_ids_that_could_break_a_key_or_hash_tag_are_refused(bad: object) -> None:
     with pytest.raises(InvalidRequest):
         BudgetId.parse(bad)
+
+
+@pytest.mark.parametrize("reserved", [
+    "org:x/run:batch", "org:x/user:u1", "run:batch", "user:u1", "org:x/run:batch/team:t",
+    "org:x/team:t/user:u1/key:k", "/".join(["s:x"] * 7 + ["run:r"]),
+])
+def test_an_operator_cannot_name_a_reserved_scope_kind_at_any_depth(reserved: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        BudgetId.operator(reserved)
+    kind = next(k for k in RESERVED_SCOPE_KINDS if f"{k}:" in reserved)
+    assert refused.value.details["field"] == "budget_id"
+    assert f"reserved kind {kind!r}" in refused.value.message
+    assert RESERVED_SCOPE_KINDS[kind] in refused.value.message
+    # What the ledger wrote itself still reads back (listings, the spend page, a restore).
+    assert BudgetId.parse(reserved).path == reserved
+
+
+@pytest.mark.parametrize("ordinary", [
+    "org:x", "org:x/team:batch", "org:run/team:user", "org:x/runs:r", "org:x/users:u",
+    "org:x/team:t/key:run", "org:x/xrun:r", "org:x/run-1:r",
+])
+def test_an_operator_names_ordinary_ids_as_parse_does(ordinary: str) -> None:
+    assert BudgetId.operator(ordinary) == BudgetId.parse(ordinary)
+
+
+@pytest.mark.parametrize("bad", ["", "org:a{b}", "org:a/", "/".join(["s:x"] * 9), None])
+def test_an_operator_id_is_held_to_parse_rules_first(bad: object) -> None:
+    with pytest.raises(InvalidRequest):
+        BudgetId.operator(bad)
+
+
+def test_the_ledger_still_names_a_key_run_under_the_reserved_kind() -> None:
+    assert RUN_SCOPE_KIND in RESERVED_SCOPE_KINDS
+    assert "user" in RESERVED_SCOPE_KINDS
+    run = BudgetId.operator("org:x/team:t").run("batch")
+    assert run.path == "org:x/team:t/run:batch"
+    assert [b.path for b in run.lineage] == ["org:x", "org:x/team:t", run.path]
 
 
 def test_a_budget_needs_valid_limits() -> None:
