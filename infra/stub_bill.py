@@ -22,7 +22,9 @@ class Usage:
     `input_tokens` holds the cached, cache-write, audio, image and file tokens (and, for
     Anthropic, the web search results fed back to the model); `cache_write_tokens` holds the
     1-hour writes; `output_tokens` holds the reasoning (thinking), audio and rejected-prediction
-    tokens (all billed as output). `web_search_requests` counts searches, billed per search."""
+    tokens (all billed as output). `web_search_requests` counts searches, billed per search;
+    `web_search_calls` counts calls billed a search model's per-call fee (0 or 1 a call);
+    `web_plugin_results` counts the web results of OpenRouter's web plugin, billed per result."""
 
     input_tokens: int = 0
     cached_input_tokens: int = 0
@@ -36,6 +38,8 @@ class Usage:
     audio_output_tokens: int = 0
     rejected_prediction_tokens: int = 0
     web_search_requests: int = 0
+    web_search_calls: int = 0
+    web_plugin_results: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -78,6 +82,8 @@ class Tally:
     audio_output_tokens: int = 0
     rejected_prediction_tokens: int = 0
     web_search_requests: int = 0
+    web_search_calls: int = 0
+    web_plugin_results: int = 0
     cost_micros: int = 0
 
     def add(self, usage: Usage, cost_micros: int) -> None:
@@ -104,6 +110,9 @@ class CallRecord:
     stream: bool = False
     service_tier: str | None = None
     fault: str | None = None  # the fault the call was made to show, if any
+    # The body's model when the call was billed (and answered) as another: `model` is the one
+    # billed (OpenRouter's fallback `models`).
+    model_requested: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,6 +125,7 @@ class CallRecord:
             billed=bool(doc["billed"]), cost_micros=int(doc["cost_micros"]),
             usage=None if usage is None else Usage(**usage), stream=bool(doc.get("stream")),
             service_tier=doc.get("service_tier"), fault=doc.get("fault"),
+            model_requested=doc.get("model_requested"),
         )
 
 

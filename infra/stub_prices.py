@@ -20,7 +20,10 @@ exactly micro-dollars per token):
     request_usd                                             a fee per request, in US dollars
     web_search_usd_per_1k                                   a fee per 1,000 server-side web
                                                             searches; a model without it refuses
-                                                            web search
+                                                            web search (Anthropic's)
+    web_search_usd_per_call                                 a search model (OpenAI's chat search
+                                                            models): it searches on every call it
+                                                            serves, billed this fee once a call
     service_tiers: {"priority": {...the rates above...}}    a tier absent here is refused
     long_context: {"above_input_tokens": N, "beta": FLAG, "context_window_tokens": N,
                    ...the rates above...}                   Anthropic: a call sent with the beta
@@ -38,6 +41,12 @@ exactly micro-dollars per token):
                                                             there); a model without it is served
                                                             by the OpenAI routes only
     aliases: ["dated-snapshot-name", ...]                   other names of the same model
+
+Besides "models", a table may give "openrouter", the fees OpenRouter adds to a model's (billed
+when the stub serves OpenRouter's fields, infra/stub_provider.py); a caller's replaces the default:
+    web_plugin_usd_per_1k_results                           the web plugin's fee per 1,000 results
+    web_plugin_results_default                              results a web plugin without
+                                                            `max_results` fetches
 
 A call's cost is the exact sum of its parts, rounded up once to whole micro-dollars.
 """
@@ -79,8 +88,9 @@ RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cached_input_usd_pe
                "cache_write_usd_per_mtok", "cache_write_1h_usd_per_mtok",
                "audio_input_usd_per_mtok", "audio_output_usd_per_mtok")
 MODEL_FIELDS = frozenset({*RATE_FIELDS, "request_usd", "service_tiers", "reasoning", "image",
-                          "audio_input_tokens_per_s", "web_search_usd_per_1k", "long_context",
-                          "anthropic", "aliases"})
+                          "audio_input_tokens_per_s", "web_search_usd_per_1k",
+                          "web_search_usd_per_call", "long_context", "anthropic", "aliases"})
+OPENROUTER_FIELDS = frozenset({"web_plugin_usd_per_1k_results", "web_plugin_results_default"})
 MESSAGES_FIELDS = frozenset({"context_window_tokens", "output_tokens_max", "cache_tokens_min",
                              "tool_prompt_tokens", "keeps_thinking"})
 LONG_CONTEXT_FIELDS = frozenset({"above_input_tokens", "beta", "context_window_tokens"})
@@ -167,6 +177,7 @@ class ModelPrices:
     image: ImageRule | None
     audio_input_tokens_per_s: int
     web_search_micros: Fraction | None = None  # a fee per search
+    web_search_call_micros: Fraction | None = None  # a search model's fee per call
     long_context: LongContext | None = None
     messages: MessagesModel | None = None  # None: not an Anthropic model
 
@@ -178,27 +189,43 @@ class ModelPrices:
         return self.tiers[tier]
 
 
-class StubPrices:
-    """Model prices by name (case-insensitive); a model not in the table is not served."""
+@dataclass(frozen=True)
+class OpenRouterPrices:
+    """What OpenRouter bills on top of a model's own prices: its web plugin, per result."""
 
-    def __init__(self, models: Mapping[str, ModelPrices]) -> None:
+    web_result_micros: Fraction
+    web_results_default: int
+
+
+class StubPrices:
+    """Model prices by name (case-insensitive); a model not in the table is not served.
+    `openrouter`: OpenRouter's own fees, None when no table gives them."""
+
+    def __init__(self, models: Mapping[str, ModelPrices],
+                 openrouter: OpenRouterPrices | None = None) -> None:
         self._models = {name.lower(): prices for name, prices in models.items()}
+        self.openrouter = openrouter
 
     @classmethod
     def load(cls, table: str | Path | Mapping[str, Any] | None = None) -> StubPrices:
         """The default table, under `table` (a JSON file's path or the parsed document)."""
-        models = _models_from_json(json.loads(DEFAULT_TABLE_PATH.read_text()))
+        default = json.loads(DEFAULT_TABLE_PATH.read_text())
+        models = _models_from_json(default)
+        openrouter = _openrouter(default.get("openrouter"))
         if table is not None:
             doc = table if isinstance(table, Mapping) else json.loads(Path(table).read_text())
             models |= _models_from_json(doc)
-        return cls(models)
+            openrouter = _openrouter(doc.get("openrouter")) or openrouter
+        return cls(models, openrouter)
 
     def model(self, name: str) -> ModelPrices | None:
         return self._models.get(name.lower())
 
 
-def cost_micros(prices: ModelPrices, tier: str, usage: Usage) -> int:
-    """What a call with `usage` costs at `tier`, rounded up once to whole micro-dollars."""
+def cost_micros(prices: ModelPrices, tier: str, usage: Usage, *,
+                openrouter: OpenRouterPrices | None = None) -> int:
+    """What a call with `usage` costs at `tier`, rounded up once to whole micro-dollars;
+    `openrouter` prices the usage OpenRouter adds (its web plugin's results)."""
     rates = prices.rates(tier)
     write_rate = rates.input if rates.cache_write is None else rates.cache_write
     exact = (usage.text_input_tokens * rates.input
@@ -206,17 +233,35 @@ def cost_micros(prices: ModelPrices, tier: str, usage: Usage) -> int:
              + (usage.cache_write_tokens - usage.cache_write_1h_tokens) * write_rate
              + usage.text_output_tokens * rates.output
              + prices.request_micros)
-    for count, rate, what in (
-        (usage.audio_input_tokens, rates.audio_input, "audio input"),
-        (usage.audio_output_tokens, rates.audio_output, "audio output"),
-        (usage.cache_write_1h_tokens, rates.cache_write_1h, "1-hour cache write"),
-        (usage.web_search_requests, prices.web_search_micros, "web search"),
-    ):
+    for count, rate, what in _optional_parts(prices, tier, usage, openrouter):
         if count:
             if rate is None:  # the counting refuses what a model has no rate for before serving
                 raise ValueError(f"{prices.name} has no {what} rate")
             exact += count * rate
     return math.ceil(exact)
+
+
+def unpriced(prices: ModelPrices, tier: str, usage: Usage, *,
+             openrouter: OpenRouterPrices | None = None) -> str | None:
+    """The part of `usage` the model has no rate for at `tier` (None: it prices all of it)."""
+    return next((what for count, rate, what in _optional_parts(prices, tier, usage, openrouter)
+                 if count and rate is None), None)
+
+
+def _optional_parts(
+    prices: ModelPrices, tier: str, usage: Usage, openrouter: OpenRouterPrices | None
+) -> tuple[tuple[int, Fraction | None, str], ...]:
+    """(count, rate, what) of each part of a call that not every model prices."""
+    rates = prices.rates(tier)
+    return (
+        (usage.audio_input_tokens, rates.audio_input, "audio input"),
+        (usage.audio_output_tokens, rates.audio_output, "audio output"),
+        (usage.cache_write_1h_tokens, rates.cache_write_1h, "1-hour cache write"),
+        (usage.web_search_requests, prices.web_search_micros, "web search"),
+        (usage.web_search_calls, prices.web_search_call_micros, "web search call"),
+        (usage.web_plugin_results, None if openrouter is None else openrouter.web_result_micros,
+         "web plugin result"),
+    )
 
 
 def _rate(name: str, key: str, value: object) -> Fraction:
@@ -342,6 +387,8 @@ def _model(name: str, entry: object) -> ModelPrices:
     messages = _messages_model(name, entry.get("anthropic"))
     if messages is None and ("long_context" in entry or "web_search_usd_per_1k" in entry):
         raise ValueError(f"{name}: long_context and web_search_usd_per_1k are Anthropic's")
+    if messages is not None and "web_search_usd_per_call" in entry:
+        raise ValueError(f"{name}: web_search_usd_per_call is for OpenAI's search models")
     return ModelPrices(
         name=name,
         standard=standard,
@@ -355,6 +402,9 @@ def _model(name: str, entry: object) -> ModelPrices:
         web_search_micros=(
             _rate(name, "web_search_usd_per_1k", entry["web_search_usd_per_1k"])
             * MICROS_PER_USD / 1_000 if "web_search_usd_per_1k" in entry else None),
+        web_search_call_micros=(
+            _rate(name, "web_search_usd_per_call", entry["web_search_usd_per_call"])
+            * MICROS_PER_USD if "web_search_usd_per_call" in entry else None),
         long_context=_long_context(name, entry.get("long_context")),
         messages=messages,
     )
@@ -375,3 +425,16 @@ def _models_from_json(doc: object) -> dict[str, ModelPrices]:
                 raise ValueError(f"the model name {key!r} is given twice")
             models[key.lower()] = model
     return models
+
+
+def _openrouter(doc: object) -> OpenRouterPrices | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping) or set(doc) != OPENROUTER_FIELDS:
+        raise ValueError(f"openrouter must have exactly {sorted(OPENROUTER_FIELDS)}")
+    return OpenRouterPrices(
+        web_result_micros=_rate("openrouter", "web_plugin_usd_per_1k_results",
+                                doc["web_plugin_usd_per_1k_results"]) * MICROS_PER_USD / 1_000,
+        web_results_default=_positive("openrouter", "web_plugin_results_default",
+                                      doc["web_plugin_results_default"]),
+    )

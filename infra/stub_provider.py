@@ -5,7 +5,8 @@ spent. This stub counts the tokens of every call it serves and prices them from 
 (infra/stub_prices.py), sharing nothing with the service it judges: no `core`, no genai-prices.
 It sees every way a gateway could hold less than a provider charges: images, audio and files
 counted as OpenAI documents them, prompt-cache reads and writes, reasoning tokens, `n > 1`,
-priority service tiers, per-request fees, and calls billed and then failed or cut off.
+priority service tiers, per-request fees, search models' per-call search fees, OpenRouter's web
+plugin and fallback models, and calls billed and then failed or cut off.
 
     python -m infra.stub_provider --port 8900 --seed 7 [--prices-file table.json]
 
@@ -34,6 +35,29 @@ every prefix of a billed call that ends at a message boundary; a later call on t
 that starts with one reads it at the cached-input rate. A model with a cache-write rate in the
 table is billed that rate for the cached tokens a call wrote, and reports them.
 
+Search models: a model whose table entry has `web_search_usd_per_call` (OpenAI's chat search
+models, gpt-4o-search-preview and the like) searches before every answer, on either route, and
+each call it serves is billed that fee once on top of its tokens: `web_search_calls` in the bill
+(1 on the call's usage, summed in the tallies). The search content it reads is not billed, as
+OpenAI documents for these models. Chat's `web_search_options` (`search_context_size`,
+`user_location`) is taken by a search model and changes nothing billed; other models refuse it.
+
+Upstream fields: the /control setting `upstream_fields` says whose request fields the OpenAI
+routes bill. `openai` (the default): OpenAI's alone; OpenRouter's `plugins` and `models` are
+ignored, as any field the stub does not read. `openrouter`: as OpenRouter bills them
+(https://openrouter.ai/docs/features/web-search, .../guides/routing/model-fallbacks):
+  plugins: [{"id": "web", "max_results": N, "engine": "exa"}]
+      fetches N web results (the table's `openrouter.web_plugin_results_default` when absent),
+      billed at the table's `openrouter.web_plugin_usd_per_1k_results`: `web_plugin_results`
+      in the bill. Another plugin, or the `native` engine (billed at the model provider's own
+      search price, which the table does not hold), is refused.
+  models: [name, ...]
+      the fallbacks OpenRouter may serve the call with, billed at the model that served it.
+      The stub bills the worst: the call at whichever of the requested model and the listed
+      models the table prices for all of the call makes it dearest (a search model with its
+      per-call fee), and answers under that model's name. The bill logs it as the call's
+      `model` (and tallies it there), the requested one as `model_requested`.
+
 When a call is billed: in full, once its answer is decided, before the first byte is sent,
 whether or not the client is still there to read it. A call the stub refuses (bad request,
 unknown model, wrong key, a fault that fails before serving) is not billed. Every request is
@@ -56,7 +80,8 @@ Per call only: `X-Stub-Output-Tokens: N` answers exactly min(N, cap) tokens a ch
 set each POST replaces (`{}` clears it). Settings a POST gives replace theirs, and stay until
 set again: `images` {url: [width, height]} for http(s) images the stub cannot fetch; `files`
 {file id, file URL or item id: {"bytes": N, "pages": P, "image": [w, h]}}; `prompt_cache`
-(true by default); `default_service_tier`, what `auto` is served at (`default`). The Messages
+(true by default); `default_service_tier`, what `auto` is served at (`default`);
+`upstream_fields` (`openai`; above). The Messages
 API adds `X-Stub-Web-Searches` / `web_searches` and the settings `web_search_result_tokens` and
 `clock_offset_s` (infra/stub_anthropic.py).
 """
@@ -114,7 +139,7 @@ from infra.stub_input import (
     chat_prompt,
     responses_prompt,
 )
-from infra.stub_prices import TIER_STANDARD, ModelPrices, StubPrices, cost_micros
+from infra.stub_prices import TIER_STANDARD, ModelPrices, StubPrices, cost_micros, unpriced
 from infra.stub_wire import (
     WORDS,
     Choice,
@@ -157,6 +182,19 @@ GRACEFUL_SHUTDOWN_S = 1
 BILL_FETCH_TIMEOUT_S = 10.0
 # The status logged for a call that was never answered (it hung until the client left).
 STATUS_NO_ANSWER = 0
+# Whose request fields the OpenAI routes bill (the /control setting `upstream_fields`): OpenAI's
+# alone, or OpenRouter's too (its web plugin and fallback models), the first by default.
+UPSTREAM_OPENAI = "openai"
+UPSTREAM_OPENROUTER = "openrouter"
+UPSTREAM_FIELDS = (UPSTREAM_OPENAI, UPSTREAM_OPENROUTER)
+PROVIDER_SETTINGS = CONTROL_SETTINGS | {"upstream_fields"}
+# What OpenAI's chat search models take in `web_search_options`
+# (https://developers.openai.com/api/docs/guides/tools-web-search).
+WEB_SEARCH_OPTIONS = frozenset({"search_context_size", "user_location"})
+SEARCH_CONTEXT_SIZES = ("low", "medium", "high")
+# OpenRouter's web plugin engines the stub prices: Exa's results, at the table's rate. "native"
+# search is billed at the model provider's own search price, which the table does not hold.
+WEB_PLUGIN_ENGINES = ("exa",)
 
 
 class Api(StrEnum):
@@ -166,11 +204,14 @@ class Api(StrEnum):
 
 @dataclass(frozen=True)
 class Decided:
-    """A call decided and not yet billed: the answer, the model's prices, the counted input."""
+    """A call decided and not yet billed: the answer, the model's prices, the counted input,
+    and the model it is billed at (the requested one, or a dearer fallback of OpenRouter's)."""
 
     served: Served
     prices: ModelPrices
     prompt: Prompt
+    billed: ModelPrices
+    model_requested: str
 
 
 class ProviderError(Exception):
@@ -253,6 +294,35 @@ def _forced_tool(body: dict[str, Any]) -> str | None:
     return None
 
 
+def _web_search_options(options: object, prices: ModelPrices) -> None:
+    """Chat's `web_search_options`: taken by a search model (whose fee is per call, whatever
+    they say), refused by any other."""
+    if options is None:
+        return
+    if prices.web_search_call_micros is None:
+        raise InputError(f"web_search_options is for search models; {prices.name} is not one",
+                         "web_search_options")
+    if not isinstance(options, dict) or set(options) - WEB_SEARCH_OPTIONS:
+        raise InputError(f"web_search_options is an object of {sorted(WEB_SEARCH_OPTIONS)}",
+                         "web_search_options")
+    size = options.get("search_context_size")
+    location = options.get("user_location")
+    if (size is not None and size not in SEARCH_CONTEXT_SIZES) or not isinstance(
+            location, dict | None):
+        raise InputError("web_search_options: search_context_size is one of "
+                         f"{', '.join(SEARCH_CONTEXT_SIZES)}, user_location an object",
+                         "web_search_options")
+
+
+def _fallback_models(doc: object) -> tuple[str, ...]:
+    """OpenRouter's `models`: the models a call may fall back to, in order."""
+    if doc is None:
+        return ()
+    if not isinstance(doc, list) or not all(isinstance(m, str) for m in doc):
+        raise invalid("models must be a list of model names", "models")
+    return tuple(doc)
+
+
 def _header_count(raw: str | None, what: str, minimum: int) -> int | None:
     if raw is None:
         return None
@@ -287,6 +357,7 @@ class StubProviderApp:
         self.registry = Registry()
         self.prompt_cache_on = True
         self.default_service_tier = TIER_STANDARD
+        self.upstream_fields = UPSTREAM_OPENAI
         self.web_search_result_tokens = WEB_SEARCH_RESULT_TOKENS_DEFAULT
         # Added to the clock the prompt caches expire by, so a test can pass 5 minutes at once.
         self.clock_offset_s = 0.0
@@ -328,7 +399,7 @@ class StubProviderApp:
                 doc = await request.json()
                 if not isinstance(doc, dict):
                     raise ValueError("the control body is an object")
-                unknown = set(doc) - CONTROL_SETTINGS - {*FAULT_HEADERS.values(), "calls"}
+                unknown = set(doc) - PROVIDER_SETTINGS - {*FAULT_HEADERS.values(), "calls"}
                 if unknown:
                     raise ValueError(f"unknown control fields {sorted(unknown)}")
                 self._apply_settings(doc)
@@ -336,19 +407,23 @@ class StubProviderApp:
                 return invalid(f"control body: {exc}").response()
         return JSONResponse({**self.fault.to_json(), "prompt_cache": self.prompt_cache_on,
                              "default_service_tier": self.default_service_tier,
+                             "upstream_fields": self.upstream_fields,
                              "web_search_result_tokens": self.web_search_result_tokens,
                              "clock_offset_s": self.clock_offset_s,
                              "images": {u: list(s) for u, s in self.registry.images.items()},
                              "files": sorted(self.registry.files)})
 
     def _apply_settings(self, doc: dict[str, Any]) -> None:
-        fault = fault_from({k: v for k, v in doc.items() if k not in CONTROL_SETTINGS})
+        fault = fault_from({k: v for k, v in doc.items() if k not in PROVIDER_SETTINGS})
         images = registry_images(doc["images"]) if "images" in doc else None
         files = registry_files(doc["files"]) if "files" in doc else None
         prompt_cache = doc.get("prompt_cache", self.prompt_cache_on)
         tier = doc.get("default_service_tier", self.default_service_tier)
         if type(prompt_cache) is not bool or not isinstance(tier, str):
             raise ValueError("prompt_cache is a boolean, default_service_tier a string")
+        upstream = doc.get("upstream_fields", self.upstream_fields)
+        if upstream not in UPSTREAM_FIELDS:
+            raise ValueError(f"upstream_fields is one of {', '.join(UPSTREAM_FIELDS)}")
         search_tokens = count(doc.get("web_search_result_tokens", self.web_search_result_tokens),
                               "web_search_result_tokens", WEB_SEARCH_RESULT_TOKENS_MIN)
         offset_s = doc.get("clock_offset_s", self.clock_offset_s)
@@ -359,6 +434,7 @@ class StubProviderApp:
         self.registry.images = self.registry.images if images is None else images
         self.registry.files = self.registry.files if files is None else files
         self.prompt_cache_on, self.default_service_tier = prompt_cache, tier
+        self.upstream_fields = str(upstream)
         self.web_search_result_tokens, self.clock_offset_s = search_tokens, float(offset_s)
 
     async def live(self, request: Request) -> Response:
@@ -476,6 +552,9 @@ class StubProviderApp:
             raise ProviderError(404, f"the model {name!r} does not exist", "model_not_found",
                                 "invalid_request_error", "model")
         tier = self._tier(body, prices)
+        openrouter = self.upstream_fields == UPSTREAM_OPENROUTER
+        plugin_results = self._web_plugin_results(body.get("plugins")) if openrouter else 0
+        fallbacks = _fallback_models(body.get("models")) if openrouter else ()
         prompt = self._prompt(api, body, prices)
         choices = self._choices(api, body, prices, request)
         audio_output = self._audio_output(api, body, prices)
@@ -489,12 +568,64 @@ class StubProviderApp:
             reasoning_tokens=sum(c.reasoning_tokens for c in choices),
             audio_output_tokens=sum(len(c.words) for c in choices) if audio_output else 0,
             rejected_prediction_tokens=rejected,
+            # A search model searches before every answer: one fee a call, on top of tokens.
+            web_search_calls=int(prices.web_search_call_micros is not None),
+            web_plugin_results=plugin_results,
         )
+        billed_name, billed, tier, usage = self._dearest(name, prices, tier, usage, fallbacks)
         answer_id = ("chatcmpl-" if api is Api.CHAT else "resp_") + secrets.token_hex(12)
-        served = Served(answer_id, name, tier, tuple(choices), usage,
+        served = Served(answer_id, billed_name, tier, tuple(choices), usage,
                         reports_cache_writes=prices.standard.cache_write is not None,
                         audio_output=audio_output)
-        return Decided(served, prices, prompt)
+        return Decided(served, prices, prompt, billed, name)
+
+    def _web_plugin_results(self, plugins: object) -> int:
+        """The web results OpenRouter's `plugins` fetch: a `web` plugin's `max_results`, else the
+        table's default. A plugin the stub cannot price is refused, not served free."""
+        if plugins is None:
+            return 0
+        if not isinstance(plugins, list) or not all(
+                isinstance(p, dict) and isinstance(p.get("id"), str) for p in plugins):
+            raise invalid("plugins must be a list of objects with an id", "plugins")
+        ids = [p["id"] for p in plugins]
+        if set(ids) - {"web"} or len(ids) != len(set(ids)):
+            raise invalid("the stub serves the web plugin only, once", "plugins")
+        if not plugins:
+            return 0
+        [web] = plugins
+        rates = self.prices.openrouter
+        if rates is None:
+            raise invalid("the stub's table prices no web plugin", "plugins")
+        if web.get("engine") not in (None, *WEB_PLUGIN_ENGINES):
+            raise invalid(f"the web plugin's engine is one of {', '.join(WEB_PLUGIN_ENGINES)}",
+                          "plugins")
+        results = web.get("max_results", rates.web_results_default)
+        if type(results) is not int or results < 1:
+            raise invalid("the web plugin's max_results must be a positive integer", "plugins")
+        return results
+
+    def _dearest(self, name: str, prices: ModelPrices, tier: str, usage: Usage,
+                 fallbacks: tuple[str, ...]) -> tuple[str, ModelPrices, str, Usage]:
+        """The model a call is billed at, with its tier and usage: the requested one, or the
+        dearest of OpenRouter's fallback `models` that the table prices for the whole call (a
+        fallback may serve any call, so the witness bills the worst). Ties keep the earlier."""
+        openrouter = self.prices.openrouter
+        best = (name, prices, tier, usage)
+        best_micros = cost_micros(prices, tier, usage, openrouter=openrouter)
+        for other_name in fallbacks:
+            other = self.prices.model(other_name)
+            if other is None:
+                continue
+            other_tier = tier if tier == TIER_STANDARD or tier in other.tiers else TIER_STANDARD
+            # A search model searches on whichever call it serves; another model never does.
+            other_usage = replace(
+                usage, web_search_calls=int(other.web_search_call_micros is not None))
+            if unpriced(other, other_tier, other_usage, openrouter=openrouter) is not None:
+                continue
+            micros = cost_micros(other, other_tier, other_usage, openrouter=openrouter)
+            if micros > best_micros:
+                best, best_micros = (other_name, other, other_tier, other_usage), micros
+        return best
 
     def _tier(self, body: dict[str, Any], prices: ModelPrices) -> str:
         asked = body.get("service_tier")
@@ -510,9 +641,7 @@ class StubProviderApp:
     def _prompt(self, api: Api, body: dict[str, Any], prices: ModelPrices) -> Prompt:
         try:
             if api is Api.CHAT:
-                if body.get("web_search_options") is not None:
-                    raise InputError("web_search_options is not served by the stub",
-                                     "web_search_options")
+                _web_search_options(body.get("web_search_options"), prices)
                 return chat_prompt(body, prices, self.registry)
             for unserved in ("conversation", "prompt", "background"):
                 if body.get(unserved) not in (None, False):
@@ -602,9 +731,10 @@ class StubProviderApp:
     def _charge(self, api: Api, decided: Decided, body: dict[str, Any], stream: bool,
                 status: int, fault: Fault) -> None:
         served, prices = decided.served, decided.prices
-        cost = cost_micros(prices, served.service_tier, served.usage)
+        cost = cost_micros(decided.billed, served.service_tier, served.usage,
+                           openrouter=self.prices.openrouter)
         self._log(api, served.model, status, served.usage, stream, fault, cost,
-                  served.service_tier)
+                  served.service_tier, decided.model_requested)
         if self.prompt_cache_on and fault.cached_tokens is None:
             for digest, tokens in decided.prompt.prefixes:
                 if tokens >= CACHE_TOKENS_MIN:
@@ -619,10 +749,12 @@ class StubProviderApp:
                 self.stored.popitem(last=False)
 
     def _log(self, api: Api, model: str | None, status: int, usage: Usage | None, stream: bool,
-             fault: Fault, cost: int = 0, tier: str | None = None) -> None:
+             fault: Fault, cost: int = 0, tier: str | None = None,
+             model_requested: str | None = None) -> None:
         self.bill.record(CallRecord(
             api=api.value, model=model, status=status, billed=usage is not None,
             cost_micros=cost, usage=usage, stream=stream, service_tier=tier, fault=fault.name,
+            model_requested=None if model_requested == model else model_requested,
         ))
 
     def _events(self, api: Api, served: Served, body: dict[str, Any],

@@ -9,12 +9,14 @@ checked against the documents, not against the service it judges. Calls go throu
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +70,8 @@ def sdk(provider: StubProvider) -> openai.OpenAI:
 @pytest.fixture(autouse=True)
 def fresh_bill(http: httpx.Client) -> None:
     http.post("/control", json={"images": {}, "files": {}, "prompt_cache": True,
-                                "default_service_tier": "default"}).raise_for_status()
+                                "default_service_tier": "default",
+                                "upstream_fields": "openai"}).raise_for_status()
     http.post("/billing/reset").raise_for_status()
 
 
@@ -145,6 +148,9 @@ def test_a_callers_table_prices_its_own_models_from_a_dict_or_a_file(tmp_path: P
     ({"models": {"m": {"input_usd_per_mtok": "1", "output_usd_per_mtok": "1",
                        "image": {"rule": "tile", "base_tokens": 85}}}}, "tile rule"),
     ({"m": {}}, "models"),
+    ({"models": {"m": {"input_usd_per_mtok": "1", "output_usd_per_mtok": "1",
+                       "web_search_usd_per_call": 0.01}}}, "decimal string"),
+    ({"models": {}, "openrouter": {"web_plugin_usd_per_1k_results": "4.00"}}, "openrouter"),
 ])
 def test_a_bad_table_is_refused(table: dict[str, Any], why: str) -> None:
     with pytest.raises(ValueError, match=why):
@@ -851,7 +857,7 @@ def test_the_control_route_hangs_until_cleared(http: httpx.Client) -> None:
     {"fail_status": 200}, {"hang": True, "fail_status": 500}, {"calls": 0, "hang": True},
     {"other": 1}, {"fail_after_billing": 503, "break_after_events": 2},
     {"images": {"https://x/y.png": [0, 10]}}, {"files": {"f": {"bytes": -1}}},
-    {"prompt_cache": "yes"},
+    {"prompt_cache": "yes"}, {"upstream_fields": "anthropic"},
 ])
 def test_the_control_route_refuses_nonsense(http: httpx.Client, body: Any) -> None:
     assert http.post("/control", json=body).status_code == 400
@@ -872,6 +878,115 @@ def test_what_it_cannot_serve_is_refused_unbilled(
     bill = bill_of(http)
     assert bill.total.calls == 0
     assert [(c.status, c.billed) for c in bill.log] == [(status, False)]
+
+
+# -- search models and OpenRouter's fields -----------------------------------------------------
+
+# The stub's own table, read here for its rates: the figures the tests below work from.
+STUB_TABLE = json.loads((Path(__file__).parents[2] / "infra" / "stub_prices.json").read_text())
+# OpenAI: the chat search models' web search, $10 per 1,000 calls; OpenRouter: its web plugin,
+# $4 per 1,000 results, 5 results by default.
+SEARCH_FEE_MICROS = 10_000
+WEB_RESULT_MICROS = 4_000
+WEB_PLUGIN_FEE_MICROS = 5 * WEB_RESULT_MICROS
+
+
+def token_micros(model: str, call: CallRecord) -> int:
+    """What the call's tokens cost at `model`'s rates in the stub's table, rounded up."""
+    rates = STUB_TABLE["models"][model]
+    assert call.usage is not None
+    assert not call.usage.cached_input_tokens
+    return math.ceil(call.usage.input_tokens * Fraction(rates["input_usd_per_mtok"])
+                     + call.usage.output_tokens * Fraction(rates["output_usd_per_mtok"]))
+
+
+@pytest.mark.parametrize(("path", "stream", "model", "table_model"), [
+    (CHAT, False, "gpt-4o-search-preview", "gpt-4o-search-preview"),
+    (CHAT, True, "gpt-4o-mini-search-preview-2025-03-11", "gpt-4o-mini-search-preview"),
+    (RESPONSES, False, "gpt-5-search-api", "gpt-5-search-api"),
+    (RESPONSES, True, "gpt-4o-search-preview-2025-03-11", "gpt-4o-search-preview"),
+])
+def test_a_search_model_bills_its_search_fee_once_a_call_on_top_of_its_tokens(
+    http: httpx.Client, path: str, stream: bool, model: str, table_model: str
+) -> None:
+    prompt: dict[str, Any] = {"messages": HELLO, "n": 2, "web_search_options": {
+        "search_context_size": "high", "user_location": {"type": "approximate"}}} \
+        if path == CHAT else {"input": "hello"}
+    body = {"model": model, "stream": stream, **prompt}
+    if stream:
+        sse_data(http, path, body, forced(30))
+    else:
+        http.post(path, json=body, headers=forced(30)).raise_for_status()
+    call = only_call(http)
+    assert call.usage is not None
+    assert call.usage.web_search_calls == 1
+    assert call.cost_micros == token_micros(table_model, call) + SEARCH_FEE_MICROS
+    bill = bill_of(http)
+    assert (bill.total.web_search_calls, bill.by_model[model].web_search_calls) == (1, 1)
+
+
+def test_a_refused_search_call_is_not_billed(http: httpx.Client) -> None:
+    for body, headers, status in (
+        ({"web_search_options": {"search_context_size": "huge"}}, {}, 400),
+        ({}, {"X-Stub-Fail-Status": "503"}, 503),
+    ):
+        response = http.post(CHAT, json={"model": "gpt-4o-search-preview", "messages": HELLO,
+                                         **body}, headers=headers)
+        assert response.status_code == status
+    bill = bill_of(http)
+    assert (bill.requests, bill.total.calls, bill.total.web_search_calls,
+            bill.total.cost_micros) == (2, 0, 0, 0)
+
+
+# OpenRouter's fields, sent to gpt-4o-mini: its web plugin and fallbacks dearer and cheaper.
+OPENROUTER_FIELDS = {"plugins": [{"id": "web"}],
+                     "models": ["not-priced-here", "gpt-4o", "gpt-4.1-nano"]}
+
+
+def test_the_openrouter_mode_bills_the_web_plugin_and_the_dearest_fallback(
+    http: httpx.Client
+) -> None:
+    http.post("/control", json={"upstream_fields": "openrouter"}).raise_for_status()
+    base = {"model": "gpt-4o-mini", "messages": HELLO}
+    http.post(CHAT, json=base, headers=forced(10)).raise_for_status()
+    http.post(CHAT, json={**base, "plugins": [{"id": "web"}]}, headers=forced(10))
+    http.post(RESPONSES, json={"model": "gpt-4o-mini", "input": "hello", "plugins": [
+        {"id": "web", "max_results": 2}]}, headers=forced(10)).raise_for_status()
+    answer = http.post(CHAT, json={**base, **OPENROUTER_FIELDS}, headers=forced(10)).json()
+    # The dearest is the requested model; a search model's fee makes a fallback dearer.
+    http.post(CHAT, json={"model": "gpt-4o", "messages": HELLO, "models": ["gpt-4o-mini"]},
+              headers=forced(10))
+    http.post(CHAT, json={**base, "models": ["gpt-4o-mini-search-preview"]}, headers=forced(10))
+    plain, web, web_2, fallback, kept, search = bill_of(http).log
+    assert plain.cost_micros == token_micros("gpt-4o-mini", plain)
+    assert web.cost_micros == plain.cost_micros + WEB_PLUGIN_FEE_MICROS
+    assert web_2.cost_micros == token_micros("gpt-4o-mini", web_2) + 2 * WEB_RESULT_MICROS
+    assert answer["model"] == fallback.model == "gpt-4o"
+    assert fallback.model_requested == "gpt-4o-mini"
+    assert fallback.cost_micros == token_micros("gpt-4o", fallback) + WEB_PLUGIN_FEE_MICROS
+    assert (kept.model, kept.model_requested) == ("gpt-4o", None)
+    assert search.model == "gpt-4o-mini-search-preview"
+    assert search.cost_micros == token_micros("gpt-4o-mini-search-preview",
+                                              search) + SEARCH_FEE_MICROS
+    bill = bill_of(http)
+    assert bill.total.web_plugin_results == 5 + 2 + 5
+    assert bill.by_model["gpt-4o"].calls == 2
+    # A plugin it cannot price is refused, unbilled.
+    for plugins in ([{"id": "file-parser"}], [{"id": "web", "engine": "native"}], "web"):
+        assert http.post(CHAT, json={**base, "plugins": plugins}).status_code == 400
+    assert bill_of(http).total.calls == 6
+
+
+def test_outside_the_openrouter_mode_its_fields_change_nothing(http: httpx.Client) -> None:
+    base = {"model": "gpt-4o-mini", "messages": HELLO}
+    http.post(CHAT, json=base, headers=forced(10)).raise_for_status()
+    answer = http.post(CHAT, json={**base, **OPENROUTER_FIELDS}, headers=forced(10)).json()
+    plain, sent_fields = bill_of(http).log
+    assert answer["model"] == sent_fields.model == "gpt-4o-mini"
+    assert sent_fields.model_requested is None
+    assert sent_fields.usage is not None
+    assert sent_fields.usage.web_plugin_results == 0
+    assert sent_fields.cost_micros == plain.cost_micros == token_micros("gpt-4o-mini", plain)
 
 
 # -- the bill and the process ------------------------------------------------------------------
