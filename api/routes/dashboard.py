@@ -243,7 +243,8 @@ def _budget_card(r: spend.BudgetReport, now_ms: int, hours: int) -> str:
              "</span>" if paused and r.definition else "")
     return (f"<section class=card data-budget='{_attr(r.budget_id)}'>"
             f"<header><h3>{escape(r.budget_id)}</h3>{badge}"
-            f"<span class=muted>{usd(r.series_micros)} in {hours} h</span></header>"
+            f"<span class=muted data-micros='{r.series_micros}'>{usd(r.series_micros)} in "
+            f"{hours} h</span></header>"
             "<table class=periods><thead><tr><th>period</th><th>ceiling</th><th>committed</th>"
             "<th>reserved</th><th>remaining</th><th></th></tr></thead>"
             f"<tbody>{_period_rows(r)}</tbody></table>{chart(r, now_ms, hours)}</section>")
@@ -402,15 +403,38 @@ def _keys(view: spend.Overview) -> str:
             f"<tbody>{_key_rows(view.keys)}</tbody></table>")
 
 
+def tree_tops(budgets: Sequence[spend.BudgetReport]) -> tuple[spend.BudgetReport, ...]:
+    """The budgets none of whose ancestors is among `budgets`: the tops of their trees.
+
+    A call is charged to its key's budget and to every ancestor that has one, so a budget's
+    spend already holds the spend of every budget under it; adding a budget to its ancestor
+    counts the same call twice. The tops add up to each call once. Ancestors sort before their
+    descendants, so the page's cut (PAGE_BUDGETS_MAX) never keeps a budget and drops a parent
+    it has: a top here has no ancestor budget at all.
+    """
+    listed = {b.budget_id for b in budgets}
+    return tuple(b for b in budgets
+                 if not any(a in listed for a in _ancestors(b.budget_id)))
+
+
+def _ancestors(budget_id: str) -> tuple[str, ...]:
+    # By the path's text, not BudgetId: an id the page is given is shown even if malformed.
+    scopes = budget_id.split("/")
+    return tuple("/".join(scopes[:i]) for i in range(1, len(scopes)))
+
+
 def render(view: spend.Overview) -> str:
     probe = view.probe
     status = "ok" if probe.reachable and probe.shared and not probe.reasons else "degraded"
     open_count = sum(t.open_count for t in view.leases)
     overdue = sum(t.overdue_count for t in view.leases)
-    total = sum(b.series_micros for b in view.budgets)
+    tops = tree_tops(view.budgets)
+    total = sum(b.series_micros for b in tops)
     stats = (
         f"<div class=stat><b>{len(view.budgets)}</b><span>budgets</span></div>"
-        f"<div class=stat><b>{usd(total)}</b><span>spent in {view.hours} h</span></div>"
+        f"<div class=stat id=spent data-micros='{total}' title='the spend of the {len(tops)} "
+        f"budgets at the top of their trees, which holds the spend of the budgets under them'>"
+        f"<b>{usd(total)}</b><span>spent in {view.hours} h</span></div>"
         f"<div class=stat><b>{open_count}</b><span>open reservations</span></div>"
         f"<div class=stat><b>{overdue}</b><span>past their lease (outcome unknown)</span></div>"
         f"<div class=stat><b>{len(view.alerts)}</b><span>alerts</span></div>")
@@ -429,7 +453,9 @@ def render(view: spend.Overview) -> str:
         "</form></header><main>"
         f"<div class=stats>{stats}</div>"
         f"<h2>Budgets</h2><div class=cards>{cards}</div>"
-        "<div class=split><section><h2>Top spenders</h2><table class=list id=top>"
+        "<div class=split><section><h2>Top spenders</h2><p class=muted>Each budget's spend "
+        "holds the spend of the budgets under it: the rows overlap and do not add up to the "
+        "total.</p><table class=list id=top>"
         f"<thead><tr><th>budget</th><th>last {view.hours} h</th></tr></thead>"
         f"<tbody>{top}</tbody></table>{_keys(view)}</section>"
         f"<section>{_runs(view)}"

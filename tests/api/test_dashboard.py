@@ -5,6 +5,7 @@ hourly buckets, the CSP, and no request to another host."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 import uuid
@@ -16,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from api.routes.dashboard import render
+from api.routes.dashboard import render, tree_tops, usd
 from core import spend as spend_report
 from core.budgets import BudgetId
 from core.ledger import OpenHold, OpenLeases, Probe, RunSpend
@@ -38,6 +39,8 @@ RUN_ID = "r-page"
 RUN_CEILING_MICROS = 20_000_000
 # Past a lease by this much on the machine's clock, so the ledger's (Redis TIME) is past it too.
 LEASE_MARGIN_MS = 200
+# The headline as the route serves it: the amount over "spent in N h".
+HEADLINE = re.compile(r"<b>([^<]*)</b><span>spent in ")
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -168,6 +171,11 @@ def test_the_page_in_chromium(page_service: Client, redis_server: RedisServer,
         assert errors == []
         page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
         if os.environ.get("CEILING_REFRESH_SCREENSHOT") == "1":
+            # Refreshed from this test run alone, on a ledger holding this organisation only:
+            # the headline is its spend, its teams' included once.
+            org_micros = page.locator(f"section.card[data-budget='{tag}'] header [data-micros]")
+            assert page.locator("#spent").get_attribute("data-micros") == (
+                org_micros.get_attribute("data-micros"))
             page.screenshot(path=str(README_SCREENSHOT), full_page=False)
 
         # The CSP: a script put into the page does not run, and nothing leaves for another host.
@@ -237,6 +245,24 @@ def test_free_text_on_the_page_is_escaped() -> None:
     assert html.count("&lt;i&gt;") >= 6  # the id, owner, run, key and role are all shown
 
 
+def test_the_headline_adds_the_tops_of_the_budget_trees() -> None:
+    """Without a browser: the headline adds the budgets no ancestor of which is on the page."""
+    def report(budget_id: str, micros: int) -> spend_report.BudgetReport:
+        return spend_report.BudgetReport(
+            budget_id, None, (), (spend_report.SpendPoint(0, micros),))
+
+    budgets = (report("org:a", 1_200_000), report("org:a/team:t", 200_000),
+               report("org:a/team:t/project:p", 50_000), report("org:b/team:x/project:y", 300_000),
+               report("org:b/team:x/project:y/agent:q", 10_000), report("org:ab", 7))
+    view = spend_report.Overview(0, 24, budgets, (), (),
+                                 Probe("redis", True, True, 0.1, "id", True, (), 1))
+    assert [b.budget_id for b in tree_tops(budgets)] == [
+        "org:a", "org:b/team:x/project:y", "org:ab"]
+    html = render(view)
+    assert "id=spent data-micros='1500007'" in html
+    assert HEADLINE.findall(html) == ["$1.50"]
+
+
 def test_a_key_holder_sees_none_of_the_operators_lists(page_service: Client,
                                                        redis_server: RedisServer) -> None:
     """The page's lists (open and overdue reservations, runs, keys) are the operator's: a key's
@@ -301,3 +327,77 @@ def test_sign_in_is_refused_from_another_origin_and_the_cookie_is_secure_behind_
                     ).status_code == 401
     assert http.get("/dashboard",
                     headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+@pytest.fixture(scope="module")
+def tree_service() -> Iterator[Client]:
+    """An instance on a ledger of its own: the headline adds up every budget on the page, so no
+    other test's budgets may be on it."""
+    with RedisServer() as server, ServiceProcess(
+            {"REDIS_URL": server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN}) as s, \
+            client_for(s) as c:
+        yield c
+
+
+def charge(http: Client, budget_id: str, actual_micros: int) -> None:
+    """One call by a key of `budget_id`: reserved at twice its cost, settled at its cost."""
+    key = http.sidecar_key(budget_id)
+    held = http.post("/v1/reservations", headers=key, json={"amount_micros": 2 * actual_micros})
+    assert held.status_code == 201, held.text
+    settled = http.post(f"/v1/reservations/{held.json()['reservation_id']}/settle", headers=key,
+                        json={"actual_micros": actual_micros})
+    assert settled.status_code == 200, settled.text
+    assert settled.json()["charged_micros"] == actual_micros
+
+
+@pytest.mark.slow
+def test_the_headline_counts_each_call_once(tree_service: Client) -> None:
+    """A team's spend is its organisation's too: the headline adds the budgets at the top of each
+    tree (none of whose ancestors has a budget), not a budget and its ancestors."""
+    if shutil.which("chromium") is None:
+        pytest.fail("chromium is missing: bash infra/setup.sh installs it")
+    http = tree_service
+    run = uuid.uuid4().hex[:8]
+    org_a, org_b, org_c = (f"org:{name}{run}" for name in "abc")
+    team_a = f"{org_a}/team:search"
+    # org_b's team:x has no budget: its project's calls are charged to the project and org_b.
+    project_b = f"{org_b}/team:x/project:y"
+    # org_c has no budget of its own: its team is a top of the tree.
+    team_c = f"{org_c}/team:z"
+    for b in (org_a, team_a, org_b, project_b, team_c):
+        http.budget(b, 100_000_000)
+    charge(http, org_a, 1_000_000)
+    charge(http, team_a, 200_000)
+    charge(http, org_b, 50_000)
+    charge(http, project_b, 300_000)
+    charge(http, team_c, 70_000)
+
+    def committed(budget_id: str) -> int:
+        r = http.admin("GET", f"/v1/admin/budgets/{budget_id}")
+        assert r.status_code == 200, r.text
+        [total] = [p for p in r.json()["periods"] if p["period"] == "total"]
+        return int(total["committed_micros"])
+
+    roots = {b: committed(b) for b in (org_a, org_b, team_c)}
+    assert roots == {org_a: 1_200_000, org_b: 350_000, team_c: 70_000}
+    assert (committed(team_a), committed(project_b)) == (200_000, 300_000)
+    spent = sum(roots.values())
+
+    # What the route answers, before any browser.
+    served = http.admin("GET", "/dashboard")
+    assert served.status_code == 200
+    assert HEADLINE.findall(served.text) == [usd(spent)]
+    assert f"id=spent data-micros='{spent}'" in served.text
+
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page(extra_http_headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        page.goto(f"{http.base_url}/dashboard")
+        headline = page.locator(".stat:has-text('spent in') b")
+        assert headline.inner_text() == usd(spent)
+        assert int(page.locator("#spent").get_attribute("data-micros") or -1) == spent
+        # The nested budgets are still listed, each with its own spend.
+        for b, micros in ((team_a, 200_000), (project_b, 300_000), *roots.items()):
+            shown = page.locator(f"section.card[data-budget='{b}'] header [data-micros]")
+            assert int(shown.get_attribute("data-micros") or -1) == micros, b
+        browser.close()
