@@ -38,6 +38,7 @@ ANTHROPIC_TYPES = {
     # Anthropic's own word for an account that cannot pay for the call.
     "budget_exceeded": "billing_error",
     "budget_busy": "rate_limit_error",
+    "state_quota": "rate_limit_error",
     "budget_paused": "billing_error",
     "idempotency_conflict": "invalid_request_error",
     "idempotency_in_flight": "invalid_request_error",
@@ -47,6 +48,7 @@ ANTHROPIC_TYPES = {
     "ledger_not_empty": "invalid_request_error",
     "upstream_unreachable": "api_error",
     "upstream_timeout": "timeout_error",
+    "upstream_answer_too_large": "api_error",
     "ledger_unavailable": "api_error",
     "ledger_not_shared": "api_error",
     "invalid_configuration": "api_error",

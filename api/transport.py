@@ -175,16 +175,9 @@ class AiohttpStream(httpx.AsyncByteStream):
             raise unanswered(exc, self._request) from exc
 
     def unencoded(self) -> bool:
-        """Whether the body has no content-encoding: what `read` returns is then the body."""
+        """Whether the body has no content-encoding: its chunks, as they come, are then the
+        body, with nothing for httpx to decode."""
         return "Content-Encoding" not in self._response.headers
-
-    async def read(self) -> bytes:
-        """The whole body as it came, in one await: for a body with nothing to decode, what
-        httpx's chunk-by-chunk reading would return, without its per-chunk machinery."""
-        try:
-            return await self._response.read()
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise unanswered(exc, self._request) from exc
 
     async def aclose(self) -> None:
         self._response.release()

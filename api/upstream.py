@@ -38,6 +38,16 @@ POOL_TIMEOUT_S = 10.0
 CONNECTIONS_MAX = 256
 # An error answer's body is relayed up to this size: an error message, not a document.
 ERROR_BODY_BYTES_MAX = 64 * 1024
+# A non-streamed answer is held whole (its usage is read from it, and it is relayed with the
+# bill's headers), so one larger than this, decoded, is refused rather than read on: a key could
+# otherwise make an instance hold gigabytes (n = 128 choices with top_logprobs = 20 is about
+# 1.5 KB a token, 6 GB for 32k-token choices). Parsed, an answer dense with logprobs takes about
+# six times its size; 32 MiB read and parsed, beside an instance's own ~150 MB, fits the 512 MB
+# of a serverless instance (serverless.yml), which serves one call at a time. It relays every
+# plain-text answer of a model whose output limit is 32k tokens, even at n = 128 (about 5 bytes a
+# token: 21 MB), and Anthropic's answers (one choice, no logprobs); a larger answer is streamed
+# (a stream is relayed as it comes, never held whole).
+UPSTREAM_ANSWER_BYTES_MAX = 32 * 1024 * 1024
 # Provider headers the client gets: request ids for support, rate limits and retry advice.
 RELAYED_HEADERS = frozenset(
     {"content-type", "x-request-id", "request-id", "retry-after", "retry-after-ms",
@@ -52,6 +62,11 @@ class NotSent(Exception):
 
 class Unanswered(Exception):
     """The request may have reached the provider, and no answer came back."""
+
+
+class AnswerTooLarge(Exception):
+    """The provider answered more than the gateway reads: it ran the call (and billed it); the
+    rest of the answer, its usage with it, was left unread."""
 
 
 def relayed_headers(response: httpx.Response) -> dict[str, str]:
@@ -79,13 +94,15 @@ class Upstream:
     httpx.Response still decodes the body."""
 
     def __init__(self, base_url: str, auth: tuple[str, str] | None, timeout_s: float, *,
-                 connections_max: int = CONNECTIONS_MAX) -> None:
+                 connections_max: int = CONNECTIONS_MAX,
+                 answer_bytes_max: int = UPSTREAM_ANSWER_BYTES_MAX) -> None:
         """`auth`: the header that carries the provider's key, as (name, value)."""
         import httpx  # deferred: see the module docstring
 
         from api.transport import AiohttpStream, AiohttpTransport
 
         self.timeout_s = timeout_s
+        self.answer_bytes_max = answer_bytes_max
         base = base_url.rstrip("/")
         headers = [("content-type", "application/json"), ("accept", "*/*"),
                    ("accept-encoding", "gzip, deflate"), ("user-agent", f"spend-ceiling/{VERSION}")]
@@ -136,17 +153,39 @@ class Upstream:
         return body[:ERROR_BODY_BYTES_MAX]
 
     async def read(self, response: httpx.Response) -> bytes:
-        """The whole body of an answer; Unanswered if it broke off."""
+        """The whole body of an answer, decoded; Unanswered if it broke off, AnswerTooLarge
+        once it passes `answer_bytes_max` (UPSTREAM_ANSWER_BYTES_MAX).
+
+        Read chunk by chunk and counted as it comes, so an answer too large is never held past
+        the limit: the rest is left unread and its connection closed. An encoded (gzip) answer
+        is counted decoded, what it takes in memory rather than on the wire; a chunk (one
+        socket read, at most 256 KiB) is decoded whole before it is counted, which JSON's
+        compression of about ten to one keeps to a few MiB past the limit."""
+        limit = self.answer_bytes_max
+        chunks: list[bytes] = []
+        size = 0
         try:
             stream = response.stream
+            pieces: AsyncIterator[bytes]
             if isinstance(stream, self._aiohttp_stream) and stream.unencoded():
-                # Nothing to decode: read in one await rather than through httpx's pipeline.
-                body = await stream.read()
-                await response.aclose()
-                return body
-            return await response.aread()
+                # Nothing to decode: its declared length is its size, and its chunks are read
+                # as they came rather than through httpx's decoding pipeline.
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > limit:
+                    raise AnswerTooLarge(f"the answer declares {declared} bytes")
+                pieces = aiter(stream)
+            else:
+                pieces = response.aiter_bytes()
+            async for chunk in pieces:
+                size += len(chunk)
+                if size > limit:
+                    raise AnswerTooLarge(f"the answer passed {limit} bytes")
+                chunks.append(chunk)
         except self._failed as exc:
             raise Unanswered(_why(exc)) from exc
+        finally:
+            await response.aclose()
+        return b"".join(chunks)
 
     @staticmethod
     async def chunks(response: httpx.Response) -> AsyncIterator[bytes]:

@@ -209,6 +209,13 @@ class UpstreamTimeout(CeilingError):
     code = "upstream_timeout"
 
 
+class UpstreamAnswerTooLarge(CeilingError):
+    """The provider answered more than the gateway reads (api/upstream.py
+    UPSTREAM_ANSWER_BYTES_MAX): the call was run and billed, and its usage was left unread."""
+
+    code = "upstream_answer_too_large"
+
+
 def billed_nothing(status: int) -> bool:
     """Whether a provider's error status proves the call was not billed (its hold is released)."""
     return status in REFUSAL_STATUSES and status not in BILLING_UNKNOWN_4XX

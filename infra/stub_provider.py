@@ -81,7 +81,10 @@ set each POST replaces (`{}` clears it). Settings a POST gives replace theirs, a
 set again: `images` {url: [width, height]} for http(s) images the stub cannot fetch; `files`
 {file id, file URL or item id: {"bytes": N, "pages": P, "image": [w, h]}}; `prompt_cache`
 (true by default); `default_service_tier`, what `auto` is served at (`default`);
-`upstream_fields` (`openai`; above). The Messages
+`upstream_fields` (`openai`; above); `answer_padding_bytes` (0): every answer that is not
+streamed (200, on either provider's routes) carries that many bytes of whitespace after its
+opening brace, still JSON, sent as they are made (chunked, with no length): an answer as large as
+a test needs, at no memory to the stub. The Messages
 API adds `X-Stub-Web-Searches` / `web_searches` and the settings `web_search_result_tokens` and
 `clock_offset_s` (infra/stub_anthropic.py).
 """
@@ -100,6 +103,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
@@ -187,7 +191,9 @@ STATUS_NO_ANSWER = 0
 UPSTREAM_OPENAI = "openai"
 UPSTREAM_OPENROUTER = "openrouter"
 UPSTREAM_FIELDS = (UPSTREAM_OPENAI, UPSTREAM_OPENROUTER)
-PROVIDER_SETTINGS = CONTROL_SETTINGS | {"upstream_fields"}
+PROVIDER_SETTINGS = CONTROL_SETTINGS | {"upstream_fields", "answer_padding_bytes"}
+# The setting `answer_padding_bytes` pads answers in pieces of this size, made as they are sent.
+PADDING_PIECE_BYTES = 1024 * 1024
 # What OpenAI's chat search models take in `web_search_options`
 # (https://developers.openai.com/api/docs/guides/tools-web-search).
 WEB_SEARCH_OPTIONS = frozenset({"search_context_size", "user_location"})
@@ -358,6 +364,7 @@ class StubProviderApp:
         self.prompt_cache_on = True
         self.default_service_tier = TIER_STANDARD
         self.upstream_fields = UPSTREAM_OPENAI
+        self.answer_padding_bytes = 0
         self.web_search_result_tokens = WEB_SEARCH_RESULT_TOKENS_DEFAULT
         # Added to the clock the prompt caches expire by, so a test can pass 5 minutes at once.
         self.clock_offset_s = 0.0
@@ -367,7 +374,7 @@ class StubProviderApp:
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/responses", self.responses, methods=["POST"]),
-            Route("/v1/messages", self.messages.create, methods=["POST"]),
+            Route("/v1/messages", self.messages_create, methods=["POST"]),
             Route("/v1/messages/count_tokens", self.messages.count_tokens, methods=["POST"]),
             Route("/billing", self.get_billing, methods=["GET"]),
             Route("/billing/reset", self.reset_billing, methods=["POST"]),
@@ -378,10 +385,13 @@ class StubProviderApp:
     # -- routes ------------------------------------------------------------------------------
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._call(Api.CHAT, request)
+        return self._padded(await self._call(Api.CHAT, request))
 
     async def responses(self, request: Request) -> Response:
-        return await self._call(Api.RESPONSES, request)
+        return self._padded(await self._call(Api.RESPONSES, request))
+
+    async def messages_create(self, request: Request) -> Response:
+        return self._padded(await self.messages.create(request))
 
     async def get_billing(self, request: Request) -> Response:
         return JSONResponse(self.bill.to_json(with_log=request.query_params.get("log") != "0"))
@@ -408,6 +418,7 @@ class StubProviderApp:
         return JSONResponse({**self.fault.to_json(), "prompt_cache": self.prompt_cache_on,
                              "default_service_tier": self.default_service_tier,
                              "upstream_fields": self.upstream_fields,
+                             "answer_padding_bytes": self.answer_padding_bytes,
                              "web_search_result_tokens": self.web_search_result_tokens,
                              "clock_offset_s": self.clock_offset_s,
                              "images": {u: list(s) for u, s in self.registry.images.items()},
@@ -426,6 +437,8 @@ class StubProviderApp:
             raise ValueError(f"upstream_fields is one of {', '.join(UPSTREAM_FIELDS)}")
         search_tokens = count(doc.get("web_search_result_tokens", self.web_search_result_tokens),
                               "web_search_result_tokens", WEB_SEARCH_RESULT_TOKENS_MIN)
+        padding = count(doc.get("answer_padding_bytes", self.answer_padding_bytes),
+                        "answer_padding_bytes", 0)
         offset_s = doc.get("clock_offset_s", self.clock_offset_s)
         if type(offset_s) not in (int, float) or not 0 <= offset_s < math.inf:
             raise ValueError("clock_offset_s is a number of seconds, 0 or more")
@@ -435,10 +448,21 @@ class StubProviderApp:
         self.registry.files = self.registry.files if files is None else files
         self.prompt_cache_on, self.default_service_tier = prompt_cache, tier
         self.upstream_fields = str(upstream)
+        self.answer_padding_bytes = padding
         self.web_search_result_tokens, self.clock_offset_s = search_tokens, float(offset_s)
 
     async def live(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
+
+    def _padded(self, response: Response) -> Response:
+        """A whole JSON answer (not a stream, not an error) with `answer_padding_bytes` of
+        whitespace after its opening brace, sent as it is made."""
+        if (not self.answer_padding_bytes or response.status_code != 200
+                or not isinstance(response, JSONResponse)):
+            return response
+        body = bytes(response.body)
+        headers = {k: v for k, v in response.headers.items() if k != "content-length"}
+        return StreamingResponse(padded(body, self.answer_padding_bytes), headers=headers)
 
     # -- shared by both APIs -----------------------------------------------------------------
 
@@ -882,6 +906,18 @@ class StubProviderProcess(StubProvider):
         if self._prices_dir is not None:
             self._prices_dir.cleanup()
             self._prices_dir = None
+
+
+async def padded(body: bytes, padding_bytes: int) -> AsyncIterator[bytes]:
+    """`body`, a JSON object, with `padding_bytes` of spaces after its opening brace."""
+    yield body[:1]
+    piece = b" " * min(padding_bytes, PADDING_PIECE_BYTES)
+    left = padding_bytes
+    while left > len(piece):
+        yield piece
+        left -= len(piece)
+    yield piece[:left]
+    yield body[1:]
 
 
 def server_config(app: StubProviderApp, port: int) -> uvicorn.Config:

@@ -43,7 +43,14 @@ from api.openai_schemas import CHAT_COMPLETIONS_BODY, MESSAGES_BODY, RESPONSES_B
 from api.routes.sidecar import authenticated
 from api.routing import HotRoute
 from api.runtime import runtime
-from api.upstream import NotSent, Unanswered, Upstream, relayed_headers, upstream
+from api.upstream import (
+    AnswerTooLarge,
+    NotSent,
+    Unanswered,
+    Upstream,
+    relayed_headers,
+    upstream,
+)
 from core import gateway, idempotency, replies
 from core.errors import CeilingError, IdempotencyConflict
 from core.gateway import (
@@ -53,6 +60,7 @@ from core.gateway import (
     Outcome,
     Plan,
     StreamTally,
+    UpstreamAnswerTooLarge,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
@@ -221,6 +229,8 @@ async def forward(
     except (Unanswered, TimeoutError):
         await response.aclose()
         return await unanswered(call, up, ticket)
+    except AnswerTooLarge:
+        return await too_large(call, up, ticket)
     found = gateway.body_outcome(call.hold.plan, raw)
     bill = call.leave_open() if found is None else await call.settle(found[0])
     headers = {**relayed_headers(response), **bill_headers(bill, call)}
@@ -237,6 +247,21 @@ async def unanswered(call: Call, up: Upstream, ticket: Ticket | None) -> Respons
         f"no complete answer from the provider within {up.timeout_s} s; the call may have been "
         f"billed, so its reservation {bill.reservation_id} stays held: it expires charged "
         "unless an operator corrects it from the provider's bill"), bill_headers(bill, call))
+
+
+async def too_large(call: Call, up: Upstream, ticket: Ticket | None) -> Response:
+    """An answer larger than the gateway holds (api/upstream.py UPSTREAM_ANSWER_BYTES_MAX): the
+    provider ran the call and billed it, and the usage it reported was left unread, so the
+    outcome is unknown and the hold stays, as for an answer cut off. Nothing is kept for the
+    idempotency key: a retry makes a new call, which holds for itself."""
+    bill = call.leave_open()
+    await give_back(ticket)
+    return REFUSALS[call.hold.plan.api](UpstreamAnswerTooLarge(
+        f"the provider's answer is larger than the {up.answer_bytes_max} bytes the gateway "
+        "reads of an answer that is not streamed; the call was billed, so its reservation "
+        f"{bill.reservation_id} stays held: it expires charged unless an operator corrects it "
+        "from the provider's bill. Ask for fewer choices or logprobs, or stream the answer",
+        answer_bytes_max=up.answer_bytes_max), bill_headers(bill, call))
 
 
 class Relay:
