@@ -19,9 +19,11 @@ from api.views import correction_json, leg_json, stored_reservation_json
 from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period
 from core.errors import CeilingError, InvalidRequest
 from core.ledger import ROLES_DEFAULT, Role
+from core.limits import CEILING_MICROS_MAX
 from core.money import usd_to_micros
 from core.operations import Operations
 from core.service import CeilingService, operator_fingerprint
+from core.text import whole_number
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -37,9 +39,10 @@ def _amount(text: str) -> int:
     """'1000000' is micro-dollars; '$1.00' is dollars."""
     if text.startswith("$"):
         return usd_to_micros(text[1:])
-    if not text.isdigit():
+    micros = whole_number(text, len(str(CEILING_MICROS_MAX)))
+    if micros is None:
         raise argparse.ArgumentTypeError(f"{text!r}: give micro-dollars (1000000) or $1.00")
-    return int(text)
+    return micros
 
 
 def _limit(text: str) -> Limit:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from api.runtime import VERSION, runtime
 from core.config import ConfigError
 from core.gateway import Api, Plan
+from core.text import whole_number
 
 if TYPE_CHECKING:
     import httpx
@@ -171,7 +172,9 @@ class Upstream:
                 # Nothing to decode: its declared length is its size, and its chunks are read
                 # as they came rather than through httpx's decoding pipeline.
                 declared = response.headers.get("content-length", "")
-                if declared.isdigit() and int(declared) > limit:
+                # Any other length is not trusted: the chunks are counted as they come.
+                size_declared = whole_number(declared, len(str(limit)))
+                if size_declared is not None and size_declared > limit:
                     raise AnswerTooLarge(f"the answer declares {declared} bytes")
                 pieces = aiter(stream)
             else:

@@ -385,6 +385,9 @@ def _check_fields(api: Api, body: dict[str, Any], fields_allowed: frozenset[str]
     for field in body:
         if field not in known and field not in fields_allowed and field not in (
                 UNBOUNDED_FIELDS.get(api, ())) and field not in UNBOUNDED_INPUT_FIELDS.get(api, ()):
+            # Named as sent, but a lone surrogate (valid in a JSON escape, not in UTF-8) is
+            # shown escaped: the answer must encode.
+            field = field.encode("utf-8", "backslashreplace").decode()
             raise FieldUnsupported(
                 f"{field} is not a field the gateway forwards: what it bills is not known (it "
                 "may change the call's rates or feed the model input the request does not "

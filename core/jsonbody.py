@@ -31,12 +31,30 @@ def loads_object(raw: bytes, what: str = "the body") -> dict[str, Any]:
         raise InvalidRequest(f"{what} must be JSON") from exc
     if not isinstance(doc, dict):
         raise InvalidRequest(f"{what} must be a JSON object")
-    # A body with fewer brackets than the limit cannot be deeper: most bodies are checked by
-    # two counts in C, and only larger ones are walked.
-    brackets = raw.count(b"[") + raw.count(b"{")
-    if brackets > JSON_DEPTH_MAX and depth(doc) > JSON_DEPTH_MAX:
+    if may_be_deep(raw) and depth(doc) > JSON_DEPTH_MAX:
         raise InvalidRequest(f"{what} is nested deeper than {JSON_DEPTH_MAX} levels")
     return doc
+
+
+def may_be_deep(raw: bytes) -> bool:
+    """False for a body that cannot be nested deeper than JSON_DEPTH_MAX: one with fewer
+    brackets. Two counts in C decide it for most bodies; only larger ones need a walk."""
+    return raw.count(b"[") + raw.count(b"{") > JSON_DEPTH_MAX
+
+
+def check_depth(raw: bytes, what: str = "the body") -> None:
+    """InvalidRequest if `raw`, a body a parser of its own will read, is JSON nested deeper than
+    JSON_DEPTH_MAX (a body that is not JSON is left to that parser to refuse)."""
+    if not may_be_deep(raw):
+        return
+    try:
+        doc = json.loads(raw)
+    except RecursionError as exc:
+        raise InvalidRequest(f"{what} is nested deeper than {JSON_DEPTH_MAX} levels") from exc
+    except ValueError:
+        return
+    if depth(doc) > JSON_DEPTH_MAX:
+        raise InvalidRequest(f"{what} is nested deeper than {JSON_DEPTH_MAX} levels")
 
 
 def depth(doc: object) -> int:

@@ -18,6 +18,7 @@ from core.errors import InvalidRequest
 from core.ledger import LedgerStore, LegStatus, OpenLeases, Probe, RunLimit, RunSpend
 from core.limits import SPEND_BUCKET_MS, SPEND_BUCKET_RETENTION_MS
 from core.stores.operations import KeyInfo, ScriptedCatalogue
+from core.text import whole_number
 
 # The chart's span by default, and the longest a caller may ask for: the buckets' retention.
 SERIES_HOURS_DEFAULT = 48
@@ -110,10 +111,11 @@ def top_spenders(budgets: Sequence[BudgetReport]) -> tuple[BudgetReport, ...]:
 def check_hours(raw: object) -> int:
     if raw is None:
         return SERIES_HOURS_DEFAULT
-    if not isinstance(raw, str) or not raw.isdigit() or not 1 <= int(raw) <= SERIES_HOURS_MAX:
+    hours = whole_number(raw, len(str(SERIES_HOURS_MAX))) if isinstance(raw, str) else None
+    if hours is None or not 1 <= hours <= SERIES_HOURS_MAX:
         raise InvalidRequest(f"hours must be a whole number from 1 to {SERIES_HOURS_MAX}",
                              field="hours")
-    return int(raw)
+    return hours
 
 
 async def _series(store: LedgerStore, budget_id: BudgetId, now_ms: int, hours: int

@@ -33,12 +33,15 @@ from core.budgets import RUN_SCOPE_KIND, period_of
 from core.ledger import LegStatus, OpenHold, RunSpend
 from core.limits import SPEND_BUCKET_MS
 from core.operations import Operations
+from core.text import whole_number
 
 router = APIRouter(include_in_schema=False)
 
 COOKIE = "ceiling_session"
 # A sign-in lasts a working day; the cookie's own signed expiry enforces it, not the browser.
 SESSION_S = 12 * 3600
+# Digits of a session's expiry (seconds since 1970): ten until the year 2286.
+SESSION_EXPIRY_DIGITS_MAX = 11
 # The sign-in form's body: a token is far shorter.
 SIGN_IN_BYTES_MAX = 4096
 CHART_WIDTH, CHART_HEIGHT = 560, 120
@@ -58,9 +61,9 @@ def session_valid(token: str, cookie: str | None, now_s: int) -> bool:
     if not cookie:
         return False
     parts = cookie.split(".")
-    if len(parts) != 3 or parts[0] != "v1" or not parts[1].isdigit():
+    expires_s = whole_number(parts[1], SESSION_EXPIRY_DIGITS_MAX) if len(parts) == 3 else None
+    if parts[0] != "v1" or expires_s is None:
         return False
-    expires_s = int(parts[1])
     return expires_s > now_s and hmac.compare_digest(parts[2], _session_mac(token, expires_s))
 
 

@@ -15,6 +15,7 @@ from api.models import ReserveBody, SettleBody
 from api.routing import HotRoute
 from api.runtime import runtime
 from api.views import leg_json, reservation_json, settlement_json
+from core.jsonbody import check_depth
 from core.ledger import Role
 from core.service import Caller, CeilingService
 
@@ -43,8 +44,10 @@ async def authenticated(
 
 
 async def parsed(model: type[B], request: Request) -> B:
+    raw = await request.body()
+    check_depth(raw)  # the gateway's limit, on every route
     try:
-        return model.model_validate_json(await request.body())
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         raise InvalidBody(exc.errors(include_url=False, include_context=False)) from exc
 
