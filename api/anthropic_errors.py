@@ -42,6 +42,7 @@ ANTHROPIC_TYPES = {
     "budget_paused": "billing_error",
     "idempotency_conflict": "invalid_request_error",
     "idempotency_in_flight": "invalid_request_error",
+    "reply_not_kept": "invalid_request_error",
     "reservation_resolved": "invalid_request_error",
     "operation_refused": "invalid_request_error",
     "budget_in_use": "invalid_request_error",

@@ -37,6 +37,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "budget_paused": (402, "budget_error"),
     "idempotency_conflict": (409, "idempotency_error"),
     "idempotency_in_flight": (409, "idempotency_error"),
+    "reply_not_kept": (409, "idempotency_error"),
     "reservation_resolved": (409, "invalid_request_error"),
     "operation_refused": (409, "invalid_request_error"),
     "budget_in_use": (409, "invalid_request_error"),

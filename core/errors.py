@@ -12,6 +12,7 @@
     |   +-- BudgetExceeded          committed spend leaves no room; retry after the reset
     |   +-- BudgetBusy              it would fit once open reservations settle
     |   +-- BudgetPaused            a velocity alarm paused it until an operator resumes it
+    +-- StateQuota                  the key keeps all its quota allows; retry after the window
     +-- ReservationNotFound         unknown id, or another owner's
     +-- IdempotencyConflict         same id, other parameters
     +-- ReservationResolved         settle after release, release after settle
@@ -110,6 +111,23 @@ class BudgetPaused(BudgetRefused):
     """A velocity alarm with pause (issue 16) stopped the budget; `ceiling budgets resume`."""
 
     code = "budget_paused"
+
+
+class StateQuota(CeilingError):
+    """An API key keeps all of one kind of state its quota allows (reservations kept for
+    replays, runs, idempotency keys: core/limits.py); `quota` names it and `retry_after_s` says
+    when its window ends. Nothing was reserved or written."""
+
+    code = "state_quota"
+
+
+def state_quota(kind: str, retry_after_s: int) -> StateQuota:
+    what = {"records": "reservations kept for replays", "runs": "runs opened",
+            "replies": "idempotency keys claimed"}.get(kind, kind)
+    return StateQuota(
+        f"this API key keeps all the {what} its quota allows in a day; nothing was reserved. "
+        "Retry after the window ends, or spread the calls over more keys",
+        quota=kind, retry_after_s=retry_after_s)
 
 
 class ReservationNotFound(CeilingError):

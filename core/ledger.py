@@ -229,7 +229,10 @@ class Correction:
 
 @dataclass(frozen=True)
 class KeyRecord:
-    """An API key as stored: only the hash of the secret is kept."""
+    """An API key as it is made, or as a secret was found to be one of it: `key_hash` is the hash
+    of that secret (the secret itself is never stored). The ledger keeps one record per key id
+    (core/stores/keys.py api_key_record), which names the secrets it takes: the current one, and
+    after a rotation the previous one until its grace ends."""
 
     key_id: str
     key_hash: str
@@ -301,11 +304,13 @@ class OpenLeases:
 
 @dataclass(frozen=True)
 class ReplyRef:
-    """One idempotency key of one API key: the caller's hash tag and a digest of both keys
-    (core/replies.py reply_ref)."""
+    """One idempotency key of one API key: the caller's hash tag, a digest of both keys
+    (core/replies.py reply_ref), and whose quota it counts in (`owner`, as a gateway call's
+    reservation names its owner: GATEWAY_OWNER_PREFIX and the key id)."""
 
     tag: str
     digest: str
+    owner: str
 
 
 @dataclass(frozen=True)
@@ -315,6 +320,14 @@ class StoredReply:
     status: int
     headers: tuple[tuple[str, str], ...]
     body: str
+
+
+class Kept(StrEnum):
+    """What became of an answer given to a ReplyStore to keep."""
+
+    KEPT = "ok"
+    LOST = "lost"  # the attempt no longer holds its key: nothing was written
+    OVER = "over"  # keeping it would pass the key's quota of kept bytes: nothing was written
 
 
 class ClaimKind(StrEnum):
@@ -341,8 +354,10 @@ class ReplyStore(Protocol):
         """Claim the key for the attempt `token` for `ttl_ms`, or say what became of it."""
         ...
 
-    async def complete(self, ref: ReplyRef, token: str, reply: StoredReply, ttl_ms: int) -> bool:
-        """Keep `reply` for `ttl_ms`; False if `token` no longer holds the key."""
+    async def complete(self, ref: ReplyRef, token: str, reply: StoredReply, ttl_ms: int,
+                       *, counted: bool = True) -> Kept:
+        """Keep `reply` for `ttl_ms`, its bytes counted in the key's quota unless `counted` is
+        False (a note that the answer was not kept, which the claim's count bounds)."""
         ...
 
     async def abandon(self, ref: ReplyRef, token: str) -> None:
@@ -417,11 +432,31 @@ class LedgerStore(Protocol):
         """Bucket bound -> count of recent output lengths of this model."""
         ...
 
-    async def put_key(self, record: KeyRecord) -> None: ...
+    async def put_key(self, record: KeyRecord) -> None:
+        """Make a key: its record, under its id, in one step. Safe to repeat (the same secret's
+        hash again writes nothing); InvariantBroken if the id holds another key or was revoked
+        (ids are minted fresh, so either is a bug)."""
+        ...
 
-    async def get_key(self, key_hash: str) -> KeyRecord | None: ...
+    async def get_key(self, key_hash: str, key_id: str | None = None) -> KeyRecord | None:
+        """The key whose record names `key_hash` now, as its current secret or as its previous
+        one before the rotation's grace ends (the ledger's time), with `key_hash` as given;
+        None for any other. `key_id` is the one the secret carries (core/service.py
+        key_id_of); None for a secret made before secrets carried it, which a Redis ledger
+        finds through the entry under its hash (the in-memory ledger never made one)."""
+        ...
 
-    async def delete_key(self, key_id: str) -> bool: ...
+    async def rotate_key(self, key_id: str, new_hash: str, grace_ms: int) -> bool:
+        """In one step, make `new_hash` the key's current secret and the current one its
+        previous, taken for `grace_ms` more (0: not at all); the secret that was previous is
+        taken no more. Safe to repeat: a `new_hash` the record names already writes nothing.
+        False if there is no such key (or it was revoked)."""
+        ...
+
+    async def delete_key(self, key_id: str) -> bool:
+        """Revoke a key: in one step, no secret of it is taken any more, and its id is never
+        made again. False if there was no such key."""
+        ...
 
     async def probe(self, instance_id: str) -> Probe: ...
 

@@ -57,6 +57,28 @@ UNKNOWN_OUTCOME_RETENTION_MS = 35 * 24 * 3_600_000
 # reservation of its run is open. A run id used again after a silent day is a new run; the
 # budgets above it still bound what it spends.
 RUN_COUNTER_IDLE_MS = 24 * 3_600_000
+# - A reservation that moved no money (released, settled at zero, or expired under the 'release'
+#   policy) is kept only this long once resolved, whatever its caller's retention: long enough
+#   for a caller's retry queue to resend a release or replay a reserve after an outage of
+#   minutes, short enough that calls which spend nothing leave nothing behind for a day.
+REPLAY_WINDOW_MS = 10 * 60_000
+# What one API key may keep, counted in the same script that makes the state, per window of
+# STATE_QUOTA_WINDOW_MS (a fixed window: what a key made in the last two windows can still be
+# kept, so it keeps at most twice each). Past one: 429 state_quota until the window ends. A
+# window is as long as the longest any of them is kept idle.
+STATE_QUOTA_WINDOW_MS = IDEMPOTENCY_WINDOW_MS
+# - Reservations kept past a resend (the sidecar's, and gateway calls under an Idempotency-Key):
+#   ~300 bytes each for a day. A caller above this many calls a day is a fleet, which should
+#   hold a key per instance or service, so that one leaked key cannot fill the ledger.
+RECORDS_KEPT_PER_KEY_MAX = 100_000
+# - Runs (X-Ceiling-Run-Id) a key opens: each run's counter is kept a day after its last call.
+#   Agent runs take minutes to hours; a key that opens more than this a day is minting run ids.
+RUNS_PER_KEY_MAX = 10_000
+# - Idempotency keys a key claims (each is kept the idempotency window with its answer).
+REPLIES_PER_KEY_MAX = 10_000
+# - Bytes of answers kept for idempotent retries, compressed: past it an answer is not kept, and
+#   a retry is told what became of the call (409 reply_not_kept), never called again.
+REPLY_BYTES_PER_KEY_MAX = 8 * 1024 * 1024
 # Day and month counters are kept 400 days after their window ends, for reports and late settles.
 COUNTER_RETENTION_MS = 400 * 24 * 3_600_000
 

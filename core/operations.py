@@ -26,7 +26,6 @@ import binascii
 import hashlib
 import json
 import re
-import secrets
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +41,7 @@ from core.ledger import (
     tag_digest,
 )
 from core.limits import BUDGET_ID_LEN_MAX, CEILING_MICROS_MAX, INT_EXACT_MAX, RESERVATION_TTL_MS_MIN
-from core.service import API_KEY_PREFIX, CeilingService, NewKey, hash_api_key
+from core.service import CeilingService, NewKey
 from core.stores import keys, wire
 from core.stores.operations import KeyInfo, ScriptedCatalogue, legs_of, unknown_effects
 from core.stores.scripted import ScriptedStore
@@ -357,9 +356,10 @@ class Operations:
         if type(grace) is not int or not 0 <= grace <= KEY_ROTATION_GRACE_MS_MAX:
             raise InvalidRequest(f"grace_ms must be an integer from 0 to "
                                  f"{KEY_ROTATION_GRACE_MS_MAX}", field="grace_ms")
-        api_key = API_KEY_PREFIX + secrets.token_urlsafe(32)
-        # A grace of 0 ends the old secret at once: PEXPIRE 0 deletes it.
-        if not await self._needs().rotate_key(key_id, hash_api_key(api_key), max(grace, 1)):
+        # One step on the key's record (core/ledger.py LedgerStore.rotate_key): of rotations
+        # that race, the last leaves its secret and the one before it, for its grace.
+        api_key = await self.service.rotate_key(key_id, grace)
+        if api_key is None:
             raise BudgetNotFound(f"no key {key_id}", key_id=key_id)
         await self.audit(by, "key.rotate", key_id, grace_ms=grace)
         return {"key_id": key_id, "api_key": api_key, "previous_secret_valid_ms": grace,

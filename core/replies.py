@@ -14,6 +14,12 @@ gives its key back, and a retry is then a new call that reserves its own worst c
 can never carry spend past a ceiling. It can pay twice for a call whose first outcome was
 unknown; those answers say `x-should-retry: false`, so the SDK does not retry them blindly.
 
+What is kept is bounded: an answer is kept compressed, at most REPLY_STORED_BYTES_MAX of it, and
+each API key keeps at most REPLY_BYTES_PER_KEY_MAX of answers and claims at most
+REPLIES_PER_KEY_MAX keys a window (core/limits.py; past the claims, 429 state_quota). An answer
+that is not kept leaves a note instead: a retry is answered 409 reply_not_kept with what became
+of the call and what it was charged, never sent to the provider again.
+
 Keys are namespaced by the API key that sent them (core/idempotency.py) and stored under the
 caller's hash tag, so two keys that pick the same Idempotency-Key never meet, and on Redis
 Cluster a reply lives on the shard of the budgets its call touched. The state behind them is the
@@ -23,23 +29,34 @@ store's (core/ledger.py ReplyStore); this module is the workflow one attempt goe
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 import uuid
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from core.errors import CeilingError, IdempotencyConflict, ensure
 from core.idempotency import key_digest
-from core.ledger import ClaimKind, ReplyRef, ReplyStore, StoredReply
+from core.ledger import GATEWAY_OWNER_PREFIX, ClaimKind, Kept, ReplyRef, ReplyStore, StoredReply
 from core.limits import IDEMPOTENCY_WINDOW_MS
 
 if TYPE_CHECKING:
     from core.service import Caller
 
-# Answers larger than this are not kept (a retry then learns the call finished, not its text): a
-# chat answer is a few KB, a stream with its per-chunk framing tens of KB.
+# Answers larger than this are not recorded while they are relayed (a retry then learns what
+# became of the call, not its text): a chat answer is a few KB, a stream with its per-chunk
+# framing tens of KB. It bounds what one call holds in memory to keep its answer.
 REPLY_BYTES_MAX = 1024 * 1024
+# An answer is kept compressed, and only if it then takes at most this: a stream's framing and
+# logprobs compress several times over, and a key's quota (REPLY_BYTES_PER_KEY_MAX) then holds
+# a dozen or more of the largest.
+REPLY_STORED_BYTES_MAX = 256 * 1024
+# Marks a body kept compressed (zlib, then base64: the store keeps text).
+PACKED_PREFIX = "z:"
+# zlib's default trade of speed for size; a kept answer is compressed once and rarely read.
+ZLIB_LEVEL = 6
 # A non-streaming retry waits this long for the original's answer: long enough for a retry that
 # raced a call about to finish, short enough not to hold a connection through a long one.
 IN_FLIGHT_WAIT_S_MAX = 3.0
@@ -50,6 +67,14 @@ POLL_S_MIN = 0.02
 POLL_S_MAX = 0.25
 
 
+class ReplyNotKept(CeilingError):
+    """The call with this Idempotency-Key finished, but its answer was not kept (too large, or
+    past its key's quota of kept answers): the answer names what became of the call (`outcome`)
+    and what it was charged (`charged_micros`); calling again needs a new key."""
+
+    code = "reply_not_kept"
+
+
 class IdempotencyInFlight(CeilingError):
     """The call with this Idempotency-Key is still running; retry after `retry_after_s`."""
 
@@ -57,7 +82,22 @@ class IdempotencyInFlight(CeilingError):
 
 
 def reply_ref(caller: Caller, idempotency_key: str) -> ReplyRef:
-    return ReplyRef(caller.tag, key_digest(caller.key.key_id, idempotency_key))
+    return ReplyRef(caller.tag, key_digest(caller.key.key_id, idempotency_key),
+                    GATEWAY_OWNER_PREFIX + caller.key.key_id)
+
+
+def packed(reply: StoredReply) -> StoredReply:
+    """`reply` with its body compressed, as it is kept."""
+    body = base64.b64encode(zlib.compress(reply.body.encode(), ZLIB_LEVEL)).decode()
+    return StoredReply(reply.status, reply.headers, PACKED_PREFIX + body)
+
+
+def unpacked(reply: StoredReply) -> StoredReply:
+    """A kept reply as it was answered."""
+    if not reply.body.startswith(PACKED_PREFIX):
+        return reply
+    body = zlib.decompress(base64.b64decode(reply.body.removeprefix(PACKED_PREFIX)))
+    return StoredReply(reply.status, reply.headers, body.decode())
 
 
 @dataclass(frozen=True)
@@ -68,9 +108,22 @@ class Ticket:
     ref: ReplyRef
     token: str
 
-    async def complete(self, reply: StoredReply) -> None:
-        ensure(len(reply.body) <= REPLY_BYTES_MAX, "an answer to keep fits REPLY_BYTES_MAX")
-        await self.store.complete(self.ref, self.token, reply, IDEMPOTENCY_WINDOW_MS)
+    async def complete(self, reply: StoredReply | None, not_kept: StoredReply) -> Kept:
+        """Keep `reply` (None: it was too large to record) for the key's retries, compressed;
+        where it cannot be kept (too large, or past the key's quota), keep `not_kept`, the
+        answer a retry gets instead."""
+        ensure(reply is None or len(reply.body) <= REPLY_BYTES_MAX,
+               "an answer to keep fits REPLY_BYTES_MAX")
+        if reply is not None:
+            kept = packed(reply)
+            if len(kept.body) <= REPLY_STORED_BYTES_MAX:
+                done = await self.store.complete(self.ref, self.token, kept,
+                                                 IDEMPOTENCY_WINDOW_MS)
+                if done is not Kept.OVER:
+                    return done
+        await self.store.complete(self.ref, self.token, packed(not_kept), IDEMPOTENCY_WINDOW_MS,
+                                  counted=False)
+        return Kept.OVER
 
     async def abandon(self) -> None:
         await self.store.abandon(self.ref, self.token)
@@ -101,7 +154,7 @@ async def claim(
             return Ticket(store, ref, token)
         if found.kind is ClaimKind.DONE:
             assert found.reply is not None
-            return found.reply
+            return unpacked(found.reply)
         if found.kind is ClaimKind.CONFLICT:
             raise IdempotencyConflict(
                 "this Idempotency-Key was used with another request; use a new key for a new "

@@ -24,6 +24,7 @@ from core.errors import (
     LedgerUnavailable,
     ReservationNotFound,
     Unauthorized,
+    ensure,
 )
 from core.idempotency import fingerprint, key_digest
 from core.ledger import (
@@ -64,6 +65,17 @@ from core.prices import PriceTable, Usage
 _RESERVATION_ID = re.compile(rf"[A-Za-z0-9_.-]{{1,{RESERVATION_ID_LEN_MAX}}}")
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 API_KEY_PREFIX = "sk-ceil-"
+# A secret as this version mints it: the prefix, its key id, '-', then 256 random bits
+# (token_urlsafe(32): 43 characters). The id in it is where authentication looks the key up: the
+# key's one record decides, with no index of hashes to keep in step with it. The hex id ends at
+# the '-', and the length tells it from a secret made before secrets carried their id (the
+# prefix and 43 characters), which is found through the hash instead.
+KEY_ID_HEX = 16  # a new key's id: 64 random bits
+KEY_ID_HEX_MAX = 60  # any id an operator can name (core/operations.py check_key_id)
+KEY_SECRET_BYTES = 32
+KEY_SECRET_CHARS = 43  # base64 of KEY_SECRET_BYTES, unpadded
+_NEW_API_KEY = re.compile(re.escape(API_KEY_PREFIX) + rf"(key_[0-9a-f]{{1,{KEY_ID_HEX_MAX}}})-"
+                          rf"[A-Za-z0-9_-]{{{KEY_SECRET_CHARS}}}")
 # Models of reservations this instance made, so a token-priced settle needs no extra read.
 MODEL_CACHE_MAX = 50_000
 # Keys this instance authenticated: trusted without a ledger read for KEY_TRUST_MS (one round
@@ -138,6 +150,23 @@ class NewKey:
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+def new_key_id() -> str:
+    return "key_" + secrets.token_hex(KEY_ID_HEX // 2)
+
+
+def new_api_key(key_id: str) -> str:
+    """A fresh secret of the key `key_id` (one an operator can name: 'key_' and hex)."""
+    api_key = f"{API_KEY_PREFIX}{key_id}-{secrets.token_urlsafe(KEY_SECRET_BYTES)}"
+    ensure(key_id_of(api_key) == key_id, f"{key_id} is 'key_' and hex, as an operator names ids")
+    return api_key
+
+
+def key_id_of(api_key: str) -> str | None:
+    """The key id a secret carries; None for a secret made before secrets carried one."""
+    found = _NEW_API_KEY.fullmatch(api_key)
+    return found.group(1) if found else None
 
 
 def hash_api_key(api_key: str) -> str:
@@ -360,13 +389,14 @@ class CeilingService:
         if not api_key or not api_key.startswith(API_KEY_PREFIX) or len(api_key) > 128:
             raise Unauthorized("a valid API key is required")
         key_hash = hash_api_key(api_key)
+        key_id = key_id_of(api_key)
         known = self._keys.get(key_hash)
         now_ms = self._monotonic_ms()
         if known is not None and now_ms - known[0] < KEY_TRUST_MS:
             record: KeyRecord | None = known[1]
         else:
             try:
-                record = await self.store.get_key(key_hash)
+                record = await self.store.get_key(key_hash, key_id)
             except LedgerUnavailable as exc:
                 # Without an outage allowance the reserve fails closed anyway.
                 if known is None or exc.reason == "ledger_reset":
@@ -374,7 +404,8 @@ class CeilingService:
                 record = known[1]
             else:
                 self._remember_key(key_hash, record, now_ms)
-        if record is None or not hmac.compare_digest(record.key_hash, key_hash):
+        if record is None or not hmac.compare_digest(record.key_hash, key_hash) or (
+                key_id is not None and record.key_id != key_id):
             raise Unauthorized("a valid API key is required")
         if role is not None and role not in record.roles:
             raise Forbidden(
@@ -397,17 +428,32 @@ class CeilingService:
             raise InvalidRequest(
                 f"no budget exists on the path {budget_id}; create one first", field="budget_id"
             )
-        api_key = API_KEY_PREFIX + secrets.token_urlsafe(32)
-        key_id = "key_" + secrets.token_hex(8)
+        key_id = new_key_id()
+        api_key = new_api_key(key_id)
         record = KeyRecord(key_id, hash_api_key(api_key), budget_id, run_ceiling_micros, roles)
         await self.store.put_key(record)
         return NewKey(key_id, api_key, record)
 
+    async def rotate_key(self, key_id: str, grace_ms: int) -> str | None:
+        """A new secret for the key (to show once), the current one taken for `grace_ms` more
+        (core/ledger.py LedgerStore.rotate_key); None if there is no such key. This instance
+        stops trusting the key's secrets it checked (other instances within KEY_TRUST_MS)."""
+        api_key = new_api_key(key_id)
+        rotated = await self.store.rotate_key(key_id, hash_api_key(api_key), grace_ms)
+        self._forget_key(key_id)
+        return api_key if rotated else None
+
     async def revoke_key(self, key_id: str) -> bool:
+        self._forget_key(key_id)
+        revoked = await self.store.delete_key(key_id)
+        # Again: a check that was in flight while the ledger revoked it may have put it back.
+        self._forget_key(key_id)
+        return revoked
+
+    def _forget_key(self, key_id: str) -> None:
         for key_hash, (_, record) in list(self._keys.items()):
             if record.key_id == key_id:
                 del self._keys[key_hash]
-        return await self.store.delete_key(key_id)
 
     async def put_budget(self, budget: BudgetDef) -> None:
         await self.store.put_budget(budget)

@@ -138,6 +138,40 @@ local function counters(key)
   return v[1] or '0', v[2] or '0', v[3] or '0'
 end
 
+-- What an API key made in the current quota window (core/limits.py STATE_QUOTA_WINDOW_MS): the
+-- window's index and its counts, from the key's quota hash ('sc:{TAG}:q:<owner>'); a hash of an
+-- earlier window counts nothing. What it bounds is counted by the script that makes it, so no
+-- number of concurrent calls can pass a bound.
+local QUOTA_FIELDS = {'records', 'runs', 'replies', 'reply_bytes'}
+
+local function quota_read(qkey, now)
+  local window = math.floor(now / STATE_QUOTA_WINDOW_MS)
+  local v = redis.call('HMGET', qkey, 'window', 'records', 'runs', 'replies', 'reply_bytes')
+  local current = v[1] == istr(window)
+  local used = {window = window}
+  for i, name in ipairs(QUOTA_FIELDS) do
+    used[name] = current and tonumber(v[i + 1] or '0') or 0
+  end
+  return used
+end
+
+-- Write back the counts of `used` (quota_read's, added to), kept two windows after its own.
+local function quota_write(qkey, used)
+  local args = {'window', istr(used.window)}
+  for _, name in ipairs(QUOTA_FIELDS) do
+    args[#args + 1] = name
+    args[#args + 1] = istr(used[name])
+  end
+  redis.call('HSET', qkey, unpack(args))
+  redis.call('PEXPIREAT', qkey, istr((used.window + 2) * STATE_QUOTA_WINDOW_MS))
+end
+
+-- A refusal for a quota: which one, and the seconds until its window ends.
+local function quota_refusal(kind, used, now)
+  return {'state_quota', kind,
+          istr(math.ceil(((used.window + 1) * STATE_QUOTA_WINDOW_MS - now) / 1000))}
+end
+
 -- A run's counter lives while its run is active. Every write to it stamps the ledger's time in
 -- its 'seen' field and sets its expiry RUN_COUNTER_IDLE_MS from then, so Redis drops it after
 -- that long without a call, and a counter 'seen' that long ago counts as gone even before Redis
@@ -382,7 +416,14 @@ local function apply(prefix, legs, reserved, committed, overshoot, now, spent_at
       end
       if overshoot then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
       if run then
-        touch_run(ck, now)
+        local left = redis.call('HMGET', ck, 'committed', 'reserved')
+        if (left[1] or '0') == '0' and (left[2] or '0') == '0' then
+          -- A run with nothing spent and nothing open is not kept: nothing of it can be lost,
+          -- and a key minting run ids for calls that spend nothing leaves nothing behind.
+          redis.call('DEL', ck)
+        else
+          touch_run(ck, now)
+        end
       end
     end
   end
@@ -498,7 +539,14 @@ local function keep_resolved(key, rec)
   local retention = tonumber(rec.retention_ms)
   if rec.outcome == 'unknown' or rec.outcome == 'corrected' then
     keep(key, rec, UNKNOWN_OUTCOME_RETENTION_MS)
-  elseif rec.state == 'expired' then
+    return
+  end
+  if retention > REPLAY_WINDOW_MS and committed_of(
+      rec.state, rec.expire_policy, tonumber(rec.reserved_micros),
+      tonumber(rec.actual_micros or '0')) == 0 then
+    retention = REPLAY_WINDOW_MS  -- it moved no money: kept for replays only
+  end
+  if rec.state == 'expired' then
     local lease = (tonumber(rec.expires_at_ms) or 0) - (tonumber(rec.created_ms) or 0)
     keep(key, rec, math.max(retention, lease))
   elseif retention > RESEND_WINDOW_MS then
@@ -663,12 +711,13 @@ local function resolve_legs(prefix, meta_key, a, now)
   return legs, nil, paused_id
 end
 
--- reserve.lua's hold of `held` micros in every leg, if each has room and no reservation is under
--- KEYS[2] (a's fields are reserve's arguments): its answer. Otherwise nil, and the first leg
--- that refuses with why ('exceeded': its spend leaves no room; 'busy': open holds do), or no leg
--- when a reservation is already under this id.
+-- reserve.lua's hold of `held` micros in every leg, if each has room, the key's quota has room
+-- for what the hold makes it keep, and no reservation is under KEYS[2] (a's fields are reserve's
+-- arguments): its answer. Otherwise nil, and the first leg that refuses with why ('exceeded':
+-- its spend leaves no room; 'busy': open holds do), or the quota's refusal with why 'quota', or
+-- nothing when a reservation is already under this id.
 local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
-  local exceeded, busy = nil, nil
+  local exceeded, busy, opens = nil, nil, 0
   for _, leg in ipairs(legs) do
     local key = prefix .. COUNTER_KEY .. leg.budget_id .. '|' .. leg.window_key
     if leg.run and run_stale(key, now) then
@@ -682,9 +731,28 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
     elseif committed + tonumber(leg.reserved) + held > ceiling then
       busy = busy or leg
     end
+    if leg.run and c[1] == false and c[2] == false then
+      opens = 1  -- a run's first call opens its counter (one with nothing in it is not kept)
+    end
   end
   if exceeded or busy then
     return nil, exceeded or busy, exceeded and 'exceeded' or 'busy'
+  end
+  -- The key's quota of what outlives the call: a record kept past a resend, a run it opens. A
+  -- gateway call without either (the hot path) reads no quota.
+  local kept = a.retention_ms ~= RESEND_WINDOW_MS_TEXT
+  local qkey, used
+  if kept or opens > 0 then
+    qkey = prefix .. QUOTA_KEY .. a.owner
+    used = quota_read(qkey, now)
+    local over = (kept and used.records >= RECORDS_KEPT_PER_KEY_MAX and 'records')
+      or (used.runs + opens > RUNS_PER_KEY_MAX and 'runs')
+    if over then
+      if redis.call('EXISTS', KEYS[2]) == 1 then
+        return nil  -- a replay, answered as one
+      end
+      return nil, quota_refusal(over, used, now), 'quota'
+    end
   end
   local state, outcome, reserved = reserve_effects('absent', a.expire_policy, held, 0)
   local expires_at = istr(now + ttl)
@@ -710,6 +778,11 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
                                leg.overshoot)
   end
   redis.call('ZADD', KEYS[3], expires_at, id_of(prefix, KEYS[2]))
+  if qkey then
+    used.records = used.records + (kept and 1 or 0)
+    used.runs = used.runs + opens
+    quota_write(qkey, used)
+  end
   return out
 end
 

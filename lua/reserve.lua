@@ -16,7 +16,9 @@
 --   {'exceeded'|'busy', now_ms, failing leg status}
 --   {'conflict'} same id, other parameters   {'ledger_reset'}   {'no_budget'}
 --   {'timezone', budget_id, timezone}   {'clock', now_ms}
---   {'paused', budget_id}  a velocity alarm paused a budget on the path (issue 16)
+--   {'paused', budget_id}  a velocity alarm paused a budget on the path
+--   {'state_quota', 'records'|'runs', retry_after_s}  the key keeps all its quota allows of what
+--     this hold would make it keep (core/limits.py RECORDS_KEPT_PER_KEY_MAX, RUNS_PER_KEY_MAX)
 -- Why: the check and the hold must be one step, or concurrent calls all pass the same stale
 -- check. Expired leases of this tag are reclaimed (a bounded batch) before a hold they might be
 -- in the way of is refused, so a dead worker's hold does not block the budget past its lease,
@@ -72,6 +74,9 @@ if reclaim(prefix, KEYS[3], now, RECLAIM_BATCH_MAX) > 0 or looks then
   if answer then
     return answer
   end
+end
+if why == 'quota' then
+  return failing  -- the key keeps all its quota allows: {'state_quota', kind, retry_after_s}
 end
 if failing and redis.call('EXISTS', KEYS[2]) == 0 then
   if why == 'exceeded' then

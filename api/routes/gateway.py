@@ -52,7 +52,7 @@ from api.upstream import (
     upstream,
 )
 from core import gateway, idempotency, replies
-from core.errors import CeilingError, IdempotencyConflict
+from core.errors import CeilingError
 from core.gateway import (
     Api,
     Bill,
@@ -65,7 +65,7 @@ from core.gateway import (
     UpstreamUnreachable,
 )
 from core.ledger import Role, StoredReply
-from core.replies import REPLY_BYTES_MAX, Ticket
+from core.replies import REPLY_BYTES_MAX, ReplyNotKept, Ticket
 from core.service import Caller, CeilingService
 
 if TYPE_CHECKING:
@@ -152,24 +152,28 @@ async def give_back(ticket: Ticket | None) -> None:
 
 
 async def keep(ticket: Ticket | None, status: int, headers: dict[str, str], body: bytes | None,
-               outcome: Outcome, *, api: Api) -> None:
-    """Keep a settled call's answer for its idempotency key (None: too large to keep, so a
-    retry learns only that the call finished); give the key back if it was not settled."""
-    if ticket is None or outcome not in SETTLED:
+               bill: Bill, *, api: Api) -> None:
+    """Keep a settled call's answer for its idempotency key (None: too large to record), or
+    where it cannot be kept, what a retry is told instead (409 reply_not_kept, with what became
+    of the call and what it was charged); give the key back if it was not settled."""
+    if ticket is None or bill.outcome not in SETTLED:
         await give_back(ticket)
         return
-    if body is None or len(body) > REPLY_BYTES_MAX:
-        tombstone = REFUSALS[api](IdempotencyConflict(
-            "the call with this Idempotency-Key finished, but its answer was too large to keep "
-            "for replay; use a new key to call again"), {})
-        status, body = tombstone.status_code, bytes(tombstone.body)
-        headers = {k: v for k, v in tombstone.headers.items() if k != "content-length"}
-    reply = StoredReply(status, tuple(headers.items()), body.decode(errors="replace"))
-    await ticket.complete(reply)
+    note = REFUSALS[api](ReplyNotKept(
+        "the call with this Idempotency-Key finished, but its answer was not kept for replay "
+        "(too large, or past this key's quota of kept answers): it was not called again. Use a "
+        "new key to call again", outcome=bill.outcome.value, charged_micros=bill.charged_micros,
+        reservation_id=bill.reservation_id), {})
+    not_kept = StoredReply(note.status_code, tuple(
+        (k, v) for k, v in note.headers.items() if k != "content-length"),
+        bytes(note.body).decode())
+    reply = None if body is None or len(body) > REPLY_BYTES_MAX else StoredReply(
+        status, tuple(headers.items()), body.decode(errors="replace"))
+    await ticket.complete(reply, not_kept)
 
 
 def kept_while_sent(raw: bytes, status: int, headers: dict[str, str], ticket: Ticket,
-                    outcome: Outcome, *, api: Api) -> Response:
+                    bill: Bill, *, api: Api) -> Response:
     """A non-streaming answer, kept for its idempotency key while it is sent.
 
     The client need not wait for a ledger round trip that only a retry reads: the keeping runs
@@ -182,7 +186,7 @@ def kept_while_sent(raw: bytes, status: int, headers: dict[str, str], ticket: Ti
 
     async def keep_quietly() -> None:
         with contextlib.suppress(CeilingError):
-            await keep(ticket, status, headers, raw, outcome, api=api)
+            await keep(ticket, status, headers, raw, bill, api=api)
 
     keeping = gateway.spawn(keep_quietly())
 
@@ -236,7 +240,7 @@ async def forward(
     headers = {**relayed_headers(response), **bill_headers(bill, call)}
     if ticket is None:
         return Response(raw, status_code=response.status_code, headers=headers)
-    return kept_while_sent(raw, response.status_code, headers, ticket, bill.outcome,
+    return kept_while_sent(raw, response.status_code, headers, ticket, bill,
                            api=call.hold.plan.api)
 
 
@@ -338,7 +342,7 @@ class Relay:
         if complete and api is Api.CHAT:
             self._emit(DONE_EVENT)
         recorded = None if self._recorded is None else b"".join(self._recorded)
-        await keep(self.ticket, 200, self.headers, recorded, bill.outcome, api=api)
+        await keep(self.ticket, 200, self.headers, recorded, bill, api=api)
 
 
 def broken_off_event(api: Api, bill: Bill) -> bytes:

@@ -11,7 +11,8 @@ long each kind is kept once resolved, and why), run counters (RUN_COUNTER_IDLE_M
 last write), day and month counters (COUNTER_RETENTION_MS after their window), idempotency
 replies, output histograms, probes and the live-instance set, and everything alerts write (the
 events, the outbox and the log, hourly spend buckets, velocity slots and marks). What an operator
-made stays: the ledger id, budget definitions and their total counters, API key records, the tag
+made stays: the ledger id, budget definitions and their total counters, API key records (and a
+revoked key's record, which holds only when it was revoked: the id is never taken again), the tag
 map, a tag's set of budget ids, and a tag's open-lease set while it has members (Redis drops an
 empty one).
 """
@@ -48,6 +49,10 @@ OPEN = "open"  # the open leases, a sorted set of reservation ids by lease end
 DEFINITION = "def:"  # + budget id: one budget's limits
 COUNTER = "p:"  # + budget id '|' window key: one budget's counters in one period window
 REPLY = "reply:"  # + digest: one idempotency key of one API key (core/replies.py)
+# + owner (an API key id, or 'gw:' and one): what that key made and keeps in the current quota
+# window (core/limits.py STATE_QUOTA_WINDOW_MS), a hash: 'window' (its index), 'records', 'runs',
+# 'replies', 'reply_bytes'. Expires two windows after its own.
+QUOTA = "q:"
 # Model names are free text: the key of a model's output lengths holds a digest of one, so no
 # name can shape a key. 96 bits: two models of the millions a deployment could see share one
 # histogram with a chance below one in 10**16, and sharing one costs a p95 nothing money needs.
@@ -82,6 +87,10 @@ def reply(tag: str, digest: str) -> str:
     return prefix(tag) + REPLY + digest
 
 
+def quota(tag: str, owner: str) -> str:
+    return prefix(tag) + QUOTA + owner
+
+
 def output_lengths(model: str) -> str:
     """A model's output-length histogram (core/output_stats.py); names differing in case are
     one model."""
@@ -89,16 +98,31 @@ def output_lengths(model: str) -> str:
     return "sc:{out:" + digest + "}"
 
 
+def api_key_record(key_id: str) -> str:
+    """An API key: the one record under its id that says which secrets it takes (the current
+    one's hash, the previous one's and when that one's grace ends), its budget, run ceiling,
+    roles and times; a revoked key's record keeps only when it was revoked. The id is its hash
+    tag, so each script on a key (lua/key_*.lua) touches one slot. Secrets carry their key id
+    (core/service.py new_api_key), so nothing else needs to be in that slot."""
+    return f"sc:key:{{{key_id}}}"
+
+
+# The layout before records were by key id, read for keys made then (core/stores/scripted.py).
 def api_key(key_hash: str) -> str:
+    """Under a secret's hash: a key made before records were by id (its fields, the key
+    itself until a rotation moves it into api_key_record), or, with the field 'index_only',
+    only the id of the record that decides whether the secret is taken. Secrets made since
+    carry their key id and have no entry here."""
     return f"sc:key:{key_hash}"
 
 
 def api_key_id(key_id: str) -> str:
+    """A key made before records were by id: the hash of its current secret."""
     return f"sc:keyid:{key_id}"
 
 
 def api_key_previous(key_id: str) -> str:
-    """The hash of a rotated key's previous secret, during its grace period."""
+    """A key made before records were by id: its previous secret's hash, during its grace."""
     return f"sc:keyprev:{key_id}"
 
 

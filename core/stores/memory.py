@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import time
 import uuid
 from collections import OrderedDict
@@ -25,12 +26,14 @@ from core.errors import (
     ReservationNotFound,
     ReservationResolved,
     ensure,
+    state_quota,
 )
 from core.ledger import (
     Claim,
     ClaimKind,
     Correction,
     ExpirePolicy,
+    Kept,
     KeyRecord,
     LegStatus,
     OpenHold,
@@ -55,7 +58,14 @@ from core.lifecycle import ABSENT, Effects, Event, Outcome, charged_micros, effe
 from core.limits import (
     IDEMPOTENCY_WINDOW_MS,
     RECLAIM_BATCH_MAX,
+    RECORDS_KEPT_PER_KEY_MAX,
+    REPLAY_WINDOW_MS,
+    REPLIES_PER_KEY_MAX,
+    REPLY_BYTES_PER_KEY_MAX,
+    RESEND_WINDOW_MS,
     RUN_COUNTER_IDLE_MS,
+    RUNS_PER_KEY_MAX,
+    STATE_QUOTA_WINDOW_MS,
     UNKNOWN_OUTCOME_RETENTION_MS,
 )
 from core.stores.memory_alerts import MemoryAlerts
@@ -126,9 +136,43 @@ class _Record:
         """How long it is kept once resolved, as lua/lib.lua keep_resolved_record says."""
         if self.outcome in (Outcome.UNKNOWN, Outcome.CORRECTED):
             return UNKNOWN_OUTCOME_RETENTION_MS
+        retention = self.retention_ms
+        if retention > REPLAY_WINDOW_MS and self.charged_micros == 0:
+            retention = REPLAY_WINDOW_MS  # it moved no money: kept for replays only
         if self.state is _EXPIRED:
-            return max(self.retention_ms, self.expires_at_ms - self.created_ms)
-        return self.retention_ms
+            return max(retention, self.expires_at_ms - self.created_ms)
+        return retention
+
+
+@dataclass
+class _Quota:
+    """What one API key made in one quota window (core/limits.py STATE_QUOTA_WINDOW_MS)."""
+
+    window: int
+    records: int = 0
+    runs: int = 0
+    replies: int = 0
+    reply_bytes: int = 0
+
+    def retry_after_s(self, now_ms: int) -> int:
+        return -(-((self.window + 1) * STATE_QUOTA_WINDOW_MS - now_ms) // 1_000)
+
+
+class _Quotas:
+    """Each (tag, owner)'s quota in its current window (lua/lib.lua quota_read)."""
+
+    def __init__(self) -> None:
+        self._by_owner: dict[tuple[str, str], _Quota] = {}
+
+    def used(self, owner: tuple[str, str], now_ms: int) -> _Quota:
+        window = now_ms // STATE_QUOTA_WINDOW_MS
+        quota = self._by_owner.get(owner)
+        if quota is None or quota.window != window:
+            for stale in [k for k, q in self._by_owner.items() if q.window < window - 1][
+                    :PRUNE_BATCH_MAX]:
+                del self._by_owner[stale]
+            quota = self._by_owner[owner] = _Quota(window)
+        return quota
 
 
 @dataclass
@@ -168,11 +212,15 @@ class MemoryStore:
         self._defs: dict[str, BudgetDef] = {}
         self._counters: dict[tuple[str, str], _Counter] = {}
         self._tags: dict[str, _Tag] = {}
-        self._keys: dict[str, KeyRecord] = {}
-        self._key_ids: dict[str, str] = {}
+        # Key id -> its record (key_hash: the current secret's), the previous secret's hash ('':
+        # none) and when that one's grace ends; as lua/key_put.lua keeps one. Secrets carry their
+        # key id, so there is no index of hashes. Revoked ids are never made again.
+        self._keys: dict[str, tuple[KeyRecord, str, int]] = {}
+        self._revoked_key_ids: set[str] = set()
         self._tag_map: dict[str, str] = {}
         # Run counters by last write, oldest first; histograms by last observation, likewise.
         self._runs_seen: OrderedDict[CounterKey, int] = OrderedDict()
+        self._quotas = _Quotas()
         self._outputs: OrderedDict[str, tuple[int, dict[int, int]]] = OrderedDict()
         self.replies = MemoryReplies(self._clock)
         self._alerts = MemoryAlerts(self._clock)
@@ -287,6 +335,9 @@ class MemoryStore:
         c.reserved += fx.reserved_delta
         c.committed += fx.committed_delta
         c.overshoot += fx.overshoot_micros
+        if leg.run and not c.committed and not c.reserved:
+            self._drop_run(leg.key)  # nothing spent, nothing open: not kept (lua/lib.lua apply)
+            return seen
         self._touched(leg, now_ms)
         if fx.committed_delta and not leg.run:
             self._committed_moved(leg, c.committed, fx.committed_delta, now_ms, spent_at_ms,
@@ -383,6 +434,18 @@ class MemoryStore:
                 now_ms)
         if failing:
             raise refusal("exceeded" if exceeded else "busy", self._status((failing,))[0], now_ms)
+        # The key's quota of what outlives the call (lua/lib.lua hold).
+        kept = request.retention_ms != RESEND_WINDOW_MS
+        opens = int(any(leg.run and leg.key not in self._counters for leg in legs))
+        quota = None
+        if kept or opens:
+            quota = self._quotas.used((ref.tag, ref.owner), now_ms)
+            over = ("records" if kept and quota.records >= RECORDS_KEPT_PER_KEY_MAX else
+                    "runs" if quota.runs + opens > RUNS_PER_KEY_MAX else None)
+            if over:
+                raise state_quota(over, quota.retry_after_s(now_ms))
+            quota.records += kept
+            quota.runs += opens
         fx = effects(Event.RESERVE, ABSENT, request.expire_policy, amount)
         for leg in legs:
             self._counter(leg).reserved += fx.reserved_delta
@@ -630,18 +693,37 @@ class MemoryStore:
         return dict(self._histogram(model.lower(), self._clock()) or {})
 
     async def put_key(self, record: KeyRecord) -> None:
-        self._keys[record.key_hash] = record
-        self._key_ids[record.key_id] = record.key_hash
+        found = self._keys.get(record.key_id)
+        ensure(record.key_id not in self._revoked_key_ids
+               and (found is None or found[0].key_hash == record.key_hash),
+               f"the key id {record.key_id} was new")
+        if found is None:
+            self._keys[record.key_id] = (record, "", 0)
 
-    async def get_key(self, key_hash: str) -> KeyRecord | None:
-        return self._keys.get(key_hash)
+    async def get_key(self, key_hash: str, key_id: str | None = None) -> KeyRecord | None:
+        # Every secret this ledger made carries its key id (it never held an older one).
+        found = None if key_id is None else self._keys.get(key_id)
+        if found is None:
+            return None
+        record, previous_key_hash, grace_ends_at_ms = found
+        if key_hash == record.key_hash or (
+                key_hash == previous_key_hash and self._clock() < grace_ends_at_ms):
+            return replace(record, key_hash=key_hash)
+        return None
+
+    async def rotate_key(self, key_id: str, new_hash: str, grace_ms: int) -> bool:
+        found = self._keys.get(key_id)
+        if found is None:
+            return False
+        record, previous_key_hash, _ = found
+        if new_hash not in (record.key_hash, previous_key_hash):  # else a repeat
+            self._keys[key_id] = (replace(record, key_hash=new_hash), record.key_hash,
+                                  self._clock() + grace_ms)
+        return True
 
     async def delete_key(self, key_id: str) -> bool:
-        key_hash = self._key_ids.pop(key_id, None)
-        if key_hash is None:
-            return False
-        del self._keys[key_hash]
-        return True
+        self._revoked_key_ids.add(key_id)
+        return self._keys.pop(key_id, None) is not None
 
     async def probe(self, instance_id: str) -> Probe:
         return Probe(
@@ -672,6 +754,7 @@ class MemoryReplies:
     def __init__(self, clock: Clock = _wall_clock) -> None:
         self._clock = clock
         self._entries: dict[ReplyRef, _Reply] = {}
+        self._quotas = _Quotas()
 
     def _live(self, ref: ReplyRef, now_ms: int) -> _Reply | None:
         entry = self._entries.get(ref)
@@ -691,6 +774,10 @@ class MemoryReplies:
         self._prune(now_ms)
         entry = self._live(ref, now_ms)
         if entry is None:
+            quota = self._quotas.used((ref.tag, ref.owner), now_ms)
+            if quota.replies >= REPLIES_PER_KEY_MAX:
+                raise state_quota("replies", quota.retry_after_s(now_ms))
+            quota.replies += 1
             self._entries[ref] = _Reply(fingerprint, token, now_ms + ttl_ms)
             return Claim(ClaimKind.CLAIMED)
         if entry.fingerprint != fingerprint:
@@ -699,14 +786,22 @@ class MemoryReplies:
             return Claim(ClaimKind.DONE, entry.reply)
         return Claim(ClaimKind.CLAIMED if entry.token == token else ClaimKind.IN_FLIGHT)
 
-    async def complete(self, ref: ReplyRef, token: str, reply: StoredReply, ttl_ms: int) -> bool:
-        entry = self._live(ref, self._clock())
+    async def complete(self, ref: ReplyRef, token: str, reply: StoredReply, ttl_ms: int,
+                       *, counted: bool = True) -> Kept:
+        now_ms = self._clock()
+        entry = self._live(ref, now_ms)
         if entry is None or entry.token != token:
-            return False
+            return Kept.LOST
         if entry.reply is None:
+            if counted:  # lua/reply_complete.lua: the headers' JSON and the body, as sent
+                quota = self._quotas.used((ref.tag, ref.owner), now_ms)
+                size = len(json.dumps(reply.headers).encode()) + len(reply.body.encode())
+                if quota.reply_bytes + size > REPLY_BYTES_PER_KEY_MAX:
+                    return Kept.OVER
+                quota.reply_bytes += size
             entry.reply = reply
-            entry.expires_at_ms = self._clock() + ttl_ms
-        return True
+            entry.expires_at_ms = now_ms + ttl_ms
+        return Kept.KEPT
 
     async def abandon(self, ref: ReplyRef, token: str) -> None:
         entry = self._live(ref, self._clock())

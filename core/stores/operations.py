@@ -1,6 +1,7 @@
-"""The operators' catalogue on a Redis-speaking ledger: lists, deletion, key rotation, the audit
-stream, and the raw reads and writes of an export and a restore (core/operations.py says what
-they mean).
+"""The operators' catalogue on a Redis-speaking ledger: lists, deletion, the audit stream, and
+the raw reads and writes of an export and a restore (core/operations.py says what they mean).
+Keys are made, rotated and revoked by the store itself (core/ledger.py LedgerStore), each in one
+script on the key's record.
 
 Nothing here runs on a call's path. The catalogue's keys (core/stores/keys.py CATALOGUE) share
 the ledger id's slot, so on Redis Cluster every command below that names one of them goes to one
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import BudgetInUse, ensure
-from core.ledger import ExpirePolicy, ReservationState
+from core.ledger import ROLES_OF_LEGACY_KEYS, ExpirePolicy, ReservationState
 from core.lifecycle import Event, effects
 from core.limits import UNKNOWN_OUTCOME_RETENTION_MS
 from core.stores import keys, wire
@@ -29,6 +30,9 @@ DUMP_PAGES_MAX = 100_000
 
 KEY_FIELDS = ("key_id", "budget_id", "run_ceiling_micros", "run", "roles", "created_ms",
               "last_used_ms", "rotated_at_ms")
+# A key's record (lua/key_put.lua): KEY_FIELDS but 'run', and the secrets it takes.
+KEY_RECORD_FIELDS = (*(f for f in KEY_FIELDS if f != "run"), "key_hash", "previous_key_hash",
+                     "grace_ends_at_ms")
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,17 @@ class ScriptedCatalogue:
         return out
 
     async def key_info(self, key_id: str) -> KeyInfo | None:
+        values = await self._t.execute("HMGET", keys.api_key_record(key_id), *KEY_RECORD_FIELDS)
+        f = dict(zip(KEY_RECORD_FIELDS, values, strict=True))
+        if f["key_hash"] is not None:
+            grace_ends_at_ms = _number(f["grace_ends_at_ms"])
+            left_ms = None if grace_ends_at_ms is None or not f["previous_key_hash"] \
+                else grace_ends_at_ms - self.store.now_estimate()
+            return KeyInfo(key_id, str(f["budget_id"]), tuple(sorted(str(f["roles"]).split(","))),
+                           _number(f["run_ceiling_micros"]), _number(f["created_ms"]),
+                           _number(f["last_used_ms"]), _number(f["rotated_at_ms"]),
+                           left_ms if left_ms is not None and left_ms > 0 else None)
+        # A key of the layout before records were by id, which no rotation moved into one yet.
         key_hash = await self._t.execute("GET", keys.api_key_id(key_id))
         if key_hash is None:
             return None
@@ -136,30 +151,6 @@ class ScriptedCatalogue:
             )
         await self._t.execute("ZREM", keys.BUDGETS_KEY, budget_id)
         return int(reply[1]), int(reply[2])
-
-    async def rotate_key(self, key_id: str, new_hash: str, grace_ms: int) -> bool:
-        """Give the key a new secret (its hash); the previous one works for `grace_ms` more. A
-        key rotated again within its grace period loses the oldest secret at once: one previous
-        secret at a time. False if there is no such key."""
-        old_hash = await self._t.execute("GET", keys.api_key_id(key_id))
-        if old_hash is None:
-            return False
-        old = _pairs(await self._t.execute("HGETALL", keys.api_key(str(old_hash))))
-        if not old:
-            return False
-        older = await self._t.execute("GET", keys.api_key_previous(key_id))
-        if older is not None and older != old_hash:
-            await self._t.execute("DEL", keys.api_key(str(older)))
-        fields = {k: v for k, v in old.items() if k != "last_used_ms"}
-        fields["rotated_at_ms"] = str(self.store.now_estimate())
-        flat = [x for kv in fields.items() for x in kv]
-        # The new secret works before the old one starts to expire.
-        await self._t.execute("HSET", keys.api_key(new_hash), *flat)
-        await self._t.execute("SET", keys.api_key_id(key_id), new_hash)
-        await self._t.execute("SET", keys.api_key_previous(key_id), str(old_hash), "PX",
-                              str(grace_ms))
-        await self._t.execute("PEXPIRE", keys.api_key(str(old_hash)), str(grace_ms))
-        return True
 
     # -- the audit stream ------------------------------------------------------------------
 
@@ -238,11 +229,15 @@ class ScriptedCatalogue:
         return added
 
     async def key_records(self) -> list[dict[str, str]]:
-        """Every indexed key's record: its hash, never a secret."""
+        """Every indexed key's record: its secrets' hashes, never a secret."""
         members = await self._t.execute("ZRANGE", keys.KEYS_KEY, "0", "-1")
         out = []
         for member in members:
             key_id = str(member).rpartition(" ")[2]
+            found = _pairs(await self._t.execute("HGETALL", keys.api_key_record(key_id)))
+            if "key_hash" in found:
+                out.append(found)
+                continue
             key_hash = await self._t.execute("GET", keys.api_key_id(key_id))
             if key_hash is None:
                 continue
@@ -314,13 +309,27 @@ class ScriptedCatalogue:
         await self._t.execute("ZADD", keys.BUDGETS_KEY, "0", budget_id)
 
     async def write_key(self, record: dict[str, str]) -> None:
-        key_hash = record["key_hash"]
-        fields = {k: v for k, v in record.items() if k != "key_hash"}
-        await self._t.execute("HSET", keys.api_key(key_hash),
-                              *[x for kv in fields.items() for x in kv])
-        await self._t.execute("SET", keys.api_key_id(fields["key_id"]), key_hash)
-        await self._t.execute("ZADD", keys.KEYS_KEY, "0",
-                              f"{fields['budget_id']} {fields['key_id']}")
+        """An exported key (a record, or an entry of the layout before records were by id) as a
+        record (lua/key_put.lua), its previous secret with what is left of its grace. A key the
+        ledger holds already, or revoked, stays as it is: the ledger's is the later word. Each
+        secret's hash gets an entry that leads to the record, for a secret made before secrets
+        carried their key id (one made since has no use for it)."""
+        key_id, key_hash, budget_id = record["key_id"], record["key_hash"], record["budget_id"]
+        grace_ends_at_ms = _number(record.get("grace_ends_at_ms"))
+        previous = record.get("previous_key_hash", "")
+        previous_valid_ms = 0 if not previous or grace_ends_at_ms is None \
+            else max(0, grace_ends_at_ms - self.store.now_estimate())
+        roles = record.get("roles", ",".join(sorted(ROLES_OF_LEGACY_KEYS)))
+        await self._t.execute("ZADD", keys.KEYS_KEY, "0", f"{budget_id} {key_id}")
+        await self.store.put_key_record(
+            key_id, key_hash, budget_id, record.get("run_ceiling_micros", record.get("run", "")),
+            roles, previous_key_hash=previous if previous_valid_ms else "",
+            previous_valid_ms=previous_valid_ms, created_ms=record.get("created_ms", ""),
+            rotated_at_ms=record.get("rotated_at_ms", ""),
+            last_used_ms=record.get("last_used_ms", ""))
+        for secret_hash in filter(None, [key_hash, previous if previous_valid_ms else ""]):
+            await self._t.execute("HSET", keys.api_key(secret_hash), "key_id", key_id,
+                                  "index_only", "1")
 
     async def adopt(self) -> tuple[str | None, str | None]:
         """Confirm the restored ledger for adoption: (the ledger id now, the restored one)."""

@@ -26,12 +26,14 @@ from core.errors import (
     ReservationNotFound,
     ReservationResolved,
     ensure,
+    state_quota,
 )
 from core.ledger import (
     ROLES_OF_LEGACY_KEYS,
     Claim,
     ClaimKind,
     Correction,
+    Kept,
     KeyRecord,
     LegStatus,
     OpenHold,
@@ -72,6 +74,11 @@ ADOPT_CHECK_INTERVAL_MS = 1_000
 # already makes rare, never on the reserve script. Operators read "last used" to find idle keys,
 # which a minute's resolution answers.
 KEY_LAST_USED_RESOLUTION_MS = 60_000
+# What get_key reads of the entry under a secret's hash (core/stores/keys.py api_key): which key
+# it leads to, whether it only leads there ('index_only'), and the fields of a key of the layout
+# before records were by id.
+LEGACY_KEY_FIELDS = ("key_id", "index_only", "budget_id", "run_ceiling_micros", "run", "roles",
+                     "last_used_ms")
 # Budget paths whose ledger form (their ids, joined) a process remembers; bounded because paths
 # come from keys.
 PATHS_CACHE_MAX = 10_000
@@ -161,21 +168,27 @@ class ScriptedReplies:
 
     async def claim(self, ref: ReplyRef, fingerprint: str, token: str, ttl_ms: int) -> Claim:
         reply = await self._t.run(
-            script("reply_claim"), (keys.reply(ref.tag, ref.digest),),
+            script("reply_claim"),
+            (keys.reply(ref.tag, ref.digest), keys.quota(ref.tag, ref.owner)),
             [fingerprint, token, str(ttl_ms)],
         )
+        if reply[0] == "state_quota":
+            raise state_quota(str(reply[1]), int(reply[2]))
         kind = ClaimKind(reply[0])
         if kind is not ClaimKind.DONE:
             return Claim(kind)
         headers = tuple((str(k), str(v)) for k, v in json.loads(reply[2]))
         return Claim(kind, StoredReply(int(reply[1]), headers, str(reply[3])))
 
-    async def complete(self, ref: ReplyRef, token: str, reply: StoredReply, ttl_ms: int) -> bool:
+    async def complete(self, ref: ReplyRef, token: str, reply: StoredReply, ttl_ms: int,
+                       *, counted: bool = True) -> Kept:
         result = await self._t.run(
-            script("reply_complete"), (keys.reply(ref.tag, ref.digest),),
-            [token, str(reply.status), json.dumps(reply.headers), reply.body, str(ttl_ms)],
+            script("reply_complete"),
+            (keys.reply(ref.tag, ref.digest), keys.quota(ref.tag, ref.owner)),
+            [token, str(reply.status), json.dumps(reply.headers), reply.body, str(ttl_ms),
+             "1" if counted else "0"],
         )
-        return bool(result[0] == "ok")
+        return Kept(result[0])
 
     async def abandon(self, ref: ReplyRef, token: str) -> None:
         await self._t.run(script("reply_abandon"), (keys.reply(ref.tag, ref.digest),), [token])
@@ -383,6 +396,8 @@ class ScriptedStore:
             raise _resolved(ref.reservation_id, reply)
         if kind == "paused":
             raise _paused(str(reply[1]))
+        if kind == "state_quota":
+            raise state_quota(str(reply[1]), int(reply[2]))
         if kind == "conflict":
             raise IdempotencyConflict(
                 "this reservation id was used with other parameters",
@@ -628,61 +643,158 @@ class ScriptedStore:
 
     async def put_key(self, record: KeyRecord) -> None:
         await self.open()
-        await self._t.execute("SET", keys.api_key_id(record.key_id), record.key_hash)
-        await self._t.execute(
-            "HSET", keys.api_key(record.key_hash),
-            "key_id", record.key_id,
-            "budget_id", record.budget_id.path,
-            "run_ceiling_micros",
-            "" if record.run_ceiling_micros is None else str(record.run_ceiling_micros),
-            "roles", ",".join(sorted(record.roles)),
-        )
-        # Only when first made: a rotation or a restore keeps the key's own creation time.
-        await self._t.execute("HSETNX", keys.api_key(record.key_hash), "created_ms",
-                              str(self._now_estimate()))
+        # Listed first: an entry whose key is not there lists nothing, while a key made and not
+        # listed would be one no operator could find.
         await self._t.execute("ZADD", keys.KEYS_KEY, "0",
                               f"{record.budget_id.path} {record.key_id}")
+        made = await self.put_key_record(
+            record.key_id, record.key_hash, record.budget_id.path,
+            "" if record.run_ceiling_micros is None else str(record.run_ceiling_micros),
+            ",".join(sorted(record.roles)))
+        ensure(made in ("made", "exists"), f"the key id {record.key_id} was new ({made})")
 
-    async def get_key(self, key_hash: str) -> KeyRecord | None:
+    async def put_key_record(
+        self, key_id: str, key_hash: str, budget_id: str, run_ceiling_micros: str, roles: str,
+        *, previous_key_hash: str = "", previous_valid_ms: int = 0, created_ms: str = "",
+        rotated_at_ms: str = "", last_used_ms: str = "",
+    ) -> str:
+        """lua/key_put.lua: a key's record, made unless its id holds one (or a revoked one's);
+        the script's answer. A key's own put, a restore's, and the move of a key of the layout
+        before records were by id into one."""
+        reply = await self._t.run(
+            script("key_put"), (keys.api_key_record(key_id),),
+            [key_id, key_hash, budget_id, run_ceiling_micros, roles, previous_key_hash,
+             str(previous_valid_ms), created_ms, rotated_at_ms, last_used_ms,
+             *filter(None, [self._now_arg()])])
+        return str(reply[0])
+
+    async def get_key(self, key_hash: str, key_id: str | None = None) -> KeyRecord | None:
         await self.open()
-        # A record put before fields had Python names keeps its run ceiling under 'run'.
-        key_id, budget_id, run, legacy_run, roles, last_used = await self._t.execute(
-            "HMGET", keys.api_key(key_hash), "key_id", "budget_id", "run_ceiling_micros", "run",
-            "roles", "last_used_ms",
-        )
-        run = legacy_run if run is None else run
+        entry = None
         if key_id is None:
-            if await self._identity_lost():
-                raise _ledger_reset()
+            # A secret made before secrets carried their key id: the entry under its hash names
+            # the key (and, for a key no rotation moved into a record yet, is the key).
+            entry = await self._t.execute("HMGET", keys.api_key(key_hash), *LEGACY_KEY_FIELDS)
+            if entry[0] is None:
+                await self._no_key()
+                return None
+            key_id = str(entry[0])
+        reply = await self._t.run(
+            script("key_check"), (keys.api_key_record(key_id),),
+            [key_hash, str(KEY_LAST_USED_RESOLUTION_MS), *filter(None, [self._now_arg()])])
+        if reply[0] == "ok":
+            return KeyRecord(str(reply[1]), key_hash, BudgetId(str(reply[2])),
+                             int(reply[3]) if reply[3] else None, _roles(str(reply[4])))
+        if reply[0] == "refused":
             return None
+        if entry is not None and entry[1] is None:
+            return await self._legacy_key(key_id, key_hash, entry)
+        await self._no_key()
+        return None
+
+    async def _no_key(self) -> None:
+        """For a key not found: LedgerUnavailable (ledger_reset) if the ledger itself is gone."""
+        if await self._identity_lost():
+            raise _ledger_reset()
+
+    async def _legacy_key(self, key_id: str, key_hash: str, entry: Sequence[Any]
+                          ) -> KeyRecord | None:
+        """A key of the layout before records were by id, which no rotation moved into a record
+        yet: the entry under the secret's hash is the key, if the key's pointers name the secret.
+        One they do not name was left by a rotation of that layout that did not finish (it
+        wrote one command at a time, the old secret's expiry last), and is taken no more."""
+        current = await self._t.execute("GET", keys.api_key_id(key_id))
+        if current is not None and current != key_hash and await self._t.execute(
+                "GET", keys.api_key_previous(key_id)) != key_hash:
+            return None
+        _, _, budget_id, run, legacy_run, roles, last_used = entry
+        # An entry put before fields had Python names keeps its run ceiling under 'run'.
+        run = legacy_run if run is None else run
         now_ms = self._now_estimate()
         if not last_used or now_ms - int(last_used) >= KEY_LAST_USED_RESOLUTION_MS:
             await self._t.execute("HSET", keys.api_key(key_hash), "last_used_ms", str(now_ms))
-        return KeyRecord(
-            key_id=str(key_id),
-            key_hash=key_hash,
-            budget_id=BudgetId(str(budget_id)),
-            run_ceiling_micros=int(run) if run else None,
-            roles=ROLES_OF_LEGACY_KEYS if roles is None else _roles(str(roles)),
-        )
+        return KeyRecord(key_id, key_hash, BudgetId(str(budget_id)), int(run) if run else None,
+                         ROLES_OF_LEGACY_KEYS if roles is None else _roles(str(roles)))
+
+    async def rotate_key(self, key_id: str, new_hash: str, grace_ms: int) -> bool:
+        await self.open()
+        reply = await self._rotate(key_id, new_hash, grace_ms)
+        if reply[0] == "absent" and await self._move_legacy_key(key_id):
+            reply = await self._rotate(key_id, new_hash, grace_ms)
+        if reply[0] == "rotated" and reply[2]:
+            # The entry a secret made before secrets carried their id was found by, if it had
+            # one: the record takes that secret no more.
+            await self._t.execute("DEL", keys.api_key(str(reply[2])))
+        return reply[0] in ("rotated", "exists")
+
+    async def _rotate(self, key_id: str, new_hash: str, grace_ms: int) -> list[Any]:
+        return list(await self._t.run(
+            script("key_rotate"), (keys.api_key_record(key_id),),
+            [new_hash, str(grace_ms), *filter(None, [self._now_arg()])]))
+
+    async def _move_legacy_key(self, key_id: str) -> bool:
+        """Move a key of the layout before records were by id into its record (lua/key_put.lua),
+        its previous secret with what is left of its grace; False if there is no such key. The
+        record is written first, and decides from then on: the old entries are marked to lead a
+        secret of that layout to it and no more ('index_only'), and the pointers go last, so a
+        revoke that runs in between still finds every entry through them. A key revoked
+        meanwhile stays revoked (key_put.lua refuses its id)."""
+        current = await self._t.execute("GET", keys.api_key_id(key_id))
+        if current is None:
+            return False
+        entry = await self._t.execute("HMGET", keys.api_key(str(current)), *LEGACY_KEY_FIELDS,
+                                      "created_ms", "rotated_at_ms")
+        if entry[0] != key_id or entry[1] is not None:
+            return False
+        _, _, budget_id, run, legacy_run, roles, last_used, created, rotated = entry
+        run = legacy_run if run is None else run
+        # Listed, if it was made before the ledger listed keys.
+        await self._t.execute("ZADD", keys.KEYS_KEY, "NX", "0", f"{budget_id} {key_id}")
+        previous = await self._t.execute("GET", keys.api_key_previous(key_id))
+        # -1 (no expiry) is an entry a rotation of that layout did not finish: no grace left.
+        previous_valid_ms = 0 if previous is None else max(0, int(await self._t.execute(
+            "PTTL", keys.api_key(str(previous)))))
+        made = await self.put_key_record(
+            key_id, str(current), str(budget_id), str(run or ""),
+            ",".join(sorted(ROLES_OF_LEGACY_KEYS)) if roles is None else str(roles),
+            previous_key_hash=str(previous) if previous_valid_ms else "",
+            previous_valid_ms=previous_valid_ms, created_ms=str(created or ""),
+            rotated_at_ms=str(rotated or ""), last_used_ms=str(last_used or ""))
+        if made == "revoked":
+            return False
+        await self._t.execute("HSET", keys.api_key(str(current)), "index_only", "1")
+        if previous_valid_ms:
+            await self._t.execute("HSET", keys.api_key(str(previous)), "index_only", "1")
+        # One DEL each: the two are in different slots of a Redis Cluster.
+        await self._t.execute("DEL", keys.api_key_id(key_id))
+        await self._t.execute("DEL", keys.api_key_previous(key_id))
+        return True
 
     async def delete_key(self, key_id: str) -> bool:
         await self.open()
-        key_hash = await self._t.execute("GET", keys.api_key_id(key_id))
-        if key_hash is None:
-            return False
-        budget_id = await self._t.execute("HGET", keys.api_key(str(key_hash)), "budget_id")
-        # The records that authenticate go first: from here on the key is refused, and so is
-        # its previous secret during a rotation's grace period.
-        await self._t.execute("DEL", keys.api_key(str(key_hash)))
-        previous = await self._t.execute("GET", keys.api_key_previous(key_id))
-        if previous is not None:
-            await self._t.execute("DEL", keys.api_key(str(previous)))
+        # A key of the layout before records were by id: its entries go first (the pointers
+        # name them), then the pointers, so from here on no secret of that layout is taken,
+        # whatever becomes of the rest of this revoke.
+        legacy = [str(h) for h in [await self._t.execute("GET", keys.api_key_id(key_id)),
+                                   await self._t.execute("GET", keys.api_key_previous(key_id))]
+                  if h is not None]
+        budget_id = None
+        if legacy:
+            budget_id = await self._t.execute("HGET", keys.api_key(legacy[0]), "budget_id")
+            for key_hash in legacy:
+                await self._t.execute("DEL", keys.api_key(key_hash))
+            await self._t.execute("DEL", keys.api_key_id(key_id))
             await self._t.execute("DEL", keys.api_key_previous(key_id))
-        await self._t.execute("DEL", keys.api_key_id(key_id))
+        reply = await self._t.run(script("key_revoke"), (keys.api_key_record(key_id),),
+                                  [*filter(None, [self._now_arg()])])
+        if reply[0] == "revoked":
+            budget_id = reply[3]
+            # The entries that led secrets made before secrets carried their id to the record.
+            for key_hash in filter(None, reply[1:3]):
+                await self._t.execute("DEL", keys.api_key(str(key_hash)))
         if budget_id is not None:
             await self._t.execute("ZREM", keys.KEYS_KEY, f"{budget_id} {key_id}")
-        return True
+        return reply[0] == "revoked" or bool(legacy)
 
     # -- alerts (issue 16) ----------------------------------------------------------------
 

@@ -179,11 +179,14 @@ def test_an_answer_under_the_cap_is_relayed_unchanged_and_settled_from_its_usage
     assert answer.headers["x-ceiling-billing-outcome"] == "billed"
     period = ledger(admin, tag)
     assert (period["committed_micros"], period["reserved_micros"]) == (bill.cost_micros, 0)
-    # Settled, but too large to keep for replay: a retry learns only that the call finished.
+    # Settled, but too large to keep for replay: a retry learns what became of the call and what
+    # it was charged, and is not sent again.
     assert len(body) > REPLY_BYTES_MAX
     replayed = chat(gw, key, model, **{"Idempotency-Key": idempotency_key})
-    assert replayed.headers.get("x-ceiling-replayed") == "true"
-    assert replayed.json()["error"]["code"] == "idempotency_conflict"
+    assert (replayed.status_code, replayed.headers.get("x-ceiling-replayed")) == (409, "true")
+    error = replayed.json()["error"]
+    assert (error["code"], error["outcome"], error["charged_micros"]) == (
+        "reply_not_kept", "billed", bill.cost_micros)
     assert billed(stub, model).calls == 1
 
 

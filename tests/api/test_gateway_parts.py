@@ -8,7 +8,9 @@ that report no usage.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +23,17 @@ from api.routes.gateway import kept_while_sent
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.config import OUTPUT_TOKENS_DEFAULT
 from core.content import Media, responses_input
-from core.errors import FieldUnsupported, IdempotencyConflict, InputUnbounded, InvalidRequest
+from core.errors import (
+    FieldUnsupported,
+    IdempotencyConflict,
+    InputUnbounded,
+    InvalidRequest,
+    StateQuota,
+)
 from core.estimate import input_tokens_upper_bound
 from core.gateway import (
     Api,
+    Bill,
     Call,
     Outcome,
     OutputLengths,
@@ -35,14 +44,18 @@ from core.gateway import (
     usage_of,
 )
 from core.jsonbody import JSON_DEPTH_MAX
-from core.ledger import ClaimKind, ReplyRef, ReplyStore, StoredReply
+from core.ledger import GATEWAY_OWNER_PREFIX, ClaimKind, Kept, ReplyRef, ReplyStore, StoredReply
+from core.limits import REPLIES_PER_KEY_MAX, REPLY_BYTES_PER_KEY_MAX
 from core.prices import PriceTable, Usage
 from core.replies import (
     IN_FLIGHT_RETRY_AFTER_S,
     IN_FLIGHT_WAIT_S_MAX,
+    REPLY_STORED_BYTES_MAX,
     IdempotencyInFlight,
     Ticket,
     claim,
+    packed,
+    unpacked,
 )
 from core.service import CeilingService
 from core.stores.memory import MemoryReplies, MemoryStore
@@ -500,27 +513,30 @@ async def reply_store(
 
 
 REPLY = StoredReply(200, (("content-type", "application/json"),), '{"id": "x"}')
+NOT_KEPT = StoredReply(409, (), '{"error": {"code": "reply_not_kept"}}')
+OWNER = GATEWAY_OWNER_PREFIX + "key_1"
+BILL = Bill("r1", 100, 60, Outcome.BILLED, None, None)
 
 
 async def test_a_key_is_claimed_once_then_replays_its_answer(
     reply_store: ReplyStore, tag: str
 ) -> None:
-    ref = ReplyRef(tag, "d1")
+    ref = ReplyRef(tag, "d1", OWNER)
     assert (await reply_store.claim(ref, "fp", "t1", 60_000)).kind is ClaimKind.CLAIMED
     # Resent claims by the same attempt (a lost reply) are still its own.
     assert (await reply_store.claim(ref, "fp", "t1", 60_000)).kind is ClaimKind.CLAIMED
     assert (await reply_store.claim(ref, "fp", "t2", 60_000)).kind is ClaimKind.IN_FLIGHT
     assert (await reply_store.claim(ref, "other", "t2", 60_000)).kind is ClaimKind.CONFLICT
-    assert not await reply_store.complete(ref, "t2", REPLY, 60_000)
-    assert await reply_store.complete(ref, "t1", REPLY, 60_000)
-    assert await reply_store.complete(ref, "t1", REPLY, 60_000)
+    assert await reply_store.complete(ref, "t2", REPLY, 60_000) is Kept.LOST
+    assert await reply_store.complete(ref, "t1", REPLY, 60_000) is Kept.KEPT
+    assert await reply_store.complete(ref, "t1", REPLY, 60_000) is Kept.KEPT
     await reply_store.abandon(ref, "t1")  # a finished answer is never given back
     done = await reply_store.claim(ref, "fp", "t3", 60_000)
     assert (done.kind, done.reply) == (ClaimKind.DONE, REPLY)
 
 
 async def test_an_abandoned_key_can_be_claimed_again(reply_store: ReplyStore, tag: str) -> None:
-    ref = ReplyRef(tag, "d2")
+    ref = ReplyRef(tag, "d2", OWNER)
     await reply_store.claim(ref, "fp", "t1", 60_000)
     await reply_store.abandon(ref, "t2")  # not its claim: ignored
     assert (await reply_store.claim(ref, "fp", "t2", 60_000)).kind is ClaimKind.IN_FLIGHT
@@ -531,7 +547,7 @@ async def test_an_abandoned_key_can_be_claimed_again(reply_store: ReplyStore, ta
 
 async def test_a_claim_of_a_dead_instance_ends_with_its_ttl(clock: ManualClock, tag: str) -> None:
     store = MemoryReplies(clock)
-    ref = ReplyRef(tag, "d3")
+    ref = ReplyRef(tag, "d3", OWNER)
     await store.claim(ref, "fp", "t1", 1_000)
     clock.advance(1_000)
     assert (await store.claim(ref, "fp", "t2", 1_000)).kind is ClaimKind.CLAIMED
@@ -551,7 +567,7 @@ class FakeTime:
 async def test_a_waiting_retry_gets_the_answer_and_a_late_one_gives_up(tag: str) -> None:
     store = MemoryReplies()
     time = FakeTime()
-    ref = ReplyRef(tag, "d4")
+    ref = ReplyRef(tag, "d4", OWNER)
     first = await claim(store, ref, "fp", wait=True, in_flight_ttl_ms=60_000)
     assert isinstance(first, Ticket)
     with pytest.raises(IdempotencyInFlight) as busy:
@@ -563,7 +579,7 @@ async def test_a_waiting_retry_gets_the_answer_and_a_late_one_gives_up(tag: str)
         await claim(store, ref, "fp", wait=False, in_flight_ttl_ms=60_000)
 
     async def finish_on_first_poll(seconds: float) -> None:
-        await first.complete(REPLY)
+        await first.complete(REPLY, NOT_KEPT)
 
     assert await claim(store, ref, "fp", wait=True, in_flight_ttl_ms=60_000,
                        sleep=finish_on_first_poll) == REPLY
@@ -578,20 +594,21 @@ class GatedReplies(MemoryReplies):
         super().__init__()
         self.gate = asyncio.Event()
 
-    async def complete(self, ref: ReplyRef, token: str, reply: StoredReply, ttl_ms: int) -> bool:
+    async def complete(self, ref: ReplyRef, token: str, reply: StoredReply, ttl_ms: int,
+                       *, counted: bool = True) -> Kept:
         await self.gate.wait()
-        return await super().complete(ref, token, reply, ttl_ms)
+        return await super().complete(ref, token, reply, ttl_ms, counted=counted)
 
 
 async def test_an_answer_is_kept_while_it_is_sent_and_even_when_sending_fails(tag: str) -> None:
     store = GatedReplies()
 
     async def kept_answer(digest: str) -> tuple[ReplyRef, Response]:
-        ref = ReplyRef(tag, digest)
+        ref = ReplyRef(tag, digest, OWNER)
         ticket = await claim(store, ref, "fp", wait=False, in_flight_ttl_ms=60_000)
         assert isinstance(ticket, Ticket)
         return ref, kept_while_sent(b'{"id": "x"}', 200, {"content-type": "application/json"},
-                                    ticket, Outcome.BILLED, api=Api.CHAT)
+                                    ticket, BILL, api=Api.CHAT)
 
     async def kind(ref: ReplyRef) -> ClaimKind:
         return (await store.claim(ref, "fp", "retry", 60_000)).kind
@@ -612,7 +629,9 @@ async def test_an_answer_is_kept_while_it_is_sent_and_even_when_sending_fails(ta
     assert (await kind(ref), request.done()) == (ClaimKind.IN_FLIGHT, False)
     store.gate.set()
     await asyncio.wait_for(request, 10)
-    assert (await store.claim(ref, "fp", "retry", 60_000)).reply == StoredReply(
+    kept = (await store.claim(ref, "fp", "retry", 60_000)).reply
+    assert kept is not None
+    assert unpacked(kept) == StoredReply(
         200, (("content-type", "application/json"),), '{"id": "x"}')
 
     # A client whose connection broke is the one that retries: its answer is kept all the same.
@@ -628,3 +647,60 @@ async def test_an_answer_is_kept_while_it_is_sent_and_even_when_sending_fails(ta
             break
         await asyncio.sleep(0.01)
     assert await kind(ref) is ClaimKind.DONE
+
+
+async def test_answers_are_kept_compressed_and_a_key_keeps_at_most_its_quota_of_bytes(
+    reply_store: ReplyStore, tag: str
+) -> None:
+    """Answers that do not compress, each near the most one may take kept: the key keeps them
+    until its quota of bytes is used; every later one leaves the note a retry is answered with,
+    and none is lost."""
+    noise = random.Random(7)
+    size = REPLY_STORED_BYTES_MAX * 2 // 3  # base64 of random bytes: stays near this packed
+    kept_bytes, notes = 0, 0
+    for i in range(REPLY_BYTES_PER_KEY_MAX // size + 3):
+        ref = ReplyRef(tag, f"q{i}", OWNER)
+        ticket = await claim(reply_store, ref, "fp", wait=False, in_flight_ttl_ms=60_000)
+        assert isinstance(ticket, Ticket)
+        body = base64.b64encode(noise.randbytes(size * 3 // 4)).decode()
+        answer = StoredReply(200, (), body)
+        kept = await ticket.complete(answer, NOT_KEPT)
+        replay = await claim(reply_store, ref, "fp", wait=False, in_flight_ttl_ms=60_000)
+        if kept is Kept.KEPT:
+            assert replay == answer
+            kept_bytes += len(packed(answer).body) + len("[]")
+        else:
+            assert replay == NOT_KEPT
+            notes += 1
+    assert kept_bytes <= REPLY_BYTES_PER_KEY_MAX < kept_bytes + size * 2
+    assert notes >= 3
+    # Another key's quota is its own.
+    other = ReplyRef(tag, "q-other", GATEWAY_OWNER_PREFIX + "key_2")
+    ticket = await claim(reply_store, other, "fp", wait=False, in_flight_ttl_ms=60_000)
+    assert isinstance(ticket, Ticket)
+    assert await ticket.complete(REPLY, NOT_KEPT) is Kept.KEPT
+
+
+async def test_a_chat_answer_is_kept_in_a_fraction_of_its_bytes() -> None:
+    stream = "".join(f'data: {{"choices":[{{"delta":{{"content":"word {i} "}},"logprobs":'
+                     f'{{"content":[{{"token":"word","logprob":-0.{i % 97}}}]}}}}]}}\n\n'
+                     for i in range(5_000))
+    kept = packed(StoredReply(200, (), stream))
+    assert len(kept.body) * 5 < len(stream)
+    assert unpacked(kept).body == stream
+
+
+async def test_a_key_claims_at_most_its_quota_of_idempotency_keys(
+    reply_store: ReplyStore, tag: str
+) -> None:
+    for i in range(REPLIES_PER_KEY_MAX):
+        found = await reply_store.claim(ReplyRef(tag, f"c{i}", OWNER), "fp", "t", 60_000)
+        assert found.kind is ClaimKind.CLAIMED
+    with pytest.raises(StateQuota) as refused:
+        await reply_store.claim(ReplyRef(tag, "c-last", OWNER), "fp", "t", 60_000)
+    assert refused.value.details["quota"] == "replies"
+    # A key already claimed is still answered; another API key claims its own.
+    again = await reply_store.claim(ReplyRef(tag, "c0", OWNER), "fp", "t", 60_000)
+    assert again.kind is ClaimKind.CLAIMED
+    other = ReplyRef(tag, "c0", GATEWAY_OWNER_PREFIX + "key_2")
+    assert (await reply_store.claim(other, "fp", "t", 60_000)).kind is ClaimKind.CLAIMED

@@ -102,13 +102,14 @@ def fresh_provider(stub: StubProvider, proxy: FaultProxy) -> Iterator[None]:
     control(stub)
 
 
-def refused_unbounded(create: Callable[..., Any], field: str, **request: Any) -> None:
+def refused_unbounded(create: Callable[..., Any], field: str, code: str = "input_unbounded",
+                      **request: Any) -> None:
     """The call is refused before anything is held, naming `field`; the SDK retries nothing."""
     with pytest.raises(anthropic.UnprocessableEntityError) as refused:
         create(**request)
     error = refused.value.body["error"]  # type: ignore[index]
     assert (error["type"], error["code"], error["field"]) == (
-        "invalid_request_error", "input_unbounded", field), error
+        "invalid_request_error", code, field), error
     assert refused.value.response.headers["x-ceiling-reserved-micros"] == "0"
 
 
@@ -340,8 +341,8 @@ def test_betas_that_change_what_a_call_bills_are_held_or_refused(
     for beta in ("context-1m-2025-08-07", "fast-mode-2026-02-01", "betas-of-tomorrow"):
         refused_unbounded(messages.create, "anthropic-beta", model=SONNET_4, max_tokens=100,
                           messages=long_prompt, extra_headers={"anthropic-beta": beta})
-    refused_unbounded(messages.create, "speed", model=SONNET, max_tokens=100, messages=HELLO,
-                      extra_body={"speed": "fast"})
+    refused_unbounded(messages.create, "speed", "field_unsupported", model=SONNET,
+                      max_tokens=100, messages=HELLO, extra_body={"speed": "fast"})
     nothing_reached_the_provider(stub)
     attack = Attack("messages: the 1M-context beta above 200K tokens")
     for _ in range(5):  # 3 fit

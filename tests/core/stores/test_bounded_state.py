@@ -19,13 +19,15 @@ import pytest
 import redis.asyncio as aioredis
 
 from core.budgets import BudgetDef, BudgetId, Limit, Period
-from core.errors import BudgetBusy
+from core.errors import BudgetBusy, StateQuota
 from core.ledger import Role, StoredReply
 from core.limits import (
     IDEMPOTENCY_WINDOW_MS,
     RESERVATION_TTL_MS_MAX,
     RESERVATION_TTL_MS_MIN,
     RUN_COUNTER_IDLE_MS,
+    RUNS_PER_KEY_MAX,
+    STATE_QUOTA_WINDOW_MS,
     UNKNOWN_OUTCOME_RETENTION_MS,
 )
 from core.prices import PriceTable
@@ -47,7 +49,7 @@ MODELS = 50  # distinct model names with an output histogram
 # open-lease set while it has members, and the operators' catalogue (its audit stream is trimmed
 # by age as it is written).
 OPERATOR_KEYS = re.compile(
-    r"sc:ledger|sc:tags|sc:key:[0-9a-f]+|sc:keyid:key_[0-9a-f]+"
+    r"sc:ledger|sc:tags|sc:key:[0-9a-f]+|sc:keyid:key_[0-9a-f]+|sc:key:\{key_[0-9a-f]+\}"
     r"|\{sc:ledger\}:(orgs|budgets|keys|audit|restored|adopted)"
     r"|sc:\{(?P<tag>[^}]+)\}:(meta|open|budgets|def:.+|p:(?P<budget>[^|]+)\|total)"
 )
@@ -174,11 +176,98 @@ async def test_10000_run_ids_leave_nothing_a_caller_made_without_an_expiry(
     assert not await raw.exists(f"sc:{{{tag}}}:open")
     assert await keys_without_expiry(raw, defined) == []
     run_keys = [k async for k in raw.scan_iter(match=f"sc:{{{tag}}}:p:*run:*", count=1_000)]
-    assert len(run_keys) == RUNS + 1
+    # A run that spent nothing (its one call released, as run-long's was) is not kept.
+    released = sum(1 for i in range(RUNS) if i % OPEN_EVERY and i % RELEASE_EVERY == 0)
+    assert len(run_keys) == RUNS - released
     info = await raw.info("memory")
     print(f"\nbounded state: {RUNS} run ids, {await raw.dbsize()} keys, none a caller made "
           f"without an expiry; bytes (MEMORY USAGE) per run counter {counter_bytes}, per "
           f"settled reservation record {record_bytes}, per settled gateway call's record "
           f"(kept RESEND_WINDOW_MS) {gateway_record_bytes[0]}; used_memory "
           f"{info['used_memory']}")
+    await store.close()
+
+
+# -- what calls that spend nothing leave, and each key's quota ------------------------------------
+
+# The measurement from outside: zero-spend requests, and what of them may outlive a replay.
+ZERO_SPEND_CALLS = 3_000
+KEPT_PAST_MS = 15 * 60_000
+# At most this share of them may leave a key living past KEPT_PAST_MS (the key's quota hashes).
+KEPT_PAST_SHARE_MAX = 0.01
+
+
+@pytest.mark.slow
+async def test_calls_that_spend_nothing_leave_nothing_past_a_replay(
+    own_redis: RedisServer, raw: aioredis.Redis
+) -> None:
+    """Half gateway calls, each under a fresh run id, that the provider refused (released), half
+    sidecar reservations of 1 micro-dollar released: nothing was spent, so nothing is kept past
+    the replay window but the key's quota."""
+    store = RedisStore(own_redis.url)
+    service = CeilingService(store, PriceTable.from_file(None))
+    tag = f"org:z{uuid.uuid4().hex[:8]}"
+    await service.put_budget(BudgetDef(BudgetId(tag), (
+        Limit(Period.DAY, 10**9), Limit(Period.MONTH, 10**9), Limit(Period.TOTAL, 10**9))))
+    key = await service.create_key(BudgetId(f"{tag}/key:k"), 1_000, frozenset(Role))
+    before = {k async for k in raw.scan_iter(count=1_000)}
+
+    async def one(i: int) -> None:
+        gateway = i % 2 == 0
+        who = await service.authenticate(key.api_key, f"run-{i}" if gateway else None,
+                                         Role.GATEWAY if gateway else Role.SIDECAR)
+        r = await service.reserve(who, CallSpec(amount_micros=100 if gateway else 1))
+        await service.release(who, r.reservation_id)
+
+    pending = iter(range(ZERO_SPEND_CALLS))
+
+    async def worker() -> None:
+        for i in pending:
+            await one(i)
+
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    made = [k async for k in raw.scan_iter(count=1_000) if k not in before]
+    long_lived = [k for k in made if (ttl := await raw.pttl(k)) == -1 or ttl > KEPT_PAST_MS]
+    print(f"\nzero spend: {ZERO_SPEND_CALLS} calls, {len(made)} keys made, "
+          f"{len(long_lived)} living past {KEPT_PAST_MS // 60_000} min: {sorted(long_lived)}")
+    assert len(long_lived) <= ZERO_SPEND_CALLS * KEPT_PAST_SHARE_MAX
+    # The budget's own period counters (one per window, whatever the calls) and the key's quota.
+    assert all(k.startswith((keys.prefix(tag) + keys.QUOTA, keys.counter(tag, tag, "")))
+               for k in long_lived), long_lived
+    await store.close()
+
+
+@pytest.mark.slow
+async def test_a_key_opens_at_most_its_quota_of_runs_a_window(
+    own_redis: RedisServer, raw: aioredis.Redis
+) -> None:
+    """RUNS_PER_KEY_MAX runs that each spent a micro-dollar, then one more: refused 429
+    state_quota, counted in the same script that opens a run, whatever the concurrency. A call in
+    a run already open, and a replay, still pass."""
+    store = RedisStore(own_redis.url)
+    service = CeilingService(store, PriceTable.from_file(None))
+    tag = f"org:q{uuid.uuid4().hex[:8]}"
+    await service.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, 10**12),)))
+    key = await service.create_key(BudgetId(f"{tag}/key:k"), 1_000, frozenset(Role))
+    pending = iter(range(RUNS_PER_KEY_MAX + CONCURRENCY))
+    refused: list[StateQuota] = []
+
+    async def worker() -> None:
+        for i in pending:
+            who = await service.authenticate(key.api_key, f"run-{i}", Role.SIDECAR)
+            try:
+                r = await service.reserve(who, CallSpec(amount_micros=1))
+            except StateQuota as exc:
+                refused.append(exc)
+                continue
+            await service.settle(who, r.reservation_id, SettleSpec(actual_micros=1))
+
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    run_keys = [k async for k in raw.scan_iter(match=f"sc:{{{tag}}}:p:*run:*", count=1_000)]
+    assert len(run_keys) == RUNS_PER_KEY_MAX
+    assert len(refused) == CONCURRENCY
+    assert refused[0].details["quota"] == "runs"
+    assert 0 < refused[0].details["retry_after_s"] <= STATE_QUOTA_WINDOW_MS // 1_000
+    who = await service.authenticate(key.api_key, "run-0", Role.SIDECAR)
+    await service.reserve(who, CallSpec(amount_micros=1))  # a run already open
     await store.close()

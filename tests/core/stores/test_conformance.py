@@ -6,6 +6,7 @@ operation returned, so a store cannot pass by reporting what the test expects.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from core.errors import (
     BudgetExceeded,
     BudgetNotFound,
     IdempotencyConflict,
+    InvariantBroken,
     ReservationNotFound,
     ReservationResolved,
 )
@@ -416,13 +418,87 @@ async def test_a_run_budget_is_checked_with_the_others(store: LedgerStore, tag: 
     assert [(x.budget_id, x.reserved_micros) for x in legs] == [(tag, 100), (f"{tag}/run:r1", 100)]
 
 
-async def test_api_keys_are_stored_by_hash_and_revoked(store: LedgerStore, tag: str) -> None:
-    record = KeyRecord("key_1" + tag[-6:], "h" + uuid.uuid4().hex, BudgetId(tag), 500)
+def a_key(tag: str, run_ceiling_micros: int | None = 500) -> KeyRecord:
+    return KeyRecord("key_" + uuid.uuid4().hex[:16], "h" + uuid.uuid4().hex, BudgetId(tag),
+                     run_ceiling_micros)
+
+
+async def taken(store: LedgerStore, key_id: str, hashes: list[str]) -> list[str]:
+    """The hashes of `hashes` the key's record takes now."""
+    return [h for h in hashes if await store.get_key(h, key_id) is not None]
+
+
+async def test_api_keys_are_found_by_their_id_and_revoked(store: LedgerStore, tag: str) -> None:
+    record = a_key(tag)
     await store.put_key(record)
-    assert await store.get_key(record.key_hash) == record
+    assert await store.get_key(record.key_hash, record.key_id) == record
+    await store.put_key(record)  # a repeat writes nothing
+    assert await store.get_key(record.key_hash, record.key_id) == record
+    # The id is the authority: another secret, or this one under another id, is no key's.
+    assert await store.get_key("h" + uuid.uuid4().hex, record.key_id) is None
+    assert await store.get_key(record.key_hash, "key_" + uuid.uuid4().hex[:16]) is None
+    # A key made now has no entry under its hash: its secrets carry its id.
+    assert await store.get_key(record.key_hash) is None
+    with pytest.raises(InvariantBroken):  # another key under an id already made
+        await store.put_key(KeyRecord(record.key_id, "h" + uuid.uuid4().hex, BudgetId(tag), 1))
     assert await store.delete_key(record.key_id)
     assert not await store.delete_key(record.key_id)
-    assert await store.get_key(record.key_hash) is None
+    assert await store.get_key(record.key_hash, record.key_id) is None
+    # A revoked id stays revoked: not made again, not rotated back to life.
+    with pytest.raises(InvariantBroken):
+        await store.put_key(record)
+    assert not await store.rotate_key(record.key_id, "h" + uuid.uuid4().hex, 60_000)
+    assert await store.get_key(record.key_hash, record.key_id) is None
+    assert not await store.rotate_key("key_" + uuid.uuid4().hex[:16], "h1", 0)
+
+
+async def test_a_rotated_key_takes_its_previous_secret_until_the_grace_ends(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    record = a_key(tag)
+    await store.put_key(record)
+    first, second, third = record.key_hash, "h" + uuid.uuid4().hex, "h" + uuid.uuid4().hex
+    assert await store.rotate_key(record.key_id, second, 1_000)
+    found = await store.get_key(first, record.key_id)
+    assert found is not None
+    assert (found.key_id, found.key_hash, found.budget_id, found.run_ceiling_micros) == (
+        record.key_id, first, record.budget_id, 500)
+    clock.advance(999)
+    assert await taken(store, record.key_id, [first, second]) == [first, second]
+    clock.advance(1)  # the grace is over, by the ledger's clock
+    assert await taken(store, record.key_id, [first, second]) == [second]
+    # A repeat of the rotation writes nothing: the grace it gave is not given again.
+    assert await store.rotate_key(record.key_id, second, 1_000)
+    assert await taken(store, record.key_id, [first, second]) == [second]
+    # One previous secret at a time: the next rotation ends the one before at once.
+    assert await store.rotate_key(record.key_id, third, 60_000)
+    assert await taken(store, record.key_id, [first, second, third]) == [second, third]
+    # A repeat of a rotation a later one overtook does not bring its secret back as current.
+    assert await store.rotate_key(record.key_id, second, 0)
+    clock.advance(60_000)
+    assert await taken(store, record.key_id, [first, second, third]) == [third]
+    # Revoking ends every secret at once, the previous one within its grace too.
+    assert await store.rotate_key(record.key_id, first + "x", 60_000)
+    assert await store.delete_key(record.key_id)
+    assert await taken(store, record.key_id, [first, second, third, first + "x"]) == []
+
+
+async def test_racing_key_rotations_without_grace_leave_exactly_one_secret(
+    store: LedgerStore, tag: str
+) -> None:
+    record = a_key(tag)
+    await store.put_key(record)
+    hashes = ["h" + uuid.uuid4().hex for _ in range(10)]
+    rotated = await asyncio.gather(*(store.rotate_key(record.key_id, h, 0) for h in hashes))
+    assert rotated == [True] * 10
+    left = await taken(store, record.key_id, [record.key_hash, *hashes])
+    assert len(left) == 1
+    assert left[0] in hashes
+    # With a revoke among them: nothing, whichever ran first.
+    again = ["h" + uuid.uuid4().hex for _ in range(10)]
+    await asyncio.gather(store.delete_key(record.key_id),
+                         *(store.rotate_key(record.key_id, h, 0) for h in again))
+    assert await taken(store, record.key_id, [record.key_hash, *hashes, *again]) == []
 
 
 async def test_reservation_view_reports_the_price_version_and_model(
@@ -650,7 +726,7 @@ async def test_a_key_keeps_its_roles(store: LedgerStore, tag: str) -> None:
         record = KeyRecord("key_r" + uuid.uuid4().hex[:8], "h" + uuid.uuid4().hex,
                            BudgetId(tag), None, frozenset(roles))
         await store.put_key(record)
-        assert await store.get_key(record.key_hash) == record
+        assert await store.get_key(record.key_hash, record.key_id) == record
 
 
 # -- bounded state: run counters end after an idle time ----------------------------------------

@@ -185,7 +185,7 @@ async def test_a_budget_put_under_short_names_applies_until_it_is_put_again(
 async def test_replies_and_keys_kept_under_short_names_are_read(
     store: RedisStore, raw: aioredis.Redis, tag: str
 ) -> None:
-    done, flying = ReplyRef(tag, "d-old"), ReplyRef(tag, "f-old")
+    done, flying = ReplyRef(tag, "d-old", "gw:k"), ReplyRef(tag, "f-old", "gw:k")
     await raw.hset(keys.reply(tag, done.digest), mapping={
         "st": "d", "fp": "fp", "tok": "t0", "status": "200",
         "headers": json.dumps([["content-type", "application/json"]]), "body": "{}"})

@@ -6,10 +6,12 @@ what an operation answered about itself.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -23,13 +25,16 @@ from core.errors import (
     LedgerUnavailable,
     Unauthorized,
 )
-from core.ledger import ReservationRef, ReservationState, ReserveRequest, Role
+from core.ledger import KeyRecord, ReservationRef, ReservationState, ReserveRequest, Role
 from core.operations import BILL_FORMAT, PAGE_SIZE_MAX, Operations, checksum
 from core.prices import PriceTable
-from core.service import CeilingService, hash_api_key
+from core.service import CeilingService, hash_api_key, key_id_of, new_key_id
 from core.stores import keys
-from core.stores.redis import RedisStore
+from core.stores.redis import RedisStore, RedisTransport, redis_client
+from core.stores.scripted import ScriptedStore
+from core.stores.scripts import Script
 from infra.redis_server import RedisServer
+from tests.support import ManualClock
 
 BY = "admin:test"
 TTL_MS = 60_000
@@ -63,6 +68,23 @@ def _request(bid: BudgetId, amount: int, rid: str | None = None) -> ReserveReque
         ref=ReservationRef(bid.tag, rid or f"r{uuid.uuid4().hex}", "key_owner"),
         budget_ids=bid.lineage, amount_micros=amount, ttl_ms=TTL_MS, fingerprint="fp",
         price_version="test")
+
+
+async def _taken(svc: CeilingService, *secrets: str) -> list[bool]:
+    """Whether the ledger takes each secret now (its key's record, read with no trust cache)."""
+    return [await svc.store.get_key(hash_api_key(s), key_id_of(s)) is not None for s in secrets]
+
+
+async def _legacy_key(raw: aioredis.Redis, bid: BudgetId, roles: str = "sidecar"
+                      ) -> tuple[str, str]:
+    """A key as versions before records were by id made one (an entry under the secret's
+    hash, a pointer from the id), with a secret of theirs (no key id in it): (id, secret)."""
+    key_id, secret = f"key_{uuid.uuid4().hex[:16]}", f"sk-ceil-{uuid.uuid4().hex}"
+    await raw.set(keys.api_key_id(key_id), hash_api_key(secret))
+    await raw.hset(keys.api_key(hash_api_key(secret)), mapping={
+        "key_id": key_id, "budget_id": bid.path, "run_ceiling_micros": "", "roles": roles,
+        "created_ms": "1"})
+    return key_id, secret
 
 
 async def _put(ops: Operations, path: str, total: int, **kw: object) -> BudgetId:
@@ -107,13 +129,12 @@ async def test_rotation_keeps_the_old_secret_for_its_grace_and_revoke_ends_both(
         new = await ops.create_key(bid, None, frozenset({Role.SIDECAR}), BY)
         rotated = await ops.rotate_key(new.key_id, 60_000, BY)
         assert rotated["api_key"] != new.api_key
+        assert key_id_of(rotated["api_key"]) == new.key_id
         # Both work during the grace period, straight from the ledger (no trust cache).
-        assert await svc.store.get_key(hash_api_key(new.api_key)) is not None
-        assert await svc.store.get_key(hash_api_key(rotated["api_key"])) is not None
+        assert await _taken(svc, new.api_key, rotated["api_key"]) == [True, True]
         assert (await ops.keys("org:r", None)).items[0]["previous_secret_valid_ms"] > 0
         assert await ops.revoke_key(new.key_id, BY)
-        assert await svc.store.get_key(hash_api_key(new.api_key)) is None
-        assert await svc.store.get_key(hash_api_key(rotated["api_key"])) is None
+        assert await _taken(svc, new.api_key, rotated["api_key"]) == [False, False]
         with pytest.raises(BudgetNotFound):
             await ops.rotate_key(new.key_id, 1000, BY)
         with pytest.raises(InvalidRequest):
@@ -156,10 +177,11 @@ async def test_export_then_restore_into_a_wiped_ledger(server: RedisServer) -> N
         day = BudgetId.parse("org:f")
         await ops.put_budget(BudgetDef(day, (Limit(Period.DAY, 900),), "Europe/Paris"), BY)
         key = await ops.create_key(bid, None, frozenset({Role.SIDECAR}), BY)
-        # A key made before the catalogue existed: in no index, and exported all the same.
-        legacy = await ops.create_key(bid, None, frozenset({Role.SIDECAR}), BY)
+        rotated = await ops.rotate_key(key.key_id, 600_000, BY)
+        # A key made before the catalogue existed (and before records were by id): in no
+        # index, and exported all the same.
         raw = aioredis.Redis.from_url(server.url, decode_responses=True)
-        await raw.zrem(keys.KEYS_KEY, f"{bid.path} {legacy.key_id}")
+        legacy_id, legacy_secret = await _legacy_key(raw, bid)
         await raw.aclose()
         settled = await svc.store.reserve(_request(bid, 300))
         await svc.store.settle(ReservationRef(bid.tag, settled.reservation_id, "key_owner"), 250)
@@ -198,9 +220,9 @@ async def test_export_then_restore_into_a_wiped_ledger(server: RedisServer) -> N
         await svc.store.settle(ReservationRef(bid.tag, open_one.reservation_id, "key_owner"), 100)
         legs = {x.budget_id: x for x in await svc.store.status(bid.lineage)}
         assert legs["org:e/team:x"].committed_micros == 700
-        for made in (key, legacy):
-            assert (await svc.authenticate(made.api_key, role=Role.SIDECAR)).key.key_id == (
-                made.key_id)
+        for key_id, secret in ((key.key_id, key.api_key), (key.key_id, rotated["api_key"]),
+                               (legacy_id, legacy_secret)):
+            assert (await svc.authenticate(secret, role=Role.SIDECAR)).key.key_id == key_id
         with pytest.raises(LedgerNotEmpty):
             await ops.restore(document, None, False, BY)
         # Forced, the larger committed of every counter stays: nothing refilled.
@@ -244,3 +266,160 @@ def test_checksum_covers_everything_but_itself() -> None:
     signed = {**doc, "checksum": checksum(doc)}
     assert checksum(signed) == signed["checksum"]
     assert checksum({**signed, "body": {"a": 2}}) != signed["checksum"]
+
+
+# -- keys: the layout before records were by id, and rotations cut short --------------------------
+
+GRACE_MS = 60_000
+
+
+async def _secrets_taken(store: ScriptedStore, key_id: str, *hashes: str) -> list[str]:
+    """Of `hashes`, those the ledger takes now, as a secret that carries the key id or as one
+    of the layout before (found by its hash alone)."""
+    out = []
+    for h in hashes:
+        by_hash = await store.get_key(h)
+        assert by_hash is None or by_hash.key_id == key_id
+        if by_hash is not None or await store.get_key(h, key_id) is not None:
+            out.append(h)
+    return out
+
+
+async def test_a_key_of_the_layout_before_records_is_moved_into_one_when_rotated(
+        server: RedisServer) -> None:
+    raw = aioredis.Redis.from_url(server.url, decode_responses=True)
+    async with _instance(server.url) as (svc, ops):
+        bid = await _put(ops, "org:m", 100)
+        key_id, secret = await _legacy_key(raw, bid, roles="gateway,sidecar")
+        # As that layout's rotation left it: the previous secret's entry expiring with its
+        # pointer, and an entry one that did not finish left without either.
+        previous, orphan = f"sk-ceil-{uuid.uuid4().hex}", f"sk-ceil-{uuid.uuid4().hex}"
+        for old, ttl in ((previous, GRACE_MS), (orphan, None)):
+            await raw.hset(keys.api_key(hash_api_key(old)), mapping={
+                "key_id": key_id, "budget_id": bid.path, "run_ceiling_micros": "",
+                "roles": "sidecar"})
+            if ttl:
+                await raw.pexpire(keys.api_key(hash_api_key(old)), ttl)
+        await raw.set(keys.api_key_previous(key_id), hash_api_key(previous), px=GRACE_MS)
+        assert await _taken(svc, secret, previous, orphan) == [True, True, False]
+        rotated = (await ops.rotate_key(key_id, GRACE_MS, BY))["api_key"]
+        assert key_id_of(rotated) == key_id
+        # The record decides now: the new secret, the one it replaced for the grace; the one
+        # before that is taken no more (one previous secret at a time), nor is the orphan.
+        assert await _taken(svc, rotated, secret, previous, orphan) == [True, True, False, False]
+        assert await raw.exists(keys.api_key_id(key_id), keys.api_key_previous(key_id)) == 0
+        assert await raw.hget(keys.api_key(hash_api_key(secret)), "index_only") == "1"
+        listed = (await ops.keys(bid.path, None)).items
+        assert [(k["key_id"], k["roles"], k["created_ms"]) for k in listed] == [
+            (key_id, ["gateway", "sidecar"], 1)]
+        assert 0 < listed[0]["previous_secret_valid_ms"] <= GRACE_MS
+        again = (await ops.rotate_key(key_id, 0, BY))["api_key"]
+        assert await _taken(svc, again, rotated, secret, previous, orphan) == [
+            True, False, False, False, False]
+        assert await ops.revoke_key(key_id, BY)
+        assert await _taken(svc, again, rotated, secret, previous, orphan) == [False] * 5
+        assert not await ops.revoke_key(key_id, BY)
+
+        # Revoked in that layout: nothing of it is taken, and no rotation brings it back.
+        key_id, secret = await _legacy_key(raw, bid)
+        assert await ops.revoke_key(key_id, BY)
+        assert await _taken(svc, secret) == [False]
+        with pytest.raises(BudgetNotFound):
+            await ops.rotate_key(key_id, 0, BY)
+        assert await _taken(svc, secret) == [False]
+    await raw.aclose()
+
+
+class LosingTransport:
+    """A ledger connection lost at its `lose_at`th command from now on (`arm`): before the
+    command reached the ledger, or after it ran there with its reply lost (a call timeout),
+    which is what an instance sees at each point of a step cut short."""
+
+    def __init__(self, inner: RedisTransport, *, reply_lost: bool) -> None:
+        self.inner, self.reply_lost = inner, reply_lost
+        self.backend = inner.backend
+        self.sent, self.lose_at = 0, 0
+
+    def arm(self, lose_after: int) -> None:
+        self.lose_at = self.sent + lose_after
+
+    @property
+    def lost(self) -> bool:
+        return self.sent >= self.lose_at
+
+    async def _send(self, command: Callable[[], Awaitable[Any]]) -> Any:
+        self.sent += 1
+        losing = self.sent == self.lose_at
+        if losing and not self.reply_lost:
+            raise LedgerUnavailable("connection lost", reason="ledger_unreachable")
+        reply = await command()
+        if losing:
+            raise LedgerUnavailable("no reply in time", reason="ledger_unreachable")
+        return reply
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
+        return await self._send(lambda: self.inner.run(script, keys, args))
+
+    async def execute(self, *args: str) -> Any:
+        return await self._send(lambda: self.inner.execute(*args))
+
+    async def durable(self) -> bool | None:
+        return await self.inner.durable()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.mark.parametrize("reply_lost", [False, True], ids=["before", "after"])
+@pytest.mark.parametrize("layout", ["record", "before_records"])
+async def test_a_rotation_cut_short_anywhere_leaves_no_secret_taken_that_should_not_be(
+        server: RedisServer, reply_lost: bool, layout: str) -> None:
+    """At every command of a rotation the connection is lost once. Afterwards either the
+    rotation happened (the new secret and, for its grace, the old one) or it did not (the old
+    secrets, as before); a rotation retried then leaves exactly its secret; a revoke, none."""
+    clock = ManualClock()
+    healthy = RedisStore(server.url, clock=clock)
+    raw = aioredis.Redis.from_url(server.url, decode_responses=True)
+    bid = BudgetId("org:cut")
+    points = 0
+    for lose_after in itertools.count(1):
+        if layout == "record":
+            key_id, old = new_key_id(), "h" + uuid.uuid4().hex
+            await healthy.put_key(KeyRecord(key_id, old, bid, None))
+            older = []
+        else:
+            key_id, secret = await _legacy_key(raw, bid)
+            old, prev = hash_api_key(secret), "h" + uuid.uuid4().hex
+            await raw.hset(keys.api_key(prev), mapping={"key_id": key_id, "budget_id": bid.path})
+            await raw.pexpire(keys.api_key(prev), GRACE_MS)
+            await raw.set(keys.api_key_previous(key_id), prev, px=GRACE_MS)
+            older = [prev]  # in its grace: taken until a rotation drops it
+        transport = LosingTransport(RedisTransport(redis_client(server.url)),
+                                    reply_lost=reply_lost)
+        store = ScriptedStore(transport, clock=clock)
+        await store.open()
+        new, retried = "h" + uuid.uuid4().hex, "h" + uuid.uuid4().hex
+        transport.arm(lose_after)
+        try:
+            await store.rotate_key(key_id, new, GRACE_MS)
+        except LedgerUnavailable:
+            pass
+        finally:
+            await store.close()
+        taken = await _secrets_taken(healthy, key_id, new, old, *older)
+        assert taken in ([old, *older], [new, old]), (lose_after, taken)
+        if taken == [new, old]:
+            clock.advance(GRACE_MS)  # the old secret's grace ends by the ledger's clock
+            assert await _secrets_taken(healthy, key_id, new, old, *older) == [new]
+        assert await healthy.rotate_key(key_id, retried, 0)
+        assert await _secrets_taken(healthy, key_id, retried, new, old, *older) == [retried]
+        assert await healthy.delete_key(key_id)
+        assert await _secrets_taken(healthy, key_id, retried, new, old, *older) == []
+        if not transport.lost:
+            break
+        points += 1
+    # Every command of the step was cut once: one script on a record; the move of a key of the
+    # older layout into one first, a command at a time, then the same script.
+    assert points >= (1 if layout == "record" else 8)
+    await healthy.close()
+    await raw.aclose()
