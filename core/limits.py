@@ -78,7 +78,7 @@ RUNS_PER_KEY_MAX = 10_000
 REPLIES_PER_KEY_MAX = 10_000
 # - Bytes of answers kept for idempotent retries, compressed: past it an answer is not kept, and
 #   a retry is told what became of the call (409 reply_not_kept), never called again.
-REPLY_BYTES_PER_KEY_MAX = 8 * 1024 * 1024
+REPLY_BYTES_PER_KEY_MAX = 4 * 1024 * 1024
 # Day and month counters are kept 400 days after their window ends, for reports and late settles.
 COUNTER_RETENTION_MS = 400 * 24 * 3_600_000
 
