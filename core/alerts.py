@@ -1,7 +1,7 @@
 """Alerts (issue 16): what a budget alerts on, the events the ledger emits, and how they go out.
 
-The ledger decides every event inside the step that moves the money (lua/lib.lua, "Alerts";
-MemoryStore the same in Python), and writes it to the tag's outbox. Delivery (`deliver_due`)
+The ledger decides every event inside the step that moves the money (lua/lib.lua, "Alerts"),
+and writes it to the tag's outbox. Delivery (`deliver_due`)
 takes due events from every tag's outbox, posts each as JSON signed with HMAC-SHA256, retries a
 failure with backoff, and records the outcome; it runs in a long-running instance's background
 task and from a scheduler's POST /v1/admin/alerts/deliver, never on a call's path. The sender

@@ -3,8 +3,8 @@
 A store holds budgets, API-key records and reservations, and runs the four ledger operations
 atomically: reserve, settle, release, expire (each step of a reservation as core/lifecycle.py's
 table says). Beside the ledger it keeps the gateway's idempotency keys (ReplyStore). The
-conformance suite (tests/core/stores) is the definition of a store; the scripted stores run the
-lua/ scripts, MemoryStore the same semantics in Python for one process.
+conformance suite (tests/core/stores) is the definition of a store; every store runs the lua/
+scripts (ScriptedStore), MemoryStore on a Redis in its own process.
 
 Invariant, for every counter (one budget in one period window):
     committed + reserved <= ceiling + overshoot

@@ -16,10 +16,10 @@ things and the effects follow from them by one rule (`effects` below):
     overshoot += max(0, committed(to) - covered(from))    what was charged beyond what was held
     released   = max(0, covered(from) - committed(to))    what the step gave back
 
-MemoryStore and the outage journal book through `effects`; the lua/ scripts get both tables in
-the prelude core/stores/wire.py generates and book by the same rule (lua/lib.lua `effects`); the
-table-driven conformance test (tests/core/stores/test_conformance.py) runs every row against
-every store; lua/README.md shows the table.
+The outage journal books through `effects`; the lua/ scripts, which every store runs, get both
+tables in the prelude core/stores/wire.py generates and book by the same rule (lua/lib.lua
+`effects`); the table-driven conformance test (tests/core/stores/test_conformance.py) runs every
+row against every store; lua/README.md shows the table.
 """
 
 from __future__ import annotations

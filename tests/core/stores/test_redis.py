@@ -13,7 +13,7 @@ from redis.exceptions import ResponseError
 from core.budgets import BudgetId, Period
 from core.errors import BudgetNotFound, LedgerUnavailable
 from core.ledger import ROLES_OF_LEGACY_KEYS, KeyRecord, ReservationRef, Role
-from core.limits import IDEMPOTENCY_WINDOW_MS, RESEND_WINDOW_MS
+from core.limits import IDEMPOTENCY_WINDOW_MS, REPLAY_WINDOW_MS, RESEND_WINDOW_MS
 from core.stores import keys, wire
 from core.stores.redis import LEDGER_CALL_TIMEOUT_S, RedisStore, lost_connection, translated
 from core.stores.scripts import library, script
@@ -281,3 +281,22 @@ async def test_a_connection_torn_down_under_redis_py_fails_closed_other_bugs_go_
     assert not lost_connection(ours)
     with pytest.raises(AttributeError), translated():
         raise ours
+
+
+async def test_a_reservation_that_moved_no_money_is_kept_for_replays_only(
+    redis_server: RedisServer, raw: aioredis.Redis, tag: str
+) -> None:
+    store = RedisStore(redis_server.url)
+    await put(store, tag, (Period.TOTAL, 10_000))
+    released, zero, settled = (request(tag, tag, 100) for _ in range(3))
+    for made in (released, zero, settled):
+        await store.reserve(made)
+    await store.release(released.ref)
+    await store.settle(zero.ref, 0)
+    await store.settle(settled.ref, 40)
+    for nothing_moved in (released, zero):
+        key = keys.reservation(tag, nothing_moved.ref.reservation_id)
+        assert 0 < await raw.pttl(key) <= REPLAY_WINDOW_MS
+    key = keys.reservation(tag, settled.ref.reservation_id)
+    assert REPLAY_WINDOW_MS < await raw.pttl(key) <= IDEMPOTENCY_WINDOW_MS
+    await store.close()
