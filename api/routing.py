@@ -9,6 +9,8 @@ that its OpenAPI schema describes them with their real headers and request bodie
 and for the fuzzer. The copy never
 runs its endpoint: the app's router matches a hot route's path and method first, and FastAPI
 sees only the other methods on that path, which the copy answers with a 405.
+
+The gateway's routes are made from its wire formats (core/formats), one each (format_route).
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from core.formats import FORMATS, WireFormat
+from core.formats.base import Schema
 from core.limits import RESERVATION_ID_LEN_MAX
 
 if TYPE_CHECKING:
     from fastapi.routing import APIRoute
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+# A gateway route's endpoint, given the wire format it serves.
+FormatEndpoint = Callable[[Request, WireFormat], Awaitable[Response]]
 
 # The headers every hot route reads: the caller's key and its run.
 HEADERS_COMMON = ("Authorization", "X-Ceiling-Run-Id")
@@ -41,12 +47,8 @@ HEADER_SCHEMAS: dict[str, dict[str, Any]] = {
                         "pattern": f"^[\\x21-\\x7e]{{1,{RESERVATION_ID_LEN_MAX}}}$"},
     "X-Ceiling-Clamp": {"type": "string", "enum": ["0", "1"],
                         "description": "1: lower the output cap to what the budgets have room for"},
-    # Anthropic's Messages API: the key as its clients send it, and what is forwarded with it.
-    "x-api-key": {"type": "string", "description": "the API key, when no Authorization is sent"},
-    "anthropic-version": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
-    "anthropic-beta": {"type": "string",
-                       "description": "comma-separated beta flags; only those the gateway "
-                       "knows the cost of are accepted"},
+    # Each wire format's own: the key as its clients send it, and what is forwarded with it.
+    **{name: schema for wire in FORMATS.values() for name, schema in wire.header_schemas.items()},
 }
 _PATH_PARAM = re.compile(r"{(\w+)")
 
@@ -89,3 +91,17 @@ class HotRoute:
             extra["requestBody"] = {"required": True, "content": {
                 "application/json": {"schema": self.body}}}
         return extra
+
+
+def format_route(wire: WireFormat, serve: FormatEndpoint, *, headers: tuple[str, ...],
+                 body: Schema | None, middleware: tuple[Middleware, ...]) -> HotRoute:
+    """`wire`'s hot route: at its path, `serve` with the format, reading the format's headers
+    before `headers`. Its endpoint takes the format's name, which the OpenAPI document shows as
+    the operation's id and summary."""
+
+    async def endpoint(request: Request) -> Response:
+        return await serve(request, wire)
+
+    endpoint.__name__ = endpoint.__qualname__ = wire.name
+    return HotRoute(wire.route, endpoint, body=body, headers=(*wire.headers, *headers),
+                    middleware=middleware)

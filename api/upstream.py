@@ -1,7 +1,9 @@
 """The providers the gateway forwards to: one pooled HTTP client per provider and process, made on
-first use. OpenAI-compatible calls go to CEILING_UPSTREAM_URL with a bearer key; Anthropic's
-Messages API to CEILING_ANTHROPIC_URL with an x-api-key, and the client's anthropic-version and
-anthropic-beta headers (core/gateway.py FORWARDED_HEADERS) with each call.
+first use. A wire format names its provider (core/formats: WireFormat.provider): the setting
+that holds its base URL and its key, and the header the key goes in (OpenAI-compatible calls to
+CEILING_UPSTREAM_URL with a bearer key; Anthropic's Messages API to CEILING_ANTHROPIC_URL with an
+x-api-key). The client's headers its format forwards (WireFormat.forwarded_headers) go with
+each call.
 
 Kept at module scope like the runtime's ledger connection, so a warm serverless instance reuses
 its connections to the provider across invocations, and a cold start pays nothing for it until
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from api.runtime import VERSION, runtime
 from core.config import ConfigError
-from core.gateway import Api, Plan
+from core.formats import FORMATS, Api, Plan, WireFormat
 from core.text import whole_number
 
 if TYPE_CHECKING:
@@ -49,12 +51,15 @@ ERROR_BODY_BYTES_MAX = 64 * 1024
 # token: 21 MB), and Anthropic's answers (one choice, no logprobs); a larger answer is streamed
 # (a stream is relayed as it comes, never held whole).
 UPSTREAM_ANSWER_BYTES_MAX = 32 * 1024 * 1024
-# Provider headers the client gets: request ids for support, rate limits and retry advice.
+# Provider headers the client gets: request ids for support, rate limits and retry advice; and
+# every provider's own by prefix, on every route (an OpenAI-compatible proxy may front another
+# provider and pass its headers on).
 RELAYED_HEADERS = frozenset(
     {"content-type", "x-request-id", "request-id", "retry-after", "retry-after-ms",
      "x-should-retry"}
 )
-RELAYED_HEADER_PREFIXES = ("openai-", "x-ratelimit-", "anthropic-ratelimit-")
+RELAYED_HEADER_PREFIXES = tuple(dict.fromkeys(
+    prefix for wire in FORMATS.values() for prefix in wire.provider.relayed_header_prefixes))
 
 
 class NotSent(Exception):
@@ -117,7 +122,7 @@ class Upstream:
         except ValueError as exc:
             raise ConfigError(f"the proxy the environment names cannot be used: {exc}") from exc
         # Every call of a route is the same request but for its body (and the few headers of
-        # the client's it forwards, core/gateway.py FORWARDED_HEADERS): prepared once.
+        # the client's its format forwards): prepared once, for every format's path.
         self._prepared = {api: self._transport.prepare("POST", f"{base}/{api.value}", headers,
                                                        timeout) for api in Api}
         # httpx's errors, kept here since httpx is not imported at module scope.
@@ -129,7 +134,8 @@ class Upstream:
     async def open(self, call_plan: Plan) -> httpx.Response:
         """Send the call and return the provider's answer once its headers arrive."""
         try:
-            return await self._transport.send(self._prepared[call_plan.api], call_plan.content(),
+            return await self._transport.send(self._prepared[call_plan.wire.api],
+                                              call_plan.content(),
                                               call_plan.headers)
         except self._never_sent as exc:
             raise NotSent(_why(exc)) from exc
@@ -206,32 +212,19 @@ def _why(exc: Exception) -> str:
     return str(exc) or type(exc).__name__  # httpx's timeouts often carry no message
 
 
-_upstreams: dict[bool, Upstream] = {}  # by whether it is Anthropic's
+_upstreams: dict[str, Upstream] = {}  # by the setting that names its provider's URL
 
 
-def upstream(api: Api = Api.CHAT) -> Upstream:
-    """This process's client of the provider of `api`; ConfigError when none is configured."""
-    anthropic = api is Api.MESSAGES
-    found = _upstreams.get(anthropic)
+def upstream(wire: WireFormat) -> Upstream:
+    """This process's client of `wire`'s provider; ConfigError when none is configured."""
+    provider = wire.provider
+    found = _upstreams.get(provider.url_setting)
     if found is not None:
         return found
     config = runtime().config
-    if anthropic:
-        if config is None or not config.anthropic_url:
-            raise ConfigError(
-                "CEILING_ANTHROPIC_URL is not set: the gateway has no Anthropic provider to "
-                "forward /v1/messages to; set it to the SDK's base URL, such as "
-                "https://api.anthropic.com")
-        key = config.anthropic_api_key
-        found = Upstream(config.anthropic_url, ("x-api-key", key) if key else None,
-                         config.upstream_timeout_s)
-    else:
-        if config is None or not config.upstream_url:
-            raise ConfigError(
-                "CEILING_UPSTREAM_URL is not set: the gateway has no provider to forward to; "
-                "set it to the provider's base URL, such as https://api.openai.com/v1"
-            )
-        key = config.upstream_api_key
-        found = Upstream(config.upstream_url, ("authorization", f"Bearer {key}") if key else None,
-                         config.upstream_timeout_s)
-    return _upstreams.setdefault(anthropic, found)
+    url = provider.url(config) if config is not None else None
+    if config is None or not url:
+        raise ConfigError(provider.unset)
+    key = provider.api_key(config)
+    found = Upstream(url, provider.auth(key) if key else None, config.upstream_timeout_s)
+    return _upstreams.setdefault(provider.url_setting, found)

@@ -1,10 +1,10 @@
-"""The gateway: POST /v1/chat/completions and /v1/responses (OpenAI's wire format) and
-/v1/messages (Anthropic's), enforced.
+"""The gateway: one route per wire format (core/formats FORMATS): POST /v1/chat/completions and
+/v1/responses (OpenAI's) and /v1/messages (Anthropic's), enforced.
 
 Each call goes price -> reserve -> call -> settle (core/gateway.py decides the money), with API
-keys that have the `gateway` role (on /v1/messages also sent as Anthropic's clients send theirs,
-in `x-api-key`). Refusals come in the route's provider's error shape (api/openai_errors.py,
-api/anthropic_errors.py). Every answer says what the call held and cost:
+keys that have the `gateway` role (sent as a bearer token, or as the format's own clients send
+theirs: `x-api-key` on /v1/messages). Refusals come in the route's format's error shape
+(api/refusals.py). Every answer says what the call held and cost:
 
   x-ceiling-reservation-id         the call's reservation, for an operator's correction
                                    (POST /v1/admin/reservations/{id}/settle); it grants the key
@@ -19,16 +19,16 @@ api/anthropic_errors.py). Every answer says what the call held and cost:
 
 A stream's headers leave before its charge is known: they carry the reservation id, the amount
 reserved and the remaining budgets with the hold in place; the charge, the remaining budgets
-after it and the outcome follow in an SSE comment at the end of the stream (before the chat
-stream's `data: [DONE]`; after a Responses or Messages stream's last event), one
-`: <header>: <value>` line each, which SSE clients skip.
+after it and the outcome follow in an SSE comment at the end of the stream (after a Responses or
+Messages stream's last event; before the chat stream's `data: [DONE]`, which its format holds
+back for after it: WireFormat.stream_end), one `: <header>: <value>` line each, which SSE
+clients skip.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -36,12 +36,10 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from api import errors
-from api.anthropic_errors import ANTHROPIC_ERRORS, anthropic_error_event, anthropic_error_response
-from api.openai_errors import OPENAI_ERRORS, Respond, openai_error_response
 from api.openai_schemas import CHAT_COMPLETIONS_BODY, MESSAGES_BODY, RESPONSES_BODY
+from api.refusals import error_event, refusal_response, refusals_in
 from api.routes.sidecar import authenticated
-from api.routing import HotRoute
+from api.routing import HotRoute, format_route
 from api.runtime import runtime
 from api.upstream import (
     AnswerTooLarge,
@@ -52,14 +50,12 @@ from api.upstream import (
     upstream,
 )
 from core import gateway, idempotency, replies
-from core.errors import CeilingError
+from core.errors import CeilingError, ensure
+from core.formats import FORMATS, Api, Plan, StreamTally, WireFormat
 from core.gateway import (
-    Api,
     Bill,
     Call,
     Outcome,
-    Plan,
-    StreamTally,
     UpstreamAnswerTooLarge,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -74,36 +70,22 @@ if TYPE_CHECKING:
 LENGTHS = gateway.OutputLengths()
 # Headers the gateway reads beyond the key and the run (api/routing.py HEADERS_COMMON).
 HEADERS = ("Idempotency-Key", "X-Ceiling-Clamp")
-MESSAGES_HEADERS = ("x-api-key", "anthropic-version", "anthropic-beta", *HEADERS)
 SETTLED = frozenset({Outcome.BILLED, Outcome.ESTIMATED})
-DONE_EVENT = b"data: [DONE]\n\n"
-# Each wire format's refusals, in its provider's shape.
-REFUSALS: dict[Api, Respond] = {Api.CHAT: openai_error_response,
-                                Api.RESPONSES: openai_error_response,
-                                Api.MESSAGES: anthropic_error_response}
+# The request bodies the OpenAPI document shows (documentation only), by format.
+BODIES = {Api.CHAT: CHAT_COMPLETIONS_BODY, Api.RESPONSES: RESPONSES_BODY,
+          Api.MESSAGES: MESSAGES_BODY}
 
 
-async def chat_completions(request: Request) -> Response:
-    return await serve(request, Api.CHAT)
-
-
-async def responses(request: Request) -> Response:
-    return await serve(request, Api.RESPONSES)
-
-
-async def messages(request: Request) -> Response:
-    return await serve(request, Api.MESSAGES)
-
-
-async def serve(request: Request, api: Api) -> Response:
-    svc, who = await authenticated(request, Role.GATEWAY, x_api_key=api is Api.MESSAGES)
+async def serve(request: Request, wire: WireFormat) -> Response:
+    svc, who = await authenticated(request, Role.GATEWAY, x_api_key=wire.key_header is not None)
     config = runtime().config
-    forwarded = gateway.FORWARDED_HEADERS.get(api)
-    headers = [(k, v) for k, v in request.headers.items() if k in forwarded] if forwarded else []
+    forwarded = wire.forwarded_headers
+    headers = tuple((k, v) for k, v in request.headers.items()
+                    if k in forwarded) if forwarded else ()
     call_plan = (
-        gateway.plan(api, await request.body(), config.output_tokens_default, headers,
+        gateway.plan(wire.api, await request.body(), config.output_tokens_default, headers,
                      config.gateway_fields_allowed)
-        if config else gateway.plan(api, await request.body(), headers=headers)
+        if config else gateway.plan(wire.api, await request.body(), headers=headers)
     )
     clamp = request.headers.get("x-ceiling-clamp") == "1"
     idempotency_key = request.headers.get("idempotency-key")
@@ -112,7 +94,8 @@ async def serve(request: Request, api: Api) -> Response:
     claimed = await replies.claim(
         svc.store.replies,
         replies.reply_ref(who, idempotency_key),
-        idempotency.fingerprint(api.value, call_plan.body, who.run_id, clamp, call_plan.headers),
+        idempotency.fingerprint(wire.api.value, call_plan.body, who.run_id, clamp,
+                                call_plan.headers),
         wait=not call_plan.stream,
         in_flight_ttl_ms=svc.lease_ttl_ms,
     )
@@ -159,7 +142,7 @@ async def keep(ticket: Ticket | None, status: int, headers: dict[str, str], body
     if ticket is None or bill.outcome not in SETTLED:
         await give_back(ticket)
         return
-    note = REFUSALS[api](ReplyNotKept(
+    note = refusal_response(FORMATS[api], ReplyNotKept(
         "the call with this Idempotency-Key finished, but its answer was not kept for replay "
         "(too large, or past this key's quota of kept answers): it was not called again. Use a "
         "new key to call again", outcome=bill.outcome.value, charged_micros=bill.charged_micros,
@@ -199,8 +182,8 @@ def kept_while_sent(raw: bytes, status: int, headers: dict[str, str], ticket: Ti
 async def forward(
     svc: CeilingService, who: Caller, call_plan: Plan, clamp: bool, ticket: Ticket | None
 ) -> Response:
-    up = upstream(call_plan.api)  # a gateway with no provider refuses before it holds anything
-    refusal = REFUSALS[call_plan.api]
+    wire = call_plan.wire
+    up = upstream(wire)  # a gateway with no provider refuses before it holds anything
     config = runtime().config
     p95 = bool(config and config.hold_p95)
     call = Call(svc, who, await gateway.hold(svc, who, call_plan, LENGTHS, clamp=clamp, p95=p95),
@@ -212,7 +195,7 @@ async def forward(
     except NotSent as exc:
         bill = await call.release()
         await give_back(ticket)
-        return refusal(UpstreamUnreachable(
+        return refusal_response(wire, UpstreamUnreachable(
             f"the provider could not be reached ({exc}); nothing was sent and the reservation "
             "was released"), bill_headers(bill, call))
     except (Unanswered, TimeoutError):
@@ -240,14 +223,13 @@ async def forward(
     headers = {**relayed_headers(response), **bill_headers(bill, call)}
     if ticket is None:
         return Response(raw, status_code=response.status_code, headers=headers)
-    return kept_while_sent(raw, response.status_code, headers, ticket, bill,
-                           api=call.hold.plan.api)
+    return kept_while_sent(raw, response.status_code, headers, ticket, bill, api=wire.api)
 
 
 async def unanswered(call: Call, up: Upstream, ticket: Ticket | None) -> Response:
     bill = call.leave_open()
     await give_back(ticket)
-    return REFUSALS[call.hold.plan.api](UpstreamTimeout(
+    return refusal_response(call.hold.plan.wire, UpstreamTimeout(
         f"no complete answer from the provider within {up.timeout_s} s; the call may have been "
         f"billed, so its reservation {bill.reservation_id} stays held: it expires charged "
         "unless an operator corrects it from the provider's bill"), bill_headers(bill, call))
@@ -260,7 +242,7 @@ async def too_large(call: Call, up: Upstream, ticket: Ticket | None) -> Response
     idempotency key: a retry makes a new call, which holds for itself."""
     bill = call.leave_open()
     await give_back(ticket)
-    return REFUSALS[call.hold.plan.api](UpstreamAnswerTooLarge(
+    return refusal_response(call.hold.plan.wire, UpstreamAnswerTooLarge(
         f"the provider's answer is larger than the {up.answer_bytes_max} bytes the gateway "
         "reads of an answer that is not streamed; the call was billed, so its reservation "
         f"{bill.reservation_id} stays held: it expires charged unless an operator corrects it "
@@ -332,42 +314,35 @@ class Relay:
             self._queue.put_nowait(None)
 
     async def _finish(self, tally: StreamTally) -> None:
-        api = self.call.hold.plan.api
+        wire = self.call.hold.plan.wire
         complete = tally.finished
         bill = await self.call.settle(tally.usage) if complete else self.call.leave_open()
         if not complete:
-            self._emit(broken_off_event(api, bill))
+            self._emit(broken_off_event(wire, bill))
         self._emit(b"".join(f": {k}: {v}\n".encode()
                             for k, v in bill_headers(bill, self.call).items()) + b"\n")
-        if complete and api is Api.CHAT:
-            self._emit(DONE_EVENT)
+        if complete:
+            self._emit(wire.stream_end)
         recorded = None if self._recorded is None else b"".join(self._recorded)
-        await keep(self.ticket, 200, self.headers, recorded, bill, api=api)
+        await keep(self.ticket, 200, self.headers, recorded, bill, api=wire.api)
 
 
-def broken_off_event(api: Api, bill: Bill) -> bytes:
+def broken_off_event(wire: WireFormat, bill: Bill) -> bytes:
     """The error event a client's SDK raises on, for a stream the provider broke off."""
-    exc = UpstreamTimeout(
+    return error_event(wire, UpstreamTimeout(
         "the provider's stream broke off before its end; the call may have been billed, so its "
         f"reservation {bill.reservation_id} stays held: it expires charged unless an operator "
-        "corrects it from the provider's bill")
-    if api is Api.MESSAGES:
-        return anthropic_error_event(exc)
-    error = {"message": exc.message, "type": errors.STATUS[exc.code][1], "param": None,
-             "code": exc.code}
-    if api is Api.CHAT:
-        return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
-    # A Responses stream's error event is typed `error` (the SDK yields it as one); the error's
-    # own type would name an event no client knows.
-    return b"event: error\ndata: " + json.dumps({**error, "type": "error"}).encode() + b"\n\n"
+        "corrects it from the provider's bill"))
 
 
-# The hot routes (api/routing.py) of this module, their refusals in their provider's shape.
-ROUTES = (
-    HotRoute("/v1/chat/completions", chat_completions, body=CHAT_COMPLETIONS_BODY,
-             headers=HEADERS, middleware=(OPENAI_ERRORS,)),
-    HotRoute("/v1/responses", responses, body=RESPONSES_BODY, headers=HEADERS,
-             middleware=(OPENAI_ERRORS,)),
-    HotRoute("/v1/messages", messages, body=MESSAGES_BODY, headers=MESSAGES_HEADERS,
-             middleware=(ANTHROPIC_ERRORS,)),
-)
+def route(wire: WireFormat) -> HotRoute:
+    """`wire`'s hot route (api/routing.py), its refusals in its shape."""
+    # authenticated() (api/routes/sidecar.py) knows one key header besides Authorization.
+    ensure(wire.key_header in (None, "x-api-key"),
+           f"{wire.route}: api/routes/sidecar.py reads no key from {wire.key_header}")
+    return format_route(wire, serve, headers=HEADERS, body=BODIES.get(wire.api),
+                        middleware=(refusals_in(wire),))
+
+
+# The hot routes of this module: one per wire format.
+ROUTES = tuple(route(wire) for wire in FORMATS.values())

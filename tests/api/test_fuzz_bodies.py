@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from api.app import BODY_BYTES_MAX
 from api.models import ReserveBody, SettleBody
 from api.routes.dashboard import COOKIE
-from core.gateway import ALLOWED_FIELDS, MESSAGES_BETAS, Api
+from core.formats import ALLOWED_FIELDS, Api
+from core.formats.messages import MESSAGES_BETAS
 from core.jsonbody import JSON_DEPTH_MAX
 from core.limits import RESERVATION_ID_LEN_MAX, RESERVATION_TTL_MS_MAX
 from infra.redis_server import RedisServer

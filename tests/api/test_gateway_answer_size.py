@@ -26,7 +26,8 @@ import pytest
 from starlette.responses import JSONResponse
 
 from api.upstream import UPSTREAM_ANSWER_BYTES_MAX, AnswerTooLarge, Upstream
-from core.gateway import Api, plan
+from core.formats import Api
+from core.gateway import plan
 from core.replies import REPLY_BYTES_MAX
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess

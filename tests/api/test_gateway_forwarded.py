@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 
-from core.gateway import Api, plan
+from core.formats import Api
+from core.gateway import plan
 
 
 def test_a_key_given_twice_reaches_the_provider_once_as_priced() -> None:

@@ -31,13 +31,12 @@ from core.errors import (
     StateQuota,
 )
 from core.estimate import input_tokens_upper_bound
+from core.formats import Api, StreamTally
 from core.gateway import (
-    Api,
     Bill,
     Call,
     Outcome,
     OutputLengths,
-    StreamTally,
     body_outcome,
     hold,
     plan,

@@ -14,23 +14,19 @@ from typing import Any
 import pytest
 
 from api import errors
-from api.anthropic_errors import ANTHROPIC_TYPES, anthropic_error_event, anthropic_error_response
+from api.refusals import anthropic_error_event, anthropic_error_response
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.content import CLAUDE_IMAGE_TOKENS_MAX
 from core.errors import BudgetExceeded, FieldUnsupported, InputUnbounded, InvalidRequest
-from core.gateway import (
+from core.formats import Api, StreamTally
+from core.formats.messages import (
+    ANTHROPIC_TYPES,
     CONTEXT_1M_BETA,
     MESSAGES_FIELDS,
     TOOL_USE_SYSTEM_PROMPT_TOKENS_MAX,
-    Api,
-    OutputLengths,
-    StreamTally,
-    body_outcome,
-    hold,
     merged_usage,
-    plan,
-    usage_of,
 )
+from core.gateway import OutputLengths, body_outcome, hold, plan, usage_of
 from core.prices import TIER_AUTO, TIER_DEFAULT, PriceTable, Usage
 from core.service import CeilingService
 from core.stores.memory import MemoryStore

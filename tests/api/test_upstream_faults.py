@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from api.upstream import CONNECTIONS_MAX, NotSent, Unanswered, Upstream
-from core.gateway import Api, Plan, plan
+from core.formats import Api, Plan
+from core.gateway import plan
 from infra.processes import free_port
 
 # Long enough for a body that is still being written when the provider resets: more than a

@@ -1,0 +1,294 @@
+"""Anthropic's Messages API: POST /v1/messages, forwarded to CEILING_ANTHROPIC_URL's v1/messages
+with the provider's key in x-api-key, and the client's anthropic-version and anthropic-beta.
+
+Besides what every format prices, a Messages call is priced with its betas (refused unless the
+gateway knows what they bill; the 1M-token context one at long-context rates), its tool-use
+system prompt, its thinking budget (inside max_tokens), and its web searches (a fee each, up to
+their `max_uses`). Its usage sits beside the input count and reports in parts on a stream.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from core.content import messages_input
+from core.errors import CeilingError, InputUnbounded, InvalidRequest
+from core.formats.base import (
+    Api,
+    Plan,
+    Provider,
+    Schema,
+    StreamTally,
+    WireFormat,
+    read_usage,
+    text_tokens,
+)
+from core.prices import TIER_AUTO, TIER_DEFAULT, Usage, check_service_tier
+
+ANTHROPIC = Provider(
+    url_setting="CEILING_ANTHROPIC_URL",
+    url=lambda config: config.anthropic_url,
+    api_key=lambda config: config.anthropic_api_key,
+    auth_header="x-api-key",
+    auth_scheme="",
+    unset="CEILING_ANTHROPIC_URL is not set: the gateway has no Anthropic provider to forward "
+    "/v1/messages to; set it to the SDK's base URL, such as https://api.anthropic.com",
+    relayed_header_prefixes=("anthropic-ratelimit-",),
+)
+# The top-level fields whose cost the gateway knows. Any other is refused by name: fast mode's
+# `speed` and `inference_geo` bill other rates; `container`, `mcp_servers` and
+# `context_management` feed the model input (or run compaction) the request does not contain;
+# and a field added after this list may do either.
+MESSAGES_FIELDS = frozenset({
+    "model", "messages", "max_tokens", "system", "metadata", "stop_sequences", "stream",
+    "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking", "service_tier",
+    "cache_control",
+})
+# anthropic-beta flags that change nothing the worst case leaves out: interleaved thinking (the
+# output is still capped by max_tokens), how tool input streams, fewer tokens for tool calls, a
+# higher max_tokens (which is held), 1-hour cache writes (every input token is held at the
+# dearest input rate, a 1-hour write's included), prompt caching's early flag, and the Files
+# API's (an image by file id is held at the per-image bound; a document by file id is refused).
+# Any other is refused: a beta can change the rates (fast mode) or what the model reads.
+MESSAGES_BETAS = frozenset({
+    "interleaved-thinking-2025-05-14", "fine-grained-tool-streaming-2025-05-14",
+    "token-efficient-tools-2025-02-19", "output-128k-2025-02-19",
+    "extended-cache-ttl-2025-04-11", "prompt-caching-2024-07-31", "files-api-2025-04-14",
+})
+# Opens a model's 1M-token window; a call above 200K input tokens is then billed whole at the
+# model's long-context rates. Forwarded only for a model whose rates have that tier.
+CONTEXT_1M_BETA = "context-1m-2025-08-07"
+# Every call with tools is billed a tool-use system prompt besides the definitions: the largest
+# count Anthropic publishes for any model and tool_choice (Claude 3 Opus, auto), so that a model
+# whose own count is not in the table is held at least at it.
+TOOL_USE_SYSTEM_PROMPT_TOKENS_MAX = 530
+# Client tools (a definition the client runs), and Anthropic's web search, whose `max_uses`
+# bounds its fees. Anthropic's other tools are refused: web fetch and code execution feed the
+# model input (or bill container time) the request does not bound, and its client tools (bash,
+# text editor, computer use) add system prompts of their own.
+MESSAGES_CLIENT_TOOL_TYPES = (None, "custom")
+WEB_SEARCH_TOOL_PREFIX = "web_search_"
+# Anthropic's request tiers: `standard_only` is the standard rates; `auto` (and none) lets the
+# provider serve priority capacity. Its answers name `standard` for the standard rates.
+ANTHROPIC_TIERS = {"standard_only": TIER_DEFAULT, "standard": TIER_DEFAULT}
+# The key as Anthropic's clients send it, and the headers forwarded with the body.
+HEADER_SCHEMAS: dict[str, Schema] = {
+    "x-api-key": {"type": "string", "description": "the API key, when no Authorization is sent"},
+    "anthropic-version": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+    "anthropic-beta": {"type": "string",
+                       "description": "comma-separated beta flags; only those the gateway "
+                       "knows the cost of are accepted"},
+}
+
+# The gateway's error code -> Anthropic's error type (https://platform.claude.com/docs/en/api/
+# errors). Every code api/errors.py knows has one (tests/api/test_messages_parts.py): a new code
+# must say how an Anthropic client sees it. The `anthropic` SDK retries 408, 409, 429 and >= 500
+# unless the answer says `x-should-retry: false`, as OpenAI's do (api/refusals.py).
+ANTHROPIC_TYPES = {
+    "invalid_request": "invalid_request_error",
+    "model_unpriced": "invalid_request_error",
+    "input_unbounded": "invalid_request_error",
+    "model_unbounded": "invalid_request_error",
+    "field_unsupported": "invalid_request_error",
+    "unauthorized": "authentication_error",
+    "forbidden": "permission_error",
+    "budget_not_found": "not_found_error",
+    "reservation_not_found": "not_found_error",
+    "not_found": "not_found_error",
+    "method_not_allowed": "invalid_request_error",
+    "payload_too_large": "request_too_large",
+    # Anthropic's own word for an account that cannot pay for the call.
+    "budget_exceeded": "billing_error",
+    "budget_busy": "rate_limit_error",
+    "state_quota": "rate_limit_error",
+    "budget_paused": "billing_error",
+    "idempotency_conflict": "invalid_request_error",
+    "idempotency_in_flight": "invalid_request_error",
+    "reply_not_kept": "invalid_request_error",
+    "reservation_resolved": "invalid_request_error",
+    "operation_refused": "invalid_request_error",
+    "budget_in_use": "invalid_request_error",
+    "ledger_not_empty": "invalid_request_error",
+    "upstream_unreachable": "api_error",
+    "upstream_timeout": "timeout_error",
+    "upstream_answer_too_large": "api_error",
+    "ledger_unavailable": "api_error",
+    "ledger_not_shared": "api_error",
+    "invalid_configuration": "api_error",
+    "invariant_broken": "api_error",
+}
+# A code not in the table yet (a test names it) still answers in Anthropic's shape.
+ANTHROPIC_TYPE_DEFAULT = "api_error"
+
+
+def anthropic_shape(error: dict[str, Any]) -> dict[str, Any]:
+    """{"type": "error", "error": {"type", "message", "code", ...details}}: what Anthropic's
+    clients parse, `error.type` one of Anthropic's, chosen by the gateway's code; `code` and
+    the details are the gateway's own, as on every other route."""
+    error = dict(error)
+    code = error.pop("code")
+    error.pop("type")
+    return {"type": "error", "error": {
+        "type": ANTHROPIC_TYPES.get(code, ANTHROPIC_TYPE_DEFAULT),
+        "message": error.pop("message"), "code": code, **error}}
+
+
+def merged_usage(start: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+    """A stream's usage so far: message_start's, under the cumulative counts of a later
+    message_delta (which may leave fields out, and come more than once with server tools). A
+    delta that raises the cache writes without saying their TTLs leaves the split the start
+    gave: the writes it adds are read as 1-hour ones, the reading that costs no less."""
+    usage = {**start, **delta}
+    split = start.get("cache_creation")
+    if "cache_creation" not in delta and isinstance(split, dict):
+        five_m = split.get("ephemeral_5m_input_tokens")
+        written = usage.get("cache_creation_input_tokens")
+        if type(five_m) is int and type(written) is int and written >= five_m:
+            usage["cache_creation"] = {**split, "ephemeral_1h_input_tokens": written - five_m}
+    return usage
+
+
+def _betas(headers: tuple[tuple[str, str], ...]) -> bool:
+    """Check the anthropic-beta flags; whether they open the 1M-token context window."""
+    long_context = False
+    for name, value in headers:
+        if name != "anthropic-beta":
+            continue
+        for beta in (b.strip() for b in value.split(",")):
+            if beta == CONTEXT_1M_BETA:
+                long_context = True
+            elif beta and beta not in MESSAGES_BETAS:
+                raise InputUnbounded(
+                    f"anthropic-beta {beta!r} is not one the gateway knows the cost of: a beta "
+                    "can change a call's rates or what the model reads", field="anthropic-beta")
+    return long_context
+
+
+def _tools(tools: object) -> tuple[int, str]:
+    """Check a call's tools: the most web searches they allow, and the first web search tool's
+    field."""
+    if tools is None:
+        return 0, ""
+    if not isinstance(tools, list):
+        raise InvalidRequest("tools must be a list", field="tools")
+    searches, field = 0, ""
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        kind = tool.get("type") if isinstance(tool, dict) else "?"
+        if kind in MESSAGES_CLIENT_TOOL_TYPES:
+            continue
+        if isinstance(tool, dict) and isinstance(kind, str) and kind.startswith(
+                WEB_SEARCH_TOOL_PREFIX):
+            max_uses = tool.get("max_uses")
+            if type(max_uses) is not int or max_uses < 1:
+                raise InputUnbounded(
+                    f"{where}.max_uses is required: a web search is billed a fee each, and "
+                    "without it the number of searches has no bound", field=f"{where}.max_uses")
+            searches += max_uses
+            field = field or where
+            continue
+        raise InputUnbounded(
+            f"{where} is a tool of type {kind!r}: only client tools and web search (with "
+            "max_uses) are supported; Anthropic's other tools feed the model input, or bill "
+            "time, that the request does not bound", field=where)
+    return searches, field
+
+
+def _system(system: object) -> None:
+    """A system prompt is text (counted by its bytes with the rest of the body)."""
+    if system is None or isinstance(system, str):
+        return
+    if not isinstance(system, list) or any(
+            not isinstance(b, dict) or b.get("type") != "text" for b in system):
+        raise InputUnbounded("system must be a string or a list of text blocks", field="system")
+
+
+class Messages(WireFormat):
+    api = Api.MESSAGES
+    route = "/v1/messages"
+    name = "messages"
+    provider = ANTHROPIC
+    cap_fields = ("max_tokens",)
+    allowed_fields = MESSAGES_FIELDS
+    forwarded_headers = ("anthropic-version", "anthropic-beta")
+    key_header = "x-api-key"
+    header_schemas = HEADER_SCHEMAS
+    usage_fields = ("input_tokens", "output_tokens", "input_tokens_details",
+                    "output_tokens_details")
+
+    def plan(self, body: dict[str, Any], model: str, headers: tuple[tuple[str, str], ...],
+             output_tokens_default: int) -> Plan:
+        long_context = _betas(headers)
+        _system(body.get("system"))
+        searches, search_field = _tools(body.get("tools"))
+        prompt = messages_input(body.get("messages"))
+        output_tokens_max = self.output_cap(body, output_tokens_default)
+        thinking = body.get("thinking")
+        budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+        if type(budget) is int and budget > output_tokens_max:
+            raise InputUnbounded(
+                f"thinking.budget_tokens ({budget}) must fit inside max_tokens "
+                f"({output_tokens_max}), which is what the gateway holds for all of a call's "
+                "output", field="thinking.budget_tokens")
+        tier = body.get("service_tier")
+        tier = ANTHROPIC_TIERS.get(tier, tier) if isinstance(tier, str) else tier
+        service_tier = check_service_tier(tier) or TIER_AUTO
+        text_tokens_max = text_tokens(body, "messages", prompt)
+        if body.get("tools"):
+            text_tokens_max += TOOL_USE_SYSTEM_PROMPT_TOKENS_MAX
+        media = prompt.media
+        if searches:
+            media = replace(media, web_searches=searches, web_search_field=search_field)
+        return Plan(self, model, body, body.get("stream") is True, text_tokens_max,
+                    output_tokens_max, 1, False, media, service_tier, headers, long_context)
+
+    def clamped_body(self, body: dict[str, Any], output_tokens_max: int) -> dict[str, Any]:
+        body = super().clamped_body(body, output_tokens_max)
+        thinking = body.get("thinking")
+        if isinstance(thinking, dict) and type(thinking.get("budget_tokens")) is int and (
+                thinking["budget_tokens"] >= output_tokens_max):
+            # The thinking budget must stay below the cap; lowered with it (a budget below the
+            # provider's minimum is then the provider's to refuse, which releases the hold).
+            body["thinking"] = {**thinking, "budget_tokens": output_tokens_max - 1}
+        return body
+
+    def long_context_refusal(self, model: str) -> CeilingError:
+        return InputUnbounded(
+            f"anthropic-beta {CONTEXT_1M_BETA} bills a call above 200K input tokens at "
+            f"long-context rates, which the gateway does not know for model {model!r}",
+            field="anthropic-beta", model=model)
+
+    def usage_of(self, usage: object, service_tier: object = None) -> Usage | None:
+        """Its usage names its own tier (`standard`: the default rates) and counts the web
+        searches run (`server_tool_use`); the answer's own tier is not read."""
+        tier = usage.get("service_tier") if isinstance(usage, dict) else None
+        return read_usage(usage, self.usage_fields,
+                          ANTHROPIC_TIERS.get(tier, tier) if isinstance(tier, str) else None)
+
+    def stream_event(self, tally: StreamTally, doc: dict[str, Any]) -> bool:
+        # The input is reported in message_start, cumulative counts in message_delta; the stream
+        # ends on message_stop.
+        kind = doc.get("type")
+        if kind == "message_start":
+            message = doc.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+            tally.reported = dict(usage) if isinstance(usage, dict) else {}
+        elif kind == "message_delta":
+            usage = doc.get("usage")
+            if isinstance(usage, dict):
+                tally.reported = merged_usage(tally.reported, usage)
+        elif kind == "message_stop":
+            tally.finished = True
+            tally.usage = self.usage_of(tally.reported or None)
+        return True
+
+    def error_body(self, error: dict[str, Any]) -> dict[str, Any]:
+        return anthropic_shape(error)
+
+    def error_event(self, error: dict[str, Any]) -> bytes:
+        return b"event: error\ndata: " + json.dumps(anthropic_shape(error)).encode() + b"\n\n"
+
+
+MESSAGES = Messages()

@@ -1,0 +1,82 @@
+"""What every wire format (core/formats) must be, whichever provider API it reads: the
+definition a new format is checked against before its own tests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from api.app import HOT_ROUTES
+from api.refusals import error_event, refusal_response
+from api.routing import HEADER_SCHEMAS
+from core.errors import InvalidRequest
+from core.formats import FORMATS, Api, WireFormat
+from core.formats.base import Plan
+from core.gateway import plan
+
+WIRES = list(FORMATS.values())
+# The smallest body each format prices: the model, and its prompt.
+PROMPTS = {
+    Api.CHAT: {"messages": [{"role": "user", "content": "hi"}]},
+    Api.RESPONSES: {"input": "hi"},
+    Api.MESSAGES: {"messages": [{"role": "user", "content": "hi"}]},
+}
+
+
+def test_every_name_has_one_format_and_one_route() -> None:
+    assert list(FORMATS) == list(Api)
+    assert all(api is wire.api for api, wire in FORMATS.items())
+    routes = {r.path: r for r in HOT_ROUTES}
+    assert len({w.route for w in WIRES}) == len({w.name for w in WIRES}) == len(WIRES)
+    for wire in WIRES:
+        assert routes[wire.route].endpoint.__name__ == wire.name
+
+
+@pytest.mark.parametrize("wire", WIRES, ids=[w.name for w in WIRES])
+def test_its_fields_headers_and_usage_are_declared_consistently(wire: WireFormat) -> None:
+    assert set(wire.cap_fields) <= wire.allowed_fields
+    assert {"model", "stream"} <= wire.allowed_fields
+    refused = {*wire.unbounded_fields, *wire.unbounded_input_fields}
+    assert not refused & wire.allowed_fields
+    assert wire.known_fields == wire.allowed_fields | refused
+    for header in wire.headers:
+        assert header in wire.header_schemas
+        assert HEADER_SCHEMAS[header] == wire.header_schemas[header]
+    assert len(set(wire.usage_fields)) == 4
+    assert wire.provider.url_setting.startswith("CEILING_")
+
+
+@pytest.mark.parametrize("wire", WIRES, ids=[w.name for w in WIRES])
+def test_a_body_without_a_cap_is_sent_with_the_default_in_its_last_cap_field(
+        wire: WireFormat) -> None:
+    body = {"model": "gpt-4o", **PROMPTS[wire.api]}
+    priced = plan(wire.api, json.dumps(body).encode(), output_tokens_default=77)
+    assert isinstance(priced, Plan)
+    assert (priced.wire, priced.api, priced.output_tokens_max) == (wire, wire.api, 77)
+    assert priced.body[wire.cap_fields[-1]] == 77
+    assert priced.clamped(40).body[wire.cap_fields[-1]] == 40
+
+
+@pytest.mark.parametrize("wire", WIRES, ids=[w.name for w in WIRES])
+def test_its_usage_reader_reads_its_own_fields(wire: WireFormat) -> None:
+    input_field, output_field, _, _ = wire.usage_fields
+    usage = wire.usage_of({input_field: 12, output_field: 5})
+    assert usage is not None
+    assert (usage.input_tokens, usage.output_tokens) == (12, 5)
+    assert wire.usage_of(None) is None
+
+
+@pytest.mark.parametrize("wire", WIRES, ids=[w.name for w in WIRES])
+def test_its_errors_keep_the_gateways_code_and_details_in_its_shape(wire: WireFormat) -> None:
+    refusal = InvalidRequest("no", field="x")
+    response = refusal_response(wire, refusal, {"x-ceiling-reserved-micros": "0"})
+    assert (response.status_code, response.headers["x-should-retry"]) == (422, "false")
+    body = json.loads(bytes(response.body))
+    assert body == wire.error_body({"type": "invalid_request_error", "code": "invalid_request",
+                                    "message": "no", "field": "x"})
+    assert body["error"]["code"] == "invalid_request"
+    event = error_event(wire, refusal)
+    assert event.endswith(b"\n\n")
+    data = next(line for line in event.split(b"\n") if line.startswith(b"data: "))
+    assert b'"code": "invalid_request"' in data
