@@ -12,9 +12,9 @@ client, where its response callbacks shape the replies.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis import exceptions as rex
@@ -23,7 +23,14 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from core.errors import InvariantBroken, LedgerUnavailable
-from core.stores.redis_resp import Command, Endpoint, RespConnection, pack
+from core.stores.redis_resp import (
+    ERRORS_BY_CODE,
+    ArgumentRefused,
+    Command,
+    Endpoint,
+    RespConnection,
+    pack,
+)
 from core.stores.scripted import Clock, ScriptedStore
 from core.stores.scripts import Script, function_missing, functions_unknown, library, library_exists
 
@@ -39,57 +46,87 @@ POOL_CONNECTIONS_MAX = 64
 RETRIES_MAX = 2
 RETRY_BACKOFF_S_MAX = 0.05
 RETRY_BACKOFF_S_BASE = 0.01
+T = TypeVar("T")
 
 
-# redis-py's asyncio connection, writing on a connection its peer has just closed, can raise
-# the torn-down transport's internals ("'NoneType' object is not callable", "... has no
-# attribute 'writelines'") instead of ConnectionError (redis/redis-py#4287; seen here in a Redis
-# Cluster failover): a lost connection all the same. Known by where it was raised, the innermost
-# frame in asyncio's or redis-py's connection code; any other TypeError or AttributeError is a
-# bug and goes out as it is.
-TORN_DOWN = (TypeError, AttributeError)
-TORN_DOWN_FILES = ("/asyncio/selector_events.py", "/asyncio/streams.py",
-                   "/redis/asyncio/connection.py")
+class ConnectionTornDown(rex.ConnectionError):
+    """A redis-py client call failed with a TypeError or AttributeError from inside the client.
+
+    redis-py's asyncio connection, writing on a connection its peer or another task has just
+    closed, can raise the torn-down transport's internals ("'NoneType' object is not callable",
+    "... has no attribute 'writelines'") instead of ConnectionError; seen here in a Redis Cluster
+    failover. `client_call` knows where the error came from: from the awaited call, after its
+    arguments were bound. A TypeError or AttributeError raised by this project's own code is
+    not one of these and goes out as it is, a bug."""
+
+
+async def client_call(call: Awaitable[T]) -> T:
+    """The result of a redis-py client call, a lost connection in torn-down clothing raised as
+    the lost connection it is (ConnectionTornDown)."""
+    try:
+        return await call
+    except (TypeError, AttributeError) as exc:
+        raise ConnectionTornDown(f"{type(exc).__name__}: {exc}") from exc
+
+
+# Every exception a Redis call fails with, and the core error it is, in one table: the first row
+# whose type the exception is (by `error_kind`) decides, so a subclass comes before its base.
+# A reason of None is a programmer error (InvariantBroken); any other is LedgerUnavailable's.
+Failures = tuple[tuple[type[BaseException], str | None, str], ...]
+FAILURES: Failures = (
+    (ArgumentRefused, None, "the ledger refused an argument"),
+    (rex.DataError, None, "the client refused an argument"),
+    (rex.AuthenticationError, "ledger_auth", "the ledger refused the credentials"),
+    (rex.NoPermissionError, "ledger_auth", "the ledger's user may not run the command"),
+    (ConnectionTornDown, "ledger_unreachable",
+     "the ledger is unreachable: the connection was lost"),
+    (rex.BusyLoadingError, "ledger_unreachable",
+     "the ledger is unreachable: it is loading its data"),
+    (rex.ConnectionError, "ledger_unreachable", "the ledger is unreachable"),
+    (rex.TimeoutError, "ledger_unreachable", "the ledger is unreachable"),
+    # asyncio.timeout's, with no message of its own; Python's TimeoutError is an OSError.
+    (TimeoutError, "ledger_unreachable",
+     "the ledger is unreachable: no answer within the call's time limit"),
+    (OSError, "ledger_unreachable", "the ledger is unreachable"),
+    (rex.RedisError, "ledger_error", "the ledger answered with an error"),
+)
 # The errors a redis-py client call fails with, each translated (translate) into a core error.
-CLIENT_ERRORS: tuple[type[BaseException], ...] = (rex.RedisError, OSError, TimeoutError)
+CLIENT_ERRORS: tuple[type[BaseException], ...] = tuple(kind for kind, _, _ in FAILURES)
 
 
-def lost_connection(exc: BaseException) -> bool:
-    if not isinstance(exc, TORN_DOWN):
-        return False
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_code.co_filename.endswith(TORN_DOWN_FILES)
+def error_kind(exc: BaseException) -> type[BaseException]:
+    """The type `exc` is. An error reply carries no type but its code, its first word; redis-py
+    raises a code its parser does not know (the ledger scripts' BADARG) as a plain ResponseError,
+    with the code left in the message. Such a reply is the type the scripts' own connection
+    raises for its code (redis_resp.ERRORS_BY_CODE)."""
+    if type(exc) is rex.ResponseError:
+        return ERRORS_BY_CODE.get(str(exc).split(" ", 1)[0], rex.ResponseError)
+    return type(exc)
+
+
+def translate(exc: BaseException, failures: Failures = FAILURES,
+              kind: type[BaseException] | None = None) -> Exception:
+    """The core error for a redis-py exception (of `kind`, error_kind's by default), by the first
+    row of `failures` it is an instance of; stores never let a client exception out."""
+    kind = kind or error_kind(exc)
+    for failure, reason, what in failures:
+        if issubclass(kind, failure):
+            message = f"{what}: {exc}" if str(exc) else what
+            if reason is None:
+                return InvariantBroken(message)
+            return LedgerUnavailable(message, reason=reason)
+    return InvariantBroken(f"an exception no table row translates: {exc!r}")
 
 
 @contextmanager
 def translated(translator: Callable[[BaseException], Exception] | None = None,
                errors: tuple[type[BaseException], ...] = CLIENT_ERRORS) -> Iterator[None]:
-    """Inside: a client call's failure (`errors`, or a lost connection in torn-down clothing)
-    leaves as the core error `translator` (translate by default) makes of it."""
+    """Inside: a client call's failure (`errors`) leaves as the core error `translator`
+    (translate by default) makes of it."""
     try:
         yield
     except errors as exc:
         raise (translator or translate)(exc) from exc
-    except TORN_DOWN as exc:
-        if not lost_connection(exc):
-            raise
-        raise (translator or translate)(exc) from exc
-
-
-def translate(exc: BaseException) -> Exception:
-    """The core error for a redis-py exception; stores never let a client exception out."""
-    if lost_connection(exc):
-        return LedgerUnavailable(f"the ledger is unreachable: the connection was lost ({exc})",
-                                 reason="ledger_unreachable")
-    if isinstance(exc, rex.ResponseError) and str(exc).startswith("BADARG"):
-        return InvariantBroken(f"the ledger refused an argument: {exc}")
-    if isinstance(exc, rex.ConnectionError | rex.TimeoutError | TimeoutError | OSError):
-        # asyncio.timeout raises a TimeoutError with no message of its own.
-        why = str(exc) or "no answer within the call's time limit"
-        return LedgerUnavailable(f"the ledger is unreachable: {why}", reason="ledger_unreachable")
-    return LedgerUnavailable(f"the ledger answered with an error: {exc}", reason="ledger_error")
 
 
 class RedisTransport:
@@ -133,7 +170,7 @@ class RedisTransport:
                 try:
                     return await self._send(command)
                 except rex.NoScriptError:
-                    await self._client.script_load(script.source)
+                    await client_call(self._client.script_load(script.source))
                     return await self._send(command)
 
     async def _send(self, command: Command) -> Any:
@@ -141,11 +178,14 @@ class RedisTransport:
         redis-py's exception for it). A call whose connection breaks is retried on a fresh one,
         RETRIES_MAX times: every script is safe to run twice."""
         if self._endpoint is None:
-            return await self._client.execute_command(*command)  # type: ignore[no-untyped-call]
+            return await client_call(
+                self._client.execute_command(*command))  # type: ignore[no-untyped-call]
         packed = pack(command)
         for attempt in range(RETRIES_MAX + 1):
             try:
                 return await (await self._connected()).call(packed)
+            except rex.AuthenticationError:
+                raise  # a refused password is refused again on a fresh connection
             except (rex.ConnectionError, rex.TimeoutError, OSError):
                 if attempt == RETRIES_MAX:
                     raise
@@ -169,7 +209,7 @@ class RedisTransport:
 
     async def _load_library(self) -> None:
         try:
-            await self._client.function_load(library().source)
+            await client_call(self._client.function_load(library().source))
         except rex.ResponseError as exc:
             if not library_exists(str(exc)):
                 raise
@@ -177,14 +217,15 @@ class RedisTransport:
     async def execute(self, *args: str) -> Any:
         with translated():
             async with asyncio.timeout(self._call_timeout_s):
-                return await self._client.execute_command(*args)  # type: ignore[no-untyped-call]
+                return await client_call(
+                    self._client.execute_command(*args))  # type: ignore[no-untyped-call]
 
     async def durable(self) -> bool | None:
         with translated():
             try:
                 async with asyncio.timeout(self._call_timeout_s):
-                    config = await self._client.config_get("appendonly")
-                    config.update(await self._client.config_get("save"))
+                    config = await client_call(self._client.config_get("appendonly"))
+                    config.update(await client_call(self._client.config_get("save")))
             except (rex.ResponseError, TimeoutError):
                 return None  # managed Redis often disables CONFIG; durability cannot be told
         return config.get("appendonly") == "yes" or bool(config.get("save"))

@@ -19,10 +19,14 @@ from typing import Any, TypeVar
 from redis import exceptions as rex
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-from core.errors import InvariantBroken, LedgerUnavailable, ensure
+from core.errors import ensure
 from core.stores.redis import (
+    FAILURES,
     LEDGER_CALL_TIMEOUT_S,
     POOL_CONNECTIONS_MAX,
+    Failures,
+    client_call,
+    error_kind,
     translate,
     translated,
 )
@@ -58,37 +62,47 @@ def ensure_one_slot(keys: Sequence[str]) -> None:
     )
 
 
+class ScriptReachedAnotherSlot(rex.ResponseError):
+    """A script touched a key of a slot its call's keys are not in: a programmer error. Redis 7
+    words it as a plain script error (ERR, a code redis-py's parser gives no type of its own):
+    a key this node does not own; or, for a script that declares flags ('#!lua'), any other
+    slot. A script without flags may touch other slots of its own node unchecked."""
+
+    # What the error says, the only thing that tells it from any other script error.
+    MESSAGES = ("non local key", "do not hash to the same slot")
+
+
 # CLUSTERDOWN while a failed master's replica is not yet promoted, redirections (MOVED, ASK,
 # TRYAGAIN) still unresolved after the client's retries, no reachable node: the tag's slot has
 # no master that answers now. Fail closed; the same call succeeds after the failover.
 SLOT_UNSERVED_ERRORS = (
     rex.ClusterError, rex.AskError, rex.TryAgainError, rex.RedisClusterException
 )
-# How Redis 7 words a script's access to a key of another slot, as a plain script error: a key
-# this node does not own; or, for a script that declares flags ('#!lua'), any other slot. A
-# script without flags may touch other slots of its own node unchecked.
-SCRIPT_CROSS_SLOT_ERRORS = ("non local key", "do not hash to the same slot")
-CLIENT_ERRORS: tuple[type[BaseException], ...] = (
-    rex.RedisError, rex.RedisClusterException, OSError, TimeoutError
+# The cluster's own failures, then a single Redis's (core/stores/redis.py's FAILURES): the first
+# row whose type the exception is decides.
+CLUSTER_FAILURES: Failures = (
+    (rex.ClusterCrossSlotError, None, "a ledger command touched keys of two slots"),
+    (ScriptReachedAnotherSlot, None, "a ledger command touched keys of two slots"),
+    (TimeoutError, "ledger_unreachable",
+     "the ledger's cluster did not answer within the call's time bound"),
+    *((kind, "ledger_unreachable", "the ledger's cluster cannot serve this slot now")
+      for kind in SLOT_UNSERVED_ERRORS),
+    *FAILURES,
 )
+CLIENT_ERRORS: tuple[type[BaseException], ...] = tuple(kind for kind, _, _ in CLUSTER_FAILURES)
+
+
+def cluster_error_kind(exc: BaseException) -> type[BaseException]:
+    """The type `exc` is (redis.error_kind), a script's reach into another slot included."""
+    if isinstance(exc, rex.ResponseError) and any(
+            m in str(exc) for m in ScriptReachedAnotherSlot.MESSAGES):
+        return ScriptReachedAnotherSlot
+    return error_kind(exc)
 
 
 def translate_cluster(exc: BaseException) -> Exception:
     """The core error for a redis-py cluster exception, after the client's own retries."""
-    if isinstance(exc, rex.ClusterCrossSlotError) or (
-        isinstance(exc, rex.ResponseError) and any(m in str(exc) for m in SCRIPT_CROSS_SLOT_ERRORS)
-    ):
-        return InvariantBroken(f"a ledger command touched keys of two slots: {exc}")
-    if isinstance(exc, TimeoutError):
-        return LedgerUnavailable(
-            "the ledger's cluster did not answer within the call's time bound",
-            reason="ledger_unreachable",
-        )
-    if isinstance(exc, SLOT_UNSERVED_ERRORS):
-        return LedgerUnavailable(
-            f"the ledger's cluster cannot serve this slot now: {exc}", reason="ledger_unreachable"
-        )
-    return translate(exc)
+    return translate(exc, CLUSTER_FAILURES, cluster_error_kind(exc))
 
 
 class RedisClusterTransport:
@@ -118,18 +132,20 @@ class RedisClusterTransport:
     async def _eval(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> Any:
         # The client routes EVALSHA and EVAL by their keys, to the slot's master.
         try:
-            return await self._client.evalsha(script.sha1, len(keys), *keys, *args)
+            return await client_call(
+                self._client.evalsha(script.sha1, len(keys), *keys, *args))
         except rex.NoScriptError:
             # Not SCRIPT LOAD: the cluster client sends it to every master, so one master down
             # would fail a call whose own slot is healthy. EVAL runs on the slot's master and
             # leaves the script in its cache (a replica promoted by a failover starts empty:
             # Redis 7 does not replicate the script cache).
-            return await self._client.eval(script.source, len(keys), *keys, *args)
+            return await client_call(
+                self._client.eval(script.source, len(keys), *keys, *args))
 
     async def execute(self, *args: str) -> Any:
         # Single-key commands go to their key's master; keyless ones (TIME) to any node.
         with translated(translate_cluster, CLIENT_ERRORS):
-            return await self._bounded(lambda: self._client.execute_command(*args))
+            return await self._bounded(lambda: client_call(self._client.execute_command(*args)))
 
     async def durable(self) -> bool | None:
         """Durable only if every master persists: each holds the only copy of its slots' data
@@ -144,7 +160,8 @@ class RedisClusterTransport:
         return all(c.get("appendonly") == "yes" or bool(c.get("save")) for c in configs)
 
     async def _master_configs(self) -> list[dict[str | None, str | None]]:
-        await self._client.initialize()  # learns the masters on first use; a no-op after
+        # Learns the masters on first use; a no-op after.
+        await client_call(self._client.initialize())
         masters = self._client.get_primaries()
         ensure(bool(masters), "a cluster that answered has masters")
         return list(await asyncio.gather(*(self._master_config(m) for m in masters)))
@@ -153,7 +170,7 @@ class RedisClusterTransport:
         config: dict[str | None, str | None] = {}
         for name in ("appendonly", "save"):
             # One parameter per CONFIG GET: Redis before 7.0 takes only one.
-            config.update(await self._client.config_get(name, target_nodes=master))
+            config.update(await client_call(self._client.config_get(name, target_nodes=master)))
         return config
 
     async def close(self) -> None:

@@ -35,15 +35,27 @@ from redis import exceptions as rex
 from redis.asyncio.client import Redis
 from redis.asyncio.connection import Connection, SSLConnection
 
-# Error replies by their code, as redis-py raises them: NOSCRIPT is how EVALSHA says to load the
-# script; the others say the connection cannot serve yet (retried on another one).
+
+class ArgumentRefused(rex.ResponseError):
+    """BADARG: a ledger script refused an argument before writing anything (lua/lib.lua). The
+    arguments are ours, so this is a programmer error (core/stores/redis.py translates it)."""
+
+
+# Error replies by their code, as redis-py raises them (its parser's table; BADARG, the ledger
+# scripts' own code, is ours): an error reply carries no type but its first word. NOSCRIPT is how
+# EVALSHA says to load the script; LOADING, NOAUTH and WRONGPASS are redis-py's ConnectionErrors
+# (the connection cannot serve: retried on another one, unless the password is wrong); the
+# others are refusals the transport reports as they are (core/stores/redis.py's FAILURES).
 ERRORS_BY_CODE: dict[str, type[rex.RedisError]] = {
     "NOSCRIPT": rex.NoScriptError,
     "LOADING": rex.BusyLoadingError,
     "NOAUTH": rex.AuthenticationError,
     "WRONGPASS": rex.AuthenticationError,
+    "NOPERM": rex.NoPermissionError,
+    "READONLY": rex.ReadOnlyError,
+    "OOM": rex.OutOfMemoryError,
+    "BADARG": ArgumentRefused,
 }
-
 
 Command = tuple[str | int, ...]
 
@@ -78,20 +90,20 @@ class Endpoint:
         """The endpoint of `client`'s connections, as redis-py parsed it from the URL; None for
         a setting this module does not carry out (see the module docstring)."""
         pool = client.connection_pool
-        kwargs = pool.connection_kwargs
-        if pool.connection_class not in (Connection, SSLConnection) or kwargs.get(
-                "credential_provider") is not None:
+        if pool.connection_class not in (Connection, SSLConnection):
             return None
-        context = None
-        if pool.connection_class is SSLConnection:
-            # redis-py's own TLS settings from the URL (certificates, verification, versions).
-            made = pool.connection_class(**kwargs)
-            assert isinstance(made, SSLConnection)
-            context = made.ssl_context.get()
-        return cls(str(kwargs.get("host", "localhost")), int(kwargs.get("port", 6379)),
-                   int(kwargs.get("db", 0) or 0), kwargs.get("username"), kwargs.get("password"),
-                   context, kwargs.get("socket_connect_timeout"),
-                   kwargs.get("encoding", "utf-8") if kwargs.get("decode_responses") else None)
+        # The connection redis-py would open, made but not opened: its settings are redis-py's
+        # own reading of the URL and the client's arguments, its defaults and TLS settings
+        # (certificates, verification, versions) included. Only public attributes are read:
+        # tests/core/stores/test_redis_resp.py's test_the_endpoint_is_what_redis_py_made_of_the_url
+        # fails if one of them moves.
+        made = pool.connection_class(**pool.connection_kwargs)
+        if not isinstance(made, Connection) or made.credential_provider is not None:
+            return None
+        return cls(made.host, made.port, int(made.db), made.username, made.password,
+                   made.ssl_context.get() if isinstance(made, SSLConnection) else None,
+                   made.socket_connect_timeout,
+                   made.encoder.encoding if made.encoder.decode_responses else None)
 
     async def connect(self) -> RespConnection:
         """A connection, signed in and on the database, ready for a command."""

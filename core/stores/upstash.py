@@ -45,7 +45,10 @@ UPSTASH_CALL_TIMEOUT_S = 2.0
 # closed connection be replaced, short enough to fit in the call's timeout.
 REPLAYS_MAX = 1
 REPLAY_PAUSE_S = 0.05
-# How Upstash (and Redis behind it) says the token is wrong or missing.
+# How Upstash (and Redis behind it) says the token is wrong or missing. The SDK raises one type,
+# UpstashError, for every error reply and for a refused token alike, with the reply's text and
+# not its HTTP status: the text's start (Redis's error code, or Upstash's "Unauthorized") is all
+# that tells them apart. Transport failures have httpx's types and are told apart by type.
 AUTH_ERRORS = ("Unauthorized", "WRONGPASS", "NOAUTH")
 
 
@@ -74,6 +77,9 @@ def translate(exc: BaseException, call_timeout_s: float) -> CeilingError:
 
 
 def is_noscript(exc: UpstashError) -> bool:
+    """Whether EVALSHA found no script: Redis's NOSCRIPT code, or the words of Redis's NOSCRIPT
+    message should a reply come without its code (redis-py, for one, moves a known code out of
+    the message)."""
     message = str(exc)
     return message.startswith("NOSCRIPT") or "no matching script" in message.lower()
 

@@ -21,6 +21,7 @@ from core.budgets import BudgetId, Period
 from core.errors import InvariantBroken, LedgerUnavailable, ReservationResolved
 from core.ledger import Reservation, ReservationRef, ReservationState, RunLimit
 from core.stores import keys
+from core.stores.redis import ConnectionTornDown
 from core.stores.redis_cluster import (
     RedisClusterStore,
     RedisClusterTransport,
@@ -96,23 +97,33 @@ def test_the_hash_tag_is_what_redis_cluster_hashes(key: str, expected: str | Non
     ("exc", "expected"),
     [
         (rex.ClusterDownError("CLUSTERDOWN The cluster is down"), "ledger_unreachable"),
+        (rex.MasterDownError("Link with MASTER is down"), "ledger_unreachable"),
         (rex.MovedError("3999 127.0.0.1:6381"), "ledger_unreachable"),
+        (rex.AskError("3999 127.0.0.1:6381"), "ledger_unreachable"),
         (rex.TryAgainError("TRYAGAIN"), "ledger_unreachable"),
         (rex.ClusterError("TTL exhausted."), "ledger_unreachable"),
         (rex.SlotNotCoveredError("slot 42 is not covered"), "ledger_unreachable"),
         (rex.RedisClusterException("Redis Cluster cannot be connected"), "ledger_unreachable"),
         (rex.MaxConnectionsError(), "ledger_unreachable"),
         (TimeoutError(), "ledger_unreachable"),
+        (rex.TimeoutError("Timeout reading from 127.0.0.1:6381"), "ledger_unreachable"),
+        (rex.ConnectionError("Error 111 connecting to 127.0.0.1:6381"), "ledger_unreachable"),
+        (ConnectionTornDown("TypeError: 'NoneType' object is not callable"), "ledger_unreachable"),
+        (rex.AuthenticationError("invalid username-password pair"), "ledger_auth"),
         (rex.ResponseError("WRONGTYPE Operation against a key"), "ledger_error"),
+        (rex.ReadOnlyError("You can't write against a read only replica."), "ledger_error"),
         (rex.ClusterCrossSlotError("Keys in request don't hash to the same slot"), "invariant"),
         (rex.ResponseError("Script attempted to access a non local key"), "invariant"),
+        (rex.ResponseError("Script attempted to access keys that do not hash to the same slot"),
+         "invariant"),
         (rex.ResponseError("BADARG amount_micros"), "invariant"),
+        (rex.DataError("Invalid input of type: 'NoneType'"), "invariant"),
     ],
 )
 def test_client_errors_become_core_errors(exc: Exception, expected: str) -> None:
     error = translate_cluster(exc)
     if expected == "invariant":
-        assert isinstance(error, InvariantBroken)
+        assert type(error) is InvariantBroken
     else:
         assert isinstance(error, LedgerUnavailable)
         assert error.reason == expected

@@ -13,13 +13,22 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 from redis import exceptions as rex
+from redis.credentials import UsernamePasswordCredentialProvider
 
 from core.budgets import Period
-from core.errors import LedgerUnavailable
+from core.errors import InvariantBroken, LedgerUnavailable
 from core.ledger import ReservationRef
-from core.stores import keys
-from core.stores.redis import RedisStore, RedisTransport, redis_client
-from core.stores.redis_resp import Endpoint, RespConnection, pack
+from core.stores import keys, wire
+from core.stores.redis import LEDGER_CALL_TIMEOUT_S, RedisStore, RedisTransport, redis_client
+from core.stores.redis_resp import (
+    ERRORS_BY_CODE,
+    ArgumentRefused,
+    Endpoint,
+    RespConnection,
+    pack,
+    reply_error,
+)
+from core.stores.scripted import ScriptedStore
 from core.stores.scripts import script
 from infra.processes import free_port, stop, wait_ready
 from infra.redis_server import RedisServer, redis_server_binary
@@ -101,13 +110,89 @@ async def test_the_scripts_sign_in_and_use_the_database_the_url_names(tag: str) 
             await checker.aclose()
 
 
-async def test_a_wrong_password_fails_closed() -> None:
+async def test_a_wrong_password_fails_closed(tag: str) -> None:
     with RedisServer() as server:
         await require_password(server)
-        endpoint = Endpoint.of(redis_client(f"redis://:wrong@127.0.0.1:{server.port}/0"))
+        url = f"redis://:wrong@127.0.0.1:{server.port}/0"
+        endpoint = Endpoint.of(redis_client(url))
         assert endpoint is not None
         with pytest.raises(rex.AuthenticationError):
             await endpoint.connect()
+        # Through the transport, the scripts' connection's refusal: said to be the credentials,
+        # not a ledger out of reach.
+        transport = RedisTransport(redis_client(url))
+        with pytest.raises(LedgerUnavailable, match="refused the credentials") as info:
+            await transport.run(script("read"), (keys.meta(tag), keys.reservation(tag, "r")), [])
+        assert info.value.reason == "ledger_auth"
+        await transport.close()
+
+
+async def test_a_user_without_the_right_to_run_scripts_is_a_credentials_error(tag: str) -> None:
+    with RedisServer() as server:
+        admin = aioredis.Redis.from_url(server.url)
+        await admin.acl_setuser("ledger", enabled=True, passwords=[f"+{PASSWORD}"],
+                                keys=["*"], commands=["+@all", "-fcall", "-evalsha", "-eval"])
+        await admin.aclose()
+        store = RedisStore(f"redis://ledger:{PASSWORD}@127.0.0.1:{server.port}/0")
+        with pytest.raises(LedgerUnavailable, match="may not run") as info:
+            await store.reserve(request(tag, tag, 1))
+        assert info.value.reason == "ledger_auth"
+        await store.close()
+
+
+async def test_a_script_that_refuses_an_argument_is_a_programmer_error(
+    redis_server: RedisServer, tag: str
+) -> None:
+    # BADARG, the scripts' own error code, on the scripts' own connection.
+    store = RedisStore(redis_server.url)
+    ledger_id = await store.open()
+    args = wire.arguments(
+        wire.RESERVE_ARGS, ledger_id=ledger_id, reserved_micros="-1", ttl_ms="60000",
+        budget_ids=tag, run="", zones="", expire_policy="charge", retention_ms="1000",
+        owner=OWNER, record_tail=wire.record_tail("fp", "v", "m"), now_ms="")
+    for functions in (True, False):
+        transport = RedisTransport(redis_client(redis_server.url), functions=functions)
+        with pytest.raises(InvariantBroken, match="refused an argument: BADARG reserved_micros"):
+            await transport.run(script("reserve"), (keys.meta(tag), keys.reservation(tag, "r"),
+                                                    keys.open_leases(tag)), args)
+        await transport.close()
+    await store.close()
+
+
+@pytest.mark.parametrize("code", sorted(ERRORS_BY_CODE))
+def test_an_error_reply_is_the_type_its_code_names_its_message_whole(code: str) -> None:
+    error = reply_error(f"{code} what the server said")
+    assert type(error) is ERRORS_BY_CODE[code]
+    assert str(error) == f"{code} what the server said"
+    assert type(reply_error("ERR Error running script")) is rex.ResponseError
+    assert isinstance(reply_error("BADARG x"), ArgumentRefused)
+
+
+def test_the_endpoint_is_what_redis_py_made_of_the_url() -> None:
+    """Endpoint.of reads redis-py's public attributes of a connection it made (not opened):
+    this fails if one of them moves or changes its meaning."""
+    made = Endpoint.of(redis_client("redis://us%40r:p%3Ass@ledger.example:6390/4"))
+    assert made == Endpoint("ledger.example", 6390, 4, "us@r", "p:ss", None,
+                            LEDGER_CALL_TIMEOUT_S, "utf-8")
+    # redis-py's defaults, not ours (port 6379, database 0, no password, replies as bytes), and
+    # the URL's settings.
+    plain = Endpoint.of(aioredis.Redis.from_url("redis://ledger.example?socket_connect_timeout=3"))
+    assert plain == Endpoint("ledger.example", 6379, 0, None, None, None, 3.0, None)
+    # TLS as the URL says, verification included.
+    tls = Endpoint.of(redis_client("rediss://ledger.example/0?ssl_cert_reqs=none"))
+    assert tls is not None
+    assert tls.ssl_context is not None
+    assert tls.ssl_context.verify_mode == ssl.CERT_NONE
+    verified = Endpoint.of(redis_client("rediss://ledger.example/0"))
+    assert verified is not None
+    assert verified.ssl_context is not None
+    assert verified.ssl_context.verify_mode == ssl.CERT_REQUIRED
+    assert verified.ssl_context.check_hostname
+    # What this module does not carry out leaves the scripts on redis-py's client.
+    assert Endpoint.of(redis_client("unix:///tmp/redis.sock")) is None
+    provider = UsernamePasswordCredentialProvider("u", "p")
+    pool = aioredis.ConnectionPool(host="ledger.example", credential_provider=provider)
+    assert Endpoint.of(aioredis.Redis(connection_pool=pool)) is None
 
 
 async def test_a_reply_that_came_too_late_is_never_read_as_the_next_ones(
@@ -128,21 +213,21 @@ async def test_a_reply_that_came_too_late_is_never_read_as_the_next_ones(
 async def test_a_call_timed_out_on_the_transport_leaves_the_next_call_its_own_reply(
     redis_server: RedisServer, raw: aioredis.Redis, tag: str
 ) -> None:
-    transport = RedisTransport(redis_client(redis_server.url), call_timeout_s=0.05)
     store = RedisStore(redis_server.url)
     await put(store, tag, (Period.TOTAL, 100))
-    store._t = transport  # the same ledger, through a transport with a short call timeout
-    r = await store.reserve(request(tag, tag, 30))
+    # The same ledger, through a transport with a short call timeout.
+    short = ScriptedStore(RedisTransport(redis_client(redis_server.url), call_timeout_s=0.05))
+    r = await short.reserve(request(tag, tag, 30))
     await raw.execute_command("CLIENT", "PAUSE", "300", "ALL")  # type: ignore[no-untyped-call]
-    with pytest.raises(Exception, match="unreachable"):
-        await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 20)
+    with pytest.raises(LedgerUnavailable, match="unreachable"):
+        await short.settle(ReservationRef(tag, r.reservation_id, OWNER), 20)
     await asyncio.sleep(0.4)
     # The settle may have run (its reply came late): a resend answers as a replay would, with
     # the settle's own reply, not the one left on a connection by the call that timed out.
-    settled = await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 20)
+    settled = await short.settle(ReservationRef(tag, r.reservation_id, OWNER), 20)
     assert settled.charged_micros == 20
     assert (await leg(store, tag)).committed_micros == 20
-    await transport.close()
+    await short.close()
     await store.close()
 
 
