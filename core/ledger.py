@@ -60,7 +60,7 @@ ROLES_DEFAULT = frozenset({Role.GATEWAY})
 # A key record stored before keys had roles could do both; it keeps both. The sidecar role no
 # longer reaches the gateway's reservations (GATEWAY_OWNER_PREFIX), so this grants nothing that
 # lowers what a gateway call is charged, and it keeps deployed sidecar integrations working.
-ROLES_OF_LEGACY_KEYS = frozenset({Role.GATEWAY, Role.SIDECAR})
+ROLES_OF_KEYS_BEFORE_ROLES = frozenset({Role.GATEWAY, Role.SIDECAR})
 
 
 @lru_cache(maxsize=TAG_DIGEST_CACHE_MAX)
@@ -375,7 +375,8 @@ class LedgerStore(Protocol):
         ...
 
     async def open(self) -> str:
-        """Connect, learn (or on an empty ledger, create) the ledger id, and return it."""
+        """Connect, learn (or on an empty ledger, create) the ledger id, and return it;
+        LedgerUnavailable (ledger_reset) for a ledger of a format version this one cannot read."""
         ...
 
     async def put_budget(self, budget: BudgetDef) -> None: ...

@@ -22,7 +22,7 @@ local prefix = prefix_of(KEYS[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {'ok', 1}
 end
-local legs, status = resolve_legs(prefix, KEYS[1], a, at_ms)
+local legs, status = resolve_legs(prefix, a, at_ms)
 local fingerprint, price_version, model = string.match(a.record_tail, '^([^\t]*)\t([^\t]*)\t(.*)$')
 if status then
   return status

@@ -437,8 +437,8 @@ end
 -- `step` is the lifecycle's settle_effects or release_effects; `actual` 0 for a release.
 -- Returns the script's answer and `now`, or nil when the record is not this case.
 local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_text, now)
-  local stored = redis.pcall('GET', keys[2])
-  if type(stored) ~= 'string' then
+  local stored = redis.call('GET', keys[2])
+  if not stored then
     return nil, now
   end
   local state, reserved_micros, expire_policy, retention_ms, rec_owner, legs, _, created_ms =
@@ -479,49 +479,9 @@ local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_te
   return {'ok', state, expire_policy, reserved_micros}, now
 end
 
--- A record as versions before records were strings kept it: a hash with short field names and
--- one-letter states. Read, never written: the next step of such a reservation writes it anew.
--- Its free text is escaped as wire.py escapes it, since the string form keeps it so.
-local LEGACY_STATES = {o = 'open', s = 'settled', r = 'released', x = 'expired'}
-
-local function escaped(s)
-  return (string.gsub(s or '', '[%%\t]', {['%'] = '%25', ['\t'] = '%09'}))
-end
-
-local function legacy_record(key)
-  local h = redis.call('HMGET', key, 'st', 'owner', 'fp', 'amt', 'exp', 'pol', 'legs',
-                       'created_ms', 'act', 'rel', 'over', 'late', 'outcome', 'resolved_ms',
-                       'corrected_by', 'corrected_at_ms', 'ver', 'model', 'correction_reason')
-  if not h[1] then
-    return nil
-  end
-  return {state = LEGACY_STATES[h[1]], owner = h[2] or '', fingerprint = h[3] or '',
-          reserved_micros = h[4], expires_at_ms = h[5] or '', expire_policy = h[6] or 'charge',
-          -- kept a week before: the longer of today's kinds
-          retention_ms = istr(IDEMPOTENCY_WINDOW_MS), legs = h[7] or '',
-          created_ms = h[8] or '', actual_micros = h[9] or '', released_micros = h[10] or '',
-          overshoot_micros = h[11] or '', late = h[12] or '', outcome = h[13] or '',
-          resolved_ms = h[14] or '', corrected_by = h[15] or '', corrected_at_ms = h[16] or '',
-          price_version = escaped(h[17]), model = escaped(h[18]),
-          correction_reason = escaped(h[19])}
-end
-
--- The stored string of the reservation under `key`, nil if there is none, or false if it is
--- kept as a hash, as versions before records were strings kept it (load_record reads those).
-local function record_string(key)
-  local v = redis.pcall('GET', key)
-  if type(v) == 'table' then
-    return false  -- WRONGTYPE
-  end
-  return v or nil
-end
-
 -- The reservation under `key` by RECORD_FIELDS' names; nil if there is none.
 local function load_record(key)
-  local v = record_string(key)
-  if v == false then
-    return legacy_record(key)
-  end
+  local v = redis.call('GET', key)
   return v and (unpack_record(v) or fail('BADARG', 'record'))
 end
 
@@ -642,15 +602,6 @@ local function zone_windows(zones)
   return out
 end
 
--- A budget's definition as put before definitions had Python names: its ledger id is in the
--- tag's meta hash. Nothing if the budget is not defined.
-local function legacy_definition(meta_key, key)
-  local timezone, allowance, day, month, total = read_legacy_definition(key)
-  if timezone then
-    return redis.call('HGET', meta_key, 'ledger'), timezone, allowance, day, month, total
-  end
-end
-
 -- The legs of a call at `now`: every period of every budget on its path that is defined
 -- ('sc:{TAG}:def:<budget_id>'; one that is not does not apply), day, month, then total, then its
 -- run's budget, which has one 'total' limit given inline and no definition. Returns the legs, or
@@ -659,16 +610,13 @@ end
 -- is in; {'clock', now} when the windows sent do not hold the ledger's now. The run's ceiling is
 -- checked here, before anything is written. The third value is the first budget on the path a
 -- velocity alarm paused (issue 16), or nil; reserve refuses it, a status read shows it.
-local function resolve_legs(prefix, meta_key, a, now)
+local function resolve_legs(prefix, a, now)
   local legs, zones, paused_id = {}, nil, nil
   for budget_id in string.gmatch(a.budget_ids, '[^ ]+') do
     local key = prefix .. DEFINITION_KEY .. budget_id
     local ledger, timezone, allowance, day, month, total, paused, velocity = read_definition(key)
     local watched = velocity and velocity ~= ''
     paused_id = paused_id or (paused and budget_id)
-    if not timezone then
-      ledger, timezone, allowance, day, month, total = legacy_definition(meta_key, key)
-    end
     if timezone then
       if ledger ~= a.ledger_id then
         return nil, {'ledger_reset'}
@@ -786,14 +734,8 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
   return out
 end
 
--- An idempotency key's state by Python names: 'state' ('in_flight' | 'done'), 'fingerprint',
--- 'token'; a reply kept before these names has 'st' ('f' | 'd'), 'fp' and 'tok', read field by
--- field (a legacy marker that was completed since has both).
-local LEGACY_REPLY_STATES = {f = 'in_flight', d = 'done'}
-
+-- An idempotency key's state: 'state' ('in_flight' | 'done'), 'fingerprint', 'token'.
 local function reply_state(key)
-  local r = redis.call('HMGET', key, 'state', 'fingerprint', 'token', 'st', 'fp', 'tok')
-  return {state = r[1] or LEGACY_REPLY_STATES[r[4] or ''], fingerprint = r[2] or r[5],
-          token = r[3] or r[6]}
+  local r = redis.call('HMGET', key, 'state', 'fingerprint', 'token')
+  return {state = r[1], fingerprint = r[2], token = r[3]}
 end
-

@@ -6,8 +6,7 @@
 -- Why: the first budget of a tag stamps the tag with the ledger id, which every other script
 -- checks. A tag stamped with another id belongs to a ledger this instance does not know. The
 -- definition is written whole under wire.py DEFINITION_FIELDS' names, with the ledger id (which
--- a reserve checks there, in the read it makes anyway), so a definition put under the names
--- before them is rewritten by its next put.
+-- a reserve checks there, in the read it makes anyway).
 local CEILING_FIELDS = {day = DEFINITION_FIELDS[4], month = DEFINITION_FIELDS[5],
                         total = DEFINITION_FIELDS[6]}
 local allowance = int(ARGV[3], 'outage_allowance_micros')

@@ -3,8 +3,8 @@
 -- KEYS[1] meta hash   KEYS[2] reservation
 -- ARGV: wire.py READ_ARGS: [now_ms]
 -- Returns {'found', record (wire.py RECORD_FIELDS, packed)} or {'none'}.
--- Why: a reservation is kept as a string, or as a hash by versions before records were strings;
--- the scripts are what read both (lib: load_record).
+-- Why: a reservation is kept as a string by wire.py RECORD_FIELDS, which only the scripts
+-- unpack (lib: load_record); read here, it reaches Python as one packed record.
 local rec = load_record(KEYS[2])
 if not rec then
   return {'none'}

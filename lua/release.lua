@@ -19,7 +19,7 @@ if answer then
   return answer
 end
 
--- The general case: a record kept whole, one resolved before, or one kept as a hash.
+-- The general case: a record kept whole, or one resolved before.
 local rec = load_record(KEYS[2])
 if not rec or rec.owner ~= a.owner then
   return {'not_found'}

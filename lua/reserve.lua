@@ -45,7 +45,7 @@ local now = ledger_now(a.now_ms)
 local now_text = istr(now)
 
 local prefix = prefix_of(KEYS[1])
-local legs, status, paused = resolve_legs(prefix, KEYS[1], a, now)
+local legs, status, paused = resolve_legs(prefix, a, now)
 if status then
   return status
 end

@@ -9,7 +9,7 @@
 local a = status_args(ARGV)
 local now = ledger_now(a.now_ms)
 local prefix = prefix_of(KEYS[1])
-local legs, status = resolve_legs(prefix, KEYS[1], a, now)
+local legs, status = resolve_legs(prefix, a, now)
 if status then
   return status
 end

@@ -11,10 +11,10 @@ long each kind is kept once resolved, and why), run counters (RUN_COUNTER_IDLE_M
 last write), day and month counters (COUNTER_RETENTION_MS after their window), idempotency
 replies, output histograms, probes and the live-instance set, and everything alerts write (the
 events, the outbox and the log, hourly spend buckets, velocity slots and marks). What an operator
-made stays: the ledger id, budget definitions and their total counters, API key records (and a
-revoked key's record, which holds only when it was revoked: the id is never taken again), the tag
-map, a tag's set of budget ids, and a tag's open-lease set while it has members (Redis drops an
-empty one).
+made stays: the ledger id and its format version, budget definitions and their total counters,
+API key records (and a revoked key's record, which holds only when it was revoked: the id is
+never taken again), the tag map, a tag's set of budget ids, a tag's open-lease set while it has
+members (Redis drops an empty one), and the registry of function libraries (as many as are kept).
 """
 
 from __future__ import annotations
@@ -41,6 +41,13 @@ AUDIT_KEY = CATALOGUE + "audit"  # stream: every admin change (core/operations.p
 # instances that found their ledger reset take the new id when both name it.
 RESTORED_KEY = CATALOGUE + "restored"
 ADOPTED_KEY = CATALOGUE + "adopted"
+# The format version of the ledger (core/stores/wire.py LEDGER_FORMAT_VERSION), written when the
+# ledger id is made: in the id's slot, so the two go together.
+LEDGER_FORMAT_KEY = CATALOGUE + "format"
+# The function libraries versions of the code loaded here, a sorted set of library names by when
+# an instance of each first opened the ledger: which of them to keep (core/stores/scripts.py
+# prune_libraries). As many members as libraries that rule keeps.
+LIBRARIES_KEY = CATALOGUE + "libraries"
 
 # The parts after 'sc:{TAG}:' of the keys of one tag.
 META = "meta"

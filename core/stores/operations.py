@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import BudgetInUse, ensure
-from core.ledger import ROLES_OF_LEGACY_KEYS, ExpirePolicy, ReservationState
+from core.ledger import ROLES_OF_KEYS_BEFORE_ROLES, ExpirePolicy, ReservationState
 from core.lifecycle import Event, effects
 from core.limits import UNKNOWN_OUTCOME_RETENTION_MS
 from core.stores import keys, wire
@@ -125,7 +125,7 @@ class ScriptedCatalogue:
             ttl = int(await self._t.execute("PTTL", keys.api_key(str(previous))))
             previous_ms = ttl if ttl > 0 else None
         roles = tuple(sorted(str(f["roles"]).split(","))) if f["roles"] is not None \
-            else ("gateway", "sidecar")  # core.ledger.ROLES_OF_LEGACY_KEYS
+            else ("gateway", "sidecar")  # core.ledger.ROLES_OF_KEYS_BEFORE_ROLES
         return KeyInfo(key_id, str(f["budget_id"]), roles, _number(run),
                        _number(f["created_ms"]), _number(f["last_used_ms"]),
                        _number(f["rotated_at_ms"]), previous_ms)
@@ -268,8 +268,10 @@ class ScriptedCatalogue:
 
     async def stamp_ledger(self, ledger_id: str) -> None:
         """The restored ledger's id, written last: instances that find theirs gone wait for the
-        operator's adoption (`ceiling ledger adopt`) before they enforce against it."""
+        operator's adoption (`ceiling ledger adopt`) before they enforce against it. With it, the
+        format version its records were written in: this version's."""
         await self._t.execute("SET", keys.RESTORED_KEY, ledger_id)
+        await self._t.execute("SET", keys.LEDGER_FORMAT_KEY, str(wire.LEDGER_FORMAT_VERSION))
         await self._t.execute("SET", keys.LEDGER_ID_KEY, ledger_id)
 
     async def write_hash(self, key: str, fields: dict[str, str], ttl_ms: int | None) -> None:
@@ -319,7 +321,7 @@ class ScriptedCatalogue:
         previous = record.get("previous_key_hash", "")
         previous_valid_ms = 0 if not previous or grace_ends_at_ms is None \
             else max(0, grace_ends_at_ms - self.store.now_estimate())
-        roles = record.get("roles", ",".join(sorted(ROLES_OF_LEGACY_KEYS)))
+        roles = record.get("roles", ",".join(sorted(ROLES_OF_KEYS_BEFORE_ROLES)))
         await self._t.execute("ZADD", keys.KEYS_KEY, "0", f"{budget_id} {key_id}")
         await self.store.put_key_record(
             key_id, key_hash, budget_id, record.get("run_ceiling_micros", record.get("run", "")),

@@ -8,6 +8,7 @@ error tree.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -29,7 +30,7 @@ from core.errors import (
     state_quota,
 )
 from core.ledger import (
-    ROLES_OF_LEGACY_KEYS,
+    ROLES_OF_KEYS_BEFORE_ROLES,
     Claim,
     ClaimKind,
     Correction,
@@ -57,7 +58,7 @@ from core.ledger import (
 from core.lifecycle import Event
 from core.limits import INT_EXACT_MAX, TZ_CACHE_MAX, WINDOW_RETRIES_MAX
 from core.stores import keys, wire
-from core.stores.scripts import Script, script
+from core.stores.scripts import Script, library, prune_libraries, script
 
 Clock = Callable[[], int]
 """Milliseconds since the epoch. Only tests inject one; in production the ledger uses Redis TIME."""
@@ -74,14 +75,20 @@ ADOPT_CHECK_INTERVAL_MS = 1_000
 # already makes rare, never on the reserve script. Operators read "last used" to find idle keys,
 # which a minute's resolution answers.
 KEY_LAST_USED_RESOLUTION_MS = 60_000
-# What get_key reads of the entry under a secret's hash (core/stores/keys.py api_key): which key
-# it leads to, whether it only leads there ('index_only'), and the fields of a key of the layout
-# before records were by id.
-LEGACY_KEY_FIELDS = ("key_id", "index_only", "budget_id", "run_ceiling_micros", "run", "roles",
-                     "last_used_ms")
+# What get_key reads of the entry under a secret's hash (core/stores/keys.py api_key), for a
+# secret minted before secrets carried their key id: which key it leads to, whether it only
+# leads there ('index_only'), and the fields of a key of the layout before records were by id.
+# Such keys were given to users, so they keep working; an entry put before fields had Python
+# names keeps its run ceiling under 'run'.
+HASH_ONLY_KEY_FIELDS = ("key_id", "index_only", "budget_id", "run_ceiling_micros", "run", "roles",
+                        "last_used_ms")
 # Budget paths whose ledger form (their ids, joined) a process remembers; bounded because paths
 # come from keys.
 PATHS_CACHE_MAX = 10_000
+# The backends whose transports call the library's functions (FCALL), where other versions'
+# libraries pile up (core/stores/scripts.py prune_libraries): the cluster's transport runs each
+# operation as a script of its own, and the memory store's Redis is its process's alone.
+LIBRARY_BACKENDS = frozenset({"redis", "upstash"})
 
 
 def _holds(flat: Sequence[Any]) -> tuple[OpenHold, ...]:
@@ -139,6 +146,25 @@ def _ledger_reset(tag: str | None = None) -> LedgerUnavailable:
         "`ceiling ledger adopt`)",
         reason="ledger_reset",
     )
+
+
+def _format_unknown(version: str) -> LedgerUnavailable:
+    return LedgerUnavailable(
+        f"the ledger was written by another format version ({version}; this instance reads "
+        f"version {wire.LEDGER_FORMAT_VERSION}); enforcement is refused until it is served by "
+        "a version of spend-ceiling that reads it",
+        reason="ledger_reset",
+    )
+
+
+def _readable(version: Any) -> bool:
+    """Whether this version's scripts read a ledger stamped with format `version`.
+
+    A ledger with no stamp was made before ledgers were stamped, by code that wrote exactly what
+    version 1 is (the stamp is all this version added): it is version 1. It is not stamped when
+    opened either, since that would tell a later version nothing: a later version may meet a
+    ledger no instance of this one opened, and must read a missing stamp as 1 all the same."""
+    return version is None or str(version) == str(wire.LEDGER_FORMAT_VERSION)
 
 
 def _paused(budget_id: str) -> BudgetPaused:
@@ -206,6 +232,9 @@ class ScriptedStore:
         self._clock = clock
         self._ledger_id: str | None = None
         self._reset = False
+        # The format version of the ledger found when this instance stopped enforcing because it
+        # cannot read that format (`_readable`); None for a reset of any other kind.
+        self._format_refused: str | None = None
         self._tz: dict[str, str] = {}
         self._offset_ms = 0
         # Per set of zones: the zones field, and the span [from_ms, until_ms) it holds for (the
@@ -223,15 +252,40 @@ class ScriptedStore:
 
     async def open(self) -> str:
         if self._reset and not await self._adopt():
-            raise _ledger_reset()
+            raise self._refusal()
         if self._ledger_id is None:
-            found = await self._t.execute("GET", keys.LEDGER_ID_KEY)
+            found, version = await self._stamp()
             if found is None:
+                # A new ledger: its format version first, so that no instance finds the id
+                # without it. Of instances of two versions making it at once, the first to write
+                # the version decides it, and the other refuses the ledger below.
+                await self._t.execute("SET", keys.LEDGER_FORMAT_KEY,
+                                      str(wire.LEDGER_FORMAT_VERSION), "NX")
                 await self._t.execute("SET", keys.LEDGER_ID_KEY, uuid.uuid4().hex, "NX")
-                found = await self._t.execute("GET", keys.LEDGER_ID_KEY)
+                found, version = await self._stamp()
             ensure(isinstance(found, str), "the ledger id is a string")
+            if not _readable(version):
+                self._reset, self._format_refused = True, str(version)
+                raise self._refusal()
             self._ledger_id = str(found)
+            if self.backend in LIBRARY_BACKENDS:
+                # Housekeeping: one that fails leaves its work to the next version's first
+                # instance, and fails no call.
+                with contextlib.suppress(LedgerUnavailable):
+                    await prune_libraries(self._t.execute, library().name, self.ledger_time_ms)
         return self._ledger_id
+
+    async def _stamp(self, *more: str) -> list[Any]:
+        """The ledger id and its format version (None: not stamped), then the values of `more`
+        keys of the catalogue: one read, all of them in the ledger id's slot."""
+        return list(await self._t.execute(
+            "MGET", keys.LEDGER_ID_KEY, keys.LEDGER_FORMAT_KEY, *more))
+
+    def _refusal(self) -> LedgerUnavailable:
+        """What a call is refused with once this instance stopped enforcing (`_reset`)."""
+        if self._format_refused is not None:
+            return _format_unknown(self._format_refused)
+        return _ledger_reset()
 
     async def _adopt(self) -> bool:
         """Whether an operator confirmed a restored ledger since this instance found its own
@@ -242,11 +296,13 @@ class ScriptedStore:
         if (now_s - self._adopt_checked_s) * 1000 < ADOPT_CHECK_INTERVAL_MS:
             return False
         self._adopt_checked_s = now_s
-        found = await self._t.execute("GET", keys.LEDGER_ID_KEY)
-        adopted = await self._t.execute("GET", keys.ADOPTED_KEY)
+        found, version, adopted = await self._stamp(keys.ADOPTED_KEY)
         if found is None or found != adopted or found == self._ledger_id:
             return False
-        self._ledger_id, self._reset = str(found), False
+        if not _readable(version):
+            self._format_refused = str(version)
+            return False
+        self._ledger_id, self._reset, self._format_refused = str(found), False, None
         return True
 
     async def _org_lost(self, tag: str) -> bool:
@@ -259,9 +315,11 @@ class ScriptedStore:
 
     async def _identity_lost(self) -> bool:
         """Called when a tag is not stamped with our ledger id, or a reservation is not found:
-        is the whole ledger gone?"""
-        found = await self._t.execute("GET", keys.LEDGER_ID_KEY)
-        if found != self._ledger_id:
+        is the whole ledger gone (or stamped with a format version this one cannot read)?"""
+        found, version = await self._stamp()
+        if not _readable(version):
+            self._format_refused = str(version)
+        if found != self._ledger_id or not _readable(version):
             self._reset = True
         return self._reset
 
@@ -525,7 +583,7 @@ class ScriptedStore:
         then the answer is ledger_reset, never "not found" (settle, release, correction and the
         reads check no ledger id in their scripts; a wiped ledger has no budgets)."""
         if await self._identity_lost():
-            raise _ledger_reset()
+            raise self._refusal()
         if await self._org_lost(tag):
             raise _ledger_reset(tag)
 
@@ -543,7 +601,7 @@ class ScriptedStore:
         if reply[0] == "ok":
             return int(reply[1])
         if await self._identity_lost():
-            raise _ledger_reset()
+            raise self._refusal()
         return 0
 
     # -- budgets -----------------------------------------------------------------------
@@ -582,14 +640,10 @@ class ScriptedStore:
     async def get_budget(self, budget_id: BudgetId) -> BudgetDef | None:
         await self.open()
         found = await self._t.execute(
-            "HMGET", keys.definition(budget_id.tag, budget_id.path),
-            *wire.DEFINITION_FIELDS, *wire.LEGACY_DEFINITION_FIELDS,
-        )
-        # Put under the names put_budget writes (the ledger id first), or under the ones it
-        # wrote before them.
-        count = len(wire.DEFINITION_FIELDS)
+            "HMGET", keys.definition(budget_id.tag, budget_id.path), *wire.DEFINITION_FIELDS)
+        # The ledger id first, then the timezone, the allowance and the ceilings.
         paused_field = wire.DEFINITION_FIELDS.index("paused")
-        tz, allow, *ceils = found[1:paused_field] if found[1] is not None else found[count:]
+        tz, allow, *ceils = found[1:paused_field]
         if tz is None:
             if await self._org_lost(budget_id.tag):
                 raise _ledger_reset(budget_id.tag)
@@ -622,7 +676,7 @@ class ScriptedStore:
             self._learn_now(now_ms)
             return legs
         if await self._identity_lost():
-            raise _ledger_reset()
+            raise self._refusal()
         return ()
 
     # -- output lengths ------------------------------------------------------------------
@@ -674,7 +728,7 @@ class ScriptedStore:
         if key_id is None:
             # A secret made before secrets carried their key id: the entry under its hash names
             # the key (and, for a key no rotation moved into a record yet, is the key).
-            entry = await self._t.execute("HMGET", keys.api_key(key_hash), *LEGACY_KEY_FIELDS)
+            entry = await self._t.execute("HMGET", keys.api_key(key_hash), *HASH_ONLY_KEY_FIELDS)
             if entry[0] is None:
                 await self._no_key()
                 return None
@@ -688,17 +742,17 @@ class ScriptedStore:
         if reply[0] == "refused":
             return None
         if entry is not None and entry[1] is None:
-            return await self._legacy_key(key_id, key_hash, entry)
+            return await self._hash_only_key(key_id, key_hash, entry)
         await self._no_key()
         return None
 
     async def _no_key(self) -> None:
         """For a key not found: LedgerUnavailable (ledger_reset) if the ledger itself is gone."""
         if await self._identity_lost():
-            raise _ledger_reset()
+            raise self._refusal()
 
-    async def _legacy_key(self, key_id: str, key_hash: str, entry: Sequence[Any]
-                          ) -> KeyRecord | None:
+    async def _hash_only_key(self, key_id: str, key_hash: str, entry: Sequence[Any]
+                             ) -> KeyRecord | None:
         """A key of the layout before records were by id, which no rotation moved into a record
         yet: the entry under the secret's hash is the key, if the key's pointers name the secret.
         One they do not name was left by a rotation of that layout that did not finish (it
@@ -707,19 +761,19 @@ class ScriptedStore:
         if current is not None and current != key_hash and await self._t.execute(
                 "GET", keys.api_key_previous(key_id)) != key_hash:
             return None
-        _, _, budget_id, run, legacy_run, roles, last_used = entry
+        _, _, budget_id, run, run_before_names, roles, last_used = entry
         # An entry put before fields had Python names keeps its run ceiling under 'run'.
-        run = legacy_run if run is None else run
+        run = run_before_names if run is None else run
         now_ms = self._now_estimate()
         if not last_used or now_ms - int(last_used) >= KEY_LAST_USED_RESOLUTION_MS:
             await self._t.execute("HSET", keys.api_key(key_hash), "last_used_ms", str(now_ms))
         return KeyRecord(key_id, key_hash, BudgetId(str(budget_id)), int(run) if run else None,
-                         ROLES_OF_LEGACY_KEYS if roles is None else _roles(str(roles)))
+                         ROLES_OF_KEYS_BEFORE_ROLES if roles is None else _roles(str(roles)))
 
     async def rotate_key(self, key_id: str, new_hash: str, grace_ms: int) -> bool:
         await self.open()
         reply = await self._rotate(key_id, new_hash, grace_ms)
-        if reply[0] == "absent" and await self._move_legacy_key(key_id):
+        if reply[0] == "absent" and await self._move_hash_only_key(key_id):
             reply = await self._rotate(key_id, new_hash, grace_ms)
         if reply[0] == "rotated" and reply[2]:
             # The entry a secret made before secrets carried their id was found by, if it had
@@ -732,7 +786,7 @@ class ScriptedStore:
             script("key_rotate"), (keys.api_key_record(key_id),),
             [new_hash, str(grace_ms), *filter(None, [self._now_arg()])]))
 
-    async def _move_legacy_key(self, key_id: str) -> bool:
+    async def _move_hash_only_key(self, key_id: str) -> bool:
         """Move a key of the layout before records were by id into its record (lua/key_put.lua),
         its previous secret with what is left of its grace; False if there is no such key. The
         record is written first, and decides from then on: the old entries are marked to lead a
@@ -742,12 +796,12 @@ class ScriptedStore:
         current = await self._t.execute("GET", keys.api_key_id(key_id))
         if current is None:
             return False
-        entry = await self._t.execute("HMGET", keys.api_key(str(current)), *LEGACY_KEY_FIELDS,
+        entry = await self._t.execute("HMGET", keys.api_key(str(current)), *HASH_ONLY_KEY_FIELDS,
                                       "created_ms", "rotated_at_ms")
         if entry[0] != key_id or entry[1] is not None:
             return False
-        _, _, budget_id, run, legacy_run, roles, last_used, created, rotated = entry
-        run = legacy_run if run is None else run
+        _, _, budget_id, run, run_before_names, roles, last_used, created, rotated = entry
+        run = run_before_names if run is None else run
         # Listed, if it was made before the ledger listed keys.
         await self._t.execute("ZADD", keys.KEYS_KEY, "NX", "0", f"{budget_id} {key_id}")
         previous = await self._t.execute("GET", keys.api_key_previous(key_id))
@@ -756,7 +810,7 @@ class ScriptedStore:
             "PTTL", keys.api_key(str(previous)))))
         made = await self.put_key_record(
             key_id, str(current), str(budget_id), str(run or ""),
-            ",".join(sorted(ROLES_OF_LEGACY_KEYS)) if roles is None else str(roles),
+            ",".join(sorted(ROLES_OF_KEYS_BEFORE_ROLES)) if roles is None else str(roles),
             previous_key_hash=str(previous) if previous_valid_ms else "",
             previous_valid_ms=previous_valid_ms, created_ms=str(created or ""),
             rotated_at_ms=str(rotated or ""), last_used_ms=str(last_used or ""))
@@ -775,13 +829,13 @@ class ScriptedStore:
         # A key of the layout before records were by id: its entries go first (the pointers
         # name them), then the pointers, so from here on no secret of that layout is taken,
         # whatever becomes of the rest of this revoke.
-        legacy = [str(h) for h in [await self._t.execute("GET", keys.api_key_id(key_id)),
-                                   await self._t.execute("GET", keys.api_key_previous(key_id))]
-                  if h is not None]
+        hash_only = [str(h) for h in [await self._t.execute("GET", keys.api_key_id(key_id)),
+                                      await self._t.execute("GET", keys.api_key_previous(key_id))]
+                     if h is not None]
         budget_id = None
-        if legacy:
-            budget_id = await self._t.execute("HGET", keys.api_key(legacy[0]), "budget_id")
-            for key_hash in legacy:
+        if hash_only:
+            budget_id = await self._t.execute("HGET", keys.api_key(hash_only[0]), "budget_id")
+            for key_hash in hash_only:
                 await self._t.execute("DEL", keys.api_key(key_hash))
             await self._t.execute("DEL", keys.api_key_id(key_id))
             await self._t.execute("DEL", keys.api_key_previous(key_id))
@@ -794,7 +848,7 @@ class ScriptedStore:
                 await self._t.execute("DEL", keys.api_key(str(key_hash)))
         if budget_id is not None:
             await self._t.execute("ZREM", keys.KEYS_KEY, f"{budget_id} {key_id}")
-        return reply[0] == "revoked" or bool(legacy)
+        return reply[0] == "revoked" or bool(hash_only)
 
     # -- alerts (issue 16) ----------------------------------------------------------------
 
@@ -896,11 +950,13 @@ class ScriptedStore:
         try:
             ledger_id = await self.open()
             started = time.perf_counter()
-            found = await self._t.execute("GET", keys.LEDGER_ID_KEY)
+            found, version = await self._stamp()
             latency_ms = round((time.perf_counter() - started) * 1000, 3)
-            if found != ledger_id:
+            if not _readable(version):
+                self._format_refused = str(version)
+            if found != ledger_id or not _readable(version):
                 self._reset = True
-                raise _ledger_reset()
+                raise self._refusal()
             token = uuid.uuid4().hex
             await self._t.execute("SET", keys.probe(instance_id), token, "PX", str(PROBE_TTL_MS))
             if await self._t.execute("GET", keys.probe(instance_id)) != token:

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 from importlib.resources.abc import Traversable
+from typing import Any
 
+from core.errors import LedgerUnavailable
+from core.stores import keys
 from core.stores.wire import prelude
 
 SCRIPTS_PACKAGE = "lua"
@@ -55,7 +58,7 @@ class Library:
 
     @property
     def name(self) -> str:
-        return f"spend_ceiling_{self.digest}"
+        return f"{LIBRARY_PREFIX}{self.digest}"
 
     def function(self, operation: str) -> str:
         return f"sc_{self.digest}_{operation}"
@@ -71,6 +74,15 @@ GENERAL_CASE = "-- The general case"
 # Hex digits of the library's digest in its name and its functions' names: 48 bits, so that two
 # versions deployed against one ledger share a name with a chance of one in 10**14.
 LIBRARY_DIGEST_HEX = 12
+# What every version's library is named by: this, then its digest.
+LIBRARY_PREFIX = "spend_ceiling_"
+# The libraries of other versions kept however long ago they were loaded: the most recently
+# recorded ones (prune_libraries), this instance's own among them. A rolling deploy runs two
+# versions against one ledger at once.
+LIBRARIES_RECENT_KEPT = 2
+# And every library recorded within this long, however many: a deploy, and a rollback after it,
+# find the libraries their instances still call, for a day.
+LIBRARY_RETENTION_MS = 24 * 3_600_000
 
 
 def statements(source: str) -> list[tuple[str, str]]:
@@ -185,3 +197,86 @@ def functions_unknown(message: str) -> bool:
 def library_exists(message: str) -> bool:
     """Whether FUNCTION LOAD failed only because another instance loaded the library first."""
     return "already exists" in message.lower()
+
+
+# -- the libraries of other versions ---------------------------------------------------------
+
+Execute = Callable[..., Awaitable[Any]]
+"""One command to the ledger's Redis, and its reply (a Transport's `execute`)."""
+
+
+async def prune_libraries(execute: Execute, own: str,
+                          ledger_time_ms: Callable[[], Awaitable[int]]) -> tuple[str, ...]:
+    """Delete the function libraries of versions of the code that no longer run, when the first
+    instance of a version opens the ledger; the names deleted.
+
+    Each version loads a library of its own (`library`, named for its text) and nothing else
+    deletes one, so a Redis would keep one per deploy for good. The registry
+    (keys.LIBRARIES_KEY) holds, for each library, when the first instance of its version opened
+    the ledger, by the ledger's time; a library loaded by a version that kept no registry counts
+    from when it is first seen here (as just before `own`). An instance whose library is not
+    recorded deletes every `spend_ceiling_*` library but its own, the LIBRARIES_RECENT_KEPT most
+    recently recorded and those recorded within LIBRARY_RETENTION_MS, then records its own
+    (last: an instance that fails before that leaves the work to the next one). Every other
+    instance reads one score and does nothing more: a version prunes once, not on every start.
+
+    Deleting a library that a running version still calls costs that version a load, never a
+    call: a call that finds its function missing loads its version's library again and is made
+    again (core/stores/redis.py and upstash.py `run`, as every version with a library does). The
+    two versions of a rolling deploy never delete each other's (each is among the two most
+    recent), so two versions taking turns leave at most LIBRARIES_RECENT_KEPT libraries once
+    the others' retention has passed; more versions than that, running together for longer than
+    the retention, make each other reload, once per first instance of a version whose record
+    was pruned.
+    """
+    if await execute("ZSCORE", keys.LIBRARIES_KEY, own) is not None:
+        return ()
+    now_ms = await ledger_time_ms()
+    try:
+        listed = _library_names(
+            await execute("FUNCTION", "LIST", "LIBRARYNAME", LIBRARY_PREFIX + "*"))
+    except LedgerUnavailable:
+        listed = set()  # a server without functions (before Redis 7.0) has none to delete
+    recorded = _scores(await execute("ZRANGE", keys.LIBRARIES_KEY, "0", "-1", "WITHSCORES"))
+    unseen = listed - recorded.keys() - {own}
+    recorded |= dict.fromkeys(unseen, now_ms - 1)
+    recorded[own] = now_ms
+    recent = sorted(recorded, key=lambda name: (recorded[name], name))[-LIBRARIES_RECENT_KEPT:]
+    kept = {own, *recent, *(n for n, at in recorded.items() if at > now_ms - LIBRARY_RETENTION_MS)}
+    gone = sorted(recorded.keys() - kept)
+    deleted = []
+    for name in gone:
+        if name in listed:
+            try:
+                await execute("FUNCTION", "DELETE", name)
+                deleted.append(name)
+            except LedgerUnavailable:
+                pass  # another instance deleted it first
+    if gone:
+        await execute("ZREM", keys.LIBRARIES_KEY, *gone)
+    if unseen:
+        await execute("ZADD", keys.LIBRARIES_KEY, "NX",
+                      *(part for name in sorted(unseen) for part in (str(now_ms - 1), name)))
+    await execute("ZADD", keys.LIBRARIES_KEY, str(now_ms), own)
+    return tuple(deleted)
+
+
+def _library_names(listed: Any) -> set[str]:
+    """The names in a FUNCTION LIST reply: a map per library (redis-py), or its fields and
+    values in turn (RESP2 as the Upstash REST API passes it on)."""
+    names = set()
+    for entry in listed or ():
+        fields = entry if isinstance(entry, dict) else dict(zip(entry[::2], entry[1::2],
+                                                               strict=True))
+        name = str(fields.get("library_name", ""))
+        if name.startswith(LIBRARY_PREFIX):
+            names.add(name)
+    return names
+
+
+def _scores(reply: Any) -> dict[str, int]:
+    """ZRANGE ... WITHSCORES as {member: score}: pairs (RESP3), or members and scores in turn."""
+    items = list(reply or ())
+    pairs = items if items and isinstance(items[0], list | tuple) else zip(
+        items[::2], items[1::2], strict=True)
+    return {str(member): int(float(score)) for member, score in pairs}

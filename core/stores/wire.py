@@ -17,9 +17,8 @@ pattern match that costs more per character than the server's own parsing of an 
   answers the state, policy and hold it found, from which the caller works out what it booked by
   core/lifecycle.py's table (the script booked by the same table).
 - Records: a reservation is one string (RECORD_FIELDS), the fields every step reads first. A
-  resolved gateway reservation keeps only those, for RESEND_WINDOW_MS. Records written before
-  records were strings are hashes with short field names; the scripts read both (lua/lib.lua
-  load_record) and write the string form.
+  resolved gateway reservation keeps only those, for RESEND_WINDOW_MS.
+- The format of all of it has a version (LEDGER_FORMAT_VERSION), stamped beside the ledger id.
 """
 
 from __future__ import annotations
@@ -100,6 +99,14 @@ ZONE_PARTS = (
 
 # -- what the scripts store --------------------------------------------------------------------
 
+# The version of what this module and the scripts store: the records, definitions, counters and
+# keys of a ledger. Stamped beside the ledger id when a ledger is made (keys.LEDGER_FORMAT_KEY);
+# an instance refuses to enforce on a ledger of a version it does not know
+# (core/stores/scripted.py), since its scripts would misread that ledger's records and
+# counters. Raised only by a change those scripts cannot read: a new field with a default is
+# not one.
+LEDGER_FORMAT_VERSION = 1
+
 # One reservation, under keys.RECORD + its id. `legs`: its legs, ITEM_SEPARATOR between them,
 # each 'budget_id|window_key|ceiling_micros|resets_at_ms|outage_allowance_micros', with '|run'
 # after a run's (resets_at_ms 0 for a total). Every step reads the first RECORD_HEAD fields;
@@ -123,7 +130,6 @@ RESOLVED_FIELDS = (
     "released_micros", "overshoot_micros", "late", "outcome", "fingerprint",
 )
 # A budget's definition hash, by Python names, with the ledger id it was put under ('ledger').
-# Definitions put before these names have the legacy ones (and the ledger id in the tag's meta).
 DEFINITION_FIELDS = ("ledger", "timezone", "outage_allowance_micros", "ceiling_micros:day",
                      "ceiling_micros:month", "ceiling_micros:total", "paused")
 # Alert settings kept in the definition hash, read by get_budget, the thresholds by a settle whose
@@ -134,7 +140,6 @@ ALERT_DEFINITION_FIELDS = ("alert_thresholds_pct", VELOCITY_DEFINITION_FIELD, "p
 # watches it ('' or none: no), which the reservation's legs carry to its settle (lua/lib.lua
 # parse_legs), so that a settle reads the tag's alarms only for a budget that has one.
 HOLD_DEFINITION_FIELDS = (*DEFINITION_FIELDS, VELOCITY_DEFINITION_FIELD)
-LEGACY_DEFINITION_FIELDS = ("tz", "allow", "ceil:day", "ceil:month", "ceil:total")
 
 _ESCAPES = {"%": "%25", SEPARATOR: "%09"}
 
@@ -277,8 +282,8 @@ def status(reply: Sequence[Any]) -> tuple[int, tuple[LegStatus, ...]]:
 
 
 class StoredRecord(NamedTuple):
-    """A reservation's record as read.lua returns it: RECORD_FIELDS, whatever form it is kept
-    in. Empty fields are what the record no longer keeps (or never had)."""
+    """A reservation's record as read.lua returns it: RECORD_FIELDS. Empty fields are what the
+    record no longer keeps (or never had)."""
 
     state: str
     reserved_micros: str
@@ -535,7 +540,6 @@ def prelude() -> list[str]:
     out.append(f"local RECORD_FIELDS = {_lua_list(RECORD_FIELDS)}")
     out.append(_reader("unpack_zone", ZONE_PARTS, PART_SEPARATOR))
     out.append(_definition_reader("read_definition", HOLD_DEFINITION_FIELDS))
-    out.append(_definition_reader("read_legacy_definition", LEGACY_DEFINITION_FIELDS))
     out.append(f"local DEFINITION_FIELDS = {_lua_list(DEFINITION_FIELDS)}")
     out += _effects()
     out.append(_committed())

@@ -75,8 +75,8 @@ async def _taken(svc: CeilingService, *secrets: str) -> list[bool]:
     return [await svc.store.get_key(hash_api_key(s), key_id_of(s)) is not None for s in secrets]
 
 
-async def _legacy_key(raw: aioredis.Redis, bid: BudgetId, roles: str = "sidecar"
-                      ) -> tuple[str, str]:
+async def _hash_only_key(raw: aioredis.Redis, bid: BudgetId, roles: str = "sidecar"
+                         ) -> tuple[str, str]:
     """A key as versions before records were by id made one (an entry under the secret's
     hash, a pointer from the id), with a secret of theirs (no key id in it): (id, secret)."""
     key_id, secret = f"key_{uuid.uuid4().hex[:16]}", f"sk-ceil-{uuid.uuid4().hex}"
@@ -181,7 +181,7 @@ async def test_export_then_restore_into_a_wiped_ledger(server: RedisServer) -> N
         # A key made before the catalogue existed (and before records were by id): in no
         # index, and exported all the same.
         raw = aioredis.Redis.from_url(server.url, decode_responses=True)
-        legacy_id, legacy_secret = await _legacy_key(raw, bid)
+        hash_only_id, hash_only_secret = await _hash_only_key(raw, bid)
         await raw.aclose()
         settled = await svc.store.reserve(_request(bid, 300))
         await svc.store.settle(ReservationRef(bid.tag, settled.reservation_id, "key_owner"), 250)
@@ -221,7 +221,7 @@ async def test_export_then_restore_into_a_wiped_ledger(server: RedisServer) -> N
         legs = {x.budget_id: x for x in await svc.store.status(bid.lineage)}
         assert legs["org:e/team:x"].committed_micros == 700
         for key_id, secret in ((key.key_id, key.api_key), (key.key_id, rotated["api_key"]),
-                               (legacy_id, legacy_secret)):
+                               (hash_only_id, hash_only_secret)):
             assert (await svc.authenticate(secret, role=Role.SIDECAR)).key.key_id == key_id
         with pytest.raises(LedgerNotEmpty):
             await ops.restore(document, None, False, BY)
@@ -290,7 +290,7 @@ async def test_a_key_of_the_layout_before_records_is_moved_into_one_when_rotated
     raw = aioredis.Redis.from_url(server.url, decode_responses=True)
     async with _instance(server.url) as (svc, ops):
         bid = await _put(ops, "org:m", 100)
-        key_id, secret = await _legacy_key(raw, bid, roles="gateway,sidecar")
+        key_id, secret = await _hash_only_key(raw, bid, roles="gateway,sidecar")
         # As that layout's rotation left it: the previous secret's entry expiring with its
         # pointer, and an entry one that did not finish left without either.
         previous, orphan = f"sk-ceil-{uuid.uuid4().hex}", f"sk-ceil-{uuid.uuid4().hex}"
@@ -321,7 +321,7 @@ async def test_a_key_of_the_layout_before_records_is_moved_into_one_when_rotated
         assert not await ops.revoke_key(key_id, BY)
 
         # Revoked in that layout: nothing of it is taken, and no rotation brings it back.
-        key_id, secret = await _legacy_key(raw, bid)
+        key_id, secret = await _hash_only_key(raw, bid)
         assert await ops.revoke_key(key_id, BY)
         assert await _taken(svc, secret) == [False]
         with pytest.raises(BudgetNotFound):
@@ -388,7 +388,7 @@ async def test_a_rotation_cut_short_anywhere_leaves_no_secret_taken_that_should_
             await healthy.put_key(KeyRecord(key_id, old, bid, None))
             older = []
         else:
-            key_id, secret = await _legacy_key(raw, bid)
+            key_id, secret = await _hash_only_key(raw, bid)
             old, prev = hash_api_key(secret), "h" + uuid.uuid4().hex
             await raw.hset(keys.api_key(prev), mapping={"key_id": key_id, "budget_id": bid.path})
             await raw.pexpire(keys.api_key(prev), GRACE_MS)

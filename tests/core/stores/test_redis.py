@@ -2,24 +2,43 @@
 
 from __future__ import annotations
 
+import contextlib
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis import exceptions as rex
 from redis.exceptions import ResponseError
 
 from core.budgets import BudgetId, Period
-from core.errors import BudgetNotFound, LedgerUnavailable
-from core.ledger import ROLES_OF_LEGACY_KEYS, KeyRecord, ReservationRef, Role
+from core.errors import BudgetNotFound, InvariantBroken, LedgerUnavailable
+from core.ledger import ROLES_OF_KEYS_BEFORE_ROLES, KeyRecord, ReservationRef, Role
 from core.limits import IDEMPOTENCY_WINDOW_MS, REPLAY_WINDOW_MS, RESEND_WINDOW_MS
 from core.stores import keys, wire
-from core.stores.redis import LEDGER_CALL_TIMEOUT_S, RedisStore, lost_connection, translated
-from core.stores.scripts import library, script
+from core.stores.redis import (
+    LEDGER_CALL_TIMEOUT_S,
+    ConnectionTornDown,
+    RedisStore,
+    client_call,
+    translated,
+)
+from core.stores.redis_resp import ArgumentRefused
+from core.stores.scripts import (
+    LIBRARIES_RECENT_KEPT,
+    LIBRARY_PREFIX,
+    LIBRARY_RETENTION_MS,
+    library,
+    prune_libraries,
+    script,
+)
 from infra.processes import free_port
 from infra.redis_server import RedisServer
 from tests.core.stores.test_conformance import OWNER, leg, put, request
+from tests.support import ManualClock
 
 
 @pytest.fixture
@@ -246,11 +265,11 @@ async def test_a_key_stored_before_roles_keeps_both_and_a_role_unknown_here_gran
     store = RedisStore(redis_server.url)
     await store.open()
     # As an earlier version wrote it: no roles field.
-    await raw.hset(keys.api_key("hash_legacy" + tag), mapping={
-        "key_id": "key_legacy", "budget_id": tag, "run": ""})
-    legacy = await store.get_key("hash_legacy" + tag)
-    assert legacy is not None
-    assert legacy.roles == ROLES_OF_LEGACY_KEYS == {Role.GATEWAY, Role.SIDECAR}
+    await raw.hset(keys.api_key("hash_before_roles" + tag), mapping={
+        "key_id": "key_before_roles", "budget_id": tag, "run": ""})
+    before_roles = await store.get_key("hash_before_roles" + tag)
+    assert before_roles is not None
+    assert before_roles.roles == ROLES_OF_KEYS_BEFORE_ROLES == {Role.GATEWAY, Role.SIDECAR}
     # As a later version might write it: a role this one does not know is ignored.
     await raw.hset(keys.api_key("hash_later" + tag), mapping={
         "key_id": "key_later", "budget_id": tag, "run": "", "roles": "auditor,sidecar"})
@@ -260,27 +279,77 @@ async def test_a_key_stored_before_roles_keeps_both_and_a_role_unknown_here_gran
     await store.close()
 
 
-def _raised_in(filename: str, source: str) -> AttributeError:
-    try:
-        exec(compile(source, filename, "exec"))  # noqa: S102 - the frame a client raises from
-    except AttributeError as exc:
-        return exc
-    raise AssertionError("the source raises")
+async def test_a_key_stored_under_short_names_keeps_its_run_ceiling(
+    redis_server: RedisServer, raw: aioredis.Redis, tag: str
+) -> None:
+    # API keys were given to users: a key whose entry an earlier version wrote, its run ceiling
+    # under 'run', is taken as it was made.
+    store = RedisStore(redis_server.url)
+    await store.open()
+    await raw.hset(keys.api_key("hash_old" + tag), mapping={
+        "key_id": "key_old", "budget_id": tag, "run": "250", "roles": "gateway"})
+    record = await store.get_key("hash_old" + tag)
+    assert record is not None
+    assert (record.run_ceiling_micros, record.roles) == (250, {Role.GATEWAY})
+    await store.close()
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        # A ledger script's BADARG: from redis-py's client (a code its parser does not know) and
+        # from the scripts' own connection.
+        (rex.ResponseError("BADARG reserved_micros"), "invariant"),
+        (ArgumentRefused("BADARG reserved_micros"), "invariant"),
+        (rex.DataError("Invalid input of type: 'NoneType'"), "invariant"),
+        (rex.AuthenticationError("invalid username-password pair"), "ledger_auth"),
+        (rex.NoPermissionError("User u has no permissions to run the 'fcall' command"),
+         "ledger_auth"),
+        (ConnectionTornDown("AttributeError: 'NoneType' object has no attribute 'writelines'"),
+         "ledger_unreachable"),
+        (rex.BusyLoadingError("Redis is loading the dataset in memory"), "ledger_unreachable"),
+        (rex.ConnectionError("Error 111 connecting to 127.0.0.1:6379"), "ledger_unreachable"),
+        (rex.MaxConnectionsError("Too many connections"), "ledger_unreachable"),
+        (rex.TimeoutError("Timeout reading from 127.0.0.1:6379"), "ledger_unreachable"),
+        (TimeoutError(), "ledger_unreachable"),  # asyncio.timeout's
+        (ConnectionRefusedError(111, "Connection refused"), "ledger_unreachable"),
+        (ssl.SSLCertVerificationError("CERTIFICATE_VERIFY_FAILED"), "ledger_unreachable"),
+        (rex.NoScriptError("No matching script"), "ledger_error"),
+        (rex.ReadOnlyError("You can't write against a read only replica."), "ledger_error"),
+        (rex.OutOfMemoryError("command not allowed when used memory > 'maxmemory'"),
+         "ledger_error"),
+        (rex.ResponseError("WRONGTYPE Operation against a key"), "ledger_error"),
+        (rex.InvalidResponse("Protocol Error: x"), "ledger_error"),
+    ],
+)
+def test_each_client_error_type_becomes_its_core_error(exc: Exception, expected: str) -> None:
+    with pytest.raises((InvariantBroken, LedgerUnavailable)) as info, translated():
+        raise exc
+    assert info.value.__cause__ is exc
+    if expected == "invariant":
+        assert type(info.value) is InvariantBroken
+    else:
+        assert isinstance(info.value, LedgerUnavailable)
+        assert info.value.reason == expected
+
+
+async def _torn_down_write() -> None:
+    """What redis-py's asyncio connection raised in a Redis Cluster failover here, writing on a
+    connection another task had just torn down."""
+    writer: Any = None
+    writer.writelines([])
 
 
 async def test_a_connection_torn_down_under_redis_py_fails_closed_other_bugs_go_out() -> None:
-    # What redis-py's asyncio connection raised in a Redis Cluster failover here, writing on a
-    # connection another task had just torn down (redis/redis-py#4287): the call fails closed, as
-    # a lost connection does. The same error raised anywhere else is a bug and is not hidden.
-    torn = _raised_in("/venv/site-packages/redis/asyncio/connection.py", "None.writelines([])")
-    assert lost_connection(torn)
-    with pytest.raises(LedgerUnavailable) as info, translated():
-        raise torn
+    # Raised from inside a client call: a lost connection, and the call fails closed as one does.
+    with pytest.raises(ConnectionTornDown):
+        await client_call(_torn_down_write())
+    with pytest.raises(LedgerUnavailable, match="connection was lost") as info, translated():
+        await client_call(_torn_down_write())
     assert info.value.reason == "ledger_unreachable"
-    ours = _raised_in("/work/core/stores/scripted.py", "None.writelines([])")
-    assert not lost_connection(ours)
+    # The same error raised by this project's own code is a bug and is not hidden.
     with pytest.raises(AttributeError), translated():
-        raise ours
+        await _torn_down_write()
 
 
 async def test_a_reservation_that_moved_no_money_is_kept_for_replays_only(
@@ -300,3 +369,124 @@ async def test_a_reservation_that_moved_no_money_is_kept_for_replays_only(
     key = keys.reservation(tag, settled.ref.reservation_id)
     assert REPLAY_WINDOW_MS < await raw.pttl(key) <= IDEMPOTENCY_WINDOW_MS
     await store.close()
+
+
+# -- the ledger's format version -----------------------------------------------------------------
+
+
+async def test_a_new_ledger_is_stamped_with_its_format_version(own_redis: RedisServer) -> None:
+    store = RedisStore(own_redis.url)
+    await store.open()
+    raw = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    assert await raw.get(keys.LEDGER_FORMAT_KEY) == str(wire.LEDGER_FORMAT_VERSION) == "1"
+    await raw.aclose()
+    await store.close()
+
+
+async def test_a_ledger_of_another_format_version_fails_closed_and_health_says_so(
+    own_redis: RedisServer, tag: str
+) -> None:
+    store = RedisStore(own_redis.url)
+    await put(store, tag, (Period.TOTAL, 1_000))
+    await store.reserve(request(tag, tag, 10))
+    raw = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    # As a later version would stamp a ledger it made or moved to a format this one cannot read.
+    await raw.set(keys.LEDGER_FORMAT_KEY, "2")
+
+    fresh = RedisStore(own_redis.url)  # an instance that opens the ledger now
+    for _ in range(2):  # refused at the open, then by the reset it found
+        with pytest.raises(LedgerUnavailable) as info:
+            await fresh.reserve(request(tag, tag, 10))
+        assert info.value.reason == "ledger_reset"
+        assert "written by another format version (2; this instance reads version 1)" in (
+            info.value.message)
+    probe = await fresh.probe("i1")
+    assert (probe.reachable, probe.ledger_id, probe.reasons) == (True, None, ("ledger_reset",))
+    # An instance that opened the ledger before finds it at its next health check.
+    assert (await store.probe("i2")).reasons == ("ledger_reset",)
+    with pytest.raises(LedgerUnavailable) as info:
+        await store.reserve(request(tag, tag, 10))
+    assert (info.value.reason, "another format version" in info.value.message) == (
+        "ledger_reset", True)
+    await raw.set(keys.LEDGER_FORMAT_KEY, "1")
+    again = RedisStore(own_redis.url)
+    assert (await leg(again, tag)).reserved_micros == 10  # only the first reserve held
+    for s in (store, fresh, again):
+        await s.close()
+    await raw.aclose()
+
+
+async def test_a_ledger_made_before_versions_were_stamped_is_version_1(
+    own_redis: RedisServer, tag: str
+) -> None:
+    store = RedisStore(own_redis.url)
+    await put(store, tag, (Period.TOTAL, 1_000))
+    raw = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    await raw.delete(keys.LEDGER_FORMAT_KEY)  # as the code before the stamp left it
+    later = RedisStore(own_redis.url)
+    assert (await later.reserve(request(tag, tag, 10))).reserved_micros == 10
+    assert "ledger_reset" not in (await later.probe("i1")).reasons
+    assert await raw.get(keys.LEDGER_FORMAT_KEY) is None  # read as 1, not written
+    for s in (store, later):
+        await s.close()
+    await raw.aclose()
+
+
+# -- the libraries of other versions -----------------------------------------------------------
+
+
+def _other_library(digest: str) -> str:
+    """A library as another version of the code would name it."""
+    return (f"#!lua name={LIBRARY_PREFIX}{digest}\n"
+            f"redis.register_function('sc_{digest}_read', function() return 1 end)\n")
+
+
+async def _libraries(raw: aioredis.Redis) -> set[str]:
+    listed = await raw.execute_command(  # type: ignore[no-untyped-call]
+        "FUNCTION", "LIST", "LIBRARYNAME", LIBRARY_PREFIX + "*")
+    return {str(lib["library_name"]) for lib in listed}
+
+
+async def test_two_versions_taking_turns_keep_theirs_and_prune_the_rest(
+    own_redis: RedisServer, clock: ManualClock, tag: str
+) -> None:
+    raw = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    # Libraries earlier deploys loaded and never deleted, before there was a registry.
+    stale = {f"{LIBRARY_PREFIX}{d * 12}" for d in "cde"}
+    for name in stale:
+        await raw.function_load(_other_library(name.removeprefix(LIBRARY_PREFIX)))
+    ours, theirs = library().name, f"{LIBRARY_PREFIX}{'b' * 12}"
+    first = RedisStore(own_redis.url, clock=clock)  # this version's first instance
+    await put(first, tag, (Period.TOTAL, 10_000))
+    await first.reserve(request(tag, tag, 1))
+    # Seen for the first time: kept for the retention, like a library loaded just now.
+    assert await _libraries(raw) == {ours, *stale}
+
+    for turn in range(4):
+        clock.advance(LIBRARY_RETENTION_MS + 1)
+        # The other version's instance loads its library and opens the ledger (its first
+        # instance records it and prunes; the ones after read one score).
+        with contextlib.suppress(ResponseError):
+            await raw.function_load(_other_library("b" * 12))
+        await prune_libraries(first.transport.execute, theirs, first.ledger_time_ms)
+        instance = RedisStore(own_redis.url, clock=clock)  # and this version's
+        await instance.reserve(request(tag, tag, 1))
+        assert await _libraries(raw) == {ours, theirs}, f"turn {turn}"
+        assert len(await _libraries(raw)) <= LIBRARIES_RECENT_KEPT
+        await instance.close()
+    assert set(await raw.zrange(keys.LIBRARIES_KEY, 0, -1)) == {ours, theirs}
+
+    # A third version: the least recently recorded of the two goes, and an instance still
+    # running that version loads its library again at its next call, and makes it.
+    clock.advance(LIBRARY_RETENTION_MS + 1)
+    newest = f"{LIBRARY_PREFIX}{'f' * 12}"
+    await raw.function_load(_other_library("f" * 12))
+    assert await prune_libraries(first.transport.execute, newest, first.ledger_time_ms) == (
+        ours,)
+    assert await _libraries(raw) == {theirs, newest}
+    assert (await first.reserve(request(tag, tag, 1))).reserved_micros == 1
+    assert await _libraries(raw) == {ours, theirs, newest}
+    books = await leg(first, tag)  # the leases of the earlier turns expired, charged
+    assert books.committed_micros + books.reserved_micros == 6
+    await first.close()
+    await raw.aclose()
