@@ -41,7 +41,7 @@ for _, leg in ipairs(legs) do
   local was_committed, was_reserved = counters(ck)
   hincr(ck, 'committed', committed)
   if committed ~= 0 and not leg.run then
-    -- alerts (issue 16): spend booked after an outage crosses thresholds like any other
+    -- alerts: spend booked after an outage crosses thresholds like any other
     committed_moved(prefix, leg.budget_id, leg.window_key, leg.ceiling_micros,
                     tonumber(was_committed) + committed, istr(committed), now, seen, at_ms,
                     leg.velocity)

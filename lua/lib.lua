@@ -207,7 +207,7 @@ local function hincr(key, field, delta)
   end
 end
 
--- ==== Alerts (issue 16) ============================================================================
+-- ==== Alerts ====================================================================================
 -- Threshold crossings, the first refusal of a period and velocity alarms are decided inside the
 -- script that moves the money: a marker written with the decision (HSETNX in the counter for a
 -- threshold or a refusal, SET NX for a velocity window) makes one event per (budget, period
@@ -407,7 +407,7 @@ local function apply(prefix, legs, reserved, committed, overshoot, now, spent_at
       if committed then
         local after = redis.call('HINCRBY', ck, 'committed', committed)
         if not run then
-          -- alerts (issue 16): rest is '|ceiling_micros|...'
+          -- alerts: rest is '|ceiling_micros|...'
           now = committed_moved(prefix, budget_id, window_key, string.match(rest, '^|(%d+)'),
                                 after, committed, now, seen, spent_at_ms,
                                 watched_leg(rest, #rest + 1))
@@ -461,7 +461,7 @@ local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_te
     if reserved ~= '0' then redis.call('HINCRBY', ck, 'reserved', reserved) end
     if committed ~= '0' then
       local after = redis.call('HINCRBY', ck, 'committed', committed)
-      -- alerts (issue 16)
+      -- alerts
       now = committed_moved(prefix, budget_id, window_key, ceiling, after, committed, now, seen,
                             tonumber(created_ms), watched_leg(legs, stop))
       seen = budget_id
@@ -609,7 +609,7 @@ end
 -- ledger; {'timezone', budget_id, timezone} when the caller sent no windows for a zone a budget
 -- is in; {'clock', now} when the windows sent do not hold the ledger's now. The run's ceiling is
 -- checked here, before anything is written. The third value is the first budget on the path a
--- velocity alarm paused (issue 16), or nil; reserve refuses it, a status read shows it.
+-- velocity alarm paused, or nil; reserve refuses it, a status read shows it.
 local function resolve_legs(prefix, a, now)
   local legs, zones, paused_id = {}, nil, nil
   for budget_id in string.gmatch(a.budget_ids, '[^ ]+') do

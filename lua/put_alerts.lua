@@ -1,4 +1,4 @@
--- put_alerts: a budget's alert settings (issue 16), put right after its definition.
+-- put_alerts: a budget's alert settings, put right after its definition.
 --
 -- KEYS[1] meta hash   KEYS[2] definition hash 'sc:{TAG}:def:<budget_id>'
 -- ARGV: budget_id, thresholds_pct (ascending whole percents, ' ' between, '' for none),

@@ -31,7 +31,7 @@ end
 if not stamped then
   redis.call('HSET', KEYS[1], 'ledger', ARGV[1])
 end
--- A pause (issue 16) and its time stay through a put: only `ceiling budgets resume` lifts it.
+-- A pause and its time stay through a put: only `ceiling budgets resume` lifts it.
 local paused = redis.call('HMGET', KEYS[2], 'paused', 'paused_at_ms')
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[2], unpack(fields))

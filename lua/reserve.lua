@@ -50,7 +50,7 @@ if status then
   return status
 end
 if paused then
-  return {'paused', paused}  -- a velocity alarm paused it (issue 16)
+  return {'paused', paused}  -- a velocity alarm paused it
 end
 if #legs == 0 then
   return {'no_budget'}
@@ -80,7 +80,7 @@ if why == 'quota' then
 end
 if failing and redis.call('EXISTS', KEYS[2]) == 0 then
   if why == 'exceeded' then
-    alert_refused(prefix, failing, now)  -- issue 16: budget.exceeded, once a window
+    alert_refused(prefix, failing, now)  -- budget.exceeded, once a window
   end
   return {why, now, leg_status(failing, failing.committed, failing.reserved, failing.overshoot)}
 end

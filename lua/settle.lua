@@ -7,7 +7,7 @@
 --     was booked from them by core/lifecycle.py's table, by which it was booked here
 --   {'replayed', charged_micros, released_micros, overshoot_micros, late 0|1}  settled before
 --   {'not_found'}  {'conflict'} settled before at another actual  {'released'}
--- Alerts (issue 16): each leg's committed spend, as HINCRBY returns it, goes to lib's
+-- Alerts: each leg's committed spend, as HINCRBY returns it, goes to lib's
 -- committed_moved, which emits a threshold event only on a crossing and keeps the hourly bucket.
 -- Why: settle and expiry race for one winner. An open lease is settled here in one step. A lease
 -- that expiry already resolved is corrected (lib: resolve, by the lifecycle's table). Overshoot
