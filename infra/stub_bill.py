@@ -65,32 +65,17 @@ class Usage:
         return self.output_tokens - self.audio_output_tokens
 
 
-@dataclass
-class Tally:
-    """Calls billed and what they cost, in one bill or one model's part of it."""
+@dataclass(frozen=True)
+class Tally(Usage):
+    """Calls billed and what they cost, in one bill or one model's part of it: the sum of their
+    usage, how many they were and their cost."""
 
     calls: int = 0
-    input_tokens: int = 0
-    cached_input_tokens: int = 0
-    cache_write_tokens: int = 0
-    cache_write_1h_tokens: int = 0
-    audio_input_tokens: int = 0
-    image_input_tokens: int = 0
-    file_input_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
-    audio_output_tokens: int = 0
-    rejected_prediction_tokens: int = 0
-    web_search_requests: int = 0
-    web_search_calls: int = 0
-    web_plugin_results: int = 0
     cost_micros: int = 0
 
-    def add(self, usage: Usage, cost_micros: int) -> None:
-        self.calls += 1
-        for f in fields(Usage):
-            setattr(self, f.name, getattr(self, f.name) + getattr(usage, f.name))
-        self.cost_micros += cost_micros
+    def plus(self, usage: Usage, cost_micros: int) -> Tally:
+        summed = {f.name: getattr(self, f.name) + getattr(usage, f.name) for f in fields(Usage)}
+        return Tally(**summed, calls=self.calls + 1, cost_micros=self.cost_micros + cost_micros)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Tally:
@@ -142,8 +127,9 @@ class Bill:
         """Log a request; a billed one is added to the tallies too."""
         self.log.append(call)
         if call.billed and call.usage is not None and call.model is not None:
-            self.total.add(call.usage, call.cost_micros)
-            self.by_model.setdefault(call.model, Tally()).add(call.usage, call.cost_micros)
+            self.total = self.total.plus(call.usage, call.cost_micros)
+            self.by_model[call.model] = self.by_model.get(call.model, Tally()).plus(
+                call.usage, call.cost_micros)
 
     def to_json(self, *, with_log: bool = True) -> dict[str, Any]:
         doc: dict[str, Any] = {

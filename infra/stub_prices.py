@@ -43,7 +43,7 @@ exactly micro-dollars per token):
     aliases: ["dated-snapshot-name", ...]                   other names of the same model
 
 Besides "models", a table may give "openrouter", the fees OpenRouter adds to a model's (billed
-when the stub serves OpenRouter's fields, infra/stub_provider.py); a caller's replaces the default:
+when the stub serves OpenRouter's fields, infra/stub_openai.py); a caller's replaces the default:
     web_plugin_usd_per_1k_results                           the web plugin's fee per 1,000 results
     web_plugin_results_default                              results a web plugin without
                                                             `max_results` fetches

@@ -2,14 +2,15 @@
 Anthropic would.
 
 Every figure is worked by hand from Anthropic's documentation (cited beside it), never computed
-by the code under test, and this module imports nothing from `core`. Calls go through the real
-`anthropic` SDK, sync and async, wherever a client would use it; raw httpx where a test reads
-the wire itself or sends what the SDK would not.
+by the code under test, and this module imports nothing from `core`. What every route shares
+(faults, /control, the bill, the key, the price table's checks, a fuzz of any body) is tested
+in tests/infra/test_stub_provider.py. Calls go through the real `anthropic` SDK, sync and
+async, wherever a client would use it; raw httpx where a test reads the wire itself or sends
+what the SDK would not.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,13 +18,10 @@ import anthropic
 import httpx
 import openai
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from infra.stub_bill import Bill, CallRecord
 from infra.stub_provider import StubProvider
 from tests.infra.media import b64, jpeg, pdf, png
-from tests.support import examples
+from tests.infra.test_stub_provider import bill_of, forced, only_call, sse_data
 
 # The SDK warns that claude-opus-4-5 is deprecated; the table still prices it, as Anthropic does.
 pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
@@ -78,21 +76,8 @@ def fresh_bill(http: httpx.Client) -> None:
     http.post("/billing/reset").raise_for_status()
 
 
-def bill_of(http: httpx.Client) -> Bill:
-    return Bill.from_json(http.get("/billing").json())
-
-
-def only_call(http: httpx.Client) -> CallRecord:
-    [call] = bill_of(http).log
-    return call
-
-
 def costs(http: httpx.Client) -> list[int]:
     return [c.cost_micros for c in bill_of(http).log]
-
-
-def forced(tokens: int, **more: str) -> dict[str, str]:
-    return {"X-Stub-Output-Tokens": str(tokens), **more}
 
 
 def at_clock(http: httpx.Client, seconds: float) -> None:
@@ -113,16 +98,7 @@ def create(sdk: anthropic.Anthropic, tokens: int | None = 10,
 def sse_events(http: httpx.Client, body: dict[str, Any],
                headers: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], bool]:
     """The JSON of each SSE event read, and whether the stream ended cleanly."""
-    events, clean = [], True
-    with http.stream("POST", MESSAGES, json={"stream": True, **body}, headers=headers) as response:
-        assert response.status_code == 200
-        try:
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    events.append(json.loads(line.removeprefix("data: ")))
-        except httpx.RemoteProtocolError:
-            clean = False
-    return events, clean
+    return sse_data(http, MESSAGES, {"stream": True, **body}, headers)
 
 
 # -- pricing (https://platform.claude.com/docs/en/about-claude/pricing) ------------------------
@@ -213,21 +189,6 @@ def test_a_forced_tool_is_answered_with_a_tool_use_block(sdk: anthropic.Anthropi
     assert call.id.startswith("toolu_")
 
 
-def test_tool_choice_is_checked_as_anthropic_does(http: httpx.Client) -> None:
-    bodies: list[dict[str, Any]] = [
-        {"tool_choice": {"type": "auto"}},  # without tools
-        {"tools": TOOL_F, "tool_choice": {"type": "tool", "name": "g"}},  # not given
-        {"tools": [*TOOL_F, *TOOL_F]},  # names must be unique
-        {"tools": [{"name": "f"}]},  # no input_schema
-        {"tools": [{"type": "bash_20250124", "name": "bash"}]},  # not served by the stub
-    ]
-    for body in bodies:
-        response = http.post(MESSAGES, json={"model": SONNET, "max_tokens": 10,
-                                             "messages": HELLO, **body})
-        assert response.status_code == 400, body
-    assert bill_of(http).total.calls == 0
-
-
 # -- images (https://platform.claude.com/docs/en/build-with-claude/vision) ---------------------
 
 
@@ -285,23 +246,6 @@ def test_an_image_by_url_or_file_is_sized_from_the_registry(
     assert bill_of(http).total.calls == 2
 
 
-@pytest.mark.parametrize(("block", "why"), [
-    (image_block(png(8, 8), "image/jpeg"), "does not match the provided media type"),
-    (image_block(jpeg(8, 8), "image/png"), "does not match the provided media type"),
-    (image_block(png(8, 8), "image/bmp"), "media_type must be one of"),
-    (image_block(png(8_001, 10)), "exceed max allowed size"),
-    (image_block(b"not an image"), "not a PNG, JPEG"),
-])
-def test_an_image_it_cannot_read_is_refused_unbilled(
-    http: httpx.Client, block: dict[str, Any], why: str
-) -> None:
-    response = http.post(MESSAGES, json={"model": SONNET, "max_tokens": 10,
-                                         "messages": image_messages(block)})
-    assert response.status_code == 400
-    assert why in response.json()["error"]["message"]
-    assert bill_of(http).total.calls == 0
-
-
 def test_more_than_twenty_images_must_each_fit_2000_pixels(http: httpx.Client) -> None:
     small, large = image_block(png(100, 100)), image_block(png(2_001, 100))
     for blocks, status in (([large] * 20, 200), ([large] + [small] * 20, 400),
@@ -319,23 +263,17 @@ def test_more_than_twenty_images_must_each_fit_2000_pixels(http: httpx.Client) -
 PAGE_TOKENS = 1_638
 
 
-def test_a_pdf_is_billed_for_its_text_and_an_image_of_each_page(
+def test_a_document_is_billed_for_its_text_and_an_image_of_each_page(
     sdk: anthropic.Anthropic, http: httpx.Client
 ) -> None:
-    document = pdf(2)
-    block = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
-                                            "data": b64(document)}}
-    message = create(sdk, 10, messages=[{"role": "user", "content": [block]}])
-    file_tokens = -(-len(document) // 4) + 2 * PAGE_TOKENS
-    assert message.usage.input_tokens == 4 + 3 + file_tokens
-    assert bill_of(http).total.file_input_tokens == file_tokens
-
-
-def test_documents_by_text_url_and_file(sdk: anthropic.Anthropic, http: httpx.Client) -> None:
     http.post("/control", json={"files": {"https://files.example/r.pdf": {"bytes": 40,
                                                                           "pages": 3},
                                           "file_doc": {"bytes": 4_000}}}).raise_for_status()
+    document = pdf(2)
     blocks: Any = [
+        # A PDF: its bytes over four, and a page image each.
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                        "data": b64(document)}},
         # 400 bytes of text -> 100; its title "notes" (5 bytes) -> 2.
         {"type": "document", "title": "notes",
          "source": {"type": "text", "media_type": "text/plain", "data": "y" * 400}},
@@ -344,11 +282,9 @@ def test_documents_by_text_url_and_file(sdk: anthropic.Anthropic, http: httpx.Cl
         {"type": "document", "source": {"type": "file", "file_id": "file_doc"}},  # 1,000
     ]
     message = create(sdk, 10, messages=[{"role": "user", "content": blocks}])
-    assert message.usage.input_tokens == 102 + 10 + 3 * PAGE_TOKENS + 1_000 + 4 + 3
-    unknown: Any = [{"type": "document", "source": {"type": "file", "file_id": "file_nope"}}]
-    with pytest.raises(anthropic.BadRequestError):
-        create(sdk, 10, messages=[{"role": "user", "content": unknown}])
-    assert bill_of(http).total.calls == 1
+    file_tokens = -(-len(document) // 4) + 2 * PAGE_TOKENS + 10 + 3 * PAGE_TOKENS + 1_000
+    assert message.usage.input_tokens == file_tokens + 102 + 4 + 3
+    assert bill_of(http).total.file_input_tokens == file_tokens
 
 
 # -- the prompt cache (https://platform.claude.com/docs/en/build-with-claude/prompt-caching) ----
@@ -364,78 +300,43 @@ def cached_system(*texts_and_ttls: tuple[str, str | None]) -> Any:
     return blocks
 
 
-def test_a_cache_write_then_a_read_at_the_documented_multipliers(
-    sdk: anthropic.Anthropic, http: httpx.Client
+# Sonnet 4.5's input is $3; a 5-minute write 1.25x ($3.75), a 1-hour write 2x ($6), a read 0.1x
+# ($0.30); 9 uncached input tokens (27) and 10 out (150) a call. A 5-minute write of LONG:
+# 1,250 x 3.75 + 177 = 4,864.5 -> 4,865; a 1-hour write: 1,250 x 6 + 177 = 7,677; a read:
+# 1,250 x 0.30 + 177 = 552.
+@pytest.mark.parametrize(("system", "steps"), [
+    # (clock s, (read, 5-minute write, 1-hour write), cost) a call. Written at 0; read at 240
+    # (expiry moves to 540) and at 480 (to 780); gone at 781.
+    ([(LONG, "5m")], [(0, (0, 1_250, 0), 4_865), (240, (1_250, 0, 0), 552),
+                      (480, (1_250, 0, 0), 552), (781, (0, 1_250, 0), 4_865),
+                      (790, (1_250, 0, 0), 552)]),
+    # A 1-hour entry outlives 5 minutes.
+    ([(LONG, "1h")], [(0, (0, 0, 1_250), 7_677), (3_000, (1_250, 0, 0), 552),
+                      (6_601, (0, 0, 1_250), 7_677)]),
+    # Mixed TTLs, the docs' rule: A, the highest hit; B, the last 1-hour breakpoint after A; C,
+    # the last breakpoint. Read A, write 1h B - A, write 5m C - B. Breakpoints at 1,250 and
+    # 2,500: 1,250 x 6 + 1,250 x 3.75 + 177 = 12,364.5; at 301 s the 5-minute entry is gone,
+    # the 1-hour one is not: 1,250 x 0.30 + 1,250 x 3.75 + 177 = 5,239.5.
+    ([(LONG, "1h"), ("y" * 5_000, "5m")], [(0, (0, 1_250, 1_250), 12_365),
+                                           (301, (1_250, 1_250, 0), 5_240)]),
+], ids=["5m", "1h", "mixed"])
+def test_the_cache_reads_and_writes_each_ttl_at_its_documented_rate(
+    sdk: anthropic.Anthropic, http: httpx.Client, system: list[tuple[str, str]],
+    steps: list[tuple[int, tuple[int, int, int], int]],
 ) -> None:
-    system = cached_system((LONG, "5m"))
-    first = create(sdk, 10, system=system).usage
-    assert (first.cache_creation_input_tokens, first.cache_read_input_tokens,
-            first.input_tokens) == (LONG_TOKENS, 0, HELLO_TOKENS)
-    assert first.cache_creation is not None
-    assert (first.cache_creation.ephemeral_5m_input_tokens,
-            first.cache_creation.ephemeral_1h_input_tokens) == (LONG_TOKENS, 0)
-    again = create(sdk, 10, system=system).usage
-    assert (again.cache_creation_input_tokens, again.cache_read_input_tokens,
-            again.input_tokens) == (0, LONG_TOKENS, HELLO_TOKENS)
-    # Sonnet 4.5's input is $3; a 5-minute write 1.25x ($3.75), a read 0.1x ($0.30).
-    # Write: 1,250 x 3.75 + 9 x 3 + 10 x 15 = 4,687.5 + 27 + 150 = 4,864.5 -> 4,865.
-    # Read:  1,250 x 0.30 + 27 + 150 = 552.
-    assert costs(http) == [4_865, 552]
-    bill = bill_of(http)
-    assert (bill.total.cache_write_tokens, bill.total.cached_input_tokens) == (LONG_TOKENS,
-                                                                              LONG_TOKENS)
-
-
-def test_a_5_minute_entry_expires_unless_read_and_each_read_refreshes_it(
-    sdk: anthropic.Anthropic, http: httpx.Client
-) -> None:
-    system = cached_system((LONG, "5m"))
-
-    def read_at(seconds: float) -> int:
-        at_clock(http, seconds)
-        usage = create(sdk, 10, system=system).usage
-        return usage.cache_read_input_tokens or 0
-
-    # Written at 0; read at 240 (expiry moves to 540) and at 480 (to 780); gone at 781.
-    assert [read_at(s) for s in (0, 240, 480, 781, 790)] == [0, LONG_TOKENS, LONG_TOKENS, 0,
-                                                             LONG_TOKENS]
-    assert costs(http) == [4_865, 552, 552, 4_865, 552]
-
-
-def test_a_1_hour_write_costs_2x_and_outlives_5_minutes(
-    sdk: anthropic.Anthropic, http: httpx.Client
-) -> None:
-    system = cached_system((LONG, "1h"))
-    first = create(sdk, 10, system=system).usage
-    assert first.cache_creation is not None
-    assert first.cache_creation.ephemeral_1h_input_tokens == LONG_TOKENS
-    at_clock(http, 3_000)
-    assert create(sdk, 10, system=system).usage.cache_read_input_tokens == LONG_TOKENS
-    at_clock(http, 3_000 + 3_601)
-    assert create(sdk, 10, system=system).usage.cache_creation_input_tokens == LONG_TOKENS
-    # A 1-hour write is 2x input ($6): 1,250 x 6 + 27 + 150 = 7,677; the read 552.
-    assert costs(http) == [7_677, 552, 7_677]
-    assert bill_of(http).total.cache_write_1h_tokens == 2 * LONG_TOKENS
-
-
-def test_mixed_ttls_bill_reads_1_hour_writes_and_5_minute_writes_apart(
-    sdk: anthropic.Anthropic, http: httpx.Client
-) -> None:
-    # The docs' rule for mixed TTLs: A, the highest hit; B, the last 1-hour breakpoint after
-    # A; C, the last breakpoint. Read A, write 1h B - A, write 5m C - B.
-    system = cached_system((LONG, "1h"), ("y" * 5_000, "5m"))  # breakpoints at 1,250, 2,500
-    first = create(sdk, 10, system=system).usage
-    assert first.cache_creation is not None
-    assert (first.cache_read_input_tokens, first.cache_creation.ephemeral_1h_input_tokens,
-            first.cache_creation.ephemeral_5m_input_tokens) == (0, 1_250, 1_250)
-    at_clock(http, 301)  # the 5-minute entry is gone, the 1-hour one is not
-    later = create(sdk, 10, system=system).usage
-    assert later.cache_creation is not None
-    assert (later.cache_read_input_tokens, later.cache_creation.ephemeral_1h_input_tokens,
-            later.cache_creation.ephemeral_5m_input_tokens) == (1_250, 0, 1_250)
-    # 1,250 x 6 + 1,250 x 3.75 + 27 + 150 = 12,364.5 -> 12,365;
-    # 1,250 x 0.30 + 1,250 x 3.75 + 27 + 150 = 5,239.5 -> 5,240.
-    assert costs(http) == [12_365, 5_240]
+    for clock_s, (read, written_5m, written_1h), _ in steps:
+        at_clock(http, clock_s)
+        usage = create(sdk, 10, system=cached_system(*system)).usage
+        assert usage.cache_creation is not None
+        assert (usage.cache_read_input_tokens, usage.cache_creation.ephemeral_5m_input_tokens,
+                usage.cache_creation.ephemeral_1h_input_tokens, usage.cache_creation_input_tokens,
+                usage.input_tokens) == (read, written_5m, written_1h, written_5m + written_1h,
+                                        HELLO_TOKENS)
+    assert costs(http) == [cost for *_, cost in steps]
+    total = bill_of(http).total
+    assert (total.cached_input_tokens, total.cache_write_tokens, total.cache_write_1h_tokens) == (
+        sum(s[1][0] for s in steps), sum(s[1][1] + s[1][2] for s in steps),
+        sum(s[1][2] for s in steps))
 
 
 @pytest.mark.parametrize(("model", "text", "cost"), [
@@ -524,22 +425,6 @@ def test_the_cache_is_per_model_and_can_be_turned_off_or_forced(
     assert (forced_read.cache_read_input_tokens, forced_read.input_tokens) == (5, 4)
 
 
-@pytest.mark.parametrize(("system", "why"), [
-    (cached_system(*[("a", "5m")] * 5), "A maximum of 4 blocks"),
-    (cached_system(("a", "5m"), ("b", "1h")), "must not come after"),
-    ([{"type": "text", "text": "a", "cache_control": {"type": "ephemeral", "ttl": "2h"}}],
-     "ttl must be"),
-    ([{"type": "text", "text": "a", "cache_control": {"type": "persistent"}}], "ephemeral"),
-])
-def test_cache_control_is_checked_as_anthropic_does(
-    http: httpx.Client, system: Any, why: str
-) -> None:
-    response = http.post(MESSAGES, json={"model": SONNET, "max_tokens": 10, "system": system,
-                                         "messages": HELLO})
-    assert response.status_code == 400
-    assert why in response.json()["error"]["message"]
-
-
 # -- extended thinking (https://platform.claude.com/docs/en/build-with-claude/extended-thinking)
 
 
@@ -576,35 +461,11 @@ def test_thinking_is_held_to_its_budget_and_all_of_it_to_max_tokens(
                            extra_headers={"X-Stub-Reasoning-Tokens": "3000"})
     assert [b.type for b in only_thinking.content] == ["thinking"]
     assert only_thinking.usage.output_tokens == 3_000
-
-
-@pytest.mark.parametrize(("body", "why"), [
-    ({"thinking": {"type": "enabled", "budget_tokens": 500}}, "greater than or equal to 1024"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 4_000}}, "must be greater than"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1_024}, "temperature": 0.5},
-     "isn't compatible"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1_024}, "top_k": 5}, "isn't compatible"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1_024}, "tools": TOOL_F,
-      "tool_choice": {"type": "any"}}, "forces tool use"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1_024},
-      "model": "claude-3-5-haiku-20241022"}, "not supported"),
-    ({"thinking": {"type": "adaptive"}}, "thinking"),
-])
-def test_thinking_is_checked_as_anthropic_does(
-    http: httpx.Client, body: dict[str, Any], why: str
-) -> None:
-    response = http.post(MESSAGES, json={"model": SONNET, "max_tokens": 4_000,
-                                         "messages": HELLO} | body)
-    assert response.status_code == 400
-    assert why in response.json()["error"]["message"]
-    assert bill_of(http).total.calls == 0
-
-
-def test_interleaved_thinking_lets_the_budget_exceed_max_tokens(sdk: anthropic.Anthropic) -> None:
-    message = create(sdk, 2_000, max_tokens=2_000,
-                     thinking={"type": "enabled", "budget_tokens": 8_000},
-                     extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"})
-    assert message.usage.output_tokens == 2_000
+    # Interleaved thinking lets the budget exceed max_tokens, which still caps all of it.
+    interleaved = create(sdk, 2_000, max_tokens=2_000,
+                         thinking={"type": "enabled", "budget_tokens": 8_000},
+                         extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"})
+    assert interleaved.usage.output_tokens == 2_000
 
 
 def thinking_turns(*later: Any) -> Any:
@@ -683,21 +544,21 @@ def test_web_searches_bill_a_fee_each_and_their_results_as_input(
     assert call.usage.web_search_requests == 2
 
 
-def test_a_forced_web_search_runs_once(sdk: anthropic.Anthropic, http: httpx.Client) -> None:
-    message = create(sdk, 10, tools=WEB_SEARCH,
-                     tool_choice={"type": "tool", "name": "web_search"})
+@pytest.mark.parametrize(("choice", "asked", "searches", "cost"), [
+    # A forced search runs once: 9 + 313 (any or tool) + 16 + its 8,000 result tokens, + $0.01.
+    ({"type": "tool", "name": "web_search"}, {}, 1, (9 + 313 + 16 + 8_000) * 3 + 150 + 10_000),
+    # None runs under tool_choice none, whatever is asked: 9 + 346 + 16.
+    ({"type": "none"}, {"X-Stub-Web-Searches": "2"}, 0, (9 + 346 + 16) * 3 + 150),
+])
+def test_the_tool_choice_decides_the_searches_that_run(
+    sdk: anthropic.Anthropic, http: httpx.Client, choice: Any, asked: dict[str, str],
+    searches: int, cost: int,
+) -> None:
+    message = create(sdk, 10, tools=WEB_SEARCH, tool_choice=choice, extra_headers=asked)
     assert message.usage.server_tool_use is not None
-    assert message.usage.server_tool_use.web_search_requests == 1
-    assert message.stop_reason == "end_turn"
-    assert only_call(http).cost_micros == (9 + 313 + 16 + 8_000) * 3 + 150 + 10_000
-
-
-def test_no_search_runs_under_tool_choice_none(sdk: anthropic.Anthropic,
-                                               http: httpx.Client) -> None:
-    message = create(sdk, 10, tools=WEB_SEARCH, tool_choice={"type": "none"},
-                     extra_headers={"X-Stub-Web-Searches": "2"})
-    assert [b.type for b in message.content] == ["text"]
-    assert only_call(http).cost_micros == (9 + 346 + 16) * 3 + 150
+    assert (message.usage.server_tool_use.web_search_requests, message.stop_reason) == (
+        searches, "end_turn")
+    assert only_call(http).cost_micros == cost
 
 
 def test_search_results_sent_back_are_input_again(
@@ -825,24 +686,6 @@ async def test_the_async_client_creates_and_streams(
 # -- errors (https://platform.claude.com/docs/en/api/errors) ----------------------------------
 
 
-def test_a_wrong_key_is_refused_in_anthropics_shape(provider: StubProvider,
-                                                    http: httpx.Client) -> None:
-    wrong = anthropic.Anthropic(base_url=provider.url, api_key="sk-wrong", max_retries=0)
-    with pytest.raises(anthropic.AuthenticationError) as refused:
-        wrong.messages.create(model=SONNET, max_tokens=10, messages=HELLO)
-    assert refused.value.type == "authentication_error"
-    assert refused.value.request_id is not None
-    assert refused.value.request_id.startswith("req_")
-    body = refused.value.body
-    assert isinstance(body, dict)
-    assert body["type"] == "error"
-    # The key by x-api-key (raw) and by Authorization: Bearer (this SDK) are both accepted.
-    assert http.post(MESSAGES, json={"model": SONNET, "max_tokens": 5,
-                                     "messages": HELLO}).status_code == 200
-    bill = bill_of(http)
-    assert (bill.requests, bill.total.calls) == (2, 1)
-
-
 def test_models_are_served_by_their_own_providers_api(
     sdk: anthropic.Anthropic, provider: StubProvider, http: httpx.Client
 ) -> None:
@@ -857,26 +700,93 @@ def test_models_are_served_by_their_own_providers_api(
     assert bill_of(http).total.calls == 0
 
 
-@pytest.mark.parametrize(("body", "headers", "why"), [
-    ({"max_tokens": 10}, {"anthropic-version": ""}, "not a version"),
-    ({}, {}, "max_tokens: Field required"),
-    ({"max_tokens": 10, "n": 2}, {}, "Extra inputs are not permitted"),
-    ({"max_tokens": 10, "container": "c1"}, {}, "not served by the stub"),
-    ({"max_tokens": 10, "temperature": 1.5}, {}, "temperature"),
-    ({"max_tokens": 10, "messages": []}, {}, "at least one message"),
-    ({"max_tokens": 10, "messages": [{"role": "system", "content": "x"}]}, {}, "role"),
+TOO_MANY_BREAKPOINTS: Any = [{"type": "text", "text": "a",
+                              "cache_control": {"type": "ephemeral"}}] * 5
+THINKING = {"thinking": {"type": "enabled", "budget_tokens": 1_024}, "max_tokens": 4_000}
+
+
+def image_refused(data: bytes, media_type: str = "image/png") -> dict[str, Any]:
+    return {"max_tokens": 10, "messages": image_messages(image_block(data, media_type))}
+
+
+@pytest.mark.parametrize(("body", "headers", "status", "kind", "why"), [
+    ({"max_tokens": 10}, {"anthropic-version": ""}, 400, "invalid_request_error",
+     "not a version"),
+    ({"max_tokens": 10}, {"x-api-key": "sk-wrong"}, 401, "authentication_error", "x-api-key"),
+    # A failure before serving, in the type by status the SDK retries by.
+    ({"max_tokens": 10}, {"X-Stub-Fail-Status": "429"}, 429, "rate_limit_error", "stub failure"),
+    ({"max_tokens": 10}, {"X-Stub-Fail-Status": "500"}, 500, "api_error", "stub failure"),
+    ({"max_tokens": 10}, {"X-Stub-Fail-Status": "529"}, 529, "overloaded_error", "stub failure"),
+    ({}, {}, 400, "invalid_request_error", "max_tokens: Field required"),
+    ({"max_tokens": 10, "n": 2}, {}, 400, "invalid_request_error",
+     "Extra inputs are not permitted"),
+    ({"max_tokens": 10, "container": "c1"}, {}, 400, "invalid_request_error",
+     "not served by the stub"),
+    ({"max_tokens": 10, "temperature": 1.5}, {}, 400, "invalid_request_error", "temperature"),
+    ({"max_tokens": 10, "messages": []}, {}, 400, "invalid_request_error", "at least one message"),
+    ({"max_tokens": 10, "messages": [{"role": "system", "content": "x"}]}, {}, 400,
+     "invalid_request_error", "role"),
     ({"max_tokens": 10, "messages": [{"role": "user", "content": [
-        {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}, {}, "not served in a user"),
-    ({"max_tokens": 10, "metadata": {"user_id": "u", "tags": []}}, {}, "metadata"),
+        {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}, {}, 400,
+     "invalid_request_error", "not served in a user"),
+    ({"max_tokens": 10, "metadata": {"user_id": "u", "tags": []}}, {}, 400,
+     "invalid_request_error", "metadata"),
+    # Tools and tool_choice.
+    ({"max_tokens": 10, "tool_choice": {"type": "auto"}}, {}, 400, "invalid_request_error",
+     "only be specified while providing tools"),
+    ({"max_tokens": 10, "tools": TOOL_F, "tool_choice": {"type": "tool", "name": "g"}}, {}, 400,
+     "invalid_request_error", "not given"),
+    ({"max_tokens": 10, "tools": [*TOOL_F, *TOOL_F]}, {}, 400, "invalid_request_error",
+     "unique"),
+    ({"max_tokens": 10, "tools": [{"name": "f"}]}, {}, 400, "invalid_request_error",
+     "input_schema"),
+    ({"max_tokens": 10, "tools": [{"type": "bash_20250124", "name": "bash"}]}, {}, 400,
+     "invalid_request_error", "not served by the stub"),
+    # Images (https://platform.claude.com/docs/en/build-with-claude/vision, "general limits").
+    (image_refused(png(8, 8), "image/jpeg"), {}, 400, "invalid_request_error",
+     "does not match the provided media type"),
+    (image_refused(jpeg(8, 8), "image/png"), {}, 400, "invalid_request_error",
+     "does not match the provided media type"),
+    (image_refused(png(8, 8), "image/bmp"), {}, 400, "invalid_request_error",
+     "media_type must be one of"),
+    (image_refused(png(8_001, 10)), {}, 400, "invalid_request_error", "exceed max allowed size"),
+    (image_refused(b"not an image"), {}, 400, "invalid_request_error", "not a PNG, JPEG"),
+    ({"max_tokens": 10, "messages": [{"role": "user", "content": [{"type": "document", "source": {
+        "type": "file", "file_id": "file_nope"}}]}]}, {}, 400, "invalid_request_error",
+     "Unable to download"),
+    # cache_control (https://platform.claude.com/docs/en/build-with-claude/prompt-caching).
+    ({"max_tokens": 10, "system": TOO_MANY_BREAKPOINTS}, {}, 400, "invalid_request_error",
+     "A maximum of 4 blocks"),
+    ({"max_tokens": 10, "system": cached_system(("a", "5m"), ("b", "1h"))}, {}, 400,
+     "invalid_request_error", "must not come after"),
+    ({"max_tokens": 10, "system": [{"type": "text", "text": "a", "cache_control": {
+        "type": "ephemeral", "ttl": "2h"}}]}, {}, 400, "invalid_request_error", "ttl must be"),
+    ({"max_tokens": 10, "system": [{"type": "text", "text": "a", "cache_control": {
+        "type": "persistent"}}]}, {}, 400, "invalid_request_error", "ephemeral"),
+    # Extended thinking (https://platform.claude.com/docs/en/build-with-claude/
+    # extended-thinking).
+    ({"thinking": {"type": "enabled", "budget_tokens": 500}, "max_tokens": 4_000}, {}, 400,
+     "invalid_request_error", "greater than or equal to 1024"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 4_000}, "max_tokens": 4_000}, {}, 400,
+     "invalid_request_error", "must be greater than"),
+    (THINKING | {"temperature": 0.5}, {}, 400, "invalid_request_error", "isn't compatible"),
+    (THINKING | {"top_k": 5}, {}, 400, "invalid_request_error", "isn't compatible"),
+    (THINKING | {"tools": TOOL_F, "tool_choice": {"type": "any"}}, {}, 400,
+     "invalid_request_error", "forces tool use"),
+    (THINKING | {"model": "claude-3-5-haiku-20241022"}, {}, 400, "invalid_request_error",
+     "not supported"),
+    ({"thinking": {"type": "adaptive"}, "max_tokens": 4_000}, {}, 400, "invalid_request_error",
+     "thinking"),
 ])
-def test_what_the_api_refuses_is_refused_unbilled(
-    http: httpx.Client, body: dict[str, Any], headers: dict[str, str], why: str
+def test_what_the_api_refuses_is_refused_unbilled_in_anthropics_shape(
+    http: httpx.Client, body: dict[str, Any], headers: dict[str, str], status: int, kind: str,
+    why: str,
 ) -> None:
     response = http.post(MESSAGES, json={"model": SONNET, "messages": HELLO} | body,
                          headers=headers)
-    assert response.status_code == 400
+    assert response.status_code == status
     doc = response.json()
-    assert (doc["type"], doc["error"]["type"]) == ("error", "invalid_request_error")
+    assert (doc["type"], doc["error"]["type"]) == ("error", kind)
     assert why in doc["error"]["message"]
     assert response.headers["request-id"] == doc["request_id"]
     assert bill_of(http).total.calls == 0
@@ -896,38 +806,7 @@ def test_a_body_above_32_mb_is_413(sdk: anthropic.Anthropic, http: httpx.Client)
     assert bill_of(http).total.calls == 0
 
 
-@pytest.mark.parametrize(("status", "error", "kind"), [
-    (429, anthropic.RateLimitError, "rate_limit_error"),
-    (500, anthropic.InternalServerError, "api_error"),
-    (529, anthropic.OverloadedError, "overloaded_error"),
-])
-def test_a_failure_before_serving_is_unbilled(
-    sdk: anthropic.Anthropic, http: httpx.Client, status: int, error: type[Exception],
-    kind: str,
-) -> None:
-    with pytest.raises(error) as failed:
-        create(sdk, 10, extra_headers={"X-Stub-Fail-Status": str(status)})
-    assert failed.value.type == kind  # type: ignore[attr-defined]
-    bill = bill_of(http)
-    assert (bill.requests, bill.total.calls) == (1, 0)
-    assert [(c.status, c.billed) for c in bill.log] == [(status, False)]
-
-
-# -- faults after billing --------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("status", "error"), [(500, anthropic.InternalServerError),
-                                               (529, anthropic.OverloadedError),
-                                               (503, anthropic.APIStatusError)])
-def test_a_failure_after_billing_is_billed_in_full(
-    sdk: anthropic.Anthropic, http: httpx.Client, status: int, error: type[Exception]
-) -> None:
-    with pytest.raises(error):
-        create(sdk, 100, max_tokens=200,
-               extra_headers={"X-Stub-Fail-After-Billing": str(status)})
-    call = only_call(http)
-    assert (call.status, call.billed, call.cost_micros, call.fault) == (
-        status, True, 1_527, "fail_after_billing")
+# -- faults after billing, as Anthropic's clients see them ---------------------------------------
 
 
 def test_the_sdks_retries_of_a_billed_529_are_each_billed(
@@ -962,23 +841,6 @@ def test_a_stream_that_fails_after_billing_sends_an_error_event(
         (529, True, 1_527)] * 2
 
 
-def test_a_broken_stream_is_billed_in_full_and_never_stops(http: httpx.Client) -> None:
-    body = {"model": SONNET, "max_tokens": 200, "messages": HELLO}
-    events, clean = sse_events(http, body, forced(100, **{"X-Stub-Break-After-Events": "5"}))
-    assert (clean, len(events)) == (False, 5)
-    assert all(e["type"] not in ("message_delta", "message_stop") for e in events)
-    call = only_call(http)
-    assert (call.billed, call.cost_micros, call.fault) == (True, 1_527, "break_after_events")
-
-
-def test_a_broken_answer_drops_the_connection_after_billing(
-    sdk: anthropic.Anthropic, http: httpx.Client
-) -> None:
-    with pytest.raises(anthropic.APIConnectionError):
-        create(sdk, 100, max_tokens=200, extra_headers={"X-Stub-Break-After-Events": "0"})
-    assert only_call(http).cost_micros == 1_527
-
-
 def test_a_client_that_hangs_up_mid_stream_is_billed_in_full(
     sdk: anthropic.Anthropic, http: httpx.Client
 ) -> None:
@@ -991,35 +853,6 @@ def test_a_client_that_hangs_up_mid_stream_is_billed_in_full(
     assert call.usage is not None
     assert (call.usage.output_tokens, call.cost_micros) == (400, 27 + 6_000)
 
-
-def test_a_hang_after_billing_is_billed_and_never_answered(http: httpx.Client) -> None:
-    with pytest.raises(httpx.ReadTimeout):
-        http.post(MESSAGES, json={"model": SONNET, "max_tokens": 10, "messages": HELLO},
-                  headers={"X-Stub-Hang-After-Billing": "1"}, timeout=0.3)
-    call = only_call(http)
-    assert (call.billed, call.status, call.api) == (True, 0, "messages")
-
-
-def test_a_hung_call_is_never_answered_nor_billed(http: httpx.Client) -> None:
-    with pytest.raises(httpx.ReadTimeout):
-        http.post(MESSAGES, json={"model": SONNET, "max_tokens": 10, "messages": HELLO},
-                  headers={"X-Stub-Hang": "1"}, timeout=0.3)
-    bill = bill_of(http)
-    assert (bill.requests, bill.total.calls) == (1, 0)
-
-
-def test_the_control_route_fails_the_next_calls_then_recovers(http: httpx.Client) -> None:
-    http.post("/control", json={"fail_status": 529, "calls": 2}).raise_for_status()
-    statuses = [http.post(MESSAGES, json={"model": SONNET, "max_tokens": 10,
-                                          "messages": HELLO}).status_code for _ in range(3)]
-    assert statuses == [529, 529, 200]
-    assert bill_of(http).total.calls == 1
-
-
-@pytest.mark.parametrize("body", [{"web_search_result_tokens": 10}, {"clock_offset_s": -1},
-                                  {"web_searches": "many"}])
-def test_the_control_route_refuses_nonsense(http: httpx.Client, body: Any) -> None:
-    assert http.post("/control", json=body).status_code == 400
 
 
 # -- counting without billing ----------------------------------------------------------------
@@ -1037,60 +870,3 @@ def test_count_tokens_gives_the_input_a_call_bills_and_bills_nothing(
     bill = bill_of(http)
     assert (bill.requests, bill.total.calls) == (2, 1)
     assert (bill.log[0].api, bill.log[0].billed) == ("messages.count_tokens", False)
-
-
-# -- the price table -------------------------------------------------------------------------
-
-CLAUDE = {"input_usd_per_mtok": "1", "output_usd_per_mtok": "1"}
-SECTION = {"context_window_tokens": 1000, "output_tokens_max": 100, "cache_tokens_min": 10,
-           "tool_prompt_tokens": {"auto": 1, "any": 1}, "keeps_thinking": False}
-
-
-@pytest.mark.parametrize(("entry", "why"), [
-    (CLAUDE | {"anthropic": {**SECTION, "colour": 1}}, "exactly"),
-    (CLAUDE | {"anthropic": {**SECTION, "tool_prompt_tokens": {"auto": 1}}}, "auto, any"),
-    (CLAUDE | {"anthropic": {**SECTION, "cache_tokens_min": 0}}, "positive"),
-    (CLAUDE | {"web_search_usd_per_1k": "10"}, "Anthropic's"),
-    (CLAUDE | {"anthropic": SECTION, "long_context": {"beta": "b"}}, "long_context needs"),
-    (CLAUDE | {"image": {"rule": "area", "pixels_per_token": 0}}, "area rule"),
-    (CLAUDE | {"aliases": ["m"]}, "given twice"),
-])
-def test_a_bad_anthropic_entry_is_refused(entry: dict[str, Any], why: str) -> None:
-    with pytest.raises(ValueError, match=why):
-        StubProvider(prices={"models": {"m": entry}}).app()
-
-
-# -- whatever a client sends -----------------------------------------------------------------
-
-KEYS = ("type", "text", "source", "media_type", "data", "url", "file_id", "cache_control", "ttl",
-        "role", "content", "name", "input", "id", "tool_use_id", "thinking", "signature",
-        "budget_tokens", "input_schema", "max_uses", "title", "encrypted_content")
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 3_000) | st.sampled_from(
-        ["text", "image", "document", "tool_use", "tool_result", "thinking", "base64", "url",
-         "ephemeral", "1h", "5m", "user", "assistant", "web_search_20250305", "web_search",
-         "enabled", "disabled", "object", "application/pdf", "image/png", "auto", "any", "tool",
-         "none", b64(png(20, 20)), "web_search_result", "server_tool_use"]) | st.text(max_size=6),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-        st.sampled_from(KEYS) | st.text(max_size=4), inner, max_size=5),
-    max_leaves=25,
-)
-OPTIONAL = {f: JSON for f in ("max_tokens", "system", "tools", "tool_choice", "thinking",
-                              "stop_sequences", "temperature", "top_p", "top_k", "metadata",
-                              "stream", "cache_control", "service_tier", "container")}
-
-
-@settings(max_examples=examples(75), deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(model=st.sampled_from([SONNET, "claude-opus-4-5", "claude-3-5-haiku-20241022"]),
-       messages=JSON, max_tokens=st.integers(0, 3_000),
-       extra=st.fixed_dictionaries({}, optional=OPTIONAL))
-def test_any_body_is_served_or_refused_never_failed_and_a_refusal_is_never_billed(
-    http: httpx.Client, model: str, messages: Any, max_tokens: int, extra: dict[str, Any]
-) -> None:
-    before = bill_of(http).total.calls
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, **extra}
-    response = http.post(MESSAGES, json=body)
-    assert response.status_code in (200, 400), response.text
-    billed = bill_of(http).total.calls - before
-    assert billed == (response.status_code == 200)

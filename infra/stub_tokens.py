@@ -1,25 +1,51 @@
-"""What the stub provider reads from images and audio: sizes, durations, and their tokens.
+"""How the stub provider counts input, whatever the API: its text rule, and the tokens of images,
+audio and files, read from the media themselves.
 
-Small header parsers, no imaging library: the stub needs an image's width and height and an
-audio clip's duration, which the first bytes of each format state. The token rules are OpenAI's
-and Anthropic's as documented; each function names its source.
+- Text: the UTF-8 bytes of text over four, rounded up, plus 4 tokens a message and 3 a reply
+  (OpenAI's rule of thumb of ~4 characters a token and its chat framing,
+  https://github.com/openai/openai-cookbook/blob/main/examples/How_to_count_tokens_with_tiktoken.ipynb).
+  Anthropic publishes no tokenizer: its API is counted by the same rule. Only text counts as
+  text: the JSON around an image, audio or file part does not.
+- Images: the size from the image's own header (small parsers, no imaging library), then
+  OpenAI's tile or patch rule or Anthropic's area rule for the model (image_tokens).
+- Audio: the clip's duration, from its headers, times the model's audio tokens per second.
+- Files: the stub's own rule, since no provider documents one to the token: the file's bytes
+  over four plus, for a PDF, each page as an image of a letter page (both put the text and an
+  image of every page in context: https://developers.openai.com/api/docs/guides/pdf-files,
+  https://platform.claude.com/docs/en/build-with-claude/pdf-support).
+- What the stub cannot fetch (an http(s) image, a file id or URL, a stored item) is sized from
+  the Registry that POST /control fills; an unknown one is refused, as a provider refuses what
+  it cannot download.
+
+Every refusal is an InputError (400, not billed), raised before anything is served.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import hashlib
+import json
 import math
 import re
 import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from fractions import Fraction
 
-from infra.stub_prices import AreaRule, ImageRule, PatchRule
+from infra.stub_prices import AreaRule, ImageRule, ModelPrices, PatchRule
 
+BYTES_PER_TOKEN = 4
+TOKENS_PER_MESSAGE = 4
+TOKENS_PER_REPLY = 3
+# A PDF page is billed as an image of this size: US letter rendered at 144 dpi.
+PAGE_IMAGE_PX = (1224, 1584)
+# Walking a request is bounded: one with more messages or parts than this is refused.
+ITEMS_MAX = 10_000
 # OpenAI refuses an image larger than 20 MB
-# (https://developers.openai.com/api/docs/guides/images-vision, "image input requirements").
-IMAGE_BYTES_MAX = 20 * 1024 * 1024
-# The same cap bounds what the stub decodes of any base64 payload (audio, files).
+# (https://developers.openai.com/api/docs/guides/images-vision, "image input requirements"); the
+# same cap bounds what the stub decodes of any base64 payload (audio, files).
 PAYLOAD_BYTES_MAX = 20 * 1024 * 1024
 # Tile rule constants (https://developers.openai.com/api/docs/guides/images-vision):
 # fit in 2048 x 2048, then scale the shortest side to 768 px, then count 512 px tiles.
@@ -36,8 +62,79 @@ DATA_URL = re.compile(
     r"data:(?P<mime>[\w.+/-]*)(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,", re.ASCII)
 
 
+class InputError(ValueError):
+    """The provider refuses the request as sent: 400, nothing billed."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A file (or stored item) the provider holds, as POST /control describes it."""
+
+    size_bytes: int
+    pages: int = 0
+    image: tuple[int, int] | None = None  # its width and height, when it is an image
+
+
+@dataclass
+class Registry:
+    """What the stub knows of content it cannot fetch: images by URL, files by id or URL."""
+
+    images: dict[str, tuple[int, int]] = field(default_factory=dict)
+    files: dict[str, FileRef] = field(default_factory=dict)
+
+
+def text_tokens(text_bytes: int) -> int:
+    return math.ceil(text_bytes / BYTES_PER_TOKEN)
+
+
+class Walk:
+    """One request's walk, whatever its API: bounded in parts, with the digest of the prompt so
+    far chained part by part (what a prompt cache holds a prefix by)."""
+
+    parts_name = "messages and parts"
+
+    def __init__(self, model: ModelPrices, registry: Registry) -> None:
+        self.model, self.registry = model, registry
+        self.parts = 0
+        self.digest = b""
+
+    def count_part(self, where: str) -> None:
+        self.parts += 1
+        if self.parts > ITEMS_MAX:
+            raise InputError(f"more than {ITEMS_MAX} {self.parts_name}", where)
+
+    def chain(self, source: object) -> None:
+        canonical = json.dumps(source, sort_keys=True, ensure_ascii=False).encode()
+        self.digest = hashlib.sha256(self.digest + canonical).digest()
+
+    def file_tokens(self, ref: FileRef, where: str) -> int:
+        """A file's bytes over four, and for a PDF a high-detail image of each page."""
+        tokens = text_tokens(ref.size_bytes)
+        if ref.pages:
+            if self.model.image is None:
+                raise InputError(f"{self.model.name} does not accept PDF input", where)
+            tokens += ref.pages * image_tokens(self.model.image, *PAGE_IMAGE_PX, "high")
+        return tokens
+
+
+# -- payloads ----------------------------------------------------------------------------------
+
+
 class MediaError(ValueError):
     """The payload is not what it claims to be; the provider refuses it (400, not billed)."""
+
+
+@contextlib.contextmanager
+def read_at(where: str) -> Iterator[None]:
+    """Media that does not read is the request's error at `where`."""
+    try:
+        yield
+    except MediaError as exc:
+        raise InputError(str(exc), where) from exc
 
 
 def decode_base64(data: str, what: str, bytes_max: int = PAYLOAD_BYTES_MAX) -> bytes:
@@ -60,28 +157,17 @@ def data_url_bytes(url: str, what: str) -> tuple[str, bytes]:
 # -- images ----------------------------------------------------------------------------------
 
 
-def image_size(data: bytes) -> tuple[int, int]:
-    """(width, height) from a PNG, JPEG, GIF or WEBP header."""
-    size = _png(data) or _gif(data) or _webp(data) or _jpeg(data)
-    if size is None:
-        raise MediaError("the image is not a PNG, JPEG, GIF or WEBP the stub can read")
-    width, height = size
-    if not (0 < width <= IMAGE_SIDE_PX_MAX and 0 < height <= IMAGE_SIDE_PX_MAX):
-        raise MediaError(f"the image's size {width}x{height} is not valid")
-    return size
-
-
-def image_media_type(data: bytes) -> str | None:
-    """The media type the bytes are (image/png, image/jpeg, image/gif, image/webp), if any."""
-    if data[:8] == b"\x89PNG\r\n\x1a\n":
-        return "image/png"
-    if data[:2] == b"\xff\xd8":
-        return "image/jpeg"
-    if data[:6] in (b"GIF87a", b"GIF89a"):
-        return "image/gif"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    return None
+def image_size(data: bytes) -> tuple[str, tuple[int, int]]:
+    """The media type and (width, height) of a PNG, JPEG, GIF or WEBP, from its header."""
+    for media_type, read in (("image/png", _png), ("image/gif", _gif), ("image/webp", _webp),
+                             ("image/jpeg", _jpeg)):
+        size = read(data)
+        if size is not None:
+            width, height = size
+            if not (0 < width <= IMAGE_SIDE_PX_MAX and 0 < height <= IMAGE_SIDE_PX_MAX):
+                raise MediaError(f"the image's size {width}x{height} is not valid")
+            return media_type, size
+    raise MediaError("the image is not a PNG, JPEG, GIF or WEBP the stub can read")
 
 
 def _png(data: bytes) -> tuple[int, int] | None:
@@ -284,10 +370,6 @@ def _mp3_seconds(data: bytes) -> Fraction:
     if not frames:
         raise MediaError("the mp3 stream has no frames")
     return seconds
-
-
-def audio_tokens(seconds: Fraction, tokens_per_s: int) -> int:
-    return math.ceil(seconds * tokens_per_s)
 
 
 # -- files -----------------------------------------------------------------------------------
