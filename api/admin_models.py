@@ -17,7 +17,7 @@ class LimitBody(Strict):
 
 
 class VelocityBody(Strict):
-    """Issue 16: spend over window_s above max_micros, or above max_rate_multiple times the
+    """A velocity alarm: spend over window_s above max_micros, or above max_rate_multiple times the
     trailing hourly rate; pause stops the budget until an operator resumes it."""
 
     window_s: int = 300
@@ -64,7 +64,7 @@ class BudgetBody(Strict):
 class KeyBody(Strict):
     budget_id: str
     run_ceiling_micros: int | None = None
-    # gateway: the OpenAI-compatible routes; sidecar: reserve / settle / release (CONTRACT.md).
+    # gateway: the OpenAI-compatible routes; sidecar: reserve / settle / release.
     roles: list[Literal["gateway", "sidecar"]] = Field(default=["gateway"])
 
 

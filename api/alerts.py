@@ -1,4 +1,4 @@
-"""Alert delivery's HTTP side (issue 16): the sender core/alerts.py is given, one delivery pass,
+"""Alert delivery's HTTP side: the sender core/alerts.py is given, one delivery pass,
 and the background task of a long-running instance (`ceiling serve`).
 
 A serverless deployment has no background: a scheduler calls POST /v1/admin/alerts/deliver
@@ -45,14 +45,14 @@ async def deliver_once(client: httpx.AsyncClient | None = None) -> DeliveryRepor
     """One pass over every outbox; None when no webhook is configured (events stay in the
     outbox and the alert log)."""
     rt = runtime()
-    svc = rt.enforcing()
+    store = rt.store()
     config = rt.config
     if config is None or not config.alert_webhook_url:
         return None
     own = client is None
     client = client or _client()
     try:
-        return await deliver_due(svc.store, config.alert_webhook_url,
+        return await deliver_due(store, config.alert_webhook_url,
                                  config.alert_webhook_secret or "", http_post(client))
     finally:
         if own:

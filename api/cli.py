@@ -21,7 +21,6 @@ from core.errors import CeilingError, InvalidRequest
 from core.ledger import ROLES_DEFAULT, Role
 from core.limits import CEILING_MICROS_MAX
 from core.money import usd_to_micros
-from core.operations import Operations
 from core.service import CeilingService, operator_fingerprint
 from core.text import whole_number
 
@@ -73,7 +72,7 @@ def serve(args: argparse.Namespace) -> int:
     from api.alerts import delivering
     from api.app import create_app
 
-    # Alert delivery (issue 16) runs in the background of a long-running server.
+    # Alert delivery runs in the background of a long-running server.
     run_server(create_app(lifespan=delivering), args.host, args.port)
     return 0
 
@@ -136,7 +135,7 @@ def budgets_set(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
         bid = BudgetId.operator(args.budget_id)  # as PUT /v1/admin/budgets: no reserved kind
         policy = None if args.outage_policy is None else OutagePolicy(args.outage_policy)
-        await Operations(service).put_budget(
+        await runtime().operations().put_budget(
             BudgetDef(bid, tuple(args.limit), args.timezone, args.allowance, policy),
             cli_operator())
         return await _budget_json(service, bid)
@@ -151,7 +150,7 @@ def budgets_show(args: argparse.Namespace) -> int:
 def keys_create(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
         roles = frozenset(args.role) if args.role else ROLES_DEFAULT
-        new = await Operations(service).create_key(BudgetId.operator(args.budget_id),
+        new = await runtime().operations().create_key(BudgetId.operator(args.budget_id),
                                                    args.run_ceiling, roles, cli_operator())
         return {"key_id": new.key_id, "api_key": new.api_key, "budget_id": args.budget_id,
                 "roles": sorted(new.record.roles)}
@@ -179,7 +178,7 @@ def _budget_arg(args: argparse.Namespace) -> BudgetId | None:
 def reservations_settle(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
         by = cli_operator()
-        settled = await Operations(service).correct(args.reservation_id, args.actual,
+        settled = await runtime().operations().correct(args.reservation_id, args.actual,
                                                     args.reason, by, _budget_arg(args))
         return correction_json(args.reservation_id, settled, by)
 
@@ -197,33 +196,33 @@ def reservations_show(args: argparse.Namespace) -> int:
 def keys_revoke(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
         return {"key_id": args.key_id,
-                "revoked": await Operations(service).revoke_key(args.key_id, cli_operator())}
+                "revoked": await runtime().operations().revoke_key(args.key_id, cli_operator())}
 
     return _run(work)
 
 
 def budgets_list(args: argparse.Namespace) -> int:
-    return _run(lambda service: _json(Operations(service).budgets(args.prefix, args.cursor,
+    return _run(lambda service: _json(runtime().operations().budgets(args.prefix, args.cursor,
                                                                    args.limit)))
 
 
 def budgets_delete(args: argparse.Namespace) -> int:
-    return _run(lambda service: Operations(service).delete_budget(
+    return _run(lambda service: runtime().operations().delete_budget(
         BudgetId.parse(args.budget_id), args.force, cli_operator()))
 
 
 def keys_list(args: argparse.Namespace) -> int:
-    return _run(lambda service: _json(Operations(service).keys(args.budget_id, args.cursor,
+    return _run(lambda service: _json(runtime().operations().keys(args.budget_id, args.cursor,
                                                                 args.limit)))
 
 
 def keys_rotate(args: argparse.Namespace) -> int:
-    return _run(lambda service: Operations(service).rotate_key(
+    return _run(lambda service: runtime().operations().rotate_key(
         args.key_id, None if args.grace_s is None else args.grace_s * 1000, cli_operator()))
 
 
 def audit_list(args: argparse.Namespace) -> int:
-    return _run(lambda service: _json(Operations(service).audit_page(args.cursor, args.limit)))
+    return _run(lambda service: _json(runtime().operations().audit_page(args.cursor, args.limit)))
 
 
 async def _json(page: Awaitable[Any]) -> Any:
@@ -252,7 +251,7 @@ def _read_json(path: str) -> Any:
 
 def ledger_export(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
-        document = await Operations(service).export(cli_operator())
+        document = await runtime().operations().export(cli_operator())
         text = json.dumps(document, indent=1, sort_keys=True)
         if args.file == "-":
             return document
@@ -269,20 +268,20 @@ def ledger_restore(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
         document = _read_json(args.file)
         bill = None if args.book_from_bill is None else _read_json(args.book_from_bill)
-        return await Operations(service).restore(document, bill, args.force, cli_operator())
+        return await runtime().operations().restore(document, bill, args.force, cli_operator())
 
     return _run(work)
 
 
 def ledger_adopt(args: argparse.Namespace) -> int:
-    return _run(lambda service: Operations(service).adopt(cli_operator()))
+    return _run(lambda service: runtime().operations().adopt(cli_operator()))
 
 
-# -- alerts (issue 16) -------------------------------------------------------------------------
+# -- alerts ------------------------------------------------------------------------------------
 
 
 def budgets_resume(args: argparse.Namespace) -> int:
-    return _run(lambda service: Operations(service).resume(BudgetId.parse(args.budget_id),
+    return _run(lambda service: runtime().operations().resume(BudgetId.parse(args.budget_id),
                                                            cli_operator()))
 
 
@@ -300,7 +299,7 @@ def alerts_list(args: argparse.Namespace) -> int:
     from core.spend import alert_log
 
     async def work(service: CeilingService) -> Any:
-        return {"alerts": [e.json() for e in await alert_log(service.store)]}
+        return {"alerts": [e.json() for e in await alert_log(runtime().store())]}
 
     return _run(work)
 

@@ -17,7 +17,7 @@ SCHEDULE_SOURCE = "aws.events"
 
 
 def deliver_alerts() -> dict[str, object]:
-    """One alert delivery pass (issue 16), for the schedule of serverless.yml."""
+    """One alert delivery pass, for the schedule of serverless.yml."""
     import asyncio
 
     from api.alerts import deliver_once

@@ -14,38 +14,22 @@ import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from core import __version__
+from core.backends import Backend, open_backend
 from core.config import Config, ConfigError, load
 from core.errors import CeilingError, InvariantBroken, LedgerUnavailable
 from core.ledger import LedgerStore
 from core.prices import PriceTable
 from core.service import CeilingService
 
+if TYPE_CHECKING:
+    from core.operations import Operations
+
 # From the source, not the installed metadata: a deployed bundle (the Lambda zip, the Vercel
 # function) carries the source without the distribution's metadata.
 VERSION = __version__
-
-
-def open_store(config: Config) -> LedgerStore | None:
-    """The ledger the environment names; None when only a per-instance ledger is possible."""
-    if config.redis_url and config.redis_cluster:
-        from core.stores.redis_cluster import RedisClusterStore
-
-        return RedisClusterStore(config.redis_url)
-    if config.redis_url:
-        from core.stores.redis import RedisStore
-
-        return RedisStore(config.redis_url)
-    if config.upstash_url and config.upstash_token:
-        from core.stores.upstash import UpstashStore
-
-        return UpstashStore(config.upstash_url, config.upstash_token)
-    if config.single_replica:
-        from core.stores.memory import MemoryStore
-
-        return MemoryStore()
-    return None
 
 
 @dataclass
@@ -54,6 +38,7 @@ class Runtime:
     config: Config | None
     service: CeilingService | None
     problem: CeilingError | None
+    backend: Backend | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Runtime:
@@ -64,23 +49,39 @@ class Runtime:
         except CeilingError as exc:
             problem = exc if isinstance(exc, ConfigError) else ConfigError(exc.message)
             return cls(instance_id, None, None, problem)
-        store = open_store(config)
-        if store is None:
+        backend = open_backend(config)
+        if backend is None:
             return cls(instance_id, config, None, LedgerUnavailable(
                 "no shared ledger is configured: set REDIS_URL (or UPSTASH_REDIS_REST_URL and "
                 "UPSTASH_REDIS_REST_TOKEN); for one replica only, set CEILING_SINGLE_REPLICA=1",
                 reason="ledger_not_shared",
             ))
         service = CeilingService(
-            store, prices, lease_ttl_ms=config.lease_ttl_ms, expire_policy=config.expire_policy
+            backend.store, prices, lease_ttl_ms=config.lease_ttl_ms,
+            expire_policy=config.expire_policy,
         )
-        return cls(instance_id, config, service, None)
+        return cls(instance_id, config, service, None, backend)
 
     def enforcing(self) -> CeilingService:
         """The service, or the reason this instance refuses to enforce (fail closed)."""
         if self.service is None:
             raise self.problem or InvariantBroken("a runtime has a service or a problem")
         return self.service
+
+    def store(self) -> LedgerStore:
+        """The whole store behind the service, for what is not on a call's path (health, the
+        spend page, alerts, idempotency keys); as enforcing() when there is none."""
+        self.enforcing()
+        if self.backend is None:
+            raise InvariantBroken("a runtime with a service has its backend")
+        return self.backend.store
+
+    def operations(self) -> Operations:
+        """The admin operations, with the catalogue the store keeps (if it keeps one)."""
+        from core.operations import Operations  # the admin side: off a call's path
+
+        service = self.enforcing()
+        return Operations(service, self.backend.catalogue if self.backend else None)
 
 
 _runtime: Runtime | None = None

@@ -1,4 +1,4 @@
-"""Alerts (issue 16): what a budget alerts on, the events the ledger emits, and how they go out.
+"""Alerts: what a budget alerts on, the events the ledger emits, and how they go out.
 
 The ledger decides every event inside the step that moves the money (lua/lib.lua, "Alerts"),
 and writes it to the tag's outbox. Delivery (`deliver_due`)
@@ -19,7 +19,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from core.errors import InvalidRequest
 from core.limits import (
@@ -28,6 +28,9 @@ from core.limits import (
     VELOCITY_WINDOW_S_MAX,
     VELOCITY_WINDOW_S_MIN,
 )
+
+if TYPE_CHECKING:  # core.ledger imports this module's AlertEvent
+    from core.ledger import AlertOutbox
 
 THRESHOLDS_PCT_DEFAULT = (50, 80, 100)
 # Event types, as the body names them.
@@ -178,7 +181,7 @@ class AlertEvent:
         return self.period_key.split(":", 1)[0]
 
     def body(self) -> dict[str, Any]:
-        """The JSON posted to the webhook (CONTRACT.md, "Alerts")."""
+        """The JSON posted to the webhook."""
         return {
             "event_id": self.event_id, "type": self.type, "budget_id": self.budget_id,
             "period": self.period, "period_key": self.period_key,
@@ -256,20 +259,6 @@ def backoff_ms(attempt: int) -> int:
     return int(min(ALERT_BACKOFF_MS_MAX, ALERT_BACKOFF_MS_FIRST * 2 ** (attempt - 1)))
 
 
-class Outbox(Protocol):
-    """What delivery needs of a store."""
-
-    async def alert_tags(self) -> list[str]: ...
-
-    async def claim_alerts(self, tag: str, batch_max: int, lease_ms: int) -> list[AlertEvent]:
-        ...
-
-    async def finish_alert(self, event: AlertEvent, outcome: str, attempts: int,
-                           next_at_ms: int, last_error: str) -> None: ...
-
-    async def ledger_time_ms(self) -> int: ...
-
-
 Post = Callable[[str, bytes, Mapping[str, str]], Awaitable[int]]
 """Posts a body to a URL with headers; returns the HTTP status. Raises OSError (or any
 exception) when no answer came: an attempt that failed."""
@@ -286,7 +275,7 @@ class DeliveryReport:
         return {"delivered": self.delivered, "retried": self.retried, "failed": self.failed}
 
 
-async def deliver_due(store: Outbox, url: str, secret: str, post: Post,
+async def deliver_due(store: AlertOutbox, url: str, secret: str, post: Post,
                       tags: Sequence[str] | None = None) -> DeliveryReport:
     """One delivery pass over every tag's outbox: post each due event, record each outcome."""
     report = DeliveryReport()

@@ -142,7 +142,7 @@ class BudgetDef:
     timezone: str = "UTC"
     outage_allowance_micros: int = 0
     outage_policy: OutagePolicy | None = None
-    # Issue 16: what it alerts on; and, as read back, when a velocity alarm paused it (state the
+    # Alerts: what it alerts on; and, as read back, when a velocity alarm paused it (state the
     # ledger keeps beside the definition; a put leaves it as it is).
     alerts: AlertConfig = field(default_factory=AlertConfig)
     paused_at_ms: int | None = None

@@ -1,4 +1,4 @@
-"""Configuration from the environment (names in CONTRACT.md), read and checked once.
+"""Configuration from the environment (names in docs/reference.md), read and checked once.
 
 A configuration that cannot hold the ceiling is refused here, at load, with a message that says
 how to fix it: a lease shorter than the upstream timeout would let a slow call's budget be
@@ -50,7 +50,7 @@ class Config:
     prices_file: str | None = None
     expire_policy: ExpirePolicy = ExpirePolicy.CHARGE
     output_tokens_default: int = OUTPUT_TOKENS_DEFAULT
-    # Issue 16: where alert events are posted, and the secret that signs them.
+    # Alerts: where alert events are posted, and the secret that signs them.
     alert_webhook_url: str | None = None
     alert_webhook_secret: str | None = None
     alert_delivery_interval_s: float = 5.0

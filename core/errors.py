@@ -108,7 +108,7 @@ class BudgetBusy(BudgetRefused):
 
 
 class BudgetPaused(BudgetRefused):
-    """A velocity alarm with pause (issue 16) stopped the budget; `ceiling budgets resume`."""
+    """A velocity alarm with pause stopped the budget; `ceiling budgets resume`."""
 
     code = "budget_paused"
 

@@ -40,7 +40,7 @@ from core.errors import BudgetRefused, CeilingError, InvalidRequest
 from core.formats import FORMATS, Plan
 from core.formats import Api as Api  # plan() and usage_of() take a format by its name
 from core.jsonbody import loads_answer, loads_object
-from core.ledger import LedgerStore, LegStatus, Reservation
+from core.ledger import LegStatus, OutputStats, Reservation
 from core.prices import TIER_AUTO, Usage
 from core.service import Caller, CeilingService, SettleSpec
 
@@ -156,7 +156,7 @@ class OutputLengths:
         self._cache: dict[str, tuple[float, int | None]] = {}
         self._recorded_at_s: dict[str, float] = {}
 
-    def record(self, store: LedgerStore, model: str, output_tokens: int) -> None:
+    def record(self, stats: OutputStats, model: str, output_tokens: int) -> None:
         """Count one call's output length (per choice), unless this model was counted just now."""
         key = model.lower()
         now_s = self._clock()
@@ -165,16 +165,16 @@ class OutputLengths:
         if len(self._recorded_at_s) >= HISTOGRAM_MODELS_MAX:
             self._recorded_at_s.clear()
         self._recorded_at_s[key] = now_s
-        spawn(_observe(store, model, output_tokens))
+        spawn(_observe(stats, model, output_tokens))
 
-    async def p95_tokens(self, store: LedgerStore, model: str) -> int | None:
+    async def p95_tokens(self, stats: OutputStats, model: str) -> int | None:
         key = model.lower()
         now_s = self._clock()
         cached = self._cache.get(key)
         if cached is not None and cached[0] > now_s:
             return cached[1]
         try:
-            histogram = await store.output_histogram(model)
+            histogram = await stats.output_histogram(model)
         except CeilingError:
             histogram = {}  # no p95 without the ledger: the full worst case is held
         tokens = output_stats.p95(histogram)
@@ -333,8 +333,8 @@ class Call:
         return self.bill(settled.charged_micros, Outcome.BILLED)
 
 
-async def _observe(store: LedgerStore, model: str, output_tokens: int) -> None:
+async def _observe(stats: OutputStats, model: str, output_tokens: int) -> None:
     try:
-        await store.observe_output(model, output_tokens)
+        await stats.observe_output(model, output_tokens)
     except CeilingError:
         return  # a lost observation moves a p95 by nothing; no money depends on it

@@ -2,9 +2,11 @@
 
 A store holds budgets, API-key records and reservations, and runs the four ledger operations
 atomically: reserve, settle, release, expire (each step of a reservation as core/lifecycle.py's
-table says). Beside the ledger it keeps the gateway's idempotency keys (ReplyStore). The
-conformance suite (tests/core/stores) is the definition of a store; every store runs the lua/
-scripts (ScriptedStore), MemoryStore on a Redis in its own process.
+table says). Beside the ledger it keeps the gateway's idempotency keys (ReplyStore). Its
+interface is split by what callers need (Ledger, BudgetCatalogue, KeyStore, AlertOutbox,
+OutputStats, Health); LedgerStore is all of them, what every store implements. The conformance
+suite (tests/core/stores) is the definition of a store; every store runs the lua/ scripts
+(core/stores/scripted.py), the in-memory one on a Redis in its own process.
 
 Invariant, for every counter (one budget in one period window):
     committed + reserved <= ceiling + overshoot
@@ -44,7 +46,7 @@ GATEWAY_OWNER_PREFIX = "gw:"
 
 
 class Role(StrEnum):
-    """What an API key may do (CONTRACT.md, "Key roles").
+    """What an API key may do.
 
     gateway: the OpenAI-compatible routes, where the service calls the provider and reads the
     bill itself. sidecar: reserve / settle / release, for trusted code that calls the provider
@@ -196,7 +198,7 @@ class ReservationView:
     'released' or 'corrected' (an operator settled it); 'journal' for spend booked after an
     outage; for a lease that expired, 'unknown' (expiry charged it) or 'released' (the release
     policy), until a late settle, release or correction resolves it. The fields after `outcome`
-    are filled for an operator (LedgerStore.inspect); the owner-checked read leaves them at their
+    are filled for an operator (Ledger.inspect); the owner-checked read leaves them at their
     defaults. A gateway call's record keeps only what a resend needs once it is resolved: its
     expiry, model and price version then read as None and ''."""
 
@@ -239,6 +241,20 @@ class KeyRecord:
     budget_id: BudgetId
     run_ceiling_micros: int | None
     roles: frozenset[Role] = ROLES_DEFAULT
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """What a list of keys shows: never the secret, nor its hash."""
+
+    key_id: str
+    budget_id: str
+    roles: tuple[str, ...]
+    run_ceiling_micros: int | None
+    created_ms: int | None
+    last_used_ms: int | None
+    rotated_at_ms: int | None
+    previous_valid_ms: int | None  # how long a rotated key's previous secret still works
 
 
 @dataclass(frozen=True)
@@ -288,7 +304,7 @@ class OpenLeases:
     """A tag's open reservations as one read sees them at `now_ms`: how many, how many are past
     their lease (an unknown outcome: held in full until expiry books them by their policy), the
     first `listed_max` of each kind by lease end (the most at risk first), and the live runs
-    those open calls hold in (LedgerStore.open_listing says which calls are looked at)."""
+    those open calls hold in (Ledger.open_listing says which calls are looked at)."""
 
     tag: str
     now_ms: int
@@ -365,23 +381,23 @@ class ReplyStore(Protocol):
         ...
 
 
-class LedgerStore(Protocol):
-    backend: str
-    shared: bool
+# -- the store's protocols -------------------------------------------------------------------
+#
+# Each caller takes the protocols it uses; every store implements them all (LedgerStore). An
+# optional capability (the operators' catalogue, core/operations.py Catalogue) is passed to the
+# caller that uses it, never found by asking a store what class it is.
 
-    @property
-    def replies(self) -> ReplyStore:
-        """The gateway's idempotency keys, kept beside the ledger they guard."""
-        ...
+
+class Ledger(Protocol):
+    """The reservations and their counters: the four ledger operations, the outage journal's
+    booking, and the reads of what a reservation or a budget's windows hold."""
 
     async def open(self) -> str:
         """Connect, learn (or on an empty ledger, create) the ledger id, and return it;
         LedgerUnavailable (ledger_reset) for a ledger of a format version this one cannot read."""
         ...
 
-    async def put_budget(self, budget: BudgetDef) -> None: ...
-
-    async def get_budget(self, budget_id: BudgetId) -> BudgetDef | None: ...
+    async def close(self) -> None: ...
 
     async def status(
         self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None
@@ -425,13 +441,33 @@ class LedgerStore(Protocol):
         """Resolve up to batch_max expired leases of one tag; return how many."""
         ...
 
-    async def observe_output(self, model: str, output_tokens: int) -> None:
-        """Count one call's output length for its model (core/output_stats.py)."""
+    async def open_listing(self, tag: str, listed_max: int, examined_max: int) -> OpenLeases:
+        """The tag's open reservations for an operator, read at one instant and writing nothing:
+        counts, up to listed_max past their lease and up to listed_max within it (each by lease
+        end, earliest first), and the runs held in by the examined_max open reservations with the
+        latest lease ends, each once, a run whose counter went idle (RUN_COUNTER_IDLE_MS) left
+        out."""
         ...
 
-    async def output_histogram(self, model: str) -> dict[int, int]:
-        """Bucket bound -> count of recent output lengths of this model."""
+
+class BudgetCatalogue(Protocol):
+    """Budget definitions: made, read, resumed after a velocity alarm, listed per tag."""
+
+    async def put_budget(self, budget: BudgetDef) -> None: ...
+
+    async def get_budget(self, budget_id: BudgetId) -> BudgetDef | None: ...
+
+    async def resume(self, budget_id: BudgetId) -> bool:
+        """Lift a velocity alarm's pause; False if the budget was not paused."""
         ...
+
+    async def budgets_of(self, tag: str) -> list[str]:
+        """The budget ids of a tag (the spend page)."""
+        ...
+
+
+class KeyStore(Protocol):
+    """API keys' records: made, found by a secret's hash, rotated, revoked."""
 
     async def put_key(self, record: KeyRecord) -> None:
         """Make a key: its record, under its id, in one step. Safe to repeat (the same secret's
@@ -459,29 +495,24 @@ class LedgerStore(Protocol):
         made again. False if there was no such key."""
         ...
 
-    async def probe(self, instance_id: str) -> Probe: ...
 
-    async def close(self) -> None: ...
+class KeyListing(Protocol):
+    """Keys as an operator lists them (the operators' catalogue, core/operations.py)."""
 
-    # -- alerts (issue 16): core/alerts.py ----------------------------------------------------
-
-    async def resume(self, budget_id: BudgetId) -> bool:
-        """Lift a velocity alarm's pause; False if the budget was not paused."""
+    async def keys_of(self, budget_id: str | None, after: str | None, count: int
+                      ) -> list[KeyInfo]:
+        """Keys bound to `budget_id` (every key for None), in index order, after `after`."""
         ...
 
-    async def ledger_time_ms(self) -> int: ...
 
-    async def budgets_of(self, tag: str) -> list[str]:
-        """The budget ids of a tag (the spend page)."""
+class LedgerTime(Protocol):
+    async def ledger_time_ms(self) -> int:
+        """The ledger's clock (Redis TIME): the one every lease and retry is timed by."""
         ...
 
-    async def open_listing(self, tag: str, listed_max: int, examined_max: int) -> OpenLeases:
-        """The tag's open reservations for an operator, read at one instant and writing nothing:
-        counts, up to listed_max past their lease and up to listed_max within it (each by lease
-        end, earliest first), and the runs held in by the examined_max open reservations with the
-        latest lease ends, each once, a run whose counter went idle (RUN_COUNTER_IDLE_MS) left
-        out."""
-        ...
+
+class AlertOutbox(LedgerTime, Protocol):
+    """Alert events (core/alerts.py) and the hourly spend they are read beside."""
 
     async def alert_tags(self) -> list[str]:
         """Every tag with budgets: where alert outboxes can be."""
@@ -505,6 +536,40 @@ class LedgerStore(Protocol):
                            ) -> list[tuple[int, int]]:
         """(hour index, committed micros booked in it) for the hours in [from_hour, to_hour]
         with spend (core/limits.py SPEND_BUCKET_MS)."""
+        ...
+
+
+class OutputStats(Protocol):
+    """Output lengths per model, behind the gateway's p95 holds (core/output_stats.py)."""
+
+    async def observe_output(self, model: str, output_tokens: int) -> None:
+        """Count one call's output length for its model."""
+        ...
+
+    async def output_histogram(self, model: str) -> dict[int, int]:
+        """Bucket bound -> count of recent output lengths of this model."""
+        ...
+
+
+class Health(LedgerTime, Protocol):
+    backend: str
+    shared: bool
+
+    async def probe(self, instance_id: str) -> Probe: ...
+
+
+class ServiceStore(Ledger, BudgetCatalogue, KeyStore, OutputStats, Protocol):
+    """What the call path needs (core/service.py, and core/gateway.py through the service):
+    the ledger, the budgets and keys it checks, and the output lengths a p95 hold reads."""
+
+
+class LedgerStore(ServiceStore, AlertOutbox, Health, Protocol):
+    """A whole store, as every backend implements it and the conformance suite defines it:
+    made in one place (core/backends.py) and handed to each caller as the protocols it uses."""
+
+    @property
+    def replies(self) -> ReplyStore:
+        """The gateway's idempotency keys, kept beside the ledger they guard."""
         ...
 
 

@@ -36,13 +36,13 @@ SWEEP_BATCH_MAX = 500
 #   seconds each). Its record answers resends for this long, with room for a slow server.
 RESEND_WINDOW_MS = 10_000
 # - A sidecar's caller holds its reservation id and an Idempotency-Key: it may replay the reserve
-#   (issue 13: the replay says what became of it) or resend a settle or release from its own
+#   (the replay says what became of it) or resend a settle or release from its own
 #   retry queue while the key means the same call. The gateway keeps the answers of calls made
 #   under an Idempotency-Key as long. A day: SDK retries come within minutes, and an agent that
 #   resumes a run the next morning should make new calls.
 IDEMPOTENCY_WINDOW_MS = 24 * 3_600_000
 # - A lease that expired under 'charge' has an unknown outcome: the worker may have been billed,
-#   and only an operator who reads the provider's bill may lower the charge (issue 13). Its record
+#   and only an operator who reads the provider's bill may lower the charge. Its record
 #   is kept until that bill can be read: the provider's invoice covers a calendar month and
 #   arrives days after it ends. Corrections, the operators' own audit trail, are kept as long. A
 #   late settle of such a lease (a call that outlived its lease) finds it in that time too.
@@ -96,7 +96,7 @@ WINDOW_RETRIES_MAX = 2
 # Budget time zones remembered per process, so a reserve needs one round trip.
 TZ_CACHE_MAX = 10_000
 
-# -- alerts (issue 16) ---------------------------------------------------------------------------
+# -- alerts --------------------------------------------------------------------------------------
 # Thresholds one budget may alert at: a handful says "half, most, all"; more is noise.
 ALERT_THRESHOLDS_MAX = 10
 # An alert event is kept this long after it happened or was last delivered: the alert log on the

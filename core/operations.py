@@ -6,7 +6,7 @@ admin credential, core.service.operator_fingerprint), what, which target, and wh
 id is the ledger's time). Lists page with an opaque cursor and a bounded page size and never
 show a secret or a key's hash.
 
-Export and restore (issue 17). An export is one JSON document: the ledger id, every
+Export and restore. An export is one JSON document: the ledger id, every
 organisation's budgets, every period window's counters (committed, reserved, overshoot), its open
 reservations, and the API keys' records (hashes only; the secrets were never stored), with a
 checksum over all of it. A restore writes it into an empty (or wiped) ledger under a new ledger
@@ -27,12 +27,15 @@ import hashlib
 import json
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from core.budgets import BudgetDef, BudgetId, Period
 from core.errors import BudgetNotFound, CeilingError, InvalidRequest, LedgerNotEmpty
 from core.ledger import (
+    KeyInfo,
+    KeyListing,
     LegStatus,
     ReservationRef,
     ReserveRequest,
@@ -43,8 +46,7 @@ from core.ledger import (
 from core.limits import BUDGET_ID_LEN_MAX, CEILING_MICROS_MAX, INT_EXACT_MAX, RESERVATION_TTL_MS_MIN
 from core.service import CeilingService, NewKey
 from core.stores import keys, wire
-from core.stores.operations import KeyInfo, ScriptedCatalogue, legs_of, unknown_effects
-from core.stores.scripted import ScriptedStore
+from core.stores.operations import TagDump, legs_of, unknown_effects
 
 EXPORT_FORMAT = "spend-ceiling/ledger-export/1"
 BILL_FORMAT = "spend-ceiling/bill/1"
@@ -69,6 +71,58 @@ _KEY_HASH = re.compile(r"[0-9A-Za-z]{1,128}")  # a SHA-256 in hex, as core.servi
 _STREAM_ID = re.compile(r"\d{1,16}-\d{1,16}")
 # A window key as core/budgets.py makes them: no separator of the key layout.
 _WINDOW = re.compile(r"[A-Za-z0-9_+@:/.-]{1,80}")
+
+
+class Catalogue(KeyListing, Protocol):
+    """The operators' catalogue beside a ledger: lists, deletion, the audit stream, and the raw
+    reads and writes of an export and a restore, in the ledger's own layout (core/stores/keys.py,
+    core/stores/wire.py). Optional: whoever makes the store passes it (core/backends.py), and
+    what needs it says so when there is none."""
+
+    def now_estimate(self) -> int: ...
+
+    def use_ledger(self, ledger_id: str) -> None: ...
+
+    async def budget_ids(self, prefix: str, after: str | None, count: int) -> list[str]: ...
+
+    async def delete_budget(self, tag: str, budget_id: str, force: bool
+                            ) -> tuple[int, int] | None: ...
+
+    async def audit_append(self, fields: dict[str, str], retention_ms: int) -> str: ...
+
+    async def audit_read(self, before: str | None, count: int
+                         ) -> list[tuple[str, dict[str, str]]]: ...
+
+    async def tags(self) -> list[str]: ...
+
+    async def dump_tag(self, tag: str) -> TagDump: ...
+
+    async def index_unlisted_keys(self) -> int: ...
+
+    async def key_records(self) -> list[dict[str, str]]: ...
+
+    async def has_data(self, tags: Iterable[str]) -> list[str]: ...
+
+    async def begin_restore(self) -> None: ...
+
+    async def stamp_ledger(self, ledger_id: str) -> None: ...
+
+    async def write_hash(self, key: str, fields: dict[str, str], ttl_ms: int | None) -> None: ...
+
+    async def read_hash(self, key: str) -> dict[str, str]: ...
+
+    async def has_record(self, tag: str, reservation_id: str) -> bool: ...
+
+    async def write_unknown(self, tag: str, reservation_id: str, record: wire.StoredRecord,
+                            now_ms: int) -> bool: ...
+
+    async def catalogue_tag(self, tag: str, ledger_id: str, digest: str) -> None: ...
+
+    async def catalogue_budget(self, budget_id: str) -> None: ...
+
+    async def write_key(self, record: dict[str, str]) -> None: ...
+
+    async def adopt(self) -> tuple[str | None, str | None]: ...
 
 
 @dataclass(frozen=True)
@@ -255,16 +309,14 @@ def check_prefix(prefix: str | None) -> str:
 
 
 class Operations:
-    """The admin operations over one service's ledger. On the in-memory ledger (one replica, a
-    demonstration) there is no catalogue: lists, export and restore say so; changes still work
-    and are not audited."""
+    """The admin operations over one service's ledger. Without a catalogue (a store that keeps
+    none) lists, export and restore say so; changes still work and are not audited."""
 
-    def __init__(self, service: CeilingService) -> None:
+    def __init__(self, service: CeilingService, catalogue: Catalogue | None) -> None:
         self.service = service
-        store = service.store
-        self.catalogue = ScriptedCatalogue(store) if isinstance(store, ScriptedStore) else None
+        self.catalogue = catalogue
 
-    def _needs(self) -> ScriptedCatalogue:
+    def _needs(self) -> Catalogue:
         if self.catalogue is None:
             raise InvalidRequest("this needs a shared ledger (REDIS_URL or Upstash); the "
                                  "in-memory ledger keeps no catalogue")
@@ -356,7 +408,7 @@ class Operations:
         if type(grace) is not int or not 0 <= grace <= KEY_ROTATION_GRACE_MS_MAX:
             raise InvalidRequest(f"grace_ms must be an integer from 0 to "
                                  f"{KEY_ROTATION_GRACE_MS_MAX}", field="grace_ms")
-        # One step on the key's record (core/ledger.py LedgerStore.rotate_key): of rotations
+        # One step on the key's record (core/ledger.py KeyStore.rotate_key): of rotations
         # that race, the last leaves its secret and the one before it, for its grace.
         api_key = await self.service.rotate_key(key_id, grace)
         if api_key is None:
@@ -415,7 +467,7 @@ class Operations:
                 organisations.append(org)
         document: dict[str, Any] = {
             "format": EXPORT_FORMAT, "ledger_id": ledger_id,
-            "exported_at_ms": catalogue.store.now_estimate(),
+            "exported_at_ms": catalogue.now_estimate(),
             "body": {"organisations": organisations, "keys": await catalogue.key_records()},
         }
         document["checksum"] = checksum(document)
@@ -426,7 +478,6 @@ class Operations:
     async def restore(self, document: object, bill: object | None, force: bool, by: str
                       ) -> dict[str, Any]:
         catalogue = self._needs()
-        store = catalogue.store
         body = verify_export(document)
         entries = parse_bill(bill) if bill is not None else []
         assert isinstance(document, dict)
@@ -440,7 +491,7 @@ class Operations:
                 "empty or wiped ledger, or give --force, which keeps the larger committed spend "
                 "of every counter (never refills)", found=found[:10])
         try:
-            previous: str | None = await store.open()
+            previous: str | None = await self.service.store.open()
         except CeilingError:  # a reset ledger: its id is what is being replaced
             previous = None
         ledger_id = uuid.uuid4().hex
@@ -448,8 +499,8 @@ class Operations:
         # an instance reads the old (or a fresh) id, finds these budgets under another one and
         # refuses (`ledger_reset`), so none serves a budget half restored.
         await catalogue.begin_restore()
-        store.use_ledger(ledger_id)
-        now_ms = store.now_estimate()
+        catalogue.use_ledger(ledger_id)
+        now_ms = catalogue.now_estimate()
         charged_count = charged_micros = counters = budgets = 0
         for org in orgs:
             tag = org["tag"]
@@ -537,7 +588,7 @@ class Operations:
                               ) -> dict[str, Any]:
         """Book what the bill shows beyond what the restored counter holds, up the budget's path,
         once (the booking's id is made from the ledger id and the entry)."""
-        store = self._needs().store
+        catalogue, store = self._needs(), self.service.store
         bid = entry.budget_id
         legs = await store.status((bid,))
         own = [leg for leg in legs if leg.budget_id == bid.path]
@@ -556,7 +607,7 @@ class Operations:
             await store.book(ReserveRequest(
                 ref=ReservationRef(bid.tag, rid, by), budget_ids=bid.lineage,
                 amount_micros=gap, ttl_ms=RESERVATION_TTL_MS_MIN, fingerprint=rid,
-                price_version="provider-bill"), gap, store.now_estimate())
+                price_version="provider-bill"), gap, catalogue.now_estimate())
             out["reservation_id"] = rid
         return out
 

@@ -27,7 +27,7 @@ from core.errors import CeilingError, LedgerUnavailable
 from core.ledger import (
     OUTAGE_WINDOW_KEY,
     ExpirePolicy,
-    LedgerStore,
+    Ledger,
     LegStatus,
     Release,
     Reservation,
@@ -159,7 +159,7 @@ class OutageAllowance:
         fx = entry.resolved or self._resolve(entry, Event.RELEASE, 0)
         return Release(fx.released_micros, replayed)
 
-    async def flush(self, store: LedgerStore) -> int:
+    async def flush(self, store: Ledger) -> int:
         """Book every finished journal entry into the ledger; return how many were booked.
 
         An entry still open is booked once its lease has run out at what the ledger's 'charge'

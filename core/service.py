@@ -33,7 +33,6 @@ from core.ledger import (
     Correction,
     ExpirePolicy,
     KeyRecord,
-    LedgerStore,
     LegStatus,
     Release,
     Reservation,
@@ -42,6 +41,7 @@ from core.ledger import (
     ReserveRequest,
     Role,
     RunLimit,
+    ServiceStore,
     Settlement,
     mint_reservation_id,
     tag_digest,
@@ -215,7 +215,7 @@ def check_run_id(run_id: str | None) -> str | None:
 class CeilingService:
     def __init__(
         self,
-        store: LedgerStore,
+        store: ServiceStore,
         prices: PriceTable,
         *,
         lease_ttl_ms: int = RESERVATION_TTL_MS_DEFAULT,
@@ -436,7 +436,7 @@ class CeilingService:
 
     async def rotate_key(self, key_id: str, grace_ms: int) -> str | None:
         """A new secret for the key (to show once), the current one taken for `grace_ms` more
-        (core/ledger.py LedgerStore.rotate_key); None if there is no such key. This instance
+        (core/ledger.py KeyStore.rotate_key); None if there is no such key. This instance
         stops trusting the key's secrets it checked (other instances within KEY_TRUST_MS)."""
         api_key = new_api_key(key_id)
         rotated = await self.store.rotate_key(key_id, hash_api_key(api_key), grace_ms)
@@ -503,7 +503,7 @@ class CeilingService:
         budget_id: BudgetId | None = None,
     ) -> Settlement:
         """An operator's settle of a reservation no key may settle (a gateway call of unknown
-        outcome), recorded on it: see LedgerStore.correct."""
+        outcome), recorded on it: see Ledger.correct."""
         actual = check_micros(actual_micros, "actual_micros", AMOUNT_MICROS_MAX, minimum=0)
         if (not isinstance(reason, str) or not reason.strip()
                 or len(reason) > CORRECTION_REASON_LEN_MAX or not reason.isprintable()):

@@ -1,4 +1,4 @@
-"""Where the money goes (issue 16): the reads behind GET /dashboard and GET /v1/usage/me.
+"""Where the money goes: the reads behind GET /dashboard and GET /v1/usage/me.
 
 Framework-free: the routes render what these return. Everything here reads the ledger (status,
 the hourly spend buckets, the alert log, open leases and the runs they hold in, the keys bound
@@ -11,13 +11,25 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from core.alerts import AlertEvent
 from core.budgets import BudgetDef, BudgetId
 from core.errors import InvalidRequest
-from core.ledger import LedgerStore, LegStatus, OpenLeases, Probe, RunLimit, RunSpend
+from core.ledger import (
+    AlertOutbox,
+    BudgetCatalogue,
+    Health,
+    KeyInfo,
+    KeyListing,
+    Ledger,
+    LegStatus,
+    OpenLeases,
+    Probe,
+    RunLimit,
+    RunSpend,
+)
 from core.limits import SPEND_BUCKET_MS, SPEND_BUCKET_RETENTION_MS
-from core.stores.operations import KeyInfo, ScriptedCatalogue
 from core.text import whole_number
 
 # The chart's span by default, and the longest a caller may ask for: the buckets' retention.
@@ -108,6 +120,11 @@ def top_spenders(budgets: Sequence[BudgetReport]) -> tuple[BudgetReport, ...]:
     return tuple(ranked[:TOP_SPENDERS_MAX])
 
 
+
+class SpendReads(Ledger, BudgetCatalogue, AlertOutbox, Health, Protocol):
+    """What the spend page reads of a store: budgets and their windows, the hourly spend and the
+    alert log, open leases, and the probe."""
+
 def check_hours(raw: object) -> int:
     if raw is None:
         return SERIES_HOURS_DEFAULT
@@ -118,14 +135,14 @@ def check_hours(raw: object) -> int:
     return hours
 
 
-async def _series(store: LedgerStore, budget_id: BudgetId, now_ms: int, hours: int
+async def _series(store: AlertOutbox, budget_id: BudgetId, now_ms: int, hours: int
                   ) -> tuple[SpendPoint, ...]:
     to_hour = now_ms // SPEND_BUCKET_MS
     found = await store.spend_series(budget_id, to_hour - hours + 1, to_hour)
     return tuple(SpendPoint(h * SPEND_BUCKET_MS, m) for h, m in found)
 
 
-async def budget_report(store: LedgerStore, budget_id: BudgetId, now_ms: int, hours: int,
+async def budget_report(store: SpendReads, budget_id: BudgetId, now_ms: int, hours: int,
                         run: RunLimit | None = None) -> BudgetReport:
     definition = await store.get_budget(budget_id)
     legs = await store.status((budget_id,), run) if definition or run else ()
@@ -133,7 +150,7 @@ async def budget_report(store: LedgerStore, budget_id: BudgetId, now_ms: int, ho
                         await _series(store, budget_id, now_ms, hours))
 
 
-async def usage(store: LedgerStore, budget_id: BudgetId, hours: int) -> list[BudgetReport]:
+async def usage(store: SpendReads, budget_id: BudgetId, hours: int) -> list[BudgetReport]:
     """A key holder's own budgets (its budget and the scopes above it that have one, as
     GET /v1/budgets/me shows them), with their spend series: nothing the key is not charged
     against."""
@@ -142,7 +159,7 @@ async def usage(store: LedgerStore, budget_id: BudgetId, hours: int) -> list[Bud
     return [r for r in reports if r.definition is not None]
 
 
-async def alert_log(store: LedgerStore, limit: int = ALERT_LOG_LIMIT) -> list[AlertEvent]:
+async def alert_log(store: AlertOutbox, limit: int = ALERT_LOG_LIMIT) -> list[AlertEvent]:
     """Every tag's events, newest first."""
     events: list[AlertEvent] = []
     for tag in await store.alert_tags():
@@ -150,7 +167,7 @@ async def alert_log(store: LedgerStore, limit: int = ALERT_LOG_LIMIT) -> list[Al
     return sorted(events, key=lambda e: (e.at_ms, e.event_id), reverse=True)[:limit]
 
 
-async def keys_of(catalogue: ScriptedCatalogue, budgets: Sequence[BudgetReport]
+async def keys_of(catalogue: KeyListing, budgets: Sequence[BudgetReport]
                   ) -> tuple[BudgetKeys, ...]:
     """The keys bound to each of `budgets` (to it, not to a scope below it), KEYS_LISTED_MAX
     each."""
@@ -162,8 +179,8 @@ async def keys_of(catalogue: ScriptedCatalogue, budgets: Sequence[BudgetReport]
     return tuple(out)
 
 
-async def overview(store: LedgerStore, instance_id: str, hours: int,
-                   catalogue: ScriptedCatalogue | None = None) -> Overview:
+async def overview(store: SpendReads, instance_id: str, hours: int,
+                   catalogue: KeyListing | None = None) -> Overview:
     """What the spend page shows: every budget with its periods and spend series, the alert log,
     open and overdue reservations per tag with the live runs they hold in, the keys of the top
     spenders (from `catalogue`, where the ledger keeps one), and the ledger's health with the

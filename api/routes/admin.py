@@ -39,7 +39,7 @@ async def operator(_: Annotated[None, Depends(admin)]) -> str:
 
 
 async def operations() -> Operations:
-    return Operations(runtime().enforcing())
+    return runtime().operations()
 
 
 Admin = Annotated[None, Depends(admin)]

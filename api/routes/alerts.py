@@ -1,4 +1,4 @@
-"""Alerts and spend (issue 16): the alert log and the scheduler's delivery trigger (admin), a
+"""Alerts and spend: the alert log and the scheduler's delivery trigger (admin), a
 budget's resume after a velocity pause (admin), and a key holder's own spend series."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ async def alerts(_: Admin, svc: Service) -> JSONResponse:
     config = runtime().config
     return JSONResponse({
         "webhook_configured": bool(config and config.alert_webhook_url),
-        "alerts": [e.json() for e in await spend.alert_log(svc.store)],
+        "alerts": [e.json() for e in await spend.alert_log(runtime().store())],
     })
 
 
@@ -74,13 +74,13 @@ def report_json(r: spend.BudgetReport) -> dict[str, Any]:
 async def usage_me(request: Request) -> JSONResponse:
     """The caller's own budgets (its key's budget and the scopes above it), each with its
     periods and hourly spend: the key decides whose, never a parameter."""
-    svc, who = await authenticated(request, None)
+    _, who = await authenticated(request, None)
     asked = set(request.query_params) - USAGE_QUERY
     if asked:
         raise InvalidRequest(
             f"GET /v1/usage/me shows the calling key's own budgets; it takes only 'hours', not "
             f"{sorted(asked)}", field=sorted(asked)[0])
     hours = spend.check_hours(request.query_params.get("hours"))
-    reports = await spend.usage(svc.store, who.key.budget_id, hours)
+    reports = await spend.usage(runtime().store(), who.key.budget_id, hours)
     return JSONResponse({"budget_id": who.key.budget_id.path, "hours": hours,
                          "budgets": [report_json(r) for r in reports]})

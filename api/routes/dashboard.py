@@ -1,4 +1,4 @@
-"""GET /dashboard (issue 16): the spend page, server-rendered HTML for operators.
+"""GET /dashboard: the spend page, server-rendered HTML for operators.
 
 No script at all, no build step, nothing from another host: the charts are inline SVG drawn
 here, the style one <style> element allowed by a per-response nonce, and the Content-Security-
@@ -32,7 +32,6 @@ from core.alerts import AlertEvent
 from core.budgets import RUN_SCOPE_KIND, period_of
 from core.ledger import LegStatus, OpenHold, RunSpend
 from core.limits import SPEND_BUCKET_MS
-from core.operations import Operations
 from core.text import whole_number
 
 router = APIRouter(include_in_schema=False)
@@ -126,10 +125,9 @@ async def dashboard(request: Request,
                     authorization: Annotated[str | None, Header()] = None) -> Response:
     if not _signed_in(request, authorization):
         return _sign_in_page(status=401)
-    svc = runtime().enforcing()
+    rt = runtime()
     hours = spend.check_hours(request.query_params.get("hours"))
-    view = await spend.overview(svc.store, runtime().instance_id, hours,
-                                Operations(svc).catalogue)
+    view = await spend.overview(rt.store(), rt.instance_id, hours, rt.operations().catalogue)
     return _page(render(view))
 
 

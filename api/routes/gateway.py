@@ -92,7 +92,7 @@ async def serve(request: Request, wire: WireFormat) -> Response:
     if idempotency_key is None:
         return await forward(svc, who, call_plan, clamp, None)
     claimed = await replies.claim(
-        svc.store.replies,
+        runtime().store().replies,
         replies.reply_ref(who, idempotency_key),
         idempotency.fingerprint(wire.api.value, call_plan.body, who.run_id, clamp,
                                 call_plan.headers),

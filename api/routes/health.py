@@ -44,7 +44,7 @@ async def health_body(operator: bool = True) -> dict[str, Any]:
         ]
         return body
     try:
-        probe = await rt.service.store.probe(rt.instance_id)
+        probe = await rt.store().probe(rt.instance_id)
         if probe.reachable:
             await rt.service.flush_journal()
     except Exception as exc:  # noqa: BLE001 (health must answer, whatever broke)

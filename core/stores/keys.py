@@ -137,7 +137,7 @@ def probe(instance_id: str) -> str:
     return f"sc:probe:{instance_id}"
 
 
-# -- alerts (issue 16): every key below expires (core/limits.py says when) ----------------------
+# -- alerts: every key below expires (core/limits.py says when) ----------------------
 ALERT = "ev:"  # + event id: one alert event, a hash (its fields: core/alerts.py EVENT_FIELDS)
 OUTBOX = "outbox"  # events to deliver, a sorted set of event ids by next attempt
 ALERT_LOG = "alerts"  # every event of the tag, a sorted set of event ids by when it happened

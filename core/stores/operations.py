@@ -1,6 +1,6 @@
 """The operators' catalogue on a Redis-speaking ledger: lists, deletion, the audit stream, and
 the raw reads and writes of an export and a restore (core/operations.py says what they mean).
-Keys are made, rotated and revoked by the store itself (core/ledger.py LedgerStore), each in one
+Keys are made, rotated and revoked by the store itself (core/ledger.py KeyStore), each in one
 script on the key's record.
 
 Nothing here runs on a call's path. The catalogue's keys (core/stores/keys.py CATALOGUE) share
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import BudgetInUse, ensure
-from core.ledger import ROLES_OF_KEYS_BEFORE_ROLES, ExpirePolicy, ReservationState
+from core.ledger import ROLES_OF_KEYS_BEFORE_ROLES, ExpirePolicy, KeyInfo, ReservationState
 from core.lifecycle import Event, effects
 from core.limits import UNKNOWN_OUTCOME_RETENTION_MS
 from core.stores import keys, wire
@@ -33,20 +33,6 @@ KEY_FIELDS = ("key_id", "budget_id", "run_ceiling_micros", "run", "roles", "crea
 # A key's record (lua/key_put.lua): KEY_FIELDS but 'run', and the secrets it takes.
 KEY_RECORD_FIELDS = (*(f for f in KEY_FIELDS if f != "run"), "key_hash", "previous_key_hash",
                      "grace_ends_at_ms")
-
-
-@dataclass(frozen=True)
-class KeyInfo:
-    """What a list of keys shows: never the secret, nor its hash."""
-
-    key_id: str
-    budget_id: str
-    roles: tuple[str, ...]
-    run_ceiling_micros: int | None
-    created_ms: int | None
-    last_used_ms: int | None
-    rotated_at_ms: int | None
-    previous_valid_ms: int | None  # how long a rotated key's previous secret still works
 
 
 @dataclass(frozen=True)
@@ -74,6 +60,14 @@ class ScriptedCatalogue:
     def __init__(self, store: ScriptedStore) -> None:
         self.store = store
         self._t = store.transport
+
+    def now_estimate(self) -> int:
+        """The ledger's time as this instance last learnt it, advanced by its own clock."""
+        return self.store.now_estimate()
+
+    def use_ledger(self, ledger_id: str) -> None:
+        """Write and read under `ledger_id` from now on (a restore's new ledger)."""
+        self.store.use_ledger(ledger_id)
 
     # -- lists ---------------------------------------------------------------------------
 

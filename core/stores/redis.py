@@ -41,6 +41,9 @@ LEDGER_CALL_TIMEOUT_S = 2.0
 # enough for the concurrency of one serverless instance or one uvicorn worker; a pool that is
 # too small queues calls instead of failing them. The scripts share one connection of their own.
 POOL_CONNECTIONS_MAX = 64
+# Seconds a connection may sit idle before it is checked (PING) on its next use: one a Redis
+# restart broke is found before a ledger call is sent on it.
+HEALTH_CHECK_S = 30
 # Retries of one command after a connection error: enough to get past connections that a Redis
 # restart or failover broke, few enough to stay inside LEDGER_CALL_TIMEOUT_S.
 RETRIES_MAX = 2
@@ -237,17 +240,22 @@ class RedisTransport:
         await self._client.aclose()
 
 
+def connection_options(call_timeout_s: float) -> dict[str, Any]:
+    """What every ledger connection, to one Redis or a cluster's nodes, is made with: replies
+    as text, the call's time bound on connecting and on every read, and a check of a connection
+    idle for HEALTH_CHECK_S before it is used again."""
+    return {"decode_responses": True, "socket_timeout": call_timeout_s,
+            "socket_connect_timeout": call_timeout_s, "health_check_interval": HEALTH_CHECK_S}
+
+
 def redis_client(url: str, call_timeout_s: float = LEDGER_CALL_TIMEOUT_S) -> Redis:
     # A blocking pool: past POOL_CONNECTIONS_MAX concurrent calls, a call waits for a connection
     # (within the call's timeout) instead of failing with "Too many connections".
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
-        decode_responses=True,
-        socket_timeout=call_timeout_s,
-        socket_connect_timeout=call_timeout_s,
+        **connection_options(call_timeout_s),
         max_connections=POOL_CONNECTIONS_MAX,
         timeout=call_timeout_s,
-        health_check_interval=30,
         # A connection broken by a Redis restart fails its next command; retry on a fresh one.
         # Replaying a script is safe: every script is idempotent by reservation id.
         retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_S_MAX, base=RETRY_BACKOFF_S_BASE),

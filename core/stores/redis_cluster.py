@@ -26,6 +26,7 @@ from core.stores.redis import (
     POOL_CONNECTIONS_MAX,
     Failures,
     client_call,
+    connection_options,
     error_kind,
     translate,
     translated,
@@ -181,14 +182,11 @@ def redis_cluster_client(url: str, call_timeout_s: float = LEDGER_CALL_TIMEOUT_S
     """A client that learns the whole cluster from the one node `url` names."""
     return RedisCluster.from_url(
         url,
-        decode_responses=True,
-        socket_timeout=call_timeout_s,
-        socket_connect_timeout=call_timeout_s,
+        **connection_options(call_timeout_s),
         max_connections=NODE_CONNECTIONS_MAX,
         # A ledger call needs only its own tag's slot. With full coverage required, one slot
         # range without a master would make the client refuse every tag on every master.
         require_full_coverage=False,
-        health_check_interval=30,
     )
 
 

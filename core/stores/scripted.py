@@ -850,7 +850,7 @@ class ScriptedStore:
             await self._t.execute("ZREM", keys.KEYS_KEY, f"{budget_id} {key_id}")
         return reply[0] == "revoked" or bool(hash_only)
 
-    # -- alerts (issue 16) ----------------------------------------------------------------
+    # -- alerts ---------------------------------------------------------------------------
 
     async def _put_alerts(self, budget: BudgetDef) -> None:
         bid, config = budget.budget_id, budget.alerts

@@ -30,6 +30,7 @@ from core.operations import BILL_FORMAT, PAGE_SIZE_MAX, Operations, checksum
 from core.prices import PriceTable
 from core.service import CeilingService, hash_api_key, key_id_of, new_key_id
 from core.stores import keys
+from core.stores.operations import ScriptedCatalogue
 from core.stores.redis import RedisStore, RedisTransport, redis_client
 from core.stores.scripted import ScriptedStore
 from core.stores.scripts import Script
@@ -53,12 +54,17 @@ async def _service(url: str) -> CeilingService:
     return CeilingService(store, PriceTable.from_file(None))
 
 
+def _operations(svc: CeilingService) -> Operations:
+    """The operations over `svc`'s Redis ledger, with the catalogue kept beside it."""
+    return Operations(svc, ScriptedCatalogue(svc.store))
+
+
 @asynccontextmanager
 async def _instance(url: str) -> AsyncIterator[tuple[CeilingService, Operations]]:
     """An instance on the ledger at `url` and its operations, closed on the way out."""
     svc = await _service(url)
     try:
-        yield svc, Operations(svc)
+        yield svc, _operations(svc)
     finally:
         await svc.store.close()
 
@@ -193,7 +199,7 @@ async def test_export_then_restore_into_a_wiped_ledger(server: RedisServer) -> N
     raw = aioredis.Redis.from_url(server.url, decode_responses=True)
     await raw.flushall()
     svc = await _service(server.url)  # a new instance on the wiped Redis: a fresh ledger id
-    ops = Operations(svc)
+    ops = _operations(svc)
     try:
         tampered = json.loads(json.dumps(document))
         tampered["body"]["organisations"][0]["counters"][0]["fields"]["committed"] = "0"
@@ -236,7 +242,7 @@ async def test_export_then_restore_into_a_wiped_ledger(server: RedisServer) -> N
 
 async def test_instances_adopt_a_restored_ledger_only_once_confirmed(server: RedisServer) -> None:
     svc = await _service(server.url)
-    ops = Operations(svc)
+    ops = _operations(svc)
     running = await _service(server.url)  # an instance that keeps running through the wipe
     try:
         bid = await _put(ops, "org:g", 1_000)

@@ -317,13 +317,15 @@ async def test_a_wiped_shard_reads_as_reset_for_its_organisations_and_restore_br
     from core.operations import Operations
     from core.prices import PriceTable
     from core.service import CeilingService
+    from core.stores.operations import ScriptedCatalogue
 
     home = redis_cluster.holder_of_key(keys.LEDGER_ID_KEY)
     wiped = next(m for m in redis_cluster.masters() if m.port != home.port)
     lost = tag_on(redis_cluster, wiped, f"{tag}-lost")
     kept = tag_on(redis_cluster, home, f"{tag}-kept")
     assert key_slot(keys.ORGS_KEY.encode()) == key_slot(keys.LEDGER_ID_KEY.encode())
-    ops = Operations(CeilingService(cluster_store, PriceTable.from_file(None)))
+    ops = Operations(CeilingService(cluster_store, PriceTable.from_file(None)),
+                     ScriptedCatalogue(cluster_store))
     for t in (lost, kept):
         await put(cluster_store, t, (Period.TOTAL, 1_000))
         await cluster_store.reserve(request(t, t, 100))
