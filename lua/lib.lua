@@ -485,6 +485,22 @@ local function load_record(key)
   return v and (unpack_record(v) or fail('BADARG', 'record'))
 end
 
+-- How settle and release begin: the common case (resolve_gateway_call) answered at once; else
+-- the record of the general case, or 'not_found' for none this owner may see. Returns the
+-- answer or nil, the record or nil, and `now`.
+local function resolve_or_load(prefix, keys, owner, step, actual, actual_text, now)
+  local answer
+  answer, now = resolve_gateway_call(prefix, keys, owner, step, actual, actual_text, now)
+  if answer then
+    return answer, nil, now
+  end
+  local rec = load_record(keys[2])
+  if not rec or rec.owner ~= owner then
+    return {'not_found'}, nil, now
+  end
+  return nil, rec, now
+end
+
 local function keep(key, rec, ttl_ms)
   redis.call('SET', key, pack_record(rec), 'PX', istr(ttl_ms))
 end

@@ -12,17 +12,12 @@ local a = release_args(ARGV)
 local now = a.now_ms and ledger_now(a.now_ms)
 local prefix = prefix_of(KEYS[1])
 
--- The common case: an open gateway call resolved by its owner (lib: resolve_gateway_call).
-local answer
-answer, now = resolve_gateway_call(prefix, KEYS, a.owner, release_effects, 0, '0', now)
+-- The common case, an open gateway call resolved by its owner, is answered at once; the general
+-- case is a record kept whole, or one resolved before (lib: resolve_or_load).
+local answer, rec
+answer, rec, now = resolve_or_load(prefix, KEYS, a.owner, release_effects, 0, '0', now)
 if answer then
   return answer
-end
-
--- The general case: a record kept whole, or one resolved before.
-local rec = load_record(KEYS[2])
-if not rec or rec.owner ~= a.owner then
-  return {'not_found'}
 end
 if rec.state == 'settled' then
   return {'settled'}
