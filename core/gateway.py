@@ -316,9 +316,11 @@ class Call:
             # The answer names no tier: it was served at the one the request named, if any.
             usage = replace(usage, service_tier=call_plan.service_tier)
         try:
-            spec = SettleSpec(usage) if usage is not None else SettleSpec(actual_micros=max(
-                self.hold.reservation.reserved_micros,
-                self.svc.worst_case_micros(call_plan.spec())[0]))
+            upstream = call_plan.wire.provider.upstream
+            spec = SettleSpec(usage, upstream=upstream) if usage is not None else SettleSpec(
+                actual_micros=max(self.hold.reservation.reserved_micros,
+                                  self.svc.worst_case_micros(call_plan.spec())[0]),
+                upstream=upstream)
             settled = await self.svc.settle(
                 self.who, self.hold.reservation.reservation_id, spec
             )

@@ -4,9 +4,10 @@ A store holds budgets, API-key records and reservations, and runs the four ledge
 atomically: reserve, settle, release, expire (each step of a reservation as core/lifecycle.py's
 table says). Beside the ledger it keeps the gateway's idempotency keys (ReplyStore). Its
 interface is split by what callers need (Ledger, BudgetCatalogue, KeyStore, AlertOutbox,
-OutputStats, Health); LedgerStore is all of them, what every store implements. The conformance
-suite (tests/core/stores) is the definition of a store; every store runs the lua/ scripts
-(core/stores/scripted.py), the in-memory one on a Redis in its own process.
+OutputStats, Health, Reconciliation); LedgerStore is all of them, what every store
+implements. The conformance suite (tests/core/stores) is the definition of a store; every store
+runs the lua/ scripts (core/stores/scripted.py), the in-memory one on a Redis in its own
+process.
 
 Invariant, for every counter (one budget in one period window):
     committed + reserved <= ceiling + overshoot
@@ -19,6 +20,7 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass
+from datetime import date, timedelta
 from enum import StrEnum
 from functools import lru_cache
 from typing import NamedTuple, Protocol
@@ -80,6 +82,14 @@ def tag_digest_of(reservation_id: str) -> str | None:
     """The tag digest an id was minted with; None for an id minted before ids carried one."""
     found = _MINTED_ID.fullmatch(reservation_id)
     return found.group(1) if found else None
+
+
+class Upstream(StrEnum):
+    """Whose bill a gateway call is on: the provider whose cost report it is reconciled with
+    (core/reconcile.py)."""
+
+    OPENAI = "openai"  # the OpenAI-compatible routes: chat completions and Responses
+    ANTHROPIC = "anthropic"  # Messages
 
 
 class ExpirePolicy(StrEnum):
@@ -405,7 +415,11 @@ class Ledger(Protocol):
 
     async def reserve(self, request: ReserveRequest) -> Reservation: ...
 
-    async def settle(self, ref: ReservationRef, actual_micros: int) -> Settlement: ...
+    async def settle(self, ref: ReservationRef, actual_micros: int,
+                     upstream: Upstream | None = None) -> Settlement:
+        """`upstream`: whose bill a gateway call is on; its spend is then counted in that
+        provider's day (Reconciliation.gateway_spend_by_day)."""
+        ...
 
     async def release(self, ref: ReservationRef) -> Release: ...
 
@@ -539,6 +553,48 @@ class AlertOutbox(LedgerTime, Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class DriftEvent:
+    """A day on which the ledger's gateway spend and a provider's cost report disagree by more
+    than the tolerance."""
+
+    provider: Upstream
+    day: date  # UTC
+    ledger_micros: int
+    provider_micros: int
+
+
+_EPOCH_DAY = date(1970, 1, 1)
+
+
+def day_index(day: date) -> int:
+    """Days since 1970-01-01: how the ledger numbers a UTC day (lua/settle.lua)."""
+    return (day - _EPOCH_DAY).days
+
+
+def day_of_index(index: int) -> date:
+    return _EPOCH_DAY + timedelta(days=index)
+
+
+class Reconciliation(LedgerTime, Protocol):
+    """What the ledger counts to be compared with the providers' bills, and its refusals."""
+
+    async def gateway_spend_by_day(self, upstream: Upstream, first_day: date, last_day: date
+                                   ) -> dict[date, int]:
+        """Committed micros of the gateway calls to `upstream` that a settle booked, by UTC
+        day of the call's start, for the days in [first_day, last_day] that have any."""
+        ...
+
+    async def emit_drift_alert(self, event: DriftEvent) -> bool:
+        """Put one 'ledger.drift' event in the alert outbox, once per provider and day for as
+        long as alerts are kept: True when this call put it."""
+        ...
+
+    async def refusal_counts(self) -> dict[str, int]:
+        """The refusals the ledger's scripts decided, by error code, over the whole ledger."""
+        ...
+
+
 class OutputStats(Protocol):
     """Output lengths per model, behind the gateway's p95 holds (core/output_stats.py)."""
 
@@ -563,7 +619,7 @@ class ServiceStore(Ledger, BudgetCatalogue, KeyStore, OutputStats, Protocol):
     the ledger, the budgets and keys it checks, and the output lengths a p95 hold reads."""
 
 
-class LedgerStore(ServiceStore, AlertOutbox, Health, Protocol):
+class LedgerStore(ServiceStore, AlertOutbox, Health, Reconciliation, Protocol):
     """A whole store, as every backend implements it and the conformance suite defines it:
     made in one place (core/backends.py) and handed to each caller as the protocols it uses."""
 

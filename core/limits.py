@@ -106,6 +106,12 @@ ALERT_RETENTION_MS = 35 * 24 * 3_600_000
 # hourly rate of a velocity alarm), each kept as long as the alert log reaches back.
 SPEND_BUCKET_MS = 3_600_000
 SPEND_BUCKET_RETENTION_MS = ALERT_RETENTION_MS
+# The length of a UTC day, for the day index of a day's spend (no leap seconds in Unix time).
+DAY_MS = 24 * 3_600_000
+# A day's gateway spend per upstream is kept this many days after the day, and a reconciliation
+# reads at most this many days at once: providers' cost reports reach back about a year.
+DAILY_SPEND_DAYS_MAX = 400
+DAILY_SPEND_RETENTION_MS = DAILY_SPEND_DAYS_MAX * DAY_MS
 # A velocity window is counted in this many slots: the "sliding" window moves a tenth of its
 # length at a time, near enough for an alarm, and a check reads ten keys.
 VELOCITY_SLOTS = 10

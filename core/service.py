@@ -43,6 +43,7 @@ from core.ledger import (
     RunLimit,
     ServiceStore,
     Settlement,
+    Upstream,
     mint_reservation_id,
     tag_digest,
     tag_digest_of,
@@ -139,6 +140,7 @@ class CallSpec:
 class SettleSpec:
     usage: Usage | None = None
     actual_micros: int | None = None
+    upstream: Upstream | None = None  # a gateway call's: its spend counts in that provider's day
 
 
 @dataclass(frozen=True)
@@ -364,7 +366,7 @@ class CeilingService:
         if journaled is not None:
             await self.flush_journal()
             return journaled
-        return await self.store.settle(ref, actual)
+        return await self.store.settle(ref, actual, spec.upstream)
 
     async def release(self, caller: Caller, reservation_id: str) -> Release:
         ref = caller.ref(reservation_id)

@@ -219,22 +219,39 @@ end
 local ALERT_THRESHOLDS_DEFAULT = '50 80 100'
 
 -- One event into the tag's outbox: a hash under its id, which delivery reads; the id in the
--- outbox (by when to try it next) and in the alert log (by when it happened). The id is a digest
--- of what the event is about, so a receiver deduplicates on it and a repeat writes the same one.
-local function alert_emit(prefix, kind, budget_id, period_key, threshold, committed, ceiling, now)
-  local id = 'evt_' .. string.sub(redis.sha1hex(
-    kind .. '|' .. budget_id .. '|' .. period_key .. '|' .. threshold), 1, 32)
+-- outbox (by when to try it next) and in the alert log (by when it happened). `fields`: what the
+-- event is about, name and value in turn (core/alerts.py EVENT_FIELDS).
+local function alert_put(prefix, id, now, fields)
   local key = prefix .. ALERT_KEY .. id
   local now_text = istr(now)
-  redis.call('HSET', key, 'event_id', id, 'type', kind, 'budget_id', budget_id,
-             'period_key', period_key, 'threshold_pct', threshold, 'committed_micros', committed,
-             'ceiling_micros', ceiling, 'at_ms', now_text, 'attempts', '0', 'state', 'pending')
+  redis.call('HSET', key, 'event_id', id, 'at_ms', now_text, 'attempts', '0', 'state', 'pending',
+             unpack(fields))
   redis.call('PEXPIRE', key, istr(ALERT_RETENTION_MS))
   local outbox, log = prefix .. OUTBOX_KEY, prefix .. ALERT_LOG_KEY
   redis.call('ZADD', outbox, now_text, id)
   redis.call('PEXPIRE', outbox, istr(ALERT_RETENTION_MS))
   redis.call('ZADD', log, now_text, id)
   redis.call('PEXPIRE', log, istr(ALERT_RETENTION_MS))
+end
+
+-- An event's id: a digest of what it is about, so a receiver deduplicates on it and a repeat
+-- writes the same one (core/alerts.py event_id_of).
+local function alert_id(about)
+  return 'evt_' .. string.sub(redis.sha1hex(about), 1, 32)
+end
+
+-- A budget's event: a threshold crossed, a refusal, a velocity alarm.
+local function alert_emit(prefix, kind, budget_id, period_key, threshold, committed, ceiling, now)
+  alert_put(prefix, alert_id(kind .. '|' .. budget_id .. '|' .. period_key .. '|' .. threshold),
+            now, {'type', kind, 'budget_id', budget_id, 'period_key', period_key,
+                  'threshold_pct', threshold, 'committed_micros', committed,
+                  'ceiling_micros', ceiling})
+end
+
+-- A refusal the ledger decided, counted by its error code for the whole ledger's metrics
+-- (core/ledger.py Reconciliation.refusal_counts).
+local function count_refusal(prefix, code)
+  redis.call('HINCRBY', prefix .. REFUSED_KEY, code, '1')
 end
 
 -- The spend at which `pct` percent of `ceiling` is reached, rounded up, exactly: ceiling * pct
@@ -435,7 +452,8 @@ end
 -- so its head is all this reads of it. `resolve` does the same for every case; this is what it
 -- does for this one, without what the others need, since every gateway call takes it.
 -- `step` is the lifecycle's settle_effects or release_effects; `actual` 0 for a release.
--- Returns the script's answer and `now`, or nil when the record is not this case.
+-- Returns the script's answer, `now` and when the call began (created_ms), or nil when the
+-- record is not this case.
 local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_text, now)
   local stored = redis.call('GET', keys[2])
   if not stored then
@@ -476,7 +494,7 @@ local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_te
     text_of(released, held, reserved_micros, actual, actual_text), overshoot,
     late and '1' or '0', outcome, ''), 'PX', retention_ms)
   redis.call('ZREM', keys[3], id_of(prefix, keys[2]))
-  return {'ok', state, expire_policy, reserved_micros}, now
+  return {'ok', state, expire_policy, reserved_micros}, now, created_ms
 end
 
 -- The reservation under `key` by RECORD_FIELDS' names; nil if there is none.
@@ -487,12 +505,14 @@ end
 
 -- How settle and release begin: the common case (resolve_gateway_call) answered at once; else
 -- the record of the general case, or 'not_found' for none this owner may see. Returns the
--- answer or nil, the record or nil, and `now`.
+-- answer or nil, the record or nil, `now`, and with an answer of the common case when the call
+-- began (created_ms).
 local function resolve_or_load(prefix, keys, owner, step, actual, actual_text, now)
-  local answer
-  answer, now = resolve_gateway_call(prefix, keys, owner, step, actual, actual_text, now)
+  local answer, created_ms
+  answer, now, created_ms = resolve_gateway_call(prefix, keys, owner, step, actual, actual_text,
+                                                 now)
   if answer then
-    return answer, nil, now
+    return answer, nil, now, created_ms
   end
   local rec = load_record(keys[2])
   if not rec or rec.owner ~= owner then

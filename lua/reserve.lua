@@ -50,6 +50,7 @@ if status then
   return status
 end
 if paused then
+  count_refusal(prefix, 'budget_paused')
   return {'paused', paused}  -- a velocity alarm paused it
 end
 if #legs == 0 then
@@ -76,12 +77,14 @@ if reclaim(prefix, KEYS[3], now, RECLAIM_BATCH_MAX) > 0 or looks then
   end
 end
 if why == 'quota' then
+  count_refusal(prefix, 'state_quota')
   return failing  -- the key keeps all its quota allows: {'state_quota', kind, retry_after_s}
 end
 if failing and redis.call('EXISTS', KEYS[2]) == 0 then
   if why == 'exceeded' then
     alert_refused(prefix, failing, now)  -- budget.exceeded, once a window
   end
+  count_refusal(prefix, why == 'exceeded' and 'budget_exceeded' or 'budget_busy')
   return {why, now, leg_status(failing, failing.committed, failing.reserved, failing.overshoot)}
 end
 -- A reservation already under this id: the first answer while it is open, else what became of

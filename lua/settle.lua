@@ -1,7 +1,7 @@
 -- settle: book the actual cost of a call in the periods its reservation held, not today's.
 --
 -- KEYS[1] meta hash   KEYS[2] reservation   KEYS[3] open-lease zset
--- ARGV: wire.py SETTLE_ARGS: owner, actual_micros, [now_ms]
+-- ARGV: wire.py SETTLE_ARGS: owner, actual_micros, upstream (a gateway call's, or ''), [now_ms]
 -- Returns one of:
 --   {'ok', state, expire_policy, reserved_micros}  what it settled: the caller works out what
 --     was booked from them by core/lifecycle.py's table, by which it was booked here
@@ -21,13 +21,34 @@ local a = settle_args(ARGV)
 local actual = int(a.actual_micros, 'actual_micros')
 local now = a.now_ms and ledger_now(a.now_ms)
 local prefix = prefix_of(KEYS[1])
+if a.upstream ~= '' and a.upstream ~= 'openai' and a.upstream ~= 'anthropic' then
+  fail('BADARG', 'upstream')
+end
+
+-- What a settle of an open gateway call booked, added to its upstream's spend on the UTC day the
+-- call began (the day a provider's cost report bills it in): what core/reconcile.py compares
+-- with that report. A late settle of a lease that expired first is not counted: what it books
+-- is a correction of the expiry's charge, not a call's cost.
+local function count_day(created_text)
+  if a.upstream == '' or actual == 0 then
+    return
+  end
+  local day = math.floor(int(created_text, 'created_ms') / DAY_MS)
+  local key = prefix .. DAILY_SPEND_KEY .. a.upstream .. '|' .. istr(day)
+  if redis.call('INCRBY', key, a.actual_micros) == actual then
+    redis.call('PEXPIREAT', key, istr((day + 1) * DAY_MS + DAILY_SPEND_RETENTION_MS))
+  end
+end
 
 -- The common case, an open gateway call resolved by its owner, is answered at once; the general
 -- case is a record kept whole, or one settled or released before (lib: resolve_or_load).
-local answer, rec
-answer, rec, now = resolve_or_load(prefix, KEYS, a.owner, settle_effects, actual,
-                                   a.actual_micros, now)
+local answer, rec, created_ms
+answer, rec, now, created_ms = resolve_or_load(prefix, KEYS, a.owner, settle_effects, actual,
+                                               a.actual_micros, now)
 if answer then
+  if created_ms then
+    count_day(created_ms)
+  end
   return answer
 end
 if rec.state == 'settled' then
@@ -41,4 +62,7 @@ if rec.state == 'released' then
 end
 local state, policy = rec.state, rec.expire_policy
 resolve(prefix, KEYS[2], KEYS[3], rec, 'settle', actual, now)
+if state == 'open' then
+  count_day(rec.created_ms)
+end
 return {'ok', state, policy, rec.reserved_micros}

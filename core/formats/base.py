@@ -25,6 +25,7 @@ from core.config import Config
 from core.content import NO_MEDIA, InputBound, Media, json_bytes
 from core.errors import CeilingError, FieldUnsupported, InvalidRequest, InvariantBroken
 from core.jsonbody import loads_answer
+from core.ledger import Upstream
 from core.prices import TIER_AUTO, Usage
 from core.service import CallSpec
 
@@ -56,6 +57,7 @@ class Provider:
     api_key: Callable[[Config], str | None]
     auth_header: str  # the header that carries the key
     auth_scheme: str  # what comes before the key in it
+    upstream: Upstream  # whose bill its calls are on (core/reconcile.py)
     unset: str  # why a call cannot be forwarded while url_setting is not set
     # Its answers' headers the client gets besides the common ones (api/upstream.py
     # RELAYED_HEADERS): its request ids, rate limits and the like, by prefix.

@@ -25,6 +25,7 @@ from core.formats.base import (
     read_usage,
     text_tokens,
 )
+from core.ledger import Upstream
 from core.prices import TIER_AUTO, TIER_DEFAULT, Usage, check_service_tier
 
 ANTHROPIC = Provider(
@@ -32,6 +33,7 @@ ANTHROPIC = Provider(
     url=lambda config: config.anthropic_url,
     api_key=lambda config: config.anthropic_api_key,
     auth_header="x-api-key",
+    upstream=Upstream.ANTHROPIC,
     auth_scheme="",
     unset="CEILING_ANTHROPIC_URL is not set: the gateway has no Anthropic provider to forward "
     "/v1/messages to; set it to the SDK's base URL, such as https://api.anthropic.com",

@@ -11,6 +11,7 @@ from typing import Any
 from core.content import InputBound
 from core.errors import InputUnbounded, InvalidRequest
 from core.formats.base import Plan, Provider, WireFormat, text_tokens
+from core.ledger import Upstream
 from core.prices import TIER_AUTO, check_service_tier
 
 OPENAI = Provider(
@@ -18,6 +19,7 @@ OPENAI = Provider(
     url=lambda config: config.upstream_url,
     api_key=lambda config: config.upstream_api_key,
     auth_header="authorization",
+    upstream=Upstream.OPENAI,
     auth_scheme="Bearer ",
     unset="CEILING_UPSTREAM_URL is not set: the gateway has no provider to forward to; set it "
     "to the provider's base URL, such as https://api.openai.com/v1",

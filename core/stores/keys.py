@@ -10,10 +10,11 @@ What expires: everything a caller can make exist. Reservation records (core/limi
 long each kind is kept once resolved, and why), run counters (RUN_COUNTER_IDLE_MS after their
 last write), day and month counters (COUNTER_RETENTION_MS after their window), idempotency
 replies, output histograms, probes and the live-instance set, and everything alerts write (the
-events, the outbox and the log, hourly spend buckets, velocity slots and marks). What an operator
+events, the outbox and the log, hourly spend buckets, velocity slots and marks), a day's gateway
+spend per upstream and a day's drift mark (DAILY_SPEND_RETENTION_MS after the day). What an operator
 made stays: the ledger id and its format version, budget definitions and their total counters,
 API key records (and a revoked key's record, which holds only when it was revoked: the id is
-never taken again), the tag map, a tag's set of budget ids, a tag's open-lease set while it has
+never taken again), a tag's refusal counts (a field per error code), the tag map, a tag's set of budget ids, a tag's open-lease set while it has
 members (Redis drops an empty one), and the registry of function libraries (as many as are kept).
 """
 
@@ -146,6 +147,18 @@ VELOCITY = "v:"  # + budget id '|' slot index: spend in one slot of a velocity w
 VELOCITY_MARK = "vm:"  # + budget id '|' window index: the window's velocity alarm went out
 # The meta hash field listing the tag's budgets with a velocity alarm, read by every settle.
 VELOCITY_FIELD = "alert_velocity"
+# + upstream '|' UTC day index (days since 1970-01-01): the committed spend gateway calls to that
+# upstream booked at their settle, by the day they started, a string (core/ledger.py
+# Reconciliation). Expires DAILY_SPEND_RETENTION_MS after its day.
+DAILY_SPEND = "gw:"
+# The refusals the tag's reserves decided, a hash: error code -> count. As many fields as codes.
+REFUSED = "refused"
+# The tag of events about the ledger as a whole (a 'ledger.drift'), which no budget's tag can be:
+# a budget's top scope always holds ':'.
+LEDGER_EVENTS_TAG = "ledger"
+# + provider '|' day (YYYY-MM-DD): that day's drift was reported (lua/drift_alert.lua); kept as
+# long as a day's spend is.
+DRIFT_MARK = "drift:"
 
 
 def alert(tag: str, event_id: str) -> str:
@@ -162,3 +175,11 @@ def alert_log(tag: str) -> str:
 
 def spend(tag: str, budget_id: str, hour_index: int) -> str:
     return f"{prefix(tag)}{SPEND}{budget_id}|{hour_index}"
+
+
+def daily_spend(tag: str, upstream: str, day_index: int) -> str:
+    return f"{prefix(tag)}{DAILY_SPEND}{upstream}|{day_index}"
+
+
+def refused(tag: str) -> str:
+    return prefix(tag) + REFUSED

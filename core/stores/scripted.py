@@ -13,6 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import date
 from typing import Any, NoReturn, Protocol
 
 from core import alerts, output_stats
@@ -22,6 +23,7 @@ from core.errors import (
     BudgetPaused,
     CeilingError,
     IdempotencyConflict,
+    InvalidRequest,
     InvariantBroken,
     LedgerUnavailable,
     ReservationNotFound,
@@ -34,6 +36,7 @@ from core.ledger import (
     Claim,
     ClaimKind,
     Correction,
+    DriftEvent,
     Kept,
     KeyRecord,
     LegStatus,
@@ -51,12 +54,15 @@ from core.ledger import (
     RunSpend,
     Settlement,
     StoredReply,
+    Upstream,
+    day_index,
+    day_of_index,
     refusal,
     resolved_replay,
     tag_digest,
 )
 from core.lifecycle import Event
-from core.limits import INT_EXACT_MAX, TZ_CACHE_MAX, WINDOW_RETRIES_MAX
+from core.limits import DAILY_SPEND_DAYS_MAX, INT_EXACT_MAX, TZ_CACHE_MAX, WINDOW_RETRIES_MAX
 from core.stores import keys, wire
 from core.stores.scripts import Script, library, prune_libraries, script
 
@@ -467,12 +473,13 @@ class ScriptedStore:
             "no budget applies to this call", budget_id=request.budget_ids[-1].path
         )
 
-    async def settle(self, ref: ReservationRef, actual_micros: int) -> Settlement:
+    async def settle(self, ref: ReservationRef, actual_micros: int,
+                     upstream: Upstream | None = None) -> Settlement:
         await self.open()  # a ledger known to be reset fails closed before it is asked
         reply = await self._t.run(
             script("settle"), self._record_keys(ref.tag, ref.reservation_id),
             wire.arguments(wire.SETTLE_ARGS, owner=ref.owner, actual_micros=str(actual_micros),
-                           now_ms=self._now_arg()),
+                           upstream=upstream or "", now_ms=self._now_arg()),
         )
         kind = reply[0]
         if kind == "ok" or kind == "replayed":
@@ -899,7 +906,7 @@ class ScriptedStore:
         """Every tag that has budgets (the tag map put_budget writes): where outboxes can be."""
         await self.open()
         found = await self._t.execute("HVALS", keys.TAG_MAP_KEY)
-        return sorted({str(t) for t in found})
+        return sorted({str(t) for t in found} | {keys.LEDGER_EVENTS_TAG})
 
     def _events(self, tag: str, reply: Sequence[Any]) -> list[alerts.AlertEvent]:
         out = []
@@ -942,6 +949,48 @@ class ScriptedStore:
         found = await self._t.execute(
             "MGET", *(keys.spend(budget_id.tag, budget_id.path, h) for h in hours))
         return [(h, int(v)) for h, v in zip(hours, found, strict=True) if v not in (None, "0")]
+
+    # -- reconciliation --------------------------------------------------------------------
+
+    async def _budget_tags(self) -> list[str]:
+        await self.open()
+        return sorted({str(t) for t in await self._t.execute("HVALS", keys.TAG_MAP_KEY)})
+
+    async def gateway_spend_by_day(self, upstream: Upstream, first_day: date, last_day: date
+                                   ) -> dict[date, int]:
+        first, last = day_index(first_day), day_index(last_day)
+        if last - first + 1 > DAILY_SPEND_DAYS_MAX:
+            raise InvalidRequest(
+                f"at most {DAILY_SPEND_DAYS_MAX} days at a time: the ledger keeps a day's spend "
+                "that long", field="from")
+        days = list(range(first, last + 1))
+        total = dict.fromkeys(days, 0)
+        for tag in await self._budget_tags() if days else []:
+            found = await self._t.execute(
+                "MGET", *(keys.daily_spend(tag, upstream.value, d) for d in days))
+            for d, value in zip(days, found, strict=True):
+                if value is not None:
+                    total[d] += int(value)
+        return {day_of_index(d): micros for d, micros in total.items() if micros}
+
+    async def emit_drift_alert(self, event: DriftEvent) -> bool:
+        reply = await self._t.run(
+            script("drift_alert"), (keys.meta(keys.LEDGER_EVENTS_TAG),),
+            wire.arguments(wire.DRIFT_ARGS, provider=event.provider.value,
+                           day=event.day.isoformat(), ledger_micros=str(event.ledger_micros),
+                           provider_micros=str(event.provider_micros), now_ms=self._now_arg()),
+        )
+        return int(reply) == 1
+
+    async def refusal_counts(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for tag in await self._budget_tags():
+            found = await self._t.execute("HGETALL", keys.refused(tag))
+            pairs = found.items() if isinstance(found, dict) else zip(
+                found[::2], found[1::2], strict=True)
+            for code, count in pairs:
+                total[str(code)] = total.get(str(code), 0) + int(count)
+        return total
 
     # -- health --------------------------------------------------------------------------
 

@@ -41,6 +41,8 @@ from core.lifecycle import HOLDINGS, TRANSITIONS, Event, effects
 from core.limits import (
     ALERT_RETENTION_MS,
     COUNTER_RETENTION_MS,
+    DAILY_SPEND_RETENTION_MS,
+    DAY_MS,
     IDEMPOTENCY_WINDOW_MS,
     INT_EXACT_MAX,
     RECLAIM_BATCH_MAX,
@@ -85,11 +87,14 @@ BOOK_ARGS = (
     "zones", "owner", "record_tail", NOW,
 )
 STATUS_ARGS = ("ledger_id", "budget_ids", "run", "zones", NOW)
-SETTLE_ARGS = ("owner", "actual_micros", NOW)
+# `upstream`: a gateway call's (core/ledger.py Upstream), whose day it is counted in; else ''.
+SETTLE_ARGS = ("owner", "actual_micros", "upstream", NOW)
 RELEASE_ARGS = ("owner", NOW)
 CORRECT_ARGS = ("actual_micros", "corrected_by", "correction_reason", NOW)
 EXPIRE_ARGS = ("ledger_id", "batch_max", NOW)
 READ_ARGS = (NOW,)
+# `day`: the UTC day as YYYY-MM-DD.
+DRIFT_ARGS = ("provider", "day", "ledger_micros", "provider_micros", NOW)
 # One time zone's windows that hold the caller's estimate of the ledger's now: a script picks the
 # window of each period its budgets limit, and asks again if its own now is outside it.
 ZONE_PARTS = (
@@ -342,7 +347,7 @@ ensure(StoredRecord._fields == RECORD_FIELDS, "StoredRecord is RECORD_FIELDS, in
 ARGUMENT_SHAPES = {
     "reserve_args": RESERVE_ARGS, "book_args": BOOK_ARGS, "status_args": STATUS_ARGS,
     "settle_args": SETTLE_ARGS, "release_args": RELEASE_ARGS, "correct_args": CORRECT_ARGS,
-    "expire_args": EXPIRE_ARGS, "read_args": READ_ARGS,
+    "expire_args": EXPIRE_ARGS, "read_args": READ_ARGS, "drift_args": DRIFT_ARGS,
 }
 CONSTANTS = {
     "INT_MAX": INT_EXACT_MAX,
@@ -363,13 +368,16 @@ CONSTANTS = {
     "SPEND_BUCKET_RETENTION_MS": SPEND_BUCKET_RETENTION_MS,
     "VELOCITY_SLOTS": VELOCITY_SLOTS,
     "VELOCITY_TRAILING_HOURS": VELOCITY_TRAILING_HOURS,
+    "DAILY_SPEND_RETENTION_MS": DAILY_SPEND_RETENTION_MS,
+    "DAY_MS": DAY_MS,
 }
 KEY_PARTS = {
     "META_KEY": keys.META, "RECORD_KEY": keys.RECORD, "DEFINITION_KEY": keys.DEFINITION,
     "COUNTER_KEY": keys.COUNTER, "QUOTA_KEY": keys.QUOTA,
     "ALERT_KEY": keys.ALERT, "OUTBOX_KEY": keys.OUTBOX, "ALERT_LOG_KEY": keys.ALERT_LOG,
     "SPEND_KEY": keys.SPEND, "VELOCITY_KEY": keys.VELOCITY, "VELOCITY_MARK_KEY": keys.VELOCITY_MARK,
-    "VELOCITY_FIELD": keys.VELOCITY_FIELD,
+    "VELOCITY_FIELD": keys.VELOCITY_FIELD, "DAILY_SPEND_KEY": keys.DAILY_SPEND,
+    "REFUSED_KEY": keys.REFUSED, "DRIFT_MARK_KEY": keys.DRIFT_MARK,
 }
 
 
