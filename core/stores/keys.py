@@ -11,11 +11,12 @@ long each kind is kept once resolved, and why), run counters (RUN_COUNTER_IDLE_M
 last write), day and month counters (COUNTER_RETENTION_MS after their window), idempotency
 replies, output histograms, probes and the live-instance set, and everything alerts write (the
 events, the outbox and the log, hourly spend buckets, velocity slots and marks), a day's gateway
-spend per upstream and a day's drift mark (DAILY_SPEND_RETENTION_MS after the day). What an operator
-made stays: the ledger id and its format version, budget definitions and their total counters,
-API key records (and a revoked key's record, which holds only when it was revoked: the id is
-never taken again), a tag's refusal counts (a field per error code), the tag map, a tag's set of budget ids, a tag's open-lease set while it has
-members (Redis drops an empty one), and the registry of function libraries (as many as are kept).
+spend per upstream and a day's drift mark (DAILY_SPEND_RETENTION_MS after the day). What an
+operator made stays: the ledger id and its format version, budget definitions and their total
+counters, API key records (and a revoked key's record, which holds only when it was revoked: the
+id is never taken again), a tag's refusal counts (a field per error code), the tag map, a tag's
+set of budget ids, a tag's open-lease set while it has members (Redis drops an empty one), and
+the registry of function libraries (as many as are kept).
 """
 
 from __future__ import annotations
