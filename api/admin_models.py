@@ -8,12 +8,39 @@ from pydantic import Field
 
 from api.models import Strict
 from core.alerts import THRESHOLDS_PCT_DEFAULT, AlertConfig, VelocityAlarm, multiple_milli
-from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period
+from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period, PerUser, Rate
+from core.limits import USERS_MAX_DEFAULT
 
 
 class LimitBody(Strict):
-    period: Literal["day", "month", "total"]
+    period: Literal["day", "week", "month", "total"]
     ceiling_micros: int
+
+    def limit(self) -> Limit:
+        return Limit(Period(self.period), self.ceiling_micros)
+
+
+class RateBody(Strict):
+    """At most requests_per_minute reservations in any 60 s, and concurrent_max open at once."""
+
+    requests_per_minute: int | None = None
+    concurrent_max: int | None = None
+
+    def rate(self) -> Rate:
+        return Rate(self.requests_per_minute, self.concurrent_max)
+
+
+class PerUserBody(Strict):
+    """Each end user's own limits, as '<budget>/user:<id>'; users_max bounds how many."""
+
+    limits: list[LimitBody]
+    users_max: int = USERS_MAX_DEFAULT
+    required: bool = False
+    rate: RateBody | None = None
+
+    def per_user(self) -> PerUser:
+        return PerUser(tuple(x.limit() for x in self.limits), self.users_max, self.required,
+                       self.rate.rate() if self.rate else None)
 
 
 class VelocityBody(Strict):
@@ -49,15 +76,19 @@ class BudgetBody(Strict):
     # None: 'allowance' when an allowance is given, else 'closed' (core/budgets.py BudgetDef).
     outage_policy: Literal["closed", "allowance", "open"] | None = None
     alerts: AlertsBody | None = None
+    rate: RateBody | None = None
+    per_user: PerUserBody | None = None
 
     def definition(self, budget_id: str) -> BudgetDef:
         return BudgetDef(
             BudgetId.operator(budget_id),  # an operator names it: no reserved scope kind
-            tuple(Limit(Period(x.period), x.ceiling_micros) for x in self.limits),
+            tuple(x.limit() for x in self.limits),
             self.timezone,
             self.outage_allowance_micros,
             None if self.outage_policy is None else OutagePolicy(self.outage_policy),
             self.alerts.config() if self.alerts else AlertConfig(),
+            rate=self.rate.rate() if self.rate else None,
+            per_user=self.per_user.per_user() if self.per_user else None,
         )
 
 

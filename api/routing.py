@@ -36,13 +36,15 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 # A gateway route's endpoint, given the wire format it serves.
 FormatEndpoint = Callable[[Request, WireFormat], Awaitable[Response]]
 
-# The headers every hot route reads: the caller's key and its run.
-HEADERS_COMMON = ("Authorization", "X-Ceiling-Run-Id")
+# The headers every hot route reads: the caller's key, its run and its end user.
+HEADERS_COMMON = ("Authorization", "X-Ceiling-Run-Id", "X-Ceiling-User")
 # What the service accepts in each header it reads (core/service.py checks the ids).
 HEADER_SCHEMAS: dict[str, dict[str, Any]] = {
     "Authorization": {"type": "string",
                       "description": "Bearer <api key> (on health: the admin token, optional)"},
     "X-Ceiling-Run-Id": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"},
+    "X-Ceiling-User": {"type": "string", "pattern": "^[A-Za-z0-9._:@-]{1,128}$",
+                       "description": "the call's end user, held to its budget's per_user limits"},
     "Idempotency-Key": {"type": "string",
                         "pattern": f"^[\\x21-\\x7e]{{1,{RESERVATION_ID_LEN_MAX}}}$"},
     "X-Ceiling-Clamp": {"type": "string", "enum": ["0", "1"],

@@ -15,8 +15,16 @@ from core.ledger import (
     ReservationView,
     Role,
     Settlement,
+    user_remaining_micros,
 )
 from core.money import micros_to_usd
+from core.service import Caller
+
+
+def user_headers(who: Caller, legs: tuple[LegStatus, ...]) -> dict[str, str]:
+    """The end user's room, for a call that named one whose budget holds its users."""
+    remaining = user_remaining_micros(legs, who.user)
+    return {} if remaining is None else {"x-ceiling-user-remaining-micros": str(remaining)}
 
 
 def leg_json(leg: LegStatus) -> dict[str, Any]:

@@ -18,13 +18,23 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from core.alerts import AlertConfig
 from core.errors import InvalidRequest, InvariantBroken, ensure
-from core.limits import BUDGET_ID_LEN_MAX, CEILING_MICROS_MAX, INT_EXACT_MAX, SCOPES_MAX
+from core.limits import (
+    BUDGET_ID_LEN_MAX,
+    CEILING_MICROS_MAX,
+    CONCURRENT_MAX_MAX,
+    INT_EXACT_MAX,
+    REQUESTS_PER_MINUTE_MAX,
+    SCOPES_MAX,
+    USERS_MAX_DEFAULT,
+    USERS_MAX_MAX,
+)
 
 # ASCII only, and none of the characters the key layout or a hash tag gives meaning to:
 # '{' '}' (hash tags), '|' and ' ' (separators inside a reservation), '/' and ':' (the path).
 _SCOPE = re.compile(r"[a-z][a-z0-9_-]{0,31}:[A-Za-z0-9._-]{1,64}")
 _TZ = re.compile(r"[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*")
 RUN_SCOPE_KIND = "run"
+USER_SCOPE_KIND = "user"
 # Scope kinds the ledger names budgets by itself, never an operator. Keyed by kind, the reason,
 # which a refusal quotes.
 RESERVED_SCOPE_KINDS: Mapping[str, str] = MappingProxyType({
@@ -33,14 +43,20 @@ RESERVED_SCOPE_KINDS: Mapping[str, str] = MappingProxyType({
     # the run's idle expiry (RUN_COUNTER_IDLE_MS) would be put on its lifetime total.
     RUN_SCOPE_KIND: "the ledger counts a key's run as the budget '<key's budget>/run:<run id>',"
                     " so a budget of such an id would share its counters with a run",
-    # The per-end-user budgets to come, which the ledger will name itself as it names runs: a
-    # budget an operator made under this kind before then would share their counters.
-    "user": "it is kept for the per-end-user budgets the ledger will name itself",
+    # A budget's end users are counted as '<budget>/user:<user id>' (BudgetId.user).
+    USER_SCOPE_KIND: "the ledger counts an end user of a budget with per_user limits as the "
+                     "budget '<budget>/user:<user id>', so a budget of such an id would share "
+                     "its counters with an end user",
 })
+# An end user's id as a call names it (X-Ceiling-User, or the provider's user field): what the
+# OpenAI and Anthropic SDKs' user ids are made of (e-mail addresses, UUIDs, hashes), and none of
+# the characters the key layout gives meaning to ('/', '|', ' ', '{', '}').
+_USER = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 
 
 class Period(StrEnum):
     DAY = "day"
+    WEEK = "week"  # ISO: from Monday 00:00 in the budget's time zone
     MONTH = "month"
     TOTAL = "total"
 
@@ -96,14 +112,85 @@ class BudgetId:
         """The budget of one agent run made under this budget."""
         return BudgetId.parse(f"{self.path}/{RUN_SCOPE_KIND}:{run_id}")
 
+    def user(self, user_id: str) -> BudgetId:
+        """The budget of one end user of this budget (its per_user limits). Not a scope an
+        operator can name: a user id may hold ':' and '@', and be longer than a scope's name."""
+        return BudgetId(f"{self.path}/{USER_SCOPE_KIND}:{check_user(user_id)}")
+
     def __str__(self) -> str:
         return self.path
+
+
+def check_user(raw: object) -> str:
+    """An end user's id: 1 to 128 of A-Za-z0-9._:@-."""
+    if not isinstance(raw, str) or not _USER.fullmatch(raw):
+        raise InvalidRequest("the end user id must be 1 to 128 of A-Za-z0-9._:@-", field="user")
+    return raw
 
 
 @dataclass(frozen=True)
 class Limit:
     period: Period
     ceiling_micros: int
+
+
+@dataclass(frozen=True)
+class Rate:
+    """How fast and how many at once a budget's calls may go, across every instance: at most
+    `requests_per_minute` reservations in any 60 seconds, and `concurrent_max` open at once (a
+    reservation is open until it is settled, released or expires). None: no such limit."""
+
+    requests_per_minute: int | None = None
+    concurrent_max: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.requests_per_minute is None and self.concurrent_max is None:
+            raise InvalidRequest("rate needs requests_per_minute, concurrent_max or both",
+                                 field="rate")
+        if self.requests_per_minute is not None:
+            check_micros(self.requests_per_minute, "rate.requests_per_minute",
+                         REQUESTS_PER_MINUTE_MAX)
+        if self.concurrent_max is not None:
+            check_micros(self.concurrent_max, "rate.concurrent_max", CONCURRENT_MAX_MAX)
+
+    def json(self) -> dict[str, int | None]:
+        return {"requests_per_minute": self.requests_per_minute,
+                "concurrent_max": self.concurrent_max}
+
+
+@dataclass(frozen=True)
+class PerUser:
+    """Limits each end user of a budget is held to, as the budget '<budget>/user:<id>', made on
+    a user's first call: at most `users_max` users (then users_exhausted), and with `required` a
+    call that names no user is refused (user_required). A user's `total` never refills: its
+    counter is kept as long as the budget."""
+
+    limits: tuple[Limit, ...]
+    users_max: int = USERS_MAX_DEFAULT
+    required: bool = False
+    rate: Rate | None = None
+
+    def __post_init__(self) -> None:
+        check_limits(self.limits, "per_user.limits")
+        check_micros(self.users_max, "per_user.users_max", USERS_MAX_MAX)
+        if not isinstance(self.required, bool):
+            raise InvalidRequest("per_user.required must be true or false",
+                                 field="per_user.required")
+
+    def json(self) -> dict[str, object]:
+        return {"limits": [{"period": lim.period.value, "ceiling_micros": lim.ceiling_micros}
+                           for lim in self.limits],
+                "users_max": self.users_max, "required": self.required,
+                "rate": self.rate.json() if self.rate else None}
+
+
+def check_limits(limits: tuple[Limit, ...], field: str) -> None:
+    if not limits:
+        raise InvalidRequest("a budget needs at least one limit", field=field)
+    if len({lim.period for lim in limits}) != len(limits):
+        raise InvalidRequest("one limit per period", field=field)
+    for lim in limits:
+        check_micros(lim.ceiling_micros, "ceiling_micros", CEILING_MICROS_MAX, minimum=0)
 
 
 class OutagePolicy(StrEnum):
@@ -146,6 +233,8 @@ class BudgetDef:
     # ledger keeps beside the definition; a put leaves it as it is).
     alerts: AlertConfig = field(default_factory=AlertConfig)
     paused_at_ms: int | None = None
+    rate: Rate | None = None
+    per_user: PerUser | None = None
 
     @property
     def policy(self) -> OutagePolicy:
@@ -163,10 +252,11 @@ class BudgetDef:
     @classmethod
     def from_ledger(cls, budget_id: BudgetId, limits: tuple[Limit, ...], timezone: str,
                     ledger_allowance_micros: int, alerts: AlertConfig | None = None,
-                    paused_at_ms: int | None = None) -> BudgetDef:
+                    paused_at_ms: int | None = None, rate: Rate | None = None,
+                    per_user: PerUser | None = None) -> BudgetDef:
         policy, allowance = outage_policy_of(ledger_allowance_micros)
         return cls(budget_id, limits, timezone, allowance, policy,
-                   alerts if alerts is not None else AlertConfig(), paused_at_ms)
+                   alerts if alerts is not None else AlertConfig(), paused_at_ms, rate, per_user)
 
     def __post_init__(self) -> None:
         if self.outage_policy is None:
@@ -186,12 +276,7 @@ class BudgetDef:
             raise InvalidRequest("a closed budget admits nothing during an outage: give "
                                  "outage_policy 'allowance' with an allowance, or no allowance",
                                  field="outage_allowance_micros")
-        if not self.limits:
-            raise InvalidRequest("a budget needs at least one limit", field="limits")
-        if len({lim.period for lim in self.limits}) != len(self.limits):
-            raise InvalidRequest("one limit per period", field="limits")
-        for lim in self.limits:
-            check_micros(lim.ceiling_micros, "ceiling_micros", CEILING_MICROS_MAX, minimum=0)
+        check_limits(self.limits, "limits")
         check_micros(
             self.outage_allowance_micros, "outage_allowance_micros", CEILING_MICROS_MAX, minimum=0
         )
@@ -263,6 +348,14 @@ def _windows_for_day(tz: str, year: int, month: int, day: int) -> tuple[Window, 
         nxt = d + timedelta(days=1)
         end = datetime(nxt.year, nxt.month, nxt.day, tzinfo=zone)
         out.append(Window(f"day:{d:%Y-%m-%d}", _ms(start), _ms(end)))
+    monday = base - timedelta(days=base.weekday())
+    for shift in (-7, 0, 7):
+        d = monday + timedelta(days=shift)
+        start = datetime(d.year, d.month, d.day, tzinfo=zone)
+        nxt = d + timedelta(days=7)
+        end = datetime(nxt.year, nxt.month, nxt.day, tzinfo=zone)
+        iso = d.isocalendar()
+        out.append(Window(f"week:{iso.year}-W{iso.week:02d}", _ms(start), _ms(end)))
     for shift in (-1, 0, 1):
         start = _month_start(year, month + shift, zone)
         end = _month_start(year, month + shift + 1, zone)
@@ -271,7 +364,7 @@ def _windows_for_day(tz: str, year: int, month: int, day: int) -> tuple[Window, 
 
 
 def windows_around(tz: str, now_ms: int) -> tuple[Window, ...]:
-    """Day and month windows before, at and after `now_ms` in `tz`.
+    """Day, week and month windows before, at and after `now_ms` in `tz`.
 
     The ledger picks the one that holds its own time, so a caller whose clock is off by less
     than a day still names the right window.

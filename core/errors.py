@@ -130,6 +130,35 @@ def state_quota(kind: str, retry_after_s: int) -> StateQuota:
         quota=kind, retry_after_s=retry_after_s)
 
 
+class UserRequired(InvalidRequest):
+    """A budget on the key's path counts its end users (per_user, required), and the call named
+    none: X-Ceiling-User, or through the gateway the provider's own user field."""
+
+    code = "user_required"
+
+
+class UsersExhausted(CeilingError):
+    """The call's end user would be one more than its budget's per_user users_max; the users it
+    counts already are served as before."""
+
+    code = "users_exhausted"
+
+
+class RateLimited(CeilingError):
+    """A budget's (or its end user's) requests_per_minute were reserved in the last minute;
+    `retry_after_s` says when the oldest of them leaves the window. Retryable, unlike
+    budget_exceeded."""
+
+    code = "rate_limited"
+
+
+class ConcurrencyLimited(CeilingError):
+    """A budget's (or its end user's) concurrent_max reservations are open; one frees up when a
+    call settles, is released or its lease expires. Retryable."""
+
+    code = "concurrency_limited"
+
+
 class ReservationNotFound(CeilingError):
     code = "reservation_not_found"
 

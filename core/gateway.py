@@ -40,7 +40,7 @@ from core.errors import BudgetRefused, CeilingError, InvalidRequest
 from core.formats import FORMATS, Plan
 from core.formats import Api as Api  # plan() and usage_of() take a format by its name
 from core.jsonbody import loads_answer, loads_object
-from core.ledger import LegStatus, OutputStats, Reservation
+from core.ledger import LegStatus, OutputStats, Reservation, is_user_leg
 from core.prices import TIER_AUTO, Usage
 from core.service import Caller, CeilingService, SettleSpec
 
@@ -269,6 +269,7 @@ class Bill:
     outcome: Outcome
     remaining_micros: int | None  # the tightest budget of the call's path
     run_remaining_micros: int | None  # the run's budget, when the call named a run
+    user_remaining_micros: int | None = None  # its end user's, when its budget counts users
 
 
 class Call:
@@ -283,7 +284,8 @@ class Call:
         reservation = self.hold.reservation
         held = reservation.reserved_micros
         run = self.who.run_limit()
-        remaining = run_remaining = None
+        user = self.who.user
+        remaining = run_remaining = user_remaining = None
         for leg in reservation.legs:
             left = max(0, leg.ceiling_micros - leg.committed_micros - leg.reserved_micros
                        + held - charged_micros)
@@ -291,8 +293,10 @@ class Call:
                 run_remaining = left
             else:
                 remaining = left if remaining is None else min(remaining, left)
+                if user is not None and is_user_leg(leg, user):
+                    user_remaining = left if user_remaining is None else min(user_remaining, left)
         return Bill(reservation.reservation_id, held, charged_micros, outcome, remaining,
-                    run_remaining)
+                    run_remaining, user_remaining)
 
     def leave_open(self) -> Bill:
         """Unknown outcome: keep the hold. Expiry charges it (outcome 'unknown'); an operator

@@ -26,7 +26,7 @@ from functools import lru_cache
 from typing import NamedTuple, Protocol
 
 from core.alerts import AlertEvent
-from core.budgets import BudgetDef, BudgetId, Period, period_of
+from core.budgets import USER_SCOPE_KIND, BudgetDef, BudgetId, Period, period_of
 from core.errors import BudgetBusy, BudgetExceeded, BudgetRefused, ReservationResolved, ensure
 from core.limits import IDEMPOTENCY_WINDOW_MS, RESEND_WINDOW_MS
 
@@ -133,6 +133,7 @@ class ReserveRequest:
     expire_policy: ExpirePolicy = ExpirePolicy.CHARGE
     run: RunLimit | None = None
     retention_ms: int = IDEMPOTENCY_WINDOW_MS
+    user: str | None = None  # the call's end user (core/budgets.py check_user)
 
     def __post_init__(self) -> None:
         ensure(self.retention_ms > RESEND_WINDOW_MS or not self.fingerprint,
@@ -410,8 +411,11 @@ class Ledger(Protocol):
     async def close(self) -> None: ...
 
     async def status(
-        self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None
-    ) -> tuple[LegStatus, ...]: ...
+        self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None,
+        user: str | None = None,
+    ) -> tuple[LegStatus, ...]:
+        """What the budgets of the path (with `user`, their end user's too) hold now."""
+        ...
 
     async def reserve(self, request: ReserveRequest) -> Reservation: ...
 
@@ -627,6 +631,18 @@ class LedgerStore(ServiceStore, AlertOutbox, Health, Reconciliation, Protocol):
     def replies(self) -> ReplyStore:
         """The gateway's idempotency keys, kept beside the ledger they guard."""
         ...
+
+
+def is_user_leg(leg: LegStatus, user: str) -> bool:
+    """Whether a leg is of the end user `user`'s budget (core/budgets.py BudgetId.user)."""
+    return leg.budget_id.endswith(f"/{USER_SCOPE_KIND}:{user}")
+
+
+def user_remaining_micros(legs: tuple[LegStatus, ...], user: str | None) -> int | None:
+    """The room the tightest of the end user's legs has; None without a user or user legs."""
+    if user is None:
+        return None
+    return min((leg.remaining_micros for leg in legs if is_user_leg(leg, user)), default=None)
 
 
 def refusal(kind: str, leg: LegStatus, now_ms: int) -> BudgetRefused:

@@ -96,6 +96,21 @@ WINDOW_RETRIES_MAX = 2
 # Budget time zones remembered per process, so a reserve needs one round trip.
 TZ_CACHE_MAX = 10_000
 
+# -- end users and rates -----------------------------------------------------------------------
+# End users one budget may hold when its definition gives no users_max: the state a key can make
+# of one budget's users (their counters) is bounded by it.
+USERS_MAX_DEFAULT = 10_000
+# The most end users one budget may be given: deleting the budget deletes each user's counters
+# in one script, which stays short at this many.
+USERS_MAX_MAX = 100_000
+# A rate is counted in a log of each admitted call's time, a sorted set of up to this many
+# members per budget (and per end user): within what one Redis key holds cheaply.
+REQUESTS_PER_MINUTE_MAX = 100_000
+RATE_WINDOW_MS = 60_000
+CONCURRENT_MAX_MAX = 100_000
+# A concurrency limit frees up when an open call ends, which takes seconds: when to try again.
+CONCURRENCY_RETRY_AFTER_S = 1
+
 # -- alerts --------------------------------------------------------------------------------------
 # Thresholds one budget may alert at: a handful says "half, most, all"; more is noise.
 ALERT_THRESHOLDS_MAX = 10

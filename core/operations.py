@@ -283,6 +283,8 @@ def budget_json(definition: BudgetDef) -> dict[str, Any]:
         "outage_allowance_micros": definition.outage_allowance_micros,
         "alerts": definition.alerts.json(),
         "paused_at_ms": definition.paused_at_ms,
+        "rate": definition.rate.json() if definition.rate else None,
+        "per_user": definition.per_user.json() if definition.per_user else None,
     }
 
 

@@ -14,9 +14,9 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from core.budgets import BudgetDef, BudgetId, check_micros
+from core.budgets import BudgetDef, BudgetId, check_micros, check_user
 from core.content import NO_MEDIA, Media, chat_input
 from core.errors import (
     Forbidden,
@@ -97,6 +97,7 @@ class Caller:
     key: KeyRecord
     run_id: str | None = None
     role: Role | None = None
+    user: str | None = None  # the end user it calls for (core/budgets.py check_user)
 
     @property
     def tag(self) -> str:
@@ -115,6 +116,10 @@ class Caller:
         if self.run_id is None or self.key.run_ceiling_micros is None:
             return None
         return RunLimit(self.key.budget_id.run(self.run_id), self.key.run_ceiling_micros)
+
+    def for_user(self, user: object) -> Caller:
+        """This caller, calling for `user` (None: no end user)."""
+        return self if user is None else replace(self, user=check_user(user))
 
 
 @dataclass(frozen=True)
@@ -199,12 +204,15 @@ def check_roles(roles: object) -> frozenset[Role]:
     return frozenset(known[r] for r in roles)
 
 
-def _fingerprint(model: str, spec: CallSpec, ttl_ms: int, run_id: str | None) -> str:
+def _fingerprint(model: str, spec: CallSpec, ttl_ms: int, run_id: str | None,
+                 user: str | None) -> str:
     words: list[object] = [model, spec.input_tokens, spec.messages, spec.output_tokens_max,
                            spec.choices, spec.amount_micros, ttl_ms, run_id]
-    if spec.media is not NO_MEDIA or spec.service_tier is not None:
+    if spec.media is not NO_MEDIA or spec.service_tier is not None or user is not None:
         # Only then: a text-only call keeps the fingerprint it had before these existed.
         words += [spec.media, spec.service_tier]
+    if user is not None:
+        words.append(user)
     return fingerprint(*words)
 
 
@@ -283,7 +291,7 @@ class CeilingService:
         # The fingerprint tells a retry from a different call that reused a caller-chosen id. A
         # fresh random id cannot be reused, and a replay of its script sends the same words.
         call_fingerprint = "" if idempotency_key is None else _fingerprint(
-            model, spec, ttl_ms, caller.run_id)
+            model, spec, ttl_ms, caller.run_id, caller.user)
         gateway = caller.role is Role.GATEWAY
         request = ReserveRequest(
             ref=ReservationRef(caller.tag, reservation_id, caller.owner),
@@ -304,6 +312,7 @@ class CeilingService:
             # resend for the idempotency window.
             retention_ms=RESEND_WINDOW_MS if gateway and idempotency_key is None
             else IDEMPOTENCY_WINDOW_MS,
+            user=caller.user,
         )
         try:
             reservation = await self.store.reserve(request)
@@ -377,17 +386,19 @@ class CeilingService:
 
     async def my_budgets(self, caller: Caller) -> tuple[LegStatus, ...]:
         budget_ids = caller.key.budget_id.lineage
-        legs = await self.store.status(budget_ids, caller.run_limit())
+        legs = await self.store.status(budget_ids, caller.run_limit(), caller.user)
         self.outage.learn(budget_ids, legs)
         return legs
 
     # -- keys and budgets (admin) -----------------------------------------------------------
 
     async def authenticate(
-        self, api_key: str | None, run_id: str | None = None, role: Role | None = None
+        self, api_key: str | None, run_id: str | None = None, role: Role | None = None,
+        user: str | None = None,
     ) -> Caller:
-        """The caller, acting in `role` (None: a read either role may make); Unauthorized for no
-        valid key, Forbidden naming the role a valid key lacks."""
+        """The caller, acting in `role` (None: a read either role may make) for end user `user`
+        (None: none named yet); Unauthorized for no valid key, Forbidden naming the role a valid
+        key lacks."""
         if not api_key or not api_key.startswith(API_KEY_PREFIX) or len(api_key) > 128:
             raise Unauthorized("a valid API key is required")
         key_hash = hash_api_key(api_key)
@@ -415,7 +426,7 @@ class CeilingService:
                 "keys with the roles they need (POST /v1/admin/keys, \"roles\")",
                 missing_role=role.value,
             )
-        return Caller(record, check_run_id(run_id), role)
+        return Caller(record, check_run_id(run_id), role).for_user(user)
 
     async def create_key(
         self, budget_id: BudgetId, run_ceiling_micros: int | None,

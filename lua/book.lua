@@ -11,6 +11,7 @@
 -- (the lifecycle's 'book' row). Booking the same journal entry twice (a retried flush) books it
 -- once: its record is kept for the idempotency window.
 local a = book_args(ARGV)
+a.reading = true
 local at_ms = int(a.admitted_at_ms, 'admitted_at_ms')
 local held = int(a.reserved_micros, 'reserved_micros')
 local actual = int(a.actual_micros, 'actual_micros')
@@ -30,6 +31,20 @@ end
 if #legs == 0 then
   return {'no_budget'}
 end
+-- A call admitted during an outage is booked whatever its limits say now; its end user is
+-- counted if the budget has room for one more, else it is booked in the budget's legs only.
+if #legs.users > 0 then
+  if users_refusal(legs.users) then
+    local kept = {limits = legs.limits, users = {}}
+    for _, leg in ipairs(legs) do
+      if not leg.user then kept[#kept + 1] = leg end
+    end
+    legs = kept
+  end
+  for _, u in ipairs(legs.users) do
+    if not u.known then redis.call('ZADD', u.key, '0', u.user) end
+  end
+end
 local state, outcome, _, committed, overshoot, released, _, late =
   book_effects('absent', 'charge', held, actual)
 local seen
@@ -40,7 +55,7 @@ for _, leg in ipairs(legs) do
   end
   local was_committed, was_reserved = counters(ck)
   hincr(ck, 'committed', committed)
-  if committed ~= 0 and not leg.run then
+  if committed ~= 0 and not leg.run and not leg.user then
     -- alerts: spend booked after an outage crosses thresholds like any other
     committed_moved(prefix, leg.budget_id, leg.window_key, leg.ceiling_micros,
                     tonumber(was_committed) + committed, istr(committed), now, seen, at_ms,

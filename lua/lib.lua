@@ -82,29 +82,46 @@ local function ledger_matches(meta_key, ledger_id)
 end
 
 -- What follows a budget's leg that a velocity alarm watched when it was held (parse_legs).
-local VELOCITY_MARK = '|v'
-
--- Whether the leg of `s` that ends just before `stop` carries VELOCITY_MARK.
-local function watched_leg(s, stop)
-  return string.sub(s, stop - #VELOCITY_MARK, stop - 1) == VELOCITY_MARK
-end
-
 -- A leg is one (budget, period window) pair a reservation holds money in, stored on the
 -- reservation as 'budget_id|window_key|ceiling_micros|resets_at_ms|outage_allowance_micros',
--- with '|run' after it for a run's leg, or '|v' after a budget's leg that a velocity alarm
--- watched when it was held (ids never contain '|' or ' '; core/budgets.py enforces it). The
--- numeric parts are kept as the strings they arrived as, never re-formatted. Legs stored before
--- runs were marked have five parts and count as budgets' legs; legs stored before '|v' count as
--- unwatched. A settle reads the tag's velocity alarms only for a watched leg: an alarm watches
--- the calls held while it is set.
+-- then '|run' for a run's leg, or '|' and the flags of a budget's leg, in this order: 'e' an end
+-- user's budget (core/budgets.py BudgetId.user), whose spend raises no alerts; 'c' the leg that
+-- holds one of its budget's concurrency slots (a budget's first leg, when it has concurrent_max);
+-- 'v' a velocity alarm watched it when it was held (a settle reads the tag's velocity alarms only
+-- for a watched leg: an alarm watches the calls held while it is set). Ids never contain '|' or
+-- ' ' (core/budgets.py enforces it). The numeric parts are kept as the strings they arrived as,
+-- never re-formatted.
+local FLAGS = {user = 'e', slot = 'c', velocity = 'v'}
+
+-- A leg in a reservation's legs, for string.gmatch: its budget id, window key, ceiling and
+-- flags ('' for none, 'run' for a run's).
+local LEG_PATTERN = '([^ |]+)|([^ |]+)|([^ |]+)|[^ |]*|[^ |]*|?(%a*)'
+
+-- Whether a leg's flags carry the velocity flag: the last flag when it is there.
+local function watched(flags)
+  return string.sub(flags, -1) == FLAGS.velocity
+end
+
+local function flags_of(leg)
+  if leg.run then
+    return '|run'
+  end
+  local f = (leg.user and FLAGS.user or '') .. (leg.slot and FLAGS.slot or '') ..
+            (leg.velocity and FLAGS.velocity or '')
+  return f ~= '' and '|' .. f or ''
+end
+
 local function parse_legs(s)
   local legs = {}
   for raw in string.gmatch(s, '[^ ]+') do
     local budget_id, window_key, ceiling, resets_at, allowance, mark =
-      string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)(.*)$')
+      string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|?(%a*)$')
+    local run = mark == 'run'
     legs[#legs + 1] = {budget_id = budget_id, window_key = window_key, ceiling_micros = ceiling,
-                       resets_at_ms = resets_at, outage_allowance_micros = allowance,
-                       run = mark == '|run', velocity = mark == VELOCITY_MARK}
+                       resets_at_ms = resets_at, outage_allowance_micros = allowance, run = run,
+                       user = not run and string.find(mark, FLAGS.user, 1, true) ~= nil,
+                       slot = not run and string.find(mark, FLAGS.slot, 1, true) ~= nil,
+                       velocity = not run and string.find(mark, FLAGS.velocity, 1, true) ~= nil}
   end
   return legs
 end
@@ -113,11 +130,27 @@ local function encode_legs(legs)
   local out
   for _, leg in ipairs(legs) do
     local part = leg.budget_id .. '|' .. leg.window_key .. '|' .. leg.ceiling_micros .. '|' ..
-                 leg.resets_at_ms .. '|' .. leg.outage_allowance_micros ..
-                 (leg.run and '|run' or leg.velocity and VELOCITY_MARK or '')
+                 leg.resets_at_ms .. '|' .. leg.outage_allowance_micros .. flags_of(leg)
     out = out and out .. ' ' .. part or part
   end
   return out or ''
+end
+
+-- A reservation leaving the open state gives back the concurrency slot of each budget it held
+-- one in (flag 'c'); a counter back at 0 is deleted, so an idle budget keeps none.
+local function free_slot(prefix, budget_id)
+  local key = prefix .. CONCURRENCY_KEY .. budget_id
+  if redis.call('DECR', key) <= 0 then
+    redis.call('DEL', key)
+  end
+end
+
+local function free_slots(prefix, legs)
+  for budget_id, _, _, flags in string.gmatch(legs, LEG_PATTERN) do
+    if flags ~= 'run' and string.find(flags, FLAGS.slot, 1, true) then
+      free_slot(prefix, budget_id)
+    end
+  end
 end
 
 -- One leg's status as every script answers it: core/ledger.py LegStatus' fields in order, '|'
@@ -416,18 +449,16 @@ local function apply(prefix, legs, reserved, committed, overshoot, now, spent_at
   committed = committed ~= 0 and istr(committed)
   overshoot = overshoot ~= 0 and istr(overshoot)
   local seen
-  for budget_id, window_key, rest in string.gmatch(legs, '([^ |]+)|([^ |]+)([^ ]*)') do
+  for budget_id, window_key, ceiling, flags in string.gmatch(legs, LEG_PATTERN) do
     local ck = prefix .. COUNTER_KEY .. budget_id .. '|' .. window_key
-    local run = string.sub(rest, -4) == '|run'
+    local run = flags == 'run'
     if not run or writable(ck, {run = true}, now) then
       if reserved then redis.call('HINCRBY', ck, 'reserved', reserved) end
       if committed then
         local after = redis.call('HINCRBY', ck, 'committed', committed)
-        if not run then
-          -- alerts: rest is '|ceiling_micros|...'
-          now = committed_moved(prefix, budget_id, window_key, string.match(rest, '^|(%d+)'),
-                                after, committed, now, seen, spent_at_ms,
-                                watched_leg(rest, #rest + 1))
+        if not run and not string.find(flags, FLAGS.user, 1, true) then
+          now = committed_moved(prefix, budget_id, window_key, ceiling, after, committed, now,
+                                seen, spent_at_ms, watched(flags))
           seen = budget_id
         end
       end
@@ -472,19 +503,21 @@ local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_te
   committed = text_of(committed, held, reserved_micros, actual, actual_text)
   overshoot = text_of(overshoot, held, reserved_micros, actual, actual_text)
   local seen
-  -- `stop`: where the leg ends (watched_leg).
-  for budget_id, window_key, ceiling, stop in
-      string.gmatch(legs, '([^ |]+)|([^ |]+)|([^ |]+)[^ ]*()') do
+  for budget_id, window_key, ceiling, flags in string.gmatch(legs, LEG_PATTERN) do
     local ck = prefix .. COUNTER_KEY .. budget_id .. '|' .. window_key
     if reserved ~= '0' then redis.call('HINCRBY', ck, 'reserved', reserved) end
     if committed ~= '0' then
       local after = redis.call('HINCRBY', ck, 'committed', committed)
-      -- alerts
-      now = committed_moved(prefix, budget_id, window_key, ceiling, after, committed, now, seen,
-                            tonumber(created_ms), watched_leg(legs, stop))
-      seen = budget_id
+      if flags == '' or not string.find(flags, FLAGS.user, 1, true) then  -- alerts
+        now = committed_moved(prefix, budget_id, window_key, ceiling, after, committed, now,
+                              seen, tonumber(created_ms), watched(flags))
+        seen = budget_id
+      end
     end
     if overshoot ~= '0' then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
+    if flags ~= '' and string.find(flags, FLAGS.slot, 1, true) then
+      free_slot(prefix, budget_id)
+    end
   end
   -- A gateway call's answer to a resend, its fingerprint '' (core/service.py): in the order
   -- of pack_resolved's parameters (wire.py RESOLVED_FIELDS).
@@ -564,6 +597,9 @@ end
 local function resolve(prefix, key, open_key, rec, event, actual, now, extra)
   local to, outcome, reserved, committed, overshoot, released, _, late =
     effects(event, rec.state, rec.expire_policy, tonumber(rec.reserved_micros), actual)
+  if rec.state == 'open' then
+    free_slots(prefix, rec.legs)
+  end
   local long = to == 'expired' or extra or tonumber(rec.retention_ms) > RESEND_WINDOW_MS
   if not now and (long or string.find(rec.legs, '|run', 1, true)) then
     now = ledger_now(nil)
@@ -625,64 +661,128 @@ local function reclaim(prefix, open_key, now, batch_max)
 end
 
 -- Period windows are computed by the caller (time zones need a tz database, Lua has none):
--- `zones` holds, per time zone, the day and month windows that hold the caller's estimate of
--- the ledger's now (wire.py ZONE_PARTS). Read only when a budget limits a day or a month.
+-- `zones` holds, per time zone, the day, week and month windows that hold the caller's estimate
+-- of the ledger's now (wire.py ZONE_PARTS). Read only when a budget limits one of them.
+local WINDOWED = {'day', 'week', 'month'}
+
 local function zone_windows(zones)
   local out = {}
   for entry in string.gmatch(zones, '[^ ]+') do
     local z = unpack_zone(entry) or fail('BADARG', 'zones')
-    z.day_start, z.day_end = int(z.day_start_ms, 'zones'), int(z.day_resets_at_ms, 'zones')
-    z.month_start, z.month_end = int(z.month_start_ms, 'zones'), int(z.month_resets_at_ms, 'zones')
+    for _, period in ipairs(WINDOWED) do
+      z[period] = {key = z[period .. '_window_key'],
+                   start = int(z[period .. '_start_ms'], 'zones'),
+                   resets_at_ms = z[period .. '_resets_at_ms'],
+                   resets_at = int(z[period .. '_resets_at_ms'], 'zones')}
+    end
     out[z.timezone] = z
   end
   return out
 end
 
+-- The legs of one budget's limits: `ceilings` by period, in its time zone. Returns a status
+-- table when the windows sent do not serve (resolve_legs says which), else nil.
+local function add_legs(legs, ctx, budget_id, timezone, allowance, ceilings, flags)
+  local first = #legs + 1
+  for _, period in ipairs(WINDOWED) do
+    local ceiling = ceilings[period]
+    if ceiling then
+      ctx.zones = ctx.zones or zone_windows(ctx.a.zones)
+      local z = ctx.zones[timezone]
+      if z == nil then
+        return {'timezone', ctx.budget_id, timezone}
+      end
+      local w = z[period]
+      if ctx.now < w.start or ctx.now >= w.resets_at then
+        return {'clock', ctx.now}
+      end
+      legs[#legs + 1] = {budget_id = budget_id, window_key = w.key, ceiling_micros = ceiling,
+                         resets_at_ms = w.resets_at_ms, outage_allowance_micros = allowance,
+                         user = flags.user, velocity = flags.velocity}
+    end
+  end
+  if ceilings.total then
+    legs[#legs + 1] = {budget_id = budget_id, window_key = 'total', ceiling_micros = ceilings.total,
+                       resets_at_ms = '0', outage_allowance_micros = allowance, user = flags.user,
+                       velocity = flags.velocity}
+  end
+  if flags.slot then
+    legs[first].slot = true
+  end
+  return nil
+end
+
+-- A rate as a definition keeps it (wire.py rate_field): requests per minute and concurrent calls,
+-- nil for none.
+local function parse_rate(rpm, cmax)
+  rpm, cmax = tonumber(rpm), tonumber(cmax)
+  return rpm ~= 0 and rpm or nil, cmax ~= 0 and cmax or nil
+end
+
 -- The legs of a call at `now`: every period of every budget on its path that is defined
--- ('sc:{TAG}:def:<budget_id>'; one that is not does not apply), day, month, then total, then its
--- run's budget, which has one 'total' limit given inline and no definition. Returns the legs, or
--- a status table to return as is: {'ledger_reset'} when a definition was put under another
--- ledger; {'timezone', budget_id, timezone} when the caller sent no windows for a zone a budget
--- is in; {'clock', now} when the windows sent do not hold the ledger's now. The run's ceiling is
--- checked here, before anything is written. The third value is the first budget on the path a
--- velocity alarm paused, or nil; reserve refuses it, a status read shows it.
+-- ('sc:{TAG}:def:<budget_id>'; one that is not does not apply), day, week, month, then total;
+-- after a budget with per_user limits, its end user's ('<budget>/user:<user>') when the call
+-- names one; then its run's budget, which has one 'total' limit given inline and no definition.
+-- Returns the legs, or a status table to return as is: {'ledger_reset'} when a definition was
+-- put under another ledger; {'timezone', budget_id, timezone} when the caller sent no windows for
+-- a zone a budget is in; {'clock', now} when the windows sent do not hold the ledger's now;
+-- {'user_required', budget_id} when a budget needs a user and the call names none (unless
+-- a.reading: a status read, a booking of what was admitted already). The run's
+-- ceiling is checked here, before anything is written. The third value is the first budget on
+-- the path a velocity alarm paused, or nil; reserve refuses it, a status read shows it.
+-- legs.limits lists the budgets (a user's too) with a rate: {budget_id, rpm, cmax}; legs.users
+-- the users this call would make: {key (the budget's users set), user, users_max, budget_id}.
 local function resolve_legs(prefix, a, now)
-  local legs, zones, paused_id = {}, nil, nil
+  local legs, paused_id = {limits = {}, users = {}}, nil
+  local ctx = {a = a, now = now}
   for budget_id in string.gmatch(a.budget_ids, '[^ ]+') do
     local key = prefix .. DEFINITION_KEY .. budget_id
-    local ledger, timezone, allowance, day, month, total, paused, velocity = read_definition(key)
-    local watched = velocity and velocity ~= ''
+    local ledger, timezone, allowance, day, month, total, paused, week, rate, per_user, velocity =
+      read_definition(key)
     paused_id = paused_id or (paused and budget_id)
     if timezone then
       if ledger ~= a.ledger_id then
         return nil, {'ledger_reset'}
       end
       allowance = allowance or '0'
-      if day or month then
-        zones = zones or zone_windows(a.zones)
-        local z = zones[timezone]
-        if z == nil then
-          return nil, {'timezone', budget_id, timezone}
-        end
-        if (day and (now < z.day_start or now >= z.day_end))
-            or (month and (now < z.month_start or now >= z.month_end)) then
-          return nil, {'clock', now}
-        end
-        if day then
-          legs[#legs + 1] = {budget_id = budget_id, window_key = z.day_window_key,
-                             ceiling_micros = day, resets_at_ms = z.day_resets_at_ms,
-                             outage_allowance_micros = allowance, velocity = watched}
-        end
-        if month then
-          legs[#legs + 1] = {budget_id = budget_id, window_key = z.month_window_key,
-                             ceiling_micros = month, resets_at_ms = z.month_resets_at_ms,
-                             outage_allowance_micros = allowance, velocity = watched}
-        end
+      ctx.budget_id = budget_id
+      local rpm, cmax
+      if rate then
+        rpm, cmax = parse_rate(string.match(rate, '^(%d+) (%d+)$'))
       end
-      if total then
-        legs[#legs + 1] = {budget_id = budget_id, window_key = 'total', ceiling_micros = total,
-                           resets_at_ms = '0', outage_allowance_micros = allowance,
-                           velocity = watched}
+      local status = add_legs(legs, ctx, budget_id, timezone, allowance,
+                              {day = day, week = week, month = month, total = total},
+                              {velocity = velocity and velocity ~= '', slot = cmax ~= nil})
+      if status then
+        return nil, status
+      end
+      if rpm or cmax then
+        legs.limits[#legs.limits + 1] = {budget_id = budget_id, rpm = rpm, cmax = cmax}
+      end
+      if per_user and per_user ~= '' then
+        local users_max, required, u_rpm, u_cmax, u_day, u_week, u_month, u_total =
+          string.match(per_user, '^(%d+) ([01]) (%d+) (%d+) ([%d-]+) ([%d-]+) ([%d-]+) ([%d-]+)$')
+        if a.user == '' then
+          if required == '1' and not a.reading then
+            return nil, {'user_required', budget_id}
+          end
+        else
+          local user_id = budget_id .. '/user:' .. a.user
+          u_rpm, u_cmax = parse_rate(u_rpm, u_cmax)
+          local function ceiling(c) return c ~= '-' and c or nil end
+          status = add_legs(legs, ctx, user_id, timezone, allowance,
+                            {day = ceiling(u_day), week = ceiling(u_week),
+                             month = ceiling(u_month), total = ceiling(u_total)},
+                            {user = true, slot = u_cmax ~= nil})
+          if status then
+            return nil, status
+          end
+          if u_rpm or u_cmax then
+            legs.limits[#legs.limits + 1] = {budget_id = user_id, rpm = u_rpm, cmax = u_cmax}
+          end
+          legs.users[#legs.users + 1] = {key = prefix .. USERS_KEY .. budget_id, user = a.user,
+                                         users_max = tonumber(users_max), budget_id = budget_id}
+        end
       end
     end
   end
@@ -693,6 +793,64 @@ local function resolve_legs(prefix, a, now)
                        resets_at_ms = '0', outage_allowance_micros = '0', run = true}
   end
   return legs, nil, paused_id
+end
+
+-- The users a hold would make that a budget has no room for: {'users_exhausted', budget_id}, or
+-- nil. A user already counted passes.
+local function users_refusal(users)
+  for _, u in ipairs(users) do
+    if redis.call('ZSCORE', u.key, u.user) then
+      u.known = true
+    elseif redis.call('ZCARD', u.key) >= u.users_max then
+      return {'users_exhausted', u.budget_id}
+    end
+  end
+  return nil
+end
+
+-- A budget's rate or concurrency limit that a new call would pass: {'rate_limited' |
+-- 'concurrency_limited', budget_id, retry_after_s}, or nil. The rate's log drops the calls
+-- older than its window here.
+local function rate_refusal(prefix, limits, now)
+  for _, lim in ipairs(limits) do
+    if lim.rpm then
+      local key = prefix .. RATE_KEY .. lim.budget_id
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', istr(now - RATE_WINDOW_MS))
+      if redis.call('ZCARD', key) >= lim.rpm then
+        local oldest = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+        return {'rate_limited', lim.budget_id,
+                istr(math.max(1, math.ceil((tonumber(oldest[2]) + RATE_WINDOW_MS - now) / 1000)))}
+      end
+    end
+    if lim.cmax then
+      local open = tonumber(redis.call('GET', prefix .. CONCURRENCY_KEY .. lim.budget_id) or '0')
+      if open >= lim.cmax then
+        return {'concurrency_limited', lim.budget_id, istr(CONCURRENCY_RETRY_AFTER_S)}
+      end
+    end
+  end
+  return nil
+end
+
+-- What a hold counts once it is made: each rate's call, each concurrency slot, each new user.
+local function count_hold(prefix, legs, rid, now)
+  for _, lim in ipairs(legs.limits) do
+    if lim.rpm then
+      local key = prefix .. RATE_KEY .. lim.budget_id
+      redis.call('ZADD', key, istr(now), rid)
+      redis.call('PEXPIRE', key, istr(RATE_WINDOW_MS))
+    end
+  end
+  for _, leg in ipairs(legs) do
+    if leg.slot then
+      redis.call('INCR', prefix .. CONCURRENCY_KEY .. leg.budget_id)
+    end
+  end
+  for _, u in ipairs(legs.users) do
+    if not u.known then
+      redis.call('ZADD', u.key, '0', u.user)
+    end
+  end
 end
 
 -- reserve.lua's hold of `held` micros in every leg, if each has room, the key's quota has room
@@ -738,6 +896,15 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
       return nil, quota_refusal(over, used, now), 'quota'
     end
   end
+  -- End users, rates and concurrency: read only for budgets that have them.
+  local limited = (#legs.users > 0 and users_refusal(legs.users))
+    or (#legs.limits > 0 and rate_refusal(prefix, legs.limits, now))
+  if limited then
+    if redis.call('EXISTS', KEYS[2]) == 1 then
+      return nil  -- a replay, answered as one
+    end
+    return nil, limited, 'limit'
+  end
   local state, outcome, reserved = reserve_effects('absent', a.expire_policy, held, 0)
   local expires_at = istr(now + ttl)
   if not redis.call('SET', KEYS[2], pack_opened(
@@ -762,6 +929,9 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
                                leg.overshoot)
   end
   redis.call('ZADD', KEYS[3], expires_at, id_of(prefix, KEYS[2]))
+  if #legs.users > 0 or #legs.limits > 0 then
+    count_hold(prefix, legs, id_of(prefix, KEYS[2]), now)
+  end
   if qkey then
     used.records = used.records + (kept and 1 or 0)
     used.runs = used.runs + opens

@@ -6,7 +6,7 @@
 --   scope first, ' ' between), run (the run's budget id and ceiling, or ''), zones (lib:
 --   zone_windows), expire_policy ('charge'|'release'), retention_ms (how long the record
 --   answers repeats once resolved), owner, record_tail (fingerprint, price_version, model, kept
---   as they come), [now_ms].
+--   as they come), user (the call's end user, or ''), [now_ms].
 -- Returns one of:
 --   {'ok', now_ms, leg status...}   the hold asked for, until now_ms + ttl_ms
 --   {'replayed', reserved_micros, expires_at_ms, now_ms, leg status...}  the same reservation,
@@ -19,6 +19,10 @@
 --   {'paused', budget_id}  a velocity alarm paused a budget on the path
 --   {'state_quota', 'records'|'runs', retry_after_s}  the key keeps all its quota allows of what
 --     this hold would make it keep (core/limits.py RECORDS_KEPT_PER_KEY_MAX, RUNS_PER_KEY_MAX)
+--   {'user_required', budget_id}  a budget on the path counts end users, and the call names none
+--   {'users_exhausted', budget_id}  the call's user would be one more than the budget's users_max
+--   {'rate_limited'|'concurrency_limited', budget_id, retry_after_s}  a budget's (or its user's)
+--     requests in the last minute, or its open reservations, are at its rate's limit
 -- Why: the check and the hold must be one step, or concurrent calls all pass the same stale
 -- check. Expired leases of this tag are reclaimed (a bounded batch) before a hold they might be
 -- in the way of is refused, so a dead worker's hold does not block the budget past its lease,
@@ -45,8 +49,14 @@ local now = ledger_now(a.now_ms)
 local now_text = istr(now)
 
 local prefix = prefix_of(KEYS[1])
+if a.user ~= '' and (#a.user > 128 or not string.find(a.user, '^[%w._:@-]+$')) then
+  fail('BADARG', 'user')
+end
 local legs, status, paused = resolve_legs(prefix, a, now)
 if status then
+  if status[1] == 'user_required' then
+    count_refusal(prefix, 'user_required')
+  end
   return status
 end
 if paused then
@@ -79,6 +89,11 @@ end
 if why == 'quota' then
   count_refusal(prefix, 'state_quota')
   return failing  -- the key keeps all its quota allows: {'state_quota', kind, retry_after_s}
+end
+if why == 'limit' then
+  count_refusal(prefix, failing[1])
+  return failing  -- {'users_exhausted', budget_id} or {'rate_limited' | 'concurrency_limited',
+                  -- budget_id, retry_after_s}
 end
 if failing and redis.call('EXISTS', KEYS[2]) == 0 then
   if why == 'exceeded' then

@@ -7,6 +7,7 @@
 -- Why: the answer a caller reads (remaining_micros, resets_at_ms) must come from the same
 -- windows and the same instant that reserve would use.
 local a = status_args(ARGV)
+a.reading = true
 local now = ledger_now(a.now_ms)
 local prefix = prefix_of(KEYS[1])
 local legs, status = resolve_legs(prefix, a, now)

@@ -87,6 +87,8 @@ async def serve(request: Request, wire: WireFormat) -> Response:
                      config.gateway_fields_allowed)
         if config else gateway.plan(wire.api, await request.body(), headers=headers)
     )
+    if who.user is None:  # the header wins over the body's user field
+        who = who.for_user(wire.end_user(call_plan.body))
     clamp = request.headers.get("x-ceiling-clamp") == "1"
     idempotency_key = request.headers.get("idempotency-key")
     if idempotency_key is None:
@@ -95,7 +97,7 @@ async def serve(request: Request, wire: WireFormat) -> Response:
         runtime().store().replies,
         replies.reply_ref(who, idempotency_key),
         idempotency.fingerprint(wire.api.value, call_plan.body, who.run_id, clamp,
-                                call_plan.headers),
+                                call_plan.headers, *(() if who.user is None else (who.user,))),
         wait=not call_plan.stream,
         in_flight_ttl_ms=svc.lease_ttl_ms,
     )
@@ -121,6 +123,8 @@ def bill_headers(bill: Bill, call: Call, *, final: bool = True) -> dict[str, str
         headers["x-ceiling-remaining-micros"] = str(bill.remaining_micros)
     if bill.run_remaining_micros is not None:
         headers["x-ceiling-run-remaining-micros"] = str(bill.run_remaining_micros)
+    if bill.user_remaining_micros is not None:
+        headers["x-ceiling-user-remaining-micros"] = str(bill.user_remaining_micros)
     if call.hold.clamped:
         headers["x-ceiling-clamped-output-tokens"] = str(call.hold.plan.output_tokens_max)
     if final and bill.outcome is Outcome.UNKNOWN:

@@ -14,7 +14,7 @@ from api.errors import InvalidBody
 from api.models import ReserveBody, SettleBody
 from api.routing import HotRoute
 from api.runtime import runtime
-from api.views import leg_json, reservation_json, settlement_json
+from api.views import leg_json, reservation_json, settlement_json, user_headers
 from core.jsonbody import check_depth
 from core.ledger import Role
 from core.service import Caller, CeilingService
@@ -39,7 +39,8 @@ async def authenticated(
     key = bearer(headers.get("authorization"))
     if key is None and x_api_key:
         key = headers.get("x-api-key")
-    who = await svc.authenticate(key, headers.get("x-ceiling-run-id"), role)
+    who = await svc.authenticate(key, headers.get("x-ceiling-run-id"), role,
+                                 headers.get("x-ceiling-user"))
     return svc, who
 
 
@@ -56,7 +57,8 @@ async def reserve(request: Request) -> JSONResponse:
     svc, who = await authenticated(request, Role.SIDECAR)
     body = await parsed(ReserveBody, request)
     r = await svc.reserve(who, body.spec(), request.headers.get("idempotency-key"))
-    return JSONResponse(reservation_json(r), status_code=200 if r.replayed else 201)
+    return JSONResponse(reservation_json(r), status_code=200 if r.replayed else 201,
+                        headers=user_headers(who, r.legs))
 
 
 async def settle(request: Request) -> JSONResponse:
@@ -79,7 +81,8 @@ async def my_budgets(request: Request) -> JSONResponse:
     svc, who = await authenticated(request, None)
     legs = await svc.my_budgets(who)
     return JSONResponse({"budget_id": who.key.budget_id.path, "run_id": who.run_id,
-                         "budgets": [leg_json(x) for x in legs]})
+                         "user": who.user, "budgets": [leg_json(x) for x in legs]},
+                        headers=user_headers(who, legs))
 
 
 # The hot routes (api/routing.py) of this module.

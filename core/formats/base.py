@@ -21,6 +21,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from core.budgets import check_user
 from core.config import Config
 from core.content import NO_MEDIA, InputBound, Media, json_bytes
 from core.errors import CeilingError, FieldUnsupported, InvalidRequest, InvariantBroken
@@ -127,6 +128,23 @@ class WireFormat(ABC):
     def plan(self, body: dict[str, Any], model: str, headers: tuple[tuple[str, str], ...],
              output_tokens_default: int) -> Plan:
         """Price a request whose fields and model were checked (core/gateway.py plan)."""
+
+    # Where a request names its end user, in the order read: field paths in the body.
+    user_fields: tuple[tuple[str, ...], ...] = ()
+
+    def end_user(self, body: dict[str, Any]) -> str | None:
+        """The end user the request names in its body (core/budgets.py check_user), or None."""
+        for path in self.user_fields:
+            value: Any = body
+            for name in path:
+                value = value.get(name) if isinstance(value, dict) else None
+            if value is not None:
+                try:
+                    return check_user(value)
+                except InvalidRequest as exc:
+                    field = ".".join(path)
+                    raise InvalidRequest(f"{field}: {exc.message}", field=field) from exc
+        return None
 
     def output_cap(self, body: dict[str, Any], output_tokens_default: int) -> int:
         """The call's output cap, as given; else `output_tokens_default`, set in the body."""

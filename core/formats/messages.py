@@ -105,6 +105,10 @@ ANTHROPIC_TYPES = {
     "budget_exceeded": "billing_error",
     "budget_busy": "rate_limit_error",
     "state_quota": "rate_limit_error",
+    "rate_limited": "rate_limit_error",
+    "concurrency_limited": "rate_limit_error",
+    "users_exhausted": "permission_error",
+    "user_required": "invalid_request_error",
     "budget_paused": "billing_error",
     "idempotency_conflict": "invalid_request_error",
     "idempotency_in_flight": "invalid_request_error",
@@ -216,6 +220,7 @@ class Messages(WireFormat):
     allowed_fields = MESSAGES_FIELDS
     forwarded_headers = ("anthropic-version", "anthropic-beta")
     key_header = "x-api-key"
+    user_fields = (("metadata", "user_id"),)
     header_schemas = HEADER_SCHEMAS
     usage_fields = ("input_tokens", "output_tokens", "input_tokens_details",
                     "output_tokens_details")

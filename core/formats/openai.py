@@ -56,6 +56,8 @@ class OpenAIFormat(WireFormat):
 
     provider = OPENAI
     prompt_field: str  # the field that holds the prompt, bounded by its content
+    # The field OpenAI names for it now first, then the one it replaces.
+    user_fields = (("safety_identifier",), ("user",))
 
     def plan(self, body: dict[str, Any], model: str, headers: tuple[tuple[str, str], ...],
              output_tokens_default: int) -> Plan:

@@ -62,6 +62,15 @@ REPLY = "reply:"  # + digest: one idempotency key of one API key (core/replies.p
 # window (core/limits.py STATE_QUOTA_WINDOW_MS), a hash: 'window' (its index), 'records', 'runs',
 # 'replies', 'reply_bytes'. Expires two windows after its own.
 QUOTA = "q:"
+# + budget id: the end users of a budget with per_user limits, a sorted set (score 0, so in byte
+# order, pages by ZRANGEBYLEX) of at most its users_max ids. Kept as long as the budget, as a
+# user's total counter is (a user's total never refills).
+USERS = "u:"
+# + budget id (a user's too): the reservation ids of its calls in the last RATE_WINDOW_MS, a
+# sorted set by when each was admitted; expires a window after its last call.
+RATE = "rl:"
+# + budget id (a user's too): how many of its reservations are open, a string; deleted at 0.
+CONCURRENCY = "cc:"
 # Model names are free text: the key of a model's output lengths holds a digest of one, so no
 # name can shape a key. 96 bits: two models of the millions a deployment could see share one
 # histogram with a chance below one in 10**16, and sharing one costs a p95 nothing money needs.

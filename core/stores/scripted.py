@@ -22,12 +22,16 @@ from core.errors import (
     BudgetNotFound,
     BudgetPaused,
     CeilingError,
+    ConcurrencyLimited,
     IdempotencyConflict,
     InvalidRequest,
     InvariantBroken,
     LedgerUnavailable,
+    RateLimited,
     ReservationNotFound,
     ReservationResolved,
+    UserRequired,
+    UsersExhausted,
     ensure,
     state_quota,
 )
@@ -171,6 +175,31 @@ def _readable(version: Any) -> bool:
     opened either, since that would tell a later version nothing: a later version may meet a
     ledger no instance of this one opened, and must read a missing stamp as 1 all the same."""
     return version is None or str(version) == str(wire.LEDGER_FORMAT_VERSION)
+
+
+_LIMIT_REFUSALS = ("user_required", "users_exhausted", "rate_limited", "concurrency_limited")
+
+
+def _limit_refusal(kind: str, reply: Sequence[Any], user: str | None) -> CeilingError:
+    """reserve.lua's refusal by a budget's end users or rates, naming the budget."""
+    budget_id = str(reply[1])
+    if kind == "user_required":
+        return UserRequired(
+            f"budget {budget_id!r} holds each end user to its own limits: name the call's user "
+            "(X-Ceiling-User, or the provider's user field through the gateway)",
+            budget_id=budget_id)
+    if kind == "users_exhausted":
+        return UsersExhausted(
+            f"budget {budget_id!r} counts as many end users as its per_user users_max allows; "
+            f"user {user!r} is not one of them", budget_id=budget_id, user=user)
+    retry_after_s = int(reply[2])
+    if kind == "rate_limited":
+        return RateLimited(
+            f"budget {budget_id!r} admitted all the requests its rate allows in the last minute",
+            budget_id=budget_id, retry_after_s=retry_after_s)
+    return ConcurrencyLimited(
+        f"budget {budget_id!r} has all the calls open at once its rate allows",
+        budget_id=budget_id, retry_after_s=retry_after_s)
 
 
 def _paused(budget_id: str) -> BudgetPaused:
@@ -372,11 +401,14 @@ class ScriptedStore:
         entries = []
         from_ms, until_ms = 0, INT_EXACT_MAX
         for tz in zones:
-            day, month = window_at(tz, Period.DAY, now_ms), window_at(tz, Period.MONTH, now_ms)
+            day, week, month = (window_at(tz, p, now_ms)
+                                for p in (Period.DAY, Period.WEEK, Period.MONTH))
             assert day is not None
+            assert week is not None
             assert month is not None
-            entries.append(wire.zone_entry(tz, day, month))
-            # A month's window holds its days: the entries hold for all of this local day.
+            entries.append(wire.zone_entry(tz, day, week, month))
+            # A week's and a month's window hold their days: the entries hold for all of this
+            # local day.
             from_ms, until_ms = max(from_ms, day.start_ms), min(until_ms, day.resets_at_ms)
         field = wire.items(entries)
         if len(self._zones) >= TZ_CACHE_MAX:
@@ -443,6 +475,7 @@ class ScriptedStore:
                 "retention_ms": str(request.retention_ms),
                 "record_tail": wire.record_tail(request.fingerprint, request.price_version,
                                                 request.model),
+                "user": request.user or "",
             },
             request.budget_ids,
             request.run,
@@ -462,6 +495,8 @@ class ScriptedStore:
             raise _paused(str(reply[1]))
         if kind == "state_quota":
             raise state_quota(str(reply[1]), int(reply[2]))
+        if kind in _LIMIT_REFUSALS:
+            raise _limit_refusal(kind, reply, request.user)
         if kind == "conflict":
             raise IdempotencyConflict(
                 "this reservation id was used with other parameters",
@@ -526,6 +561,7 @@ class ScriptedStore:
                 "actual_micros": str(actual_micros),
                 "record_tail": wire.record_tail(request.fingerprint, request.price_version,
                                                 request.model),
+                "user": request.user or "",
             },
             request.budget_ids, request.run, now_ms=admitted_at_ms,
         )
@@ -622,6 +658,10 @@ class ScriptedStore:
         args = [ledger_id, budget.timezone, str(budget.ledger_allowance_micros)]
         for lim in budget.limits:
             args += [lim.period.value, str(lim.ceiling_micros)]
+        if budget.rate is not None:
+            args += ["rate", wire.rate_field(budget.rate)]
+        if budget.per_user is not None:
+            args += ["per_user", wire.per_user_field(budget.per_user)]
         reply = await self._t.run(
             script("put_budget"), (keys.meta(bid.tag), keys.definition(bid.tag, bid.path)), args
         )
@@ -646,28 +686,30 @@ class ScriptedStore:
 
     async def get_budget(self, budget_id: BudgetId) -> BudgetDef | None:
         await self.open()
-        found = await self._t.execute(
-            "HMGET", keys.definition(budget_id.tag, budget_id.path), *wire.DEFINITION_FIELDS)
-        # The ledger id first, then the timezone, the allowance and the ceilings.
-        paused_field = wire.DEFINITION_FIELDS.index("paused")
-        tz, allow, *ceils = found[1:paused_field]
+        found = dict(zip(wire.DEFINITION_FIELDS, await self._t.execute(
+            "HMGET", keys.definition(budget_id.tag, budget_id.path), *wire.DEFINITION_FIELDS),
+            strict=True))
+        tz = found["timezone"]
         if tz is None:
             if await self._org_lost(budget_id.tag):
                 raise _ledger_reset(budget_id.tag)
             return None
-        limits = tuple(
-            Limit(p, int(c)) for p, c in zip(Period, ceils, strict=True) if c is not None
-        )
+        limits = tuple(Limit(p, int(c)) for p, field in wire.CEILING_DEFINITION_FIELDS.items()
+                       if (c := found[field]) is not None)
         thresholds, velocity, paused_at = await self._t.execute(
             "HMGET", keys.definition(budget_id.tag, budget_id.path),
             *wire.ALERT_DEFINITION_FIELDS)
-        paused = found[paused_field] is not None
-        return BudgetDef.from_ledger(budget_id, limits, str(tz), int(allow),
+        paused = found["paused"] is not None
+        return BudgetDef.from_ledger(budget_id, limits, str(tz),
+                                     int(found["outage_allowance_micros"]),
                                      alerts.config_from_ledger(thresholds, velocity),
-                                     int(paused_at or 0) if paused else None)
+                                     int(paused_at or 0) if paused else None,
+                                     wire.rate_of(found["rate"]),
+                                     wire.per_user_of(found["per_user"]))
 
     async def status(
-        self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None
+        self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None,
+        user: str | None = None,
     ) -> tuple[LegStatus, ...]:
         ledger_id = await self.open()
         if not budget_ids:
@@ -676,7 +718,7 @@ class ScriptedStore:
         ensure(all(b.tag == tag for b in budget_ids), "one tag per status read")
         reply = await self._run_windowed(
             script("status"), (keys.meta(tag),),
-            {"ledger_id": ledger_id}, budget_ids, run,
+            {"ledger_id": ledger_id, "user": user or ""}, budget_ids, run,
         )
         if reply[0] == "ok":
             now_ms, legs = wire.status(reply)

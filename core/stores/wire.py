@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from core.budgets import Window
+from core.budgets import Limit, Period, PerUser, Rate, Window
 from core.errors import InvariantBroken, ensure
 from core.ledger import (
     ExpirePolicy,
@@ -40,11 +40,13 @@ from core.ledger import (
 from core.lifecycle import HOLDINGS, TRANSITIONS, Event, effects
 from core.limits import (
     ALERT_RETENTION_MS,
+    CONCURRENCY_RETRY_AFTER_S,
     COUNTER_RETENTION_MS,
     DAILY_SPEND_RETENTION_MS,
     DAY_MS,
     IDEMPOTENCY_WINDOW_MS,
     INT_EXACT_MAX,
+    RATE_WINDOW_MS,
     RECLAIM_BATCH_MAX,
     RECLAIM_SAMPLE_DIGITS,
     RECORDS_KEPT_PER_KEY_MAX,
@@ -78,15 +80,16 @@ PART_SEPARATOR = "|"
 NOW = "now_ms"
 # `run`: a run's budget id and ceiling, ITEM_SEPARATOR between them, or ''. `record_tail`: the
 # record's RECORD_TAIL, packed: a script keeps it as it came, and reads it only on a replay.
+# `user`: the call's end user (core/budgets.py check_user), or ''.
 RESERVE_ARGS = (
     "ledger_id", "reserved_micros", "ttl_ms", "budget_ids", "run", "zones", "expire_policy",
-    "retention_ms", "owner", "record_tail", NOW,
+    "retention_ms", "owner", "record_tail", "user", NOW,
 )
 BOOK_ARGS = (
     "ledger_id", "admitted_at_ms", "reserved_micros", "actual_micros", "budget_ids", "run",
-    "zones", "owner", "record_tail", NOW,
+    "zones", "owner", "record_tail", "user", NOW,
 )
-STATUS_ARGS = ("ledger_id", "budget_ids", "run", "zones", NOW)
+STATUS_ARGS = ("ledger_id", "budget_ids", "run", "zones", "user", NOW)
 # `upstream`: a gateway call's (core/ledger.py Upstream), whose day it is counted in; else ''.
 SETTLE_ARGS = ("owner", "actual_micros", "upstream", NOW)
 RELEASE_ARGS = ("owner", NOW)
@@ -98,8 +101,9 @@ DRIFT_ARGS = ("provider", "day", "ledger_micros", "provider_micros", NOW)
 # One time zone's windows that hold the caller's estimate of the ledger's now: a script picks the
 # window of each period its budgets limit, and asks again if its own now is outside it.
 ZONE_PARTS = (
-    "timezone", "day_window_key", "day_start_ms", "day_resets_at_ms", "month_window_key",
-    "month_start_ms", "month_resets_at_ms",
+    "timezone", "day_window_key", "day_start_ms", "day_resets_at_ms", "week_window_key",
+    "week_start_ms", "week_resets_at_ms", "month_window_key", "month_start_ms",
+    "month_resets_at_ms",
 )
 
 # -- what the scripts store --------------------------------------------------------------------
@@ -135,8 +139,13 @@ RESOLVED_FIELDS = (
     "released_micros", "overshoot_micros", "late", "outcome", "fingerprint",
 )
 # A budget's definition hash, by Python names, with the ledger id it was put under ('ledger').
+# `rate` and `per_user` as rate_field and per_user_field write them.
 DEFINITION_FIELDS = ("ledger", "timezone", "outage_allowance_micros", "ceiling_micros:day",
-                     "ceiling_micros:month", "ceiling_micros:total", "paused")
+                     "ceiling_micros:month", "ceiling_micros:total", "paused",
+                     "ceiling_micros:week", "rate", "per_user")
+CEILING_DEFINITION_FIELDS = {Period.DAY: "ceiling_micros:day", Period.WEEK: "ceiling_micros:week",
+                             Period.MONTH: "ceiling_micros:month",
+                             Period.TOTAL: "ceiling_micros:total"}
 # Alert settings kept in the definition hash, read by get_budget, the thresholds by a settle whose
 # spend moved a whole percent, and the velocity alarm's setting by a reserve: core/alerts.py.
 VELOCITY_DEFINITION_FIELD = "alert_velocity"
@@ -176,9 +185,48 @@ def run_field(budget_id: str, ceiling_micros: int) -> str:
     return f"{budget_id}{ITEM_SEPARATOR}{ceiling_micros}"
 
 
-def zone_entry(timezone: str, day: Window, month: Window) -> str:
-    return PART_SEPARATOR.join((timezone, day.key, str(day.start_ms), str(day.resets_at_ms),
-                                month.key, str(month.start_ms), str(month.resets_at_ms)))
+# What a definition keeps for a period it does not limit, in per_user_field.
+NO_CEILING = "-"
+# The periods of per_user_field's ceilings, in its order (lua/lib.lua user_limits).
+PER_USER_PERIODS = (Period.DAY, Period.WEEK, Period.MONTH, Period.TOTAL)
+
+
+def rate_field(rate: Rate | None) -> str:
+    """A rate as a definition keeps it: 'requests_per_minute concurrent_max', 0 for none."""
+    if rate is None:
+        return "0 0"
+    return f"{rate.requests_per_minute or 0} {rate.concurrent_max or 0}"
+
+
+def rate_of(field: str | None) -> Rate | None:
+    rpm, cmax = (int(v) for v in (field or "0 0").split())
+    return Rate(rpm or None, cmax or None) if rpm or cmax else None
+
+
+def per_user_field(per_user: PerUser | None) -> str:
+    """per_user as a definition keeps it: 'users_max required(0|1) rate' then the day, week,
+    month and total ceilings (NO_CEILING for a period it does not limit); '' for none."""
+    if per_user is None:
+        return ""
+    ceilings = {lim.period: str(lim.ceiling_micros) for lim in per_user.limits}
+    return ITEM_SEPARATOR.join((
+        str(per_user.users_max), "1" if per_user.required else "0", rate_field(per_user.rate),
+        *(ceilings.get(p, NO_CEILING) for p in PER_USER_PERIODS)))
+
+
+def per_user_of(field: str | None) -> PerUser | None:
+    if not field:
+        return None
+    users_max, required, rpm, cmax, *ceilings = field.split(ITEM_SEPARATOR)
+    return PerUser(
+        tuple(Limit(p, int(c)) for p, c in zip(PER_USER_PERIODS, ceilings, strict=True)
+              if c != NO_CEILING),
+        int(users_max), required == "1", rate_of(f"{rpm} {cmax}"))
+
+
+def zone_entry(timezone: str, day: Window, week: Window, month: Window) -> str:
+    return PART_SEPARATOR.join((timezone, *(part for w in (day, week, month) for part in (
+        w.key, str(w.start_ms), str(w.resets_at_ms)))))
 
 
 def items(values: Iterable[str]) -> str:
@@ -370,6 +418,8 @@ CONSTANTS = {
     "VELOCITY_TRAILING_HOURS": VELOCITY_TRAILING_HOURS,
     "DAILY_SPEND_RETENTION_MS": DAILY_SPEND_RETENTION_MS,
     "DAY_MS": DAY_MS,
+    "RATE_WINDOW_MS": RATE_WINDOW_MS,
+    "CONCURRENCY_RETRY_AFTER_S": CONCURRENCY_RETRY_AFTER_S,
 }
 KEY_PARTS = {
     "META_KEY": keys.META, "RECORD_KEY": keys.RECORD, "DEFINITION_KEY": keys.DEFINITION,
@@ -377,7 +427,8 @@ KEY_PARTS = {
     "ALERT_KEY": keys.ALERT, "OUTBOX_KEY": keys.OUTBOX, "ALERT_LOG_KEY": keys.ALERT_LOG,
     "SPEND_KEY": keys.SPEND, "VELOCITY_KEY": keys.VELOCITY, "VELOCITY_MARK_KEY": keys.VELOCITY_MARK,
     "VELOCITY_FIELD": keys.VELOCITY_FIELD, "DAILY_SPEND_KEY": keys.DAILY_SPEND,
-    "REFUSED_KEY": keys.REFUSED, "DRIFT_MARK_KEY": keys.DRIFT_MARK,
+    "REFUSED_KEY": keys.REFUSED, "DRIFT_MARK_KEY": keys.DRIFT_MARK, "USERS_KEY": keys.USERS,
+    "RATE_KEY": keys.RATE, "CONCURRENCY_KEY": keys.CONCURRENCY,
 }
 
 

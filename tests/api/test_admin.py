@@ -36,7 +36,7 @@ def test_bad_budgets_are_422(http: Client) -> None:
     for path, body in [
         ("org:x{y}", {"limits": [{"period": "day", "ceiling_micros": 1}]}),
         ("org:x", {"limits": []}),
-        ("org:x", {"limits": [{"period": "week", "ceiling_micros": 1}]}),
+        ("org:x", {"limits": [{"period": "fortnight", "ceiling_micros": 1}]}),
         ("org:x", {"limits": [{"period": "day", "ceiling_micros": 1}], "timezone": "Nowhere"}),
         ("org:x", {"limits": [{"period": "day", "ceiling_micros": "1"}]}),
     ]:

@@ -101,4 +101,5 @@ def test_windows_follow_the_calendar_of_the_zone() -> None:
 def test_windows_around_cover_a_day_either_side() -> None:
     keys = [w.key for w in windows_around("UTC", ms(2026, 1, 1, 0, 0))]
     assert keys == ["day:2025-12-31", "day:2026-01-01", "day:2026-01-02",
+                    "week:2025-W52", "week:2026-W01", "week:2026-W02",
                     "month:2025-12", "month:2026-01", "month:2026-02"]
