@@ -90,13 +90,14 @@ def documented_app() -> ASGIApp:
     """FastAPI with every route that is not hot, and a documented copy of each hot one."""
     from fastapi import FastAPI
 
-    from api.routes import admin, alerts, dashboard
+    from api.routes import admin, alerts, dashboard, metrics, reconcile
 
     return FastAPI(
         title="spend-ceiling", version=VERSION, exception_handlers=errors.fastapi_handlers(),
         # Given as routes, not through include_router(): FastAPI matches an included router
         # through a layer of its own on every request.
         routes=[*admin.router.routes, *alerts.router.routes, *dashboard.router.routes,
+                *reconcile.router.routes, *metrics.router.routes,
                 *(r.documented() for r in HOT_ROUTES)],
     )
 

@@ -304,6 +304,37 @@ def alerts_list(args: argparse.Namespace) -> int:
     return _run(work)
 
 
+# -- reconciliation ----------------------------------------------------------------------------
+
+# `ceiling reconcile` exits with this when a day's drift is beyond the tolerance (0: every day is
+# within it; 1: the comparison could not be made): a scheduler tells drift from failure.
+DRIFT_EXIT = 3
+
+
+def reconcile(args: argparse.Namespace) -> int:
+    """Print each day's ledger, provider and drift; exit 0 within the tolerance, DRIFT_EXIT
+    beyond it, 1 when a report or the ledger could not be read (never a zero)."""
+    from api.routes.reconcile import run_reconcile
+    from core.reconcile import Reconciled, provider_of, tolerance_of
+
+    async def go() -> Reconciled:
+        try:
+            return await run_reconcile(provider_of(args.provider), args.first, args.last,
+                                       tolerance_of(args.tolerance_pct))
+        finally:
+            if runtime().service is not None:
+                await runtime().store().close()
+
+    try:
+        done = asyncio.run(go())
+    except CeilingError as exc:
+        print(json.dumps({"error": {"code": exc.code, "message": exc.message, **exc.details}}),
+              file=sys.stderr)
+        return 1
+    print(json.dumps(done.json(), indent=2) if args.json else "\n".join(done.lines()))
+    return 0 if done.within else DRIFT_EXIT
+
+
 def health(args: argparse.Namespace) -> int:
     from api.routes.health import health_body
 
@@ -403,6 +434,18 @@ def parser() -> argparse.ArgumentParser:
     rw.add_argument("reservation_id")
     rw.add_argument("--budget-id", default=None)
     rw.set_defaults(func=reservations_show)
+    rc = sub.add_parser("reconcile", help="compare the ledger's gateway spend per UTC day with "
+                        "a provider's cost report; exit 0 within the tolerance, 3 beyond it")
+    rc.add_argument("provider", choices=["openai", "anthropic"])
+    rc.add_argument("--from", dest="first", default=None, metavar="YYYY-MM-DD",
+                    help="the first UTC day (default: a week before --to)")
+    rc.add_argument("--to", dest="last", default=None, metavar="YYYY-MM-DD",
+                    help="the last UTC day (default: yesterday)")
+    rc.add_argument("--tolerance-pct", default=None, metavar="P",
+                    help="the drift a day may have, percent of the larger side (default 1)")
+    rc.add_argument("--json", action="store_true", help="print the document the admin route "
+                    "answers instead of the table")
+    rc.set_defaults(func=reconcile)
     h = sub.add_parser("health", help="print health; exit 0 only when ok")
     h.set_defaults(func=health)
     return p

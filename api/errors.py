@@ -49,6 +49,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "upstream_unreachable": (502, "upstream_error"),
     "upstream_timeout": (504, "upstream_error"),
     "upstream_answer_too_large": (502, "upstream_error"),
+    "cost_report_failed": (502, "upstream_error"),
     "ledger_unavailable": (503, "ledger_error"),
     "ledger_not_shared": (503, "ledger_error"),
     "invalid_configuration": (503, "configuration_error"),

@@ -14,6 +14,8 @@ from api.index import app
 _http = Mangum(app, lifespan="off")
 # What EventBridge's scheduled events carry as their source (serverless.yml `schedule`).
 SCHEDULE_SOURCE = "aws.events"
+# The daily reconciliation's schedule sends this as its event's input (serverless.yml).
+RECONCILE_TASK = "reconcile"
 
 
 def deliver_alerts() -> dict[str, object]:
@@ -26,8 +28,20 @@ def deliver_alerts() -> dict[str, object]:
     return {"webhook_configured": report is not None, **(report.json() if report else {})}
 
 
+def reconcile_providers() -> dict[str, object]:
+    """The daily reconciliation of every provider with an admin key (core/reconcile.py)."""
+    import asyncio
+
+    from api.routes.reconcile import reconcile_configured
+
+    return asyncio.run(reconcile_configured())
+
+
 def _dispatch(event: Any, context: Any) -> Any:
-    """HTTP events go to the app; the schedule's event runs an alert delivery pass."""
+    """HTTP events go to the app; the schedules' events run an alert delivery pass or the daily
+    reconciliation."""
+    if isinstance(event, dict) and event.get("task") == RECONCILE_TASK:
+        return reconcile_providers()
     if isinstance(event, dict) and event.get("source") == SCHEDULE_SOURCE:
         return deliver_alerts()
     return _http(event, context)

@@ -8,7 +8,8 @@ task and from a scheduler's POST /v1/admin/alerts/deliver, never on a call's pat
 is given (api/alerts.py): core imports no HTTP client.
 
 A receiver deduplicates on `event_id`: one event is emitted once per (budget, period window,
-threshold), and posted again only when a deliverer died between its post and its record.
+threshold), or once per (provider, day) for a `ledger.drift`, and posted again only when a
+deliverer died between its post and its record.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ THRESHOLDS_PCT_DEFAULT = (50, 80, 100)
 THRESHOLD_CROSSED = "budget.threshold_crossed"
 EXCEEDED = "budget.exceeded"
 VELOCITY = "budget.velocity"
+# The ledger's gateway spend of a day and a provider's cost report disagree beyond the tolerance
+# (core/reconcile.py): an event about the ledger, under no budget.
+DRIFT = "ledger.drift"
 SIGNATURE_HEADER = "x-ceiling-signature"
 # Attempts of one event before it is given up on and shown as failed: with ALERT_BACKOFF_MS the
 # last is some 40 minutes after the first, past a receiver's deploy or restart.
@@ -175,19 +179,29 @@ class AlertEvent:
     attempts: int = 0
     last_error: str = ""
     done_ms: int | None = None
+    # A ledger.drift's own fields (the ledger writes them beside the usual ones): the provider,
+    # the UTC day (YYYY-MM-DD), and the two sides that disagree.
+    provider: str | None = None
+    day: str | None = None
+    ledger_micros: int | None = None
+    provider_micros: int | None = None
 
     @property
     def period(self) -> str:
         return self.period_key.split(":", 1)[0]
 
     def body(self) -> dict[str, Any]:
-        """The JSON posted to the webhook."""
-        return {
+        """The JSON posted to the webhook: a ledger.drift's carries its own fields as well."""
+        body: dict[str, Any] = {
             "event_id": self.event_id, "type": self.type, "budget_id": self.budget_id,
             "period": self.period, "period_key": self.period_key,
             "threshold_pct": self.threshold_pct, "committed_micros": self.committed_micros,
             "ceiling_micros": self.ceiling_micros, "at_ms": self.at_ms,
         }
+        if self.type == DRIFT:
+            body.update(provider=self.provider, day=self.day, ledger_micros=self.ledger_micros,
+                        provider_micros=self.provider_micros)
+        return body
 
     def json(self) -> dict[str, Any]:
         """As GET /v1/admin/alerts shows it: the body and its delivery."""
@@ -199,6 +213,7 @@ class AlertEvent:
     def from_fields(cls, tag: str, fields: Mapping[str, str]) -> AlertEvent:
         threshold = fields.get("threshold_pct", "")
         done = fields.get("done_ms", "")
+        ledger, provider = fields.get("ledger_micros", ""), fields.get("provider_micros", "")
         return cls(
             event_id=fields["event_id"], type=fields["type"], budget_id=fields["budget_id"],
             period_key=fields["period_key"], threshold_pct=int(threshold) if threshold else None,
@@ -206,6 +221,9 @@ class AlertEvent:
             ceiling_micros=int(fields["ceiling_micros"]), at_ms=int(fields["at_ms"]), tag=tag,
             state=fields.get("state", "pending"), attempts=int(fields.get("attempts") or 0),
             last_error=fields.get("last_error", ""), done_ms=int(done) if done else None,
+            provider=fields.get("provider") or None, day=fields.get("day") or None,
+            ledger_micros=int(ledger) if ledger else None,
+            provider_micros=int(provider) if provider else None,
         )
 
 
@@ -226,6 +244,10 @@ def usd(micros: int) -> str:
 
 
 def slack_text(event: AlertEvent) -> str:
+    if event.type == DRIFT:
+        return (f":rotating_light: The ledger's {event.provider} spend on {event.day} "
+                f"({usd(event.ledger_micros or 0)}) does not match {event.provider}'s cost report "
+                f"({usd(event.provider_micros or 0)}) within the tolerance.")
     if event.type == THRESHOLD_CROSSED:
         what = (f"reached {event.threshold_pct}% of its {event.period} ceiling: "
                 f"{usd(event.committed_micros)} of {usd(event.ceiling_micros)}")

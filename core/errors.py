@@ -19,6 +19,11 @@
     +-- OperationRefused            an operator's change that would lose money (names why)
     |   +-- BudgetInUse             delete while open reservations hold money in the budget
     |   +-- LedgerNotEmpty          restore over a ledger that has data, without --force
+    +-- UserRequired (InvalidRequest) a budget counts end users and the call named none
+    +-- UsersExhausted              a new end user past the budget's users_max
+    +-- RateLimited                 a budget's requests in the last minute are at its rate
+    +-- ConcurrencyLimited          a budget's open reservations are at its concurrent_max
+    +-- CostReportFailed            a provider's cost report could not be read whole
     +-- LedgerUnavailable           fail closed: unreachable, reset, or not shared
     +-- InvariantBroken             a programmer error; crashes loudly
 
@@ -157,6 +162,14 @@ class ConcurrencyLimited(CeilingError):
     call settles, is released or its lease expires. Retryable."""
 
     code = "concurrency_limited"
+
+
+class CostReportFailed(CeilingError):
+    """A provider's cost report could not be read whole: the request failed or timed out, an
+    error answer, a malformed page, an amount not in US dollars. Never read as zero spend;
+    `provider` and `reason` (unreachable, http_status, malformed, currency, pages) say which."""
+
+    code = "cost_report_failed"
 
 
 class ReservationNotFound(CeilingError):

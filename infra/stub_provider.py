@@ -19,6 +19,9 @@ counting (stub_tokens.py), the bill (stub_bill.py), faults and control (stub_fau
                               recent requests (`?log=0` leaves the log out).
   POST /billing/reset         start a new bill (and empty the prompt caches and stored responses).
   GET, POST /control          faults and settings for the next calls (below).
+  GET  /v1/organization/costs, /v1/organizations/cost_report
+                              OpenAI's and Anthropic's cost reports of this bill, per UTC day, in
+                              each one's format (infra/stub_costs.py; `/costs/control` sets them).
   GET  /health/live           200 while it answers.
 
 Output is at most the call's cap, drawn at random with mean `--output-tokens-mean` after a
@@ -84,6 +87,7 @@ from infra.processes import free_port, tls_context, wait_ready
 from infra.processes import stop as stop_process
 from infra.stub_bill import Bill, CallRecord, Tally, Usage, usd
 from infra.stub_chat import ChatApi
+from infra.stub_costs import CostReports
 from infra.stub_faults import (
     FAULT_HEADERS,
     SETTINGS,
@@ -139,6 +143,7 @@ class StubProviderApp:
         output_tokens_mean: int,
         prices: StubPrices,
         api_key: str | None = None,
+        admin_key: str | None = None,
     ) -> None:
         if not 0 <= latency_ms_min <= latency_ms_max or output_tokens_mean < 1:
             raise ValueError("need 0 <= latency_ms_min <= latency_ms_max and a positive mean")
@@ -148,6 +153,9 @@ class StubProviderApp:
         self.prices = prices
         self.api_key = api_key
         self.bill = Bill()
+        # The bill per UTC day, read by the cost report routes with `admin_key` (any key when
+        # None); a new bill starts a new book.
+        self.costs = CostReports(admin_key)
         self.fault = Fault()
         self.settings = Settings()
         self.registry = Registry()
@@ -164,6 +172,7 @@ class StubProviderApp:
             Route("/billing/reset", self.reset_billing, methods=["POST"]),
             Route("/control", self.control, methods=["GET", "POST"]),
             Route("/health/live", self.live, methods=["GET"]),
+            *self.costs.routes(),
         ])
 
     # -- routes ------------------------------------------------------------------------------
@@ -173,6 +182,7 @@ class StubProviderApp:
 
     async def reset_billing(self, request: Request) -> Response:
         self.bill = Bill()
+        self.costs.reset()
         for api in (self.chat, self.responses, self.messages):
             api.reset()
         return JSONResponse(self.bill.to_json())
@@ -271,6 +281,7 @@ class StubProviderApp:
             service_tier=decided.service_tier, fault=fault.name,
             model_requested=decided.model_requested,
         ))
+        self.costs.book.record(api.name, decided.service_tier, decided.cost_micros, time.time())
         api.charged(decided, fault)
         if fault.hang_after_billing:
             await hang(request)
@@ -322,6 +333,7 @@ class StubProvider:
     output_tokens_mean: int = 250
     prices: str | Path | dict[str, Any] | None = None
     api_key: str | None = None
+    admin_key: str | None = None
     port: int = field(default_factory=free_port)
     _server: uvicorn.Server | None = field(default=None, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
@@ -335,6 +347,7 @@ class StubProvider:
             seed=self.seed, latency_ms_min=self.latency_ms_min,
             latency_ms_max=self.latency_ms_max, output_tokens_mean=self.output_tokens_mean,
             prices=StubPrices.load(self.prices), api_key=self.api_key,
+            admin_key=self.admin_key,
         )
 
     def start(self) -> StubProvider:
@@ -380,6 +393,8 @@ class StubProviderProcess(StubProvider):
                 "--output-tokens-mean", str(self.output_tokens_mean)]
         if self.api_key is not None:
             argv += ["--api-key", self.api_key]
+        if self.admin_key is not None:
+            argv += ["--admin-key", self.admin_key]
         if isinstance(self.prices, dict):
             self._prices_dir = tempfile.TemporaryDirectory()
             path = Path(self._prices_dir.name) / "prices.json"
@@ -467,11 +482,12 @@ def main() -> None:
                         "format), merged over its default table")
     parser.add_argument("--api-key", help="refuse calls without this key (401): a bearer token, "
                         "or Anthropic's x-api-key on /v1/messages")
+    parser.add_argument("--admin-key", help="refuse cost reports without this admin key (401)")
     args = parser.parse_args()
     stub = StubProvider(seed=args.seed, latency_ms_min=args.latency_ms_min,
                         latency_ms_max=args.latency_ms_max,
                         output_tokens_mean=args.output_tokens_mean, prices=args.prices_file,
-                        api_key=args.api_key, port=args.port)
+                        api_key=args.api_key, admin_key=args.admin_key, port=args.port)
     uvicorn.Server(server_config(stub.app(), args.port)).run()
 
 

@@ -120,6 +120,7 @@ ANTHROPIC_TYPES = {
     "upstream_unreachable": "api_error",
     "upstream_timeout": "timeout_error",
     "upstream_answer_too_large": "api_error",
+    "cost_report_failed": "api_error",
     "ledger_unavailable": "api_error",
     "ledger_not_shared": "api_error",
     "invalid_configuration": "api_error",

@@ -1,0 +1,537 @@
+"""Does the ledger match the invoice: the ledger's gateway spend per UTC day against a provider's
+cost report.
+
+The ledger counts, per upstream and UTC day, what settles committed for gateway calls
+(core/ledger.py Reconciliation). A provider's cost report is the only witness of what it will
+invoice: OpenAI's `GET /v1/organization/costs` (daily buckets, `amount.value` a JSON number in
+dollars, optional `project_ids` filter) and Anthropic's `GET /v1/organizations/cost_report`
+(daily buckets, `amount` a decimal string in cents, Priority Tier costs not in it). Both are read
+with an admin key, a page at a time through `has_more` / `next_page`, and turned into integer
+micro-dollars exactly: JSON numbers are parsed as Decimal, never as binary floats, a day's
+results are summed exactly and rounded once, half up, to a micro-dollar.
+
+A report that cannot be read whole (the request failed or timed out, an error answer, a page
+that is not the documented shape, an amount that is not US dollars) is CostReportFailed, never
+a zero: a zero would read as "the provider billed nothing", the one answer that hides a drift.
+A day the report has no bucket for is a day the provider billed nothing; if the ledger spent on
+it, it shows as drift.
+
+Drift, per day: drift_micros = provider_micros - ledger_micros (positive: the provider billed
+more than the ledger saw), and drift_pct = |drift_micros| / max(|provider|, |ledger|) x 100, so
+that it is defined whichever side is zero and never passes 100. A day where both are zero has
+no drift. A day is within the tolerance when drift_pct <= tolerance_pct, decided exactly (the
+shown drift_pct is rounded). Each day beyond it puts one `ledger.drift` event in the alert
+outbox, once per provider and day whoever reconciles it again (Reconciliation.emit_drift_alert):
+the webhook delivery posts it, signed, as it posts every alert.
+
+The HTTP request itself is given (api/routes/reconcile.py): core imports no HTTP client.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any
+
+from core.config import ConfigError
+from core.errors import CostReportFailed, InvalidRequest
+from core.ledger import DriftEvent, Reconciliation, Upstream
+from core.limits import DAILY_SPEND_DAYS_MAX, INT_EXACT_MAX
+from core.money import MICROS_PER_USD, micros_to_usd
+
+__all__ = ["CostReportFailed", "DayDrift", "Reconciled", "ReportSource", "reconcile"]
+
+OPENAI_ADMIN_URL_DEFAULT = "https://api.openai.com"
+ANTHROPIC_ADMIN_URL_DEFAULT = "https://api.anthropic.com"
+OPENAI_COSTS_PATH = "/v1/organization/costs"
+ANTHROPIC_COSTS_PATH = "/v1/organizations/cost_report"
+# The Admin API version the report's format above is documented for.
+ANTHROPIC_VERSION = "2023-06-01"
+# Buckets one page may hold, as each provider documents its `limit` for daily buckets: asking for
+# the most there are takes the fewest pages.
+OPENAI_BUCKETS_PER_PAGE_MAX = 180
+ANTHROPIC_BUCKETS_PER_PAGE_MAX = 31
+# Anthropic's amounts are in cents.
+MICROS_PER_CENT = MICROS_PER_USD // 100
+# The longest range (DAILY_SPEND_DAYS_MAX days) takes a few times fewer pages of
+# ANTHROPIC_BUCKETS_PER_PAGE_MAX buckets; a report that still says `has_more` after this many
+# pages is not ending, and is refused rather than read for ever.
+REPORT_PAGES_MAX = 64
+# The most a page of a report may hold. 180 daily buckets grouped by project and line item are
+# far below it; more is not a cost report, and is not read into memory.
+REPORT_PAGE_BYTES_MAX = 16 * 1024 * 1024
+# Characters of a provider's error message kept in the error: enough to read the cause.
+REPORT_ERROR_CHARS_MAX = 300
+# What one report request may take, connecting included: reports are computed on demand, and a
+# range of a year can take seconds.
+REPORT_TIMEOUT_S = 60.0
+# Days one reconciliation compares: as far back as the ledger keeps a day's gateway spend.
+RECONCILE_DAYS_MAX = DAILY_SPEND_DAYS_MAX
+# Days compared when no range is given: the week up to yesterday (UTC). Today is left out by
+# default because providers add a day's costs to their reports hours after the calls, so today
+# would show drift that is only lag; a daily run compares every day a week long.
+RECONCILE_DAYS_DEFAULT = 7
+TOLERANCE_PCT_DEFAULT = Decimal(1)
+# drift_pct is shown to this many decimal places (the decision uses the exact ratio).
+DRIFT_PCT_PLACES = Decimal("0.0001")
+# OpenAI's projects, as CEILING_OPENAI_PROJECT_ID may list them (comma-separated).
+PROJECTS_MAX = 100
+_PROJECT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+# A decimal as Anthropic writes an amount: digits, an optional fraction, an optional sign.
+_DECIMAL = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{1,20})?")
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+SECONDS_PER_DAY = 86_400
+ONE_DAY = timedelta(days=1)
+
+
+# -- where a report is read from ------------------------------------------------------------------
+
+# Per provider: the variables naming its admin key and its base URL, and the URL's default.
+ADMIN_ENV: dict[Upstream, tuple[str, str, str]] = {
+    Upstream.OPENAI: ("CEILING_OPENAI_ADMIN_KEY", "CEILING_OPENAI_ADMIN_URL",
+                      OPENAI_ADMIN_URL_DEFAULT),
+    Upstream.ANTHROPIC: ("CEILING_ANTHROPIC_ADMIN_KEY", "CEILING_ANTHROPIC_ADMIN_URL",
+                         ANTHROPIC_ADMIN_URL_DEFAULT),
+}
+
+
+def configured(provider: Upstream, env: Mapping[str, str]) -> bool:
+    """Whether an admin key is set for `provider`'s cost report."""
+    return bool(env.get(ADMIN_ENV[provider][0], "").strip())
+
+
+@dataclass(frozen=True)
+class ReportSource:
+    """A provider's cost report: its base URL, the admin key it is read with, and for OpenAI
+    the projects it is filtered to (none: the whole organisation)."""
+
+    provider: Upstream
+    base_url: str
+    admin_key: str
+    project_ids: tuple[str, ...] = ()
+
+    @property
+    def url(self) -> str:
+        path = OPENAI_COSTS_PATH if self.provider is Upstream.OPENAI else ANTHROPIC_COSTS_PATH
+        return self.base_url + path
+
+    def headers(self) -> dict[str, str]:
+        if self.provider is Upstream.OPENAI:
+            return {"authorization": f"Bearer {self.admin_key}", "accept": "application/json"}
+        return {"x-api-key": self.admin_key, "anthropic-version": ANTHROPIC_VERSION,
+                "accept": "application/json"}
+
+    def params(self, first_day: date, last_day: date) -> list[tuple[str, str]]:
+        """The query of the first page; later pages add `page`."""
+        days = (last_day - first_day).days + 1
+        end = last_day + ONE_DAY
+        if self.provider is Upstream.OPENAI:
+            return [("start_time", str(_unix_s(first_day))), ("end_time", str(_unix_s(end))),
+                    ("bucket_width", "1d"),
+                    ("limit", str(min(days, OPENAI_BUCKETS_PER_PAGE_MAX))),
+                    *(("project_ids", p) for p in self.project_ids)]
+        return [("starting_at", _rfc3339(first_day)), ("ending_at", _rfc3339(end)),
+                ("bucket_width", "1d"), ("limit", str(min(days, ANTHROPIC_BUCKETS_PER_PAGE_MAX)))]
+
+    @classmethod
+    def from_env(cls, provider: Upstream, env: Mapping[str, str]) -> ReportSource:
+        """CEILING_OPENAI_ADMIN_KEY, CEILING_OPENAI_ADMIN_URL, CEILING_OPENAI_PROJECT_ID;
+        CEILING_ANTHROPIC_ADMIN_KEY, CEILING_ANTHROPIC_ADMIN_URL. ConfigError without a key."""
+        key_var, url_var, default = ADMIN_ENV[provider]
+        key = env.get(key_var, "").strip()
+        if not key:
+            raise ConfigError(f"{key_var} is not set: reconciling with {provider}'s cost report "
+                              "reads it with an admin key")
+        url = (env.get(url_var, "").strip() or default).rstrip("/")
+        if not url.startswith(("https://", "http://")):
+            raise ConfigError(f"{url_var} must be an http(s) URL, such as {default}")
+        if url.endswith("/v1"):
+            raise ConfigError(f"{url_var} is the base URL without /v1, such as {default}")
+        projects: tuple[str, ...] = ()
+        if provider is Upstream.OPENAI:
+            raw = env.get("CEILING_OPENAI_PROJECT_ID", "")
+            projects = tuple(p.strip() for p in raw.split(",") if p.strip())
+            if len(projects) > PROJECTS_MAX or not all(_PROJECT_ID.fullmatch(p)
+                                                       for p in projects):
+                raise ConfigError("CEILING_OPENAI_PROJECT_ID must be OpenAI project ids "
+                                  f"(proj_...), comma-separated, at most {PROJECTS_MAX}")
+        return cls(provider, url, key, projects)
+
+
+def _unix_s(day: date) -> int:
+    return int(datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp())
+
+
+def _rfc3339(day: date) -> str:
+    return f"{day.isoformat()}T00:00:00Z"
+
+
+# -- reading a report -----------------------------------------------------------------------------
+
+
+Fetch = Callable[[str, Sequence[tuple[str, str]], Mapping[str, str]], Awaitable[tuple[int, bytes]]]
+"""GETs a URL with a query and headers; returns the status and the body (at most
+REPORT_PAGE_BYTES_MAX of it). Raises CostReportFailed when no answer came (unreachable, timed
+out, too large)."""
+
+
+@dataclass(frozen=True)
+class ReportPage:
+    """One page of a report: exact micro-dollars per UTC day, and where the next page is."""
+
+    micros_by_day: dict[date, Decimal]
+    has_more: bool
+    next_page: str | None
+
+
+def failed(provider: Upstream, reason: str, message: str, **details: Any) -> CostReportFailed:
+    """The error for a report that could not be read. `reason`: unreachable, http_status,
+    malformed, currency, pages."""
+    return CostReportFailed(f"{provider}'s cost report could not be read: {message}",
+                            provider=str(provider), reason=reason, **details)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
+def _document(provider: Upstream, body: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(body, parse_float=Decimal, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError too
+        raise failed(provider, "malformed", f"not JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise failed(provider, "malformed", "not a JSON object")
+    return doc
+
+
+def _pagination(provider: Upstream, doc: dict[str, Any]) -> tuple[list[Any], bool, str | None]:
+    data, has_more, next_page = doc.get("data"), doc.get("has_more"), doc.get("next_page")
+    if not isinstance(data, list):
+        raise failed(provider, "malformed", "no `data` list")
+    if not isinstance(has_more, bool):
+        raise failed(provider, "malformed", "no `has_more` boolean")
+    if next_page is not None and not isinstance(next_page, str):
+        raise failed(provider, "malformed", "`next_page` is not a string")
+    if has_more and not next_page:
+        raise failed(provider, "malformed", "`has_more` without a `next_page`")
+    return data, has_more, next_page
+
+
+def _bucket_day(provider: Upstream, start: datetime, end: datetime) -> date:
+    """The UTC day a bucket covers: it starts at a midnight, UTC, and ends by the next one (the
+    current day's bucket may end earlier). Any other bucket cannot be compared day by day."""
+    if (start.hour, start.minute, start.second, start.microsecond) != (0, 0, 0, 0) or not (
+            start < end <= start + ONE_DAY):
+        raise failed(provider, "malformed",
+                     f"a bucket from {start.isoformat()} to {end.isoformat()} is not one UTC day")
+    return start.date()
+
+
+def _usd(provider: Upstream, currency: object) -> None:
+    if not isinstance(currency, str):
+        raise failed(provider, "malformed", "an amount without a currency")
+    if currency.lower() != "usd":
+        raise failed(provider, "currency", f"an amount in {currency[:16]!r}, not US dollars",
+                     currency=currency[:16])
+
+
+def parse_openai_page(body: bytes) -> ReportPage:
+    """A page of OpenAI's costs: `{"object": "page", "data": [{"object": "bucket", "start_time",
+    "end_time", "results": [{"amount": {"value": <dollars>, "currency": "usd"}, ...}]}],
+    "has_more", "next_page"}`."""
+    provider = Upstream.OPENAI
+    data, has_more, next_page = _pagination(provider, _document(provider, body))
+    by_day: dict[date, Decimal] = {}
+    for bucket in data:
+        if not isinstance(bucket, dict):
+            raise failed(provider, "malformed", "a bucket is not an object")
+        start_s, end_s, results = (bucket.get("start_time"), bucket.get("end_time"),
+                                   bucket.get("results"))
+        if type(start_s) is not int or type(end_s) is not int or not isinstance(results, list):
+            raise failed(provider, "malformed",
+                         "a bucket without integer start_time, end_time and a results list")
+        if not 0 <= start_s < end_s <= INT_EXACT_MAX:
+            raise failed(provider, "malformed", "a bucket's times are out of range")
+        day = _bucket_day(provider, datetime.fromtimestamp(start_s, UTC),
+                          datetime.fromtimestamp(end_s, UTC))
+        total = by_day.get(day, Decimal(0))
+        for result in results:
+            amount = result.get("amount") if isinstance(result, dict) else None
+            if not isinstance(amount, dict):
+                raise failed(provider, "malformed", f"a result of {day} has no amount")
+            _usd(provider, amount.get("currency"))
+            value = amount.get("value")
+            if isinstance(value, bool) or not isinstance(value, int | Decimal):
+                raise failed(provider, "malformed", f"an amount of {day} is not a number")
+            total += Decimal(value) * MICROS_PER_USD
+        by_day[day] = total
+    return ReportPage(by_day, has_more, next_page)
+
+
+def _instant(provider: Upstream, text: object) -> datetime:
+    if not isinstance(text, str) or len(text) > 40:
+        raise failed(provider, "malformed", "a bucket without RFC 3339 starting_at and ending_at")
+    try:
+        found = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise failed(provider, "malformed", f"{text!r} is not an RFC 3339 time") from exc
+    if found.tzinfo is None:
+        raise failed(provider, "malformed", f"{text!r} has no UTC offset")
+    return found.astimezone(UTC)
+
+
+def parse_anthropic_page(body: bytes) -> ReportPage:
+    """A page of Anthropic's cost report: `{"data": [{"starting_at", "ending_at", "results":
+    [{"currency": "USD", "amount": "<cents, a decimal string>", ...}]}], "has_more",
+    "next_page"}`."""
+    provider = Upstream.ANTHROPIC
+    data, has_more, next_page = _pagination(provider, _document(provider, body))
+    by_day: dict[date, Decimal] = {}
+    for bucket in data:
+        if not isinstance(bucket, dict) or not isinstance(bucket.get("results"), list):
+            raise failed(provider, "malformed", "a bucket without a results list")
+        day = _bucket_day(provider, _instant(provider, bucket.get("starting_at")),
+                          _instant(provider, bucket.get("ending_at")))
+        total = by_day.get(day, Decimal(0))
+        for result in bucket["results"]:
+            if not isinstance(result, dict):
+                raise failed(provider, "malformed", f"a result of {day} is not an object")
+            _usd(provider, result.get("currency"))
+            cents = result.get("amount")
+            # A string, as documented: a JSON number here would be a format this does not know.
+            if not isinstance(cents, str) or not _DECIMAL.fullmatch(cents):
+                raise failed(provider, "malformed",
+                             f"an amount of {day} is not a decimal string of cents")
+            total += Decimal(cents) * MICROS_PER_CENT
+        by_day[day] = total
+    return ReportPage(by_day, has_more, next_page)
+
+
+PARSERS: dict[Upstream, Callable[[bytes], ReportPage]] = {
+    Upstream.OPENAI: parse_openai_page,
+    Upstream.ANTHROPIC: parse_anthropic_page,
+}
+
+
+def _error_message(body: bytes) -> str:
+    """A provider's error message (both put it at error.message), else the start of the body."""
+    try:
+        doc = json.loads(body)
+        message = doc["error"]["message"]
+        if isinstance(message, str):
+            return message[:REPORT_ERROR_CHARS_MAX]
+    except (ValueError, TypeError, KeyError, RecursionError):
+        pass
+    return body[:REPORT_ERROR_CHARS_MAX].decode(errors="replace")
+
+
+def whole_micros(provider: Upstream, exact: Decimal) -> int:
+    """Exact micro-dollars rounded half up to whole ones; an amount no ledger could hold is not
+    a cost report."""
+    try:
+        micros = int(exact.to_integral_value(rounding=ROUND_HALF_UP))
+    except (InvalidOperation, OverflowError) as exc:
+        raise failed(provider, "malformed", "an amount out of range") from exc
+    if abs(micros) > INT_EXACT_MAX:
+        raise failed(provider, "malformed", "an amount out of range")
+    return micros
+
+
+async def provider_spend_by_day(source: ReportSource, first_day: date, last_day: date,
+                                fetch: Fetch) -> dict[date, int]:
+    """What the provider's report says it billed, in micro-dollars, for each day in
+    [first_day, last_day] that it has a bucket for, every page read."""
+    provider = source.provider
+    parse = PARSERS[provider]
+    base = source.params(first_day, last_day)
+    exact: dict[date, Decimal] = {}
+    seen: set[str] = set()
+    page: str | None = None
+    for _ in range(REPORT_PAGES_MAX):
+        status, body = await fetch(source.url, [*base, *([("page", page)] if page else [])],
+                                   source.headers())
+        if status != 200:
+            # A provider may quote the key it refused: the admin key never goes further.
+            message = _error_message(body).replace(source.admin_key, "<admin key>")
+            raise failed(provider, "http_status", f"HTTP {status}: {message}", status=status)
+        found = parse(body)
+        for day, micros in found.micros_by_day.items():
+            # Days outside the range asked for are not this reconciliation's.
+            if first_day <= day <= last_day:
+                exact[day] = exact.get(day, Decimal(0)) + micros
+        if not found.has_more:
+            return {day: whole_micros(provider, micros) for day, micros in exact.items()}
+        if found.next_page in seen:
+            raise failed(provider, "malformed", "a page names itself as the next page again")
+        page = found.next_page
+        seen.add(page or "")
+    raise failed(provider, "pages", f"still more pages after {REPORT_PAGES_MAX}")
+
+
+# -- comparing ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DayDrift:
+    day: date
+    ledger_micros: int
+    provider_micros: int
+    within: bool
+
+    @property
+    def drift_micros(self) -> int:
+        return self.provider_micros - self.ledger_micros
+
+    @property
+    def drift_pct(self) -> Decimal:
+        base = max(abs(self.provider_micros), abs(self.ledger_micros))
+        if not base:
+            return Decimal(0)
+        return (Decimal(abs(self.drift_micros)) * 100 / base).quantize(
+            DRIFT_PCT_PLACES, rounding=ROUND_HALF_UP)
+
+    def json(self) -> dict[str, Any]:
+        return {"day": self.day.isoformat(), "ledger_micros": self.ledger_micros,
+                "provider_micros": self.provider_micros, "drift_micros": self.drift_micros,
+                "drift_pct": float(self.drift_pct), "within": self.within}
+
+
+def within(ledger_micros: int, provider_micros: int, tolerance_pct: Decimal) -> bool:
+    """|provider - ledger| <= tolerance_pct% of the larger of the two, exactly."""
+    base = max(abs(provider_micros), abs(ledger_micros))
+    return abs(provider_micros - ledger_micros) * 100 <= tolerance_pct * base
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    provider: Upstream
+    tolerance_pct: Decimal
+    days: tuple[DayDrift, ...]
+
+    @property
+    def within(self) -> bool:
+        return all(d.within for d in self.days)
+
+    @property
+    def beyond(self) -> tuple[DayDrift, ...]:
+        return tuple(d for d in self.days if not d.within)
+
+    def json(self) -> dict[str, Any]:
+        return {"provider": str(self.provider), "tolerance_pct": float(self.tolerance_pct),
+                "days": [d.json() for d in self.days], "within": self.within}
+
+    def lines(self) -> list[str]:
+        """The per-day table `ceiling reconcile` prints, then its verdict."""
+        rows = [f"{self.provider}: ledger vs cost report, tolerance {self.tolerance_pct}%",
+                f"{'day':<10}  {'ledger $':>14}  {'provider $':>14}  {'drift $':>15}  "
+                f"{'drift %':>9}"]
+        for d in self.days:
+            sign = "+" if d.drift_micros > 0 else ""
+            rows.append(f"{d.day.isoformat():<10}  {micros_to_usd(d.ledger_micros):>14}  "
+                        f"{micros_to_usd(d.provider_micros):>14}  "
+                        f"{sign + micros_to_usd(d.drift_micros):>15}  {d.drift_pct:>8.2f}%"
+                        + ("" if d.within else "  BEYOND"))
+        if self.within:
+            rows.append(f"within tolerance: all {len(self.days)} days")
+        else:
+            rows.extend(
+                f"beyond tolerance: {d.day.isoformat()} drift "
+                f"{'+' if d.drift_micros > 0 else ''}${micros_to_usd(d.drift_micros)} "
+                f"({d.drift_pct:.2f}%)" for d in self.beyond)
+        return rows
+
+
+def compare(provider: Upstream, ledger: Mapping[date, int], report: Mapping[date, int],
+            first_day: date, last_day: date, tolerance_pct: Decimal) -> Reconciled:
+    """Every day of the range, in order; a day absent from either side is a zero there."""
+    days = []
+    day = first_day
+    while day <= last_day:
+        ledger_micros, provider_micros = ledger.get(day, 0), report.get(day, 0)
+        days.append(DayDrift(day, ledger_micros, provider_micros,
+                             within(ledger_micros, provider_micros, tolerance_pct)))
+        day += ONE_DAY
+    return Reconciled(provider, tolerance_pct, tuple(days))
+
+
+# -- what the caller gives ------------------------------------------------------------------------
+
+
+def provider_of(text: str | None) -> Upstream:
+    for provider in Upstream:
+        if text == provider:
+            return provider
+    raise InvalidRequest("provider must be 'openai' or 'anthropic'", field="provider")
+
+
+def tolerance_of(text: str | None) -> Decimal:
+    """A percentage from 0 to 100 (a decimal); the default when none is given."""
+    if text is None or text == "":
+        return TOLERANCE_PCT_DEFAULT
+    try:
+        value = Decimal(text) if len(text) <= 20 else Decimal("NaN")
+    except InvalidOperation:
+        value = Decimal("NaN")
+    if not value.is_finite() or not 0 <= value <= 100:
+        raise InvalidRequest("tolerance_pct must be a number from 0 to 100",
+                             field="tolerance_pct")
+    return value
+
+
+def _day_of(text: str, field: str) -> date:
+    if not _DAY.fullmatch(text):
+        raise InvalidRequest(f"{field} must be a day, YYYY-MM-DD", field=field)
+    try:
+        return date.fromisoformat(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"{field} must be a day, YYYY-MM-DD", field=field) from exc
+
+
+def day_range(first: str | None, last: str | None, today: date) -> tuple[date, date]:
+    """[from, to], both UTC days: by default the RECONCILE_DAYS_DEFAULT days up to yesterday;
+    `from` alone runs to yesterday, `to` alone reaches back the default length. No day after
+    today, no more than RECONCILE_DAYS_MAX days, none the ledger no longer keeps."""
+    last_day = today - ONE_DAY if last is None else _day_of(last, "to")
+    first_day = (last_day - timedelta(days=RECONCILE_DAYS_DEFAULT - 1) if first is None
+                 else _day_of(first, "from"))
+    if first_day > today:
+        raise InvalidRequest(f"from is after today ({today.isoformat()}, UTC)", field="from")
+    if first is not None and last is None and first_day > last_day:
+        last_day = first_day  # `from` today, alone: today
+    if last_day > today:
+        raise InvalidRequest(f"to is after today ({today.isoformat()}, UTC)", field="to")
+    if first_day > last_day:
+        raise InvalidRequest("from is after to", field="from")
+    if (last_day - first_day).days + 1 > RECONCILE_DAYS_MAX:
+        raise InvalidRequest(f"at most {RECONCILE_DAYS_MAX} days at once", field="from")
+    if (today - first_day).days >= RECONCILE_DAYS_MAX:
+        raise InvalidRequest(f"the ledger keeps a day's gateway spend {RECONCILE_DAYS_MAX} days",
+                             field="from")
+    return first_day, last_day
+
+
+def today_of(now_ms: int) -> date:
+    return datetime.fromtimestamp(now_ms / 1000, UTC).date()
+
+
+# -- the whole of it ------------------------------------------------------------------------------
+
+
+async def reconcile(store: Reconciliation, source: ReportSource, first: str | None,
+                    last: str | None, tolerance_pct: Decimal, fetch: Fetch) -> Reconciled:
+    """Compare the ledger's gateway spend with the provider's report over the days asked (the
+    ledger's clock says which day is today), and put a `ledger.drift` event in the alert
+    outbox for each day beyond the tolerance (once per provider and day, ever)."""
+    first_day, last_day = day_range(first, last, today_of(await store.ledger_time_ms()))
+    report = await provider_spend_by_day(source, first_day, last_day, fetch)
+    ledger = await store.gateway_spend_by_day(source.provider, first_day, last_day)
+    result = compare(source.provider, ledger, report, first_day, last_day, tolerance_pct)
+    for d in result.beyond:
+        await store.emit_drift_alert(DriftEvent(source.provider, d.day, d.ledger_micros,
+                                                d.provider_micros))
+    return result
