@@ -441,20 +441,21 @@ def _checked(tokens: int, field: str) -> int:
 MessageWalk = Callable[[_Walk, dict[str, Any], str], dict[str, Any]]
 
 
-def _messages_bound(messages: Any, walk_message: MessageWalk) -> InputBound:
-    """The input bound of a list of messages: each by the JSON bytes of its copy without media
-    (every string and structure the provider may tokenize), with the chat framing's tokens."""
-    if not isinstance(messages, list) or not messages or len(messages) > MESSAGES_MAX:
-        raise InvalidRequest(
-            f"messages must be a list of 1 to {MESSAGES_MAX} messages", field="messages"
-        )
+def _messages_bound(messages: Any, walk_message: MessageWalk, field: str = "messages",
+                    shape: str = f"a list of 1 to {MESSAGES_MAX} messages",
+                    item: str = "message", least: int = 1) -> InputBound:
+    """The input bound of a list of messages (or a Responses input's items, `field`): each by
+    the JSON bytes of its copy without media (every string and structure the provider may
+    tokenize), with the chat framing's tokens."""
+    if not isinstance(messages, list) or not least <= len(messages) <= MESSAGES_MAX:
+        raise InvalidRequest(f"{field} must be {shape}", field=field)
     walk = _Walk()
     tokens = TOKENS_PER_REPLY
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise InvalidRequest("each message must be an object", field="messages")
-        tokens += TOKENS_PER_MESSAGE + json_bytes(walk_message(walk, message, f"messages[{i}]"))
-    return InputBound(_checked(tokens, "messages"), walk.media())
+            raise InvalidRequest(f"each {item} must be an object", field=field)
+        tokens += TOKENS_PER_MESSAGE + json_bytes(walk_message(walk, message, f"{field}[{i}]"))
+    return InputBound(_checked(tokens, field), walk.media())
 
 
 def _chat_message(walk: _Walk, message: dict[str, Any], field: str) -> dict[str, Any]:
@@ -474,37 +475,32 @@ def chat_input(messages: Any) -> InputBound:
     return _messages_bound(messages, _chat_message)
 
 
+def _responses_item(walk: _Walk, item: dict[str, Any], field: str) -> dict[str, Any]:
+    kind = item.get("type", "message" if "role" in item else None)
+    if not isinstance(kind, str):
+        raise InputUnbounded(f"{field}.type must name the item's type", field=f"{field}.type")
+    if kind == "message":
+        return {**item, "content": walk.content(
+            item.get("content"), f"{field}.content", item.get("role"), chat=False)}
+    if kind in RESPONSES_OUTPUT_ITEMS:
+        return {**item, "output": walk.content(
+            item.get("output"), f"{field}.output", "tool", chat=False)}
+    if kind not in RESPONSES_CALL_ITEMS:
+        # item_reference, reasoning (encrypted, or looked up by id), hosted tools' calls and
+        # anything newer: input whose billed size the request does not show.
+        raise InputUnbounded(
+            f"{field} is an item of type {kind!r}, whose billed size the request cannot "
+            "show", field=field)
+    return item
+
+
 def responses_input(given: Any) -> InputBound:
     """The input bound of a Responses API `input`: a string, or a list of items."""
     if isinstance(given, str):
         given = [{"role": "user", "content": given}]
-    if not isinstance(given, list) or len(given) > MESSAGES_MAX:
-        raise InvalidRequest(
-            f"input must be a string or a list of at most {MESSAGES_MAX} items", field="input"
-        )
-    walk = _Walk()
-    tokens = TOKENS_PER_REPLY
-    for i, item in enumerate(given):
-        if not isinstance(item, dict):
-            raise InvalidRequest("each input item must be an object", field="input")
-        field = f"input[{i}]"
-        kind = item.get("type", "message" if "role" in item else None)
-        if not isinstance(kind, str):
-            raise InputUnbounded(f"{field}.type must name the item's type", field=f"{field}.type")
-        if kind == "message":
-            item = {**item, "content": walk.content(
-                item.get("content"), f"{field}.content", item.get("role"), chat=False)}
-        elif kind in RESPONSES_OUTPUT_ITEMS:
-            item = {**item, "output": walk.content(
-                item.get("output"), f"{field}.output", "tool", chat=False)}
-        elif kind not in RESPONSES_CALL_ITEMS:
-            # item_reference, reasoning (encrypted, or looked up by id), hosted tools' calls and
-            # anything newer: input whose billed size the request does not show.
-            raise InputUnbounded(
-                f"{field} is an item of type {kind!r}, whose billed size the request cannot "
-                "show", field=field)
-        tokens += TOKENS_PER_MESSAGE + json_bytes(item)
-    return InputBound(_checked(tokens, "input"), walk.media())
+    return _messages_bound(given, _responses_item, "input",
+                           f"a string or a list of at most {MESSAGES_MAX} items",
+                           "input item", least=0)
 
 
 # -- Anthropic's Messages API -------------------------------------------------------------------

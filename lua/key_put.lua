@@ -28,17 +28,12 @@ end
 if budget_id == '' then
   fail('BADARG', 'budget_id')
 end
-if run_ceiling ~= '' then
-  int(run_ceiling, 'run_ceiling_micros')
-end
-if created ~= '' then
-  int(created, 'created_ms')
-end
-if rotated ~= '' then
-  int(rotated, 'rotated_at_ms')
-end
-if last_used ~= '' then
-  int(last_used, 'last_used_ms')
+-- The optional numbers: whole, or '' for none.
+for name, value in pairs({run_ceiling_micros = run_ceiling, created_ms = created,
+                          rotated_at_ms = rotated, last_used_ms = last_used}) do
+  if value ~= '' then
+    int(value, name)
+  end
 end
 local now = ledger_now(ARGV[11])
 if previous_valid_ms > INT_MAX - now then

@@ -680,9 +680,10 @@ local function zone_windows(zones)
   return out
 end
 
--- The legs of one budget's limits: `ceilings` by period, in its time zone. Returns a status
--- table when the windows sent do not serve (resolve_legs says which), else nil.
-local function add_legs(legs, ctx, budget_id, timezone, allowance, ceilings, flags)
+-- The legs of one budget's limits: `ceilings` by period, in its time zone, and its rate (`rpm`,
+-- `cmax`: nil for none) in legs.limits. Returns a status table when the windows sent do not
+-- serve (resolve_legs says which), else nil.
+local function add_legs(legs, ctx, budget_id, timezone, allowance, ceilings, flags, rpm, cmax)
   local first = #legs + 1
   for _, period in ipairs(WINDOWED) do
     local ceiling = ceilings[period]
@@ -706,8 +707,11 @@ local function add_legs(legs, ctx, budget_id, timezone, allowance, ceilings, fla
                        resets_at_ms = '0', outage_allowance_micros = allowance, user = flags.user,
                        velocity = flags.velocity}
   end
-  if flags.slot then
-    legs[first].slot = true
+  if cmax then
+    legs[first].slot = true  -- the leg that holds the call's concurrency slot
+  end
+  if rpm or cmax then
+    legs.limits[#legs.limits + 1] = {budget_id = budget_id, rpm = rpm, cmax = cmax}
   end
   return nil
 end
@@ -752,12 +756,9 @@ local function resolve_legs(prefix, a, now)
       end
       local status = add_legs(legs, ctx, budget_id, timezone, allowance,
                               {day = day, week = week, month = month, total = total},
-                              {velocity = velocity and velocity ~= '', slot = cmax ~= nil})
+                              {velocity = velocity and velocity ~= ''}, rpm, cmax)
       if status then
         return nil, status
-      end
-      if rpm or cmax then
-        legs.limits[#legs.limits + 1] = {budget_id = budget_id, rpm = rpm, cmax = cmax}
       end
       if per_user and per_user ~= '' then
         local users_max, required, u_rpm, u_cmax, u_day, u_week, u_month, u_total =
@@ -767,18 +768,14 @@ local function resolve_legs(prefix, a, now)
             return nil, {'user_required', budget_id}
           end
         else
-          local user_id = budget_id .. '/user:' .. a.user
-          u_rpm, u_cmax = parse_rate(u_rpm, u_cmax)
           local function ceiling(c) return c ~= '-' and c or nil end
-          status = add_legs(legs, ctx, user_id, timezone, allowance,
+          u_rpm, u_cmax = parse_rate(u_rpm, u_cmax)
+          status = add_legs(legs, ctx, budget_id .. '/user:' .. a.user, timezone, allowance,
                             {day = ceiling(u_day), week = ceiling(u_week),
                              month = ceiling(u_month), total = ceiling(u_total)},
-                            {user = true, slot = u_cmax ~= nil})
+                            {user = true}, u_rpm, u_cmax)
           if status then
             return nil, status
-          end
-          if u_rpm or u_cmax then
-            legs.limits[#legs.limits + 1] = {budget_id = user_id, rpm = u_rpm, cmax = u_cmax}
           end
           legs.users[#legs.users + 1] = {key = prefix .. USERS_KEY .. budget_id, user = a.user,
                                          users_max = tonumber(users_max), budget_id = budget_id}
