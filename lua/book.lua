@@ -33,15 +33,15 @@ if #legs == 0 then
 end
 -- A call admitted during an outage is booked whatever its limits say now; its end user is
 -- counted if the budget has room for one more, else it is booked in the budget's legs only.
-if #legs.users > 0 then
+if legs.users then
   if users_refusal(legs.users) then
-    local kept = {limits = legs.limits, users = {}}
+    local kept = {limits = legs.limits}
     for _, leg in ipairs(legs) do
       if not leg.user then kept[#kept + 1] = leg end
     end
     legs = kept
   end
-  for _, u in ipairs(legs.users) do
+  for _, u in ipairs(legs.users or {}) do
     if not u.known then redis.call('ZADD', u.key, '0', u.user) end
   end
 end

@@ -106,6 +106,9 @@ local function flags_of(leg)
   if leg.run then
     return '|run'
   end
+  if not (leg.user or leg.slot or leg.velocity) then
+    return ''
+  end
   local f = (leg.user and FLAGS.user or '') .. (leg.slot and FLAGS.slot or '') ..
             (leg.velocity and FLAGS.velocity or '')
   return f ~= '' and '|' .. f or ''
@@ -663,57 +666,53 @@ end
 -- Period windows are computed by the caller (time zones need a tz database, Lua has none):
 -- `zones` holds, per time zone, the day, week and month windows that hold the caller's estimate
 -- of the ledger's now (wire.py ZONE_PARTS). Read only when a budget limits one of them.
-local WINDOWED = {'day', 'week', 'month'}
-
 local function zone_windows(zones)
   local out = {}
   for entry in string.gmatch(zones, '[^ ]+') do
     local z = unpack_zone(entry) or fail('BADARG', 'zones')
-    for _, period in ipairs(WINDOWED) do
-      z[period] = {key = z[period .. '_window_key'],
-                   start = int(z[period .. '_start_ms'], 'zones'),
-                   resets_at_ms = z[period .. '_resets_at_ms'],
-                   resets_at = int(z[period .. '_resets_at_ms'], 'zones')}
-    end
+    z.day_start, z.day_end = int(z.day_start_ms, 'zones'), int(z.day_resets_at_ms, 'zones')
+    z.week_start, z.week_end = int(z.week_start_ms, 'zones'), int(z.week_resets_at_ms, 'zones')
+    z.month_start, z.month_end = int(z.month_start_ms, 'zones'), int(z.month_resets_at_ms, 'zones')
     out[z.timezone] = z
   end
   return out
 end
 
--- The legs of one budget's limits: `ceilings` by period, in its time zone, and its rate (`rpm`,
--- `cmax`: nil for none) in legs.limits. Returns a status table when the windows sent do not
--- serve (resolve_legs says which), else nil.
-local function add_legs(legs, ctx, budget_id, timezone, allowance, ceilings, flags, rpm, cmax)
+local function leg_of(budget_id, window_key, ceiling, resets_at, allowance, user, velocity)
+  return {budget_id = budget_id, window_key = window_key, ceiling_micros = ceiling,
+          resets_at_ms = resets_at, outage_allowance_micros = allowance, user = user,
+          velocity = velocity}
+end
+
+-- The legs of one budget's limits (each period's ceiling, nil where it has none) in its time
+-- zone's windows `z` (nil: it limits no windowed period), and its rate (`rpm`, `cmax`: nil for
+-- none) in legs.limits. A user's legs are flagged `user`; a velocity-watched budget's,
+-- `velocity`.
+local function add_legs(legs, z, budget_id, allowance, day, week, month, total, user, velocity,
+                        rpm, cmax)
   local first = #legs + 1
-  for _, period in ipairs(WINDOWED) do
-    local ceiling = ceilings[period]
-    if ceiling then
-      ctx.zones = ctx.zones or zone_windows(ctx.a.zones)
-      local z = ctx.zones[timezone]
-      if z == nil then
-        return {'timezone', ctx.budget_id, timezone}
-      end
-      local w = z[period]
-      if ctx.now < w.start or ctx.now >= w.resets_at then
-        return {'clock', ctx.now}
-      end
-      legs[#legs + 1] = {budget_id = budget_id, window_key = w.key, ceiling_micros = ceiling,
-                         resets_at_ms = w.resets_at_ms, outage_allowance_micros = allowance,
-                         user = flags.user, velocity = flags.velocity}
-    end
+  if day then
+    legs[#legs + 1] = leg_of(budget_id, z.day_window_key, day, z.day_resets_at_ms, allowance,
+                             user, velocity)
   end
-  if ceilings.total then
-    legs[#legs + 1] = {budget_id = budget_id, window_key = 'total', ceiling_micros = ceilings.total,
-                       resets_at_ms = '0', outage_allowance_micros = allowance, user = flags.user,
-                       velocity = flags.velocity}
+  if week then
+    legs[#legs + 1] = leg_of(budget_id, z.week_window_key, week, z.week_resets_at_ms, allowance,
+                             user, velocity)
+  end
+  if month then
+    legs[#legs + 1] = leg_of(budget_id, z.month_window_key, month, z.month_resets_at_ms,
+                             allowance, user, velocity)
+  end
+  if total then
+    legs[#legs + 1] = leg_of(budget_id, 'total', total, '0', allowance, user, velocity)
   end
   if cmax then
     legs[first].slot = true  -- the leg that holds the call's concurrency slot
   end
   if rpm or cmax then
+    legs.limits = legs.limits or {}
     legs.limits[#legs.limits + 1] = {budget_id = budget_id, rpm = rpm, cmax = cmax}
   end
-  return nil
 end
 
 -- A rate as a definition keeps it (wire.py rate_field): requests per minute and concurrent calls,
@@ -721,6 +720,10 @@ end
 local function parse_rate(rpm, cmax)
   rpm, cmax = tonumber(rpm), tonumber(cmax)
   return rpm ~= 0 and rpm or nil, cmax ~= 0 and cmax or nil
+end
+
+local function ceiling_of(c)
+  return c ~= '-' and c or nil
 end
 
 -- The legs of a call at `now`: every period of every budget on its path that is defined
@@ -731,14 +734,14 @@ end
 -- put under another ledger; {'timezone', budget_id, timezone} when the caller sent no windows for
 -- a zone a budget is in; {'clock', now} when the windows sent do not hold the ledger's now;
 -- {'user_required', budget_id} when a budget needs a user and the call names none (unless
--- a.reading: a status read, a booking of what was admitted already). The run's
--- ceiling is checked here, before anything is written. The third value is the first budget on
--- the path a velocity alarm paused, or nil; reserve refuses it, a status read shows it.
+-- a.reading: a status read, a booking of what was admitted already). The run's ceiling is
+-- checked here, before anything is written. The third value is the first budget on the path a
+-- velocity alarm paused, or nil; reserve refuses it, a status read shows it.
 -- legs.limits lists the budgets (a user's too) with a rate: {budget_id, rpm, cmax}; legs.users
--- the users this call would make: {key (the budget's users set), user, users_max, budget_id}.
+-- the users this call would make: {key (the budget's users set), user, users_max, budget_id};
+-- each nil when there are none.
 local function resolve_legs(prefix, a, now)
-  local legs, paused_id = {limits = {}, users = {}}, nil
-  local ctx = {a = a, now = now}
+  local legs, zones, paused_id = {}, nil, nil
   for budget_id in string.gmatch(a.budget_ids, '[^ ]+') do
     local key = prefix .. DEFINITION_KEY .. budget_id
     local ledger, timezone, allowance, day, month, total, paused, week, rate, per_user, velocity =
@@ -749,34 +752,47 @@ local function resolve_legs(prefix, a, now)
         return nil, {'ledger_reset'}
       end
       allowance = allowance or '0'
-      ctx.budget_id = budget_id
+      local users_max, required, u_rpm, u_cmax, u_day, u_week, u_month, u_total
+      if per_user and per_user ~= '' then
+        users_max, required, u_rpm, u_cmax, u_day, u_week, u_month, u_total =
+          string.match(per_user, '^(%d+) ([01]) (%d+) (%d+) ([%d-]+) ([%d-]+) ([%d-]+) ([%d-]+)$')
+        u_day, u_week, u_month = ceiling_of(u_day), ceiling_of(u_week), ceiling_of(u_month)
+      end
+      local z
+      if day or week or month or (users_max and (u_day or u_week or u_month)) then
+        zones = zones or zone_windows(a.zones)
+        z = zones[timezone]
+        if z == nil then
+          return nil, {'timezone', budget_id, timezone}
+        end
+        if (day and (now < z.day_start or now >= z.day_end))
+            or (week and (now < z.week_start or now >= z.week_end))
+            or (month and (now < z.month_start or now >= z.month_end)) then
+          return nil, {'clock', now}
+        end
+      end
       local rpm, cmax
       if rate then
         rpm, cmax = parse_rate(string.match(rate, '^(%d+) (%d+)$'))
       end
-      local status = add_legs(legs, ctx, budget_id, timezone, allowance,
-                              {day = day, week = week, month = month, total = total},
-                              {velocity = velocity and velocity ~= ''}, rpm, cmax)
-      if status then
-        return nil, status
-      end
-      if per_user and per_user ~= '' then
-        local users_max, required, u_rpm, u_cmax, u_day, u_week, u_month, u_total =
-          string.match(per_user, '^(%d+) ([01]) (%d+) (%d+) ([%d-]+) ([%d-]+) ([%d-]+) ([%d-]+)$')
+      add_legs(legs, z, budget_id, allowance, day, week, month, total, nil,
+               velocity and velocity ~= '', rpm, cmax)
+      if users_max then
         if a.user == '' then
           if required == '1' and not a.reading then
             return nil, {'user_required', budget_id}
           end
         else
-          local function ceiling(c) return c ~= '-' and c or nil end
-          u_rpm, u_cmax = parse_rate(u_rpm, u_cmax)
-          status = add_legs(legs, ctx, budget_id .. '/user:' .. a.user, timezone, allowance,
-                            {day = ceiling(u_day), week = ceiling(u_week),
-                             month = ceiling(u_month), total = ceiling(u_total)},
-                            {user = true}, u_rpm, u_cmax)
-          if status then
-            return nil, status
+          -- A user's windows are its budget's: checked above for the budget's own periods.
+          if z and ((u_day and (now < z.day_start or now >= z.day_end))
+              or (u_week and (now < z.week_start or now >= z.week_end))
+              or (u_month and (now < z.month_start or now >= z.month_end))) then
+            return nil, {'clock', now}
           end
+          u_rpm, u_cmax = parse_rate(u_rpm, u_cmax)
+          add_legs(legs, z, budget_id .. '/user:' .. a.user, allowance, u_day, u_week, u_month,
+                   ceiling_of(u_total), true, false, u_rpm, u_cmax)
+          legs.users = legs.users or {}
           legs.users[#legs.users + 1] = {key = prefix .. USERS_KEY .. budget_id, user = a.user,
                                          users_max = tonumber(users_max), budget_id = budget_id}
         end
@@ -831,7 +847,7 @@ end
 
 -- What a hold counts once it is made: each rate's call, each concurrency slot, each new user.
 local function count_hold(prefix, legs, rid, now)
-  for _, lim in ipairs(legs.limits) do
+  for _, lim in ipairs(legs.limits or {}) do
     if lim.rpm then
       local key = prefix .. RATE_KEY .. lim.budget_id
       redis.call('ZADD', key, istr(now), rid)
@@ -843,7 +859,7 @@ local function count_hold(prefix, legs, rid, now)
       redis.call('INCR', prefix .. CONCURRENCY_KEY .. leg.budget_id)
     end
   end
-  for _, u in ipairs(legs.users) do
+  for _, u in ipairs(legs.users or {}) do
     if not u.known then
       redis.call('ZADD', u.key, '0', u.user)
     end
@@ -894,8 +910,8 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
     end
   end
   -- End users, rates and concurrency: read only for budgets that have them.
-  local limited = (#legs.users > 0 and users_refusal(legs.users))
-    or (#legs.limits > 0 and rate_refusal(prefix, legs.limits, now))
+  local limited = (legs.users and users_refusal(legs.users))
+    or (legs.limits and rate_refusal(prefix, legs.limits, now))
   if limited then
     if redis.call('EXISTS', KEYS[2]) == 1 then
       return nil  -- a replay, answered as one
@@ -926,7 +942,7 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
                                leg.overshoot)
   end
   redis.call('ZADD', KEYS[3], expires_at, id_of(prefix, KEYS[2]))
-  if #legs.users > 0 or #legs.limits > 0 then
+  if legs.users or legs.limits then
     count_hold(prefix, legs, id_of(prefix, KEYS[2]), now)
   end
   if qkey then
