@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from api.runtime import Runtime, runtime
-from api.views import correction_json, leg_json, stored_reservation_json
+from api.views import correction_json, leg_json, stored_reservation_json, users_json
 from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period
 from core.errors import CeilingError, InvalidRequest
 from core.ledger import ROLES_DEFAULT, Role
@@ -145,6 +145,14 @@ def budgets_set(args: argparse.Namespace) -> int:
 
 def budgets_show(args: argparse.Namespace) -> int:
     return _run(lambda service: _budget_json(service, BudgetId.parse(args.budget_id)))
+
+
+def budgets_users(args: argparse.Namespace) -> int:
+    async def work(service: CeilingService) -> Any:
+        return users_json(await runtime().operations().users(
+            BudgetId.parse(args.budget_id), args.cursor, args.limit))
+
+    return _run(work)
 
 
 def keys_create(args: argparse.Namespace) -> int:
@@ -374,6 +382,12 @@ def parser() -> argparse.ArgumentParser:
     bw = b.add_parser("show")
     bw.add_argument("budget_id")
     bw.set_defaults(func=budgets_show)
+    bus = b.add_parser("users", help="a budget's end users in id order, each with its spend, a "
+                       "page at a time")
+    bus.add_argument("budget_id")
+    bus.add_argument("--cursor")
+    bus.add_argument("--limit", type=int)
+    bus.set_defaults(func=budgets_users)
     bu = b.add_parser("resume", help="lift the pause a velocity alarm put on a budget")
     bu.add_argument("budget_id")
     bu.set_defaults(func=budgets_resume)

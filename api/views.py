@@ -18,7 +18,21 @@ from core.ledger import (
     user_remaining_micros,
 )
 from core.money import micros_to_usd
+from core.operations import UsersListing
 from core.service import Caller
+
+
+def users_json(found: UsersListing) -> dict[str, Any]:
+    """A page of a budget's end users: each with its legs as GET /v1/budgets/me shows them."""
+    per_user = found.definition.per_user
+    return {
+        "budget_id": found.definition.budget_id.path,
+        "users": [{"user": u.user, "budget_id": u.budget_id,
+                   "budgets": [leg_json(x) for x in u.legs]} for u in found.page.users],
+        "users_count": found.page.users_count,
+        "users_max": per_user.users_max if per_user else None,
+        "next_cursor": found.next_cursor,
+    }
 
 
 def user_headers(who: Caller, legs: tuple[LegStatus, ...]) -> dict[str, str]:

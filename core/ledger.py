@@ -311,6 +311,28 @@ class RunSpend:
 
 
 @dataclass(frozen=True)
+class UserSpend:
+    """One end user of a budget with per_user limits, as the ledger counts it: its id, its
+    budget id ('<budget>/user:<id>', core/budgets.py BudgetId.user) and the legs of its per_user
+    limits now, as a status read naming that user shows them (none once the budget has no
+    per_user limits)."""
+
+    user: str
+    budget_id: str
+    legs: tuple[LegStatus, ...]
+
+
+@dataclass(frozen=True)
+class UsersPage:
+    """Some of a budget's end users, in byte order of their ids: `users_count` how many the
+    budget counts in all, `more` whether any follow the last of `users`."""
+
+    users: tuple[UserSpend, ...]
+    users_count: int
+    more: bool
+
+
+@dataclass(frozen=True)
 class OpenLeases:
     """A tag's open reservations as one read sees them at `now_ms`: how many, how many are past
     their lease (an unknown outcome: held in full until expiry books them by their policy), the
@@ -481,6 +503,11 @@ class BudgetCatalogue(Protocol):
 
     async def budgets_of(self, tag: str) -> list[str]:
         """The budget ids of a tag (the spend page)."""
+        ...
+
+    async def users_of(self, budget_id: BudgetId, after: str | None, count: int) -> UsersPage:
+        """Up to `count` of the budget's end users, in byte order of their ids after `after`
+        (None: from the first), each with its legs as a status read naming it shows them."""
         ...
 
 

@@ -27,11 +27,11 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from core.budgets import BudgetDef, BudgetId, Period
+from core.budgets import USER_SCOPE_KIND, BudgetDef, BudgetId, Period, check_user
 from core.errors import BudgetNotFound, CeilingError, InvalidRequest, LedgerNotEmpty
 from core.ledger import (
     KeyInfo,
@@ -40,6 +40,7 @@ from core.ledger import (
     ReservationRef,
     ReserveRequest,
     Role,
+    UsersPage,
     mint_reservation_id,
     tag_digest,
 )
@@ -86,7 +87,7 @@ class Catalogue(KeyListing, Protocol):
     async def budget_ids(self, prefix: str, after: str | None, count: int) -> list[str]: ...
 
     async def delete_budget(self, tag: str, budget_id: str, force: bool
-                            ) -> tuple[int, int] | None: ...
+                            ) -> tuple[int, int, int] | None: ...
 
     async def audit_append(self, fields: dict[str, str], retention_ms: int) -> str: ...
 
@@ -120,6 +121,8 @@ class Catalogue(KeyListing, Protocol):
 
     async def catalogue_budget(self, budget_id: str) -> None: ...
 
+    async def write_users(self, tag: str, budget_id: str, users: Sequence[str]) -> None: ...
+
     async def write_key(self, record: dict[str, str]) -> None: ...
 
     async def adopt(self) -> tuple[str | None, str | None]: ...
@@ -132,6 +135,17 @@ class Page:
 
     def json(self) -> dict[str, Any]:
         return {"items": self.items, "next_cursor": self.next_cursor}
+
+
+@dataclass(frozen=True)
+class UsersListing:
+    """A page of a budget's end users (Operations.users): the budget's definition (its
+    per_user limits and users_max, None without), the page, and the cursor of the next (None:
+    the last)."""
+
+    definition: BudgetDef
+    page: UsersPage
+    next_cursor: str | None
 
 
 def page_size(limit: object) -> int:
@@ -187,6 +201,21 @@ def _amount(fields: dict[str, str], name: str) -> int:
     return int(text)
 
 
+def _counter_owner(raw: object) -> BudgetId:
+    """The budget a counter of an export is kept for: a budget's id (a run's too), or an end
+    user's '<budget>/user:<id>', which BudgetId.parse refuses (a user id may hold ':' and '@',
+    be longer than a scope's name, and make a path one scope longer than an operator's)."""
+    if isinstance(raw, str):
+        budget, marker, user = raw.rpartition(f"/{USER_SCOPE_KIND}:")
+        if marker and "/" not in user:
+            try:
+                check_user(user)
+            except InvalidRequest as exc:
+                raise _invalid("an end user's counter") from exc
+            return BudgetId.parse(budget)
+    return BudgetId.parse(raw)
+
+
 def verify_export(document: object) -> dict[str, Any]:
     """The export's body, once its format, checksum and every field are what an export writes."""
     if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
@@ -209,7 +238,7 @@ def verify_export(document: object) -> dict[str, Any]:
                 raise _invalid(f"{b.get('budget_id')} is not under {tag}")
             _strings(b.get("fields"), "a definition")
         for c in org.get("counters", []):
-            if BudgetId.parse(c.get("budget_id")).tag != tag or not isinstance(
+            if _counter_owner(c.get("budget_id")).tag != tag or not isinstance(
                     c.get("window_key"), str) or not _WINDOW.fullmatch(c["window_key"]):
                 raise _invalid("a counter of another organisation or window")
             fields = _strings(c.get("fields"), "a counter")
@@ -227,6 +256,17 @@ def verify_export(document: object) -> dict[str, Any]:
             if record.state != "open" or not 0 < _amount(
                     {"r": record.reserved_micros}, "r") <= CEILING_MICROS_MAX:
                 raise _invalid("an open reservation's record")
+        for u in org.get("users", []):
+            if not isinstance(u, dict) or BudgetId.parse(u.get("budget_id")).tag != tag:
+                raise _invalid("end users of another organisation")
+            members = u.get("users")
+            if not isinstance(members, list):
+                raise _invalid("a budget's end users are not a list")
+            for member in members:
+                try:
+                    check_user(member)
+                except InvalidRequest as exc:
+                    raise _invalid("an end user's id") from exc
     for k in body["keys"]:
         fields = _strings(k, "a key")
         if not _KEY_HASH.fullmatch(fields.get("key_hash", "")) or not _STORED_KEY_ID.fullmatch(
@@ -380,14 +420,35 @@ class Operations:
             for info in infos:
                 await self.service.revoke_key(info.key_id)
                 revoked.append(info.key_id)
-        charged, held = done
+        charged, held, users = done
         result = {"budget_id": budget_id.path, "deleted": True,
                   "reservations_charged_as_unknown": charged, "charged_micros": held,
-                  "keys_revoked": revoked}
+                  "users_deleted": users, "keys_revoked": revoked}
         await self.audit(by, "budget.delete", budget_id.path, force=force,
                          reservations_charged_as_unknown=charged, charged_micros=held,
-                         keys_revoked=revoked)
+                         users_deleted=users, keys_revoked=revoked)
         return result
+
+    async def users(self, budget_id: BudgetId, cursor: str | None, limit: object = None
+                    ) -> UsersListing:
+        """A page of the budget's end users in byte order of their ids, each with its legs now;
+        the cursor is the last user of the page before, encoded. A budget without per_user
+        limits lists the users it still keeps (from when it had them: they come back with their
+        spend if per_user is put again), each with no legs; one that never had any, none."""
+        definition = await self.service.store.get_budget(budget_id)
+        if definition is None:
+            raise BudgetNotFound(f"no budget {budget_id}", budget_id=budget_id.path)
+        count = page_size(limit)
+        after = decode_cursor(cursor)
+        if after is not None:
+            try:
+                check_user(after)
+            except InvalidRequest as exc:
+                raise InvalidRequest("not a cursor this list gave", field="cursor") from exc
+        page = await self.service.store.users_of(budget_id, after, count)
+        last = page.users[-1].user if page.users else None
+        return UsersListing(definition, page,
+                            encode_cursor(last) if page.more and last is not None else None)
 
     # -- keys ----------------------------------------------------------------------------
 
@@ -449,7 +510,7 @@ class Operations:
         for tag in await catalogue.tags():
             dump = await catalogue.dump_tag(tag)
             org: dict[str, Any] = {"tag": tag, "meta": {}, "budgets": [], "counters": [],
-                                   "open_reservations": []}
+                                   "open_reservations": [], "users": []}
             for suffix, (ttl_ms, fields) in sorted(dump.hashes.items()):
                 if suffix == keys.META:
                     org["meta"] = fields
@@ -465,7 +526,11 @@ class Operations:
                     "reservation_id": rid, "record": wire.SEPARATOR.join(record),
                     "reserved_micros": int(record.reserved_micros),
                     "legs": [f"{b}|{w}" for b, w, _ in legs_of(record)]})
-            if org["budgets"] or org["counters"] or org["open_reservations"]:
+            # Each budget's end users (their counters are among the counters): who counts
+            # against users_max, which a restore keeps.
+            org["users"] = [{"budget_id": budget_id, "users": list(members)}
+                            for budget_id, members in sorted(dump.users.items())]
+            if org["budgets"] or org["counters"] or org["open_reservations"] or org["users"]:
                 organisations.append(org)
         document: dict[str, Any] = {
             "format": EXPORT_FORMAT, "ledger_id": ledger_id,
@@ -503,7 +568,7 @@ class Operations:
         await catalogue.begin_restore()
         catalogue.use_ledger(ledger_id)
         now_ms = catalogue.now_estimate()
-        charged_count = charged_micros = counters = budgets = 0
+        charged_count = charged_micros = counters = budgets = users = 0
         for org in orgs:
             tag = org["tag"]
             deltas: dict[str, tuple[int, int]] = {}
@@ -531,6 +596,11 @@ class Operations:
                 await catalogue.write_hash(keys.definition(tag, b["budget_id"]), fields, None)
                 await catalogue.catalogue_budget(b["budget_id"])
                 budgets += 1
+            for u in org.get("users", []):
+                # Counted against users_max again, as before the export; their counters (a
+                # user's total is never refilled) come back with the counters below.
+                await catalogue.write_users(tag, u["budget_id"], u["users"])
+                users += len(u["users"])
             exported = {f"{c['budget_id']}|{c['window_key']}": c for c in org.get("counters", [])}
             for suffix in sorted(set(exported) | {s for s in deltas if s not in runs}):
                 c = exported.get(suffix)
@@ -576,7 +646,7 @@ class Operations:
         result = {
             "ledger_id": ledger_id, "previous_ledger_id": previous,
             "exported_ledger_id": document.get("ledger_id"), "budgets": budgets,
-            "counters": counters, "keys": len(body["keys"]),
+            "counters": counters, "users": users, "keys": len(body["keys"]),
             "open_reservations_charged_as_unknown": charged_count,
             "charged_micros": charged_micros, "booked_from_bill": booked,
             "next": "instances that reported ledger_reset serve again once you run "

@@ -2,8 +2,9 @@
 
 Framework-free: the routes render what these return. Everything here reads the ledger (status,
 the hourly spend buckets, the alert log, open leases and the runs they hold in, the keys bound
-to a budget, the probe) and writes nothing but what a probe writes; none of it is on a call's
-path, and every list is bounded by a named constant below, the rest counted.
+to a budget, a budget's end users, the probe) and writes nothing but what a probe writes; none
+of it is on a call's path, and every list is bounded by a named constant below, the rest
+counted.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from core.alerts import AlertEvent
-from core.budgets import BudgetDef, BudgetId
+from core.budgets import BudgetDef, BudgetId, Period
 from core.errors import InvalidRequest
 from core.ledger import (
     AlertOutbox,
@@ -28,6 +29,7 @@ from core.ledger import (
     Probe,
     RunLimit,
     RunSpend,
+    UserSpend,
 )
 from core.limits import SPEND_BUCKET_MS, SPEND_BUCKET_RETENTION_MS
 from core.text import whole_number
@@ -59,6 +61,17 @@ TOP_RUNS_MAX = 10
 # Keys listed per top-spending budget (the rest counted): a page, not the key list
 # (GET /v1/admin/keys?budget_id= pages through all of them).
 KEYS_LISTED_MAX = 10
+# End users listed per budget with per_user limits, by committed spend: a page, not the users
+# list (GET /v1/admin/budgets/{id}/users pages through all of them).
+TOP_USERS_MAX = 10
+# End users whose spend the page reads, per budget and on the whole page: each is a status read
+# of its own, and a budget may count far more users (its users_max) while the ledger keeps no
+# index of them by spend. The page ranks the first of them by id, and counts the rest.
+USERS_EXAMINED_PER_BUDGET_MAX = 1_000
+USERS_EXAMINED_PAGE_MAX = 2_000
+# The period end users are ranked by: the shortest their budget's per_user limits have (its
+# current window: who spends now), the first of these that they have.
+USERS_RANKED_BY = (Period.DAY, Period.WEEK, Period.MONTH, Period.TOTAL)
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,20 @@ class BudgetKeys:
 
 
 @dataclass(frozen=True)
+class BudgetUsers:
+    """The end users of one budget with per_user limits who committed the most in the current
+    window of `period`, TOP_USERS_MAX at most, among the `examined` first by id of the
+    `users_count` it counts (None: not read, the page's reads of users were spent). Each user's
+    spend is also its budget's: a call of a user is charged to both."""
+
+    budget_id: str
+    period: Period
+    top: tuple[UserSpend, ...]
+    users_count: int | None
+    examined: int
+
+
+@dataclass(frozen=True)
 class Overview:
     """`keys` is None where the ledger keeps no key catalogue (the in-memory ledger)."""
 
@@ -101,6 +128,7 @@ class Overview:
     leases: tuple[OpenLeases, ...]
     probe: Probe
     keys: tuple[BudgetKeys, ...] | None = None
+    users: tuple[BudgetUsers, ...] = ()
 
     @property
     def top_spenders(self) -> tuple[BudgetReport, ...]:
@@ -122,8 +150,41 @@ def top_spenders(budgets: Sequence[BudgetReport]) -> tuple[BudgetReport, ...]:
 
 
 class SpendReads(Ledger, BudgetCatalogue, AlertOutbox, Health, Protocol):
-    """What the spend page reads of a store: budgets and their windows, the hourly spend and the
-    alert log, open leases, and the probe."""
+    """What the spend page reads of a store: budgets and their windows, their end users, the
+    hourly spend and the alert log, open leases, and the probe."""
+
+
+def committed_in(user: UserSpend, period: Period) -> int:
+    """A user's committed spend in the current window of `period` (0 without such a leg)."""
+    return next((leg.committed_micros for leg in user.legs if leg.period is period), 0)
+
+
+async def top_users(store: BudgetCatalogue, budgets: Sequence[BudgetReport]
+                    ) -> tuple[BudgetUsers, ...]:
+    """The top end users of each of `budgets` that has per_user limits, in their order: the
+    first USERS_EXAMINED_PER_BUDGET_MAX users of each by id read, USERS_EXAMINED_PAGE_MAX in
+    all, and of those read the TOP_USERS_MAX with the most committed spend in the budget's
+    ranking period (USERS_RANKED_BY); a user with none in it is not listed."""
+    out = []
+    left = USERS_EXAMINED_PAGE_MAX
+    for b in budgets:
+        per_user = b.definition.per_user if b.definition else None
+        if per_user is None:
+            continue
+        limited = {lim.period for lim in per_user.limits}
+        period = next(p for p in USERS_RANKED_BY if p in limited)
+        count = min(USERS_EXAMINED_PER_BUDGET_MAX, left)
+        if count == 0:
+            out.append(BudgetUsers(b.budget_id, period, (), None, 0))
+            continue
+        page = await store.users_of(BudgetId(b.budget_id), None, count)
+        left -= len(page.users)
+        ranked = sorted((u for u in page.users if committed_in(u, period) > 0),
+                        key=lambda u: (-committed_in(u, period), u.user))
+        out.append(BudgetUsers(b.budget_id, period, tuple(ranked[:TOP_USERS_MAX]),
+                               page.users_count, len(page.users)))
+    return tuple(out)
+
 
 def check_hours(raw: object) -> int:
     if raw is None:
@@ -183,8 +244,8 @@ async def overview(store: SpendReads, instance_id: str, hours: int,
                    catalogue: KeyListing | None = None) -> Overview:
     """What the spend page shows: every budget with its periods and spend series, the alert log,
     open and overdue reservations per tag with the live runs they hold in, the keys of the top
-    spenders (from `catalogue`, where the ledger keeps one), and the ledger's health with the
-    instances it has seen."""
+    spenders (from `catalogue`, where the ledger keeps one), the top end users of the budgets
+    with per_user limits, and the ledger's health with the instances it has seen."""
     now_ms = await store.ledger_time_ms()
     tags = await store.alert_tags()
     ids: list[str] = []
@@ -200,5 +261,6 @@ async def overview(store: SpendReads, instance_id: str, hours: int,
     leases = [await store.open_listing(t, RESERVATIONS_LISTED_MAX, RUNS_EXAMINED_MAX)
               for t in tags]
     keys = None if catalogue is None else await keys_of(catalogue, top_spenders(reports))
+    users = await top_users(store, reports)
     return Overview(now_ms, hours, tuple(reports), tuple(await alert_log(store)),
-                    tuple(leases), await store.probe(instance_id), keys)
+                    tuple(leases), await store.probe(instance_id), keys, users)

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from api.admin_models import BudgetBody, CorrectionBody, KeyBody, RotateBody
 from api.routes.sidecar import bearer
 from api.runtime import admin_token, is_admin_token, runtime
-from api.views import correction_json, leg_json, stored_reservation_json
+from api.views import correction_json, leg_json, stored_reservation_json, users_json
 from core.budgets import BudgetId
 from core.errors import BudgetNotFound, Forbidden, InvalidRequest, Unauthorized
 from core.operations import Operations, budget_json
@@ -66,10 +66,21 @@ async def put_budget(budget_id: str, body: BudgetBody, by: Operator, ops: Ops,
 @router.delete("/budgets/{budget_id:path}")
 async def delete_budget(budget_id: str, by: Operator, ops: Ops,
                         force: bool = False) -> JSONResponse:
-    """Refused (409 budget_in_use) while open reservations hold money in it, unless force=1,
-    which charges them as unknown. Its counters stay (re-creating it refills nothing); its
+    """Refused (409 budget_in_use) while open reservations hold money in it or its end users,
+    unless force=1, which charges them as unknown. Its counters and its end users' stay
+    (re-creating it refills nothing); its users set goes, so its users are counted afresh; its
     keys are revoked."""
     return JSONResponse(await ops.delete_budget(BudgetId.parse(budget_id), force, by))
+
+
+# Before GET /budgets/{budget_id:path}, which would take '.../users' for a budget id (one that
+# no budget can have: a scope is 'kind:name').
+@router.get("/budgets/{budget_id:path}/users")
+async def list_users(budget_id: str, _: Admin, ops: Ops, cursor: str | None = None,
+                     limit: int | None = None) -> JSONResponse:
+    """The budget's end users in byte order of their ids, each with its spend per period;
+    `next_cursor` pages on (null: the end)."""
+    return JSONResponse(users_json(await ops.users(BudgetId.parse(budget_id), cursor, limit)))
 
 
 @router.get("/budgets/{budget_id:path}")

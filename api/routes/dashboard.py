@@ -193,17 +193,23 @@ def _bar(leg: LegStatus) -> str:
             "</svg>")
 
 
+def _money_cells(amounts: Sequence[tuple[str, int]], *, titled: bool = False) -> str:
+    """A cell per (field, micros), in dollars, carrying the field's name and the exact amount
+    (what a reader's tooltip, with `titled`, and the page's tests read)."""
+    return "".join(
+        f"<td class=num data-field='{name}' data-micros='{micros}'"
+        + (f" title='{micros} micro-dollars'" if titled else "") + f">{usd(micros)}</td>"
+        for name, micros in amounts)
+
+
 def _period_rows(r: spend.BudgetReport) -> str:
     rows = []
     for leg in r.legs:
         period = period_of(leg.window_key).value
-        cells = "".join(
-            f"<td class=num data-field='{name}' data-micros='{micros}' "
-            f"title='{micros} micro-dollars'>{usd(micros)}</td>"
-            for name, micros in (("ceiling_micros", leg.ceiling_micros),
-                                 ("committed_micros", leg.committed_micros),
-                                 ("reserved_micros", leg.reserved_micros),
-                                 ("remaining_micros", leg.remaining_micros)))
+        cells = _money_cells((("ceiling_micros", leg.ceiling_micros),
+                              ("committed_micros", leg.committed_micros),
+                              ("reserved_micros", leg.reserved_micros),
+                              ("remaining_micros", leg.remaining_micros)), titled=True)
         resets = "never" if leg.resets_at_ms is None else _when(leg.resets_at_ms)
         rows.append(f"<tr data-period='{_attr(period)}' data-window='{_attr(leg.window_key)}'>"
                     f"<th scope=row>{escape(period)}<small>{escape(leg.window_key)}</small></th>"
@@ -249,6 +255,14 @@ def _budget_card(r: spend.BudgetReport, now_ms: int, hours: int) -> str:
             "<table class=periods><thead><tr><th>period</th><th>ceiling</th><th>committed</th>"
             "<th>reserved</th><th>remaining</th><th></th></tr></thead>"
             f"<tbody>{_period_rows(r)}</tbody></table>{chart(r, now_ms, hours)}</section>")
+
+
+def _list_table(table_id: str, heads: Sequence[str], rows: str) -> str:
+    """One of the page's lists: a table of class `list` under `table_id`, its column heads
+    (markup, given by this module), then `rows`."""
+    head = "".join(f"<th>{h}</th>" for h in heads)
+    return (f"<table class=list id={table_id}><thead><tr>{head}</tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
 
 
 def _alert_rows(events: Sequence[AlertEvent]) -> str:
@@ -314,11 +328,9 @@ def _holds_table(view: spend.Overview, overdue: bool) -> str:
                     f"{unlisted} more not listed: the {spend.RESERVATIONS_LISTED_MAX} earliest "
                     "lease ends of each organisation are.</td></tr>")
     none = "None past their lease." if overdue else "None open."
-    return (f"<table class=list id={'overdue' if overdue else 'open'}><thead><tr>"
-            "<th>reservation · key</th><th>held in</th><th>held</th><th>age</th>"
-            f"<th>lease</th></tr></thead><tbody>"
-            f"{''.join(rows) or f'<tr><td colspan=5 class=muted>{none}</td></tr>'}"
-            "</tbody></table>")
+    return _list_table("overdue" if overdue else "open",
+                       ("reservation · key", "held in", "held", "age", "lease"),
+                       "".join(rows) or f"<tr><td colspan=5 class=muted>{none}</td></tr>")
 
 
 def _leases(view: spend.Overview) -> str:
@@ -336,8 +348,7 @@ def _leases(view: spend.Overview) -> str:
         "the rest are counted. Once expiry has charged a lease it is no longer open: its "
         "unknown outcome is kept for a correction (<code>ceiling reservations settle</code>), "
         "read by its id, not listed here.</p>"
-        "<table class=list id=leases><thead><tr><th>organisation</th><th>open</th>"
-        f"<th>past lease</th></tr></thead><tbody>{counts}</tbody></table>"
+        f"{_list_table('leases', ('organisation', 'open', 'past lease'), counts)}"
         f"<h3 class=sub>Past their lease (outcome unknown)</h3>{_holds_table(view, True)}"
         f"<h3 class=sub>Within their lease</h3>{_holds_table(view, False)}")
 
@@ -346,11 +357,9 @@ def _run_rows(runs: Sequence[RunSpend]) -> str:
     rows = []
     for r in runs:
         budget, _, run_id = r.budget_id.rpartition(f"/{RUN_SCOPE_KIND}:")
-        cells = "".join(
-            f"<td class=num data-field='{name}' data-micros='{micros}'>{usd(micros)}</td>"
-            for name, micros in (("committed_micros", r.committed_micros),
-                                 ("reserved_micros", r.reserved_micros),
-                                 ("ceiling_micros", r.ceiling_micros)))
+        cells = _money_cells((("committed_micros", r.committed_micros),
+                              ("reserved_micros", r.reserved_micros),
+                              ("ceiling_micros", r.ceiling_micros)))
         seen = "—" if r.seen_ms is None else _when(r.seen_ms)
         rows.append(f"<tr data-run='{_attr(r.budget_id)}'><td><code class=id>"
                     f"{escape(run_id)}</code></td><td>{escape(budget)}</td>{cells}"
@@ -367,9 +376,8 @@ def _runs(view: spend.Overview) -> str:
         f"spend, {spend.TOP_RUNS_MAX} at most. A run between calls is not listed: the ledger "
         "keeps no index of runs, only a call's reservation leads to its run's counter. A run "
         "ends after a day without a call. The ceiling is the one its open call holds it to.</p>"
-        "<table class=list id=runs><thead><tr><th>run</th><th>budget</th><th>committed</th>"
-        "<th>reserved</th><th>ceiling</th><th>last call</th></tr></thead>"
-        f"<tbody>{_run_rows(view.top_runs)}</tbody></table>")
+        + _list_table("runs", ("run", "budget", "committed", "reserved", "ceiling", "last call"),
+                      _run_rows(view.top_runs)))
 
 
 def _key_rows(found: Sequence[spend.BudgetKeys]) -> str:
@@ -399,9 +407,52 @@ def _keys(view: spend.Overview) -> str:
              "the secret is never stored.</p>")
     if view.keys is None:
         return intro + "<p class=muted>The in-memory ledger keeps no list of keys.</p>"
-    return (intro + "<table class=list id=keys><thead><tr><th>budget</th><th>key</th>"
-            "<th>roles</th><th>run ceiling</th><th>last used</th></tr></thead>"
-            f"<tbody>{_key_rows(view.keys)}</tbody></table>")
+    return intro + _list_table("keys", ("budget", "key", "roles", "run ceiling", "last used"),
+                               _key_rows(view.keys))
+
+
+def _user_rows(found: Sequence[spend.BudgetUsers]) -> str:
+    rows = []
+    for b in found:
+        for u in b.top:
+            leg = next(x for x in u.legs if x.period is b.period)
+            cells = _money_cells((("committed_micros", leg.committed_micros),
+                                  ("reserved_micros", leg.reserved_micros),
+                                  ("remaining_micros", leg.remaining_micros),
+                                  ("ceiling_micros", leg.ceiling_micros)))
+            rows.append(
+                f"<tr data-budget='{_attr(b.budget_id)}' data-user='{_attr(u.user)}' "
+                f"data-user-budget='{_attr(u.budget_id)}'><td>{escape(b.budget_id)}</td>"
+                f"<td><code class=id>{escape(u.user)}</code></td>"
+                f"<td>{escape(b.period.value)}<small>{escape(leg.window_key)}</small></td>"
+                f"{cells}</tr>")
+        if not b.top:
+            rows.append(f"<tr data-budget='{_attr(b.budget_id)}'><td>{escape(b.budget_id)}</td>"
+                        f"<td colspan=6 class=muted>no end user has spent in this "
+                        f"{escape(b.period.value)} yet</td></tr>")
+        unread = None if b.users_count is None else b.users_count - b.examined
+        if unread is None or unread > 0:
+            more = ("its users were not read: the page reads "
+                    f"{spend.USERS_EXAMINED_PAGE_MAX} in all" if unread is None else
+                    f"{unread} more not read: the page reads the first {b.examined} by id")
+            rows.append(f"<tr class=more><td colspan=7 class=muted data-unread='{unread or ''}'>"
+                        f"{escape(b.budget_id)}: {more}; GET /v1/admin/budgets/"
+                        f"{escape(b.budget_id)}/users lists them all</td></tr>")
+    return "".join(rows) or (
+        "<tr><td colspan=7 class=muted>No budget holds its end users (per_user).</td></tr>")
+
+
+def _users(view: spend.Overview) -> str:
+    return (
+        "<h2>Top end users</h2><p class=muted>A budget with per_user limits holds each end user "
+        "a call names to its own limits, as the budget <code>&lt;budget&gt;/user:&lt;id&gt;"
+        "</code>; the call is charged to the budget as well, so a user's spend is part of its "
+        "budget's, and neither the headline nor the budgets above count it again. Ranked by "
+        "committed spend in the current window of the shortest period the per_user limits "
+        f"have, {spend.TOP_USERS_MAX} per budget, among the first "
+        f"{spend.USERS_EXAMINED_PER_BUDGET_MAX} users of each by id.</p>"
+        + _list_table("top-users", ("budget", "end user", "period", "committed", "reserved",
+                                    "remaining", "ceiling"), _user_rows(view.users)))
 
 
 def tree_tops(budgets: Sequence[spend.BudgetReport]) -> tuple[spend.BudgetReport, ...]:
@@ -456,18 +507,19 @@ def render(view: spend.Overview) -> str:
         f"<h2>Budgets</h2><div class=cards>{cards}</div>"
         "<div class=split><section><h2>Top spenders</h2><p class=muted>Each budget's spend "
         "holds the spend of the budgets under it: the rows overlap and do not add up to the "
-        "total.</p><table class=list id=top>"
-        f"<thead><tr><th>budget</th><th>last {view.hours} h</th></tr></thead>"
-        f"<tbody>{top}</tbody></table>{_keys(view)}</section>"
+        f"total.</p>{_list_table('top', ('budget', f'last {view.hours} h'), top)}"
+        f"{_keys(view)}</section>"
         f"<section>{_runs(view)}"
         f"<h2>Health</h2><p>Ledger <b>{escape(probe.backend)}</b>, shared: "
         f"{'yes' if probe.shared else 'no'}, reachable: {'yes' if probe.reachable else 'no'}, "
         f"latency {probe.latency_ms if probe.latency_ms is not None else '—'} ms, "
         f"reasons: {escape(reasons)}.</p></section></div>"
+        f"<section id=end-users>{_users(view)}</section>"
         f"<section id=reservations>{_leases(view)}</section>"
-        "<h2>Alert log</h2><table class=list id=alerts><thead><tr><th>when</th><th>budget</th>"
-        "<th>period</th><th>what</th><th>spent / ceiling</th><th>delivery</th></tr></thead>"
-        f"<tbody>{_alert_rows(view.alerts)}</tbody></table></main>")
+        "<h2>Alert log</h2>"
+        + _list_table("alerts", ("when", "budget", "period", "what", "spent / ceiling",
+                                 "delivery"), _alert_rows(view.alerts))
+        + "</main>")
 
 
 CSS = """

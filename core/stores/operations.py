@@ -11,7 +11,7 @@ master; what belongs to an organisation is read and written under its own hash t
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import BudgetInUse, ensure
@@ -38,10 +38,12 @@ KEY_RECORD_FIELDS = (*(f for f in KEY_FIELDS if f != "run"), "key_hash", "previo
 @dataclass(frozen=True)
 class TagDump:
     """One tag as kept: its hashes (meta, definitions, counters) by key suffix with their time to
-    live (None: kept for ever), and its open reservations' records."""
+    live (None: kept for ever), its open reservations' records, and the end users of each
+    budget that counts them (its users set, core/stores/keys.py USERS), by budget id."""
 
     hashes: dict[str, tuple[int | None, dict[str, str]]]
     open_records: dict[str, wire.StoredRecord]
+    users: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _number(value: Any) -> int | None:
@@ -126,12 +128,15 @@ class ScriptedCatalogue:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def delete_budget(self, tag: str, budget_id: str, force: bool) -> tuple[int, int] | None:
-        """(reservations charged, micros they held), or None if there is no such budget;
-        BudgetInUse while open reservations hold money in it and `force` is not given."""
+    async def delete_budget(self, tag: str, budget_id: str, force: bool
+                            ) -> tuple[int, int, int] | None:
+        """(reservations charged, micros they held, end users uncounted), or None if there is
+        no such budget; BudgetInUse while open reservations hold money in it or its users and
+        `force` is not given. Its counters and its users' stay (lua/delete_budget.lua)."""
         reply = await self._t.run(
             script("delete_budget"),
-            (keys.meta(tag), keys.definition(tag, budget_id), keys.open_leases(tag)),
+            (keys.meta(tag), keys.definition(tag, budget_id), keys.open_leases(tag),
+             keys.prefix(tag) + keys.USERS + budget_id),
             [budget_id, "1" if force else "0", *filter(None, [self.store.now_arg()])],
         )
         if reply[0] == "not_found":
@@ -144,7 +149,7 @@ class ScriptedCatalogue:
                 held_micros=int(reply[2]),
             )
         await self._t.execute("ZREM", keys.BUDGETS_KEY, budget_id)
-        return int(reply[1]), int(reply[2])
+        return int(reply[1]), int(reply[2]), int(reply[3])
 
     # -- the audit stream ------------------------------------------------------------------
 
@@ -186,19 +191,41 @@ class ScriptedCatalogue:
             if found is not None and found.state == ReservationState.OPEN.value:
                 records[rid] = found
         hashes: dict[str, tuple[int | None, dict[str, str]]] = {}
+        users: dict[str, tuple[str, ...]] = {}
         cursor = "0"
         for _ in range(DUMP_PAGES_MAX):
             page = await self._t.run(script("dump_tag"), (keys.meta(tag),),
                                      [cursor, str(DUMP_PAGE_KEYS)])
             cursor = str(page[0])
             for entry in page[1:]:
-                suffix, pttl, values = str(entry[1]), int(entry[2]), entry[3:]
-                hashes[suffix] = (pttl if pttl > 0 else None, _pairs(list(values)))
+                kind, suffix, pttl, values = str(entry[0]), str(entry[1]), int(entry[2]), entry[3:]
+                if kind == "users":
+                    budget_id = suffix.removeprefix(keys.USERS)
+                    users[budget_id] = await self._members(keys.prefix(tag) + suffix)
+                else:
+                    hashes[suffix] = (pttl if pttl > 0 else None, _pairs(list(values)))
             if cursor == "0":
                 break
         else:
             ensure(False, f"the dump of {tag} did not end")
-        return TagDump(hashes, records)
+        return TagDump(hashes, records, users)
+
+    async def _members(self, key: str) -> tuple[str, ...]:
+        """A users set's members in byte order, DUMP_PAGE_KEYS at a time (ZRANGEBYLEX after the
+        last one read): a read of the whole set at once would hold the server for as many
+        members as the budget's users_max (more, after a forced restore added a ledger's users
+        to the ones it had)."""
+        members: list[str] = []
+        for _ in range(DUMP_PAGES_MAX):
+            low = f"({members[-1]}" if members else "-"
+            found = [str(m) for m in await self._t.execute(
+                "ZRANGEBYLEX", key, low, "+", "LIMIT", "0", str(DUMP_PAGE_KEYS))]
+            members += found
+            if len(found) < DUMP_PAGE_KEYS:
+                break
+        else:
+            ensure(False, f"the dump of the users set {key} did not end")
+        return tuple(members)
 
     async def index_unlisted_keys(self) -> int:
         """Put keys made before the catalogue existed into it; how many. On one Redis (and
@@ -303,6 +330,14 @@ class ScriptedCatalogue:
 
     async def catalogue_budget(self, budget_id: str) -> None:
         await self._t.execute("ZADD", keys.BUDGETS_KEY, "0", budget_id)
+
+    async def write_users(self, tag: str, budget_id: str, users: Sequence[str]) -> None:
+        """Add `users` to the budget's users set (score 0: byte order), DUMP_PAGE_KEYS a
+        command; members it holds already stay as they are."""
+        key = keys.prefix(tag) + keys.USERS + budget_id
+        for at in range(0, len(users), DUMP_PAGE_KEYS):
+            pairs = [x for user in users[at:at + DUMP_PAGE_KEYS] for x in ("0", user)]
+            await self._t.execute("ZADD", key, *pairs)
 
     async def write_key(self, record: dict[str, str]) -> None:
         """An exported key (a record, or an entry of the layout before records were by id) as a

@@ -8,6 +8,7 @@ error tree.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -17,7 +18,7 @@ from datetime import date
 from typing import Any, NoReturn, Protocol
 
 from core import alerts, output_stats
-from core.budgets import BudgetDef, BudgetId, Limit, Period, window_at
+from core.budgets import USER_SCOPE_KIND, BudgetDef, BudgetId, Limit, Period, window_at
 from core.errors import (
     BudgetNotFound,
     BudgetPaused,
@@ -59,6 +60,8 @@ from core.ledger import (
     Settlement,
     StoredReply,
     Upstream,
+    UsersPage,
+    UserSpend,
     day_index,
     day_of_index,
     refusal,
@@ -95,6 +98,11 @@ HASH_ONLY_KEY_FIELDS = ("key_id", "index_only", "budget_id", "run_ceiling_micros
 # Budget paths whose ledger form (their ids, joined) a process remembers; bounded because paths
 # come from keys.
 PATHS_CACHE_MAX = 10_000
+# A page of a budget's end users (users_of) reads each user's legs with a status script of its
+# own: at most this many at once, so that a page goes out in a few pipelined writes rather than
+# one round trip after another, and the calls the instance serves meanwhile are not queued
+# behind all of the page's reads.
+USER_READS_IN_FLIGHT_MAX = 16
 # The backends whose transports call the library's functions (FCALL), where other versions'
 # libraries pile up (core/stores/scripts.py prune_libraries): the cluster's transport runs each
 # operation as a script of its own, and the memory store's Redis is its process's alone.
@@ -925,6 +933,32 @@ class ScriptedStore:
         own = await self._t.execute("ZRANGEBYLEX", keys.BUDGETS_KEY, f"[{tag}", f"[{tag}")
         under = await self._t.execute("ZRANGEBYLEX", keys.BUDGETS_KEY, f"[{tag}/", f"[{tag}/\xff")
         return [str(b) for b in (*own, *under)]
+
+    async def users_of(self, budget_id: BudgetId, after: str | None, count: int) -> UsersPage:
+        """The budget's users set (core/stores/keys.py USERS) by ZRANGEBYLEX, then each user's
+        legs from the status script, the one GET /v1/budgets/me reads: the same windows, at the
+        ledger's time. Not one snapshot: the count and the page are two reads, and each user's
+        legs a read of its own."""
+        ensure(count >= 1, "a page of users lists something")
+        await self.open()
+        users_key = keys.prefix(budget_id.tag) + keys.USERS + budget_id.path
+        # '(' then a member: the members after it, that one excluded (the cursor's user).
+        low = "-" if after is None else f"({after}"
+        found = [str(u) for u in await self._t.execute(
+            "ZRANGEBYLEX", users_key, low, "+", "LIMIT", "0", str(count + 1))]
+        users_count = int(await self._t.execute("ZCARD", users_key))
+        in_flight = asyncio.Semaphore(USER_READS_IN_FLIGHT_MAX)
+
+        async def spend_of(user: str) -> UserSpend:
+            # Not BudgetId.user: an id read back is shown as the ledger keeps it, never refused.
+            user_budget = f"{budget_id.path}/{USER_SCOPE_KIND}:{user}"
+            async with in_flight:
+                legs = await self.status((budget_id,), None, user)
+            return UserSpend(user, user_budget,
+                             tuple(leg for leg in legs if leg.budget_id == user_budget))
+
+        page = await asyncio.gather(*(spend_of(u) for u in found[:count]))
+        return UsersPage(tuple(page), users_count, len(found) > count)
 
     async def open_listing(self, tag: str, listed_max: int, examined_max: int) -> OpenLeases:
         """lua/open_listing.lua: one read of the tag's open leases, their records and the run

@@ -91,7 +91,8 @@ def test_bad_input_on_the_command_line_is_an_error(redis_server: RedisServer) ->
     bad = ceiling(redis_server, "budgets", "set", "org:x{y}", "--limit", "day=5")
     assert bad.returncode == 1
     assert json.loads(bad.stderr)["error"]["code"] == "invalid_request"
-    assert ceiling(redis_server, "budgets", "set", "org:x", "--limit", "fortnight=5").returncode == 2
+    assert ceiling(redis_server, "budgets", "set", "org:x", "--limit", "fortnight=5"
+                   ).returncode == 2
 
 
 def test_health_from_the_command_line(redis_server: RedisServer) -> None:
