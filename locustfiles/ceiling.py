@@ -12,35 +12,68 @@ worker has stopped, the run ends on its own; --run-time only bounds a broken one
                             realistic length; also reports utilization (infra.fleet.EXHAUSTION)
     MessagesThroughGateway  Anthropic's Messages API through the gateway, in the wire format the
                             anthropic SDK sends, every other call streamed (infra.fleet.MESSAGES)
+    EndUsersThroughGateway  100 end users behind one key whose budget holds each of them to
+                            per_user limits (END_USERS below): chat completions through the
+                            gateway, each call naming its user in the body (`user`, or
+                            `safety_identifier`), every other call streamed
 
 On stop it reads the provider's bill (GET /billing), writes infra.fleet.LoadResult to the plan's
 result path, prints the overrun and sets the exit code: 0 the ceiling held and the run was
-clean; 1 the provider billed more than the ceiling; 2 the run itself failed (an unexpected
-answer, or a worker still calling at --run-time). Run it through infra.fleet.Fleet.run_load,
-which writes the plan (--plan) for the fleet it started.
+clean; 1 the provider billed more than the ceiling (or, for end users, more than one user's
+ceiling); 2 the run itself failed (an unexpected answer, or a worker still calling at
+--run-time). Run it through infra.fleet.Fleet.run_load, which writes the plan (--plan) for the
+fleet it started.
+
+The end users' scenario needs a fleet that prices each end user's model on both sides and gives
+the plan's budget its per_user limits (tests/test_proof.py ProofFleet). The stub's bill names no
+end user, so each end user calls a model of its own (`user_model`), priced alike on both sides,
+and the bill's tally per model is the bill per end user.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gevent
+import httpx
 from locust import HttpUser, constant, events, task
 from locust.env import Environment
 
 from core.money import micros_to_usd
 from infra.fleet import EXHAUSTION, HANDFUL, MESSAGES, LoadPlan, LoadResult, Workload
-from infra.stub_provider import fetch_bill
+from infra.stub_provider import Bill, fetch_bill
 
 # The Messages API version the anthropic SDK sends as anthropic-version.
 ANTHROPIC_VERSION = "2023-06-01"
 EXIT_HELD = 0
 EXIT_OVERRUN = 1
 EXIT_BROKEN = 2
+
+# -- end users ---------------------------------------------------------------------------------
+# 100 end users share the plan's one key (one per instance, of one budget). Each user's calls
+# name it in the body, `user` for even users and `safety_identifier` for odd ones, and call a
+# model of the user's own (`user_model`), which is how the provider's bill tells the users apart.
+END_USERS_COUNT = 100
+END_USER_MODEL_PREFIX = "hx-user-"
+END_USERS = Workload(
+    user_class="EndUsersThroughGateway", ceiling_micros=250_000, model=END_USER_MODEL_PREFIX,
+    max_output_tokens=1_000, prompt="Answer this end user's question in two sentences.",
+    stream=True, calls_per_worker_max=100, run_time_s=90, gateway_route="/v1/chat/completions",
+)
+BUDGETS_READ_TIMEOUT_S = 10.0
+
+
+def end_user(index: int) -> str:
+    return f"user-{index:03d}@example.com"
+
+
+def user_model(index: int) -> str:
+    return f"{END_USER_MODEL_PREFIX}{index:03d}"
 
 
 @dataclass
@@ -59,6 +92,10 @@ class Run:
     workers_refused: int = 0
     calls_by_instance: list[int] = field(default_factory=list)
     billed_at_first_refusal_micros: int | None = None
+    # End users: those their own ceiling refused (no worker calls for them again), and the busy
+    # answers of a user's budget (the worker calls for another user instead of waiting).
+    users_refused: set[int] = field(default_factory=set)
+    user_busy_skips: int = 0
 
 
 RUN: Run | None = None
@@ -101,9 +138,11 @@ def judge(environment: Environment, **_: Any) -> None:
         calls_by_instance=run.calls_by_instance,
         billed_at_first_refusal_micros=run.billed_at_first_refusal_micros,
     )
-    if result.overrun_micros > 0:
+    users_over, users_limited = (judge_end_users(run, bill)
+                                 if run.plan.user_class == END_USERS.user_class else ([], True))
+    if result.overrun_micros > 0 or users_over:
         result.exit_code = EXIT_OVERRUN
-    elif not result.finished:
+    elif not result.finished or not users_limited:
         result.exit_code = EXIT_BROKEN
     else:
         result.exit_code = EXIT_HELD
@@ -116,6 +155,37 @@ def judge(environment: Environment, **_: Any) -> None:
         f"{result.errors} errors, finished={result.finished}"
     )
     environment.process_exit_code = result.exit_code
+
+
+def judge_end_users(run: Run, bill: Bill) -> tuple[list[str], bool]:
+    """The end users the provider billed more than their own ceiling, which the ledger says (GET
+    /v1/budgets/me for that user: the per_user limits of the plan's budget); and whether every
+    user had one (a budget without per_user limits is a broken run, not a held one)."""
+    over = []
+    url = f"{run.plan.instance_urls[0]}/v1/budgets/me"
+    billed_users = 0
+    limited = True
+    with httpx.Client(timeout=BUDGETS_READ_TIMEOUT_S) as http:
+        for index in range(END_USERS_COUNT):
+            user = end_user(index)
+            r = http.get(url, headers={"Authorization": f"Bearer {run.plan.api_keys[0]}",
+                                       "X-Ceiling-User": user})
+            r.raise_for_status()
+            ceilings = [leg["ceiling_micros"] for leg in r.json()["budgets"]
+                        if leg["budget_id"] == f"{run.plan.budget_id}/user:{user}"
+                        and leg["period"] == "total"]
+            tally = bill.by_model.get(user_model(index))
+            billed = tally.cost_micros if tally else 0
+            billed_users += billed > 0
+            if len(ceilings) != 1:
+                limited = False
+            elif billed > ceilings[0]:
+                over.append(f"{user}: billed {billed} > {ceilings[0]}")
+    print(f"{END_USERS.user_class}: {billed_users} of {END_USERS_COUNT} end users billed, "
+          f"{len(run.users_refused)} refused by their own ceiling, {run.user_busy_skips} busy "
+          f"skips; users over their ceiling: {over or 'none'}"
+          + ("" if limited else "; the budget holds no per_user total limit"))
+    return over, limited
 
 
 class Worker(HttpUser):
@@ -279,22 +349,85 @@ class GatewayWorker(Worker):
                               name="gateway: stream" if stream else "gateway",
                               catch_response=True) as r:
             if r.status_code == 200:
-                figures = _trailer(r.iter_lines()) if stream else r.headers
-                if figures.get("x-ceiling-billing-outcome") == "billed":
-                    r.success()
-                    run = run_state()
+                if _billed(r, stream, self.instance):
                     self.calls += 1
-                    run.admitted += 1
-                    run.settled += 1
-                    run.calls_by_instance[self.instance] += 1
-                    run.charged_micros += int(figures["x-ceiling-charged-micros"])
                     return
-                r.failure(f"gateway: outcome {figures.get('x-ceiling-billing-outcome')}")
             elif self.refused(r):
                 return
             else:
                 r.failure(f"gateway: {r.status_code} {r.text[:200]}")
         self.count_error()
+
+
+class EndUserWorker(Worker):
+    """A gateway worker calling for many end users behind the one key: first one call for each
+    of its own users (so every user calls), then users drawn with weights 1/(index+1) (user 0 is
+    called most: its ceiling binds first, under calls from many workers at once). A 402 naming a
+    user's budget retires that user for every worker; a 402 naming the key's stops the worker,
+    as do all the users being retired."""
+
+    abstract = True
+
+    def on_start(self) -> None:
+        super().on_start()
+        options = self.environment.parsed_options
+        workers = int(options.num_users) if options is not None else 1
+        self.own_users = [u for u in range(END_USERS_COUNT) if u % workers == self.worker]
+        self.rng = random.Random(self.worker)
+
+    def pick_user(self) -> int | None:
+        refused = run_state().users_refused
+        while self.own_users:
+            user = self.own_users.pop(0)
+            if user not in refused:
+                return user
+        left = [u for u in range(END_USERS_COUNT) if u not in refused]
+        if not left:
+            return None
+        return self.rng.choices(left, weights=[1 / (u + 1) for u in left])[0]
+
+    @task
+    def call(self) -> None:
+        if self.calls >= self.workload.calls_per_worker_max:
+            self.finish(refused=False)
+            return
+        user = self.pick_user()
+        if user is None:  # every user's own ceiling refused it: the ledger said no
+            self.finish(refused=True)
+            return
+        stream = self.workload.stream and self.calls % 2 == 1
+        body = {"model": user_model(user), "max_tokens": self.workload.max_output_tokens,
+                "messages": self.messages(), "stream": stream,
+                "safety_identifier" if user % 2 else "user": end_user(user)}
+        url = f"{self.service_url}{self.workload.gateway_route}"
+        with self.client.post(url, json=body, headers=self.auth, stream=stream,
+                              name="gateway: stream" if stream else "gateway",
+                              catch_response=True) as r:
+            if r.status_code == 200:
+                if _billed(r, stream, self.instance):
+                    self.calls += 1
+                    return
+            elif self.users_own_refusal(r, user) or self.refused(r):
+                return
+            else:
+                r.failure(f"gateway: {r.status_code} {r.text[:200]}")
+        self.count_error()
+
+    def users_own_refusal(self, r: Any, user: int) -> bool:
+        """Whether the user's own budget said no: spent (the user is retired) or busy (another
+        user is called next); the answer is then accounted for."""
+        run = run_state()
+        if _error_field(r, "budget_id") != f"{run.plan.budget_id}/user:{end_user(user)}":
+            return False
+        code = _error_code(r)
+        if r.status_code == 402 and code == "budget_exceeded":
+            run.users_refused.add(user)
+        elif r.status_code == 429 and code == "budget_busy":
+            run.user_busy_skips += 1
+        else:
+            return False
+        r.success()
+        return True
 
 
 class HandfulOfCalls(CeilingWorker):
@@ -309,11 +442,35 @@ class MessagesThroughGateway(GatewayWorker):
     workload = MESSAGES
 
 
+class EndUsersThroughGateway(EndUserWorker):
+    workload = END_USERS
+
+
 def _error_code(response: Any) -> str | None:
+    return _error_field(response, "code")
+
+
+def _error_field(response: Any, name: str) -> str | None:
     try:
-        return str(response.json()["error"]["code"])
+        return str(response.json()["error"][name])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _billed(r: Any, stream: bool, instance: int) -> bool:
+    """A gateway answer of 200, counted in the run when it says the call was billed (its figures
+    in the stream's trailer or the headers); else marked a failure."""
+    figures = _trailer(r.iter_lines()) if stream else r.headers
+    if figures.get("x-ceiling-billing-outcome") != "billed":
+        r.failure(f"gateway: outcome {figures.get('x-ceiling-billing-outcome')}")
+        return False
+    r.success()
+    run = run_state()
+    run.admitted += 1
+    run.settled += 1
+    run.calls_by_instance[instance] += 1
+    run.charged_micros += int(figures["x-ceiling-charged-micros"])
+    return True
 
 
 def _trailer(lines: Any) -> dict[str, str]:

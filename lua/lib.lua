@@ -425,9 +425,9 @@ local function committed_moved(prefix, budget_id, window_key, ceiling_text, afte
 end
 
 -- The first refusal (budget_exceeded) of a budget in a window: budget.exceeded, once. A run's
--- leg has no budget to alert on. A counter this makes exists goes when a held one would.
+-- leg has no budget to alert on; an end user's raises none (its budget's spend does). A counter this makes exists goes when a held one would.
 local function alert_refused(prefix, leg, now)
-  if leg.run or redis.call('HSETNX', leg.key, 'alerted:exceeded', '1') == 0 then
+  if leg.run or leg.user or redis.call('HSETNX', leg.key, 'alerted:exceeded', '1') == 0 then
     return
   end
   if leg.committed == '0' and leg.reserved == '0' and leg.window_key ~= 'total' then

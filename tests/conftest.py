@@ -61,6 +61,7 @@ LONGEST_FIRST = (
     "tests/reliability/test_ledger_outage.py",
     "tests/reliability/test_soak.py",
     "tests/api/test_hostile.py",
+    "tests/api/test_hostile_users.py",
     "tests/api/test_gateway.py",
 )
 

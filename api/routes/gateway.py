@@ -87,8 +87,11 @@ async def serve(request: Request, wire: WireFormat) -> Response:
                      config.gateway_fields_allowed)
         if config else gateway.plan(wire.api, await request.body(), headers=headers)
     )
-    if who.user is None:  # the header wins over the body's user field
-        who = who.for_user(wire.end_user(call_plan.body))
+    # The body's user field is checked whether or not the header names the user; the header
+    # wins.
+    body_user = wire.end_user(call_plan.body)
+    if who.user is None:
+        who = who.for_user(body_user)
     clamp = request.headers.get("x-ceiling-clamp") == "1"
     idempotency_key = request.headers.get("idempotency-key")
     if idempotency_key is None:

@@ -45,13 +45,16 @@ CONCURRENCY = 64
 OPEN_EVERY, RELEASE_EVERY, IDEMPOTENT_EVERY = 10, 7, 5
 MODELS = 50  # distinct model names with an output histogram
 # Keys an operator makes, kept without an expiry: the ledger id, a tag's meta and budget
-# definitions, the total counters of those budgets, API key records, the tag map, a tag's
-# open-lease set while it has members, and the operators' catalogue (its audit stream is trimmed
-# by age as it is written; the registry of function libraries holds as many as are kept).
+# definitions, the total counters of those budgets, API key records, the tag map, a tag's open-
+# lease set while it has members, a tag's refusal counts (a field per error code), the users
+# sets of budgets with per_user limits (at most users_max each), and the operators' catalogue
+# (its audit stream is trimmed by age as it is written; the registry of function libraries holds
+# as many as are kept).
 OPERATOR_KEYS = re.compile(
     r"sc:ledger|sc:tags|sc:key:[0-9a-f]+|sc:keyid:key_[0-9a-f]+|sc:key:\{key_[0-9a-f]+\}"
     r"|\{sc:ledger\}:(orgs|budgets|keys|audit|restored|adopted|format|libraries)"
-    r"|sc:\{(?P<tag>[^}]+)\}:(meta|open|budgets|def:.+|p:(?P<budget>[^|]+)\|total)"
+    r"|sc:\{(?P<tag>[^}]+)\}:(meta|open|budgets|refused|def:.+|u:.+"
+    r"|p:(?P<budget>[^|]+)\|total)"
 )
 
 
