@@ -1,0 +1,142 @@
+"""What end users and rates cost the ledger when a budget uses them, against the same call
+without them, in the same run.
+
+    .venv/bin/python -m bench.features      # about 1 min; --help for rounds and durations
+
+One redis-server (started here on a free loopback port, stopped by pid) and RedisStore's
+reserve then settle in 50 asyncio tasks, as bench/ledger.py's store loop runs them, on the same
+path of 3 scopes (4 legs). Four shapes of the key's budget, interleaved over rounds:
+
+  plain     the path as it is: no end user, no rate (what every call costs with neither used)
+  users     the key's budget has per_user limits (day and total), and each call names one of
+            USERS end users: 2 more legs, the users set read
+  rate      the key's budget has a rate (requests_per_minute and concurrent_max): its call log
+            and its open-call count
+  both      per_user with its own rate, and the budget's rate: all of the above
+
+Printed per shape: cycles/s, and Redis' CPU per cycle (from INFO's used_cpu_user + sys: the
+figure the scripts move, least moved by this process); the cost of each shape is its Redis CPU
+per cycle over plain's, the median of the rounds' ratios. No target: the figures go to
+docs/measured.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+
+from bench.common import Cycle, Phase, run_phase
+from bench.ledger import ACTUAL_MICROS, LIMITS_BY_SCOPE, reserve_request
+from core.budgets import BudgetDef, BudgetId, Limit, Period, PerUser, Rate
+from core.limits import CEILING_MICROS_MAX, REQUESTS_PER_MINUTE_MAX
+from core.stores.redis import RedisStore
+from infra.figures import median, table
+from infra.redis_server import RedisServer
+
+TASKS = 50
+ROUNDS = 5
+PHASE_S = 2.0
+WARMUP_S = 1.0
+# End users the calls of the users shapes are spread over: each user's rate stays far from its
+# limit, so no call of the benchmark is refused.
+USERS = 100
+PER_USER_LIMITS = (Limit(Period.DAY, CEILING_MICROS_MAX), Limit(Period.TOTAL, CEILING_MICROS_MAX))
+# The most a rate may allow: a shape's calls over all its rounds stay below it.
+RATE = Rate(requests_per_minute=REQUESTS_PER_MINUTE_MAX, concurrent_max=TASKS * 2)
+SHAPES = {
+    "plain": (None, None),
+    "users": (None, PerUser(PER_USER_LIMITS, users_max=USERS)),
+    "rate": (RATE, None),
+    "both": (RATE, PerUser(PER_USER_LIMITS, users_max=USERS, rate=RATE)),
+}
+
+
+async def redis_cpu_s(store: RedisStore) -> float:
+    info = await store.transport.execute("INFO", "cpu")
+    text = info if isinstance(info, str) else "\n".join(f"{k}:{v}" for k, v in info.items())
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return float(fields["used_cpu_user"]) + float(fields["used_cpu_sys"])
+
+
+async def put_shape(store: RedisStore, shape: str) -> tuple[BudgetId, ...]:
+    """The path of `shape`: its own organisation, so the shapes share no counter."""
+    rate, per_user = SHAPES[shape]
+    lineage = BudgetId.parse(f"org:{shape}/team:search/key:k1").lineage
+    for budget_id, limits in zip(lineage, LIMITS_BY_SCOPE, strict=True):
+        last = budget_id == lineage[-1]
+        await store.put_budget(BudgetDef(budget_id, limits, rate=rate if last else None,
+                                         per_user=per_user if last else None))
+    return lineage
+
+
+def cycle_of(store: RedisStore, shape: str, budget_ids: tuple[BudgetId, ...]) -> Cycle:
+    users = itertools.cycle(f"user-{i}@example.com" for i in range(USERS))
+    named = SHAPES[shape][1] is not None
+
+    async def cycle() -> float:
+        request = replace(reserve_request(budget_ids[0].tag, budget_ids),
+                          user=next(users) if named else None)
+        await store.reserve(request)
+        await store.settle(request.ref, ACTUAL_MICROS)
+        return 0.0
+
+    return cycle
+
+
+async def measure(server: RedisServer, options: argparse.Namespace
+                  ) -> dict[str, list[tuple[Phase, float]]]:
+    store = RedisStore(server.url)
+    try:
+        cycles = {shape: cycle_of(store, shape, await put_shape(store, shape))
+                  for shape in SHAPES}
+        for cycle in cycles.values():
+            await run_phase(cycle, options.tasks, options.warmup_seconds)
+        found: dict[str, list[tuple[Phase, float]]] = {shape: [] for shape in SHAPES}
+        order = list(SHAPES)
+        for r in range(options.rounds):
+            for shape in order[r % len(order):] + order[:r % len(order)]:
+                before = await redis_cpu_s(store)
+                phase = await run_phase(cycles[shape], options.tasks, options.seconds)
+                found[shape].append((phase, await redis_cpu_s(store) - before))
+        return found
+    finally:
+        await store.close()
+
+
+def report(found: dict[str, list[tuple[Phase, float]]]) -> str:
+    per_cycle = {shape: [cpu / phase.cycles * 1e6 for phase, cpu in runs]
+                 for shape, runs in found.items()}
+    rows = []
+    for shape, runs in found.items():
+        ratios = [mine / plain for mine, plain in zip(per_cycle[shape], per_cycle["plain"],
+                                                      strict=True)]
+        rows.append([shape, f"{median([p.cycles_per_s for p, _ in runs]):,.0f}",
+                     f"{median(per_cycle[shape]):.1f}", f"{median(ratios):.3f}",
+                     f"{min(ratios):.3f}-{max(ratios):.3f}"])
+    return ("reserve+settle through RedisStore, 50 tasks; Redis CPU from INFO, per cycle\n\n"
+            + table(["shape", "cycles/s", "Redis CPU us/cycle", "x plain (median)",
+                     "rounds"], rows))
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", type=int, default=TASKS)
+    p.add_argument("--rounds", type=int, default=ROUNDS)
+    p.add_argument("--seconds", type=float, default=PHASE_S)
+    p.add_argument("--warmup-seconds", type=float, default=WARMUP_S)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse(argv)
+    with RedisServer(durable=True) as server:  # AOF everysec, as in production
+        print(report(asyncio.run(measure(server, options))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
