@@ -529,7 +529,7 @@ def test_one_id_in_two_budgets_is_two_users(
 
 # -- b, c: growing state, and users_max raced ----------------------------------------------------
 
-MINTED_USERS = 2_000
+MINTED_USERS = 1_000
 USERS_MAX = 50
 # Keys one admitted user may leave in the tag: its total counter and its rate log (a per-user
 # rate), besides its call's reservation record (kept for the resend window).
