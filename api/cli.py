@@ -102,6 +102,13 @@ def run_server(app: ASGIApp, host: str, port: int) -> None:
         sys.exit(STARTUP_FAILURE_EXIT)
 
 
+def refused(exc: CeilingError) -> int:
+    """A command's refusal: the error as the routes answer it, on stderr; exit 1."""
+    print(json.dumps({"error": {"code": exc.code, "message": exc.message, **exc.details}}),
+          file=sys.stderr)
+    return 1
+
+
 def _run(work: Callable[[CeilingService], Awaitable[Any]]) -> int:
     async def go() -> Any:
         service = runtime().enforcing()
@@ -113,9 +120,7 @@ def _run(work: Callable[[CeilingService], Awaitable[Any]]) -> int:
     try:
         result = asyncio.run(go())
     except CeilingError as exc:
-        print(json.dumps({"error": {"code": exc.code, "message": exc.message, **exc.details}}),
-              file=sys.stderr)
-        return 1
+        return refused(exc)
     print(json.dumps(result, indent=2))
     return 0
 
@@ -336,9 +341,7 @@ def reconcile(args: argparse.Namespace) -> int:
     try:
         done = asyncio.run(go())
     except CeilingError as exc:
-        print(json.dumps({"error": {"code": exc.code, "message": exc.message, **exc.details}}),
-              file=sys.stderr)
-        return 1
+        return refused(exc)
     print(json.dumps(done.json(), indent=2) if args.json else "\n".join(done.lines()))
     return 0 if done.within else DRIFT_EXIT
 

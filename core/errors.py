@@ -58,6 +58,8 @@ def _rebuild(cls: type[CeilingError], message: str, details: dict[str, Any]) -> 
 
 
 class InvalidRequest(CeilingError):
+    """Bad input, named in `field` where one is to blame; nothing was reserved or written."""
+
     code = "invalid_request"
 
 
@@ -78,6 +80,9 @@ class FieldUnsupported(InvalidRequest):
 
 
 class ModelUnpriced(CeilingError):
+    """No price for the model by its exact name (the bundled table, or the prices file): never
+    priced at zero."""
+
     code = "model_unpriced"
 
 
@@ -89,15 +94,18 @@ class ModelUnbounded(ModelUnpriced):
 
 
 class Unauthorized(CeilingError):
-    code = "unauthorized"
+    code = "unauthorized"  # no key, an unknown one, or a revoked one
 
 
 class Forbidden(CeilingError):
+    """A valid key outside its scope: a role it lacks (`missing_role`), or an admin route
+    without the admin token."""
+
     code = "forbidden"
 
 
 class BudgetNotFound(CeilingError):
-    code = "budget_not_found"
+    code = "budget_not_found"  # no budget applies to the call, or an admin route names none
 
 
 class BudgetRefused(CeilingError):
@@ -105,11 +113,14 @@ class BudgetRefused(CeilingError):
 
 
 class BudgetExceeded(BudgetRefused):
+    """Committed spend leaves no room; retry after the period resets (`retry_after_s`, none
+    for a total)."""
+
     code = "budget_exceeded"
 
 
 class BudgetBusy(BudgetRefused):
-    code = "budget_busy"
+    code = "budget_busy"  # it would fit once open reservations settle
 
 
 class BudgetPaused(BudgetRefused):
@@ -173,15 +184,18 @@ class CostReportFailed(CeilingError):
 
 
 class ReservationNotFound(CeilingError):
-    code = "reservation_not_found"
+    code = "reservation_not_found"  # an unknown id, or another owner's
 
 
 class IdempotencyConflict(CeilingError):
+    """The same reservation id (or Idempotency-Key) with other parameters: a different call,
+    never a retry."""
+
     code = "idempotency_conflict"
 
 
 class ReservationResolved(CeilingError):
-    code = "reservation_resolved"
+    code = "reservation_resolved"  # settle after release, release after settle, a late replay
 
 
 class OperationRefused(CeilingError):
@@ -191,10 +205,13 @@ class OperationRefused(CeilingError):
 
 
 class BudgetInUse(OperationRefused):
-    code = "budget_in_use"
+    code = "budget_in_use"  # a delete while open reservations hold money in the budget
 
 
 class LedgerNotEmpty(OperationRefused):
+    """A restore over a ledger that has data, without --force: it would mix two ledgers'
+    books."""
+
     code = "ledger_not_empty"
 
 
@@ -214,7 +231,7 @@ class LedgerUnavailable(CeilingError):
 
 
 class InvariantBroken(CeilingError):
-    code = "invariant_broken"
+    code = "invariant_broken"  # a programmer's error: crashes loudly, never a refusal
 
 
 def ensure(condition: bool, why: str) -> None:

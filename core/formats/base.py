@@ -53,19 +53,25 @@ class Provider:
     the header the provider takes its key in. Formats of one provider share it, and with it one
     pooled client (api/upstream.py)."""
 
+    upstream: Upstream  # whose bill its calls are on (core/reconcile.py)
     url_setting: str  # the setting that names its base URL, which keys its client
+    url_example: str  # what url_setting is set to for the provider itself
     url: Callable[[Config], str | None]
     api_key: Callable[[Config], str | None]
-    auth_header: str  # the header that carries the key
-    auth_scheme: str  # what comes before the key in it
-    upstream: Upstream  # whose bill its calls are on (core/reconcile.py)
-    unset: str  # why a call cannot be forwarded while url_setting is not set
+    # The header that carries the key, and what comes before the key in it.
+    auth_header: tuple[str, str]
     # Its answers' headers the client gets besides the common ones (api/upstream.py
     # RELAYED_HEADERS): its request ids, rate limits and the like, by prefix.
     relayed_header_prefixes: tuple[str, ...] = ()
 
     def auth(self, key: str) -> tuple[str, str]:
-        return self.auth_header, self.auth_scheme + key
+        return self.auth_header[0], self.auth_header[1] + key
+
+    @property
+    def unset(self) -> str:
+        """Why a call cannot be forwarded while url_setting is not set."""
+        return (f"{self.url_setting} is not set: the gateway has no {self.upstream} provider to "
+                f"forward to; set it to the provider's base URL, such as {self.url_example}")
 
 
 class WireFormat(ABC):

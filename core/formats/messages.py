@@ -28,17 +28,10 @@ from core.formats.base import (
 from core.ledger import Upstream
 from core.prices import TIER_AUTO, TIER_DEFAULT, Usage, check_service_tier
 
-ANTHROPIC = Provider(
-    url_setting="CEILING_ANTHROPIC_URL",
-    url=lambda config: config.anthropic_url,
-    api_key=lambda config: config.anthropic_api_key,
-    auth_header="x-api-key",
-    upstream=Upstream.ANTHROPIC,
-    auth_scheme="",
-    unset="CEILING_ANTHROPIC_URL is not set: the gateway has no Anthropic provider to forward "
-    "/v1/messages to; set it to the SDK's base URL, such as https://api.anthropic.com",
-    relayed_header_prefixes=("anthropic-ratelimit-",),
-)
+# The SDK's base URL, without /v1, is the setting's.
+ANTHROPIC = Provider(Upstream.ANTHROPIC, "CEILING_ANTHROPIC_URL", "https://api.anthropic.com",
+                     lambda config: config.anthropic_url, lambda config: config.anthropic_api_key,
+                     ("x-api-key", ""), ("anthropic-ratelimit-",))
 # The top-level fields whose cost the gateway knows. Any other is refused by name: fast mode's
 # `speed` and `inference_geo` bill other rates; `container`, `mcp_servers` and
 # `context_management` feed the model input (or run compaction) the request does not contain;

@@ -14,17 +14,9 @@ from core.formats.base import Plan, Provider, WireFormat, text_tokens
 from core.ledger import Upstream
 from core.prices import TIER_AUTO, check_service_tier
 
-OPENAI = Provider(
-    url_setting="CEILING_UPSTREAM_URL",
-    url=lambda config: config.upstream_url,
-    api_key=lambda config: config.upstream_api_key,
-    auth_header="authorization",
-    upstream=Upstream.OPENAI,
-    auth_scheme="Bearer ",
-    unset="CEILING_UPSTREAM_URL is not set: the gateway has no provider to forward to; set it "
-    "to the provider's base URL, such as https://api.openai.com/v1",
-    relayed_header_prefixes=("openai-", "x-ratelimit-"),
-)
+OPENAI = Provider(Upstream.OPENAI, "CEILING_UPSTREAM_URL", "https://api.openai.com/v1",
+                  lambda config: config.upstream_url, lambda config: config.upstream_api_key,
+                  ("authorization", "Bearer "), ("openai-", "x-ratelimit-"))
 # The top-level fields both forward, each because its billing effect is known: the ones the
 # worst case reads (model, prompt, output cap, `n`, tier, tools), and the ones that change
 # nothing it leaves out (sampling, logprobs, which only lengthen the answer's body, caching
