@@ -7,7 +7,10 @@ Checked after every step, on every store kind:
 - a reservation moves only forward (open -> settled | released | expired -> settled | released)
   and is never resolved twice;
 - the books reconcile to the micro-dollar: each counter's reserved is the sum of the open
-  reservations, and its committed the sum of what settles charged plus what expiry charged.
+  reservations, and its committed the sum of what settles charged plus what expiry charged;
+- so do each end user's (the key's budget holds each user to its own limits, users_max of them),
+  and the budget's concurrency count is its open reservations, never more than concurrent_max;
+  no minute admits more than requests_per_minute.
 """
 
 from __future__ import annotations
@@ -28,8 +31,15 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from core.budgets import BudgetDef, BudgetId, Limit, Period
-from core.errors import BudgetRefused, IdempotencyConflict, ReservationResolved
+from core.budgets import BudgetDef, BudgetId, Limit, Period, PerUser, Rate
+from core.errors import (
+    BudgetRefused,
+    ConcurrencyLimited,
+    IdempotencyConflict,
+    RateLimited,
+    ReservationResolved,
+    UsersExhausted,
+)
 from core.ledger import (
     ExpirePolicy,
     LedgerStore,
@@ -37,11 +47,20 @@ from core.ledger import (
     ReservationState,
     ReserveRequest,
 )
+from core.limits import RATE_WINDOW_MS
+from core.stores import keys
+from core.stores.scripted import ScriptedStore
 from tests.support import STORE_FACTORIES, ManualClock
 
 T = TypeVar("T")
 TTL_MS = 30_000
 OWNER = "key_sm"
+# The key's budget: a week, end users (two of them at most, one more to be refused) and a rate
+# that the steps reach.
+USERS = (None, "u1", "u2", "u3")
+USERS_MAX = 2
+RATE = Rate(requests_per_minute=12, concurrent_max=3)
+REFUSED = (BudgetRefused, UsersExhausted, RateLimited, ConcurrencyLimited)
 FORWARD = {
     ReservationState.OPEN: {ReservationState.OPEN, ReservationState.SETTLED,
                             ReservationState.RELEASED, ReservationState.EXPIRED},
@@ -65,12 +84,18 @@ def machine_for(request: pytest.FixtureRequest, kind: str) -> type[RuleBasedStat
             self.path = BudgetId(f"{self.tag}/team:t/key:k")
             self.states: dict[str, ReservationState] = {}
             self.amounts: dict[str, int] = {}
+            self.users: dict[str, str | None] = {}
+            self.admitted_ms: list[int] = []
             self.overshoot: dict[str, int] = {}
             self.run(self.store.open())
             self.run(self.store.put_budget(BudgetDef(
                 BudgetId(self.tag), (Limit(Period.DAY, 700), Limit(Period.TOTAL, 1_000)))))
             self.run(self.store.put_budget(BudgetDef(
                 BudgetId(f"{self.tag}/team:t"), (Limit(Period.MONTH, 900),))))
+            self.run(self.store.put_budget(BudgetDef(
+                self.path, (Limit(Period.WEEK, 950),), rate=RATE,
+                per_user=PerUser((Limit(Period.DAY, 250), Limit(Period.TOTAL, 400)),
+                                 users_max=USERS_MAX))))
 
         def run(self, coro: Coroutine[Any, Any, T]) -> T:
             return self.loop.run_until_complete(coro)
@@ -86,16 +111,20 @@ def machine_for(request: pytest.FixtureRequest, kind: str) -> type[RuleBasedStat
             target=reservations,
             amount=st.integers(1, 400),
             policy=st.sampled_from(ExpirePolicy),
+            user=st.sampled_from(USERS),
         )
-        def reserve(self, amount: int, policy: ExpirePolicy) -> str:
+        def reserve(self, amount: int, policy: ExpirePolicy, user: str | None) -> str:
             rid = uuid.uuid4().hex
             try:
                 self.run(self.store.reserve(ReserveRequest(
                     self.ref(rid), self.path.lineage, amount, TTL_MS, "fp", "v", "m", policy,
+                    user=user,
                 )))
-            except BudgetRefused:
+            except REFUSED:
                 return rid  # never admitted: settle and release must not find it
             self.amounts[rid] = amount
+            self.users[rid] = user
+            self.admitted_ms.append(self.clock.now_ms)
             return rid
 
         @rule(rid=reservations, ratio=st.sampled_from([0, 0.5, 1, 1.5]))
@@ -133,27 +162,46 @@ def machine_for(request: pytest.FixtureRequest, kind: str) -> type[RuleBasedStat
             views = {
                 rid: self.run(self.store.reservation(self.ref(rid))) for rid in self.amounts
             }
-            open_micros = committed_micros = 0
+            # By end user, and None for the whole path: open, committed, overshoot.
+            books: dict[str | None, list[int]] = {u: [0, 0, 0] for u in USERS}
+            opened = 0
             for rid, view in views.items():
                 assert view is not None
                 assert view.state in FORWARD[self.states.get(rid, ReservationState.OPEN)]
                 self.states[rid] = view.state
+                moved = [0, 0, self.overshoot.get(rid, 0)]
                 if view.state is ReservationState.OPEN:
-                    open_micros += view.reserved_micros
+                    moved[0] = view.reserved_micros
+                    opened += 1
                 elif view.state is ReservationState.SETTLED:
                     assert view.charged_micros is not None
-                    committed_micros += view.charged_micros
+                    moved[1] = view.charged_micros
                 elif view.state is ReservationState.EXPIRED and view.outcome == "unknown":
-                    committed_micros += view.reserved_micros
-            overshoot_micros = sum(self.overshoot.values())
-            for leg in self.run(self.store.status(self.path.lineage)):
-                assert leg.reserved_micros >= 0
-                assert leg.reserved_micros == open_micros
-                assert leg.committed_micros == committed_micros
-                assert leg.overshoot_micros == overshoot_micros
-                assert leg.committed_micros + leg.reserved_micros <= (
-                    leg.ceiling_micros + leg.overshoot_micros
-                )
+                    moved[1] = view.reserved_micros
+                for who in {None, self.users[rid]}:
+                    books[who] = [a + b for a, b in zip(books[who], moved, strict=True)]
+            for user in USERS:
+                user_path = self.path.user(user).path if user else None
+                for leg in self.run(self.store.status(self.path.lineage, None, user)):
+                    if user is not None and leg.budget_id != user_path:
+                        continue
+                    open_micros, committed_micros, overshoot_micros = books[user]
+                    assert leg.reserved_micros >= 0
+                    assert leg.reserved_micros == open_micros
+                    assert leg.committed_micros == committed_micros
+                    assert leg.overshoot_micros == overshoot_micros
+                    assert leg.committed_micros + leg.reserved_micros <= (
+                        leg.ceiling_micros + leg.overshoot_micros
+                    )
+            assert len({u for u in self.users.values() if u}) <= USERS_MAX
+            assert opened <= (RATE.concurrent_max or 0)
+            assert isinstance(self.store, ScriptedStore)
+            count = self.run(self.store.transport.execute(
+                "GET", keys.prefix(self.tag) + keys.CONCURRENCY + self.path.path))
+            assert int(count or 0) == opened
+            for at_ms in self.admitted_ms:
+                in_a_minute = [t for t in self.admitted_ms if at_ms <= t < at_ms + RATE_WINDOW_MS]
+                assert len(in_a_minute) <= (RATE.requests_per_minute or 0)
 
     return LedgerMachine
 
