@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
@@ -30,6 +32,37 @@ def test_budgets_are_created_read_and_replaced(http: Client) -> None:
     assert day["remaining_micros"] == 5_000_000
     missing = http.admin("GET", f"/v1/admin/budgets/{tag}/team:none")
     assert missing.status_code == 404
+
+
+def test_a_weekly_budget_resets_at_the_next_monday_in_its_time_zone(http: Client) -> None:
+    """From outside: the week's reset is the next Monday 00:00 where the budget lives, as the
+    admin read and the key's own read both say; the rate and per_user limits read back."""
+    tag = f"org:w{uuid.uuid4().hex[:10]}"
+    r = http.admin("PUT", f"/v1/admin/budgets/{tag}", json={
+        "limits": [{"period": "week", "ceiling_micros": 7_000_000}],
+        "timezone": "America/New_York",
+        "rate": {"requests_per_minute": 60, "concurrent_max": 4},
+        "per_user": {"limits": [{"period": "week", "ceiling_micros": 1_000_000}],
+                     "users_max": 10}})
+    assert r.status_code == 200, r.text
+    body = http.admin("GET", f"/v1/admin/budgets/{tag}").json()
+    assert body["rate"] == {"requests_per_minute": 60, "concurrent_max": 4}
+    assert body["per_user"]["users_max"] == 10
+    [week] = body["periods"]
+    assert week["period"] == "week"
+    resets = datetime.fromtimestamp(week["resets_at_ms"] / 1000, tz=ZoneInfo("America/New_York"))
+    assert (resets.weekday(), resets.hour, resets.minute, resets.second) == (0, 0, 0, 0)
+    now = datetime.now(tz=ZoneInfo("America/New_York"))
+    assert timedelta(0) < resets - now <= timedelta(days=7)
+    assert week["period_key"] == f"week:{(resets - timedelta(days=7)).isocalendar().year}-W" \
+        f"{(resets - timedelta(days=7)).isocalendar().week:02d}"
+    mine = http.get("/v1/budgets/me", headers={**http.sidecar_key(tag),
+                                              "x-ceiling-user": "ann@example.com"})
+    assert mine.status_code == 200, mine.text
+    assert {(b["budget_id"], b["period"], b["resets_at_ms"]) for b in mine.json()["budgets"]} == {
+        (tag, "week", week["resets_at_ms"]),
+        (f"{tag}/user:ann@example.com", "week", week["resets_at_ms"])}
+    assert mine.headers["x-ceiling-user-remaining-micros"] == "1000000"
 
 
 def test_bad_budgets_are_422(http: Client) -> None:
