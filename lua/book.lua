@@ -32,18 +32,22 @@ if #legs == 0 then
   return {'no_budget'}
 end
 -- A call admitted during an outage is booked whatever its limits say now; its end user is
--- counted if the budget has room for one more, else it is booked in the budget's legs only.
+-- counted in each budget that counts it already or has room for one more, and the legs of a
+-- budget that has none are left out (the call is booked in that budget alone).
 if legs.users then
-  if users_refusal(legs.users) then
-    local kept = {limits = legs.limits}
-    for _, leg in ipairs(legs) do
-      if not leg.user then kept[#kept + 1] = leg end
+  local kept = {limits = legs.limits}
+  local refused = {}
+  for _, u in ipairs(legs.users) do
+    if users_refusal({u}) then
+      refused[u.budget_id .. '/user:' .. u.user] = true
+    elseif not u.known then
+      redis.call('ZADD', u.key, '0', u.user)
     end
-    legs = kept
   end
-  for _, u in ipairs(legs.users or {}) do
-    if not u.known then redis.call('ZADD', u.key, '0', u.user) end
+  for _, leg in ipairs(legs) do
+    if not refused[leg.budget_id] then kept[#kept + 1] = leg end
   end
+  legs = kept
 end
 local state, outcome, _, committed, overshoot, released, _, late =
   book_effects('absent', 'charge', held, actual)

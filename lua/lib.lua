@@ -139,19 +139,19 @@ local function encode_legs(legs)
   return out or ''
 end
 
--- A reservation leaving the open state gives back the concurrency slot of each budget it held
--- one in (flag 'c'); a counter back at 0 is deleted, so an idle budget keeps none.
-local function free_slot(prefix, budget_id)
-  local key = prefix .. CONCURRENCY_KEY .. budget_id
-  if redis.call('DECR', key) <= 0 then
-    redis.call('DEL', key)
-  end
+-- A budget's concurrency slots are its open reservations' ids, scored by their lease ends (a
+-- sorted set: Redis drops it when its last member goes). A reservation leaving the open state
+-- gives back the slot of each budget it held one in (flag 'c'): removing an id twice removes it
+-- once. A slot whose lease ended counts no more (rate_refusal trims it), so one that a step never
+-- gave back (a script of an earlier version resolving the reservation) frees itself.
+local function free_slot(prefix, budget_id, rid)
+  redis.call('ZREM', prefix .. CONCURRENCY_KEY .. budget_id, rid)
 end
 
-local function free_slots(prefix, legs)
+local function free_slots(prefix, legs, rid)
   for budget_id, _, _, flags in string.gmatch(legs, LEG_PATTERN) do
     if flags ~= 'run' and string.find(flags, FLAGS.slot, 1, true) then
-      free_slot(prefix, budget_id)
+      free_slot(prefix, budget_id, rid)
     end
   end
 end
@@ -519,7 +519,7 @@ local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_te
     end
     if overshoot ~= '0' then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
     if flags ~= '' and string.find(flags, FLAGS.slot, 1, true) then
-      free_slot(prefix, budget_id)
+      free_slot(prefix, budget_id, id_of(prefix, keys[2]))
     end
   end
   -- A gateway call's answer to a resend, its fingerprint '' (core/service.py): in the order
@@ -601,7 +601,7 @@ local function resolve(prefix, key, open_key, rec, event, actual, now, extra)
   local to, outcome, reserved, committed, overshoot, released, _, late =
     effects(event, rec.state, rec.expire_policy, tonumber(rec.reserved_micros), actual)
   if rec.state == 'open' then
-    free_slots(prefix, rec.legs)
+    free_slots(prefix, rec.legs, id_of(prefix, key))
   end
   local long = to == 'expired' or extra or tonumber(rec.retention_ms) > RESEND_WINDOW_MS
   if not now and (long or string.find(rec.legs, '|run', 1, true)) then
@@ -748,7 +748,7 @@ local function resolve_legs(prefix, a, now)
       read_definition(key)
     paused_id = paused_id or (paused and budget_id)
     if timezone then
-      if ledger ~= a.ledger_id then
+      if ledger ~= a.ledger_id and ledger ~= a.ledger_id .. EXTENDED_DEFINITION_SUFFIX then
         return nil, {'ledger_reset'}
       end
       allowance = allowance or '0'
@@ -836,8 +836,9 @@ local function rate_refusal(prefix, limits, now)
       end
     end
     if lim.cmax then
-      local open = tonumber(redis.call('GET', prefix .. CONCURRENCY_KEY .. lim.budget_id) or '0')
-      if open >= lim.cmax then
+      local key = prefix .. CONCURRENCY_KEY .. lim.budget_id
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', istr(now))
+      if redis.call('ZCARD', key) >= lim.cmax then
         return {'concurrency_limited', lim.budget_id, istr(CONCURRENCY_RETRY_AFTER_S)}
       end
     end
@@ -846,7 +847,7 @@ local function rate_refusal(prefix, limits, now)
 end
 
 -- What a hold counts once it is made: each rate's call, each concurrency slot, each new user.
-local function count_hold(prefix, legs, rid, now)
+local function count_hold(prefix, legs, rid, now, expires_at)
   for _, lim in ipairs(legs.limits or {}) do
     if lim.rpm then
       local key = prefix .. RATE_KEY .. lim.budget_id
@@ -856,7 +857,7 @@ local function count_hold(prefix, legs, rid, now)
   end
   for _, leg in ipairs(legs) do
     if leg.slot then
-      redis.call('INCR', prefix .. CONCURRENCY_KEY .. leg.budget_id)
+      redis.call('ZADD', prefix .. CONCURRENCY_KEY .. leg.budget_id, expires_at, rid)
     end
   end
   for _, u in ipairs(legs.users or {}) do
@@ -943,7 +944,7 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
   end
   redis.call('ZADD', KEYS[3], expires_at, id_of(prefix, KEYS[2]))
   if legs.users or legs.limits then
-    count_hold(prefix, legs, id_of(prefix, KEYS[2]), now)
+    count_hold(prefix, legs, id_of(prefix, KEYS[2]), now, expires_at)
   end
   if qkey then
     used.records = used.records + (kept and 1 or 0)

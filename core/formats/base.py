@@ -139,18 +139,21 @@ class WireFormat(ABC):
     user_fields: tuple[tuple[str, ...], ...] = ()
 
     def end_user(self, body: dict[str, Any]) -> str | None:
-        """The end user the request names in its body (core/budgets.py check_user), or None."""
+        """The end user the request names in its body (core/budgets.py check_user), or None:
+        the first of user_fields given; each one given is checked, as all are forwarded."""
+        found = None
         for path in self.user_fields:
             value: Any = body
             for name in path:
                 value = value.get(name) if isinstance(value, dict) else None
             if value is not None:
                 try:
-                    return check_user(value)
+                    user = check_user(value)
                 except InvalidRequest as exc:
                     field = ".".join(path)
                     raise InvalidRequest(f"{field}: {exc.message}", field=field) from exc
-        return None
+                found = found or user
+        return found
 
     def output_cap(self, body: dict[str, Any], output_tokens_default: int) -> int:
         """The call's output cap, as given; else `output_tokens_default`, set in the body."""

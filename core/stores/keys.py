@@ -69,7 +69,9 @@ USERS = "u:"
 # + budget id (a user's too): the reservation ids of its calls in the last RATE_WINDOW_MS, a
 # sorted set by when each was admitted; expires a window after its last call.
 RATE = "rl:"
-# + budget id (a user's too): how many of its reservations are open, a string; deleted at 0.
+# + budget id (a user's too): its open reservations' ids by lease end, a sorted set, at most its
+# concurrent_max; Redis drops it when its last member goes, and a member past its lease end is
+# trimmed by the next reserve that reads it.
 CONCURRENCY = "cc:"
 # Model names are free text: the key of a model's output lengths holds a digest of one, so no
 # name can shape a key. 96 bits: two models of the millions a deployment could see share one

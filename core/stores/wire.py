@@ -23,7 +23,7 @@ pattern match that costs more per character than the server's own parsing of an 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from core.budgets import Limit, Period, PerUser, Rate, Window
@@ -117,9 +117,9 @@ ZONE_PARTS = (
 LEDGER_FORMAT_VERSION = 1
 
 # One reservation, under keys.RECORD + its id. `legs`: its legs, ITEM_SEPARATOR between them,
-# each 'budget_id|window_key|ceiling_micros|resets_at_ms|outage_allowance_micros', with '|run'
-# after a run's (resets_at_ms 0 for a total). Every step reads the first RECORD_HEAD fields;
-# the free text, which only Python reads, is last.
+# each 'budget_id|window_key|ceiling_micros|resets_at_ms|outage_allowance_micros', then '|run'
+# for a run's or a budget's flags (lua/lib.lua parse_legs; resets_at_ms 0 for a total). Every
+# step reads the first RECORD_HEAD fields; the free text, which only Python reads, is last.
 RECORD_FIELDS = (
     "state", "reserved_micros", "expire_policy", "retention_ms", "owner", "legs",
     "expires_at_ms", "created_ms", "actual_micros", "released_micros", "overshoot_micros",
@@ -143,6 +143,20 @@ RESOLVED_FIELDS = (
 DEFINITION_FIELDS = ("ledger", "timezone", "outage_allowance_micros", "ceiling_micros:day",
                      "ceiling_micros:month", "ceiling_micros:total", "paused",
                      "ceiling_micros:week", "rate", "per_user")
+# A definition that uses what scripts before end users, weeks and rates cannot read (a week, a
+# rate, per_user limits) carries its ledger id with this after it: those scripts compare the id
+# and refuse the budget (a reserve answers budget_not_found) instead of admitting calls without
+# the limits they do not know, during a rolling deploy or after a rollback.
+EXTENDED_DEFINITION_SUFFIX = "+2"
+EXTENDED_DEFINITION_FIELDS = ("ceiling_micros:week", "rate", "per_user")
+
+
+def definition_ledger(ledger_id: str, fields: Mapping[str, str]) -> str:
+    """The ledger id a definition of `fields` carries (EXTENDED_DEFINITION_SUFFIX)."""
+    extended = any(fields.get(f) for f in EXTENDED_DEFINITION_FIELDS)
+    return ledger_id + EXTENDED_DEFINITION_SUFFIX if extended else ledger_id
+
+
 CEILING_DEFINITION_FIELDS = {Period.DAY: "ceiling_micros:day", Period.WEEK: "ceiling_micros:week",
                              Period.MONTH: "ceiling_micros:month",
                              Period.TOTAL: "ceiling_micros:total"}
@@ -429,6 +443,7 @@ KEY_PARTS = {
     "VELOCITY_FIELD": keys.VELOCITY_FIELD, "DAILY_SPEND_KEY": keys.DAILY_SPEND,
     "REFUSED_KEY": keys.REFUSED, "DRIFT_MARK_KEY": keys.DRIFT_MARK, "USERS_KEY": keys.USERS,
     "RATE_KEY": keys.RATE, "CONCURRENCY_KEY": keys.CONCURRENCY,
+    "EXTENDED_DEFINITION_SUFFIX": EXTENDED_DEFINITION_SUFFIX,
 }
 
 

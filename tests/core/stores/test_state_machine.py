@@ -164,7 +164,7 @@ def machine_for(request: pytest.FixtureRequest, kind: str) -> type[RuleBasedStat
             }
             # By end user, and None for the whole path: open, committed, overshoot.
             books: dict[str | None, list[int]] = {u: [0, 0, 0] for u in USERS}
-            opened = 0
+            opened = 0  # open, and within their lease: what holds a concurrency slot
             for rid, view in views.items():
                 assert view is not None
                 assert view.state in FORWARD[self.states.get(rid, ReservationState.OPEN)]
@@ -172,7 +172,8 @@ def machine_for(request: pytest.FixtureRequest, kind: str) -> type[RuleBasedStat
                 moved = [0, 0, self.overshoot.get(rid, 0)]
                 if view.state is ReservationState.OPEN:
                     moved[0] = view.reserved_micros
-                    opened += 1
+                    opened += view.expires_at_ms is not None and (
+                        view.expires_at_ms > self.clock.now_ms)
                 elif view.state is ReservationState.SETTLED:
                     assert view.charged_micros is not None
                     moved[1] = view.charged_micros
@@ -197,8 +198,9 @@ def machine_for(request: pytest.FixtureRequest, kind: str) -> type[RuleBasedStat
             assert opened <= (RATE.concurrent_max or 0)
             assert isinstance(self.store, ScriptedStore)
             count = self.run(self.store.transport.execute(
-                "GET", keys.prefix(self.tag) + keys.CONCURRENCY + self.path.path))
-            assert int(count or 0) == opened
+                "ZCOUNT", keys.prefix(self.tag) + keys.CONCURRENCY + self.path.path,
+                f"({self.clock.now_ms}", "+inf"))
+            assert int(count) == opened
             for at_ms in self.admitted_ms:
                 in_a_minute = [t for t in self.admitted_ms if at_ms <= t < at_ms + RATE_WINDOW_MS]
                 assert len(in_a_minute) <= (RATE.requests_per_minute or 0)

@@ -226,3 +226,58 @@ async def test_a_replayed_reserve_counts_once(store: LedgerStore, tag: str) -> N
         await store.reserve(req)
     await store.reserve(held(tag, tag, 1, "u1"))  # the second of two in a minute, and at once
     assert TTL_MS
+
+
+async def test_a_definition_an_earlier_version_cannot_read_is_stamped_so_it_refuses_it(
+    store: LedgerStore, tag: str
+) -> None:
+    """Scripts before weeks, rates and end users compare a definition's ledger id with theirs:
+    a definition that uses any of them carries a suffix, so those scripts refuse the budget
+    instead of admitting calls without limits they cannot read."""
+    plain = await put(store, tag, (Period.TOTAL, 100))
+    week = await put(store, f"{tag}/team:w", (Period.WEEK, 100))
+    rated = await put(store, f"{tag}/team:r", (Period.TOTAL, 100), rate=Rate(10, None))
+    users = await put(store, f"{tag}/team:u", (Period.TOTAL, 100),
+                      per_user=PerUser((Limit(Period.TOTAL, 10),)))
+    ledger_id = await store.open()
+    found = {b: await store._t.execute(  # type: ignore[attr-defined]
+        "HGET", keys.definition(tag, b.path), "ledger") for b in (plain, week, rated, users)}
+    assert found == {plain: ledger_id, week: ledger_id + "+2", rated: ledger_id + "+2",
+                     users: ledger_id + "+2"}
+    for b in (week, rated, users):  # and this version serves them
+        await store.reserve(held(tag, b.path, 1, "u1"))
+
+
+async def test_a_slot_nobody_gave_back_frees_itself_at_its_lease_end(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    """A reservation resolved by a step that does not know slots (a script of an earlier
+    version) leaves its id in the budget's slots: it counts until its lease ends, then no
+    more."""
+    await put(store, tag, (Period.TOTAL, 10**9), rate=Rate(concurrent_max=1))
+    slots = keys.prefix(tag) + keys.CONCURRENCY + tag
+    await store._t.execute(  # type: ignore[attr-defined]
+        "ZADD", slots, str(clock.now_ms + 1_000), "resolved-elsewhere")
+    with pytest.raises(ConcurrencyLimited):
+        await store.reserve(held(tag, tag, 1))
+    clock.advance(1_000)
+    await store.reserve(held(tag, tag, 1))
+
+
+async def test_a_booked_call_counts_its_user_in_each_budget_with_room(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    """An outage's booking: a user is booked in every budget of the path that counts it or has
+    room for it, and left out only of one that has none."""
+    org = await put(store, tag, (Period.TOTAL, 10**6),
+                    per_user=PerUser((Limit(Period.TOTAL, 1_000),), users_max=100))
+    team = await put(store, f"{tag}/team:t", (Period.TOTAL, 10**6),
+                     per_user=PerUser((Limit(Period.TOTAL, 1_000),), users_max=1))
+    await store.reserve(held(tag, team.path, 5, "u1"))  # the team's one user
+    request = held(tag, team.path, 500, "u2")
+    assert await store.book(request, 400, clock.now_ms)
+    legs = {leg.budget_id: leg.committed_micros
+            for leg in await store.status(team.lineage, None, "u2")}
+    assert legs[org.user("u2").path] == 400  # the org had room for u2
+    assert team.user("u2").path not in legs or legs[team.user("u2").path] == 0
+    assert legs[team.path] == 400
