@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import multiprocessing
 import os
 from collections.abc import Callable
@@ -10,6 +11,8 @@ from datetime import UTC, datetime
 from functools import cache, partial
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -106,3 +109,11 @@ def process_context() -> BaseContext:
     ctx.set_forkserver_preload(list(CHILD_MODULES))
     _reap_forkserver_at_exit()
     return ctx
+
+
+def write_prices(tmp_path_factory: pytest.TempPathFactory, name: str,
+                 document: dict[str, Any]) -> str:
+    """A prices file (CEILING_PRICES_FILE) of `document`, in a directory of its own."""
+    path = Path(tmp_path_factory.mktemp(name)) / "prices.json"
+    path.write_text(json.dumps(document))
+    return str(path)

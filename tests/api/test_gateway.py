@@ -19,7 +19,6 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -53,6 +52,7 @@ from tests.api.conftest import (
     settled,
     trailer,
 )
+from tests.support import write_prices
 
 MODELS = iter(f"gw-m{i:02d}" for i in range(64))
 # The test models' rates: one micro-dollar an input token, four an output token.
@@ -64,17 +64,15 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 # These instances may hold a model's p95 output length (test_the_p95_is_held_...).
 HOLD_P95 = {"CEILING_HOLD_P95": "1"}
 
-
 # -- fixtures ------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def prices_file(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = Path(tmp_path_factory.mktemp("gateway")) / "prices.json"
     rates = {"input_usd_per_mtok": f"{INPUT_MICROS}.00",
              "output_usd_per_mtok": f"{OUTPUT_MICROS}.00"}
-    path.write_text(json.dumps({"models": {f"gw-m{i:02d}": rates for i in range(64)}}))
-    return str(path)
+    return write_prices(tmp_path_factory, "gateway",
+                        {"models": {f"gw-m{i:02d}": rates for i in range(64)}})
 
 
 @pytest.fixture(scope="module")

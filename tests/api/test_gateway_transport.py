@@ -9,12 +9,10 @@ call that never left is released. The provider's socket is the witness of what i
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import struct
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
@@ -23,6 +21,7 @@ from infra.processes import free_port
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from tests.api.conftest import Client, account, client_for, gateway, header, ledger, sdk
+from tests.support import write_prices
 
 MODEL = "gw-transport"
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -93,10 +92,8 @@ class HostileProvider:
 
 @pytest.fixture(scope="module")
 def prices_file(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = Path(tmp_path_factory.mktemp("transport")) / "prices.json"
-    path.write_text(json.dumps({"models": {MODEL: {"input_usd_per_mtok": "1.00",
-                                                   "output_usd_per_mtok": "4.00"}}}))
-    return str(path)
+    return write_prices(tmp_path_factory, "transport", {"models": {
+        MODEL: {"input_usd_per_mtok": "1.00", "output_usd_per_mtok": "4.00"}}})
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import struct
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -56,6 +54,7 @@ from tests.api.conftest import (
 from tests.api.hostile import Attack, blocking, control, expire_held, judge, streamed
 from tests.core.stores.test_bounded_state import keys_without_expiry
 from tests.infra.media import data_url, mp3, pdf, png, wav
+from tests.support import write_prices
 
 # The attack batteries run outside the dev loop (`-m "not slow"`) and in CI: each attack drives
 # real gateway processes with a real SDK until the ceiling would have been passed several times
@@ -83,15 +82,12 @@ DEFAULT_TIER = {"service_tier": "default"}
 # Not how a gateway call may be resolved: its lease is charged at expiry whatever this says.
 HOSTILE_ENV = {"CEILING_EXPIRE_POLICY": "release"}
 
-
 # -- fixtures ------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def prices_file(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = Path(tmp_path_factory.mktemp("hostile")) / "prices.json"
-    path.write_text(json.dumps(SERVICE_PRICES))
-    return str(path)
+    return write_prices(tmp_path_factory, "hostile", SERVICE_PRICES)
 
 
 @pytest.fixture(scope="module")

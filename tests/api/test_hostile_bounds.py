@@ -17,11 +17,9 @@ web plugin and fallback models from its own table (infra/stub_prices.json).
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,6 +32,7 @@ from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill
 from tests.api.conftest import Client, account, as_key, gateway, sdk
 from tests.api.hostile import Attack, blocking, control, expire_held, judge
+from tests.support import write_prices
 
 # As the other attack batteries: real gateway processes and a real SDK, outside the dev loop.
 pytestmark = pytest.mark.slow
@@ -67,9 +66,7 @@ CRAFTED_RUN_IDS = ("x/team:t", "batch|total", "{org:x}", "run:batch", "../../tea
 @pytest.fixture(scope="module")
 def prices_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     """No overrides: every model at the bundled price, the stub at its own table's."""
-    path = Path(tmp_path_factory.mktemp("hostile_bounds")) / "prices.json"
-    path.write_text(json.dumps({"models": {}}))
-    return str(path)
+    return write_prices(tmp_path_factory, "hostile_bounds", {"models": {}})
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,7 @@ committed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -41,6 +39,7 @@ from tests.api.conftest import (
 )
 from tests.api.hostile import Attack, control, judge, streamed
 from tests.infra.media import b64, pdf, png
+from tests.support import write_prices
 
 # The attack batteries run outside the dev loop (`-m "not slow"`) and in CI: each attack drives
 # real gateway processes with a real SDK until the ceiling would have been passed several times
@@ -71,9 +70,7 @@ CONTEXT_1M = {"anthropic-beta": "context-1m-2025-08-07"}
 
 @pytest.fixture(scope="module")
 def prices_file(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = Path(tmp_path_factory.mktemp("hostile-messages")) / "prices.json"
-    path.write_text(json.dumps(SERVICE_PRICES))
-    return str(path)
+    return write_prices(tmp_path_factory, "hostile-messages", SERVICE_PRICES)
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,6 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -48,6 +47,7 @@ from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill
 from tests.api.conftest import ADMIN_TOKEN, FaultProxy, as_key, gateway
 from tests.api.hostile import blocking, control, expire_held
+from tests.support import write_prices
 
 # As the other attack batteries: real gateway processes, outside the dev loop.
 pytestmark = pytest.mark.slow
@@ -91,16 +91,13 @@ LOOKALIKE_USER_IDS = (
 # What a JSON body may hold in a user field that is not an id (null is no user at all).
 NOT_STRINGS: tuple[Any, ...] = (5, True, 1.5, ["bob"], {"id": "bob"})
 
-
 # -- fixtures ------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def prices_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     """No overrides: every model at the bundled price, the stub at its own table's."""
-    path = Path(tmp_path_factory.mktemp("hostile_users")) / "prices.json"
-    path.write_text(json.dumps({"models": {}}))
-    return str(path)
+    return write_prices(tmp_path_factory, "hostile_users", {"models": {}})
 
 
 @pytest.fixture(scope="module")

@@ -23,13 +23,11 @@ behaviour.
 from __future__ import annotations
 
 import itertools
-import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -52,6 +50,7 @@ from tests.api.conftest import (
     gateway,
     sdk,
 )
+from tests.support import write_prices
 
 MODEL = "gpt-4o"
 ANTHROPIC_MODEL = "claude-haiku-4-5"
@@ -74,9 +73,7 @@ NO_RETRY_ELAPSED_S_MAX = 0.5
 
 @pytest.fixture(scope="module")
 def prices_file(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = Path(tmp_path_factory.mktemp("sdk_retries")) / "prices.json"
-    path.write_text(json.dumps({"models": {}}))
-    return str(path)
+    return write_prices(tmp_path_factory, "sdk_retries", {"models": {}})
 
 
 @pytest.fixture(scope="module")
