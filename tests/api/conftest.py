@@ -309,3 +309,20 @@ def trailer(text: str) -> dict[str, str]:
     """The figures a stream ends with, from its `: x-ceiling-...: value` comment lines."""
     lines = [line[2:].split(": ", 1) for line in text.split("\n") if line.startswith(": x-")]
     return {name: value for name, value in lines}
+
+
+def per_user_budget(ceiling_micros: int, user_ceiling_micros: int, users_max: int,
+                    required: bool = False, rate: dict[str, int] | None = None,
+                    user_rate: dict[str, int] | None = None) -> dict[str, Any]:
+    """A PUT /v1/admin/budgets body: a total ceiling, each end user's own total, and the rates
+    given (None: none)."""
+    per_user: dict[str, Any] = {
+        "limits": [{"period": "total", "ceiling_micros": user_ceiling_micros}],
+        "users_max": users_max, "required": required}
+    if user_rate is not None:
+        per_user["rate"] = user_rate
+    body: dict[str, Any] = {"limits": [{"period": "total", "ceiling_micros": ceiling_micros}],
+                            "per_user": per_user}
+    if rate is not None:
+        body["rate"] = rate
+    return body

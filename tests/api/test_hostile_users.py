@@ -45,7 +45,7 @@ from infra.processes import tls_context
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill
-from tests.api.conftest import ADMIN_TOKEN, FaultProxy, as_key, gateway
+from tests.api.conftest import ADMIN_TOKEN, FaultProxy, as_key, gateway, per_user_budget
 from tests.api.hostile import blocking, control, expire_held
 from tests.support import write_prices
 
@@ -158,15 +158,8 @@ def budget_with_users(service: ServiceProcess, tag: str, *, ceiling_micros: int 
                       user_ceiling_micros: int = USER_CEILING_MICROS, users_max: int = 1_000,
                       required: bool = False, rate: dict[str, int] | None = None,
                       user_rate: dict[str, int] | None = None) -> None:
-    per_user: dict[str, Any] = {
-        "limits": [{"period": "total", "ceiling_micros": user_ceiling_micros}],
-        "users_max": users_max, "required": required}
-    if user_rate is not None:
-        per_user["rate"] = user_rate
-    body: dict[str, Any] = {"limits": [{"period": "total", "ceiling_micros": ceiling_micros}],
-                            "per_user": per_user}
-    if rate is not None:
-        body["rate"] = rate
+    body = per_user_budget(ceiling_micros, user_ceiling_micros, users_max, required, rate,
+                           user_rate)
     r = admin_call(service, "PUT", f"/v1/admin/budgets/{tag}", body)
     assert r.status_code == 200, r.text
 

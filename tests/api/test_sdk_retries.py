@@ -48,6 +48,7 @@ from tests.api.conftest import (
     client_for,
     counting_client,
     gateway,
+    per_user_budget,
     sdk,
 )
 from tests.support import write_prices
@@ -108,15 +109,8 @@ def account(admin: Client, *, ceiling_micros: int = ROOMY_MICROS,
             user_rate: dict[str, int] | None = None) -> tuple[str, str]:
     """A budget with per-user limits (and the rates given), and a key with both roles."""
     tag = f"org:r{uuid.uuid4().hex[:10]}"
-    per_user: dict[str, Any] = {
-        "limits": [{"period": "total", "ceiling_micros": user_ceiling_micros}],
-        "users_max": users_max, "required": required}
-    if user_rate is not None:
-        per_user["rate"] = user_rate
-    body: dict[str, Any] = {"limits": [{"period": "total", "ceiling_micros": ceiling_micros}],
-                            "per_user": per_user}
-    if rate is not None:
-        body["rate"] = rate
+    body = per_user_budget(ceiling_micros, user_ceiling_micros, users_max, required, rate,
+                           user_rate)
     r = admin.admin("PUT", f"/v1/admin/budgets/{tag}", json=body)
     assert r.status_code == 200, r.text
     r = admin.admin("POST", "/v1/admin/keys",
