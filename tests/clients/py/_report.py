@@ -53,13 +53,30 @@ def _status(exc: BaseException) -> int | None:
     return None
 
 
+def _code(exc: BaseException) -> str | None:
+    """The error code the gateway sent (`error.code` of its body), as the library kept it:
+    the `code` of an `openai` error, or the parsed body of an `anthropic` or pydantic-ai one."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        code = getattr(seen, "code", None)
+        if isinstance(code, str):
+            return code
+        body = getattr(seen, "body", None)
+        if isinstance(body, dict):
+            inner = body.get("error", body)
+            if isinstance(inner, dict) and isinstance(inner.get("code"), str):
+                return str(inner["code"])
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 async def _result(name: str, case: Case) -> dict[str, Any]:
     try:
         text = await case()
     # Whatever a client raises is the case's result: the test judges it.
     except Exception as exc:  # noqa: BLE001
         return {"case": name, "ok": False, "error_type": type(exc).__name__,
-                "error_status": _status(exc), "error": str(exc)[:2000],
+                "error_status": _status(exc), "error_code": _code(exc), "error": str(exc)[:2000],
                 "traceback": traceback.format_exc()[-3000:]}
     return {"case": name, "ok": True, "text": text}
 

@@ -1,0 +1,197 @@
+"""The real Python clients through the gateway, unchanged, judged by the provider's bill (issue 34).
+
+The OpenAI Agents SDK, langchain-openai (the Responses API), langchain-anthropic and
+pydantic-ai (Responses and Messages), at the versions tests/clients/py/requirements.lock pins,
+installed by infra/py_clients.py in a virtualenv of their own. Each is pointed at a gateway
+with the base URL and a key and nothing else, as a team would point it, and runs what its docs
+show: an agent or a tool loop on a reasoning model, the model calling the tool (the stub
+provider scripts that call: `tool_calls` on its /control) and the client sending the result
+back in a second call, with the first call's reasoning (or thinking) in it.
+
+Each case is judged by the stub's bill: the calls it served, and the ledger's committed spend
+for the case equal to what it billed, to the micro-dollar. Each client is also shown a budget
+too small for its first call: it must surface the 402 `budget_exceeded` as the error it raises,
+and send it once (the gateway's refusal counter), the provider never called.
+
+One process a client for its cases (ClientRun), one more for its refusal: each of these
+libraries takes seconds to import.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from infra.py_clients import ClientRun, client_env, ensure_py_clients
+from infra.redis_server import RedisServer
+from infra.service import ServiceProcess
+from infra.stub_provider import StubProvider, fetch_bill, reset_bill, stub_control
+from tests.api.conftest import ADMIN_TOKEN, Client, account, client_for, gateway, settled
+from tests.support import write_prices
+
+# Room for every case of a client: langchain-anthropic and pydantic-ai ask for claude-sonnet-4-5's
+# whole output (max_tokens 64000, a hold of $0.96 a call); the cases spend cents.
+ROOMY_MICROS = 50_000_000
+# Below any call's hold: the first call is refused before the provider sees it.
+TOO_SMALL_MICROS = 100
+# The argument every scripted tool call passes (tests/clients/py/_report.py's `weather`).
+TOOL_CALL = {"city": "Paris"}
+TOOL_NAME = "weather"
+REFUSAL_METRIC = re.compile(r'^spend_ceiling_refusals_total\{code="budget_exceeded"\} (\S+)$',
+                            re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Case:
+    client: str  # its script in tests/clients/py/, without .py
+    name: str  # the case, as the script names it
+    api: str  # "responses" or "messages": how the stub is told which tool call to make
+    calls: int  # the calls the stub serves: 2 for a tool turn (the call, then the answer)
+
+    @property
+    def id(self) -> str:
+        return f"{self.client}-{self.name}"
+
+
+CASES = (
+    Case("agents_sdk", "tools", "responses", 2),
+    Case("agents_sdk", "tools_stream", "responses", 2),
+    Case("agents_sdk", "tools_unstored", "responses", 2),
+    Case("agents_sdk", "plain", "responses", 1),
+    Case("langchain_openai_client", "tools", "responses", 2),
+    Case("langchain_openai_client", "tools_stream", "responses", 2),
+    Case("langchain_openai_client", "tools_reasoning", "responses", 2),
+    Case("langchain_openai_client", "tools_unstored", "responses", 2),
+    Case("langchain_openai_client", "tools_previous_response", "responses", 2),
+    Case("langchain_anthropic_client", "tools", "messages", 2),
+    Case("langchain_anthropic_client", "tools_stream", "messages", 2),
+    Case("langchain_anthropic_client", "tools_thinking", "messages", 2),
+    Case("pydantic_ai_client", "responses_tools", "responses", 2),
+    Case("pydantic_ai_client", "responses_tools_stream", "responses", 2),
+    Case("pydantic_ai_client", "anthropic_tools", "messages", 2),
+)
+# Each client's first case, shown a budget too small for it.
+REFUSED = tuple({c.client: c for c in reversed(CASES)}.values())
+
+
+@pytest.fixture(scope="session")
+def clients_python() -> Path:
+    """The clients' interpreter, their virtualenv installed first if this lock has none."""
+    return ensure_py_clients()
+
+
+@pytest.fixture(scope="module")
+def prices_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    # No rows of the test's own: the gateway prices these models from genai-prices, as it would
+    # for a team, and the stub from its own table.
+    return write_prices(tmp_path_factory, "py_clients", {"models": {}})
+
+
+@pytest.fixture(scope="module")
+def stub() -> Iterator[StubProvider]:
+    with StubProvider(seed=34, latency_ms_min=0, latency_ms_max=2) as provider:
+        yield provider
+
+
+@pytest.fixture(scope="module")
+def gw(redis_server: RedisServer, prices_file: str, stub: StubProvider
+       ) -> Iterator[ServiceProcess]:
+    with gateway(redis_server, prices_file, f"{stub.url}/v1", 30,
+                 {"CEILING_ANTHROPIC_URL": stub.url}) as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def admin(gw: ServiceProcess) -> Iterator[Client]:
+    with client_for(gw) as c:
+        yield c
+
+
+def start(stack: ExitStack, python: Path, gw: ServiceProcess, client: str,
+          key: str) -> ClientRun:
+    env = client_env(openai_base_url=f"{gw.url}/v1", anthropic_base_url=gw.url, api_key=key)
+    return stack.enter_context(ClientRun(python, f"{client}.py", env))
+
+
+@pytest.fixture(scope="module")
+def runs(clients_python: Path, gw: ServiceProcess, admin: Client
+         ) -> Iterator[dict[str, tuple[str, ClientRun]]]:
+    """Each client's process with a roomy budget of its own, started at its first case: its
+    budget's tag and the process."""
+    with ExitStack() as stack:
+
+        class Runs(dict[str, tuple[str, ClientRun]]):
+            def __missing__(self, client: str) -> tuple[str, ClientRun]:
+                tag, key = account(admin, ROOMY_MICROS)
+                self[client] = (tag, start(stack, clients_python, gw, client, key))
+                return self[client]
+
+        yield Runs()
+
+
+def script_tool_call(stub: StubProvider, api: str) -> None:
+    """The next call offering the tool calls it; the one after answers."""
+    arguments = "input" if api == "messages" else "arguments"
+    try:
+        stub_control(stub.url, {"tool_calls": [{"name": TOOL_NAME, arguments: TOOL_CALL}]})
+    except httpx.HTTPStatusError as exc:
+        pytest.fail(f"the stub provider cannot script a tool call: {exc.response.text}")
+
+
+def failure(result: dict[str, Any]) -> str:
+    return (f"{result.get('error_type')} (HTTP {result.get('error_status')}, "
+            f"{result.get('error_code')}): "
+            f"{result.get('error')}\n{result.get('traceback', '')}")
+
+
+def refusals(admin: Client) -> float:
+    r = admin.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert r.status_code == 200, r.text
+    found = REFUSAL_METRIC.search(r.text)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_each_client_runs_unchanged_and_the_ledger_equals_the_bill(
+        case: Case, runs: dict[str, tuple[str, ClientRun]], stub: StubProvider,
+        admin: Client) -> None:
+    tag, run = runs[case.client]
+    reset_bill(stub.url)
+    if case.calls > 1:
+        script_tool_call(stub, case.api)
+    committed_before = settled(admin, tag)["committed_micros"]
+    result = run.case(case.name)
+    bill = fetch_bill(stub.url)
+    period = settled(admin, tag)
+    assert result["ok"], failure(result)
+    assert (bill.requests, bill.total.calls) == (case.calls, case.calls), list(bill.log)
+    assert (period["committed_micros"] - committed_before, period["reserved_micros"]) == (
+        bill.total.cost_micros, 0)
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[c.client for c in REFUSED])
+def test_each_client_surfaces_the_402_once_and_the_provider_is_never_called(
+        case: Case, clients_python: Path, gw: ServiceProcess, stub: StubProvider,
+        admin: Client) -> None:
+    tag, key = account(admin, TOO_SMALL_MICROS)
+    reset_bill(stub.url)
+    refused_before = refusals(admin)
+    with ExitStack() as stack:
+        result = start(stack, clients_python, gw, case.client, key).case(case.name)
+    assert not result["ok"], result
+    # The client raises the gateway's refusal as it came: its status, its code, and the message
+    # that names the budget.
+    assert (result["error_status"], result["error_code"]) == (402, "budget_exceeded"), (
+        failure(result))
+    assert f"budget {tag} (total) has no room left" in result["error"], failure(result)
+    # Sent once: a client that retried a 402 would be refused again, and counted again.
+    assert refusals(admin) - refused_before == 1
+    assert fetch_bill(stub.url).requests == 0
+    assert settled(admin, tag)["committed_micros"] == 0
