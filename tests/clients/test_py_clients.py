@@ -54,6 +54,10 @@ class Case:
     name: str  # the case, as the script names it
     api: str  # "responses" or "messages": how the stub is told which tool call to make
     calls: int  # the calls the stub serves: 2 for a tool turn (the call, then the answer)
+    # Whether the last call refers to input it does not hold, which the stub bills as
+    # `referenced_input_tokens`: step 1's reasoning sent back (by id, or with its encrypted
+    # content), or step 1's response named by previous_response_id.
+    refers: bool = False
 
     @property
     def id(self) -> str:
@@ -61,20 +65,20 @@ class Case:
 
 
 CASES = (
-    Case("agents_sdk", "tools", "responses", 2),
-    Case("agents_sdk", "tools_stream", "responses", 2),
-    Case("agents_sdk", "tools_unstored", "responses", 2),
+    Case("agents_sdk", "tools", "responses", 2, refers=True),
+    Case("agents_sdk", "tools_stream", "responses", 2, refers=True),
+    Case("agents_sdk", "tools_unstored", "responses", 2, refers=True),
     Case("agents_sdk", "plain", "responses", 1),
-    Case("langchain_openai_client", "tools", "responses", 2),
-    Case("langchain_openai_client", "tools_stream", "responses", 2),
-    Case("langchain_openai_client", "tools_reasoning", "responses", 2),
-    Case("langchain_openai_client", "tools_unstored", "responses", 2),
-    Case("langchain_openai_client", "tools_previous_response", "responses", 2),
+    Case("langchain_openai_client", "tools", "responses", 2, refers=True),
+    Case("langchain_openai_client", "tools_stream", "responses", 2, refers=True),
+    Case("langchain_openai_client", "tools_reasoning", "responses", 2, refers=True),
+    Case("langchain_openai_client", "tools_unstored", "responses", 2, refers=True),
+    Case("langchain_openai_client", "tools_previous_response", "responses", 2, refers=True),
     Case("langchain_anthropic_client", "tools", "messages", 2),
     Case("langchain_anthropic_client", "tools_stream", "messages", 2),
     Case("langchain_anthropic_client", "tools_thinking", "messages", 2),
-    Case("pydantic_ai_client", "responses_tools", "responses", 2),
-    Case("pydantic_ai_client", "responses_tools_stream", "responses", 2),
+    Case("pydantic_ai_client", "responses_tools", "responses", 2, refers=True),
+    Case("pydantic_ai_client", "responses_tools_stream", "responses", 2, refers=True),
     Case("pydantic_ai_client", "anthropic_tools", "messages", 2),
 )
 # Each client's first case, shown a budget too small for it.
@@ -172,6 +176,10 @@ def test_each_client_runs_unchanged_and_the_ledger_equals_the_bill(
     period = settled(admin, tag)
     assert result["ok"], failure(result)
     assert (bill.requests, bill.total.calls) == (case.calls, case.calls), list(bill.log)
+    if case.refers:
+        # The case does what it is here for: the step 2 call the ledger was held for carried
+        # the reference, and the provider billed what it names.
+        assert bill.log[-1].usage.referenced_input_tokens > 0, list(bill.log)
     assert (period["committed_micros"] - committed_before, period["reserved_micros"]) == (
         bill.total.cost_micros, 0)
 
