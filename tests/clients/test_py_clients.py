@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from infra.py_clients import ClientRun, client_env, ensure_py_clients
+from infra.py_clients import LOCK_FILE, SCRIPTS_DIR, ClientRun, client_env, ensure_py_clients
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill, stub_control
@@ -203,3 +203,20 @@ def test_each_client_surfaces_the_402_once_and_the_provider_is_never_called(
     assert refusals(admin) - refused_before == 1
     assert fetch_bill(stub.url).requests == 0
     assert settled(admin, tag)["committed_micros"] == 0
+
+
+def test_the_lock_pins_each_client_and_no_telemetry_exporter() -> None:
+    """The lock is what requirements.in asks for, and it installs no exporter: pydantic-ai's
+    `logfire` is absent (only logfire-api, its no-op shim, comes with pydantic-ai-slim); the
+    Agents SDK's tracing and LangSmith are off by environment (tests/clients/py/_report.py)."""
+    asked = SCRIPTS_DIR / "requirements.in"
+    lock = LOCK_FILE.read_text()
+    pinned = dict(re.findall(r"^([a-z0-9-]+)==(\S+)", lock, re.MULTILINE))
+    for line in asked.read_text().split("\n"):
+        if line.strip():
+            name, version = re.sub(r"\[.*\]", "", line.strip()).split("==")
+            assert pinned.get(name) == version, (name, version)
+    assert "logfire" not in pinned
+    # Every pin carries its hashes (pip and uv then install with --require-hashes).
+    hashed = re.findall(r"^[a-z0-9-]+==[^\n]* \\\n +--hash=sha256:", lock, re.MULTILINE)
+    assert len(hashed) == len(pinned)
