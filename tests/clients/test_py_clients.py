@@ -52,7 +52,7 @@ REFUSAL_METRIC = re.compile(r'^spend_ceiling_refusals_total\{code="budget_exceed
 class Case:
     client: str  # its script in tests/clients/py/, without .py
     name: str  # the case, as the script names it
-    api: str  # "responses" or "messages": how the stub is told which tool call to make
+    api: str  # "responses", "chat" or "messages": the route, and how to script a tool call
     calls: int  # the calls the stub serves: 2 for a tool turn (the call, then the answer)
     # Whether the last call refers to input it does not hold, which the stub bills as
     # `referenced_input_tokens`: step 1's reasoning sent back (by id, or with its encrypted
@@ -74,6 +74,7 @@ CASES = (
     Case("langchain_openai_client", "tools_reasoning", "responses", 2, refers=True),
     Case("langchain_openai_client", "tools_unstored", "responses", 2, refers=True),
     Case("langchain_openai_client", "tools_previous_response", "responses", 2, refers=True),
+    Case("langchain_openai_client", "chat_tools", "chat", 2),
     Case("langchain_anthropic_client", "tools", "messages", 2),
     Case("langchain_anthropic_client", "tools_stream", "messages", 2),
     Case("langchain_anthropic_client", "tools_thinking", "messages", 2),

@@ -61,6 +61,11 @@ async def tools_previous_response() -> str:
                  stream=False)
 
 
+async def chat_tools() -> str:
+    """The same loop on Chat Completions, ChatOpenAI's default API."""
+    return _loop(ChatOpenAI(model=MODEL), stream=False)
+
+
 async def plain() -> str:
     reply = ChatOpenAI(model=MODEL, use_responses_api=True).invoke("Say hello.")
     return str(reply.text)
@@ -69,4 +74,4 @@ async def plain() -> str:
 if __name__ == "__main__":
     main({"tools": tools, "tools_stream": tools_stream, "tools_reasoning": tools_reasoning,
           "tools_unstored": tools_unstored, "tools_previous_response": tools_previous_response,
-          "plain": plain})
+          "chat_tools": chat_tools, "plain": plain})
