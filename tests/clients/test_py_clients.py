@@ -44,6 +44,10 @@ TOO_SMALL_MICROS = 100
 # The argument every scripted tool call passes (tests/clients/py/_report.py's `weather`).
 TOOL_CALL = {"city": "Paris"}
 TOOL_NAME = "weather"
+# It installs the clients on a clean machine (half a minute) and starts a process a client:
+# scheduled with the long modules (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 REFUSAL_METRIC = re.compile(r'^spend_ceiling_refusals_total\{code="budget_exceeded"\} (\S+)$',
                             re.MULTILINE)
 
