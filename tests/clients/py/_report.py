@@ -1,5 +1,7 @@
-"""What every client script shares: run the cases named on the command line, one after another,
-and print one line per case that the test reads (`CASE {json}`), whatever the case raised.
+"""What every client script shares: run cases, one after another, and print one line per case
+that the test reads (`CASE {json}`), whatever the case raised. The harness starts a script with
+`--serve` and names each case on its stdin when it has set the provider up for it
+(infra/py_clients.py); by hand, `python agents_sdk.py tools plain` runs the cases named.
 
 These scripts run in the clients' own virtualenv (infra/py_clients.py), never the project's: they
 import nothing from it. Each client is configured only as a team would point it at the gateway:
@@ -23,6 +25,8 @@ os.environ.setdefault("LANGSMITH_TRACING", "false")
 os.environ.setdefault("LANGCHAIN_TRACING_V2", "false")
 os.environ.setdefault("LOGFIRE_SEND_TO_LOGFIRE", "false")
 
+# The protocol's two words; infra/py_clients.py reads them (CASE_MARKER, READY_LINE): these
+# scripts import nothing of the project's, whose packages are not in their virtualenv.
 MARKER = "CASE "
 READY = "READY"
 

@@ -17,7 +17,7 @@ def _agent(**settings: object) -> Agent:
     agent = Agent(name="assistant", instructions="Answer briefly.", model=MODEL,
                   tools=[function_tool(weather)])
     if settings:
-        agent.model_settings = agent.model_settings.resolve(ModelSettings(**settings))  # type: ignore[arg-type]
+        agent.model_settings = agent.model_settings.resolve(ModelSettings(**settings))
     return agent
 
 
