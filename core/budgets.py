@@ -7,6 +7,8 @@ the top scope is the Redis hash tag of every key one call touches.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -126,6 +128,22 @@ def check_user(raw: object) -> str:
     if not isinstance(raw, str) or not _USER.fullmatch(raw):
         raise InvalidRequest("the end user id must be 1 to 128 of A-Za-z0-9._:@-", field="user")
     return raw
+
+
+# What a hashed end user id starts with: a user field's value that is not an id (Claude Code
+# sends a JSON string of its ids in metadata.user_id) names its user by a digest of its value.
+HASHED_USER_PREFIX = "sha256:"
+HASHED_USER_HEX_LEN = 32  # 128 bits: no two values a key sends share a user by chance
+
+
+def user_of_value(raw: object) -> str:
+    """The end user a provider's user field names: the value itself when it is an id
+    (check_user), else a digest of its JSON, so that a value of any shape names one user."""
+    if isinstance(raw, str) and _USER.fullmatch(raw):
+        return raw
+    encoded = json.dumps(raw, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(encoded.encode(errors="surrogatepass")).hexdigest()
+    return HASHED_USER_PREFIX + digest[:HASHED_USER_HEX_LEN]
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,8 @@ class Outcome(StrEnum):
 
 def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAULT,
          headers: Sequence[tuple[str, str]] = (),
-         fields_allowed: frozenset[str] = frozenset()) -> Plan:
+         fields_allowed: frozenset[str] = frozenset(),
+         betas_allowed: frozenset[str] = frozenset()) -> Plan:
     """Price a request body in `api`'s format; InvalidRequest before anything is reserved if it
     cannot be.
 
@@ -112,14 +113,15 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
     OUTPUT_TOKENS): without a cap there is no worst case. `headers`: the request's headers that
     its format forwards (WireFormat.forwarded_headers), which are forwarded with it.
     `fields_allowed`: the operator's fields forwarded besides the format's own
-    (CEILING_GATEWAY_FIELDS_ALLOWED)."""
+    (CEILING_GATEWAY_FIELDS_ALLOWED); `betas_allowed`: the operator's cost-neutral betas
+    (CEILING_GATEWAY_BETAS_ALLOWED)."""
     wire = FORMATS[api]
     body = loads_object(raw)
     wire.check_fields(body, fields_allowed)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model is required", field="model")
-    return wire.plan(body, model, tuple(headers), output_tokens_default)
+    return wire.plan(body, model, tuple(headers), output_tokens_default, betas_allowed)
 
 
 def usage_of(api: Api, usage: object, service_tier: object = None) -> Usage | None:
@@ -133,7 +135,7 @@ def body_outcome(call_plan: Plan, raw: bytes) -> tuple[Usage | None] | None:
     doc = loads_answer(raw)
     if not isinstance(doc, dict):
         return None
-    return (call_plan.wire.usage_of(doc.get("usage"), doc.get("service_tier")),)
+    return (call_plan.wire.answer_usage(doc),)
 
 
 _background: set[asyncio.Task[None]] = set()

@@ -15,7 +15,11 @@ theirs: `x-api-key` on /v1/messages). Refusals come in the route's format's erro
   x-ceiling-remaining-micros       the tightest budget on the key's path, after this call
   x-ceiling-run-remaining-micros   the run's budget, with X-Ceiling-Run-Id
   x-ceiling-billing-outcome        billed | estimated | unknown | released (core.gateway.Outcome)
-  x-ceiling-clamped-output-tokens  the output cap sent, when X-Ceiling-Clamp: 1 lowered it
+  x-ceiling-clamped-output-tokens  the output cap sent, when X-Ceiling-Clamp: 1 (or the budget's
+                                   `clamp`) lowered it
+  x-ceiling-bounds-added           the bounds the gateway set where the request gave none, as
+                                   `field=value, ...` (the output cap; max_tool_calls or a web
+                                   search tool's max_uses)
 
 A stream's headers leave before its charge is known: they carry the reservation id, the amount
 reserved and the remaining budgets with the hold in place; the charge, the remaining budgets
@@ -84,7 +88,7 @@ async def serve(request: Request, wire: WireFormat) -> Response:
                     if k in forwarded) if forwarded else ()
     call_plan = (
         gateway.plan(wire.api, await request.body(), config.output_tokens_default, headers,
-                     config.gateway_fields_allowed)
+                     config.gateway_fields_allowed, config.gateway_betas_allowed)
         if config else gateway.plan(wire.api, await request.body(), headers=headers)
     )
     # The body's user field is checked whether or not the header names the user; the header
@@ -130,6 +134,9 @@ def bill_headers(bill: Bill, call: Call, *, final: bool = True) -> dict[str, str
         headers["x-ceiling-user-remaining-micros"] = str(bill.user_remaining_micros)
     if call.hold.clamped:
         headers["x-ceiling-clamped-output-tokens"] = str(call.hold.plan.output_tokens_max)
+    if call.hold.plan.bounds_added:
+        headers["x-ceiling-bounds-added"] = ", ".join(
+            f"{field}={value}" for field, value in call.hold.plan.bounds_added)
     if final and bill.outcome is Outcome.UNKNOWN:
         headers["x-should-retry"] = "false"  # a blind retry could pay for the call twice
     return headers
