@@ -41,6 +41,11 @@ from tests.support import write_prices
 ROOMY_MICROS = 50_000_000
 # Below any call's hold: the first call is refused before the provider sees it.
 TOO_SMALL_MICROS = 100
+# Room for step 1 of a Responses tool turn on gpt-5-mini and not for step 2: step 1 is held for
+# its body and the 4,096 output tokens the gateway adds (about $0.015), step 2, which sends step
+# 1's reasoning back, for what that reasoning may be, up to the model's context window (400,000
+# tokens: $0.10 of input alone).
+STEP_1_ONLY_MICROS = 60_000
 # The argument every scripted tool call passes (tests/clients/py/_report.py's `weather`).
 TOOL_CALL = {"city": "Paris"}
 TOOL_NAME = "weather"
@@ -88,6 +93,9 @@ CASES = (
 )
 # Each client's first case, shown a budget too small for it.
 REFUSED = tuple({c.client: c for c in reversed(CASES)}.values())
+# Each client's first Responses tool turn, shown a budget with room for its first step only.
+REFUSED_MID_TURN = tuple({c.client: c for c in reversed(CASES)
+                          if c.api == "responses" and c.refers}.values())
 
 
 @pytest.fixture(scope="session")
@@ -208,6 +216,28 @@ def test_each_client_surfaces_the_402_once_and_the_provider_is_never_called(
     assert refusals(admin) - refused_before == 1
     assert fetch_bill(stub.url).requests == 0
     assert settled(admin, tag)["committed_micros"] == 0
+
+
+@pytest.mark.parametrize("case", REFUSED_MID_TURN, ids=[c.client for c in REFUSED_MID_TURN])
+def test_a_402_in_the_middle_of_a_tool_turn_is_surfaced_and_step_1_is_charged_as_billed(
+        case: Case, clients_python: Path, gw: ServiceProcess, stub: StubProvider,
+        admin: Client) -> None:
+    """The tool ran and step 2 is refused: the client raises the 402 (no retry), and the
+    ledger holds what step 1 cost, as the provider billed it."""
+    tag, key = account(admin, STEP_1_ONLY_MICROS)
+    reset_bill(stub.url)
+    script_tool_call(stub, case.api)
+    refused_before = refusals(admin)
+    with ExitStack() as stack:
+        result = start(stack, clients_python, gw, case.client, key).case(case.name)
+    bill = fetch_bill(stub.url)
+    assert not result["ok"], result
+    assert (result["error_status"], result["error_code"]) == (402, "budget_exceeded"), (
+        failure(result))
+    assert refusals(admin) - refused_before == 1
+    assert (bill.requests, bill.total.calls) == (1, 1), list(bill.log)
+    assert (settled(admin, tag)["committed_micros"], bill.total.cost_micros > 0) == (
+        bill.total.cost_micros, True)
 
 
 def test_the_lock_pins_each_client_and_no_telemetry_exporter() -> None:
