@@ -280,6 +280,8 @@ class Messages(WireFormat):
     allowed_fields = MESSAGES_FIELDS
     forwarded_headers = ("anthropic-version", "anthropic-beta")
     key_header = "x-api-key"
+    count_path = "v1/messages/count_tokens"
+    count_route = "/v1/messages/count_tokens"
     user_fields = (("metadata", "user_id"),)
     header_schemas = HEADER_SCHEMAS
     usage_fields = ("input_tokens", "output_tokens", "input_tokens_details",
@@ -320,6 +322,10 @@ class Messages(WireFormat):
         return Plan(self, model, body, body.get("stream") is True, text_tokens_max,
                     output_tokens_max, 1, False, media, service_tier, headers, long_context,
                     added)
+
+    def count_checked(self, body: dict[str, Any], headers: tuple[tuple[str, str], ...],
+                      betas_allowed: frozenset[str]) -> None:
+        _betas(headers, betas_allowed)
 
     def clamped_body(self, body: dict[str, Any], output_tokens_max: int) -> dict[str, Any]:
         body = super().clamped_body(body, output_tokens_max)
