@@ -55,7 +55,9 @@ MESSAGES_FIELDS = frozenset({
 # context management and compaction (held as context_management says), effort, structured
 # outputs, advanced tool use (deferred tools are definitions the body carries; tool search and
 # programmatic calls are tools, checked by type), PDFs and citations (held at the window),
-# search result blocks, token counting, and the stop reason for a full window. The 1M-token
+# search result blocks, token counting, the stop reason for a full window, Claude Code's
+# per-turn settings and tool changes (messages and definitions the body carries), and a count
+# of thinking tokens in the usage. The 1M-token
 # context is priced at its long-context rates (CONTEXT_1M_BETA). Any other beta is refused
 # unless the operator names it (CEILING_GATEWAY_BETAS_ALLOWED): a beta can change the rates (fast
 # mode) or what the model reads.
@@ -67,7 +69,8 @@ MESSAGES_BETAS = frozenset({
     "effort-2025-11-24", "structured-outputs-2025-11-13", "advanced-tool-use-2025-11-20",
     "tool-examples-2025-10-29", "pdfs-2024-09-25", "search-results-2025-06-09",
     "token-counting-2024-11-01", "model-context-window-exceeded-2025-08-26",
-    "prompt-caching-scope-2026-01-05",
+    "prompt-caching-scope-2026-01-05", "per-turn-control-2026-07-01",
+    "mid-conversation-tool-changes-2026-07-01", "thinking-token-count-2026-05-13",
 })
 # Context management edits that only clear content from the input (tool results, tool inputs,
 # earlier thinking): the body's bound holds. Compaction summarizes the context in a step of its
