@@ -85,7 +85,8 @@ class Fault:
 # Each fault's header: X-Stub- and its name in dashes (X-Stub-Fail-Status: fail_status).
 FAULT_HEADERS = {"x-stub-" + f.name.replace("_", "-"): f.name for f in fields(Fault)[:-1]}
 SETTINGS = frozenset({"images", "files", "prompt_cache", "default_service_tier", "upstream_fields",
-                      "answer_padding_bytes", "clock_offset_s", "web_search_result_tokens"})
+                      "answer_padding_bytes", "clock_offset_s", "web_search_result_tokens",
+                      "prompts", "tool_calls"})
 
 
 def _status(raw: object, what: str) -> int:
@@ -170,6 +171,18 @@ def registry_images(doc: object) -> dict[str, tuple[int, int]]:
     if not isinstance(doc, dict) or len(doc) > REGISTRY_ENTRIES_MAX:
         raise ValueError(f"images is an object of at most {REGISTRY_ENTRIES_MAX} URLs")
     return {str(url): _size(size, f"images[{url!r}]") for url, size in doc.items()}
+
+
+def registry_prompts(doc: object) -> dict[str, int]:
+    """OpenAI's stored prompts: {id: {"tokens": N}}."""
+    if not isinstance(doc, dict) or len(doc) > REGISTRY_ENTRIES_MAX:
+        raise ValueError(f"prompts is an object of at most {REGISTRY_ENTRIES_MAX} prompts")
+    prompts = {}
+    for key, entry in doc.items():
+        if not isinstance(entry, dict) or set(entry) != {"tokens"}:
+            raise ValueError(f"prompts[{key!r}] is {{tokens}}")
+        prompts[str(key)] = count(entry["tokens"], f"prompts[{key!r}].tokens", 0)
+    return prompts
 
 
 def _size(raw: object, what: str) -> tuple[int, int]:

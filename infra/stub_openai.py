@@ -79,9 +79,11 @@ CACHE_TOKENS_STEP = 128
 CACHE_PREFIXES_MAX = 10_000
 # The share of an answer a reasoning model spends reasoning, by requested effort (the stub's own
 # choice: providers document no share, only that reasoning tokens count as output).
-REASONING_SHARE = {"minimal": Fraction(0), "low": Fraction(1, 4), "medium": Fraction(1, 2),
-                   "high": Fraction(3, 4)}
+REASONING_SHARE = {"none": Fraction(0), "minimal": Fraction(0), "low": Fraction(1, 4),
+                   "medium": Fraction(1, 2), "high": Fraction(3, 4), "xhigh": Fraction(7, 8)}
 REASONING_EFFORT_DEFAULT = "medium"
+# The queue of scripted tool calls is bounded as the registries are.
+SCRIPTED_CALLS_MAX = 1_000
 # OpenRouter's web plugin engines the stub prices: Exa's results, at the table's rate. "native"
 # search is billed at the model provider's own search price, which the table does not hold.
 WEB_PLUGIN_ENGINES = ("exa",)
@@ -102,6 +104,8 @@ class Prompt:
     audio_tokens: int = 0
     file_tokens: int = 0
     prefixes: list[tuple[bytes, int]] = field(default_factory=list)
+    referenced_tokens: int = 0  # of `tokens`: what the body only refers to
+    search_content_tokens: int = 0  # of `tokens`: the hosted web search's content
 
 
 class Counter(Walk):
@@ -111,6 +115,11 @@ class Counter(Walk):
         super().__init__(model, registry)
         self.prompt = Prompt()
         self._cacheable = True
+
+    def refer(self, tokens: int) -> int:
+        """`tokens` the body only refers to (sized from what the stub holds), counted as such."""
+        self.prompt.referenced_tokens += tokens
+        return tokens
 
     def segment(self, source: object, text_bytes: int, media_tokens: int = 0, *,
                 framed: bool = True, audio: bool = False) -> None:
@@ -130,13 +139,15 @@ class Counter(Walk):
             size = len(json.dumps(source, separators=(",", ":"), ensure_ascii=False).encode())
             self.segment(source, size, framed=False)
 
-    def media_segment(self, source: object, text_bytes: int, media: list[int]) -> None:
-        """A message or item: its text, and its [image, audio, file] tokens."""
+    def media_segment(self, source: object, text_bytes: int, media: list[int],
+                      other_tokens: int = 0) -> None:
+        """A message or item: its text, its [image, audio, file] tokens, and `other_tokens`
+        that are none of those (reasoning sent back, a stored item or prompt)."""
         image, audio, files = media
         self.prompt.image_tokens += image
         self.prompt.audio_tokens += audio
         self.prompt.file_tokens += files
-        self.segment(source, text_bytes, image + audio + files, audio=audio > 0)
+        self.segment(source, text_bytes, image + audio + files + other_tokens, audio=audio > 0)
 
     def image(self, where: str, url: object, file_id: object, detail: object) -> int:
         rule = self.model.image
@@ -150,6 +161,7 @@ class Counter(Walk):
             if ref is None or ref.image is None:
                 raise InputError(f"no image file with id {file_id!r}", where)
             size = ref.image
+            return self.refer(image_tokens(rule, size[0], size[1], str(detail)))
         elif isinstance(url, str) and url.startswith("data:"):
             with read_at(where):
                 mime, data = data_url_bytes(url, "the image")
@@ -160,7 +172,7 @@ class Counter(Walk):
             known = self.registry.images.get(url)
             if known is None:
                 raise InputError(f"the image at {url} could not be downloaded", where)
-            size = known
+            return self.refer(image_tokens(rule, known[0], known[1], str(detail)))
         else:
             raise InputError("an image needs a data: or http(s) URL or a file id", where)
         return image_tokens(rule, size[0], size[1], str(detail))
@@ -192,7 +204,7 @@ class Counter(Walk):
             known = self.registry.files.get(given[0])
             if known is None:
                 raise InputError(f"no file {given[0]!r}", where)
-            ref = known
+            return self.refer(self.file_tokens(known, where))
         return self.file_tokens(ref, where)
 
 
@@ -225,6 +237,7 @@ class Choice:
     reasoning_tokens: int
     finish_reason: str  # "stop", "length" or "tool_calls"
     tool_call: tuple[str, str, str] | None = None  # (call id, function name, arguments)
+    tool_namespace: str | None = None  # the namespace tool that holds the function called
 
     @property
     def text(self) -> str:
@@ -247,6 +260,8 @@ class Answer(Decided):
     request: dict[str, Any]  # the body, which Responses echoes
     prompt: Prompt
     prices: ModelPrices  # the requested model's, whose prompt cache the call uses
+    web_searches: int = 0  # hosted web searches run before the answer
+    truncated_tokens: int = 0  # input dropped to fit the context window (`truncation: auto`)
 
 
 def invalid(message: str, param: str | None = None) -> ApiError:
@@ -269,15 +284,59 @@ def _function_name(spec: object) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _forced_tool(body: dict[str, Any]) -> str | None:
+def forced_tool(body: dict[str, Any]) -> str | None:
     """The function a call must answer with: `tool_choice` "required" or a named function."""
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         return _function_name(choice)
-    tools = body.get("tools")
-    if choice == "required" and isinstance(tools, list) and tools:
-        return _function_name(tools[0])
+    if choice == "required":
+        return next(iter(callable_functions(body)), None)
     return None
+
+
+def callable_functions(body: dict[str, Any]) -> dict[str, str | None]:
+    """The functions a call's tools offer, each with the namespace tool holding it (None: a
+    function tool of its own; chat's and Responses' shapes both)."""
+    tools = body.get("tools")
+    found: dict[str, str | None] = {}
+    for tool in tools if isinstance(tools, list) else ():
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            inner = tool.get("tools")
+            for member in inner if isinstance(inner, list) else ():
+                name = _function_name(member)
+                if name is not None and isinstance(tool.get("name"), str):
+                    found.setdefault(name, tool["name"])
+        elif isinstance(tool, dict) and tool.get("type") in ("function", "custom"):
+            name = _function_name(tool)
+            if name is not None:
+                found.setdefault(name, None)
+    return found
+
+
+@dataclass(frozen=True)
+class ScriptedCall:
+    """A tool call /control queued (`tool_calls`): the next call offering `name` makes it."""
+
+    name: str
+    arguments: str  # JSON text, as the wire carries it
+
+
+def scripted_calls(doc: object) -> list[ScriptedCall]:
+    """/control's `tool_calls`: [{"name": tool, "arguments": {...} or JSON text}] (ValueError)."""
+    if not isinstance(doc, list) or len(doc) > SCRIPTED_CALLS_MAX:
+        raise ValueError(f"tool_calls is a list of at most {SCRIPTED_CALLS_MAX} calls")
+    calls = []
+    for i, entry in enumerate(doc):
+        if (not isinstance(entry, dict) or set(entry) - {"name", "arguments"}
+                or not isinstance(entry.get("name"), str) or not entry["name"]):
+            raise ValueError(f"tool_calls[{i}] is {{name, arguments}}")
+        arguments = entry.get("arguments", {})
+        if isinstance(arguments, str):
+            json.loads(arguments)  # a JSON text, or ValueError
+        else:
+            arguments = json.dumps(arguments)
+        calls.append(ScriptedCall(entry["name"], arguments))
+    return calls
 
 
 def _fallback_models(doc: object) -> tuple[str, ...]:
@@ -350,10 +409,14 @@ class OpenAIApi(Api[Answer]):
         fallbacks = _fallback_models(body.get("models")) if openrouter else ()
         try:
             prompt = self.prompt(body, prices)
+            searches, preview = self.web_searches(body, prices, fault)
         except InputError as exc:
             raise invalid(str(exc), exc.param) from exc
-        choices = self._choices(body, prices, request)
+        truncated = self._fit(body, prices, prompt)
+        self._search_content(prices, prompt, searches)
         audio_output = self.audio_output(body, prices)
+        # Last of the checks: a scripted tool call is taken off its queue only by a call served.
+        choices = self._choices(body, prices, request)
         rejected = self.rejected_prediction(body, len(choices))
         cached, written = self._cached(prices, prompt, fault)
         usage = Usage(
@@ -367,6 +430,9 @@ class OpenAIApi(Api[Answer]):
             # A search model searches before every answer: one fee a call, on top of tokens.
             web_search_calls=int(prices.web_search_call_micros is not None),
             web_plugin_results=plugin_results,
+            web_search_tool_calls=searches, web_search_preview_calls=preview,
+            web_search_content_tokens=prompt.search_content_tokens,
+            referenced_input_tokens=prompt.referenced_tokens,
         )
         billed_name, tier, usage, cost = self._dearest(name, prices, tier, usage, fallbacks)
         return Answer(
@@ -375,6 +441,7 @@ class OpenAIApi(Api[Answer]):
             answer_id=self.id_prefix + secrets.token_hex(12), choices=tuple(choices),
             reports_cache_writes=prices.standard.cache_write is not None,
             audio_output=audio_output, request=body, prompt=prompt, prices=prices,
+            web_searches=searches + preview, truncated_tokens=truncated,
         )
 
     def charged(self, decided: Answer, fault: Fault) -> None:
@@ -385,6 +452,47 @@ class OpenAIApi(Api[Answer]):
                     self.cache.move_to_end((decided.prices.name, digest))
             while len(self.cache) > CACHE_PREFIXES_MAX:
                 self.cache.popitem(last=False)
+
+    def web_searches(self, body: dict[str, Any], prices: ModelPrices,
+                     fault: Fault) -> tuple[int, int]:
+        """(searches at the web search fee, searches at the preview fee) a call's hosted tools
+        run: none but on Responses."""
+        return 0, 0
+
+    def _fit(self, body: dict[str, Any], prices: ModelPrices, prompt: Prompt) -> int:
+        """Hold the input to the model's context window: above it, refused as OpenAI refuses
+        it, unless `truncation: "auto"`, which drops the oldest input (what the body only
+        refers to first) until it fits. The tokens dropped."""
+        window = prices.context_window_tokens
+        if window is None or prompt.tokens <= window:
+            return 0
+        if body.get("truncation") != "auto":
+            raise ApiError(400, f"Your input exceeds the context window of this model "
+                           f"({prompt.tokens} tokens, {window} at most). Please adjust your "
+                           "input and try again.", "context_length_exceeded", param="input")
+        dropped = prompt.tokens - window
+        prompt.tokens = window
+        prompt.referenced_tokens = max(0, prompt.referenced_tokens - dropped)
+        # What was dropped is the oldest input: the prefixes the cache holds are gone with it,
+        # and what is left may be media or text alike, so the media counts are held to it too.
+        prompt.prefixes = []
+        prompt.image_tokens = min(prompt.image_tokens, window)
+        prompt.file_tokens = min(prompt.file_tokens, window)
+        prompt.audio_tokens = min(prompt.audio_tokens, window)
+        return dropped
+
+    def _search_content(self, prices: ModelPrices, prompt: Prompt, searches: int) -> None:
+        """The content of `searches` hosted web searches, fed to the model as input: a fixed
+        block a search where the model bills one, else the /control setting
+        `web_search_result_tokens` a search; within the context window what the input left."""
+        if not searches:
+            return
+        per_search = prices.web_search_content_tokens or self.app.settings.web_search_result_tokens
+        content = searches * per_search
+        if prices.context_window_tokens is not None:
+            content = min(content, max(0, prices.context_window_tokens - prompt.tokens))
+        prompt.tokens += content
+        prompt.search_content_tokens += content
 
     def _tier(self, body: dict[str, Any], prices: ModelPrices) -> str:
         asked = body.get("service_tier")
@@ -429,8 +537,19 @@ class OpenAIApi(Api[Answer]):
         forced_reasoning = header_count(request, "X-Stub-Reasoning-Tokens", 0)
         if forced_reasoning and not prices.reasoning:
             raise invalid(f"{prices.name} is not a reasoning model")
-        tool = _forced_tool(body)
+        tool = forced_tool(body)
+        script = self._scripted(body) if count == 1 else None
         choices = []
+        if script is not None:
+            total = forced or self.app.draw_output_tokens()
+            reasoning = min(cap, forced_reasoning if forced_reasoning is not None
+                            else math.floor(total * share))
+            call, namespace = script
+            # The call's arguments are its visible output, whatever the cap.
+            visible = words(text_tokens(len(call.arguments.encode())))
+            return [Choice(0, visible, reasoning, "tool_calls",
+                           ("call_" + secrets.token_hex(8), call.name, call.arguments),
+                           namespace)]
         for index in range(count):
             total = min(cap, forced or self.app.draw_output_tokens())
             reasoning = (min(total, forced_reasoning) if forced_reasoning is not None
@@ -442,8 +561,20 @@ class OpenAIApi(Api[Answer]):
                 tool_call = ("call_" + secrets.token_hex(8), tool,
                              json.dumps({"text": " ".join(visible)}))
                 finish = "length" if total == cap else "tool_calls"
-            choices.append(Choice(index, visible, reasoning, finish, tool_call))
+            choices.append(Choice(index, visible, reasoning, finish, tool_call,
+                                  callable_functions(body).get(tool) if tool else None))
         return choices
+
+    def _scripted(self, body: dict[str, Any]) -> tuple[ScriptedCall, str | None] | None:
+        """The first call /control queued whose tool this call offers, taken off the queue,
+        with the namespace holding it."""
+        offered = callable_functions(body)
+        queue = self.app.scripted_calls
+        for at, call in enumerate(queue):
+            if call.name in offered:
+                del queue[at]
+                return call, offered[call.name]
+        return None
 
     def _cached(self, prices: ModelPrices, prompt: Prompt, fault: Fault) -> tuple[int, int]:
         """(cached tokens read, tokens written) for this prompt."""
@@ -492,7 +623,9 @@ class OpenAIApi(Api[Answer]):
         (a fallback may serve any call, so the witness bills the worst). Ties keep the
         earlier."""
         openrouter = self.app.prices.openrouter
-        best = (name, tier, usage, cost_micros(prices, tier, usage, openrouter=openrouter))
+        tools = self.app.prices.openai_tools
+        best = (name, tier, usage, cost_micros(prices, tier, usage, openrouter=openrouter,
+                                               openai_tools=tools))
         for other_name in fallbacks:
             other = self.app.prices.model(other_name)
             if other is None:
@@ -501,9 +634,11 @@ class OpenAIApi(Api[Answer]):
             # A search model searches on whichever call it serves; another model never does.
             other_usage = replace(
                 usage, web_search_calls=int(other.web_search_call_micros is not None))
-            if unpriced(other, other_tier, other_usage, openrouter=openrouter) is not None:
+            if unpriced(other, other_tier, other_usage, openrouter=openrouter,
+                        openai_tools=tools) is not None:
                 continue
-            micros = cost_micros(other, other_tier, other_usage, openrouter=openrouter)
+            micros = cost_micros(other, other_tier, other_usage, openrouter=openrouter,
+                                 openai_tools=tools)
             if micros > best[3]:
                 best = (other_name, other_tier, other_usage, micros)
         return best

@@ -101,10 +101,12 @@ from infra.stub_faults import (
     read_body,
     registry_files,
     registry_images,
+    registry_prompts,
     sent,
     stub_failure,
 )
 from infra.stub_messages import MessagesApi
+from infra.stub_openai import ScriptedCall, scripted_calls
 from infra.stub_prices import StubPrices
 from infra.stub_responses import ResponsesApi
 from infra.stub_tokens import Registry
@@ -159,6 +161,8 @@ class StubProviderApp:
         self.fault = Fault()
         self.settings = Settings()
         self.registry = Registry()
+        # Tool calls /control queued for the OpenAI routes' next calls (infra.stub_openai).
+        self.scripted_calls: list[ScriptedCall] = []
         openai_cache: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self.chat = ChatApi(self, openai_cache)
         self.responses = ResponsesApi(self, openai_cache)
@@ -168,6 +172,8 @@ class StubProviderApp:
             Route("/v1/responses", partial(self.serve, self.responses), methods=["POST"]),
             Route("/v1/messages", partial(self.serve, self.messages), methods=["POST"]),
             Route("/v1/messages/count_tokens", self.messages.count_tokens, methods=["POST"]),
+            *(Route(path, endpoint, methods=methods)
+              for path, endpoint, methods in self.responses.routes_conversations()),
             Route("/billing", self.get_billing, methods=["GET"]),
             Route("/billing/reset", self.reset_billing, methods=["POST"]),
             Route("/control", self.control, methods=["GET", "POST"]),
@@ -199,6 +205,8 @@ class StubProviderApp:
                 fault = fault_from({k: v for k, v in doc.items() if k not in SETTINGS})
                 images = registry_images(doc["images"]) if "images" in doc else None
                 files = registry_files(doc["files"]) if "files" in doc else None
+                prompts = registry_prompts(doc["prompts"]) if "prompts" in doc else None
+                calls = scripted_calls(doc["tool_calls"]) if "tool_calls" in doc else None
                 settings = self.settings.updated(doc)
             except (ValueError, TypeError) as exc:
                 return self.chat.error(ApiError(400, f"control body: {exc}"), {})
@@ -206,9 +214,13 @@ class StubProviderApp:
             self.fault, self.settings = fault, settings
             self.registry.images = self.registry.images if images is None else images
             self.registry.files = self.registry.files if files is None else files
+            self.registry.prompts = self.registry.prompts if prompts is None else prompts
+            self.scripted_calls = self.scripted_calls if calls is None else calls
         return JSONResponse({**self.fault.to_json(), **vars(self.settings),
                              "images": {u: list(s) for u, s in self.registry.images.items()},
-                             "files": sorted(self.registry.files)})
+                             "files": sorted(self.registry.files),
+                             "prompts": dict(self.registry.prompts),
+                             "tool_calls": [vars(c) for c in self.scripted_calls]})
 
     async def live(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})

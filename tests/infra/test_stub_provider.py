@@ -697,8 +697,8 @@ def test_the_openrouter_mode_bills_the_web_plugin_and_the_dearest_fallback(
         {"type": "file", "file": {"file_id": "file-nope"}}]}]}, 400, "no file"),
     (CHAT, {"model": "gpt-4o", "messages": [{"role": "user", "content": [
         {"type": "file", "file": {"file_id": "f", "file_data": "AAAA"}}]}]}, 400, "one of"),
-    (RESPONSES, {"model": "gpt-4o", "input": "hi", "tools": [{"type": "web_search"}]}, 400,
-     "function and custom tools only"),
+    (RESPONSES, {"model": "gpt-4o", "input": "hi", "tools": [{"type": "file_search"}]}, 400,
+     "the stub serves function, custom and namespace tools"),
     (RESPONSES, {"model": "gpt-4o", "input": [{"type": "computer_call_output", "output": {}}]},
      400, "not served"),
     (RESPONSES, {"model": "gpt-4o", "input": "hi", "n": 2}, 400, "not a Responses parameter"),
