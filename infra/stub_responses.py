@@ -491,8 +491,11 @@ def _item(counter: ResponsesCounter, item: object, where: str) -> None:
         summary = item.get("summary") or []
         if not isinstance(summary, list):
             raise InputError("a reasoning item's summary must be a list", where)
+        content = item.get("content") or []
+        if not isinstance(content, list):
+            raise InputError("a reasoning item's content must be a list", where)
         text_bytes = sum(text_of(s.get("text") if isinstance(s, dict) else s, where)
-                         for s in summary)
+                         for s in (*summary, *content))
         # The reasoning itself, billed as input: by its encrypted content, else by its id.
         if item.get("encrypted_content") is not None:
             referred = counter.refer(counter.api.reasoning_tokens(item["encrypted_content"],
