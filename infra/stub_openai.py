@@ -16,6 +16,16 @@ and wire formats; the rules here are the same for both:
   the cached tokens a call wrote, and reports them.
 - Search models: a model with `web_search_usd_per_call` searches before every answer and is
   billed that fee once a call on top of its tokens; the search content is not billed.
+- The context window (`context_window_tokens` in the table): a call whose whole input (the
+  body and everything it refers to) is above it is refused, 400 `context_length_exceeded`,
+  unbilled; with `truncation: "auto"` the oldest input is dropped until it fits, what the body
+  only refers to first, so a call is never billed more input than the window. The hosted web
+  search's content (Responses) is held to what the window leaves.
+- Input the body only refers to (files and images by id or URL here; Responses has more) is
+  billed as input and reported in the bill as `referenced_input_tokens`.
+- Scripted tool calls (/control `tool_calls`): the first queued call whose tool a call offers
+  (a function tool, or a function in a `namespace` tool) is that call's answer, its arguments
+  billed as output text, and leaves the queue; a call offering none of them answers as usual.
 - OpenRouter's fields (`upstream_fields: openrouter`; ignored otherwise): `plugins: [{"id":
   "web", "max_results": N, "engine": "exa"}]` fetches N results (the table's default when
   absent), billed at the table's per-result rate; another plugin or engine is refused.

@@ -15,6 +15,8 @@ route. Each API is a module (infra/stub_chat.py, stub_responses.py, stub_message
 OpenAI's two share is stub_openai.py) on a shared core: the price table (stub_prices.py), token
 counting (stub_tokens.py), the bill (stub_bill.py), faults and control (stub_faults.py).
   POST /v1/chat/completions, /v1/responses, /v1/messages, /v1/messages/count_tokens
+  POST /v1/conversations, GET /v1/conversations/{id}, POST /v1/conversations/{id}/items
+                              OpenAI's conversations, read by a response that names one
   GET  /billing               the bill: tallies in total and per model, and a `log` of the most
                               recent requests (`?log=0` leaves the log out).
   POST /billing/reset         start a new bill (and empty the prompt caches and stored responses).
@@ -44,13 +46,18 @@ Faults, per call by header, or for the next `calls` calls (all, when absent) by 
   X-Stub-Continuous-Usage: 1     continuous_usage: true   every chat chunk carries the usage so
                                                           far (vLLM's continuous_usage_stats)
   X-Stub-Cached-Tokens: N        cached_tokens: N         report and bill N prompt tokens cached
-  X-Stub-Web-Searches: N         web_searches: N          Anthropic's web search tool runs N
+  X-Stub-Web-Searches: N         web_searches: N          Anthropic's web search tool runs N;
+                                                          OpenAI's hosted web_search N (at
+                                                          most the call's max_tool_calls)
 Per call only: `X-Stub-Output-Tokens: N` answers exactly min(N, cap) tokens a choice;
 `X-Stub-Reasoning-Tokens: N` makes N of them reasoning; `X-Stub-Tool-Call: 1` (Messages) calls
 the first client tool. Headers win over /control, whose fault set each POST replaces (`{}`
 clears it). Settings a POST gives replace theirs, and stay until set again: `images` {url:
 [width, height]} for http(s) images the stub cannot fetch; `files` {file id, file URL or item
-id: {"bytes": N, "pages": P, "image": [w, h]}}; `prompt_cache` (true by default);
+id: {"bytes": N, "pages": P, "image": [w, h]}}; `prompts` {OpenAI stored prompt id: {"tokens":
+N}}; `tool_calls` [{"name": tool, "arguments": {...}}], a queue of tool calls the OpenAI routes
+answer with, each taken by the next call offering that tool (infra/stub_openai.py);
+`prompt_cache` (true by default);
 `default_service_tier` and `upstream_fields` (infra/stub_openai.py); `web_search_result_tokens`
 and `clock_offset_s` (infra/stub_messages.py); `answer_padding_bytes` (0): every answer that is
 not streamed (200, on any route) carries that many bytes of whitespace after its opening brace,
