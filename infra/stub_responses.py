@@ -3,9 +3,10 @@
 Streamed (`response.created` ... `response.completed`, or `response.incomplete` at the cap) and
 not; one answer a call. What Responses has that chat has not: `instructions`, input items
 (messages, function and custom tool calls and their outputs, reasoning items, web search calls,
-`item_reference`), a JSON schema in `text.format`, tools (function and custom, `namespace` tools
-holding them as Codex CLI sends, and the hosted `web_search` and `web_search_preview`), and what
-a call only refers to, billed as input as OpenAI bills it:
+`item_reference`; Codex CLI's shell and tool search calls), a JSON schema in `text.format`,
+tools (function and custom, `namespace` tools holding them as Codex CLI sends, its `local_shell`
+and `tool_search`, and the hosted `web_search` and `web_search_preview`), and what a call only
+refers to, billed as input as OpenAI bills it:
 
 - `previous_response_id`: a response stored (unless `store: false`) is billed again as input of
   the call that continues it: its input and its output, reasoning included (the witness's larger
@@ -39,6 +40,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import secrets
 import time
 from collections import OrderedDict
@@ -74,8 +76,16 @@ CONVERSATIONS_MAX = 1_000
 CONVERSATION_ITEMS_MAX = 10_000
 # OpenAI takes at most 20 items when a conversation is created or added to.
 CONVERSATION_ITEMS_A_CALL_MAX = 20
-# Tools the client runs itself; a namespace tool holds them.
+# Tools the client runs itself; a namespace tool holds function and custom tools. Codex CLI
+# offers `local_shell` and `tool_search` (run by the client too) as some of its configurations
+# ask; they bill nothing but their definitions and calls.
 CLIENT_TOOL_TYPES = frozenset({"function", "custom"})
+CLIENT_RUN_TOOL_TYPES = CLIENT_TOOL_TYPES | {"local_shell", "tool_search"}
+# Items of tools the client runs, sent back in later input: billed by their JSON text.
+CLIENT_CALL_ITEM_TYPES = frozenset({"local_shell_call", "local_shell_call_output",
+                                    "tool_search_call", "tool_search_output", "shell_call",
+                                    "shell_call_output", "apply_patch_call",
+                                    "apply_patch_call_output"})
 # OpenAI's hosted web search, by the names Responses takes.
 WEB_SEARCH_TYPES = frozenset({"web_search", "web_search_2025_08_26"})
 WEB_SEARCH_PREVIEW_TYPES = frozenset({"web_search_preview", "web_search_preview_2025_03_11"})
@@ -119,7 +129,7 @@ class ResponsesApi(OpenAIApi):
         if previous is not None and conversation is not None:
             raise InputError("previous_response_id and conversation cannot be used together",
                              "previous_response_id")
-        if previous is not None and previous not in self.stored:
+        if previous is not None and (not isinstance(previous, str) or previous not in self.stored):
             raise InputError(f"previous response {previous!r} not found", "previous_response_id")
         counter = ResponsesCounter(prices, self.app.registry, self)
         if previous is not None:
@@ -400,8 +410,9 @@ def responses_prompt(body: dict[str, Any], counter: ResponsesCounter) -> Prompt:
     conversation's items)."""
     tools = body.get("tools") or []
     if not isinstance(tools, list) or any(not _served_tool(t) for t in tools):
-        raise InputError("the stub serves function, custom and namespace tools, and the hosted "
-                         "web_search and web_search_preview", "tools")
+        raise InputError("the stub serves function, custom and namespace tools, local_shell and "
+                         "tool_search, and the hosted web_search and web_search_preview",
+                         "tools")
     counter.json_segment(tools)
     text = body.get("text")
     if isinstance(text, dict) and isinstance(text.get("format"), dict):
@@ -430,7 +441,7 @@ def _served_tool(tool: object) -> bool:
         return (isinstance(tool.get("name"), str) and isinstance(inner, list)
                 and all(isinstance(t, dict) and t.get("type") in CLIENT_TOOL_TYPES
                         for t in inner))
-    return kind in CLIENT_TOOL_TYPES | WEB_SEARCH_TYPES | WEB_SEARCH_PREVIEW_TYPES
+    return kind in CLIENT_RUN_TOOL_TYPES | WEB_SEARCH_TYPES | WEB_SEARCH_PREVIEW_TYPES
 
 
 def _stored_prompt(counter: ResponsesCounter, prompt: object) -> None:
@@ -483,6 +494,8 @@ def _item(counter: ResponsesCounter, item: object, where: str) -> None:
             text_bytes = text_of(output, where)
     elif kind == "custom_tool_call":
         text_bytes = text_of(item.get("name", ""), where) + text_of(item.get("input", ""), where)
+    elif kind in CLIENT_CALL_ITEM_TYPES:
+        text_bytes = len(json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode())
     elif kind == "web_search_call":
         action = item.get("action")
         query = action.get("query") if isinstance(action, dict) else None

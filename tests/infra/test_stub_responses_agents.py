@@ -116,6 +116,38 @@ def test_a_scripted_call_in_a_namespace_streams_in_openais_order(
     assert follow_up.output_text
 
 
+def test_the_tools_and_items_codex_sends_are_taken_and_billed(
+    http: httpx.Client,
+) -> None:
+    tools = [NAMESPACE_TOOL, {"type": "local_shell"},
+             {"type": "custom", "name": "apply_patch", "description": "Apply a patch.",
+              "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+             {"type": "web_search", "external_web_access": False}]
+    shell_call = {"type": "local_shell_call", "call_id": "c1", "status": "completed",
+                  "action": {"type": "exec", "command": ["ls"]}}
+    items = [
+        {"type": "message", "role": "developer", "content": [
+            {"type": "input_text", "text": "be careful"}]},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed",
+         "action": {"type": "search", "query": "weather"}},
+        shell_call, {"type": "function_call_output", "call_id": "c1", "output": "README.md"},
+        {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "+x"},
+        {"type": "custom_tool_call_output", "call_id": "c2", "output": "done"},
+    ]
+    answer = http.post("/v1/responses", headers={"X-Stub-Output-Tokens": "5"}, json={
+        **{k: v for k, v in CODEX_FIELDS.items() if k != "stream"}, "model": "gpt-5-codex",
+        "tools": tools, "input": items, "max_tool_calls": 0})
+    assert answer.status_code == 200, answer.text
+    usage = answer.json()["usage"]
+    # Each item's text and 4 for it: "be careful" 3; "weather" 2; the shell call by its JSON
+    # text; "README.md" 3; "apply_patch" + "+x" 4; "done" 1; the tools by their JSON; the
+    # instructions "You are a coding agent." 6 + 4; the reply 3.
+    shell_tokens = -(-len(json.dumps(shell_call, separators=(",", ":")).encode()) // 4)
+    tools_tokens = -(-len(json.dumps(tools, separators=(",", ":")).encode()) // 4)
+    assert usage["input_tokens"] == (3 + 2 + shell_tokens + 3 + 4 + 1 + 6 * 4 + tools_tokens
+                                     + 6 + 4 + 3)
+
+
 def test_the_sdks_stream_helper_assembles_the_scripted_call(
     sdk: openai.OpenAI, http: httpx.Client
 ) -> None:
