@@ -92,8 +92,6 @@ CACHE_PREFIXES_MAX = 10_000
 REASONING_SHARE = {"none": Fraction(0), "minimal": Fraction(0), "low": Fraction(1, 4),
                    "medium": Fraction(1, 2), "high": Fraction(3, 4), "xhigh": Fraction(7, 8)}
 REASONING_EFFORT_DEFAULT = "medium"
-# The queue of scripted tool calls is bounded as the registries are.
-SCRIPTED_CALLS_MAX = 1_000
 # OpenRouter's web plugin engines the stub prices: Exa's results, at the table's rate. "native"
 # search is billed at the model provider's own search price, which the table does not hold.
 WEB_PLUGIN_ENGINES = ("exa",)
@@ -323,32 +321,6 @@ def callable_functions(body: dict[str, Any]) -> dict[str, str | None]:
     return found
 
 
-@dataclass(frozen=True)
-class ScriptedCall:
-    """A tool call /control queued (`tool_calls`): the next call offering `name` makes it."""
-
-    name: str
-    arguments: str  # JSON text, as the wire carries it
-
-
-def scripted_calls(doc: object) -> list[ScriptedCall]:
-    """/control's `tool_calls`: [{"name": tool, "arguments": {...} or JSON text}] (ValueError)."""
-    if not isinstance(doc, list) or len(doc) > SCRIPTED_CALLS_MAX:
-        raise ValueError(f"tool_calls is a list of at most {SCRIPTED_CALLS_MAX} calls")
-    calls = []
-    for i, entry in enumerate(doc):
-        if (not isinstance(entry, dict) or set(entry) - {"name", "arguments"}
-                or not isinstance(entry.get("name"), str) or not entry["name"]):
-            raise ValueError(f"tool_calls[{i}] is {{name, arguments}}")
-        arguments = entry.get("arguments", {})
-        if isinstance(arguments, str):
-            json.loads(arguments)  # a JSON text, or ValueError
-        else:
-            arguments = json.dumps(arguments)
-        calls.append(ScriptedCall(entry["name"], arguments))
-    return calls
-
-
 def _fallback_models(doc: object) -> tuple[str, ...]:
     """OpenRouter's `models`: the models a call may fall back to, in order."""
     if doc is None:
@@ -554,12 +526,11 @@ class OpenAIApi(Api[Answer]):
             total = forced or self.app.draw_output_tokens()
             reasoning = min(cap, forced_reasoning if forced_reasoning is not None
                             else math.floor(total * share))
-            call, namespace = script
+            name, arguments, namespace = script
             # The call's arguments are its visible output, whatever the cap.
-            visible = words(text_tokens(len(call.arguments.encode())))
+            visible = words(text_tokens(len(arguments.encode())))
             return [Choice(0, visible, reasoning, "tool_calls",
-                           ("call_" + secrets.token_hex(8), call.name, call.arguments),
-                           namespace)]
+                           ("call_" + secrets.token_hex(8), name, arguments), namespace)]
         for index in range(count):
             total = min(cap, forced or self.app.draw_output_tokens())
             reasoning = (min(total, forced_reasoning) if forced_reasoning is not None
@@ -575,15 +546,19 @@ class OpenAIApi(Api[Answer]):
                                   callable_functions(body).get(tool) if tool else None))
         return choices
 
-    def _scripted(self, body: dict[str, Any]) -> tuple[ScriptedCall, str | None] | None:
-        """The first call /control queued whose tool this call offers, taken off the queue,
-        with the namespace holding it."""
+    def _scripted(self, body: dict[str, Any]) -> tuple[str, str, str | None] | None:
+        """The first call /control queued (`tool_calls`, infra.stub_faults) whose tool this call
+        offers, taken off the queue: its name, its arguments' JSON text and the namespace
+        holding it. None with `tool_choice: "none"`."""
+        if body.get("tool_choice") == "none":
+            return None
         offered = callable_functions(body)
-        queue = self.app.scripted_calls
-        for at, call in enumerate(queue):
-            if call.name in offered:
-                del queue[at]
-                return call, offered[call.name]
+        queue = list(self.app.settings.tool_calls)
+        for call in queue:
+            if call["name"] in offered:
+                queue.remove(call)
+                self.app.settings = replace(self.app.settings, tool_calls=tuple(queue))
+                return call["name"], json.dumps(call["input"]), offered[call["name"]]
         return None
 
     def _cached(self, prices: ModelPrices, prompt: Prompt, fault: Fault) -> tuple[int, int]:

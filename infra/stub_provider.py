@@ -35,6 +35,10 @@ whether or not the client is still there to read it. A call the stub refuses (ba
 unknown model, wrong key, a fault that fails before serving) is not billed. Every request is
 counted in `requests` and logged all the same.
 
+OpenAI's stored prompts are registered by POST /control `prompts` {prompt id: {"tokens": N}}
+(infra/stub_responses.py); `tool_calls` (below) script the OpenAI routes' tool calls too: the
+first queued call whose function a call offers, in a namespace tool or not, is its answer.
+
 Faults, per call by header, or for the next `calls` calls (all, when absent) by POST /control:
   X-Stub-Fail-Status: S          fail_status: S           answer S (400-599), bill nothing
   X-Stub-Hang: 1                 hang: true               never answer, bill nothing
@@ -54,10 +58,7 @@ Per call only: `X-Stub-Output-Tokens: N` answers exactly min(N, cap) tokens a ch
 the first client tool. Headers win over /control, whose fault set each POST replaces (`{}`
 clears it). Settings a POST gives replace theirs, and stay until set again: `images` {url:
 [width, height]} for http(s) images the stub cannot fetch; `files` {file id, file URL or item
-id: {"bytes": N, "pages": P, "image": [w, h]}}; `prompts` {OpenAI stored prompt id: {"tokens":
-N}}; `tool_calls` [{"name": tool, "arguments": {...}}], a queue of tool calls the OpenAI routes
-answer with, each taken by the next call offering that tool (infra/stub_openai.py);
-`prompt_cache` (true by default);
+id: {"bytes": N, "pages": P, "image": [w, h]}}; `prompt_cache` (true by default);
 `default_service_tier` and `upstream_fields` (infra/stub_openai.py); `web_search_result_tokens`
 and `clock_offset_s` (infra/stub_messages.py); `answer_padding_bytes` (0): every answer that is
 not streamed (200, on any route) carries that many bytes of whitespace after its opening brace,
@@ -108,14 +109,13 @@ from infra.stub_faults import (
     read_body,
     registry_files,
     registry_images,
-    registry_prompts,
     sent,
     stub_failure,
 )
 from infra.stub_messages import MessagesApi
-from infra.stub_openai import ScriptedCall, scripted_calls
 from infra.stub_prices import StubPrices
-from infra.stub_responses import ResponsesApi
+from infra.stub_responses import CONTROL_FIELDS as RESPONSES_CONTROL_FIELDS
+from infra.stub_responses import ResponsesApi, registry_prompts
 from infra.stub_tokens import Registry
 
 __all__ = ["Bill", "CallRecord", "StubProvider", "StubProviderApp", "StubProviderProcess",
@@ -168,8 +168,6 @@ class StubProviderApp:
         self.fault = Fault()
         self.settings = Settings()
         self.registry = Registry()
-        # Tool calls /control queued for the OpenAI routes' next calls (infra.stub_openai).
-        self.scripted_calls: list[ScriptedCall] = []
         openai_cache: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self.chat = ChatApi(self, openai_cache)
         self.responses = ResponsesApi(self, openai_cache)
@@ -206,14 +204,14 @@ class StubProviderApp:
                 doc = await request.json()
                 if not isinstance(doc, dict):
                     raise ValueError("the control body is an object")
-                unknown = set(doc) - SETTINGS - {*FAULT_HEADERS.values(), "calls"}
+                unknown = (set(doc) - SETTINGS - RESPONSES_CONTROL_FIELDS
+                           - {*FAULT_HEADERS.values(), "calls"})
                 if unknown:
                     raise ValueError(f"unknown control fields {sorted(unknown)}")
                 fault = fault_from({k: v for k, v in doc.items() if k not in SETTINGS})
                 images = registry_images(doc["images"]) if "images" in doc else None
                 files = registry_files(doc["files"]) if "files" in doc else None
                 prompts = registry_prompts(doc["prompts"]) if "prompts" in doc else None
-                calls = scripted_calls(doc["tool_calls"]) if "tool_calls" in doc else None
                 settings = self.settings.updated(doc)
             except (ValueError, TypeError) as exc:
                 return self.chat.error(ApiError(400, f"control body: {exc}"), {})
@@ -222,12 +220,10 @@ class StubProviderApp:
             self.registry.images = self.registry.images if images is None else images
             self.registry.files = self.registry.files if files is None else files
             self.registry.prompts = self.registry.prompts if prompts is None else prompts
-            self.scripted_calls = self.scripted_calls if calls is None else calls
         return JSONResponse({**self.fault.to_json(), **vars(self.settings),
                              "images": {u: list(s) for u, s in self.registry.images.items()},
                              "files": sorted(self.registry.files),
-                             "prompts": dict(self.registry.prompts),
-                             "tool_calls": [vars(c) for c in self.scripted_calls]})
+                             "prompts": dict(self.registry.prompts)})
 
     async def live(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})

@@ -49,7 +49,16 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from infra.stub_faults import ApiError, Fault, pieces, read_body, sse, words
+from infra.stub_faults import (
+    REGISTRY_ENTRIES_MAX,
+    ApiError,
+    Fault,
+    count,
+    pieces,
+    read_body,
+    sse,
+    words,
+)
 from infra.stub_openai import (
     Answer,
     Counter,
@@ -95,6 +104,8 @@ WEB_SEARCHES_DEFAULT = 1
 SUMMARY_WORDS_MAX = 12
 # What encrypted reasoning content starts with (as OpenAI's does): the rest is the stub's own.
 ENCRYPTED_PREFIX = "gAAAAA"
+# What POST /control takes for this API besides the shared settings: stored prompts.
+CONTROL_FIELDS = frozenset({"prompts"})
 
 
 class ResponsesApi(OpenAIApi):
@@ -545,6 +556,18 @@ def _part(counter: Counter, part: object, where: str, media: list[int]) -> int:
     else:
         raise InputError(f"content part type {kind!r} is not served", where)
     return 0
+
+
+def registry_prompts(doc: object) -> dict[str, int]:
+    """/control's `prompts`, OpenAI's stored prompts by id: {id: {"tokens": N}} (ValueError)."""
+    if not isinstance(doc, dict) or len(doc) > REGISTRY_ENTRIES_MAX:
+        raise ValueError(f"prompts is an object of at most {REGISTRY_ENTRIES_MAX} prompts")
+    prompts = {}
+    for key, entry in doc.items():
+        if not isinstance(entry, dict) or set(entry) != {"tokens"}:
+            raise ValueError(f"prompts[{key!r}] is {{tokens}}")
+        prompts[str(key)] = count(entry["tokens"], f"prompts[{key!r}].tokens", 0)
+    return prompts
 
 
 def _conversation_items(doc: object) -> list[dict[str, Any]]:
