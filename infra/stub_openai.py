@@ -50,6 +50,7 @@ from starlette.responses import JSONResponse, Response
 
 from infra.stub_bill import Usage
 from infra.stub_faults import (
+    CHUNK_TOKENS,
     UPSTREAM_OPENROUTER,
     Api,
     ApiError,
@@ -60,6 +61,7 @@ from infra.stub_faults import (
 )
 from infra.stub_prices import TIER_STANDARD, ModelPrices, cost_micros, unpriced
 from infra.stub_tokens import (
+    BYTES_PER_TOKEN,
     TOKENS_PER_MESSAGE,
     TOKENS_PER_REPLY,
     FileRef,
@@ -246,10 +248,21 @@ class Choice:
     finish_reason: str  # "stop", "length" or "tool_calls"
     tool_call: tuple[str, str, str] | None = None  # (call id, function name, arguments)
     tool_namespace: str | None = None  # the namespace tool that holds the function called
+    # What joins the words: a space between words of prose; nothing between the pieces of a
+    # JSON answer, each of which is one token of its text.
+    joiner: str = " "
 
     @property
     def text(self) -> str:
-        return " ".join(self.words)
+        return self.joiner.join(self.words)
+
+    def deltas(self) -> list[tuple[str, int]]:
+        """The text as a stream sends it, in deltas of CHUNK_TOKENS tokens, each with its
+        tokens: joined, they give the text back."""
+        return [(("" if start == 0 else self.joiner)
+                 + self.joiner.join(self.words[start:start + CHUNK_TOKENS]),
+                 len(self.words[start:start + CHUNK_TOKENS]))
+                for start in range(0, len(self.words), CHUNK_TOKENS)]
 
     @property
     def output_tokens(self) -> int:
@@ -321,6 +334,74 @@ def callable_functions(body: dict[str, Any]) -> dict[str, str | None]:
     return found
 
 
+# A schema nested deeper than this is answered with null there: no real one nests so deep, and
+# a recursive one ($ref to itself) must end. Nor does a document take more values than the
+# second bound, however its arrays multiply (a structured answer is the stub's work, unbilled).
+SCHEMA_DEPTH_MAX = 16
+SCHEMA_VALUES_MAX = 10_000
+# Strings a structured answer gives, by their JSON schema `format`.
+FORMAT_EXAMPLES = {"date-time": "2026-01-01T00:00:00Z", "date": "2026-01-01", "time": "00:00:00",
+                   "email": "stub@example.com", "uri": "https://stub.example/",
+                   "uuid": "00000000-0000-4000-8000-000000000000"}
+
+
+def schema_instance(schema: object, root: object = None, depth: int = 0,
+                    budget: list[int] | None = None) -> Any:
+    """The least document a JSON schema (as structured outputs take them) accepts: every
+    property of an object (strict mode requires them all), the fewest items an array takes,
+    the first of an enum or a union, the smallest number and a short string."""
+    root = schema if root is None else root
+    budget = [SCHEMA_VALUES_MAX] if budget is None else budget
+    budget[0] -= 1
+    if not isinstance(schema, dict) or depth > SCHEMA_DEPTH_MAX or budget[0] < 0:
+        return None
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: Any = root
+        for key in ref[2:].split("/"):
+            target = target.get(key) if isinstance(target, dict) else None
+        return schema_instance(target, root, depth + 1, budget)
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for union in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(union), list) and schema[union]:
+            return schema_instance(schema[union][0], root, depth + 1, budget)
+    kind = schema.get("type", "object" if "properties" in schema else None)
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        properties = schema.get("properties")
+        return {name: schema_instance(sub, root, depth + 1, budget)
+                for name, sub in (properties.items() if isinstance(properties, dict) else ())}
+    if kind == "array":
+        least = schema.get("minItems", 0)
+        least = least if type(least) is int and 0 <= least <= SCHEMA_DEPTH_MAX else 0
+        return [schema_instance(schema.get("items"), root, depth + 1, budget)
+                for _ in range(least)]
+    if kind == "string":
+        least = schema.get("minLength", 0)
+        text = FORMAT_EXAMPLES.get(str(schema.get("format")), "the ceiling holds")
+        return text + "x" * max(0, least - len(text)) if type(least) is int else text
+    if kind in ("integer", "number"):
+        bound = schema.get("minimum", schema.get("exclusiveMinimum"))
+        if not isinstance(bound, int | float) or isinstance(bound, bool):
+            return 0
+        if "minimum" in schema:
+            return math.ceil(bound) if kind == "integer" else bound
+        return math.floor(bound) + 1
+    if kind == "boolean":
+        return False
+    return None
+
+
+def json_tokens(document: Any) -> tuple[str, ...]:
+    """A JSON document's text in pieces of one token each (ASCII, so 4 bytes a token)."""
+    text = json.dumps(document, separators=(",", ":"))
+    return tuple(text[at:at + BYTES_PER_TOKEN] for at in range(0, len(text), BYTES_PER_TOKEN))
+
+
 def _fallback_models(doc: object) -> tuple[str, ...]:
     """OpenRouter's `models`: the models a call may fall back to, in order."""
     if doc is None:
@@ -358,6 +439,10 @@ class OpenAIApi(Api[Answer]):
 
     def audio_output(self, body: dict[str, Any], prices: ModelPrices) -> bool:
         return False
+
+    def output_schema(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The JSON schema a call's answer must follow ({} for any JSON object), or None."""
+        return None
 
     def rejected_prediction(self, body: dict[str, Any], choices: int) -> int:
         return 0
@@ -520,6 +605,7 @@ class OpenAIApi(Api[Answer]):
         if forced_reasoning and not prices.reasoning:
             raise invalid(f"{prices.name} is not a reasoning model")
         tool = forced_tool(body)
+        schema = self.output_schema(body) if tool is None else None
         script = self._scripted(body) if count == 1 else None
         choices = []
         if script is not None:
@@ -537,6 +623,13 @@ class OpenAIApi(Api[Answer]):
                          else math.floor(total * share))
             visible = words(total - reasoning)
             finish = "length" if total == cap else "stop"
+            if schema is not None:
+                # A structured answer is the schema's least document, cut off at the cap.
+                document = json_tokens(schema_instance(schema))
+                visible = document[:cap - reasoning]
+                finish = "length" if len(visible) < len(document) else "stop"
+                choices.append(Choice(index, visible, reasoning, finish, joiner=""))
+                continue
             tool_call = None
             if tool is not None:
                 tool_call = ("call_" + secrets.token_hex(8), tool,

@@ -54,7 +54,6 @@ from infra.stub_faults import (
     ApiError,
     Fault,
     count,
-    pieces,
     read_body,
     sse,
     words,
@@ -162,6 +161,15 @@ class ResponsesApi(OpenAIApi):
         if not isinstance(conversation, str) or conversation not in self.conversations:
             raise InputError(f"conversation {conversation!r} not found", "conversation")
         return conversation
+
+    def output_schema(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """`text.format`: a json_schema's schema, or any object for json_object."""
+        text = body.get("text")
+        form = text.get("format") if isinstance(text, dict) else None
+        if not isinstance(form, dict) or form.get("type") not in ("json_schema", "json_object"):
+            return None
+        schema = form.get("schema")
+        return schema if isinstance(schema, dict) else {"type": "object"}
 
     def effort(self, body: dict[str, Any]) -> object:
         reasoning = body.get("reasoning")
@@ -350,7 +358,7 @@ class ResponsesApi(OpenAIApi):
                 event("response.output_item.added", output_index=index, item=opened)
                 empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
                 event("response.content_part.added", **at, content_index=0, part=empty)
-                for piece in pieces(choice.words):
+                for piece, _ in choice.deltas():
                     event("response.output_text.delta", **at, content_index=0, delta=piece,
                           logprobs=[])
                 event("response.output_text.done", **at, content_index=0, text=choice.text,

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import openai
 import pytest
 from openai.types.responses import ResponseStreamEvent
+from pydantic import BaseModel
 
 from infra.stub_bill import Bill
 from infra.stub_provider import StubProvider
@@ -219,3 +220,41 @@ def test_the_bill_shows_what_each_call_was_billed_beyond_its_body(
     assert (entry["web_search_tool_calls"], entry["web_search_content_tokens"]) == (1, 8_000)
     bill = Bill.from_json(http.get("/billing").json())
     assert (bill.total.referenced_input_tokens, bill.total.web_search_tool_calls) == (29, 1)
+
+
+class Place(BaseModel):
+    city: str
+    population: int
+    tags: list[str]
+    kind: Literal["town", "city"]
+    note: str | None
+
+
+class Answer(BaseModel):
+    places: list[Place]
+    best: Place
+    sure: bool
+
+
+def test_a_structured_answer_is_a_document_of_its_schema_on_both_routes(
+    sdk: openai.OpenAI, http: httpx.Client
+) -> None:
+    parsed = sdk.responses.parse(model="gpt-5-mini", input="where?", text_format=Answer)
+    assert parsed.output_parsed is not None
+    assert parsed.output_parsed.best.kind == "town"
+    streamed = "".join(e.delta for e in sdk.responses.create(
+        model="gpt-4o", input="where?", stream=True,
+        text={"format": {"type": "json_object"}}) if e.type == "response.output_text.delta")
+    assert json.loads(streamed) == {}
+    chat = sdk.chat.completions.parse(model="gpt-4o", response_format=Answer,
+                                      messages=[{"role": "user", "content": "where?"}])
+    assert chat.choices[0].message.parsed == parsed.output_parsed
+    # The answer's text is its output, 4 bytes a token.
+    text = chat.choices[0].message.content or ""
+    assert chat.usage is not None
+    assert chat.usage.completion_tokens == -(-len(text.encode()) // 4)
+    # At the cap, the document is cut off there, as OpenAI's is.
+    cut = sdk.responses.create(model="gpt-4o", input="where?", max_output_tokens=5,
+                               text={"format": {"type": "json_schema", "name": "answer",
+                                                "schema": Answer.model_json_schema()}})
+    assert (cut.status, len(cut.output_text)) == ("incomplete", 20)
