@@ -647,10 +647,13 @@ def _items(answer: Answer, key: bytes) -> list[dict[str, Any]]:
                    if asked else [])
         items.append({"type": "reasoning", "id": rs_id, "summary": summary,
                       "encrypted_content": _encrypted(key, rs_id, choice.reasoning_tokens)})
+    include = answer.request.get("include") or ()
     for n in range(answer.web_searches):
+        action: dict[str, Any] = {"type": "search", "query": f"stub search {n + 1}"}
+        if "web_search_call.action.sources" in include:
+            action["sources"] = [{"type": "url", "url": f"https://stub.example/{n + 1}"}]
         items.append({"type": "web_search_call", "id": f"ws_{suffix}{n:03d}",
-                      "status": "completed",
-                      "action": {"type": "search", "query": f"stub search {n + 1}"}})
+                      "status": "completed", "action": action})
     if choice.tool_call is not None:
         call_id, name, arguments = choice.tool_call
         call = {"type": "function_call", "id": "fc_" + suffix, "call_id": call_id,

@@ -288,9 +288,14 @@ def test_web_search_bills_a_fee_a_search_and_its_content_as_input(
 ) -> None:
     response = sdk.responses.create(
         model="gpt-5", input="hello", tools=[{"type": "web_search"}], max_tool_calls=2,
+        include=["web_search_call.action.sources"],
         extra_headers={**forced(10, 5), "X-Stub-Web-Searches": "3"})
     kinds = [item.type for item in response.output]
     assert kinds == ["reasoning", "web_search_call", "web_search_call", "message"]
+    search = response.output[1]
+    assert search.type == "web_search_call"
+    assert search.action.type == "search"
+    assert search.action.sources
     assert response.usage is not None
     # At most max_tool_calls: 2 searches of 8,000 tokens of content each, on top of the input
     # and the tool's definition ('[{"type":"web_search"}]', 23 bytes: 6 tokens).
