@@ -169,6 +169,9 @@ SECTION = {"context_window_tokens": 1000, "output_tokens_max": 100, "cache_token
      "long_context needs"),
     ({"models": {"m": RATES | {"image": {"rule": "area", "pixels_per_token": 0}}}}, "area rule"),
     ({"models": {"m": RATES | {"aliases": ["m"]}}}, "given twice"),
+    ({"models": {"m": RATES | {"context_window_tokens": 0}}}, "positive"),
+    ({"models": {"m": RATES | {"web_search_content_tokens": "8000"}}}, "positive"),
+    ({"models": {}, "openai_tools": {"web_search_usd_per_1k_calls": "10.00"}}, "openai_tools"),
 ])
 def test_a_bad_table_is_refused(table: dict[str, Any], why: str) -> None:
     with pytest.raises(ValueError, match=why):

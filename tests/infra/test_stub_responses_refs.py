@@ -350,3 +350,23 @@ def test_without_max_tool_calls_a_hostile_control_runs_many_searches(
     sdk.responses.create(model="stub-window", input="hello", tools=[{"type": "web_search"}],
                          extra_headers={**forced(10), "X-Stub-Web-Searches": "5"})
     assert usage_of(log(http)[-1]).input_tokens == 1_000
+
+
+def test_the_conversations_routes_answer_as_openais_do(sdk: openai.OpenAI,
+                                                        http: httpx.Client) -> None:
+    conversation = sdk.conversations.create(metadata={"topic": "x"})
+    assert sdk.conversations.retrieve(conversation.id).id == conversation.id
+    added = sdk.conversations.items.create(conversation.id, items=[
+        {"type": "message", "role": "user", "content": "hello"}])
+    assert [item.type for item in added.data] == ["message"]
+    refused(lambda: sdk.conversations.retrieve("conv_nope"), 404)
+    refused(lambda: sdk.conversations.items.create("conv_nope", items=[]), 404)
+    # At most 20 items a call, as OpenAI takes them.
+    too_many: Any = [{"type": "message", "role": "user", "content": "hi"}] * 21
+    refused(lambda: sdk.conversations.create(items=too_many), 400)
+    # A conversation with previous_response_id: refused, unbilled.
+    first = sdk.responses.create(model="gpt-4o", input="hello", extra_headers=forced(5))
+    refused(lambda: sdk.responses.create(model="gpt-4o", input="hello",
+                                         conversation=conversation.id,
+                                         previous_response_id=first.id), 400)
+    assert [c.billed for c in log(http)] == [True, False]
