@@ -253,6 +253,9 @@ class BudgetDef:
     paused_at_ms: int | None = None
     rate: Rate | None = None
     per_user: PerUser | None = None
+    # Every gateway call under it is sent with the largest output cap that fits the room left,
+    # as if it sent X-Ceiling-Clamp: 1 (core/gateway.py hold).
+    clamp: bool = False
 
     @property
     def policy(self) -> OutagePolicy:
@@ -271,10 +274,11 @@ class BudgetDef:
     def from_ledger(cls, budget_id: BudgetId, limits: tuple[Limit, ...], timezone: str,
                     ledger_allowance_micros: int, alerts: AlertConfig | None = None,
                     paused_at_ms: int | None = None, rate: Rate | None = None,
-                    per_user: PerUser | None = None) -> BudgetDef:
+                    per_user: PerUser | None = None, clamp: bool = False) -> BudgetDef:
         policy, allowance = outage_policy_of(ledger_allowance_micros)
         return cls(budget_id, limits, timezone, allowance, policy,
-                   alerts if alerts is not None else AlertConfig(), paused_at_ms, rate, per_user)
+                   alerts if alerts is not None else AlertConfig(), paused_at_ms, rate, per_user,
+                   clamp)
 
     def __post_init__(self) -> None:
         if self.outage_policy is None:

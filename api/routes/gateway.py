@@ -349,6 +349,27 @@ def broken_off_event(wire: WireFormat, bill: Bill) -> bytes:
         "corrects it from the provider's bill"))
 
 
+async def count(request: Request, wire: WireFormat) -> Response:
+    """A token count (POST /v1/messages/count_tokens): checked as a call's body and headers are,
+    admitted against the key's rate and concurrency limits, forwarded; nothing is held for it,
+    as the provider bills nothing."""
+    svc, who = await authenticated(request, Role.GATEWAY, x_api_key=wire.key_header is not None)
+    config = runtime().config
+    headers = tuple((k, v) for k, v in request.headers.items() if k in wire.forwarded_headers)
+    content = gateway.count_request(
+        wire.api, await request.body(), headers,
+        config.gateway_fields_allowed if config else frozenset(),
+        config.gateway_betas_allowed if config else frozenset())
+    up = upstream(wire)
+    await gateway.admit_count(svc, who)
+    try:
+        status, relayed, body = await up.count(wire.api, content, headers)
+    except Unanswered as exc:
+        raise UpstreamUnreachable(f"the provider did not answer the token count ({exc}); "
+                                  "nothing was held or billed") from exc
+    return Response(body, status_code=status, headers=relayed)
+
+
 def route(wire: WireFormat) -> HotRoute:
     """`wire`'s hot route (api/routing.py), its refusals in its shape."""
     # authenticated() (api/routes/sidecar.py) knows one key header besides Authorization.
@@ -358,5 +379,18 @@ def route(wire: WireFormat) -> HotRoute:
                         middleware=(refusals_in(wire),))
 
 
-# The hot routes of this module: one per wire format.
-ROUTES = tuple(route(wire) for wire in FORMATS.values())
+def count_route(wire: WireFormat) -> HotRoute:
+    """`wire`'s token counting route, its refusals in its shape."""
+    ensure(wire.count_route is not None, f"{wire.api} has no token counting route")
+
+    async def endpoint(request: Request) -> Response:
+        return await count(request, wire)
+
+    endpoint.__name__ = endpoint.__qualname__ = f"{wire.name}_count_tokens"
+    return HotRoute(str(wire.count_route), endpoint, body=BODIES.get(wire.api),
+                    headers=wire.headers, middleware=(refusals_in(wire),))
+
+
+# The hot routes of this module: one per wire format, and one per token counting endpoint.
+ROUTES = (*(route(wire) for wire in FORMATS.values()),
+          *(count_route(wire) for wire in FORMATS.values() if wire.count_route))

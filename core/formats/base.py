@@ -97,6 +97,10 @@ class WireFormat(ABC):
     unbounded_input_fields: tuple[str, ...] = ()
     # The client's request headers forwarded to the provider with the body.
     forwarded_headers: tuple[str, ...] = ()
+    # Its token counting endpoint, if the API has one the provider bills nothing for: the path
+    # below the provider's base URL, and the gateway's route for it (api/routes/gateway.py).
+    count_path: str | None = None
+    count_route: str | None = None
     # The header its clients send their key in when they send no Authorization, if any.
     key_header: str | None = None
     # What the route accepts in each header of its own (key_header, forwarded_headers).
@@ -131,6 +135,13 @@ class WireFormat(ABC):
                     f"{field} is not a field the gateway forwards: what it bills is not known (it "
                     "may change the call's rates or feed the model input the request does not "
                     "contain), so nothing was forwarded or reserved", field=field)
+
+    def count_checked(self, body: dict[str, Any], headers: tuple[tuple[str, str], ...],
+                      betas_allowed: frozenset[str]) -> None:
+        """Check a token counting request's headers as plan() would a call's (its fields are
+        checked by check_fields): nothing is held for it, but what it forwards is named. A
+        format that forwards no headers of its own has nothing more to check."""
+        del body, headers, betas_allowed
 
     @abstractmethod
     def plan(self, body: dict[str, Any], model: str, headers: tuple[tuple[str, str], ...],

@@ -55,7 +55,9 @@ MESSAGES_FIELDS = frozenset({
 # context management and compaction (held as context_management says), effort, structured
 # outputs, advanced tool use (deferred tools are definitions the body carries; tool search and
 # programmatic calls are tools, checked by type), PDFs and citations (held at the window),
-# search result blocks, token counting, and the stop reason for a full window. The 1M-token
+# search result blocks, token counting, the stop reason for a full window, Claude Code's
+# per-turn settings and tool changes (messages and definitions the body carries), and a count
+# of thinking tokens in the usage. The 1M-token
 # context is priced at its long-context rates (CONTEXT_1M_BETA). Any other beta is refused
 # unless the operator names it (CEILING_GATEWAY_BETAS_ALLOWED): a beta can change the rates (fast
 # mode) or what the model reads.
@@ -67,7 +69,8 @@ MESSAGES_BETAS = frozenset({
     "effort-2025-11-24", "structured-outputs-2025-11-13", "advanced-tool-use-2025-11-20",
     "tool-examples-2025-10-29", "pdfs-2024-09-25", "search-results-2025-06-09",
     "token-counting-2024-11-01", "model-context-window-exceeded-2025-08-26",
-    "prompt-caching-scope-2026-01-05",
+    "prompt-caching-scope-2026-01-05", "per-turn-control-2026-07-01",
+    "mid-conversation-tool-changes-2026-07-01", "thinking-token-count-2026-05-13",
 })
 # Context management edits that only clear content from the input (tool results, tool inputs,
 # earlier thinking): the body's bound holds. Compaction summarizes the context in a step of its
@@ -280,6 +283,8 @@ class Messages(WireFormat):
     allowed_fields = MESSAGES_FIELDS
     forwarded_headers = ("anthropic-version", "anthropic-beta")
     key_header = "x-api-key"
+    count_path = "v1/messages/count_tokens"
+    count_route = "/v1/messages/count_tokens"
     user_fields = (("metadata", "user_id"),)
     header_schemas = HEADER_SCHEMAS
     usage_fields = ("input_tokens", "output_tokens", "input_tokens_details",
@@ -320,6 +325,10 @@ class Messages(WireFormat):
         return Plan(self, model, body, body.get("stream") is True, text_tokens_max,
                     output_tokens_max, 1, False, media, service_tier, headers, long_context,
                     added)
+
+    def count_checked(self, body: dict[str, Any], headers: tuple[tuple[str, str], ...],
+                      betas_allowed: frozenset[str]) -> None:
+        _betas(headers, betas_allowed)
 
     def clamped_body(self, body: dict[str, Any], output_tokens_max: int) -> dict[str, Any]:
         body = super().clamped_body(body, output_tokens_max)

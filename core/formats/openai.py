@@ -42,9 +42,11 @@ NAMESPACE_TOOL_TYPE = "namespace"
 WEB_SEARCH_TOOL_TYPES = frozenset({
     "web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11",
 })
-# The max_tool_calls the gateway sets on a call with a hosted tool and none given: a few searches
-# answer most questions, and each one held is a fee and a context window of input more.
-HOSTED_TOOL_CALLS_DEFAULT = 5
+# The max_tool_calls the gateway sets on a call with a hosted tool and none given. Agents offer
+# web search on every call (Codex does) and most calls search not at all, while each search held
+# is a fee and a context window of input more: two keep a search and its follow-up within one
+# call, and the agent's next call may search again.
+HOSTED_TOOL_CALLS_DEFAULT = 2
 MAX_TOOL_CALLS_FIELD = "max_tool_calls"
 
 
