@@ -26,17 +26,18 @@ import json
 import os
 import queue
 import shutil
+import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
 from infra.deploy_build import digest, locked, used
-from infra.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS_DIR = ROOT / "tests" / "clients" / "py"
@@ -53,6 +54,9 @@ OUTPUT_TAIL_CHARS = 6000
 # What a script prints before each case's result, and the line it answers when ready.
 CASE_MARKER = "CASE "
 READY_LINE = "READY"
+
+
+_HELD_SOCKETS: list[socket.socket] = []
 
 
 class PyClientsError(Exception):
@@ -108,11 +112,21 @@ def ensure_py_clients() -> Path:
     return venv_python
 
 
+@cache
+def closed_port() -> int:
+    """A loopback port that refuses every connection for as long as this process runs: bound,
+    never listened on, so no server of the suite can take it (a port found free could be)."""
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.bind(("127.0.0.1", 0))
+    _HELD_SOCKETS.append(held)
+    return int(held.getsockname()[1])
+
+
 def client_env(*, openai_base_url: str, anthropic_base_url: str, api_key: str) -> dict[str, str]:
     """A client's whole environment: the gateway's base URLs and the key, nothing inherited
     that could point it elsewhere (OPENAI_*, ANTHROPIC_*, proxies), and every proxy variable at
     a closed loopback port, so that a request anywhere but loopback fails."""
-    dead_proxy = f"http://127.0.0.1:{free_port()}"
+    dead_proxy = f"http://127.0.0.1:{closed_port()}"
     kept = {name: os.environ[name] for name in ("PATH", "HOME", "LANG", "TMPDIR", "SYSTEMROOT")
             if name in os.environ}
     return {
