@@ -279,7 +279,7 @@ class StubProviderApp:
             api=api.name, model=decided.model, status=status, billed=True,
             cost_micros=decided.cost_micros, usage=decided.usage, stream=stream,
             service_tier=decided.service_tier, fault=fault.name,
-            model_requested=decided.model_requested,
+            model_requested=decided.model_requested, beyond_body=decided.beyond_body,
         ))
         self.costs.book.record(api.name, decided.service_tier, decided.cost_micros, time.time())
         api.charged(decided, fault)

@@ -724,7 +724,7 @@ def image_refused(data: bytes, media_type: str = "image/png") -> dict[str, Any]:
      "not served by the stub"),
     ({"max_tokens": 10, "temperature": 1.5}, {}, 400, "invalid_request_error", "temperature"),
     ({"max_tokens": 10, "messages": []}, {}, 400, "invalid_request_error", "at least one message"),
-    ({"max_tokens": 10, "messages": [{"role": "system", "content": "x"}]}, {}, 400,
+    ({"max_tokens": 10, "messages": [{"role": "tool", "content": "x"}]}, {}, 400,
      "invalid_request_error", "role"),
     ({"max_tokens": 10, "messages": [{"role": "user", "content": [
         {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}, {}, 400,
@@ -775,8 +775,25 @@ def image_refused(data: bytes, media_type: str = "image/png") -> dict[str, Any]:
      "invalid_request_error", "forces tool use"),
     (THINKING | {"model": "claude-3-5-haiku-20241022"}, {}, 400, "invalid_request_error",
      "not supported"),
-    ({"thinking": {"type": "adaptive"}, "max_tokens": 4_000}, {}, 400, "invalid_request_error",
+    ({"thinking": {"type": "sometimes"}, "max_tokens": 4_000}, {}, 400, "invalid_request_error",
      "thinking"),
+    ({"thinking": {"type": "adaptive", "display": "loud"}, "max_tokens": 4_000}, {}, 400,
+     "invalid_request_error", "thinking.display"),
+    # Context management and output_config
+    # (https://platform.claude.com/docs/en/build-with-claude/context-editing, .../effort).
+    ({"max_tokens": 10, "context_management": {"edits": [{"type": "clear_everything"}]}}, {},
+     400, "invalid_request_error", "context_management.edits[0].type"),
+    ({"max_tokens": 10, "context_management": {"edits": [
+        {"type": "clear_tool_uses_20250919"}, {"type": "clear_thinking_20251015"}]}}, {}, 400,
+     "invalid_request_error", "must be the first edit"),
+    ({"max_tokens": 10, "context_management": {"edits": [{"type": "compact_20260112",
+                                                          "trigger": {"type": "input_tokens",
+                                                                      "value": 1_000}}]}}, {},
+     400, "invalid_request_error", "at least 50000"),
+    ({"max_tokens": 10, "output_config": {"effort": "extreme"}}, {}, 400,
+     "invalid_request_error", "output_config.effort"),
+    ({"max_tokens": 10, "output_config": {"format": {"type": "json_object"}}}, {}, 400,
+     "invalid_request_error", "json_schema"),
 ])
 def test_what_the_api_refuses_is_refused_unbilled_in_anthropics_shape(
     http: httpx.Client, body: dict[str, Any], headers: dict[str, str], status: int, kind: str,
