@@ -36,8 +36,10 @@ for the reply; only text counts as text), and:
 - Thinking blocks sent back (https://platform.claude.com/docs/en/build-with-claude/
   extended-thinking): the thinking of earlier turns is dropped from the context, that of the
   turn still in progress (an assistant turn answered only by tool results) is kept, and a model
-  with `keeps_thinking` keeps every turn's. A kept block is billed by the text the request
-  carries (signatures are not checked: a forged block is billed too).
+  with `keeps_thinking` keeps every turn's (a clear_thinking edit says otherwise, below). A kept
+  block is billed as the whole thinking its signature carries (the stub's signatures say how
+  many tokens; the text shown is a summary, or empty under `display: omitted`), or by its text
+  where that is more (signatures are not checked: a forged block is billed too).
 - Web search results sent back: their url, title and encrypted content, by bytes.
 
 Prompt cache (https://platform.claude.com/docs/en/build-with-claude/prompt-caching): the prompt
@@ -137,6 +139,10 @@ THINKING_SHARE = Fraction(1, 2)
 # ratio; Anthropic documents only that Claude 4 bills the full thinking and shows a summary).
 THINKING_TOKENS_PER_SUMMARY_WORD = 4
 THINKING_WORDS = ("consider", "the", "budget", "before", "answering")
+# A thinking block's signature: this prefix, the thinking tokens billed, and a random tail. Real
+# signatures carry the full thinking encrypted, which the model reads when the block is sent back.
+SIGNATURE_PREFIX = "stub-signature-"
+SIGNED_TOKENS_DIGITS_MAX = 9  # more than any output cap
 # The prompt cache looks for hits this many blocks back from each breakpoint (the docs say
 # "approximately 20"), and holds at most this many prefixes: a long load run must not grow the
 # stub without end.
@@ -189,8 +195,11 @@ TOOL_CHOICES = ("auto", "any", "tool", "none")
 USER_BLOCKS = frozenset({"text", "image", "document", "tool_result"})
 ASSISTANT_BLOCKS = frozenset({"text", "thinking", "redacted_thinking", "tool_use",
                               "server_tool_use", "web_search_tool_result", "compaction"})
-# A mid-conversation system message (Claude Code sends one after the first user message).
-SYSTEM_BLOCKS = frozenset({"text"})
+# A mid-conversation system message (Claude Code sends one after the first user message):
+# text, and the mid-conversation-tool-changes beta's tool additions and removals.
+SYSTEM_BLOCKS = frozenset({"text", "tool_addition", "tool_removal"})
+SYSTEM_MESSAGE_KEYS = frozenset({"role", "content", "clear_at", "output_config"})
+CLEAR_ATS = ("next_user_message", "never")
 ROLES = ("user", "assistant", "system")
 # Effort (https://platform.claude.com/docs/en/build-with-claude/effort) and the share of an
 # answer spent thinking at each: the stub's own shares, since Anthropic documents only that
@@ -281,6 +290,7 @@ class MessagesPrompt:
     breakpoints: list[Breakpoint] = field(default_factory=list)
     tools: Tools = field(default_factory=Tools)
     format_tokens: int = 0  # the structured output format's prompt
+    signed_thinking_tokens: int = 0  # thinking read from signatures beyond the text shown
     cleared_thinking_tokens: int = 0  # thinking a clear_thinking edit took out
     cleared_thinking_turns: int = 0
 
@@ -633,12 +643,22 @@ def _messages(counter: MessagesCounter, messages: object, thinking_turns_kept: i
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         counter.count_part(where)
-        if not isinstance(message, dict) or set(message) - {"role", "content"}:
+        if not isinstance(message, dict) or set(message) - (
+                SYSTEM_MESSAGE_KEYS if message.get("role") == "system" else {"role", "content"}):
             raise InputError("a message is {role, content}", where)
         role = message.get("role")
         if role not in ROLES:
             raise InputError(f"role must be one of {', '.join(ROLES)}", where)
         content = message.get("content")
+        if role == "system":
+            clear_at = message.get("clear_at")
+            if clear_at not in (None, *CLEAR_ATS):
+                raise InputError(f"clear_at is one of {', '.join(CLEAR_ATS)}", where)
+            if content is None and message.get("output_config") is None:
+                raise InputError("a system message needs content or output_config", where)
+            # Shown to the model only until the next user message, then not read nor billed.
+            if content is None or (clear_at == "next_user_message" and turn_of[i] < turns):
+                continue
         if isinstance(content, str):
             blocks: list[Any] = [{"type": "text", "text": content}] if content else []
         elif isinstance(content, list):
@@ -705,10 +725,22 @@ def _block(counter: MessagesCounter, part: object, where: str, role: str,
         text_bytes = _text(part.get(text_key), where)
         if kind == "thinking" and not isinstance(part.get("signature"), str):
             raise InputError("a thinking block needs its signature", where)
-        tokens = text_tokens(text_bytes) if keeps_thinking else 0
+        # The model reads the whole thinking its signature carries, whatever text is shown (a
+        # summary, or nothing under `display: omitted`): the stub's own signatures say how
+        # much; text beyond that (or a signature not the stub's) is billed as sent.
+        read = max(text_tokens(text_bytes), signed_thinking_tokens(part.get("signature")))
+        tokens = read if keeps_thinking else 0
+        if keeps_thinking:
+            counter.prompt.signed_thinking_tokens += read - text_tokens(text_bytes)
         if clearing_turn is not None:
-            counter.cleared_thinking_tokens += text_tokens(text_bytes)
+            counter.cleared_thinking_tokens += read
             counter.cleared_thinking_turns.add(clearing_turn)
+    elif kind in ("tool_addition", "tool_removal"):
+        # A tool added mid-conversation is a definition in the prompt; a removal only says so.
+        if not isinstance(part.get("tool"), dict):
+            raise InputError(f"a {kind} block needs a tool", where)
+        size = len(json.dumps(part["tool"], separators=(",", ":"), ensure_ascii=False).encode())
+        tokens = text_tokens(size) if kind == "tool_addition" else 0
     elif kind == "compaction":
         # A compaction block sent back: its summary is the context (what came before it was
         # dropped before counting); a failed compaction (content null) is nothing.
@@ -719,6 +751,19 @@ def _block(counter: MessagesCounter, part: object, where: str, role: str,
     else:  # web_search_tool_result
         tokens = _search_result_tokens(part, where)
     counter.block(part, tokens, where, cacheable=cacheable)
+
+
+def thinking_signature(thinking_tokens: int) -> str:
+    """A thinking block's signature: opaque to a client, it carries the thinking billed."""
+    return f"{SIGNATURE_PREFIX}{thinking_tokens}-{secrets.token_hex(16)}"
+
+
+def signed_thinking_tokens(signature: object) -> int:
+    """The thinking tokens a stub signature carries; 0 for any other."""
+    if not isinstance(signature, str) or not signature.startswith(SIGNATURE_PREFIX):
+        return 0
+    count = signature[len(SIGNATURE_PREFIX):].split("-", 1)[0]
+    return int(count) if count.isdigit() and len(count) <= SIGNED_TOKENS_DIGITS_MAX else 0
 
 
 def _search_result_tokens(part: dict[str, Any], where: str) -> int:
@@ -984,6 +1029,8 @@ def managed_prompt(body: dict[str, Any], model: ModelPrices, registry: Registry,
             output_schema=output_schema)
         beyond["compaction_input_tokens"] = managed.compaction_input_tokens
         beyond["compaction_output_tokens"] = managed.compaction_output_tokens
+    if prompt.signed_thinking_tokens:
+        beyond["signed_thinking_input_tokens"] = prompt.signed_thinking_tokens
     managed.prompt = prompt
     return managed
 
@@ -1255,6 +1302,11 @@ def _output_config(body: dict[str, Any]) -> tuple[str | None, dict[str, Any] | N
     if not isinstance(config, dict) or set(config) - {"effort", "format", "task_budget"}:
         raise invalid("output_config: takes effort, format and task_budget")
     effort = config.get("effort")
+    # A system message's output_config (per-turn-control beta) sets the effort from its turn on.
+    for message in body.get("messages") or []:
+        if isinstance(message, dict) and message.get("role") == "system" and isinstance(
+                message.get("output_config"), dict) and "effort" in message["output_config"]:
+            effort = message["output_config"]["effort"]
     if effort is not None and effort not in EFFORT_THINKING_SHARES:
         raise invalid(f"output_config.effort: one of {', '.join(EFFORT_THINKING_SHARES)}")
     given = config.get("format")
@@ -1498,7 +1550,7 @@ class MessagesApi(Api[Reply]):
             message_id="msg_" + secrets.token_hex(12),
             thinking=(None if params.thinking_budget is None or managed.pause
                       else " ".join(summary) if params.thinking_shown else ""),
-            signature="stub-signature-" + secrets.token_hex(16), searches=tuple(searches),
+            signature=thinking_signature(thinking), searches=tuple(searches),
             text=text, tool_call=tool_call, tool_input=tool_input, stop_reason=stop_reason,
             stop_sequence=stop, search_tokens=search_tokens,
             server_tools=tools.web_search or tools.web_fetch, prices=prices, prompt=prompt,
