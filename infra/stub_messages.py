@@ -1256,7 +1256,7 @@ def _params(body: dict[str, Any], prices: ModelPrices, betas: set[str]) -> Param
             raise invalid(f"thinking: not supported by {prices.name}")
         # Adaptive thinking spends what the effort asks, within max_tokens.
         budget = thinking.get("budget_tokens", max_tokens)
-        if type(budget) is not int or budget < THINKING_BUDGET_TOKENS_MIN:
+        if kind == "enabled" and (type(budget) is not int or budget < THINKING_BUDGET_TOKENS_MIN):
             raise invalid("thinking.enabled.budget_tokens: Input should be greater than or "
                           f"equal to {THINKING_BUDGET_TOKENS_MIN}")
         if (kind == "enabled" and budget >= max_tokens
@@ -1507,14 +1507,15 @@ class MessagesApi(Api[Reply]):
                 tool_input = dict(scripted["input"])
             elif not _free_form(schema):
                 tool_input = schema_instance(schema)
+            # An input the schema (or the script) dictates is written whole, as far as the cap
+            # lets it, whatever length was drawn.
             if tool_input is None:
                 text, generated = " ".join(visible), len(visible)
             else:
-                text, generated = _bounded_json(tool_input, total - thinking)
+                text, generated = _bounded_json(tool_input, cap - thinking)
             tool_call = ("toolu_" + secrets.token_hex(12), tool)
         elif params.output_schema is not None:
-            text, generated = _bounded_json(schema_instance(params.output_schema),
-                                            total - thinking)
+            text, generated = _bounded_json(schema_instance(params.output_schema), cap - thinking)
         else:
             text, generated, stop = _stopped(visible, params.stop_sequences)
         output = thinking + generated
