@@ -6,7 +6,9 @@
 Both take the key by `x-api-key` or `Authorization: Bearer` (checked when the stub has one),
 require `anthropic-version` (a YYYY-MM-DD date: the SDK sends its own), read `anthropic-beta`
 (`context-1m-2025-08-07` opens a long-context model's 1M window at its long-context rates;
-`interleaved-thinking-2025-05-14` lets `thinking.budget_tokens` exceed `max_tokens`), refuse a
+`interleaved-thinking-2025-05-14` lets `thinking.budget_tokens` exceed `max_tokens`; any other
+beta name is accepted and changes nothing, as none changes the price: the features they open are
+served whether or not the header names them), refuse a
 request body above 32 MB (413) and refuse fields the API does not have (400), and answer every
 response with a `request-id` header and errors in Anthropic's shape
 (https://platform.claude.com/docs/en/api/errors). The wire format follows Anthropic's API
@@ -65,6 +67,50 @@ Web search: a call with a `web_search_20250305` tool runs `X-Stub-Web-Searches: 
 rest answered with a `max_uses_exceeded` error and not billed. Each search is billed its fee and
 its results as input: `web_search_result_tokens` tokens (a /control setting), which the results'
 url, title and encrypted content sent back on a later turn also count to.
+
+What real clients send (Claude Code 2.1, the SDKs; tests/infra/test_stub_messages_clients.py):
+- `thinking` enabled (budget_tokens), adaptive (no budget: the effort's share of max_tokens) or
+  disabled, with `display` (omitted: the thinking text is empty, its signature still carries
+  it); `output_config.effort` (or a system message's, per turn) sets the share spent thinking.
+- `output_config.format` (or the older top-level `output_format`): a JSON schema the answer's
+  text is a minimal valid instance of, billed as the JSON written; its prompt is billed as the
+  schema's JSON (Anthropic documents that structured outputs add a system prompt, not its size).
+  A tool whose schema has properties is called with a minimal instance of it.
+- Tool fields `strict`, `defer_loading` (a deferred tool bills nothing until a `tool_reference`
+  in a tool result loads it: then its definition, where the reference stands),
+  `eager_input_streaming`, `input_examples`, `allowed_callers`; `web_fetch_2025...` tools with
+  `max_uses` (the stub's model never fetches: the definition is all they bill).
+- Messages with role `system` (text, tool additions and removals; `clear_at:
+  next_user_message` stops billing one once a user message follows), `compaction` blocks.
+- `metadata.user_id` of any length.
+- `context_management` (https://platform.claude.com/docs/en/build-with-claude/context-editing):
+  clear_thinking_20251015 keeps the thinking of the last `keep` assistant turns (from the last
+  user message that is more than tool results on); clear_tool_uses_20250919, once its trigger is
+  passed (input tokens, default 100,000, or tool uses), replaces the results of every tool use
+  but the last `keep` (default 3) and those of `exclude_tools` with a placeholder, their inputs
+  too under `clear_tool_inputs`, unless that clears fewer than `clear_at_least` tokens. Cleared
+  content is not billed; the answer lists each edit that cleared anything in
+  `context_management.applied_edits` (in message_delta when streamed).
+- Compaction (compact_20260112, https://platform.claude.com/docs/en/build-with-claude/
+  compaction): input above the trigger (default 150,000, at least 50,000) is summarized by a
+  sampling step of its own, billed: it reads the whole input and its instructions (the stub's
+  COMPACTION_PROMPT_TOKENS_DEFAULT when none are given) and writes COMPACTION_SUMMARY_TOKENS.
+  The answer starts with the `compaction` block and reads tools, system and the summary; usage
+  reports both steps in `iterations`, the top-level fields the answer's own, as Anthropic does.
+  `pause_after_compaction` answers the block alone (stop_reason `compaction`). A compaction
+  block sent back drops everything before it, unbilled.
+- count_tokens takes all of it and answers the input after context management, with
+  `context_management.original_input_tokens` before it.
+
+/billing's log says per call, in `beyond_body`, what it billed or cleared beyond what the body
+holds: cleared_tool_input_tokens, cleared_thinking_input_tokens, compaction_input_tokens and
+compaction_output_tokens, compaction_dropped_input_tokens, signed_thinking_input_tokens (thinking
+read from signatures beyond the text sent), loaded_tool_input_tokens, web_search_result_tokens,
+output_format_prompt_tokens.
+
+Scripted tool calls (/control's `tool_calls`, infra.stub_faults): the next call whose client
+tools include a queued call's name answers with that call (thinking first, if on) and takes it off
+the queue; a call after it (the tool result sent) answers text, unless another is queued.
 
 Faults as on the OpenAI routes (infra.stub_provider), but for fail_after_billing on a stream:
 it answers 200, message_start and an `error` event for the status, and no message_stop.
@@ -266,7 +312,8 @@ class Tools:
     web_fetch: bool = False
     choice: ToolChoice = ToolChoice("auto")
     schemas: dict[str, dict[str, Any]] = field(default_factory=dict)  # client tools' input
-    deferred: list[str] = field(default_factory=list)  # tools with defer_loading, not billed
+    # Tools with defer_loading, not in the prompt until referenced: their definitions' tokens.
+    deferred_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def forced(self) -> str | None:
@@ -291,6 +338,7 @@ class MessagesPrompt:
     tools: Tools = field(default_factory=Tools)
     format_tokens: int = 0  # the structured output format's prompt
     signed_thinking_tokens: int = 0  # thinking read from signatures beyond the text shown
+    loaded_tool_tokens: int = 0  # deferred tools' definitions tool_reference blocks loaded
     cleared_thinking_tokens: int = 0  # thinking a clear_thinking edit took out
     cleared_thinking_turns: int = 0
 
@@ -474,6 +522,14 @@ class MessagesCounter(Walk):
                 tokens += text_tokens(_text(part.get("text"), at))
             elif kind == "image":
                 tokens += self.image(part.get("source"), at)
+            elif kind == "tool_reference":
+                # Tool search (advanced-tool-use beta): a reference loads a deferred tool, whose
+                # whole definition the prompt then holds.
+                name = part.get("tool_name")
+                if name not in self.prompt.tools.deferred_tokens:
+                    raise InputError(f"tool_reference names no deferred tool: {name!r}", at)
+                tokens += self.prompt.tools.deferred_tokens[str(name)]
+                self.prompt.loaded_tool_tokens += self.prompt.tools.deferred_tokens[str(name)]
             else:
                 tokens += sum(self.document(part.get("source"), at))
         return tokens
@@ -550,13 +606,13 @@ def _tools(counter: MessagesCounter, tools: object, choice: object) -> Tools:
             _web_fetch(tool, given, where)
         else:
             raise InputError(f"tool type {kind!r} is not served by the stub", where)
-        if tool.get("defer_loading") is True:
-            # Not in the prompt until a tool search loads it (advanced-tool-use beta): the
-            # stub's model searches for none, so a deferred tool bills nothing.
-            given.deferred.append(name)
-            continue
         size = len(json.dumps({k: v for k, v in tool.items() if k != "cache_control"},
                               separators=(",", ":"), ensure_ascii=False).encode())
+        if tool.get("defer_loading") is True:
+            # Not in the prompt until a tool search loads it (advanced-tool-use beta): then a
+            # tool_reference block brings its definition in, billed where it stands.
+            given.deferred_tokens[name] = text_tokens(size)
+            continue
         counter.block(tool, text_tokens(size), where)
     if given.choice.kind == "tool" and given.choice.name not in names:
         raise InputError(f"tool_choice names a tool that is not given: {given.choice.name!r}",
@@ -718,7 +774,8 @@ def _block(counter: MessagesCounter, part: object, where: str, role: str,
             raise InputError("a tool_result needs a tool_use_id", where)
         content = part.get("content", "")
         tokens = (text_tokens(len(content.encode())) if isinstance(content, str)
-                  else counter.nested(content, f"{where}.content", ("text", "image", "document")))
+                  else counter.nested(content, f"{where}.content",
+                                      ("text", "image", "document", "tool_reference")))
     elif kind in ("thinking", "redacted_thinking"):
         cacheable = False  # Anthropic: thinking blocks cannot carry cache_control
         text_key = "thinking" if kind == "thinking" else "data"
@@ -1031,6 +1088,8 @@ def managed_prompt(body: dict[str, Any], model: ModelPrices, registry: Registry,
         beyond["compaction_output_tokens"] = managed.compaction_output_tokens
     if prompt.signed_thinking_tokens:
         beyond["signed_thinking_input_tokens"] = prompt.signed_thinking_tokens
+    if prompt.loaded_tool_tokens:
+        beyond["loaded_tool_input_tokens"] = prompt.loaded_tool_tokens
     managed.prompt = prompt
     return managed
 

@@ -403,6 +403,26 @@ def test_claude_codes_request_shape_is_served_and_billed(
     assert first.billed
 
 
+def test_a_tool_reference_loads_a_deferred_tools_definition_into_the_bill(
+    sdk: anthropic.Anthropic, http: httpx.Client
+) -> None:
+    # What Claude Code's ToolSearch answers: a tool_reference to a deferred tool.
+    deferred = {"name": "WebFetch", "defer_loading": True, "input_schema": {"type": "object"}}
+    search: Any = [*tools_named("ToolSearch"), deferred]
+    call = {"type": "tool_use", "id": "t1", "name": "ToolSearch", "input": {}}
+    history: Any = [{"role": "user", "content": "find"},
+                    {"role": "assistant", "content": [call]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                  "content": [{"type": "tool_reference",
+                                                               "tool_name": "WebFetch"}]}]}]
+    loaded = beta(sdk, tools=search, messages=history, betas=["advanced-tool-use-2025-11-20"])
+    # {"name":"WebFetch","defer_loading":true,"input_schema":{"type":"object"}}: 73 bytes -> 19.
+    assert last_call(http).beyond_body == {"loaded_tool_input_tokens": 19}
+    history[2]["content"][0]["content"] = []
+    unloaded = beta(sdk, tools=search, messages=history, betas=["advanced-tool-use-2025-11-20"])
+    assert loaded.usage.input_tokens == unloaded.usage.input_tokens + 19
+
+
 def test_a_web_fetch_tool_with_max_uses_bills_its_definition_only(
     sdk: anthropic.Anthropic
 ) -> None:
