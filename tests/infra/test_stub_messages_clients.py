@@ -20,8 +20,12 @@ import httpx
 import pydantic
 import pytest
 
+from infra.stub_messages import schema_instance
 from infra.stub_provider import CallRecord, StubProvider
 from tests.infra.test_stub_provider import bill_of, forced, sse_data
+
+# The SDK warns that claude-opus-4-5 is deprecated; the table still prices it, as Anthropic does.
+pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
 
 KEY = "sk-ant-stub"
 VERSION = {"anthropic-version": "2023-06-01"}
@@ -523,3 +527,46 @@ def test_count_tokens_takes_the_new_fields_counts_after_edits_and_bills_nothing(
                                                       keep={"type": "tool_uses", "value": 2}))
     assert message.usage.input_tokens == counted.input_tokens
     assert last_call(http).billed
+
+
+# -- the JSON-schema instances structured outputs answer with -----------------------------------
+
+
+@pytest.mark.parametrize(("schema", "instance"), [
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "required": ["a"],
+      "$defs": {"A": {"type": "object", "properties": {"n": {"type": "number"}},
+                      "required": ["n"]}}}, {"a": {"n": 0}}),
+    ({"anyOf": [{"type": "null"}, {"type": "string"}]}, None),
+    ({"type": ["null", "integer"], "exclusiveMinimum": 4}, 5),
+    ({"type": "array", "items": {"const": "k"}, "minItems": 2}, ["k", "k"]),
+    ({"type": "string", "minLength": 3}, "xxx"),
+    ({"type": "string", "format": "uuid"}, "00000000-0000-4000-8000-000000000000"),
+    ({"type": "boolean"}, False),
+    ({"enum": [7, 8]}, 7),
+])
+def test_schema_instances_are_minimal_and_valid(schema: Any, instance: Any) -> None:
+    assert schema_instance(schema) == instance
+
+
+# -- system messages (per-turn-control, mid-conversation-tool-changes) -------------------------
+
+
+def test_a_system_message_cleared_at_the_next_user_message_stops_billing(
+    sdk: anthropic.Anthropic
+) -> None:
+    note = {"role": "system", "content": "n" * 400, "clear_at": "next_user_message"}
+    turn: Any = [{"role": "user", "content": "one"}, note]
+    shown = beta(sdk, messages=turn, betas=["per-turn-control-2026-07-01"])
+    gone = beta(sdk, messages=[*turn, {"role": "assistant", "content": "ok"},
+                               {"role": "user", "content": "two"}],
+                betas=["per-turn-control-2026-07-01"])
+    # "one" and the note: 4 + 1 + 4 + 100 + 3; later the note goes: 4 + 1 + 4 + 1 + 4 + 1 + 3.
+    assert (shown.usage.input_tokens, gone.usage.input_tokens) == (112, 18)
+
+
+def test_a_tool_added_mid_conversation_bills_its_definition(sdk: anthropic.Anthropic) -> None:
+    added = {"name": "g", "input_schema": {"type": "object"}}  # 45 bytes -> 12 tokens
+    messages: Any = [{"role": "user", "content": "one"},
+                     {"role": "system", "content": [{"type": "tool_addition", "tool": added}]}]
+    message = beta(sdk, messages=messages, betas=["mid-conversation-tool-changes-2026-07-01"])
+    assert message.usage.input_tokens == 4 + 1 + 4 + 12 + 3
