@@ -112,6 +112,8 @@ def sse_events(http: httpx.Client, body: dict[str, Any],
     ("claude-opus-4-5", 2_545),  # $5 / $25: 45 + 2,500
     ("claude-haiku-4-5", 509),  # $1 / $5: 9 + 500
     ("claude-3-5-haiku-20241022", 408),  # $0.80 / $4: 7.2 + 400 = 407.2, rounded up
+    ("claude-opus-5-5", 2_036),  # $4 / $20: 36 + 2,000 (Claude Code 2.1's default)
+    ("claude-sonnet-5-5", 1_018),  # $2 / $10: 18 + 1,000
 ])
 def test_each_model_is_billed_at_anthropics_published_rates(
     sdk: anthropic.Anthropic, http: httpx.Client, model: str, cost: int
