@@ -78,8 +78,12 @@ What real clients send (Claude Code 2.1, the SDKs; tests/infra/test_stub_message
   A tool whose schema has properties is called with a minimal instance of it.
 - Tool fields `strict`, `defer_loading` (a deferred tool bills nothing until a `tool_reference`
   in a tool result loads it: then its definition, where the reference stands),
-  `eager_input_streaming`, `input_examples`, `allowed_callers`; `web_fetch_2025...` tools with
-  `max_uses` (the stub's model never fetches: the definition is all they bill).
+  `eager_input_streaming`, `input_examples`, `allowed_callers`.
+- Web fetch (`web_fetch_20250910` and later): `X-Stub-Web-Fetches: N` pages fetched (one when
+  the tool is forced, none otherwise), at most `max_uses` (the rest answered max_uses_exceeded,
+  unbilled); no fee (https://platform.claude.com/docs/en/agents-and-tools/tool-use/
+  web-fetch-tool), each page billed as input: `max_content_tokens`, or the setting
+  `web_search_result_tokens` without it; a page sent back counts its URL and text.
 - Messages with role `system` (text, tool additions and removals; `clear_at:
   next_user_message` stops billing one once a user message follows), `compaction` blocks.
 - `metadata.user_id` of any length.
@@ -106,7 +110,7 @@ What real clients send (Claude Code 2.1, the SDKs; tests/infra/test_stub_message
 holds: cleared_tool_input_tokens, cleared_thinking_input_tokens, compaction_input_tokens and
 compaction_output_tokens, compaction_dropped_input_tokens, signed_thinking_input_tokens (thinking
 read from signatures beyond the text sent), loaded_tool_input_tokens, web_search_result_tokens,
-output_format_prompt_tokens.
+web_fetch_content_tokens, output_format_prompt_tokens.
 
 Scripted tool calls (/control's `tool_calls`, infra.stub_faults): the next call whose client
 tools include a queued call's name answers with that call (thinking first, if on) and takes it off
@@ -223,8 +227,7 @@ IMAGES_MAX = 100
 PDF_PAGES_MAX = 100
 WEB_SEARCH_TOOL = "web_search_20250305"
 # Web fetch (https://platform.claude.com/docs/en/agents-and-tools/tool-use/web-fetch-tool): no
-# fee beyond the tokens of what it fetches. The stub's model never fetches, so a call with the
-# tool bills its definition only.
+# fee beyond the tokens of what it fetches.
 WEB_FETCH_TOOLS = frozenset({"web_fetch_20250910", "web_fetch_20260209", "web_fetch_20260309",
                              "web_fetch_20260318"})
 # Keys a client tool definition may have (the fields the SDKs and Claude Code send; the
@@ -240,7 +243,10 @@ WEB_FETCH_KEYS = SERVER_TOOL_KEYS | {"citations", "max_content_tokens", "url_sou
 TOOL_CHOICES = ("auto", "any", "tool", "none")
 USER_BLOCKS = frozenset({"text", "image", "document", "tool_result"})
 ASSISTANT_BLOCKS = frozenset({"text", "thinking", "redacted_thinking", "tool_use",
-                              "server_tool_use", "web_search_tool_result", "compaction"})
+                              "server_tool_use", "web_search_tool_result",
+                              "web_fetch_tool_result", "compaction"})
+# The server tools the stub runs itself (a call to one is never a client tool_use).
+SERVER_TOOLS = ("web_search", "web_fetch")
 # A mid-conversation system message (Claude Code sends one after the first user message):
 # text, and the mid-conversation-tool-changes beta's tool additions and removals.
 SYSTEM_BLOCKS = frozenset({"text", "tool_addition", "tool_removal"})
@@ -310,6 +316,8 @@ class Tools:
     web_search: bool = False
     web_search_max_uses: int | None = None  # None: no limit given
     web_fetch: bool = False
+    web_fetch_max_uses: int | None = None  # None: no limit given
+    web_fetch_max_content_tokens: int | None = None
     choice: ToolChoice = ToolChoice("auto")
     schemas: dict[str, dict[str, Any]] = field(default_factory=dict)  # client tools' input
     # Tools with defer_loading, not in the prompt until referenced: their definitions' tokens.
@@ -642,7 +650,11 @@ def _web_fetch(tool: dict[str, Any], given: Tools, where: str) -> None:
     max_uses = tool.get("max_uses")
     if max_uses is not None and (type(max_uses) is not int or max_uses < 1):
         raise InputError("max_uses must be a positive integer", where)
-    given.web_fetch = True
+    content_max = tool.get("max_content_tokens")
+    if content_max is not None and (type(content_max) is not int or content_max < 1):
+        raise InputError("max_content_tokens must be a positive integer", where)
+    given.web_fetch, given.web_fetch_max_uses = True, max_uses
+    given.web_fetch_max_content_tokens = content_max
 
 
 def _tool_choice(choice: object) -> ToolChoice:
@@ -805,6 +817,8 @@ def _block(counter: MessagesCounter, part: object, where: str, role: str,
         if summary is not None and not isinstance(summary, str):
             raise InputError("a compaction block's content is a string or null", where)
         tokens = text_tokens(len(summary.encode())) if summary else 0
+    elif kind == "web_fetch_tool_result":
+        tokens = _fetch_tool_result_tokens(part, where)
     else:  # web_search_tool_result
         tokens = _search_result_tokens(part, where)
     counter.block(part, tokens, where, cacheable=cacheable)
@@ -839,6 +853,27 @@ def _search_result_tokens(part: dict[str, Any], where: str) -> int:
         if result.get("page_age") is not None:
             size += _text(result["page_age"], where)
     return text_tokens(size)
+
+
+def _fetch_tool_result_tokens(part: dict[str, Any], where: str) -> int:
+    if not isinstance(part.get("tool_use_id"), str):
+        raise InputError("a web_fetch_tool_result needs a tool_use_id", where)
+    content = part.get("content")
+    if isinstance(content, dict) and content.get("type") == "web_fetch_tool_result_error":
+        return 0
+    if not isinstance(content, dict) or content.get("type") != "web_fetch_result":
+        raise InputError("a web fetch result is a web_fetch_result", where)
+    return fetch_result_tokens(content, where)
+
+
+def fetch_result_tokens(result: dict[str, Any], where: str = "web_fetch") -> int:
+    """The input tokens a fetched page costs, fed to the model or sent back: its URL and its
+    text (a page that is not text is refused: the stub fetches only text)."""
+    document = result.get("content")
+    source = document.get("source") if isinstance(document, dict) else None
+    if not isinstance(source, dict) or source.get("type") != "text":
+        raise InputError("a fetched page is a text document", where)
+    return text_tokens(_text(result.get("url"), where) + _text(source.get("data"), where))
 
 
 def search_result_tokens(results: list[dict[str, Any]]) -> int:
@@ -1235,11 +1270,13 @@ class Params:
 
 @dataclass(frozen=True)
 class Search:
-    """One server-side web search: its results, or None when max_uses refused it."""
+    """One server-side web search or fetch (`tool`): its results (a fetch's page), or None when
+    max_uses refused it. `query` is the search's query or the fetched URL."""
 
     tool_use_id: str
     query: str
     results: tuple[dict[str, Any], ...] | None
+    tool: str = "web_search"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1553,14 +1590,15 @@ class MessagesApi(Api[Reply]):
             tool = tool or tools.client[0]
         if scripted is not None and not managed.pause:
             tool = str(scripted["name"])
-        searches = [] if managed.pause else self._searches(tools, fault, tool)
+        searches = [] if managed.pause else [*self._searches(tools, fault, tool),
+                                             *self._fetches(tools, request, tool)]
         visible = words(total - thinking)
         tool_call = None
         tool_input: dict[str, Any] | None = None
         stop: str | None = None
         if managed.pause:
             text, generated = "", 0
-        elif tool is not None and tool != "web_search":
+        elif tool is not None and tool not in SERVER_TOOLS:
             schema = tools.schemas.get(tool, {})
             if scripted is not None:
                 tool_input = dict(scripted["input"])
@@ -1582,18 +1620,21 @@ class MessagesApi(Api[Reply]):
                        else "max_tokens" if output == cap
                        else "tool_use" if tool_call is not None else "end_turn")
         search_tokens = sum(search_result_tokens(list(s.results)) for s in searches
-                            if s.results is not None)
+                            if s.results is not None and s.tool == "web_search")
+        fetch_tokens = sum(fetch_result_tokens(s.results[0]) for s in searches
+                           if s.results is not None and s.tool == "web_fetch")
         compaction_in, compaction_out = (managed.compaction_input_tokens,
                                          managed.compaction_output_tokens)
         # The answer's own iteration reads the (compacted) prompt; a paused one reads nothing.
-        answer_input = 0 if managed.pause else prompt.tokens + search_tokens
+        answer_input = 0 if managed.pause else prompt.tokens + search_tokens + fetch_tokens
         usage = Usage(
             input_tokens=answer_input + compaction_in, cached_input_tokens=cache.read_tokens,
             cache_write_tokens=cache.write_5m_tokens + cache.write_1h_tokens,
             cache_write_1h_tokens=cache.write_1h_tokens, image_input_tokens=prompt.image_tokens,
             file_input_tokens=prompt.file_tokens, output_tokens=output + compaction_out,
             reasoning_tokens=thinking,
-            web_search_requests=sum(s.results is not None for s in searches),
+            web_search_requests=sum(s.results is not None and s.tool == "web_search"
+                                    for s in searches),
         )
         tier = TIER_STANDARD
         if long_context is not None and max(answer_input, compaction_in) > (
@@ -1604,6 +1645,8 @@ class MessagesApi(Api[Reply]):
         beyond = dict(managed.beyond_body)
         if search_tokens:
             beyond["web_search_result_tokens"] = search_tokens
+        if fetch_tokens:
+            beyond["web_fetch_content_tokens"] = fetch_tokens
         return Reply(
             model=str(body["model"]), usage=usage, cost_micros=cost_micros(prices, tier, usage),
             service_tier="standard" if tier == TIER_STANDARD else tier,
@@ -1612,7 +1655,7 @@ class MessagesApi(Api[Reply]):
                       else " ".join(summary) if params.thinking_shown else ""),
             signature=thinking_signature(thinking), searches=tuple(searches),
             text=text, tool_call=tool_call, tool_input=tool_input, stop_reason=stop_reason,
-            stop_sequence=stop, search_tokens=search_tokens,
+            stop_sequence=stop, search_tokens=search_tokens + fetch_tokens,
             server_tools=tools.web_search or tools.web_fetch, prices=prices, prompt=prompt,
             cache=cache, managed=managed, beyond_body=beyond or None,
         )
@@ -1632,6 +1675,32 @@ class MessagesApi(Api[Reply]):
             results = self._results(tool_use_id) if i < run else None
             searches.append(Search(tool_use_id, f"stub search {i + 1}", results))
         return searches
+
+    def _fetches(self, tools: Tools, request: Request, tool: str | None) -> list[Search]:
+        """The pages the model fetches: `X-Stub-Web-Fetches: N`, or one when the tool is forced;
+        at most max_uses (the rest refused, unbilled). Each page counts to the tool's
+        `max_content_tokens`, or to the setting `web_search_result_tokens` without one."""
+        if not tools.web_fetch or tools.choice.kind == "none":
+            return []
+        asked = header_count(request, "x-stub-web-fetches", 0)
+        asked = int(tool == "web_fetch") if asked is None else asked
+        limit = tools.web_fetch_max_uses
+        run = asked if limit is None else min(asked, limit)
+        page_tokens = tools.web_fetch_max_content_tokens or (
+            self.app.settings.web_search_result_tokens)
+        fetches = []
+        for i in range(asked if asked == run else run + 1):
+            tool_use_id = "srvtoolu_" + secrets.token_hex(12)
+            url = f"https://fetch.stub.invalid/{tool_use_id}"
+            page = None
+            if i < run:
+                page = ({"type": "web_fetch_result", "url": url, "retrieved_at": None,
+                         "content": {"type": "document", "title": None, "citations": None,
+                                     "source": {"type": "text", "media_type": "text/plain",
+                                                "data": "F" * max(
+                                                    0, 4 * page_tokens - len(url))}}},)
+            fetches.append(Search(tool_use_id, url, page, "web_fetch"))
+        return fetches
 
     def _results(self, tool_use_id: str) -> tuple[dict[str, Any], ...]:
         """One result, its encrypted content padded so that it counts to exactly the setting."""
@@ -1727,8 +1796,9 @@ def _usage(reply: Reply, *, final: bool = True) -> dict[str, Any]:
                 "cache_creation_input_tokens": u.cache_write_tokens,
                 "cache_read_input_tokens": u.cached_input_tokens}])]
     if reply.server_tools:
+        fetched = sum(s.results is not None and s.tool == "web_fetch" for s in reply.searches)
         doc["server_tool_use"] = {"web_search_requests": u.web_search_requests if final else 0,
-                                  "web_fetch_requests": 0}
+                                  "web_fetch_requests": fetched if final else 0}
     if reply.thinking is not None:
         doc["output_tokens_details"] = {"thinking_tokens": u.reasoning_tokens if final else 0}
     return doc
@@ -1749,6 +1819,15 @@ def _content(reply: Reply) -> list[dict[str, Any]]:
         blocks.append({"type": "thinking", "thinking": reply.thinking,
                        "signature": reply.signature})
     for search in reply.searches:
+        if search.tool == "web_fetch":
+            fetched: Any = (search.results[0] if search.results is not None else
+                            {"type": "web_fetch_tool_result_error",
+                             "error_code": "max_uses_exceeded"})
+            blocks += [{"type": "server_tool_use", "id": search.tool_use_id, "name": "web_fetch",
+                        "input": {"url": search.query}},
+                       {"type": "web_fetch_tool_result", "tool_use_id": search.tool_use_id,
+                        "content": fetched}]
+            continue
         content: Any = (list(search.results) if search.results is not None else
                         {"type": "web_search_tool_result_error",
                          "error_code": "max_uses_exceeded"})

@@ -427,6 +427,31 @@ def test_a_tool_reference_loads_a_deferred_tools_definition_into_the_bill(
     assert loaded.usage.input_tokens == unloaded.usage.input_tokens + 19
 
 
+def test_web_fetches_bill_their_pages_as_input_up_to_max_uses(
+    sdk: anthropic.Anthropic, http: httpx.Client
+) -> None:
+    fetch = {"type": "web_fetch_20250910", "name": "web_fetch", "max_uses": 2,
+             "max_content_tokens": 500}
+    ask: Any = [{"role": "user", "content": "read"}]
+    idle = beta(sdk, messages=ask, tools=[fetch])
+    message = sdk.beta.messages.create(
+        model=SONNET, max_tokens=100, messages=ask, tools=[fetch], betas=[CONTEXT_BETA],
+        extra_headers={**forced(10), "X-Stub-Web-Fetches": "3"})
+    # Two pages of 500 tokens each; the third is refused by max_uses and bills nothing.
+    assert [b.type for b in message.content][:6] == ["server_tool_use", "web_fetch_tool_result"] * 3
+    assert message.content[5].content.type == "web_fetch_tool_result_error"
+    assert message.usage.server_tool_use.web_fetch_requests == 2
+    assert message.usage.input_tokens == idle.usage.input_tokens + 1_000
+    assert last_call(http).beyond_body == {"web_fetch_content_tokens": 1_000}
+    # Sent back, the pages count again as input, with the calls that fetched them.
+    later = beta(sdk, tools=[fetch], messages=[*ask, {"role": "assistant", "content": [
+        b.to_dict() for b in message.content]}, {"role": "user", "content": "more"}])
+    # The assistant message: 4; each call "web_fetch" + {"url":"https://fetch.stub.invalid/
+    # srvtoolu_<24 hex>"}: 9 + 70 bytes -> 20, three of them; the two pages, 500 each; the
+    # answer's ten words, 60 bytes -> 15. Then "more": 4 + 1.
+    assert later.usage.input_tokens == idle.usage.input_tokens + 4 + 3 * 20 + 1_000 + 15 + 5
+
+
 def test_a_web_fetch_tool_with_max_uses_bills_its_definition_only(
     sdk: anthropic.Anthropic
 ) -> None:
