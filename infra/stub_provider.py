@@ -52,11 +52,12 @@ clears it). Settings a POST gives replace theirs, and stay until set again: `ima
 [width, height]} for http(s) images the stub cannot fetch; `files` {file id, file URL or item
 id: {"bytes": N, "pages": P, "image": [w, h]}}; `prompt_cache` (true by default);
 `default_service_tier` and `upstream_fields` (infra/stub_openai.py); `web_search_result_tokens`
-and `clock_offset_s` (infra/stub_messages.py); `tool_calls` [{"name", "input" or "arguments"}]:
-scripted tool calls, a queue each API takes from (infra/stub_faults.py); `answer_padding_bytes`
-(0): every answer that is not streamed (200, on any route) carries that many bytes of whitespace
-after its opening brace, still JSON, sent as they are made (chunked, with no length): an answer
-as large as a test needs, at no memory to the stub.
+and `clock_offset_s` (infra/stub_messages.py); `answer_padding_bytes` (0): every answer that is
+not streamed (200, on any route) carries that many bytes of whitespace after its opening brace,
+still JSON, sent as they are made (chunked, with no length): an answer as large as a test
+needs, at no memory to the stub.
+`tool_calls` [{"name", "input" or "arguments"}]: scripted tool calls, a queue each API takes
+from (infra/stub_faults.py, infra/stub_messages.py).
 """
 
 from __future__ import annotations
