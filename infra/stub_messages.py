@@ -708,6 +708,8 @@ def _messages(counter: MessagesCounter, messages: object, thinking_turns_kept: i
         turn_of.append(turns)
     assistant_turns = sorted({turn_of[i] for i, m in enumerate(messages)
                               if isinstance(m, dict) and m.get("role") == "assistant"})
+    last_user = max((i for i, m in enumerate(messages)
+                     if isinstance(m, dict) and m.get("role") == "user"), default=-1)
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         counter.count_part(where)
@@ -725,7 +727,7 @@ def _messages(counter: MessagesCounter, messages: object, thinking_turns_kept: i
             if content is None and message.get("output_config") is None:
                 raise InputError("a system message needs content or output_config", where)
             # Shown to the model only until the next user message, then not read nor billed.
-            if content is None or (clear_at == "next_user_message" and turn_of[i] < turns):
+            if content is None or (clear_at == "next_user_message" and last_user > i):
                 continue
         if isinstance(content, str):
             blocks: list[Any] = [{"type": "text", "text": content}] if content else []
