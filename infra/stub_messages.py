@@ -1110,6 +1110,11 @@ def managed_prompt(body: dict[str, Any], model: ModelPrices, registry: Registry,
                                               "cleared_tool_uses": len(clear),
                                               "cleared_input_tokens": cleared})
                 beyond["cleared_tool_input_tokens"] = cleared
+    # What the blocks sent carry beyond their text, read by the answer or by compaction.
+    if prompt.signed_thinking_tokens:
+        beyond["signed_thinking_input_tokens"] = prompt.signed_thinking_tokens
+    if prompt.loaded_tool_tokens:
+        beyond["loaded_tool_input_tokens"] = prompt.loaded_tool_tokens
     if edits.compact is not None and prompt.tokens > edits.compact.trigger_tokens:
         # The summarizing step reads the whole input and its instructions, and writes the
         # summary; the answer then reads tools, system and the summary.
@@ -1123,10 +1128,6 @@ def managed_prompt(body: dict[str, Any], model: ModelPrices, registry: Registry,
             output_schema=output_schema)
         beyond["compaction_input_tokens"] = managed.compaction_input_tokens
         beyond["compaction_output_tokens"] = managed.compaction_output_tokens
-    if prompt.signed_thinking_tokens:
-        beyond["signed_thinking_input_tokens"] = prompt.signed_thinking_tokens
-    if prompt.loaded_tool_tokens:
-        beyond["loaded_tool_input_tokens"] = prompt.loaded_tool_tokens
     managed.prompt = prompt
     return managed
 
