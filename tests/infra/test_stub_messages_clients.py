@@ -595,3 +595,32 @@ def test_a_tool_added_mid_conversation_bills_its_definition(sdk: anthropic.Anthr
                      {"role": "system", "content": [{"type": "tool_addition", "tool": added}]}]
     message = beta(sdk, messages=messages, betas=["mid-conversation-tool-changes-2026-07-01"])
     assert message.usage.input_tokens == 4 + 1 + 4 + 12 + 3
+
+
+# -- what a body refers to but does not hold ----------------------------------------------------
+
+
+def test_omitted_thinking_sent_back_bills_the_whole_thinking_its_signature_carries(
+    sdk: anthropic.Anthropic, http: httpx.Client
+) -> None:
+    # Claude Code's shape: adaptive thinking, display omitted, every turn's thinking kept.
+    thinking: Any = {"type": "adaptive", "display": "omitted"}
+    keep_all: Any = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+    ask: Any = [{"role": "user", "content": "plan"}]
+    first = beta(sdk, 400, model=OPUS_55, max_tokens=1_000, messages=ask, thinking=thinking,
+                 context_management=keep_all)
+    block = first.content[0]
+    assert (block.type, block.thinking) == ("thinking", "")
+    billed = first.usage.output_tokens_details.thinking_tokens
+    assert billed == 200  # half of 400, at the default effort
+    later: Any = [*ask, {"role": "assistant", "content": [b.to_dict() for b in first.content]},
+                  {"role": "user", "content": "go"}]
+    sent = beta(sdk, model=OPUS_55, max_tokens=1_000, messages=later, thinking=thinking,
+                context_management=keep_all)
+    assert last_call(http).beyond_body == {"signed_thinking_input_tokens": billed}
+    # A signature not the stub's carries nothing the stub knows of: the block is billed by its
+    # text alone (here empty).
+    later[1]["content"][0]["signature"] = "forged"
+    forged = beta(sdk, model=OPUS_55, max_tokens=1_000, messages=later, thinking=thinking,
+                  context_management=keep_all)
+    assert sent.usage.input_tokens - forged.usage.input_tokens == billed
