@@ -1343,11 +1343,13 @@ def _params(body: dict[str, Any], prices: ModelPrices, betas: set[str]) -> Param
     thinking = body.get("thinking")
     budget = None
     kind = thinking.get("type") if isinstance(thinking, dict) else None
-    if isinstance(thinking, dict) and kind in ("enabled", "adaptive"):
+    # between_tools (Sonnet 5.5's): adaptive thinking without the upfront part, served as
+    # adaptive: the stub bills a share of the answer as thinking either way.
+    if isinstance(thinking, dict) and kind in ("enabled", "adaptive", "between_tools"):
         if kind == "enabled" and ("budget_tokens" not in thinking or set(thinking) - {
                 "type", "budget_tokens", "display"}):
             raise invalid("thinking: enabled thinking takes budget_tokens")
-        if kind == "adaptive" and set(thinking) - {"type", "display", "block_binding"}:
+        if kind != "enabled" and set(thinking) - {"type", "display", "block_binding"}:
             raise invalid("thinking: adaptive thinking takes display")
         if thinking.get("display") not in (None, *THINKING_DISPLAYS):
             raise invalid(f"thinking.display: one of {', '.join(THINKING_DISPLAYS)}")
@@ -1362,8 +1364,8 @@ def _params(body: dict[str, Any], prices: ModelPrices, betas: set[str]) -> Param
                 and INTERLEAVED_THINKING_BETA not in betas):
             raise invalid("`max_tokens` must be greater than `thinking.budget_tokens`")
     elif thinking is not None and thinking != {"type": "disabled"}:
-        raise invalid('thinking: type is "enabled" (with budget_tokens), "adaptive" or '
-                      '"disabled"')
+        raise invalid('thinking: type is "enabled" (with budget_tokens), "adaptive", '
+                      '"between_tools" or "disabled"')
     effort, schema = _output_config(body)
     temperature = _number(body, "temperature", 0, 1)
     top_p = _number(body, "top_p", 0, 1)

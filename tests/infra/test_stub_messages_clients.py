@@ -452,6 +452,18 @@ def test_web_fetches_bill_their_pages_as_input_up_to_max_uses(
     assert later.usage.input_tokens == idle.usage.input_tokens + 4 + 3 * 20 + 1_000 + 15 + 5
 
 
+@pytest.mark.parametrize("thinking", [
+    {"type": "enabled", "budget_tokens": 31_999, "display": "omitted"},  # Claude Code, Sonnet 4.5
+    {"type": "adaptive"}, {"type": "between_tools"}, {"type": "disabled"}])
+def test_each_thinking_mode_claude_code_and_the_sdks_send_is_served(
+    sdk: anthropic.Anthropic, thinking: Any
+) -> None:
+    message = beta(sdk, 40, max_tokens=32_000, thinking=thinking,
+                   betas=["interleaved-thinking-2025-05-14"])
+    kinds = [b.type for b in message.content]
+    assert kinds == (["text"] if thinking["type"] == "disabled" else ["thinking", "text"])
+
+
 def test_a_web_fetch_tool_with_max_uses_bills_its_definition_only(
     sdk: anthropic.Anthropic
 ) -> None:
