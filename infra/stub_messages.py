@@ -103,7 +103,8 @@ What real clients send (Claude Code 2.1, the SDKs; tests/infra/test_stub_message
   reports both steps in `iterations`, the top-level fields the answer's own, as Anthropic does.
   `pause_after_compaction` answers the block alone (stop_reason `compaction`). A compaction
   block sent back drops everything before it, unbilled.
-- count_tokens takes all of it and answers the input after context management, with
+- count_tokens takes all of it and answers the input after context editing (compaction, a
+  sampling step, it does not run), with
   `context_management.original_input_tokens` before it.
 
 /billing's log says per call, in `beyond_body`, what it billed or cleared beyond what the body
@@ -1486,8 +1487,8 @@ class MessagesApi(Api[Reply]):
 
     async def count_tokens(self, request: Request) -> Response:
         """The input tokens of a call, as it would bill them with nothing cached, after context
-        management (and the count before it, as `context_management.original_input_tokens`).
-        Free."""
+        editing (and the count before it, as `context_management.original_input_tokens`), before
+        any compaction. Free."""
         self.app.bill.requests += 1
         headers = self.headers()
         model: str | None = None
@@ -1497,7 +1498,7 @@ class MessagesApi(Api[Reply]):
             model = body.get("model") if isinstance(body.get("model"), str) else None
             prices = self._model(body)
             _check_fields(body, COUNT_FIELDS)
-            managed = self._managed(body, prices, _output_config(body)[1])
+            managed = self._managed(body, prices, _output_config(body)[1], compacts=False)
         except ApiError as exc:
             self.app.log(API_COUNT_TOKENS, model, exc.status, False, Fault())
             return self.error(exc, headers)
@@ -1519,10 +1520,14 @@ class MessagesApi(Api[Reply]):
         return prices
 
     def _managed(self, body: dict[str, Any], prices: ModelPrices,
-                 output_schema: dict[str, Any] | None) -> Managed:
+                 output_schema: dict[str, Any] | None, *, compacts: bool = True) -> Managed:
+        """The request once context management ran; `compacts` False: without compaction, a
+        sampling step count_tokens does not run."""
         try:
+            edits = context_edits(body.get("context_management"))
             return managed_prompt(body, prices, self.app.registry,
-                                  context_edits(body.get("context_management")), output_schema)
+                                  edits if compacts else replace(edits, compact=None),
+                                  output_schema)
         except InputError as exc:
             raise invalid(str(exc)) from exc
 

@@ -636,3 +636,13 @@ def test_omitted_thinking_sent_back_bills_the_whole_thinking_its_signature_carri
     forged = beta(sdk, model=OPUS_55, max_tokens=1_000, messages=later, thinking=thinking,
                   context_management=keep_all)
     assert sent.usage.input_tokens - forged.usage.input_tokens == billed
+
+
+def test_count_tokens_counts_the_input_compaction_would_summarize(
+    sdk: anthropic.Anthropic, http: httpx.Client
+) -> None:
+    counted: Any = sdk.beta.messages.count_tokens(model=OPUS_55, messages=BIG,
+                                                  context_management=COMPACT,
+                                                  betas=["compact-2026-01-12"])
+    assert counted.input_tokens == BIG_TOKENS
+    assert bill_of(http).total.calls == 0
