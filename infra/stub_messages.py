@@ -401,9 +401,11 @@ class MessagesCounter(Walk):
         self.chain({"settings": settings})
 
     def breakpoint(self, control: object, where: str, boundary: int | None = None) -> None:
+        # `scope` (Claude Code's prompt-caching-scope beta) says who may share the prefix; it
+        # changes no price, so the stub takes any and caches as without it.
         if not isinstance(control, dict) or control.get("type") != "ephemeral" or (
-            set(control) - {"type", "ttl"}
-        ):
+            set(control) - {"type", "ttl", "scope"}
+        ) or not isinstance(control.get("scope", ""), str):
             raise InputError(f'{where} must be {{"type": "ephemeral"}} with an optional ttl',
                              where)
         ttl = control.get("ttl", "5m")

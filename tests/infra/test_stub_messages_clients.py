@@ -385,7 +385,7 @@ def test_claude_codes_request_shape_is_served_and_billed(
         "model": OPUS_55, "max_tokens": 128_000,
         "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1"},
                    {"type": "text", "text": "You are Claude Code.",
-                    "cache_control": {"type": "ephemeral"}}],
+                    "cache_control": {"type": "ephemeral", "ttl": "1h", "scope": "global"}}],
         "messages": [{"role": "user", "content": [{"type": "text", "text": "say hi"}]},
                      {"role": "system", "content": [{"type": "text", "text": "# Environment"}],
                       "output_config": {"effort": "medium"}}],
