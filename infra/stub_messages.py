@@ -87,6 +87,8 @@ What real clients send (Claude Code 2.1, the SDKs; tests/infra/test_stub_message
 - Messages with role `system` (text, tool additions and removals; `clear_at:
   next_user_message` stops billing one once a user message follows), `compaction` blocks.
 - `metadata.user_id` of any length.
+- `speed: fast` (Claude Code's /fast): billed at the model's `fast` tier in the price table (2x
+  every rate on Opus 5.5); refused on a model without one.
 - `context_management` (https://platform.claude.com/docs/en/build-with-claude/context-editing):
   clear_thinking_20251015 keeps the thinking of the last `keep` assistant turns (from the last
   user message that is more than tool results on); clear_tool_uses_20250919, once its trigger is
@@ -207,13 +209,15 @@ CACHE_TTL_S = {"5m": 300, "1h": 3_600}
 FIELDS = frozenset({"model", "messages", "max_tokens", "system", "metadata", "stop_sequences",
                     "stream", "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking",
                     "service_tier", "cache_control", "context_management", "output_config",
-                    "output_format"})
+                    "output_format", "speed"})
 COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking",
                           "cache_control", "context_management", "output_config",
                           "output_format"})
-FIELDS_NOT_SERVED = frozenset({"container", "mcp_servers", "speed", "inference_geo",
+FIELDS_NOT_SERVED = frozenset({"container", "mcp_servers", "inference_geo",
                                "diagnostics", "user_profile_id", "workspace_id"})
 SERVICE_TIERS = ("auto", "standard_only")
+# `speed: fast`, and the price table's tier of a model's fast-mode rates.
+SPEED_FAST = "fast"
 IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 # Anthropic's limits (https://platform.claude.com/docs/en/build-with-claude/vision, "general
 # limits"): 5 MB an image; 8000 x 8000 px, or 2000 x 2000 px in a request of more than 20
@@ -1272,6 +1276,7 @@ class Params:
     thinking_shown: bool = True  # False: `display: omitted`, the thinking text left out
     thinking_share: Fraction = THINKING_SHARE  # by effort
     output_schema: dict[str, Any] | None = None  # structured outputs' format
+    fast: bool = False  # `speed: fast`: billed at the model's fast tier
 
 
 @dataclass(frozen=True)
@@ -1390,7 +1395,14 @@ def _params(body: dict[str, Any], prices: ModelPrices, betas: set[str]) -> Param
         raise invalid(f"service_tier: one of {', '.join(SERVICE_TIERS)}")
     if body.get("stream") is not None and type(body["stream"]) is not bool:
         raise invalid("stream: a boolean")
-    return Params(max_tokens, budget, tuple(stops),
+    # Fast mode (https://platform.claude.com/docs/en/build-with-claude/fast-mode): the same
+    # model at a multiplier on every rate, served where the table prices it.
+    speed = body.get("speed")
+    if speed not in (None, "standard", SPEED_FAST):
+        raise invalid('speed: "standard" or "fast"')
+    if speed == SPEED_FAST and SPEED_FAST not in prices.tiers:
+        raise invalid(f"speed: fast mode is not supported by {prices.name}")
+    return Params(max_tokens, budget, tuple(stops), fast=speed == SPEED_FAST,
                   thinking_shown=not isinstance(thinking, dict) or thinking.get(
                       "display") != "omitted",
                   thinking_share=THINKING_SHARE if effort is None
@@ -1648,9 +1660,11 @@ class MessagesApi(Api[Reply]):
             web_search_requests=sum(s.results is not None and s.tool == "web_search"
                                     for s in searches),
         )
-        tier = TIER_STANDARD
-        if long_context is not None and max(answer_input, compaction_in) > (
-                long_context.above_input_tokens):
+        # Fast mode's rates hold across the whole window; otherwise a long input may bill at
+        # the long-context rates.
+        tier = SPEED_FAST if params.fast else TIER_STANDARD
+        if not params.fast and long_context is not None and max(
+                answer_input, compaction_in) > long_context.above_input_tokens:
             tier = TIER_LONG_CONTEXT
         summary = tuple(THINKING_WORDS[i % len(THINKING_WORDS)]
                         for i in range(math.ceil(thinking / THINKING_TOKENS_PER_SUMMARY_WORD)))
@@ -1797,6 +1811,8 @@ def _usage(reply: Reply, *, final: bool = True) -> dict[str, Any]:
         "output_tokens": output if final else min(1, output),
         "service_tier": "standard",
     }
+    if reply.service_tier == SPEED_FAST:
+        doc["speed"] = SPEED_FAST
     if managed.compaction_summary is not None and final:
         doc["iterations"] = [
             {"type": "compaction", "input_tokens": managed.compaction_input_tokens,

@@ -646,3 +646,16 @@ def test_count_tokens_counts_the_input_compaction_would_summarize(
                                                   betas=["compact-2026-01-12"])
     assert counted.input_tokens == BIG_TOKENS
     assert bill_of(http).total.calls == 0
+
+
+def test_fast_mode_bills_the_fast_rates_where_the_model_has_them(
+    sdk: anthropic.Anthropic, http: httpx.Client
+) -> None:
+    message = beta(sdk, 100, model=OPUS_55, max_tokens=200, speed="fast",
+                   betas=["fast-mode-2026-02-01"])
+    assert message.usage.speed == "fast"
+    # Opus 5.5 fast: $8 / $40 a million (2x); "hello" is 9 tokens in, 100 out: 72 + 4,000.
+    call = last_call(http)
+    assert (call.cost_micros, call.service_tier) == (4_072, "fast")
+    with pytest.raises(anthropic.BadRequestError, match="fast mode is not supported"):
+        beta(sdk, model=SONNET, speed="fast", betas=["fast-mode-2026-02-01"])
