@@ -396,11 +396,9 @@ def test_claude_codes_request_shape_is_served_and_billed(
         "output_config": {"effort": "medium"}, "stream": True,
     }
     headers = {"anthropic-beta": ",".join(CLAUDE_CODE_BETAS), **forced(10)}
-    _events, clean = sse_data(http, "/v1/messages?beta=true", body, headers)
-    assert clean
-    _with_deferred, clean = sse_data(http, "/v1/messages?beta=true",
-                                    {**body, "tools": [*body["tools"], deferred]}, headers)
-    assert clean
+    for tools in (body["tools"], [*body["tools"], deferred]):
+        _, clean = sse_data(http, "/v1/messages?beta=true", {**body, "tools": tools}, headers)
+        assert clean
     # A deferred tool is not in the prompt until a tool search loads it: it bills nothing.
     first, second = list(bill_of(http).log)[-2:]
     assert first.usage == second.usage
