@@ -295,6 +295,9 @@ class Media:
     # A request that lets the provider compact its context (a summarizing step before the
     # answer): one more step, reading at most the window and writing at most the output cap.
     compaction_field: str = ""
+    # Whether the provider may bill 1-hour cache writes: only where the request asks for them
+    # (Anthropic's `cache_control` with `ttl: "1h"`); a format that cannot tell says so.
+    cache_1h: bool = True
 
 
 NO_MEDIA = Media()
@@ -538,12 +541,16 @@ def responses_input(given: Any) -> InputBound:
 
 # -- Anthropic's Messages API -------------------------------------------------------------------
 
-# Blocks that carry text only (the model's own turns sent back included: tool calls, thinking
-# and its signature, web search results): bounded by their bytes like any text.
+# Blocks that carry text only (the model's own turns sent back included: tool calls, web search
+# results): bounded by their bytes like any text.
 MESSAGES_TEXT_BLOCKS = frozenset({
-    "text", "tool_use", "server_tool_use", "thinking", "redacted_thinking",
-    "web_search_tool_result", "search_result",
+    "text", "tool_use", "server_tool_use", "web_search_tool_result", "search_result",
 })
+# Thinking sent back is billed as the thinking its signature carries (encrypted), not as the
+# text it shows: a summary, or nothing under `display: omitted` (Claude Code's). Redacted
+# thinking is encrypted whole. Neither's bytes are documented to bound its tokens: held at the
+# context window.
+MESSAGES_THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 # Blocks of server tools' results sent back, and references to what the provider holds (a
 # container's file, a tool loaded by tool search): input whose billed size the request does not
 # show, held at the context window.
@@ -582,7 +589,7 @@ def _messages_block(walk: _Walk, block: object, field: str) -> object:
         if content is None or isinstance(content, str):
             return block
         return {**block, "content": _walk_messages_blocks(walk, content, f"{field}.content")}
-    if kind in MESSAGES_REFERRED_BLOCKS:
+    if kind in MESSAGES_REFERRED_BLOCKS or kind in MESSAGES_THINKING_BLOCKS:
         walk.refer(field)
         return {"type": kind}
     # Anything newer: input the gateway cannot bound.

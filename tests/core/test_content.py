@@ -385,19 +385,29 @@ def test_messages_text_is_bounded_by_its_bytes_and_images_are_counted_not_read()
 
 
 def test_messages_turns_sent_back_are_text_bounded_by_all_their_bytes() -> None:
-    signature = "S" * 5_000
     turns = [
         {"role": "user", "content": "weather?"},
         {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "t", "signature": signature},
-            {"type": "redacted_thinking", "data": "R" * 3_000},
-            {"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "Paris"}}]},
+            {"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "x" * 5_000}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
                                       "content": "sunny"}]},
     ]
     bound = messages_input(turns)
     assert bound.media is NO_MEDIA
-    assert bound.text_tokens > 8_000  # the signature and the redacted data count as text
+    assert bound.text_tokens > 5_000
+
+
+@pytest.mark.parametrize("block", [
+    {"type": "thinking", "thinking": "", "signature": "S" * 50},
+    {"type": "redacted_thinking", "data": "R" * 50},
+])
+def test_thinking_sent_back_is_held_at_the_window_not_its_text(block: Any) -> None:
+    """Billed as the thinking its signature carries, which neither the text it shows (a summary,
+    or nothing under display: omitted) nor its bytes are documented to bound."""
+    turns = [{"role": "user", "content": "weather?"},
+             {"role": "assistant", "content": [block, {"type": "tool_use", "id": "t1",
+                                                       "name": "weather", "input": {}}]}]
+    assert messages_input(turns).media.referred_field == "messages[1].content[0]"
 
 
 @pytest.mark.parametrize(("block", "field"), [
