@@ -56,6 +56,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # only: a module missing here (or a name that no longer exists) just starts later.
 LONGEST_FIRST = (
     "tests/test_proof.py",
+    "tests/clients/test_py_clients.py",
+    "tests/clients/test_js_clients.py",
     "tests/reliability/test_crashes.py",
     "tests/deploy/test_built_artifacts.py",
     "tests/reliability/test_ledger_outage.py",
