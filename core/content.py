@@ -85,6 +85,17 @@ CLAUDE_AREA_MODELS = (
     "claude-opus-4-6", "claude-sonnet-4-6",
 )
 
+# The most output tokens one call of a model writes (Anthropic, "Models overview": each model's
+# max output; with the output-128k beta, Claude 3.7 Sonnet's 128K), thinking included: so the
+# most one thinking block sent back can carry. Holding thinking sent back at this many tokens a
+# block (never above the context window) is far tighter than the window for a model whose
+# window is 1M.
+CLAUDE_OUTPUT_TOKENS_MAX: dict[str, int] = {
+    "claude-3-7-sonnet": 128_000, "claude-sonnet-4": 64_000, "claude-opus-4": 32_000,
+    "claude-opus-4-1": 32_000, "claude-sonnet-4-5": 64_000, "claude-haiku-4-5": 64_000,
+    "claude-opus-4-5": 64_000, "claude-opus-5-5": 128_000,
+}
+
 # Where the documented rules disagree, the larger bound is kept: gpt-4.1 is listed among the
 # tile models (85 + 170 a tile) and among those billed by patches (1 a patch, 1,536 at most);
 # gpt-5's tiles (70 + 140 a tile) are also described as capped at 1,536 tokens.
@@ -139,6 +150,11 @@ def _by_model(model: str, table: dict[str, Any]) -> Any:
 def image_bound(model: str) -> ImageBound | None:
     """The bundled per-image bound of a model; None where no documented rule is known."""
     return _by_model(model, IMAGE_BOUNDS)  # type: ignore[no-any-return]
+
+
+def output_tokens_max(model: str) -> int | None:
+    """The bundled most output tokens a call of a model writes; None where it is not known."""
+    return _by_model(model, CLAUDE_OUTPUT_TOKENS_MAX)  # type: ignore[no-any-return]
 
 
 def audio_input_tokens_per_s(model: str) -> int | None:
@@ -298,6 +314,10 @@ class Media:
     # Whether the provider may bill 1-hour cache writes: only where the request asks for them
     # (Anthropic's `cache_control` with `ttl: "1h"`); a format that cannot tell says so.
     cache_1h: bool = True
+    # Thinking blocks sent back, each billed as the thinking its signature carries: at most what
+    # one call of the model writes (core/prices.py), and the first one's JSON path.
+    thinking_blocks: int = 0
+    thinking_field: str = ""
 
 
 NO_MEDIA = Media()
@@ -350,14 +370,16 @@ class _Walk:
     """One request's media, counted while its content is copied with their payloads blanked."""
 
     def __init__(self) -> None:
-        self.images_low = self.images_high = self.audio_ms = 0
-        self.image_field = self.audio_field = self.referred_field = ""
+        self.images_low = self.images_high = self.audio_ms = self.thinking_blocks = 0
+        self.image_field = self.audio_field = self.referred_field = self.thinking_field = ""
 
     def media(self) -> Media:
-        if not (self.images_low or self.images_high or self.audio_ms or self.referred_field):
+        if not (self.images_low or self.images_high or self.audio_ms or self.referred_field
+                or self.thinking_blocks):
             return NO_MEDIA
         return Media(self.images_low, self.images_high, self.audio_ms, self.image_field,
-                     self.audio_field, referred_field=self.referred_field)
+                     self.audio_field, referred_field=self.referred_field,
+                     thinking_blocks=self.thinking_blocks, thinking_field=self.thinking_field)
 
     def refer(self, field: str) -> None:
         """Note input the request only refers to, at `field` (the first one is named)."""
@@ -548,8 +570,9 @@ MESSAGES_TEXT_BLOCKS = frozenset({
 })
 # Thinking sent back is billed as the thinking its signature carries (encrypted), not as the
 # text it shows: a summary, or nothing under `display: omitted` (Claude Code's). Redacted
-# thinking is encrypted whole. Neither's bytes are documented to bound its tokens: held at the
-# context window.
+# thinking is encrypted whole. Neither's bytes are documented to bound its tokens; one block is
+# at most what one call writes (core/prices.py holds each at the model's output maximum, or the
+# context window where that is not known).
 MESSAGES_THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 # Blocks of server tools' results sent back, and references to what the provider holds (a
 # container's file, a tool loaded by tool search): input whose billed size the request does not
@@ -589,8 +612,12 @@ def _messages_block(walk: _Walk, block: object, field: str) -> object:
         if content is None or isinstance(content, str):
             return block
         return {**block, "content": _walk_messages_blocks(walk, content, f"{field}.content")}
-    if kind in MESSAGES_REFERRED_BLOCKS or kind in MESSAGES_THINKING_BLOCKS:
+    if kind in MESSAGES_REFERRED_BLOCKS:
         walk.refer(field)
+        return {"type": kind}
+    if kind in MESSAGES_THINKING_BLOCKS:
+        walk.thinking_blocks += 1
+        walk.thinking_field = walk.thinking_field or field
         return {"type": kind}
     # Anything newer: input the gateway cannot bound.
     raise InputUnbounded(

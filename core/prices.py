@@ -42,7 +42,14 @@ from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
 
-from core.content import NO_MEDIA, ImageBound, Media, audio_input_tokens_per_s, image_bound
+from core.content import (
+    NO_MEDIA,
+    ImageBound,
+    Media,
+    audio_input_tokens_per_s,
+    image_bound,
+    output_tokens_max,
+)
 from core.errors import InputUnbounded, InvalidRequest, ModelUnbounded, ModelUnpriced
 from core.limits import AMOUNT_MICROS_MAX, CHOICES_MAX, RESERVATION_TTL_MS_MAX, TOKENS_MAX
 from core.money import MICROS_PER_USD, charge_micros
@@ -158,6 +165,9 @@ class Rates:
     # prices file says one of its calls can run (None: the request must bound them).
     searches_on_its_own: bool = False
     web_searches_max: int | None = None
+    # The most output tokens one call writes (bundled for Claude models, core/content.py; or
+    # the prices file's): the most one thinking block sent back carries.
+    output_tokens_max: int | None = None
 
     @staticmethod
     def at(tiers: Tiers, input_tokens: int) -> Decimal:
@@ -499,6 +509,8 @@ class PriceTable:
         text_tokens = input_tokens + self._image_tokens(model, r, media)
         audio_tokens = self._audio_tokens(model, r, media)
         window = media.window_tokens or r.context_window_tokens
+        if media.thinking_blocks:
+            text_tokens += self._thinking_tokens(model, r, media, window, text_tokens)
         referred = media.referred_field or media.compaction_field
         if referred:
             if window is None:
@@ -538,6 +550,24 @@ class PriceTable:
                 text_tokens, audio_tokens, total, output_tokens_max * choices,
                 cache_1h=media.cache_1h))
         return _bounded(charge_micros(exact))
+
+    @staticmethod
+    def _thinking_tokens(model: str, rates: Rates, media: Media, window: int | None,
+                         text_tokens: int) -> int:
+        """What the thinking blocks sent back may be billed as: each at most what one call of
+        the model writes, and with the rest of the input at most the context window."""
+        bounds = [b for b in (
+            None if rates.output_tokens_max is None else
+            media.thinking_blocks * rates.output_tokens_max,
+            None if window is None else max(window - text_tokens, 0)) if b is not None]
+        if not bounds:
+            raise InputUnbounded(
+                f"{media.thinking_field} is thinking sent back, billed as the thinking its "
+                "signature carries, of a size the request cannot show, and neither the most "
+                f"output nor the context window of model {model!r} is known: set "
+                "output_tokens_max or context_window_tokens for it in the prices file",
+                field=media.thinking_field, model=model)
+        return min(bounds)
 
     @staticmethod
     def _searches(model: str, rates: Rates, media: Media) -> int:
@@ -645,10 +675,12 @@ WEB_SEARCH_FIELD = "usd_per_web_search"
 SEARCHES_PER_CALL_FIELD = "web_searches_per_call"
 SEARCHES_MAX_FIELD = "web_searches_max"
 WINDOW_FIELD = "context_window_tokens"
+OUTPUT_MAX_FIELD = "output_tokens_max"
 TIER_FIELDS = frozenset({*RATE_FIELDS, REQUEST_FIELD, WEB_SEARCH_FIELD})
 MODEL_FIELDS = frozenset({*TIER_FIELDS, "service_tiers", "image_input_tokens_max",
                           "audio_input_tokens_per_s", "web_search_result_tokens_max",
-                          SEARCHES_PER_CALL_FIELD, SEARCHES_MAX_FIELD, WINDOW_FIELD})
+                          SEARCHES_PER_CALL_FIELD, SEARCHES_MAX_FIELD, WINDOW_FIELD,
+                          OUTPUT_MAX_FIELD})
 
 
 def load_prices_file(path: str) -> tuple[dict[str, Rates], str]:
@@ -722,6 +754,10 @@ def _rates_from_json(name: str, entry: Any) -> Rates:
     if WINDOW_FIELD in entry:
         values["context_window_tokens"] = _count(name, WINDOW_FIELD, entry[WINDOW_FIELD], 1,
                                                  CONTEXT_WINDOW_TOKENS_MAX)
+    values["output_tokens_max"] = output_tokens_max(name)
+    if OUTPUT_MAX_FIELD in entry:
+        values["output_tokens_max"] = _count(name, OUTPUT_MAX_FIELD, entry[OUTPUT_MAX_FIELD], 1,
+                                             CONTEXT_WINDOW_TOKENS_MAX)
     tiers_doc = entry.get("service_tiers", {})
     if not isinstance(tiers_doc, dict):
         raise ValueError(f"{name}.service_tiers must be an object of tiers")
@@ -944,4 +980,5 @@ def _bundled_rates(model: str, window: int) -> Rates:
                             model=model) from exc
     return _rates_from_keys(model, prices, service_tiers=tiers, **extra,
                             image_tokens_max=image_bound(model),
+                            output_tokens_max=output_tokens_max(model),
                             audio_input_tokens_per_s=audio_input_tokens_per_s(model))

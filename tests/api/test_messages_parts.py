@@ -335,3 +335,23 @@ def test_a_1_hour_write_rate_is_held_only_where_a_call_asks_for_a_1_hour_entry()
     # claude-sonnet-4-5: a 5-minute write is $3.75 a million, a 1-hour one $6.
     assert input_micros(five_minutes) == -(-five_minutes.text_tokens_max * 375 // 100)
     assert input_micros(one_hour) == one_hour.text_tokens_max * 6
+
+
+def test_thinking_sent_back_is_held_at_the_models_output_maximum_a_block() -> None:
+    """claude-sonnet-4-5 writes at most 64,000 tokens a call; its window is 200,000. One block:
+    64,000 at the 5-minute write's $3.75; four: the window, the body's tokens among it."""
+    table = PriceTable()
+    thinking = {"type": "thinking", "thinking": "", "signature": "sig"}
+
+    def held(blocks: int) -> int:
+        turns = [{"role": "user", "content": "weather?"},
+                 {"role": "assistant", "content": [*[thinking] * blocks, {
+                     "type": "tool_use", "id": "t1", "name": "w", "input": {}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                               "content": "sunny"}]}]
+        found = messages_plan(messages=turns, max_tokens=1)
+        return int(table.worst_case_micros(found.model, found.text_tokens_max, 1,
+                                           media=found.media))
+
+    assert 64_000 * 375 // 100 < held(1) < 65_000 * 375 // 100
+    assert held(4) == 200_000 * 375 // 100 + 15

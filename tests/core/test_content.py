@@ -401,13 +401,16 @@ def test_messages_turns_sent_back_are_text_bounded_by_all_their_bytes() -> None:
     {"type": "thinking", "thinking": "", "signature": "S" * 50},
     {"type": "redacted_thinking", "data": "R" * 50},
 ])
-def test_thinking_sent_back_is_held_at_the_window_not_its_text(block: Any) -> None:
+def test_thinking_sent_back_is_counted_by_blocks_not_its_text(block: Any) -> None:
     """Billed as the thinking its signature carries, which neither the text it shows (a summary,
-    or nothing under display: omitted) nor its bytes are documented to bound."""
+    or nothing under display: omitted) nor its bytes are documented to bound: counted, to be
+    held at the model's output maximum a block (core/prices.py)."""
     turns = [{"role": "user", "content": "weather?"},
-             {"role": "assistant", "content": [block, {"type": "tool_use", "id": "t1",
-                                                       "name": "weather", "input": {}}]}]
-    assert messages_input(turns).media.referred_field == "messages[1].content[0]"
+             {"role": "assistant", "content": [block, block, {"type": "tool_use", "id": "t1",
+                                                              "name": "weather", "input": {}}]}]
+    media = messages_input(turns).media
+    assert (media.thinking_blocks, media.thinking_field) == (2, "messages[1].content[0]")
+    assert not media.referred_field
 
 
 @pytest.mark.parametrize(("block", "field"), [
