@@ -36,10 +36,13 @@ from tests.support import write_prices
 # The AI SDK's OpenAI cases use a reasoning model, as the multi-step case must (step 2 sends
 # step 1's reasoning back); gpt-5-mini is in both price tables.
 OPENAI_MODEL = "gpt-5-mini"
-# Claude Code's default model (claude-opus-5-5) is in neither the gateway's price table nor,
-# yet, the stub's; claude-sonnet-4-5 is in both, and Claude Code sends it the same fields.
 ANTHROPIC_MODEL = "claude-sonnet-4-5"
-# Codex's default model is priced by neither side either; `-m` picks one that is.
+# Claude Code is run as it comes (its default model, claude-opus-5-5: adaptive thinking,
+# `output_config` effort, deferred tools) and on claude-sonnet-4-5 (budgeted thinking), whose
+# bodies differ; the refusal is shown on the one both price tables have long held.
+CLAUDE_DEFAULT_MODEL = None
+CLAUDE_MODELS = {"default-model": CLAUDE_DEFAULT_MODEL, ANTHROPIC_MODEL: ANTHROPIC_MODEL}
+# Codex's default model (gpt-6.2-sol in 0.171) is in no price table; `-m` picks one that is.
 CODEX_MODEL = "gpt-5-mini"
 AI_SDK_CASES = ("generateText", "streamText", "generateObject", "tools")
 AI_SDK_FLAVOURS = {
@@ -138,11 +141,13 @@ def ai_sdk(scripts: Path, tmp_path: Path, gw: ServiceProcess, key: str, flavour:
                ai_sdk_env(tmp_path / "home", gw.url, key), tmp_path / "work")
 
 
-def claude(node_modules: Path, tmp_path: Path, gw: ServiceProcess, key: str) -> Run:
-    # `--tools Bash` offers it one tool, `--allowedTools Bash` runs it without asking: what a
-    # user of `claude -p` allows for a task, not a setting of the connection.
-    return run([str(node_modules / ".bin" / "claude"), "-p", PROMPT, "--model", ANTHROPIC_MODEL,
-                "--tools", "Bash", "--allowedTools", "Bash"],
+def claude(node_modules: Path, tmp_path: Path, gw: ServiceProcess, key: str,
+           model: str | None) -> Run:
+    # `--allowedTools Bash` lets it run the shell without asking, as a user of `claude -p`
+    # allows for a task: a permission, not a setting of the connection.
+    chosen = [] if model is None else ["--model", model]
+    return run([str(node_modules / ".bin" / "claude"), "-p", PROMPT, *chosen,
+                "--allowedTools", "Bash"],
                claude_env(tmp_path / "home", gw.url, key), tmp_path / "work")
 
 
@@ -196,14 +201,15 @@ def test_ai_sdk_shows_the_budget_refusal(
     assert "budget_exceeded" in case["body"]
 
 
+@pytest.mark.parametrize("model", CLAUDE_MODELS.values(), ids=CLAUDE_MODELS.keys())
 def test_claude_code_tool_turn_bills_what_the_ledger_books(
-        node_modules: Path, tmp_path: Path, gw: ServiceProcess, admin: Client,
-        stub: StubProvider) -> None:
+        model: str | None, node_modules: Path, tmp_path: Path, gw: ServiceProcess,
+        admin: Client, stub: StubProvider) -> None:
     """`claude -p` with a tool turn: the stub answers the first call with a Bash call, Claude
     Code runs it and sends the result back; the ledger books both calls as billed."""
     stub_control(stub.url, {"tool_calls": [CLAUDE_TOOL_CALL]})
     tag, key = account(admin, ROOMY_MICROS)
-    result = claude(node_modules, tmp_path, gw, key)
+    result = claude(node_modules, tmp_path, gw, key, model)
     assert result.returncode == 0, result.output
     assert fetch_bill(stub.url, with_log=False).total.calls >= 2, result.output
     assert_ledger_is_bill(admin, stub, tag)
@@ -213,7 +219,8 @@ def test_claude_code_shows_the_budget_refusal(
         node_modules: Path, tmp_path: Path, gw: ServiceProcess, admin: Client,
         stub: StubProvider) -> None:
     tag, key = account(admin, TOO_SMALL_MICROS)
-    assert_budget_refusal_shown(claude(node_modules, tmp_path, gw, key), stub, tag)
+    assert_budget_refusal_shown(claude(node_modules, tmp_path, gw, key, ANTHROPIC_MODEL), stub,
+                                tag)
 
 
 def test_codex_tool_turn_bills_what_the_ledger_books(
