@@ -17,6 +17,8 @@ The CLIs run with a fresh home, their telemetry, update checks and plugin syncs 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -62,6 +64,10 @@ PROMPT = "Run the shell command `echo hi` and tell me what it printed."
 # The tool call the stub answers a CLI's first call with: each CLI's own shell tool.
 CLAUDE_TOOL_CALL = {"name": "Bash", "input": {"command": "echo hi"}}
 CODEX_TOOL_CALL = {"name": "exec_command", "arguments": {"cmd": "echo hi"}}
+# Every internet-family address a traced process connects or sends to (DNS over UDP included).
+INET_DESTINATION = re.compile(
+    r'sa_family=AF_INET6?, sin6?_port=htons\((\d+)\), '
+    r'(?:sin_addr=inet_addr\("([^"]+)"\)|sin6_flowinfo=[^,]*, inet_pton\(AF_INET6, "([^"]+)")')
 
 
 @dataclass(frozen=True)
@@ -127,8 +133,15 @@ def account(admin: Client, ceiling_micros: int) -> tuple[str, str]:
     return tag, admin.key(tag)["Authorization"].removeprefix("Bearer ")
 
 
-def run(argv: list[str], env: dict[str, str], cwd: Path) -> Run:
+def run(argv: list[str], env: dict[str, str], cwd: Path, trace: Path | None = None) -> Run:
+    """Run a client; with `trace`, under strace, which writes there every connect and send of
+    the client and its children."""
     cwd.mkdir(parents=True, exist_ok=True)
+    if trace is not None:
+        strace = shutil.which("strace")
+        assert strace is not None, "strace shows what the CLIs reach: apt-get install strace"
+        argv = [strace, "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg",
+                "-o", str(trace), *argv]
     done = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=CLIENT_RUN_TIMEOUT_S, check=False)
@@ -142,21 +155,22 @@ def ai_sdk(scripts: Path, tmp_path: Path, gw: ServiceProcess, key: str, flavour:
 
 
 def claude(node_modules: Path, tmp_path: Path, gw: ServiceProcess, key: str,
-           model: str | None) -> Run:
+           model: str | None, trace: Path | None = None) -> Run:
     # `--allowedTools Bash` lets it run the shell without asking, as a user of `claude -p`
     # allows for a task: a permission, not a setting of the connection.
     chosen = [] if model is None else ["--model", model]
     return run([str(node_modules / ".bin" / "claude"), "-p", PROMPT, *chosen,
                 "--allowedTools", "Bash"],
-               claude_env(tmp_path / "home", gw.url, key), tmp_path / "work")
+               claude_env(tmp_path / "home", gw.url, key), tmp_path / "work", trace)
 
 
-def codex(node_modules: Path, tmp_path: Path, gw: ServiceProcess, key: str) -> Run:
+def codex(node_modules: Path, tmp_path: Path, gw: ServiceProcess, key: str,
+          trace: Path | None = None) -> Run:
     # danger-full-access: the container is the sandbox (Codex's own needs Landlock or
     # bubblewrap, which a root container may lack); the work directory is no git repository.
     return run([str(node_modules / ".bin" / "codex"), "exec", "--skip-git-repo-check",
                 "--sandbox", "danger-full-access", "-m", CODEX_MODEL, PROMPT],
-               codex_env(tmp_path / "home", gw.url, key), tmp_path / "work")
+               codex_env(tmp_path / "home", gw.url, key), tmp_path / "work", trace)
 
 
 def assert_ledger_is_bill(admin: Client, stub: StubProvider, tag: str) -> None:
@@ -165,6 +179,19 @@ def assert_ledger_is_bill(admin: Client, stub: StubProvider, tag: str) -> None:
     assert bill.total.calls > 0
     assert (period["committed_micros"], period["reserved_micros"]) == (
         bill.total.cost_micros, 0)
+
+
+def assert_only_the_gateway_reached(trace: Path, gw: ServiceProcess) -> None:
+    """The client and its children sent to no internet address but the gateway's: no
+    telemetry, update check or DNS query left the machine."""
+    reached = set()
+    for line in trace.read_text().splitlines():
+        if "AF_INET" in line:
+            found = INET_DESTINATION.search(line)
+            assert found is not None, f"an address this test cannot read: {line}"
+            port, v4, v6 = found.groups()
+            reached.add((port, v4 or v6))
+    assert reached == {(str(gw.port), "127.0.0.1")}
 
 
 def assert_budget_refusal_shown(result: Run, stub: StubProvider, tag: str) -> None:
@@ -218,9 +245,12 @@ def test_claude_code_tool_turn_bills_what_the_ledger_books(
 def test_claude_code_shows_the_budget_refusal(
         node_modules: Path, tmp_path: Path, gw: ServiceProcess, admin: Client,
         stub: StubProvider) -> None:
+    """Run under strace: Claude Code reaches the gateway and nothing else."""
     tag, key = account(admin, TOO_SMALL_MICROS)
-    assert_budget_refusal_shown(claude(node_modules, tmp_path, gw, key, ANTHROPIC_MODEL), stub,
-                                tag)
+    trace = tmp_path / "strace"
+    result = claude(node_modules, tmp_path, gw, key, ANTHROPIC_MODEL, trace)
+    assert_only_the_gateway_reached(trace, gw)
+    assert_budget_refusal_shown(result, stub, tag)
 
 
 def test_codex_tool_turn_bills_what_the_ledger_books(
@@ -239,5 +269,10 @@ def test_codex_tool_turn_bills_what_the_ledger_books(
 def test_codex_shows_the_budget_refusal(
         node_modules: Path, tmp_path: Path, gw: ServiceProcess, admin: Client,
         stub: StubProvider) -> None:
+    """Run under strace: Codex reaches the gateway and nothing else (its plugin sync, off in
+    its config, would reach github.com)."""
     tag, key = account(admin, TOO_SMALL_MICROS)
-    assert_budget_refusal_shown(codex(node_modules, tmp_path, gw, key), stub, tag)
+    trace = tmp_path / "strace"
+    result = codex(node_modules, tmp_path, gw, key, trace)
+    assert_only_the_gateway_reached(trace, gw)
+    assert_budget_refusal_shown(result, stub, tag)
