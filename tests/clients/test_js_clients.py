@@ -211,8 +211,11 @@ def test_ai_sdk_cases_bill_what_the_ledger_books(
     book what the provider billed for them all."""
     tag, key = account(admin, ROOMY_MICROS)
     result = ai_sdk(scripts, tmp_path, gw, key, flavour, AI_SDK_CASES)
-    outcomes = {name: case["outcome"] for name, case in result.cases().items()}
+    cases = result.cases()
+    outcomes = {name: case["outcome"] for name, case in cases.items()}
     assert outcomes == dict.fromkeys(AI_SDK_CASES, "ok"), result.output
+    # The tool's result went back to the model: a second step, with step 1's reasoning.
+    assert cases["tools"]["steps"] >= 2, result.output
     assert_ledger_is_bill(admin, stub, tag)
 
 
