@@ -78,6 +78,7 @@ class BudgetBody(Strict):
     alerts: AlertsBody | None = None
     rate: RateBody | None = None
     per_user: PerUserBody | None = None
+    clamp: bool = False
 
     def definition(self, budget_id: str) -> BudgetDef:
         return BudgetDef(
@@ -89,6 +90,7 @@ class BudgetBody(Strict):
             self.alerts.config() if self.alerts else AlertConfig(),
             rate=self.rate.rate() if self.rate else None,
             per_user=self.per_user.per_user() if self.per_user else None,
+            clamp=self.clamp,
         )
 
 

@@ -125,6 +125,9 @@ class Upstream:
         # the client's its format forwards): prepared once, for every format's path.
         self._prepared = {api: self._transport.prepare("POST", f"{base}/{api.value}", headers,
                                                        timeout) for api in Api}
+        self._counting = {api: self._transport.prepare("POST", f"{base}/{wire.count_path}",
+                                                       headers, timeout)
+                          for api, wire in FORMATS.items() if wire.count_path}
         # httpx's errors, kept here since httpx is not imported at module scope.
         self._never_sent = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout,
                             httpx.UnsupportedProtocol)
@@ -141,6 +144,17 @@ class Upstream:
             raise NotSent(_why(exc)) from exc
         except self._failed as exc:
             raise Unanswered(_why(exc)) from exc
+
+    async def count(self, api: Api, content: bytes,
+                    headers: tuple[tuple[str, str], ...]) -> tuple[int, dict[str, str], bytes]:
+        """A token count from the provider: its status, relayed headers and body (a count is
+        small: it is read like an error body). Nothing is billed, so no failure is more than
+        the provider's or the network's: raised as Unanswered."""
+        try:
+            response = await self._transport.send(self._counting[api], content, headers)
+        except self._failed as exc:
+            raise Unanswered(_why(exc)) from exc
+        return response.status_code, relayed_headers(response), await self.error_body(response)
 
     async def aclose(self) -> None:
         await self._transport.aclose()

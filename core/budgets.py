@@ -7,6 +7,8 @@ the top scope is the Redis hash tag of every key one call touches.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -128,6 +130,22 @@ def check_user(raw: object) -> str:
     return raw
 
 
+# What a hashed end user id starts with: a user field's value that is not an id (Claude Code
+# sends a JSON string of its ids in metadata.user_id) names its user by a digest of its value.
+HASHED_USER_PREFIX = "sha256:"
+HASHED_USER_HEX_LEN = 32  # 128 bits: no two values a key sends share a user by chance
+
+
+def user_of_value(raw: object) -> str:
+    """The end user a provider's user field names: the value itself when it is an id
+    (check_user), else a digest of its JSON, so that a value of any shape names one user."""
+    if isinstance(raw, str) and _USER.fullmatch(raw):
+        return raw
+    encoded = json.dumps(raw, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(encoded.encode(errors="surrogatepass")).hexdigest()
+    return HASHED_USER_PREFIX + digest[:HASHED_USER_HEX_LEN]
+
+
 @dataclass(frozen=True)
 class Limit:
     period: Period
@@ -235,6 +253,9 @@ class BudgetDef:
     paused_at_ms: int | None = None
     rate: Rate | None = None
     per_user: PerUser | None = None
+    # Every gateway call under it is sent with the largest output cap that fits the room left,
+    # as if it sent X-Ceiling-Clamp: 1 (core/gateway.py hold).
+    clamp: bool = False
 
     @property
     def policy(self) -> OutagePolicy:
@@ -253,10 +274,11 @@ class BudgetDef:
     def from_ledger(cls, budget_id: BudgetId, limits: tuple[Limit, ...], timezone: str,
                     ledger_allowance_micros: int, alerts: AlertConfig | None = None,
                     paused_at_ms: int | None = None, rate: Rate | None = None,
-                    per_user: PerUser | None = None) -> BudgetDef:
+                    per_user: PerUser | None = None, clamp: bool = False) -> BudgetDef:
         policy, allowance = outage_policy_of(ledger_allowance_micros)
         return cls(budget_id, limits, timezone, allowance, policy,
-                   alerts if alerts is not None else AlertConfig(), paused_at_ms, rate, per_user)
+                   alerts if alerts is not None else AlertConfig(), paused_at_ms, rate, per_user,
+                   clamp)
 
     def __post_init__(self) -> None:
         if self.outage_policy is None:

@@ -61,6 +61,9 @@ class Config:
     # (core/gateway.py ALLOWED_FIELDS): an operator's, for fields of its upstream that bill
     # nothing (CEILING_GATEWAY_FIELDS_ALLOWED, comma-separated).
     gateway_fields_allowed: frozenset[str] = frozenset()
+    # anthropic-beta values the operator declares cost-neutral, beside those the gateway knows
+    # (core/formats/messages.py MESSAGES_BETAS; CEILING_GATEWAY_BETAS_ALLOWED, comma-separated).
+    gateway_betas_allowed: frozenset[str] = frozenset()
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -163,6 +166,7 @@ def load(env: Mapping[str, str]) -> Config:
         output_tokens_default=int(output_tokens_default),
         hold_p95=_flag(env, "CEILING_HOLD_P95"),
         gateway_fields_allowed=_field_names(env, "CEILING_GATEWAY_FIELDS_ALLOWED"),
+        gateway_betas_allowed=_field_names(env, "CEILING_GATEWAY_BETAS_ALLOWED", _BETA_NAME),
         alert_webhook_url=alert_url,
         alert_webhook_secret=alert_secret,
         alert_delivery_interval_s=_delivery_interval_s(env),
@@ -173,11 +177,16 @@ def load(env: Mapping[str, str]) -> Config:
 _FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
-def _field_names(env: Mapping[str, str], name: str) -> frozenset[str]:
+# A beta flag an operator may allow: Anthropic names them `<feature>-<YYYY-MM-DD>`.
+_BETA_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{0,99}")
+
+
+def _field_names(env: Mapping[str, str], name: str,
+                 pattern: re.Pattern[str] = _FIELD_NAME) -> frozenset[str]:
     names = frozenset(n.strip() for n in env.get(name, "").split(",") if n.strip())
-    bad = sorted(n for n in names if not _FIELD_NAME.fullmatch(n))
+    bad = sorted(n for n in names if not pattern.fullmatch(n))
     if bad:
-        raise ConfigError(f"{name} must be comma-separated field names, not {bad[0]!r}")
+        raise ConfigError(f"{name} must be comma-separated names, not {bad[0]!r}")
     return names
 
 

@@ -8,9 +8,12 @@
   URL: it is counted here by detail (Media) and priced with the model's bound (core/prices.py),
   so an image URL is bounded without fetching it. Audio is billed by its duration, which is
   read from the bytes sent (a WAV header, or the lowest bitrate MP3 frames can have).
-- What the request only names (a file by id or URL, an image stored with the provider, a stored
-  item, a content part or item type this module does not know) has a billed size the request
-  cannot show: it is refused with InputUnbounded naming the field, never held at a guess.
+- What the request only refers to (a file by id or URL, a PDF, a reasoning item sent back, an
+  item stored with the provider, a document) has a billed size the request cannot show, but the
+  model cannot read more than its context window: it is noted in Media.referred_field, and the
+  call's input is then held at the model's context window (core/prices.py), never at a guess
+  below it. What no window bounds (a content part or item type this module does not know) is
+  refused with InputUnbounded naming the field.
 """
 
 from __future__ import annotations
@@ -285,6 +288,13 @@ class Media:
     audio_field: str = ""
     web_searches: int = 0
     web_search_field: str = ""
+    # The first input the request only refers to (a JSON path): the call's input is then held
+    # at the model's context window, or at `window_tokens` where the request opened a larger one.
+    referred_field: str = ""
+    window_tokens: int = 0
+    # A request that lets the provider compact its context (a summarizing step before the
+    # answer): one more step, reading at most the window and writing at most the output cap.
+    compaction_field: str = ""
 
 
 NO_MEDIA = Media()
@@ -316,9 +326,21 @@ def json_bytes(value: object) -> int:
 # Parts that are text only: bounded by their bytes.
 CHAT_TEXT_PARTS = frozenset({"text", "refusal"})
 RESPONSES_TEXT_PARTS = frozenset({"input_text", "output_text", "refusal"})
-# Responses items that carry text only (function calls and their text or part outputs).
-RESPONSES_CALL_ITEMS = frozenset({"function_call", "custom_tool_call"})
+# Responses items that carry text only: calls of tools the client runs, and their outputs (by
+# their bytes; a function's or custom tool's output may hold content parts, walked as such).
+RESPONSES_CALL_ITEMS = frozenset({
+    "function_call", "custom_tool_call", "local_shell_call", "shell_call", "apply_patch_call",
+    "local_shell_call_output", "shell_call_output", "apply_patch_call_output",
+})
 RESPONSES_OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
+# Responses items whose billed size the request does not show: reasoning sent back (encrypted,
+# or looked up by id), a reference to a stored item, a compaction's encrypted summary, and
+# hosted tools' calls sent back (their results are the provider's). Held at the context window.
+RESPONSES_REFERRED_ITEMS = frozenset({
+    "reasoning", "item_reference", "compaction", "web_search_call", "file_search_call",
+    "image_generation_call", "code_interpreter_call", "computer_call", "computer_call_output",
+    "tool_search_call", "tool_search_output",
+})
 
 
 class _Walk:
@@ -326,13 +348,17 @@ class _Walk:
 
     def __init__(self) -> None:
         self.images_low = self.images_high = self.audio_ms = 0
-        self.image_field = self.audio_field = ""
+        self.image_field = self.audio_field = self.referred_field = ""
 
     def media(self) -> Media:
-        if not (self.images_low or self.images_high or self.audio_ms):
+        if not (self.images_low or self.images_high or self.audio_ms or self.referred_field):
             return NO_MEDIA
         return Media(self.images_low, self.images_high, self.audio_ms, self.image_field,
-                     self.audio_field)
+                     self.audio_field, referred_field=self.referred_field)
+
+    def refer(self, field: str) -> None:
+        """Note input the request only refers to, at `field` (the first one is named)."""
+        self.referred_field = self.referred_field or field
 
     def content(self, content: object, field: str, role: object, chat: bool) -> object:
         if content is None or isinstance(content, str):
@@ -357,14 +383,14 @@ class _Walk:
             return self.responses_image(part, field)
         if kind == "input_audio":
             return self.audio(part, field, role)
+        # A file (by id, data or URL; a PDF is billed its text and an image of each page) is
+        # input of a size its bytes do not show: held at the window, its payload not counted.
         if chat and kind == "file":
-            raise InputUnbounded(
-                f"{field}.file is a file (by id, data or URL) the provider reads into input of a "
-                "size the request cannot show", field=f"{field}.file")
+            self.refer(f"{field}.file")
+            return {"type": kind}
         if not chat and kind == "input_file":
-            raise InputUnbounded(
-                f"{field} is a file (by id, data or URL) the provider reads into input of a size "
-                "the request cannot show", field=field)
+            self.refer(field)
+            return {"type": kind}
         raise InputUnbounded(
             f"{field} is a content part of type {kind!r}, which the gateway cannot bound",
             field=field)
@@ -408,9 +434,12 @@ class _Walk:
                 raise InputUnbounded(f"{field}.{key} is not a field the gateway knows",
                                      field=f"{field}.{key}")
         if part.get("file_id") is not None:
-            raise InputUnbounded(
-                f"{field}.file_id is an image stored with the provider, of a size the request "
-                "cannot show", field=f"{field}.file_id")
+            # An image stored with the provider is still billed by the per-image rule.
+            if not isinstance(part["file_id"], str) or not part["file_id"]:
+                raise InvalidRequest(f"{field}.file_id must be a file id",
+                                     field=f"{field}.file_id")
+            self.image("file", f"{field}.file_id", part.get("detail"), f"{field}.detail")
+            return {**part, "file_id": ""}
         self.image(part.get("image_url"), f"{field}.image_url", part.get("detail"),
                    f"{field}.detail")
         return {**part, "image_url": ""}
@@ -485,12 +514,16 @@ def _responses_item(walk: _Walk, item: dict[str, Any], field: str) -> dict[str, 
     if kind in RESPONSES_OUTPUT_ITEMS:
         return {**item, "output": walk.content(
             item.get("output"), f"{field}.output", "tool", chat=False)}
+    if kind in RESPONSES_REFERRED_ITEMS:
+        walk.refer(field)
+        # Its payload (encrypted reasoning, a hosted tool's results) is not counted as text:
+        # the window holds it.
+        return {"type": kind}
     if kind not in RESPONSES_CALL_ITEMS:
-        # item_reference, reasoning (encrypted, or looked up by id), hosted tools' calls and
-        # anything newer: input whose billed size the request does not show.
+        # Anything newer: input (or an action) the gateway cannot bound.
         raise InputUnbounded(
-            f"{field} is an item of type {kind!r}, whose billed size the request cannot "
-            "show", field=field)
+            f"{field} is an item of type {kind!r}, which the gateway does not know: what it "
+            "bills cannot be bounded", field=field)
     return item
 
 
@@ -505,13 +538,27 @@ def responses_input(given: Any) -> InputBound:
 
 # -- Anthropic's Messages API -------------------------------------------------------------------
 
-# Blocks that carry text only (the model's own turns sent back included: tool calls, thinking
-# and its signature, web search results): bounded by their bytes like any text.
+# Blocks that carry text only (the model's own turns sent back included: tool calls, web search
+# results): bounded by their bytes like any text.
 MESSAGES_TEXT_BLOCKS = frozenset({
-    "text", "tool_use", "server_tool_use", "thinking", "redacted_thinking",
-    "web_search_tool_result", "search_result",
+    "text", "tool_use", "server_tool_use", "web_search_tool_result", "search_result",
+})
+# Thinking sent back is billed as the thinking its signature carries (encrypted), not as the
+# text it shows: a summary, or nothing under `display: omitted` (Claude Code's). Redacted
+# thinking is encrypted whole. Neither's bytes are documented to bound its tokens: held at the
+# context window.
+MESSAGES_THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+# Blocks of server tools' results sent back, and references to what the provider holds (a
+# container's file, a tool loaded by tool search): input whose billed size the request does not
+# show, held at the context window.
+MESSAGES_REFERRED_BLOCKS = frozenset({
+    "web_fetch_tool_result", "code_execution_tool_result", "bash_code_execution_tool_result",
+    "text_editor_code_execution_tool_result", "tool_search_tool_result", "tool_reference",
+    "mcp_tool_use", "mcp_tool_result", "container_upload",
 })
 IMAGE_MEDIA_TYPE_PREFIX = "image/"
+# Document sources whose billed size the request does not show (a PDF's pages, a file).
+MESSAGES_DOCUMENT_SOURCES = frozenset({"base64", "url", "file"})
 
 
 def _walk_messages_blocks(walk: _Walk, content: object, field: str) -> list[Any]:
@@ -539,8 +586,10 @@ def _messages_block(walk: _Walk, block: object, field: str) -> object:
         if content is None or isinstance(content, str):
             return block
         return {**block, "content": _walk_messages_blocks(walk, content, f"{field}.content")}
-    # Code execution, web fetch, MCP and container blocks, and anything newer: input whose
-    # billed size the request does not show.
+    if kind in MESSAGES_REFERRED_BLOCKS or kind in MESSAGES_THINKING_BLOCKS:
+        walk.refer(field)
+        return {"type": kind}
+    # Anything newer: input the gateway cannot bound.
     raise InputUnbounded(
         f"{field} is a content block of type {kind!r}, which the gateway cannot bound",
         field=field)
@@ -578,12 +627,11 @@ def _messages_image(walk: _Walk, block: dict[str, Any], field: str) -> dict[str,
 def _messages_document(walk: _Walk, block: dict[str, Any], field: str) -> dict[str, Any]:
     """A document of text, or of text and image blocks, is bounded as they are. A PDF (sent or
     by URL or file) is billed for text its bytes do not bound (its streams are compressed) and
-    an image of each page: refused, as is a file by URL or id."""
+    an image of each page, and citations add a system prompt and chunking of an undocumented
+    size: held at the context window, like a file by URL or id."""
     citations = block.get("citations")
     if isinstance(citations, dict) and citations.get("enabled") not in (None, False):
-        raise InputUnbounded(
-            f"{field}.citations: citations add a system prompt and chunking of an undocumented "
-            "size to the input", field=f"{field}.citations")
+        walk.refer(f"{field}.citations")
     source = block.get("source")
     where = f"{field}.source"
     kind = source.get("type") if isinstance(source, dict) else None
@@ -595,9 +643,11 @@ def _messages_document(walk: _Walk, block: dict[str, Any], field: str) -> dict[s
             return block
         return {**block, "source": {**source, "content": _walk_messages_blocks(
             walk, content, f"{where}.content")}}
-    raise InputUnbounded(
-        f"{where} is a document (a PDF, or a file by URL or id) the provider reads into input "
-        "of a size the request cannot show: send its text as a text document", field=where)
+    if kind in MESSAGES_DOCUMENT_SOURCES:
+        walk.refer(where)
+        return {"type": "document"}
+    raise InputUnbounded(f"{where}.type must be one of text, content, "
+                         f"{', '.join(sorted(MESSAGES_DOCUMENT_SOURCES))}", field=where)
 
 
 def _anthropic_message(walk: _Walk, message: dict[str, Any], field: str) -> dict[str, Any]:

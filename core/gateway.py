@@ -27,6 +27,7 @@ fields (WireFormat.plan), the usage an answer reports (usage_of), where a stream
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -42,7 +43,7 @@ from core.formats import Api as Api  # plan() and usage_of() take a format by it
 from core.jsonbody import loads_answer, loads_object
 from core.ledger import LegStatus, OutputStats, Reservation, is_user_leg
 from core.prices import TIER_AUTO, Usage
-from core.service import Caller, CeilingService, SettleSpec
+from core.service import Caller, CallSpec, CeilingService, SettleSpec
 
 # With X-Ceiling-Clamp, a call that does not fit is sent with a smaller output cap only if at
 # least this many tokens still fit: fewer would cut most answers off mid-sentence.
@@ -57,6 +58,10 @@ HISTOGRAM_MODELS_MAX = 1_024
 # pay a ledger write for it (on one event loop, a write after one answer delays the next).
 # Which call is recorded does not depend on its length, so the histogram is not skewed.
 OBSERVE_INTERVAL_S = 0.1
+# A token count is admitted by a hold of this much, released at once: the ledger holds no less,
+# and a count costs nothing.
+COUNT_HOLD_MICROS = 1
+_COUNT_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 # An error answer proves nothing was billed only when it is the provider refusing the request
 # itself: a 4xx. Not 408 (the server gave up waiting, maybe while the model ran) nor 499 (the
 # client closed, reported by a proxy while the call went on behind it). A 5xx can come after the
@@ -104,7 +109,8 @@ class Outcome(StrEnum):
 
 def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAULT,
          headers: Sequence[tuple[str, str]] = (),
-         fields_allowed: frozenset[str] = frozenset()) -> Plan:
+         fields_allowed: frozenset[str] = frozenset(),
+         betas_allowed: frozenset[str] = frozenset()) -> Plan:
     """Price a request body in `api`'s format; InvalidRequest before anything is reserved if it
     cannot be.
 
@@ -112,14 +118,39 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
     OUTPUT_TOKENS): without a cap there is no worst case. `headers`: the request's headers that
     its format forwards (WireFormat.forwarded_headers), which are forwarded with it.
     `fields_allowed`: the operator's fields forwarded besides the format's own
-    (CEILING_GATEWAY_FIELDS_ALLOWED)."""
+    (CEILING_GATEWAY_FIELDS_ALLOWED); `betas_allowed`: the operator's cost-neutral betas
+    (CEILING_GATEWAY_BETAS_ALLOWED)."""
     wire = FORMATS[api]
     body = loads_object(raw)
     wire.check_fields(body, fields_allowed)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model is required", field="model")
-    return wire.plan(body, model, tuple(headers), output_tokens_default)
+    return wire.plan(body, model, tuple(headers), output_tokens_default, betas_allowed)
+
+
+def count_request(api: Api, raw: bytes, headers: Sequence[tuple[str, str]] = (),
+                  fields_allowed: frozenset[str] = frozenset(),
+                  betas_allowed: frozenset[str] = frozenset()) -> bytes:
+    """A token counting request in `api`'s format, checked as a call's fields and headers are
+    (nothing unnamed is forwarded), re-encoded for the provider; InvalidRequest if it is not."""
+    wire = FORMATS[api]
+    body = loads_object(raw)
+    wire.check_fields(body, fields_allowed)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model is required", field="model")
+    wire.count_checked(body, tuple(headers), betas_allowed)
+    return _COUNT_ENCODER.encode(body).encode()
+
+
+async def admit_count(svc: CeilingService, who: Caller) -> None:
+    """Count a token counting request against the caller's rate and concurrency limits: the
+    provider bills nothing for it, so it holds the least amount the ledger takes (COUNT_HOLD_
+    MICROS), released at once. A budget with no room at all refuses it, as it would the call
+    the count is for."""
+    reservation = await svc.reserve(who, CallSpec(amount_micros=COUNT_HOLD_MICROS))
+    await svc.release(who, reservation.reservation_id)
 
 
 def usage_of(api: Api, usage: object, service_tier: object = None) -> Usage | None:
@@ -133,7 +164,7 @@ def body_outcome(call_plan: Plan, raw: bytes) -> tuple[Usage | None] | None:
     doc = loads_answer(raw)
     if not isinstance(doc, dict):
         return None
-    return (call_plan.wire.usage_of(doc.get("usage"), doc.get("service_tier")),)
+    return (call_plan.wire.answer_usage(doc),)
 
 
 _background: set[asyncio.Task[None]] = set()
@@ -218,8 +249,9 @@ async def hold(
     - p95). No hold smaller than the worst case can rule that out under concurrency; only the
     worst case does, which is what is held as soon as the margin is reached.
 
-    With `clamp` (X-Ceiling-Clamp: 1), a call whose worst case does not fit is sent with the
-    largest output cap that does, if that is at least CLAMP_OUTPUT_TOKENS_MIN; else it is refused.
+    With `clamp` (X-Ceiling-Clamp: 1), or a budget on the path that says `clamp`, a call whose
+    worst case does not fit is sent with the largest output cap that does, if that is at least
+    CLAMP_OUTPUT_TOKENS_MIN; else it is refused.
     """
     if call_plan.long_context and len(svc.prices.rates(call_plan.model).input) < 2:
         # Priced by input size only where the rates have a tier by it (the long-context one).
@@ -242,7 +274,7 @@ async def hold(
 async def _clamped_or_refused(
     svc: CeilingService, who: Caller, call_plan: Plan, refusal: BudgetRefused, clamp: bool
 ) -> Hold:
-    if not clamp:
+    if not clamp and not await svc.clamps(who):
         raise refusal
     room_micros = _room_micros(await svc.my_budgets(who))
     # The largest cap whose worst case fits the room; the worst case grows with the cap.

@@ -325,6 +325,7 @@ def budget_json(definition: BudgetDef) -> dict[str, Any]:
         "paused_at_ms": definition.paused_at_ms,
         "rate": definition.rate.json() if definition.rate else None,
         "per_user": definition.per_user.json() if definition.per_user else None,
+        "clamp": definition.clamp,
     }
 
 

@@ -34,7 +34,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from functools import cached_property
@@ -75,20 +75,21 @@ AUDIO_TOKENS_PER_S_MAX = 10_000
 # A prices file's bound on one web search's results above this is a typo: it is five times the
 # largest context window any provider offers for one whole call.
 WEB_SEARCH_RESULT_TOKENS_MAX = 5_000_000
-# A prices file's searches per call above this is a typo: search models run one.
-WEB_SEARCHES_PER_CALL_MAX = 100
-# Models that run a web search on every call, whatever the request says: OpenAI's chat search
-# models "always retrieve information from the web before responding", and each call is billed
-# a search fee that no usage reports. No price table says which models do this (genai-prices
-# prices gpt-4o-mini-search-preview as gpt-4o-mini, and the others by their tokens alone), so
-# they are named here by their exact names; a prices file names others with
-# `web_searches_per_call`. Each is held and charged the fee of one search a call, and refused
-# (model_unbounded) where no fee for a search is known.
-WEB_SEARCH_EVERY_CALL_MODELS = frozenset({
-    "gpt-4o-search-preview", "gpt-4o-search-preview-2025-03-11",
-    "gpt-4o-mini-search-preview", "gpt-4o-mini-search-preview-2025-03-11",
-    "gpt-5-search-api", "gpt-5-search-api-2025-10-14",
-})
+# A prices file's searches per call above this is a typo: search models run one, and a deep
+# research call a few dozen.
+WEB_SEARCHES_PER_CALL_MAX = 1_000
+# A prices file's context window above this is a typo: no model reads more than 10M tokens.
+CONTEXT_WINDOW_TOKENS_MAX = 10_000_000
+# Model families that search the web whatever the request's tools say, matched by family (any
+# snapshot date, any upstream's prefix such as `openai/`), never by a list of names: no price
+# table says which models do this (genai-prices prices the search models by their tokens
+# alone). OpenAI's chat search models ("-search-preview", "-search-api") "always retrieve
+# information from the web before responding": each call is held and charged one search's fee,
+# which no usage reports, and refused (model_unbounded) where no fee for a search is known. Deep
+# research models ("-deep-research") run as many searches as they choose: held at the bound the
+# request gives (max_tool_calls), or the prices file's `web_searches_max`, else refused.
+SEARCH_EVERY_CALL_FAMILY = re.compile(r"-search-(?:preview|api)(?:-|$)")
+SEARCH_ON_ITS_OWN_FAMILY = re.compile(r"-deep-research(?:-|$)")
 
 ZERO = Decimal(0)
 # What may follow a model family's name in the name of one of its dated snapshots: nothing, or
@@ -150,6 +151,13 @@ class Rates:
     image_tokens_max: ImageBound | None = None
     audio_input_tokens_per_s: int | None = None
     web_search_result_tokens_max: int | None = None
+    # The most a call may read (genai-prices' context_window, or the prices file's): what holds
+    # input the request only refers to. None: not known, and such input is refused.
+    context_window_tokens: int | None = None
+    # A model that searches as it chooses (SEARCH_ON_ITS_OWN_FAMILY), and the most searches the
+    # prices file says one of its calls can run (None: the request must bound them).
+    searches_on_its_own: bool = False
+    web_searches_max: int | None = None
 
     @staticmethod
     def at(tiers: Tiers, input_tokens: int) -> Decimal:
@@ -340,6 +348,7 @@ class PriceTable:
         self._next_check_s = monotonic_s() + PRICES_FILE_CHECK_S
         self._window = self._window_now()
         self._bundled: dict[str, Rates | str] = {}  # a str: why the model has no price
+        self._windows_filled: set[str] = set()  # prices file entries given a bundled window
         self._package = package_version("genai-prices")
         self.version = self._version()
 
@@ -395,6 +404,7 @@ class PriceTable:
             self._failed(signature, str(exc))
             return False
         self._overrides = {k.lower(): v for k, v in overrides.items()}
+        self._windows_filled = set()
         self._digest, self._file_signature = digest, signature
         LOG.info("prices file %s read again: %d models, digest %s", path, len(overrides),
                  digest)
@@ -413,7 +423,11 @@ class PriceTable:
         if self._monotonic_s() >= self._next_check_s:
             self.refresh()
         key = model.lower()
-        found = self._overrides.get(key) or self._bundled.get(key)
+        found: Rates | str | None = self._overrides.get(key)
+        if isinstance(found, Rates) and found.context_window_tokens is None and (
+                key not in self._windows_filled):
+            found = self._with_bundled_window(key, found)
+        found = found or self._bundled.get(key)
         if found is None:
             try:
                 found = _bundled_rates(key, self._window)
@@ -430,6 +444,23 @@ class PriceTable:
                 "call, and no fee for a search is known for it: set usd_per_web_search for it "
                 "in the prices file", model=model, component="web_search")
         return found
+
+    def _with_bundled_window(self, key: str, rates: Rates) -> Rates:
+        """A prices file entry that names no context window takes the bundled table's for the
+        same name, if it has one (looked up once per entry)."""
+        bundled = self._bundled.get(key)
+        if bundled is None:
+            try:
+                bundled = _bundled_rates(key, self._window)
+            except ModelUnpriced as exc:
+                bundled = exc.message
+            if len(self._bundled) < RATES_CACHE_MAX:
+                self._bundled[key] = bundled
+        self._windows_filled.add(key)
+        if isinstance(bundled, Rates) and bundled.context_window_tokens is not None:
+            rates = replace(rates, context_window_tokens=bundled.context_window_tokens)
+            self._overrides[key] = rates
+        return rates
 
     def _tiers(self, model: str, rates: Rates, tier: str | None) -> tuple[Rates, ...]:
         found = rates.at_tier(check_service_tier(tier))
@@ -456,7 +487,8 @@ class PriceTable:
             raise InvalidRequest(f"n must be an integer from 1 to {CHOICES_MAX}", field="n")
         r = self.rates(model)
         candidates = self._tiers(model, r, service_tier)
-        if media is NO_MEDIA:
+        searches = self._searches(model, r, media)
+        if media is NO_MEDIA and not searches:
             # Text only, at rates that do not depend on its size: each tier's worst case from
             # the two rates worked out once per tier (Rates.flat_worst), the dearest tier's.
             flats = [(c.flat_worst, c.call_fee_micros) for c in candidates]
@@ -466,11 +498,26 @@ class PriceTable:
                     for flat, fee in flats if flat is not None)))
         text_tokens = input_tokens + self._image_tokens(model, r, media)
         audio_tokens = self._audio_tokens(model, r, media)
-        searches = media.web_searches
+        window = media.window_tokens or r.context_window_tokens
+        referred = media.referred_field or media.compaction_field
+        if referred:
+            if window is None:
+                raise InputUnbounded(
+                    f"{referred} is input the request only refers to, of a size it cannot "
+                    f"show, and no context window is known for model {model!r} to hold it at: "
+                    "set context_window_tokens for it in the prices file",
+                    field=referred, model=model)
+            # The model reads at most its window: the body and all it refers to together.
+            text_tokens = max(text_tokens, window)
+            if media.compaction_field:
+                # The compacting step reads at most the window and writes at most the output
+                # cap; the answer's step reads the window again.
+                text_tokens += window
+                output_tokens_max *= 2
         if searches:
             steps = searches + 1
-            text_tokens = steps * (text_tokens + searches * self._search_result_tokens(
-                model, r, media) + output_tokens_max * choices)
+            text_tokens = steps * self._step_tokens(model, r, media, searches, window,
+                                                    text_tokens, output_tokens_max * choices)
             audio_tokens *= steps
         total = check_tokens(text_tokens + audio_tokens, "input_tokens", minimum=0)
         exact = ZERO
@@ -483,21 +530,46 @@ class PriceTable:
             fees = ZERO
             if searches:
                 if tier.web_search_micros is None:
-                    raise ModelUnpriced(f"model {model!r} has no web search price", model=model,
-                                        field=media.web_search_field)
+                    raise ModelUnpriced(
+                        f"model {model!r} has no web search price: set usd_per_web_search for "
+                        "it in the prices file", model=model, field=media.web_search_field)
                 fees = searches * tier.web_search_micros
             exact = max(exact, fees + tier.worst_case_exact(
                 text_tokens, audio_tokens, total, output_tokens_max * choices))
         return _bounded(charge_micros(exact))
 
     @staticmethod
-    def _search_result_tokens(model: str, rates: Rates, media: Media) -> int:
-        bound = rates.web_search_result_tokens_max
+    def _searches(model: str, rates: Rates, media: Media) -> int:
+        """The web searches a call may run beyond a search model's own: the request's bound
+        (`media.web_searches`), or for a model that searches as it chooses, the prices file's."""
+        if not rates.searches_on_its_own or media.web_searches:
+            return media.web_searches
+        if rates.web_searches_max is None:
+            raise ModelUnbounded(
+                f"model {model!r} runs web searches as it chooses, and nothing bounds how many: "
+                "send max_tool_calls with the request (Responses), or set web_searches_max for "
+                "it in the prices file", model=model, component="web_search")
+        return rates.web_searches_max
+
+    @staticmethod
+    def _step_tokens(model: str, rates: Rates, media: Media, searches: int, window: int | None,
+                     text_tokens: int, output_tokens: int) -> int:
+        """The most one sampling step of a call that searches may read: the prompt, every
+        search's results and the output so far (where a prices file bounds one search's
+        results), and never more than the model's context window."""
+        bound = None
+        if rates.web_search_result_tokens_max is not None:
+            bound = text_tokens + searches * rates.web_search_result_tokens_max + output_tokens
+        if window is not None:
+            bound = max(text_tokens, window) if bound is None else min(
+                bound, max(text_tokens, window))
         if bound is None:
+            field = media.web_search_field or "the model's searches"
             raise InputUnbounded(
-                f"{media.web_search_field} runs web searches, whose results are input of a size "
-                f"no provider documents: set web_search_result_tokens_max for model {model!r} in "
-                "the prices file to the most one search's results may be billed as",
+                f"{field} runs web searches, whose results are input of a size no provider "
+                f"documents, and no context window is known for model {model!r}: set "
+                "context_window_tokens (or web_search_result_tokens_max, the most one search's "
+                "results may be billed as) for it in the prices file",
                 field=media.web_search_field, model=model)
         return bound
 
@@ -570,10 +642,12 @@ RATE_FIELDS = {
 REQUEST_FIELD = "usd_per_request"
 WEB_SEARCH_FIELD = "usd_per_web_search"
 SEARCHES_PER_CALL_FIELD = "web_searches_per_call"
+SEARCHES_MAX_FIELD = "web_searches_max"
+WINDOW_FIELD = "context_window_tokens"
 TIER_FIELDS = frozenset({*RATE_FIELDS, REQUEST_FIELD, WEB_SEARCH_FIELD})
 MODEL_FIELDS = frozenset({*TIER_FIELDS, "service_tiers", "image_input_tokens_max",
                           "audio_input_tokens_per_s", "web_search_result_tokens_max",
-                          SEARCHES_PER_CALL_FIELD})
+                          SEARCHES_PER_CALL_FIELD, SEARCHES_MAX_FIELD, WINDOW_FIELD})
 
 
 def load_prices_file(path: str) -> tuple[dict[str, Rates], str]:
@@ -636,11 +710,17 @@ def _rates_from_json(name: str, entry: Any) -> Rates:
     values = _rate_values(name, entry, MODEL_FIELDS)
     if "input" not in values:
         raise ValueError(f"{name}.input_usd_per_mtok is required")
-    values["web_searches_per_call"] = _searches_per_call(name)
+    values.update(_search_family(name))
     if SEARCHES_PER_CALL_FIELD in entry:
         values["web_searches_per_call"] = _count(name, SEARCHES_PER_CALL_FIELD,
                                                  entry[SEARCHES_PER_CALL_FIELD], 0,
                                                  WEB_SEARCHES_PER_CALL_MAX)
+    if SEARCHES_MAX_FIELD in entry:
+        values["web_searches_max"] = _count(name, SEARCHES_MAX_FIELD, entry[SEARCHES_MAX_FIELD],
+                                            1, WEB_SEARCHES_PER_CALL_MAX)
+    if WINDOW_FIELD in entry:
+        values["context_window_tokens"] = _count(name, WINDOW_FIELD, entry[WINDOW_FIELD], 1,
+                                                 CONTEXT_WINDOW_TOKENS_MAX)
     tiers_doc = entry.get("service_tiers", {})
     if not isinstance(tiers_doc, dict):
         raise ValueError(f"{name}.service_tiers must be an object of tiers")
@@ -674,8 +754,12 @@ def _rates_from_json(name: str, entry: Any) -> Rates:
                  web_search_result_tokens_max=search_tokens)
 
 
-def _searches_per_call(model: str) -> int:
-    return 1 if model.lower() in WEB_SEARCH_EVERY_CALL_MODELS else 0
+def _search_family(model: str) -> dict[str, Any]:
+    """What a model's family says of its searches (SEARCH_EVERY_CALL_FAMILY,
+    SEARCH_ON_ITS_OWN_FAMILY), as Rates fields."""
+    name = model.lower()
+    return {"web_searches_per_call": 1 if SEARCH_EVERY_CALL_FAMILY.search(name) else 0,
+            "searches_on_its_own": SEARCH_ON_ITS_OWN_FAMILY.search(name) is not None}
 
 
 # -- the bundled table (genai-prices) -------------------------------------------------------------
@@ -838,7 +922,10 @@ def _bundled_rates(model: str, window: int) -> Rates:
         raise ModelUnpriced(
             f"no price for model {model!r}: the price table has no entry of that exact name "
             f"(it resembles {info.id!r}); name it in the prices file", model=model)
-    extra = {"web_searches_per_call": _searches_per_call(model)}
+    extra = _search_family(model)
+    context_window = getattr(info, "context_window", None)
+    extra["context_window_tokens"] = context_window if (
+        type(context_window) is int and context_window > 0) else None
     start = datetime.fromtimestamp(window * BUNDLED_WINDOW_S, UTC)
     instants = (start, start + timedelta(seconds=BUNDLED_WINDOW_S,
                                          milliseconds=RESERVATION_TTL_MS_MAX))

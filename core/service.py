@@ -84,6 +84,10 @@ MODEL_CACHE_MAX = 50_000
 # ledger outage for as long as it lasts (so an outage allowance can be used).
 KEY_CACHE_MAX = 10_000
 KEY_TRUST_MS = 1_000
+# A budget's `clamp` is read again at most this often by an instance (a refused key retrying
+# reads it once), and at most this many budgets' are remembered (paths come from keys).
+CLAMP_CACHE_MS = 10_000
+CLAMP_CACHE_BUDGETS_MAX = 10_000
 
 
 @dataclass(frozen=True)
@@ -240,6 +244,7 @@ class CeilingService:
         self._keys: OrderedDict[str, tuple[int, KeyRecord]] = OrderedDict()
         self._monotonic_ms = monotonic_ms
         self.outage = OutageAllowance()
+        self._clamps: dict[str, tuple[int, bool]] = {}  # budget path -> (until_ms, clamp)
 
     # -- pricing -------------------------------------------------------------------------
 
@@ -389,6 +394,23 @@ class CeilingService:
         legs = await self.store.status(budget_ids, caller.run_limit(), caller.user)
         self.outage.learn(budget_ids, legs)
         return legs
+
+    async def clamps(self, caller: Caller) -> bool:
+        """Whether a budget on the caller's path says its gateway calls are clamped to the room
+        left (BudgetDef.clamp). Read on a refusal only, and remembered for CLAMP_CACHE_MS per
+        budget: a definition changes rarely, and a refused key may retry many times a second."""
+        now_ms = self._monotonic_ms()
+        for budget_id in caller.key.budget_id.lineage:
+            cached = self._clamps.get(budget_id.path)
+            if cached is None or cached[0] <= now_ms:
+                definition = await self.store.get_budget(budget_id)
+                cached = (now_ms + CLAMP_CACHE_MS, definition is not None and definition.clamp)
+                if len(self._clamps) >= CLAMP_CACHE_BUDGETS_MAX:
+                    self._clamps.clear()
+                self._clamps[budget_id.path] = cached
+            if cached[1]:
+                return True
+        return False
 
     # -- keys and budgets (admin) -----------------------------------------------------------
 

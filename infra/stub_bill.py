@@ -24,7 +24,13 @@ class Usage:
     1-hour writes; `output_tokens` holds the reasoning (thinking), audio and rejected-prediction
     tokens (all billed as output). `web_search_requests` counts searches, billed per search;
     `web_search_calls` counts calls billed a search model's per-call fee (0 or 1 a call);
-    `web_plugin_results` counts the web results of OpenRouter's web plugin, billed per result."""
+    `web_plugin_results` counts the web results of OpenRouter's web plugin, billed per result.
+    OpenAI's hosted web search tool on Responses: `web_search_tool_calls` counts its searches
+    billed at the table's per-call fee, `web_search_preview_calls` those billed at the dearer
+    fee of `web_search_preview` on a model that does not reason; `web_search_content_tokens`
+    (part of `input_tokens`) is the search content fed to the model. `referenced_input_tokens`
+    (part of `input_tokens`) is input the body only refers to: a previous response, stored items,
+    reasoning sent back, a conversation, a stored prompt, files and images by id or URL."""
 
     input_tokens: int = 0
     cached_input_tokens: int = 0
@@ -40,6 +46,10 @@ class Usage:
     web_search_requests: int = 0
     web_search_calls: int = 0
     web_plugin_results: int = 0
+    web_search_tool_calls: int = 0
+    web_search_preview_calls: int = 0
+    web_search_content_tokens: int = 0
+    referenced_input_tokens: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -51,6 +61,8 @@ class Usage:
         output_parts = (self.audio_output_tokens + self.reasoning_tokens
                         + self.rejected_prediction_tokens)
         if (input_parts > self.input_tokens or output_parts > self.output_tokens
+                or self.referenced_input_tokens + self.web_search_content_tokens
+                > self.input_tokens
                 or self.cache_write_1h_tokens > self.cache_write_tokens):
             raise ValueError("a part of the usage is larger than its total")
 

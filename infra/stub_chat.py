@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from infra.stub_bill import Usage
-from infra.stub_faults import Fault, pieces, sse
+from infra.stub_faults import Fault, sse
 from infra.stub_openai import (
     Answer,
     Choice,
@@ -55,6 +55,15 @@ class ChatApi(OpenAIApi):
 
     def effort(self, body: dict[str, Any]) -> object:
         return body.get("reasoning_effort")
+
+    def output_schema(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """`response_format`: a json_schema's schema, or any object for json_object."""
+        form = body.get("response_format")
+        if not isinstance(form, dict) or form.get("type") not in ("json_schema", "json_object"):
+            return None
+        spec = form.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        return schema if isinstance(schema, dict) else {"type": "object"}
 
     def output_cap(self, body: dict[str, Any], prices: ModelPrices) -> int:
         if prices.reasoning and body.get("max_tokens") is not None:
@@ -129,8 +138,8 @@ class ChatApi(OpenAIApi):
                 words_sent += len(choice.words)
                 chunk(choice, {"tool_calls": [{"index": 0, **_tool_call(choice.tool_call)}]})
             else:
-                for piece in pieces(choice.words):
-                    words_sent += len(piece.split())
+                for piece, tokens in choice.deltas():
+                    words_sent += tokens
                     chunk(choice, {"content": piece})
             chunk(choice, {}, choice.finish_reason)
         if options.get("include_usage") is True:

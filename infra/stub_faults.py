@@ -85,7 +85,10 @@ class Fault:
 # Each fault's header: X-Stub- and its name in dashes (X-Stub-Fail-Status: fail_status).
 FAULT_HEADERS = {"x-stub-" + f.name.replace("_", "-"): f.name for f in fields(Fault)[:-1]}
 SETTINGS = frozenset({"images", "files", "prompt_cache", "default_service_tier", "upstream_fields",
-                      "answer_padding_bytes", "clock_offset_s", "web_search_result_tokens"})
+                      "answer_padding_bytes", "clock_offset_s", "web_search_result_tokens",
+                      "tool_calls"})
+# The scripted tool calls /control may queue: enough for any agent test, few enough to list whole.
+TOOL_CALLS_MAX = 100
 
 
 def _status(raw: object, what: str) -> int:
@@ -145,6 +148,9 @@ class Settings:
     answer_padding_bytes: int = 0
     web_search_result_tokens: int = WEB_SEARCH_RESULT_TOKENS_DEFAULT
     clock_offset_s: float = 0.0  # added to the clock the prompt caches expire by
+    # Scripted tool calls, a queue of {"name", "input": object}: the next call whose tools
+    # include the first entry's name answers with that call and takes it off the queue.
+    tool_calls: tuple[dict[str, Any], ...] = ()
 
     def updated(self, doc: Mapping[str, Any]) -> Settings:
         """These settings with those `doc` gives, each checked (ValueError)."""
@@ -162,8 +168,33 @@ class Settings:
         offset_s = doc.get("clock_offset_s", self.clock_offset_s)
         if type(offset_s) not in (int, float) or not 0 <= offset_s < math.inf:
             raise ValueError("clock_offset_s is a number of seconds, 0 or more")
+        tool_calls = (self.tool_calls if "tool_calls" not in doc
+                      else scripted_tool_calls(doc["tool_calls"]))
         return Settings(prompt_cache, tier, str(upstream), padding, search_tokens,
-                        float(offset_s))
+                        float(offset_s), tool_calls)
+
+
+def scripted_tool_calls(doc: object) -> tuple[dict[str, Any], ...]:
+    """/control's `tool_calls`: each {"name", "input": object} (Anthropic's shape) or {"name",
+    "arguments": object or its JSON text} (OpenAI's), kept as {"name", "input"}."""
+    if not isinstance(doc, list) or len(doc) > TOOL_CALLS_MAX:
+        raise ValueError(f"tool_calls is a list of at most {TOOL_CALLS_MAX} calls")
+    calls = []
+    for i, call in enumerate(doc):
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call[
+                "name"] or len(set(call) & {"input", "arguments"}) != 1 or set(call) - {
+                "name", "input", "arguments"}:
+            raise ValueError(f'tool_calls[{i}] is {{"name", "input"}} or {{"name", "arguments"}}')
+        given = call.get("input", call.get("arguments"))
+        if isinstance(given, str):
+            try:
+                given = json.loads(given)
+            except ValueError as exc:
+                raise ValueError(f"tool_calls[{i}].arguments is not JSON") from exc
+        if not isinstance(given, dict):
+            raise ValueError(f"tool_calls[{i}]: the input is a JSON object")
+        calls.append({"name": call["name"], "input": given})
+    return tuple(calls)
 
 
 def registry_images(doc: object) -> dict[str, tuple[int, int]]:

@@ -16,6 +16,16 @@ and wire formats; the rules here are the same for both:
   the cached tokens a call wrote, and reports them.
 - Search models: a model with `web_search_usd_per_call` searches before every answer and is
   billed that fee once a call on top of its tokens; the search content is not billed.
+- The context window (`context_window_tokens` in the table): a call whose whole input (the
+  body and everything it refers to) is above it is refused, 400 `context_length_exceeded`,
+  unbilled; with `truncation: "auto"` the oldest input is dropped until it fits, what the body
+  only refers to first, so a call is never billed more input than the window. The hosted web
+  search's content (Responses) is held to what the window leaves.
+- Input the body only refers to (files and images by id or URL here; Responses has more) is
+  billed as input and reported in the bill as `referenced_input_tokens`.
+- Scripted tool calls (/control `tool_calls`): the first queued call whose tool a call offers
+  (a function tool, or a function in a `namespace` tool) is that call's answer, its arguments
+  billed as output text, and leaves the queue; a call offering none of them answers as usual.
 - OpenRouter's fields (`upstream_fields: openrouter`; ignored otherwise): `plugins: [{"id":
   "web", "max_results": N, "engine": "exa"}]` fetches N results (the table's default when
   absent), billed at the table's per-result rate; another plugin or engine is refused.
@@ -40,6 +50,7 @@ from starlette.responses import JSONResponse, Response
 
 from infra.stub_bill import Usage
 from infra.stub_faults import (
+    CHUNK_TOKENS,
     UPSTREAM_OPENROUTER,
     Api,
     ApiError,
@@ -50,6 +61,7 @@ from infra.stub_faults import (
 )
 from infra.stub_prices import TIER_STANDARD, ModelPrices, cost_micros, unpriced
 from infra.stub_tokens import (
+    BYTES_PER_TOKEN,
     TOKENS_PER_MESSAGE,
     TOKENS_PER_REPLY,
     FileRef,
@@ -79,8 +91,8 @@ CACHE_TOKENS_STEP = 128
 CACHE_PREFIXES_MAX = 10_000
 # The share of an answer a reasoning model spends reasoning, by requested effort (the stub's own
 # choice: providers document no share, only that reasoning tokens count as output).
-REASONING_SHARE = {"minimal": Fraction(0), "low": Fraction(1, 4), "medium": Fraction(1, 2),
-                   "high": Fraction(3, 4)}
+REASONING_SHARE = {"none": Fraction(0), "minimal": Fraction(0), "low": Fraction(1, 4),
+                   "medium": Fraction(1, 2), "high": Fraction(3, 4), "xhigh": Fraction(7, 8)}
 REASONING_EFFORT_DEFAULT = "medium"
 # OpenRouter's web plugin engines the stub prices: Exa's results, at the table's rate. "native"
 # search is billed at the model provider's own search price, which the table does not hold.
@@ -102,6 +114,8 @@ class Prompt:
     audio_tokens: int = 0
     file_tokens: int = 0
     prefixes: list[tuple[bytes, int]] = field(default_factory=list)
+    referenced_tokens: int = 0  # of `tokens`: what the body only refers to
+    search_content_tokens: int = 0  # of `tokens`: the hosted web search's content
 
 
 class Counter(Walk):
@@ -111,6 +125,11 @@ class Counter(Walk):
         super().__init__(model, registry)
         self.prompt = Prompt()
         self._cacheable = True
+
+    def refer(self, tokens: int) -> int:
+        """`tokens` the body only refers to (sized from what the stub holds), counted as such."""
+        self.prompt.referenced_tokens += tokens
+        return tokens
 
     def segment(self, source: object, text_bytes: int, media_tokens: int = 0, *,
                 framed: bool = True, audio: bool = False) -> None:
@@ -130,13 +149,15 @@ class Counter(Walk):
             size = len(json.dumps(source, separators=(",", ":"), ensure_ascii=False).encode())
             self.segment(source, size, framed=False)
 
-    def media_segment(self, source: object, text_bytes: int, media: list[int]) -> None:
-        """A message or item: its text, and its [image, audio, file] tokens."""
+    def media_segment(self, source: object, text_bytes: int, media: list[int],
+                      other_tokens: int = 0) -> None:
+        """A message or item: its text, its [image, audio, file] tokens, and `other_tokens`
+        that are none of those (reasoning sent back, a stored item or prompt)."""
         image, audio, files = media
         self.prompt.image_tokens += image
         self.prompt.audio_tokens += audio
         self.prompt.file_tokens += files
-        self.segment(source, text_bytes, image + audio + files, audio=audio > 0)
+        self.segment(source, text_bytes, image + audio + files + other_tokens, audio=audio > 0)
 
     def image(self, where: str, url: object, file_id: object, detail: object) -> int:
         rule = self.model.image
@@ -150,6 +171,7 @@ class Counter(Walk):
             if ref is None or ref.image is None:
                 raise InputError(f"no image file with id {file_id!r}", where)
             size = ref.image
+            return self.refer(image_tokens(rule, size[0], size[1], str(detail)))
         elif isinstance(url, str) and url.startswith("data:"):
             with read_at(where):
                 mime, data = data_url_bytes(url, "the image")
@@ -160,7 +182,7 @@ class Counter(Walk):
             known = self.registry.images.get(url)
             if known is None:
                 raise InputError(f"the image at {url} could not be downloaded", where)
-            size = known
+            return self.refer(image_tokens(rule, known[0], known[1], str(detail)))
         else:
             raise InputError("an image needs a data: or http(s) URL or a file id", where)
         return image_tokens(rule, size[0], size[1], str(detail))
@@ -192,7 +214,7 @@ class Counter(Walk):
             known = self.registry.files.get(given[0])
             if known is None:
                 raise InputError(f"no file {given[0]!r}", where)
-            ref = known
+            return self.refer(self.file_tokens(known, where))
         return self.file_tokens(ref, where)
 
 
@@ -225,10 +247,22 @@ class Choice:
     reasoning_tokens: int
     finish_reason: str  # "stop", "length" or "tool_calls"
     tool_call: tuple[str, str, str] | None = None  # (call id, function name, arguments)
+    tool_namespace: str | None = None  # the namespace tool that holds the function called
+    # What joins the words: a space between words of prose; nothing between the pieces of a
+    # JSON answer, each of which is one token of its text.
+    joiner: str = " "
 
     @property
     def text(self) -> str:
-        return " ".join(self.words)
+        return self.joiner.join(self.words)
+
+    def deltas(self) -> list[tuple[str, int]]:
+        """The text as a stream sends it, in deltas of CHUNK_TOKENS tokens, each with its
+        tokens: joined, they give the text back."""
+        return [(("" if start == 0 else self.joiner)
+                 + self.joiner.join(self.words[start:start + CHUNK_TOKENS]),
+                 len(self.words[start:start + CHUNK_TOKENS]))
+                for start in range(0, len(self.words), CHUNK_TOKENS)]
 
     @property
     def output_tokens(self) -> int:
@@ -247,6 +281,8 @@ class Answer(Decided):
     request: dict[str, Any]  # the body, which Responses echoes
     prompt: Prompt
     prices: ModelPrices  # the requested model's, whose prompt cache the call uses
+    web_searches: int = 0  # hosted web searches run before the answer
+    truncated_tokens: int = 0  # input dropped to fit the context window (`truncation: auto`)
 
 
 def invalid(message: str, param: str | None = None) -> ApiError:
@@ -269,15 +305,101 @@ def _function_name(spec: object) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _forced_tool(body: dict[str, Any]) -> str | None:
+def forced_tool(body: dict[str, Any]) -> str | None:
     """The function a call must answer with: `tool_choice` "required" or a named function."""
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         return _function_name(choice)
-    tools = body.get("tools")
-    if choice == "required" and isinstance(tools, list) and tools:
-        return _function_name(tools[0])
+    if choice == "required":
+        return next(iter(callable_functions(body)), None)
     return None
+
+
+def callable_functions(body: dict[str, Any]) -> dict[str, str | None]:
+    """The functions a call's tools offer, each with the namespace tool holding it (None: a
+    function tool of its own; chat's and Responses' shapes both)."""
+    tools = body.get("tools")
+    found: dict[str, str | None] = {}
+    for tool in tools if isinstance(tools, list) else ():
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            inner = tool.get("tools")
+            for member in inner if isinstance(inner, list) else ():
+                name = _function_name(member)
+                if name is not None and isinstance(tool.get("name"), str):
+                    found.setdefault(name, tool["name"])
+        elif isinstance(tool, dict) and tool.get("type") in ("function", "custom"):
+            name = _function_name(tool)
+            if name is not None:
+                found.setdefault(name, None)
+    return found
+
+
+# A schema nested deeper than this is answered with null there: no real one nests so deep, and
+# a recursive one ($ref to itself) must end. Nor does a document take more values than the
+# second bound, however its arrays multiply (a structured answer is the stub's work, unbilled).
+SCHEMA_DEPTH_MAX = 16
+SCHEMA_VALUES_MAX = 10_000
+# Strings a structured answer gives, by their JSON schema `format`.
+FORMAT_EXAMPLES = {"date-time": "2026-01-01T00:00:00Z", "date": "2026-01-01", "time": "00:00:00",
+                   "email": "stub@example.com", "uri": "https://stub.example/",
+                   "uuid": "00000000-0000-4000-8000-000000000000"}
+
+
+def schema_instance(schema: object, root: object = None, depth: int = 0,
+                    budget: list[int] | None = None) -> Any:
+    """The least document a JSON schema (as structured outputs take them) accepts: every
+    property of an object (strict mode requires them all), the fewest items an array takes,
+    the first of an enum or a union, the smallest number and a short string."""
+    root = schema if root is None else root
+    budget = [SCHEMA_VALUES_MAX] if budget is None else budget
+    budget[0] -= 1
+    if not isinstance(schema, dict) or depth > SCHEMA_DEPTH_MAX or budget[0] < 0:
+        return None
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: Any = root
+        for key in ref[2:].split("/"):
+            target = target.get(key) if isinstance(target, dict) else None
+        return schema_instance(target, root, depth + 1, budget)
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for union in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(union), list) and schema[union]:
+            return schema_instance(schema[union][0], root, depth + 1, budget)
+    kind = schema.get("type", "object" if "properties" in schema else None)
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        properties = schema.get("properties")
+        return {name: schema_instance(sub, root, depth + 1, budget)
+                for name, sub in (properties.items() if isinstance(properties, dict) else ())}
+    if kind == "array":
+        least = schema.get("minItems", 0)
+        least = least if type(least) is int and 0 <= least <= SCHEMA_DEPTH_MAX else 0
+        return [schema_instance(schema.get("items"), root, depth + 1, budget)
+                for _ in range(least)]
+    if kind == "string":
+        least = schema.get("minLength", 0)
+        text = FORMAT_EXAMPLES.get(str(schema.get("format")), "the ceiling holds")
+        return text + "x" * max(0, least - len(text)) if type(least) is int else text
+    if kind in ("integer", "number"):
+        bound = schema.get("minimum", schema.get("exclusiveMinimum"))
+        if not isinstance(bound, int | float) or isinstance(bound, bool):
+            return 0
+        if "minimum" in schema:
+            return math.ceil(bound) if kind == "integer" else bound
+        return math.floor(bound) + 1
+    if kind == "boolean":
+        return False
+    return None
+
+
+def json_tokens(document: Any) -> tuple[str, ...]:
+    """A JSON document's text in pieces of one token each (ASCII, so 4 bytes a token)."""
+    text = json.dumps(document, separators=(",", ":"))
+    return tuple(text[at:at + BYTES_PER_TOKEN] for at in range(0, len(text), BYTES_PER_TOKEN))
 
 
 def _fallback_models(doc: object) -> tuple[str, ...]:
@@ -318,6 +440,10 @@ class OpenAIApi(Api[Answer]):
     def audio_output(self, body: dict[str, Any], prices: ModelPrices) -> bool:
         return False
 
+    def output_schema(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The JSON schema a call's answer must follow ({} for any JSON object), or None."""
+        return None
+
     def rejected_prediction(self, body: dict[str, Any], choices: int) -> int:
         return 0
 
@@ -350,10 +476,14 @@ class OpenAIApi(Api[Answer]):
         fallbacks = _fallback_models(body.get("models")) if openrouter else ()
         try:
             prompt = self.prompt(body, prices)
+            searches, preview = self.web_searches(body, prices, fault)
         except InputError as exc:
             raise invalid(str(exc), exc.param) from exc
-        choices = self._choices(body, prices, request)
+        truncated = self._fit(body, prices, prompt)
+        self._search_content(prices, prompt, searches)
         audio_output = self.audio_output(body, prices)
+        # Last of the checks: a scripted tool call is taken off its queue only by a call served.
+        choices = self._choices(body, prices, request)
         rejected = self.rejected_prediction(body, len(choices))
         cached, written = self._cached(prices, prompt, fault)
         usage = Usage(
@@ -367,6 +497,9 @@ class OpenAIApi(Api[Answer]):
             # A search model searches before every answer: one fee a call, on top of tokens.
             web_search_calls=int(prices.web_search_call_micros is not None),
             web_plugin_results=plugin_results,
+            web_search_tool_calls=searches, web_search_preview_calls=preview,
+            web_search_content_tokens=prompt.search_content_tokens,
+            referenced_input_tokens=prompt.referenced_tokens,
         )
         billed_name, tier, usage, cost = self._dearest(name, prices, tier, usage, fallbacks)
         return Answer(
@@ -375,6 +508,7 @@ class OpenAIApi(Api[Answer]):
             answer_id=self.id_prefix + secrets.token_hex(12), choices=tuple(choices),
             reports_cache_writes=prices.standard.cache_write is not None,
             audio_output=audio_output, request=body, prompt=prompt, prices=prices,
+            web_searches=searches + preview, truncated_tokens=truncated,
         )
 
     def charged(self, decided: Answer, fault: Fault) -> None:
@@ -385,6 +519,47 @@ class OpenAIApi(Api[Answer]):
                     self.cache.move_to_end((decided.prices.name, digest))
             while len(self.cache) > CACHE_PREFIXES_MAX:
                 self.cache.popitem(last=False)
+
+    def web_searches(self, body: dict[str, Any], prices: ModelPrices,
+                     fault: Fault) -> tuple[int, int]:
+        """(searches at the web search fee, searches at the preview fee) a call's hosted tools
+        run: none but on Responses."""
+        return 0, 0
+
+    def _fit(self, body: dict[str, Any], prices: ModelPrices, prompt: Prompt) -> int:
+        """Hold the input to the model's context window: above it, refused as OpenAI refuses
+        it, unless `truncation: "auto"`, which drops the oldest input (what the body only
+        refers to first) until it fits. The tokens dropped."""
+        window = prices.context_window_tokens
+        if window is None or prompt.tokens <= window:
+            return 0
+        if body.get("truncation") != "auto":
+            raise ApiError(400, f"Your input exceeds the context window of this model "
+                           f"({prompt.tokens} tokens, {window} at most). Please adjust your "
+                           "input and try again.", "context_length_exceeded", param="input")
+        dropped = prompt.tokens - window
+        prompt.tokens = window
+        prompt.referenced_tokens = max(0, prompt.referenced_tokens - dropped)
+        # What was dropped is the oldest input: the prefixes the cache holds are gone with it,
+        # and what is left may be media or text alike, so the media counts are held to it too.
+        prompt.prefixes = []
+        prompt.image_tokens = min(prompt.image_tokens, window)
+        prompt.file_tokens = min(prompt.file_tokens, window)
+        prompt.audio_tokens = min(prompt.audio_tokens, window)
+        return dropped
+
+    def _search_content(self, prices: ModelPrices, prompt: Prompt, searches: int) -> None:
+        """The content of `searches` hosted web searches, fed to the model as input: a fixed
+        block a search where the model bills one, else the /control setting
+        `web_search_result_tokens` a search; within the context window what the input left."""
+        if not searches:
+            return
+        per_search = prices.web_search_content_tokens or self.app.settings.web_search_result_tokens
+        content = searches * per_search
+        if prices.context_window_tokens is not None:
+            content = min(content, max(0, prices.context_window_tokens - prompt.tokens))
+        prompt.tokens += content
+        prompt.search_content_tokens += content
 
     def _tier(self, body: dict[str, Any], prices: ModelPrices) -> str:
         asked = body.get("service_tier")
@@ -429,21 +604,55 @@ class OpenAIApi(Api[Answer]):
         forced_reasoning = header_count(request, "X-Stub-Reasoning-Tokens", 0)
         if forced_reasoning and not prices.reasoning:
             raise invalid(f"{prices.name} is not a reasoning model")
-        tool = _forced_tool(body)
+        tool = forced_tool(body)
+        schema = self.output_schema(body) if tool is None else None
+        script = self._scripted(body) if count == 1 else None
         choices = []
+        if script is not None:
+            total = forced or self.app.draw_output_tokens()
+            reasoning = min(cap, forced_reasoning if forced_reasoning is not None
+                            else math.floor(total * share))
+            name, arguments, namespace = script
+            # The call's arguments are its visible output, whatever the cap.
+            visible = words(text_tokens(len(arguments.encode())))
+            return [Choice(0, visible, reasoning, "tool_calls",
+                           ("call_" + secrets.token_hex(8), name, arguments), namespace)]
         for index in range(count):
             total = min(cap, forced or self.app.draw_output_tokens())
             reasoning = (min(total, forced_reasoning) if forced_reasoning is not None
                          else math.floor(total * share))
             visible = words(total - reasoning)
             finish = "length" if total == cap else "stop"
+            if schema is not None:
+                # A structured answer is the schema's least document, cut off at the cap.
+                document = json_tokens(schema_instance(schema))
+                visible = document[:cap - reasoning]
+                finish = "length" if len(visible) < len(document) else "stop"
+                choices.append(Choice(index, visible, reasoning, finish, joiner=""))
+                continue
             tool_call = None
             if tool is not None:
                 tool_call = ("call_" + secrets.token_hex(8), tool,
                              json.dumps({"text": " ".join(visible)}))
                 finish = "length" if total == cap else "tool_calls"
-            choices.append(Choice(index, visible, reasoning, finish, tool_call))
+            choices.append(Choice(index, visible, reasoning, finish, tool_call,
+                                  callable_functions(body).get(tool) if tool else None))
         return choices
+
+    def _scripted(self, body: dict[str, Any]) -> tuple[str, str, str | None] | None:
+        """The first call /control queued (`tool_calls`, infra.stub_faults) whose tool this call
+        offers, taken off the queue: its name, its arguments' JSON text and the namespace
+        holding it. None with `tool_choice: "none"`."""
+        if body.get("tool_choice") == "none":
+            return None
+        offered = callable_functions(body)
+        queue = list(self.app.settings.tool_calls)
+        for call in queue:
+            if call["name"] in offered:
+                queue.remove(call)
+                self.app.settings = replace(self.app.settings, tool_calls=tuple(queue))
+                return call["name"], json.dumps(call["input"]), offered[call["name"]]
+        return None
 
     def _cached(self, prices: ModelPrices, prompt: Prompt, fault: Fault) -> tuple[int, int]:
         """(cached tokens read, tokens written) for this prompt."""
@@ -492,7 +701,9 @@ class OpenAIApi(Api[Answer]):
         (a fallback may serve any call, so the witness bills the worst). Ties keep the
         earlier."""
         openrouter = self.app.prices.openrouter
-        best = (name, tier, usage, cost_micros(prices, tier, usage, openrouter=openrouter))
+        tools = self.app.prices.openai_tools
+        best = (name, tier, usage, cost_micros(prices, tier, usage, openrouter=openrouter,
+                                               openai_tools=tools))
         for other_name in fallbacks:
             other = self.app.prices.model(other_name)
             if other is None:
@@ -501,9 +712,11 @@ class OpenAIApi(Api[Answer]):
             # A search model searches on whichever call it serves; another model never does.
             other_usage = replace(
                 usage, web_search_calls=int(other.web_search_call_micros is not None))
-            if unpriced(other, other_tier, other_usage, openrouter=openrouter) is not None:
+            if unpriced(other, other_tier, other_usage, openrouter=openrouter,
+                        openai_tools=tools) is not None:
                 continue
-            micros = cost_micros(other, other_tier, other_usage, openrouter=openrouter)
+            micros = cost_micros(other, other_tier, other_usage, openrouter=openrouter,
+                                 openai_tools=tools)
             if micros > best[3]:
                 best = (other_name, other_tier, other_usage, micros)
         return best

@@ -41,12 +41,26 @@ exactly micro-dollars per token):
                                                             there); a model without it is served
                                                             by the OpenAI routes only
     aliases: ["dated-snapshot-name", ...]                   other names of the same model
+    context_window_tokens: N                                OpenAI: the most input a call may
+                                                            hold; more is refused (400
+                                                            context_length_exceeded) unless
+                                                            truncated; none: no limit
+    web_search_content_tokens: N                            OpenAI: the web search tool bills
+                                                            this fixed block of input a search
+                                                            instead of the content's own tokens
 
 Besides "models", a table may give "openrouter", the fees OpenRouter adds to a model's (billed
 when the stub serves OpenRouter's fields, infra/stub_openai.py); a caller's replaces the default:
     web_plugin_usd_per_1k_results                           the web plugin's fee per 1,000 results
     web_plugin_results_default                              results a web plugin without
                                                             `max_results` fetches
+
+and "openai_tools", the fees of OpenAI's hosted tools on Responses (the default table's unless a
+caller's gives its own):
+    web_search_usd_per_1k_calls                             `web_search`, and `web_search_preview`
+                                                            on a reasoning model
+    web_search_preview_usd_per_1k_calls                     `web_search_preview` on a model that
+                                                            does not reason
 
 A call's cost is the exact sum of its parts, rounded up once to whole micro-dollars.
 """
@@ -89,7 +103,10 @@ RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cached_input_usd_pe
                "audio_input_usd_per_mtok", "audio_output_usd_per_mtok")
 MODEL_FIELDS = frozenset({*RATE_FIELDS, "request_usd", "service_tiers", "reasoning", "image",
                           "audio_input_tokens_per_s", "web_search_usd_per_1k",
-                          "web_search_usd_per_call", "long_context", "anthropic", "aliases"})
+                          "web_search_usd_per_call", "long_context", "anthropic", "aliases",
+                          "context_window_tokens", "web_search_content_tokens"})
+OPENAI_TOOLS_FIELDS = frozenset({"web_search_usd_per_1k_calls",
+                                 "web_search_preview_usd_per_1k_calls"})
 OPENROUTER_FIELDS = frozenset({"web_plugin_usd_per_1k_results", "web_plugin_results_default"})
 MESSAGES_FIELDS = frozenset({"context_window_tokens", "output_tokens_max", "cache_tokens_min",
                              "tool_prompt_tokens", "keeps_thinking"})
@@ -180,6 +197,8 @@ class ModelPrices:
     web_search_call_micros: Fraction | None = None  # a search model's fee per call
     long_context: LongContext | None = None
     messages: MessagesModel | None = None  # None: not an Anthropic model
+    context_window_tokens: int | None = None  # OpenAI's input limit; None: none
+    web_search_content_tokens: int | None = None  # a fixed block a search, instead of its own
 
     def rates(self, tier: str) -> TierRates:
         if tier == TIER_STANDARD:
@@ -197,14 +216,25 @@ class OpenRouterPrices:
     web_results_default: int
 
 
+@dataclass(frozen=True)
+class OpenAITools:
+    """The fees of OpenAI's hosted tools on Responses, per call."""
+
+    web_search_call_micros: Fraction
+    web_search_preview_call_micros: Fraction  # `web_search_preview` on a non-reasoning model
+
+
 class StubPrices:
     """Model prices by name (case-insensitive); a model not in the table is not served.
-    `openrouter`: OpenRouter's own fees, None when no table gives them."""
+    `openrouter`: OpenRouter's own fees, None when no table gives them; `openai_tools`: the fees
+    of OpenAI's hosted tools, None when no table gives them (the tools are then refused)."""
 
     def __init__(self, models: Mapping[str, ModelPrices],
-                 openrouter: OpenRouterPrices | None = None) -> None:
+                 openrouter: OpenRouterPrices | None = None,
+                 openai_tools: OpenAITools | None = None) -> None:
         self._models = {name.lower(): prices for name, prices in models.items()}
         self.openrouter = openrouter
+        self.openai_tools = openai_tools
 
     @classmethod
     def load(cls, table: str | Path | Mapping[str, Any] | None = None) -> StubPrices:
@@ -212,20 +242,24 @@ class StubPrices:
         default = json.loads(DEFAULT_TABLE_PATH.read_text())
         models = _models_from_json(default)
         openrouter = _openrouter(default.get("openrouter"))
+        tools = _openai_tools(default.get("openai_tools"))
         if table is not None:
             doc = table if isinstance(table, Mapping) else json.loads(Path(table).read_text())
             models |= _models_from_json(doc)
             openrouter = _openrouter(doc.get("openrouter")) or openrouter
-        return cls(models, openrouter)
+            tools = _openai_tools(doc.get("openai_tools")) or tools
+        return cls(models, openrouter, tools)
 
     def model(self, name: str) -> ModelPrices | None:
         return self._models.get(name.lower())
 
 
 def cost_micros(prices: ModelPrices, tier: str, usage: Usage, *,
-                openrouter: OpenRouterPrices | None = None) -> int:
+                openrouter: OpenRouterPrices | None = None,
+                openai_tools: OpenAITools | None = None) -> int:
     """What a call with `usage` costs at `tier`, rounded up once to whole micro-dollars;
-    `openrouter` prices the usage OpenRouter adds (its web plugin's results)."""
+    `openrouter` prices the usage OpenRouter adds (its web plugin's results), `openai_tools`
+    the searches of OpenAI's hosted web search tool."""
     rates = prices.rates(tier)
     write_rate = rates.input if rates.cache_write is None else rates.cache_write
     exact = (usage.text_input_tokens * rates.input
@@ -233,7 +267,7 @@ def cost_micros(prices: ModelPrices, tier: str, usage: Usage, *,
              + (usage.cache_write_tokens - usage.cache_write_1h_tokens) * write_rate
              + usage.text_output_tokens * rates.output
              + prices.request_micros)
-    for count, rate, what in _optional_parts(prices, tier, usage, openrouter):
+    for count, rate, what in _optional_parts(prices, tier, usage, openrouter, openai_tools):
         if count:
             if rate is None:  # the counting refuses what a model has no rate for before serving
                 raise ValueError(f"{prices.name} has no {what} rate")
@@ -242,18 +276,27 @@ def cost_micros(prices: ModelPrices, tier: str, usage: Usage, *,
 
 
 def unpriced(prices: ModelPrices, tier: str, usage: Usage, *,
-             openrouter: OpenRouterPrices | None = None) -> str | None:
+             openrouter: OpenRouterPrices | None = None,
+             openai_tools: OpenAITools | None = None) -> str | None:
     """The part of `usage` the model has no rate for at `tier` (None: it prices all of it)."""
-    return next((what for count, rate, what in _optional_parts(prices, tier, usage, openrouter)
+    return next((what for count, rate, what
+                 in _optional_parts(prices, tier, usage, openrouter, openai_tools)
                  if count and rate is None), None)
 
 
 def _optional_parts(
-    prices: ModelPrices, tier: str, usage: Usage, openrouter: OpenRouterPrices | None
+    prices: ModelPrices, tier: str, usage: Usage, openrouter: OpenRouterPrices | None,
+    openai_tools: OpenAITools | None = None,
 ) -> tuple[tuple[int, Fraction | None, str], ...]:
     """(count, rate, what) of each part of a call that not every model prices."""
     rates = prices.rates(tier)
+    tools = openai_tools
     return (
+        (usage.web_search_tool_calls, None if tools is None else tools.web_search_call_micros,
+         "web search tool call"),
+        (usage.web_search_preview_calls,
+         None if tools is None else tools.web_search_preview_call_micros,
+         "web search preview call"),
         (usage.audio_input_tokens, rates.audio_input, "audio input"),
         (usage.audio_output_tokens, rates.audio_output, "audio output"),
         (usage.cache_write_1h_tokens, rates.cache_write_1h, "1-hour cache write"),
@@ -407,6 +450,12 @@ def _model(name: str, entry: object) -> ModelPrices:
             * MICROS_PER_USD if "web_search_usd_per_call" in entry else None),
         long_context=_long_context(name, entry.get("long_context")),
         messages=messages,
+        context_window_tokens=(_positive(name, "context_window_tokens",
+                                         entry["context_window_tokens"])
+                               if "context_window_tokens" in entry else None),
+        web_search_content_tokens=(_positive(name, "web_search_content_tokens",
+                                             entry["web_search_content_tokens"])
+                                   if "web_search_content_tokens" in entry else None),
     )
 
 
@@ -425,6 +474,16 @@ def _models_from_json(doc: object) -> dict[str, ModelPrices]:
                 raise ValueError(f"the model name {key!r} is given twice")
             models[key.lower()] = model
     return models
+
+
+def _openai_tools(doc: object) -> OpenAITools | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping) or set(doc) != OPENAI_TOOLS_FIELDS:
+        raise ValueError(f"openai_tools must have exactly {sorted(OPENAI_TOOLS_FIELDS)}")
+    return OpenAITools(*(_rate("openai_tools", key, doc[key]) * MICROS_PER_USD / 1_000
+                         for key in ("web_search_usd_per_1k_calls",
+                                     "web_search_preview_usd_per_1k_calls")))
 
 
 def _openrouter(doc: object) -> OpenRouterPrices | None:

@@ -15,6 +15,8 @@ route. Each API is a module (infra/stub_chat.py, stub_responses.py, stub_message
 OpenAI's two share is stub_openai.py) on a shared core: the price table (stub_prices.py), token
 counting (stub_tokens.py), the bill (stub_bill.py), faults and control (stub_faults.py).
   POST /v1/chat/completions, /v1/responses, /v1/messages, /v1/messages/count_tokens
+  POST /v1/conversations, GET /v1/conversations/{id}, POST /v1/conversations/{id}/items
+                              OpenAI's conversations, read by a response that names one
   GET  /billing               the bill: tallies in total and per model, and a `log` of the most
                               recent requests (`?log=0` leaves the log out).
   POST /billing/reset         start a new bill (and empty the prompt caches and stored responses).
@@ -33,6 +35,10 @@ whether or not the client is still there to read it. A call the stub refuses (ba
 unknown model, wrong key, a fault that fails before serving) is not billed. Every request is
 counted in `requests` and logged all the same.
 
+OpenAI's stored prompts are registered by POST /control `prompts` {prompt id: {"tokens": N}}
+(infra/stub_responses.py); `tool_calls` (below) script the OpenAI routes' tool calls too: the
+first queued call whose function a call offers, in a namespace tool or not, is its answer.
+
 Faults, per call by header, or for the next `calls` calls (all, when absent) by POST /control:
   X-Stub-Fail-Status: S          fail_status: S           answer S (400-599), bill nothing
   X-Stub-Hang: 1                 hang: true               never answer, bill nothing
@@ -44,7 +50,9 @@ Faults, per call by header, or for the next `calls` calls (all, when absent) by 
   X-Stub-Continuous-Usage: 1     continuous_usage: true   every chat chunk carries the usage so
                                                           far (vLLM's continuous_usage_stats)
   X-Stub-Cached-Tokens: N        cached_tokens: N         report and bill N prompt tokens cached
-  X-Stub-Web-Searches: N         web_searches: N          Anthropic's web search tool runs N
+  X-Stub-Web-Searches: N         web_searches: N          Anthropic's web search tool runs N;
+                                                          OpenAI's hosted web_search N (at
+                                                          most the call's max_tool_calls)
 Per call only: `X-Stub-Output-Tokens: N` answers exactly min(N, cap) tokens a choice;
 `X-Stub-Reasoning-Tokens: N` makes N of them reasoning; `X-Stub-Tool-Call: 1` (Messages) calls
 the first client tool. Headers win over /control, whose fault set each POST replaces (`{}`
@@ -106,7 +114,8 @@ from infra.stub_faults import (
 )
 from infra.stub_messages import MessagesApi
 from infra.stub_prices import StubPrices
-from infra.stub_responses import ResponsesApi
+from infra.stub_responses import CONTROL_FIELDS as RESPONSES_CONTROL_FIELDS
+from infra.stub_responses import ResponsesApi, registry_prompts
 from infra.stub_tokens import Registry
 
 __all__ = ["Bill", "CallRecord", "StubProvider", "StubProviderApp", "StubProviderProcess",
@@ -168,6 +177,8 @@ class StubProviderApp:
             Route("/v1/responses", partial(self.serve, self.responses), methods=["POST"]),
             Route("/v1/messages", partial(self.serve, self.messages), methods=["POST"]),
             Route("/v1/messages/count_tokens", self.messages.count_tokens, methods=["POST"]),
+            *(Route(path, endpoint, methods=methods)
+              for path, endpoint, methods in self.responses.routes_conversations()),
             Route("/billing", self.get_billing, methods=["GET"]),
             Route("/billing/reset", self.reset_billing, methods=["POST"]),
             Route("/control", self.control, methods=["GET", "POST"]),
@@ -193,12 +204,14 @@ class StubProviderApp:
                 doc = await request.json()
                 if not isinstance(doc, dict):
                     raise ValueError("the control body is an object")
-                unknown = set(doc) - SETTINGS - {*FAULT_HEADERS.values(), "calls"}
+                unknown = (set(doc) - SETTINGS - RESPONSES_CONTROL_FIELDS
+                           - {*FAULT_HEADERS.values(), "calls"})
                 if unknown:
                     raise ValueError(f"unknown control fields {sorted(unknown)}")
                 fault = fault_from({k: v for k, v in doc.items() if k not in SETTINGS})
                 images = registry_images(doc["images"]) if "images" in doc else None
                 files = registry_files(doc["files"]) if "files" in doc else None
+                prompts = registry_prompts(doc["prompts"]) if "prompts" in doc else None
                 settings = self.settings.updated(doc)
             except (ValueError, TypeError) as exc:
                 return self.chat.error(ApiError(400, f"control body: {exc}"), {})
@@ -206,9 +219,11 @@ class StubProviderApp:
             self.fault, self.settings = fault, settings
             self.registry.images = self.registry.images if images is None else images
             self.registry.files = self.registry.files if files is None else files
+            self.registry.prompts = self.registry.prompts if prompts is None else prompts
         return JSONResponse({**self.fault.to_json(), **vars(self.settings),
                              "images": {u: list(s) for u, s in self.registry.images.items()},
-                             "files": sorted(self.registry.files)})
+                             "files": sorted(self.registry.files),
+                             "prompts": dict(self.registry.prompts)})
 
     async def live(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})

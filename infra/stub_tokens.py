@@ -13,9 +13,9 @@ audio and files, read from the media themselves.
   over four plus, for a PDF, each page as an image of a letter page (both put the text and an
   image of every page in context: https://developers.openai.com/api/docs/guides/pdf-files,
   https://platform.claude.com/docs/en/build-with-claude/pdf-support).
-- What the stub cannot fetch (an http(s) image, a file id or URL, a stored item) is sized from
-  the Registry that POST /control fills; an unknown one is refused, as a provider refuses what
-  it cannot download.
+- What the stub cannot fetch (an http(s) image, a file id or URL, a stored item, a stored
+  prompt) is sized from the Registry that POST /control fills; an unknown one is refused, as a
+  provider refuses what it cannot download.
 
 Every refusal is an InputError (400, not billed), raised before anything is served.
 """
@@ -81,10 +81,12 @@ class FileRef:
 
 @dataclass
 class Registry:
-    """What the stub knows of content it cannot fetch: images by URL, files by id or URL."""
+    """What the stub knows of content it cannot fetch: images by URL, files by id or URL, and
+    OpenAI's stored prompts by id (their tokens)."""
 
     images: dict[str, tuple[int, int]] = field(default_factory=dict)
     files: dict[str, FileRef] = field(default_factory=dict)
+    prompts: dict[str, int] = field(default_factory=dict)
 
 
 def text_tokens(text_bytes: int) -> int:

@@ -2,7 +2,8 @@
 --
 -- KEYS[1] meta hash   KEYS[2] definition hash 'sc:{TAG}:def:<budget_id>'
 -- ARGV: ledger_id, timezone, outage_allowance_micros, then (period, ceiling_micros) pairs, then
---   ('rate', wire.py rate_field) and ('per_user', wire.py per_user_field) when given
+--   ('rate', wire.py rate_field) and ('per_user', wire.py per_user_field) when given, and
+--   ('clamp', '1') for a budget whose gateway calls are clamped to its room
 -- Returns {'ok'} or {'ledger_reset'}.
 -- Why: the first budget of a tag stamps the tag with the ledger id, which every other script
 -- checks. A tag stamped with another id belongs to a ledger this instance does not know. The
@@ -26,6 +27,10 @@ while ARGV[i] do
     fields[#fields + 1] = istr(int(ARGV[i + 1], 'ceiling_micros'))
     limits = limits + 1
     extended = extended or ARGV[i] == 'week'
+  elseif ARGV[i] == 'clamp' and ARGV[i + 1] == '1' then
+    -- Read by the gateway on a refusal only; a script that does not know it loses nothing.
+    fields[#fields + 1] = 'clamp'
+    fields[#fields + 1] = '1'
   elseif shape and string.find(ARGV[i + 1], shape) then
     fields[#fields + 1] = ARGV[i]
     fields[#fields + 1] = ARGV[i + 1]

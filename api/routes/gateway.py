@@ -15,7 +15,11 @@ theirs: `x-api-key` on /v1/messages). Refusals come in the route's format's erro
   x-ceiling-remaining-micros       the tightest budget on the key's path, after this call
   x-ceiling-run-remaining-micros   the run's budget, with X-Ceiling-Run-Id
   x-ceiling-billing-outcome        billed | estimated | unknown | released (core.gateway.Outcome)
-  x-ceiling-clamped-output-tokens  the output cap sent, when X-Ceiling-Clamp: 1 lowered it
+  x-ceiling-clamped-output-tokens  the output cap sent, when X-Ceiling-Clamp: 1 (or the budget's
+                                   `clamp`) lowered it
+  x-ceiling-bounds-added           the bounds the gateway set where the request gave none, as
+                                   `field=value, ...` (the output cap; max_tool_calls or a web
+                                   search tool's max_uses)
 
 A stream's headers leave before its charge is known: they carry the reservation id, the amount
 reserved and the remaining budgets with the hold in place; the charge, the remaining budgets
@@ -84,7 +88,7 @@ async def serve(request: Request, wire: WireFormat) -> Response:
                     if k in forwarded) if forwarded else ()
     call_plan = (
         gateway.plan(wire.api, await request.body(), config.output_tokens_default, headers,
-                     config.gateway_fields_allowed)
+                     config.gateway_fields_allowed, config.gateway_betas_allowed)
         if config else gateway.plan(wire.api, await request.body(), headers=headers)
     )
     # The body's user field is checked whether or not the header names the user; the header
@@ -130,6 +134,9 @@ def bill_headers(bill: Bill, call: Call, *, final: bool = True) -> dict[str, str
         headers["x-ceiling-user-remaining-micros"] = str(bill.user_remaining_micros)
     if call.hold.clamped:
         headers["x-ceiling-clamped-output-tokens"] = str(call.hold.plan.output_tokens_max)
+    if call.hold.plan.bounds_added:
+        headers["x-ceiling-bounds-added"] = ", ".join(
+            f"{field}={value}" for field, value in call.hold.plan.bounds_added)
     if final and bill.outcome is Outcome.UNKNOWN:
         headers["x-should-retry"] = "false"  # a blind retry could pay for the call twice
     return headers
@@ -342,6 +349,27 @@ def broken_off_event(wire: WireFormat, bill: Bill) -> bytes:
         "corrects it from the provider's bill"))
 
 
+async def count(request: Request, wire: WireFormat) -> Response:
+    """A token count (POST /v1/messages/count_tokens): checked as a call's body and headers are,
+    admitted against the key's rate and concurrency limits, forwarded; nothing is held for it,
+    as the provider bills nothing."""
+    svc, who = await authenticated(request, Role.GATEWAY, x_api_key=wire.key_header is not None)
+    config = runtime().config
+    headers = tuple((k, v) for k, v in request.headers.items() if k in wire.forwarded_headers)
+    content = gateway.count_request(
+        wire.api, await request.body(), headers,
+        config.gateway_fields_allowed if config else frozenset(),
+        config.gateway_betas_allowed if config else frozenset())
+    up = upstream(wire)
+    await gateway.admit_count(svc, who)
+    try:
+        status, relayed, body = await up.count(wire.api, content, headers)
+    except Unanswered as exc:
+        raise UpstreamUnreachable(f"the provider did not answer the token count ({exc}); "
+                                  "nothing was held or billed") from exc
+    return Response(body, status_code=status, headers=relayed)
+
+
 def route(wire: WireFormat) -> HotRoute:
     """`wire`'s hot route (api/routing.py), its refusals in its shape."""
     # authenticated() (api/routes/sidecar.py) knows one key header besides Authorization.
@@ -351,5 +379,18 @@ def route(wire: WireFormat) -> HotRoute:
                         middleware=(refusals_in(wire),))
 
 
-# The hot routes of this module: one per wire format.
-ROUTES = tuple(route(wire) for wire in FORMATS.values())
+def count_route(wire: WireFormat) -> HotRoute:
+    """`wire`'s token counting route, its refusals in its shape."""
+    ensure(wire.count_route is not None, f"{wire.api} has no token counting route")
+
+    async def endpoint(request: Request) -> Response:
+        return await count(request, wire)
+
+    endpoint.__name__ = endpoint.__qualname__ = f"{wire.name}_count_tokens"
+    return HotRoute(str(wire.count_route), endpoint, body=BODIES.get(wire.api),
+                    headers=wire.headers, middleware=(refusals_in(wire),))
+
+
+# The hot routes of this module: one per wire format, and one per token counting endpoint.
+ROUTES = (*(route(wire) for wire in FORMATS.values()),
+          *(count_route(wire) for wire in FORMATS.values() if wire.count_route))

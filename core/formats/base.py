@@ -21,7 +21,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from core.budgets import check_user
+from core.budgets import user_of_value
 from core.config import Config
 from core.content import NO_MEDIA, InputBound, Media, json_bytes
 from core.errors import CeilingError, FieldUnsupported, InvalidRequest, InvariantBroken
@@ -35,6 +35,8 @@ _BODY_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 # A JSON Schema, as the OpenAPI document takes it.
 Schema = dict[str, Any]
+# Bounds the gateway set on a call that gave none: (field, value), in the order set.
+Bounds = tuple[tuple[str, int], ...]
 
 
 class Api(StrEnum):
@@ -95,6 +97,10 @@ class WireFormat(ABC):
     unbounded_input_fields: tuple[str, ...] = ()
     # The client's request headers forwarded to the provider with the body.
     forwarded_headers: tuple[str, ...] = ()
+    # Its token counting endpoint, if the API has one the provider bills nothing for: the path
+    # below the provider's base URL, and the gateway's route for it (api/routes/gateway.py).
+    count_path: str | None = None
+    count_route: str | None = None
     # The header its clients send their key in when they send no Authorization, if any.
     key_header: str | None = None
     # What the route accepts in each header of its own (key_header, forwarded_headers).
@@ -130,30 +136,43 @@ class WireFormat(ABC):
                     "may change the call's rates or feed the model input the request does not "
                     "contain), so nothing was forwarded or reserved", field=field)
 
+    def count_checked(self, body: dict[str, Any], headers: tuple[tuple[str, str], ...],
+                      betas_allowed: frozenset[str]) -> None:
+        """Check a token counting request's headers as plan() would a call's (its fields are
+        checked by check_fields): nothing is held for it, but what it forwards is named. A
+        format that forwards no headers of its own has nothing more to check."""
+        del body, headers, betas_allowed
+
     @abstractmethod
     def plan(self, body: dict[str, Any], model: str, headers: tuple[tuple[str, str], ...],
-             output_tokens_default: int) -> Plan:
+             output_tokens_default: int, betas_allowed: frozenset[str] = frozenset()) -> Plan:
         """Price a request whose fields and model were checked (core/gateway.py plan)."""
 
     # Where a request names its end user, in the order read: field paths in the body.
     user_fields: tuple[tuple[str, ...], ...] = ()
 
     def end_user(self, body: dict[str, Any]) -> str | None:
-        """The end user the request names in its body (core/budgets.py check_user), or None:
-        the first of user_fields given; each one given is checked, as all are forwarded."""
-        found = None
+        """The end user the request names in its body, or None: the first of user_fields given.
+        A value that is not an id names the user by its digest (core/budgets.py user_of_value):
+        the providers take any string there, and clients send what they like."""
         for path in self.user_fields:
             value: Any = body
             for name in path:
                 value = value.get(name) if isinstance(value, dict) else None
             if value is not None:
-                try:
-                    user = check_user(value)
-                except InvalidRequest as exc:
-                    field = ".".join(path)
-                    raise InvalidRequest(f"{field}: {exc.message}", field=field) from exc
-                found = found or user
-        return found
+                return user_of_value(value)
+        return None
+
+    def cap_added(self, body: dict[str, Any], output_tokens_default: int) -> Bounds:
+        """The output cap the gateway sets (output_cap) on a call that gives none."""
+        if any(body.get(f) is not None for f in self.cap_fields):
+            return ()
+        return ((self.cap_fields[-1], output_tokens_default),)
+
+    def answer_usage(self, doc: dict[str, Any]) -> Usage | None:
+        """The usage a complete answer (a non-streamed body, or the final response a stream
+        carries) reports."""
+        return self.usage_of(doc.get("usage"), doc.get("service_tier"))
 
     def output_cap(self, body: dict[str, Any], output_tokens_default: int) -> int:
         """The call's output cap, as given; else `output_tokens_default`, set in the body."""
@@ -217,6 +236,7 @@ class Plan:
     service_tier: str = TIER_AUTO  # as asked for; a request that names none is `auto`
     headers: tuple[tuple[str, str], ...] = ()  # the client's headers forwarded with the body
     long_context: bool = False  # priced at long-context rates (a Messages beta opened them)
+    bounds_added: Bounds = ()  # what the gateway set where the client gave no bound
 
     @property
     def api(self) -> Api:

@@ -17,6 +17,7 @@ from core.content import messages_input
 from core.errors import CeilingError, InputUnbounded, InvalidRequest
 from core.formats.base import (
     Api,
+    Bounds,
     Plan,
     Provider,
     Schema,
@@ -32,29 +33,57 @@ from core.prices import TIER_AUTO, TIER_DEFAULT, Usage, check_service_tier
 ANTHROPIC = Provider(Upstream.ANTHROPIC, "CEILING_ANTHROPIC_URL", "https://api.anthropic.com",
                      lambda config: config.anthropic_url, lambda config: config.anthropic_api_key,
                      ("x-api-key", ""), ("anthropic-ratelimit-",))
-# The top-level fields whose cost the gateway knows. Any other is refused by name: fast mode's
-# `speed` and `inference_geo` bill other rates; `container`, `mcp_servers` and
-# `context_management` feed the model input (or run compaction) the request does not contain;
-# and a field added after this list may do either.
+# The top-level fields whose cost the gateway knows: those the worst case reads, those that
+# change nothing it leaves out (sampling, stop sequences, metadata, effort, which spends within
+# max_tokens), and those it holds at a bound (output_config's and output_format's schema by its
+# bytes plus a system prompt, context_management below). Any other is refused by name: fast
+# mode's `speed` and `inference_geo` bill other rates; `container` and `mcp_servers` run code
+# or remote tools nothing in the request bounds; and a field added after this list may do
+# either.
 MESSAGES_FIELDS = frozenset({
     "model", "messages", "max_tokens", "system", "metadata", "stop_sequences", "stream",
     "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking", "service_tier",
-    "cache_control",
+    "cache_control", "output_config", "output_format", "context_management",
 })
-# anthropic-beta flags that change nothing the worst case leaves out: interleaved thinking (the
-# output is still capped by max_tokens), how tool input streams, fewer tokens for tool calls, a
-# higher max_tokens (which is held), 1-hour cache writes (every input token is held at the
-# dearest input rate, a 1-hour write's included), prompt caching's early flag, and the Files
-# API's (an image by file id is held at the per-image bound; a document by file id is refused).
-# Any other is refused: a beta can change the rates (fast mode) or what the model reads.
+# anthropic-beta flags that change nothing the worst case leaves out. A beta only opens a
+# feature; what the feature bills is in the body, which is checked by its own allow-lists (the
+# fields above, tool types, content blocks). So these are known to bill nothing beyond what is
+# held: interleaved thinking (the output is still capped by max_tokens), how tool input streams,
+# fewer tokens for tool calls, a higher max_tokens (which is held), 1-hour cache writes (every
+# input token is held at the dearest input rate, a 1-hour write's included), prompt caching's
+# flags, the Files API (a file is held at the context window), Claude Code's identification,
+# context management and compaction (held as context_management says), effort, structured
+# outputs, advanced tool use (deferred tools are definitions the body carries; tool search and
+# programmatic calls are tools, checked by type), PDFs and citations (held at the window),
+# search result blocks, token counting, the stop reason for a full window, Claude Code's
+# per-turn settings and tool changes (messages and definitions the body carries), and a count
+# of thinking tokens in the usage. The 1M-token
+# context is priced at its long-context rates (CONTEXT_1M_BETA). Any other beta is refused
+# unless the operator names it (CEILING_GATEWAY_BETAS_ALLOWED): a beta can change the rates (fast
+# mode) or what the model reads.
 MESSAGES_BETAS = frozenset({
     "interleaved-thinking-2025-05-14", "fine-grained-tool-streaming-2025-05-14",
     "token-efficient-tools-2025-02-19", "output-128k-2025-02-19",
     "extended-cache-ttl-2025-04-11", "prompt-caching-2024-07-31", "files-api-2025-04-14",
+    "claude-code-20250219", "context-management-2025-06-27", "compact-2026-01-12",
+    "effort-2025-11-24", "structured-outputs-2025-11-13", "advanced-tool-use-2025-11-20",
+    "tool-examples-2025-10-29", "pdfs-2024-09-25", "search-results-2025-06-09",
+    "token-counting-2024-11-01", "model-context-window-exceeded-2025-08-26",
+    "prompt-caching-scope-2026-01-05", "per-turn-control-2026-07-01",
+    "mid-conversation-tool-changes-2026-07-01", "thinking-token-count-2026-05-13",
 })
+# Context management edits that only clear content from the input (tool results, tool inputs,
+# earlier thinking): the body's bound holds. Compaction summarizes the context in a step of its
+# own: held at the context window twice and the output cap twice (core/prices.py).
+CONTEXT_EDITS_CLEARING = frozenset({"clear_tool_uses_20250919", "clear_thinking_20251015"})
+CONTEXT_EDITS_COMPACTING = frozenset({"compact_20260112"})
+# The max_uses the gateway sets on a web search tool that gives none: each use held is a fee and
+# a context window of input more (core/prices.py).
+WEB_SEARCH_MAX_USES_DEFAULT = 5
 # Opens a model's 1M-token window; a call above 200K input tokens is then billed whole at the
 # model's long-context rates. Forwarded only for a model whose rates have that tier.
 CONTEXT_1M_BETA = "context-1m-2025-08-07"
+LONG_CONTEXT_WINDOW_TOKENS = 1_000_000
 # Every call with tools is billed a tool-use system prompt besides the definitions: the largest
 # count Anthropic publishes for any model and tool_choice (Claude 3 Opus, auto), so that a model
 # whose own count is not in the table is held at least at it.
@@ -150,8 +179,9 @@ def merged_usage(start: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]
     return usage
 
 
-def _betas(headers: tuple[tuple[str, str], ...]) -> bool:
-    """Check the anthropic-beta flags; whether they open the 1M-token context window."""
+def _betas(headers: tuple[tuple[str, str], ...], allowed: frozenset[str]) -> bool:
+    """Check the anthropic-beta flags (`allowed`: the operator's, CEILING_GATEWAY_BETAS_ALLOWED);
+    whether they open the 1M-token context window."""
     long_context = False
     for name, value in headers:
         if name != "anthropic-beta":
@@ -159,21 +189,24 @@ def _betas(headers: tuple[tuple[str, str], ...]) -> bool:
         for beta in (b.strip() for b in value.split(",")):
             if beta == CONTEXT_1M_BETA:
                 long_context = True
-            elif beta and beta not in MESSAGES_BETAS:
+            elif beta and beta not in MESSAGES_BETAS and beta not in allowed:
                 raise InputUnbounded(
                     f"anthropic-beta {beta!r} is not one the gateway knows the cost of: a beta "
-                    "can change a call's rates or what the model reads", field="anthropic-beta")
+                    "can change a call's rates or what the model reads. An operator who knows "
+                    "it bills nothing beyond the body names it in CEILING_GATEWAY_BETAS_ALLOWED",
+                    field="anthropic-beta")
     return long_context
 
 
-def _tools(tools: object) -> tuple[int, str]:
-    """Check a call's tools: the most web searches they allow, and the first web search tool's
-    field."""
+def _tools(tools: object) -> tuple[int, str, Bounds]:
+    """Check a call's tools: the most web searches they allow, the first web search tool's
+    field, and the max_uses the gateway set where a web search tool gave none."""
     if tools is None:
-        return 0, ""
+        return 0, "", ()
     if not isinstance(tools, list):
         raise InvalidRequest("tools must be a list", field="tools")
     searches, field = 0, ""
+    added: Bounds = ()
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         kind = tool.get("type") if isinstance(tool, dict) else "?"
@@ -181,19 +214,55 @@ def _tools(tools: object) -> tuple[int, str]:
             continue
         if isinstance(tool, dict) and isinstance(kind, str) and kind.startswith(
                 WEB_SEARCH_TOOL_PREFIX):
-            max_uses = tool.get("max_uses")
+            if tool.get("max_uses") is None:
+                tool["max_uses"] = WEB_SEARCH_MAX_USES_DEFAULT
+                added += ((f"{where}.max_uses", WEB_SEARCH_MAX_USES_DEFAULT),)
+            max_uses = tool["max_uses"]
             if type(max_uses) is not int or max_uses < 1:
-                raise InputUnbounded(
-                    f"{where}.max_uses is required: a web search is billed a fee each, and "
-                    "without it the number of searches has no bound", field=f"{where}.max_uses")
+                raise InvalidRequest(f"{where}.max_uses must be a positive integer",
+                                     field=f"{where}.max_uses")
             searches += max_uses
             field = field or where
             continue
         raise InputUnbounded(
-            f"{where} is a tool of type {kind!r}: only client tools and web search (with "
+            f"{where} is a tool of type {kind!r}: only client tools and web search (held at "
             "max_uses) are supported; Anthropic's other tools feed the model input, or bill "
             "time, that the request does not bound", field=where)
-    return searches, field
+    return searches, field, added
+
+
+def _context_management(given: object) -> str:
+    """Check context_management's edits: the field of a compacting one, or '' when they only
+    clear content."""
+    if given is None:
+        return ""
+    edits = given.get("edits") if isinstance(given, dict) else None
+    if not isinstance(given, dict) or not isinstance(edits, list) or set(given) != {"edits"}:
+        raise InvalidRequest("context_management must be {\"edits\": [...]}",
+                             field="context_management")
+    compacting = ""
+    for i, edit in enumerate(edits):
+        kind = edit.get("type") if isinstance(edit, dict) else None
+        if kind in CONTEXT_EDITS_COMPACTING:
+            compacting = compacting or f"context_management.edits[{i}]"
+        elif kind not in CONTEXT_EDITS_CLEARING:
+            raise InputUnbounded(
+                f"context_management.edits[{i}] is an edit of type {kind!r}, which the gateway "
+                "does not know the cost of", field=f"context_management.edits[{i}]")
+    return compacting
+
+
+def _output_format(body: dict[str, Any]) -> bool:
+    """Check output_config (effort, format) and output_format; whether an output format is
+    given (its schema is text the body carries; a format adds a system prompt)."""
+    config = body.get("output_config")
+    if config is not None and not isinstance(config, dict):
+        raise InvalidRequest("output_config must be an object", field="output_config")
+    formats = [(config or {}).get("format"), body.get("output_format")]
+    for given in formats:
+        if given is not None and not isinstance(given, dict):
+            raise InvalidRequest("an output format must be an object", field="output_config")
+    return any(given is not None for given in formats)
 
 
 def _system(system: object) -> None:
@@ -214,17 +283,22 @@ class Messages(WireFormat):
     allowed_fields = MESSAGES_FIELDS
     forwarded_headers = ("anthropic-version", "anthropic-beta")
     key_header = "x-api-key"
+    count_path = "v1/messages/count_tokens"
+    count_route = "/v1/messages/count_tokens"
     user_fields = (("metadata", "user_id"),)
     header_schemas = HEADER_SCHEMAS
     usage_fields = ("input_tokens", "output_tokens", "input_tokens_details",
                     "output_tokens_details")
 
     def plan(self, body: dict[str, Any], model: str, headers: tuple[tuple[str, str], ...],
-             output_tokens_default: int) -> Plan:
-        long_context = _betas(headers)
+             output_tokens_default: int, betas_allowed: frozenset[str] = frozenset()) -> Plan:
+        long_context = _betas(headers, betas_allowed)
         _system(body.get("system"))
-        searches, search_field = _tools(body.get("tools"))
+        searches, search_field, added = _tools(body.get("tools"))
+        compacting = _context_management(body.get("context_management"))
+        formatted = _output_format(body)
         prompt = messages_input(body.get("messages"))
+        added = self.cap_added(body, output_tokens_default) + added
         output_tokens_max = self.output_cap(body, output_tokens_default)
         thinking = body.get("thinking")
         budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
@@ -237,13 +311,24 @@ class Messages(WireFormat):
         tier = ANTHROPIC_TIERS.get(tier, tier) if isinstance(tier, str) else tier
         service_tier = check_service_tier(tier) or TIER_AUTO
         text_tokens_max = text_tokens(body, "messages", prompt)
-        if body.get("tools"):
+        if body.get("tools") or formatted:
+            # Structured outputs add a system prompt of their own, of no published size: held
+            # at the tool-use one's, the largest Anthropic publishes.
             text_tokens_max += TOOL_USE_SYSTEM_PROMPT_TOKENS_MAX
         media = prompt.media
         if searches:
             media = replace(media, web_searches=searches, web_search_field=search_field)
+        if compacting:
+            media = replace(media, compaction_field=compacting)
+        if long_context and (media.referred_field or compacting or searches):
+            media = replace(media, window_tokens=LONG_CONTEXT_WINDOW_TOKENS)
         return Plan(self, model, body, body.get("stream") is True, text_tokens_max,
-                    output_tokens_max, 1, False, media, service_tier, headers, long_context)
+                    output_tokens_max, 1, False, media, service_tier, headers, long_context,
+                    added)
+
+    def count_checked(self, body: dict[str, Any], headers: tuple[tuple[str, str], ...],
+                      betas_allowed: frozenset[str]) -> None:
+        _betas(headers, betas_allowed)
 
     def clamped_body(self, body: dict[str, Any], output_tokens_max: int) -> dict[str, Any]:
         body = super().clamped_body(body, output_tokens_max)

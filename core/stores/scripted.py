@@ -670,6 +670,8 @@ class ScriptedStore:
             args += ["rate", wire.rate_field(budget.rate)]
         if budget.per_user is not None:
             args += ["per_user", wire.per_user_field(budget.per_user)]
+        if budget.clamp:
+            args += [wire.CLAMP_DEFINITION_FIELD, "1"]
         reply = await self._t.run(
             script("put_budget"), (keys.meta(bid.tag), keys.definition(bid.tag, bid.path)), args
         )
@@ -704,16 +706,16 @@ class ScriptedStore:
             return None
         limits = tuple(Limit(p, int(c)) for p, field in wire.CEILING_DEFINITION_FIELDS.items()
                        if (c := found[field]) is not None)
-        thresholds, velocity, paused_at = await self._t.execute(
+        thresholds, velocity, paused_at, clamp = await self._t.execute(
             "HMGET", keys.definition(budget_id.tag, budget_id.path),
-            *wire.ALERT_DEFINITION_FIELDS)
+            *wire.ALERT_DEFINITION_FIELDS, wire.CLAMP_DEFINITION_FIELD)
         paused = found["paused"] is not None
         return BudgetDef.from_ledger(budget_id, limits, str(tz),
                                      int(found["outage_allowance_micros"]),
                                      alerts.config_from_ledger(thresholds, velocity),
                                      int(paused_at or 0) if paused else None,
                                      wire.rate_of(found["rate"]),
-                                     wire.per_user_of(found["per_user"]))
+                                     wire.per_user_of(found["per_user"]), clamp == "1")
 
     async def status(
         self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None,

@@ -164,6 +164,9 @@ CEILING_DEFINITION_FIELDS = {Period.DAY: "ceiling_micros:day", Period.WEEK: "cei
 # spend moved a whole percent, and the velocity alarm's setting by a reserve: core/alerts.py.
 VELOCITY_DEFINITION_FIELD = "alert_velocity"
 ALERT_DEFINITION_FIELDS = ("alert_thresholds_pct", VELOCITY_DEFINITION_FIELD, "paused_at_ms")
+# '1' in a definition whose gateway calls are clamped to the room left (BudgetDef.clamp); read
+# by get_budget, on a gateway refusal, never by a script.
+CLAMP_DEFINITION_FIELD = "clamp"
 # What a reserve reads of each budget's definition: the budget, and whether a velocity alarm
 # watches it ('' or none: no), which the reservation's legs carry to its settle (lua/lib.lua
 # parse_legs), so that a settle reads the tag's alarms only for a budget that has one.

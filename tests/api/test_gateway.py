@@ -670,6 +670,31 @@ def test_a_clamped_call_is_sent_with_the_output_its_budget_can_pay(
     assert too_small.value.code == "budget_exceeded"
 
 
+def test_a_budget_that_says_clamp_clamps_every_call_under_it(
+    gw_faulty: ServiceProcess, admin: Client, proxy: FaultProxy, model: str
+) -> None:
+    """`clamp: true` on a budget (here the parent of the key's): every call under it behaves as
+    if it sent X-Ceiling-Clamp: 1, and the definition reads it back."""
+    _, probe_key = account(admin, 10_000_000)
+    cap = 2_000
+    request: dict[str, Any] = {"model": model, "messages": MESSAGES, "max_tokens": cap}
+    worst = header(sdk(gw_faulty, probe_key).chat.completions.with_raw_response.create(
+        **request), "x-ceiling-reserved-micros")
+    input_micros = worst - cap * OUTPUT_MICROS
+    tag = f"org:c{uuid.uuid4().hex[:10]}"
+    r = admin.admin("PUT", f"/v1/admin/budgets/{tag}", json={
+        "limits": [{"period": "total", "ceiling_micros": input_micros + 500 * OUTPUT_MICROS}],
+        "clamp": True})
+    assert r.status_code == 200, r.text
+    assert admin.admin("GET", f"/v1/admin/budgets/{tag}").json()["clamp"] is True
+    team = f"{tag}/team:t"
+    admin.budget(team, 10_000_000)
+    key = admin.key(team)["Authorization"].removeprefix("Bearer ")
+    raw = sdk(gw_faulty, key).chat.completions.with_raw_response.create(**request)
+    assert header(raw, "x-ceiling-clamped-output-tokens") == 500
+    assert proxy.forwarded()["max_tokens"] == 500
+
+
 def test_a_run_has_its_remaining_budget_in_every_answer(
     gw: ServiceProcess, admin: Client, model: str
 ) -> None:

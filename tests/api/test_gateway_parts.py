@@ -192,20 +192,15 @@ def test_text_output_is_the_only_modality_forwarded() -> None:
 
 @pytest.mark.parametrize(("api", "fields", "param"), [
     (Api.CHAT, {"web_search_options": {}}, "web_search_options"),
-    (Api.CHAT, {"tools": [{"type": "file_search"}]}, "tools"),
-    (Api.CHAT, {"tools": [{"type": ["function"]}]}, "tools"),
-    (Api.CHAT, {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "read this"},
-        {"type": "file", "file": {"file_id": "file-abc"}}]}]}, "messages[0].content[1].file"),
-    (Api.RESPONSES, {"previous_response_id": "resp_1"}, "previous_response_id"),
-    (Api.RESPONSES, {"conversation": "conv_1"}, "conversation"),
-    (Api.RESPONSES, {"prompt": {"id": "pmpt_1"}}, "prompt"),
-    (Api.RESPONSES, {"tools": [{"type": "web_search"}]}, "tools"),
-    (Api.RESPONSES, {"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
-    (Api.RESPONSES, {"input": [{"role": "user", "content": [
-        {"type": "input_file", "file_id": "file-abc"}]}]}, "input[0].content[0]"),
+    (Api.CHAT, {"tools": [{"type": "file_search"}]}, "tools[0]"),
+    (Api.CHAT, {"tools": [{"type": ["function"]}]}, "tools[0]"),
+    (Api.CHAT, {"tools": [{"type": "web_search"}]}, "tools[0]"),
+    (Api.RESPONSES, {"tools": [{"type": "code_interpreter"}]}, "tools[0]"),
+    (Api.RESPONSES, {"tools": [{"type": "namespace", "tools": [{"type": "mcp"}]}]},
+     "tools[0].tools"),
+    (Api.RESPONSES, {"input": [{"type": "mcp_approval_response", "id": "x"}]}, "input[0]"),
 ])
-def test_input_the_request_only_names_is_refused_as_unbounded(
+def test_what_nothing_bounds_is_refused_as_unbounded(
     api: Api, fields: dict[str, Any], param: str
 ) -> None:
     doc = {"model": "gpt-4o", "messages": MESSAGES} if api is Api.CHAT else {
@@ -213,6 +208,35 @@ def test_input_the_request_only_names_is_refused_as_unbounded(
     with pytest.raises(InputUnbounded) as refused:
         plan(api, json.dumps({**doc, **fields}).encode())
     assert (refused.value.code, refused.value.details.get("field")) == ("input_unbounded", param)
+
+
+@pytest.mark.parametrize(("api", "fields", "param"), [
+    (Api.CHAT, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "read this"},
+        {"type": "file", "file": {"file_id": "file-abc"}}]}]}, "messages[0].content[1].file"),
+    (Api.RESPONSES, {"previous_response_id": "resp_1"}, "previous_response_id"),
+    (Api.RESPONSES, {"conversation": "conv_1"}, "conversation"),
+    (Api.RESPONSES, {"prompt": {"id": "pmpt_1"}}, "prompt"),
+    (Api.RESPONSES, {"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
+    (Api.RESPONSES, {"input": [{"type": "reasoning", "id": "rs_1", "summary": [],
+                                "encrypted_content": "gAAAA" + "x" * 100}]}, "input[0]"),
+    (Api.RESPONSES, {"input": [{"role": "user", "content": [
+        {"type": "input_file", "file_id": "file-abc"}]}]}, "input[0].content[0]"),
+])
+def test_input_the_request_only_refers_to_is_held_at_the_context_window(
+    api: Api, fields: dict[str, Any], param: str
+) -> None:
+    doc = {"model": "gpt-4o", "messages": MESSAGES} if api is Api.CHAT else {
+        "model": "gpt-4o", "input": "hi"}
+    p = plan(api, json.dumps({**doc, **fields, "max_tokens" if api is Api.CHAT else
+                              "max_output_tokens": 10}).encode())
+    assert p.media.referred_field == param
+    # gpt-4o reads at most 128,000 tokens (genai-prices' context_window), each held at $2.50 a
+    # million, whatever the body holds; and 10 output tokens at $10.
+    prices = PriceTable(now_s=lambda: 1_796_000_000.0)
+    held = prices.worst_case_micros("gpt-4o", p.text_tokens_max, 10, media=p.media,
+                                    service_tier="default")
+    assert held == 128_000 * 25 // 10 + 100
 
 
 def test_an_image_is_counted_not_read_as_text_and_held_at_the_models_bound() -> None:

@@ -360,13 +360,14 @@ IMAGE_FILE_ID = "file-hostile-image"
 ITEM_ID = "msg_hostile"
 
 
-def test_what_a_request_only_names_is_refused_before_anything_reaches_the_provider(
+def test_what_nothing_bounds_is_refused_before_anything_reaches_the_provider(
     gw: ServiceProcess, admin: Client, stub: StubProvider, redis_server: RedisServer,
 ) -> None:
-    """Files by id, data or URL, stored images and items, stored conversations: the provider
-    reads them into input of a size the request does not show. Registered with the stub at
-    sizes that would bill far past the ceiling, each is refused 422 input_unbounded, and the
-    stub's request count shows nothing reached it."""
+    """A PDF sent as an image, an earlier audio answer by id, a hosted file search: nothing
+    bounds what the provider bills for them (files registered with the stub at sizes that would
+    bill far past the ceiling). Each is refused 422 input_unbounded, and the stub's request count
+    shows nothing reached it. What a request only refers to and a window bounds is held at it:
+    tests/api/test_hostile_refs.py."""
     ceiling = 10_000
     tag, key = account(admin, ceiling)
     control(stub, files={FILE_ID: {"bytes": 4_000_000, "pages": 300},
@@ -389,28 +390,14 @@ def test_what_a_request_only_names_is_refused_before_anything_reaches_the_provid
         return {"role": "user", "content": [{"type": "input_text", "text": "read this"}, part]}
 
     attempts: list[tuple[Callable[[], Any], str]] = [
-        (chat_part({"type": "file", "file": {"file_id": FILE_ID}}), "messages[0].content[1].file"),
-        (chat_part({"type": "file", "file": {"file_data": data_url("application/pdf", book),
-                                             "filename": "book.pdf"}}),
-         "messages[0].content[1].file"),
         (chat_part(image_part(data_url("application/pdf", book))),
          "messages[0].content[1].image_url.url"),
         (lambda: chat.create(model="gpt-4o", max_tokens=16, messages=[
             {"role": "user", "content": "go on"},
             {"role": "assistant", "audio": {"id": "audio_hostile"}}]), "messages[1].audio"),
-        (responses_input(read({"type": "input_file", "file_id": FILE_ID})), "input[0].content[1]"),
-        (responses_input(read({"type": "input_file", "file_url": FILE_URL})),
-         "input[0].content[1]"),
-        (responses_input(read({"type": "input_file", "filename": "book.pdf",
-                               "file_data": data_url("application/pdf", book)})),
-         "input[0].content[1]"),
-        (responses_input(read({"type": "input_image", "file_id": IMAGE_FILE_ID,
-                               "detail": "low"})), "input[0].content[1].file_id"),
-        (responses_input({"type": "item_reference", "id": ITEM_ID}), "input[0]"),
-        (responses_input(read({"type": "input_text", "text": "more"}),
-                         previous_response_id="resp_hostile"), "previous_response_id"),
         (responses_input(read({"type": "input_text", "text": "search"}),
-                         tools=[{"type": "file_search", "vector_store_ids": ["vs_1"]}]), "tools"),
+                         tools=[{"type": "file_search", "vector_store_ids": ["vs_1"]}]),
+         "tools[0]"),
     ]
     attack = Attack("3. referenced files, file ids, item_reference")
     for _ in range(3):

@@ -204,28 +204,39 @@ def test_images_are_held_at_the_most_claude_bills_for_them(
     assert verdict.bill.total.image_input_tokens >= 1_600 * verdict.provider_calls
 
 
-def test_pdfs_and_files_the_request_only_names_are_refused(
-    gw: ServiceProcess, admin: Client, stub: StubProvider,
+def test_pdfs_and_files_the_request_only_refers_to_are_held_at_the_context_window(
+    gw: ServiceProcess, admin: Client, stub: StubProvider, redis_server: RedisServer,
 ) -> None:
     """A PDF is billed for its text (which its compressed bytes do not bound) and an image of
-    every page; a file by URL or id, for what the provider finds there. None is forwarded."""
-    _, key = account(admin, 10_000_000)
+    every page; a file by URL or id, for what the provider finds there; citations add a system
+    prompt and chunks. Each is held at the model's context window, whatever the body holds: a
+    100-page PDF, and files registered with the stub at 10 and 50 MB (the provider refuses what
+    is past its window, and bills nothing). Judged by the bill."""
+    ceiling = 5_000_000
+    tag, key = account(admin, ceiling)
     control(stub, files={"file_pdf": {"bytes": 50_000_000, "pages": 100},
-                         "https://docs.hostile.test/a.pdf": {"bytes": 50_000_000, "pages": 100}})
-    create = anthropic_sdk(gw, key).messages.create
+                         "file_fits": {"bytes": 600_000, "pages": 60},
+                         "https://docs.hostile.test/a.pdf": {"bytes": 10_000_000, "pages": 100}})
+    create = anthropic_sdk(gw, key).messages.with_raw_response.create
     documents = [
         {"type": "base64", "media_type": "application/pdf", "data": b64(pdf(100))},
         {"type": "url", "url": "https://docs.hostile.test/a.pdf"},
         {"type": "file", "file_id": "file_pdf"},
+        {"type": "file", "file_id": "file_fits"},
     ]
-    for source in documents:
-        refused_unbounded(create, "messages[0].content[0].source", model=SONNET,
-                          max_tokens=16, messages=look({"type": "document", "source": source}))
-    refused_unbounded(create, "messages[0].content[0].citations", model=SONNET, max_tokens=16,
-                      messages=look({"type": "document", "citations": {"enabled": True},
-                                     "source": {"type": "text", "media_type": "text/plain",
-                                                "data": "cite me"}}))
-    nothing_reached_the_provider(stub)
+    attack = Attack("messages: PDFs, files by URL and id, citations")
+    for i in range(12):
+        source = documents[i % len(documents)]
+        attack.send(create, model=SONNET, max_tokens=16,
+                    messages=look({"type": "document", "source": source}))
+    attack.send(create, model=SONNET, max_tokens=16,
+                messages=look({"type": "document", "citations": {"enabled": True},
+                               "source": {"type": "text", "media_type": "text/plain",
+                                          "data": "cite me"}}))
+    # Past the window the provider refuses (released); what fits is billed, each under its hold.
+    assert attack.outcomes()["released"] > 0
+    assert attack.outcomes()["billed"] > 0
+    judge(attack, stub, redis_server, tag, ceiling, exact=True, per_call=True)
 
 
 def test_tool_definitions_and_their_system_prompt_are_inside_the_hold(
@@ -270,33 +281,39 @@ def test_tool_definitions_and_their_system_prompt_are_inside_the_hold(
 # -- server tools -----------------------------------------------------------------------------
 
 
-def test_web_search_is_held_at_max_uses_and_refused_without_it(
+def test_web_search_is_held_at_max_uses_or_the_gateways(
     gw: ServiceProcess, admin: Client, stub: StubProvider, redis_server: RedisServer,
 ) -> None:
     """Web search bills $10 per 1,000 searches and its results as input. A key holder asks the
     model for 5 searches a call: with max_uses 2 the provider runs two, and the call is held at
-    two searches' fees and results. Without max_uses, or on a model whose results have no stated
-    bound, the call is refused; so is web fetch, whose pages have no bound at all."""
+    two searches' fees and results; without max_uses the gateway sends its own (and says so),
+    and the call is held at that many. A model whose results have no stated bound is held at its
+    context window each step (here: past the ceiling, so refused before the provider); web
+    fetch, whose pages have no bound at all, is refused."""
     ceiling = 150_000  # a call bills ~24,000: 2 searches (20,000) and their 4,000 tokens
     tag, key = account(admin, ceiling)
     messages = anthropic_sdk(gw, key).messages
     search = {"type": "web_search_20250305", "name": "web_search"}
-    refused_unbounded(messages.create, "tools[0].max_uses", model=SEARCH_MODEL, max_tokens=64,
-                      messages=HELLO, tools=[search])
-    refused_unbounded(messages.create, "tools[0]", model=SONNET, max_tokens=64,
-                      messages=HELLO, tools=[{**search, "max_uses": 1}])
     refused_unbounded(messages.create, "tools[0]", model=SEARCH_MODEL, max_tokens=64,
                       messages=HELLO, tools=[{"type": "web_fetch_20250910", "name": "web_fetch",
                                               "max_uses": 1}])
+    with pytest.raises(anthropic.APIStatusError) as held_at_window:
+        messages.create(model=SONNET, max_tokens=64, messages=HELLO,
+                        tools=[{**search, "max_uses": 1}])
+    assert held_at_window.value.status_code == 402
     nothing_reached_the_provider(stub)
     control(stub, web_searches=5)  # the model searches 5 times a call if it may
-    attack = Attack("messages: web searches past max_uses")
+    attack = Attack("messages: web searches past max_uses, or with none given")
     for i in range(24):  # ~4x the ceiling
-        attack.send(messages.with_raw_response.create, model=SEARCH_MODEL, max_tokens=64,
-                    messages=HELLO, tools=[{**search, "max_uses": 2}], stream=i % 3 == 2)
+        tool = {**search, "max_uses": 2} if i % 2 else search
+        raw = attack.send(messages.with_raw_response.create, model=SEARCH_MODEL, max_tokens=64,
+                          messages=HELLO, tools=[tool], stream=i % 3 == 2)
+        if raw is not None and tool is search:
+            # The gateway's default (core/formats/messages.py WEB_SEARCH_MAX_USES_DEFAULT).
+            assert raw.headers["x-ceiling-bounds-added"] == "tools[0].max_uses=5"
     assert attack.refusals["budget_exceeded"] + attack.refusals["budget_busy"] > 0
     verdict = judge(attack, stub, redis_server, tag, ceiling, exact=True, per_call=True)
-    assert verdict.bill.total.web_search_requests == 2 * verdict.provider_calls > 0
+    assert verdict.bill.total.web_search_requests > 2 * verdict.provider_calls > 0
 
 
 # -- cache writes, betas ---------------------------------------------------------------------------

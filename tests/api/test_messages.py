@@ -333,3 +333,38 @@ def test_a_retry_under_one_idempotency_key_makes_one_call(
             **once, "anthropic-beta": "interleaved-thinking-2025-05-14"})
     assert conflict.value.body["error"]["code"] == "idempotency_conflict"  # type: ignore[index]
     assert json.loads(again.http_response.text)["id"] == first.parse().id
+
+
+# -- token counting -------------------------------------------------------------------------------
+
+
+def test_count_tokens_is_forwarded_holds_nothing_and_counts_against_the_rate(
+    gw: ServiceProcess, admin: Client, stub: StubProvider,
+) -> None:
+    """The SDK's messages.count_tokens through the gateway: the provider's count comes back,
+    nothing is billed or left held, the body is checked like a call's (an unknown field is
+    refused before the provider), and the key's requests per minute count it."""
+    tag, key = account(admin, 1_000_000)
+    r = admin.admin("PUT", f"/v1/admin/budgets/{tag}", json={
+        "limits": [{"period": "day", "ceiling_micros": 1_000_000}],
+        "rate": {"requests_per_minute": 3}})
+    assert r.status_code == 200, r.text
+    client = anthropic_sdk(gw, key, max_retries=0)
+    counted = client.messages.count_tokens(
+        model=SONNET, messages=HELLO, system="be brief",
+        tools=[{"name": "f", "input_schema": {"type": "object"}}])
+    assert counted.input_tokens > 0
+    bill = fetch_bill(stub.url)
+    assert (bill.requests, bill.total.cost_micros) == (1, 0)
+    assert (ledger(admin, tag)["committed_micros"], ledger(admin, tag)["reserved_micros"]) == (
+        0, 0)
+    with pytest.raises(anthropic.UnprocessableEntityError) as refused:
+        client.messages.count_tokens(model=SONNET, messages=HELLO,
+                                     extra_body={"speed": "fast"})
+    assert refused.value.body["error"]["field"] == "speed"  # type: ignore[index]
+    client.messages.count_tokens(model=SONNET, messages=HELLO)
+    client.messages.count_tokens(model=SONNET, messages=HELLO)
+    with pytest.raises(anthropic.RateLimitError) as limited:
+        client.messages.count_tokens(model=SONNET, messages=HELLO)
+    assert limited.value.body["error"]["code"] == "rate_limited"  # type: ignore[index]
+    assert fetch_bill(stub.url).requests == 3

@@ -24,6 +24,7 @@ from core.formats.messages import (
     CONTEXT_1M_BETA,
     MESSAGES_FIELDS,
     TOOL_USE_SYSTEM_PROMPT_TOKENS_MAX,
+    WEB_SEARCH_MAX_USES_DEFAULT,
     merged_usage,
 )
 from core.gateway import OutputLengths, body_outcome, hold, plan, usage_of
@@ -93,9 +94,8 @@ def test_images_are_counted_at_the_models_per_image_bound() -> None:
     ({"inference_geo": "us"}, "inference_geo"),
     ({"mcp_servers": [{"type": "url", "url": "https://mcp.example"}]}, "mcp_servers"),
     ({"container": "c_1"}, "container"),
-    ({"context_management": {"edits": []}}, "context_management"),
-    ({"output_config": {"effort": "high"}}, "output_config"),
-    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].max_uses"),
+    ({"context_management": {"edits": [{"type": "summarize_somehow_2027"}]}},
+     "context_management.edits[0]"),
     ({"tools": [{"type": "web_fetch_20250910", "name": "web_fetch", "max_uses": 1}]},
      "tools[0]"),
     ({"tools": [{"type": "code_execution_20250825", "name": "code_execution"}]}, "tools[0]"),
@@ -135,6 +135,55 @@ def test_a_web_search_counts_its_max_uses() -> None:
              {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}]
     found = messages_plan(tools=tools)
     assert (found.media.web_searches, found.media.web_search_field) == (3, "tools[1]")
+
+
+def test_a_web_search_without_max_uses_is_sent_with_the_gateways_and_says_so() -> None:
+    tools = [{"type": "web_search_20250305", "name": "web_search"}]
+    found = messages_plan(tools=tools)
+    assert found.body["tools"][0]["max_uses"] == WEB_SEARCH_MAX_USES_DEFAULT
+    assert found.media.web_searches == WEB_SEARCH_MAX_USES_DEFAULT
+    assert ("tools[0].max_uses", WEB_SEARCH_MAX_USES_DEFAULT) in found.bounds_added
+
+
+@pytest.mark.parametrize("beta", [
+    "claude-code-20250219", "context-management-2025-06-27", "advanced-tool-use-2025-11-20",
+    "effort-2025-11-24", "structured-outputs-2025-11-13", "interleaved-thinking-2025-05-14",
+])
+def test_the_betas_real_clients_send_are_known(beta: str) -> None:
+    messages_plan((VERSION, ("anthropic-beta", beta)))
+
+
+def test_an_operator_names_a_beta_that_bills_nothing_more() -> None:
+    headers = (VERSION, ("anthropic-beta", "a-beta-from-tomorrow"))
+    raw = json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": [
+        {"role": "user", "content": "hi"}]}).encode()
+    plan(Api.MESSAGES, raw, headers=headers, betas_allowed=frozenset({"a-beta-from-tomorrow"}))
+
+
+def test_context_edits_that_clear_keep_the_bodys_bound_and_compaction_holds_the_window() -> None:
+    clearing = {"edits": [{"type": "clear_tool_uses_20250919"},
+                          {"type": "clear_thinking_20251015", "keep": "all"}]}
+    found = messages_plan(context_management=clearing)
+    assert not found.media.referred_field
+    assert not found.media.compaction_field
+    compacting = {"edits": [{"type": "compact_20260112"}]}
+    found = messages_plan(context_management=compacting)
+    assert found.media.compaction_field == "context_management.edits[0]"
+    table = PriceTable()
+    # claude-sonnet-4-5: the compacting step and the answer each read up to 200,000 tokens; at
+    # 400,000 together the long-context rates apply: $12 a million (a 1-hour cache write), and
+    # twice the 100-token cap out at $22.50.
+    assert table.worst_case_micros(found.model, found.text_tokens_max, 100,
+                                   media=found.media) == 400_000 * 12 + 2 * 100 * 225 // 10
+
+
+def test_output_config_is_held_with_a_system_prompt_for_a_format() -> None:
+    plain = messages_plan()
+    effort = messages_plan(output_config={"effort": "high"})
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    formatted = messages_plan(output_config={"format": {"type": "json_schema", "schema": schema}})
+    assert effort.text_tokens_max - plain.text_tokens_max < 40  # the field's bytes
+    assert formatted.text_tokens_max - plain.text_tokens_max > TOOL_USE_SYSTEM_PROMPT_TOKENS_MAX
 
 
 def test_anthropics_tiers_are_the_default_rates_or_the_dearest() -> None:

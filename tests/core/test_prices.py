@@ -139,12 +139,25 @@ def test_web_searches_are_held_at_their_fees_and_every_step_at_its_whole_context
     # Settled from what was billed: 2 searches, their results among the 1,100 input tokens.
     assert table.cost_micros("m-search", Usage(1_100, 50, web_search_requests=2)) == (
         20_000 + 1_100 + 100)
-    # A model whose results have no stated bound: refused by the tool's field, never guessed.
+    # A model whose results have no stated bound: each step is held at its context window
+    # (claude-sonnet-4-5 reads 200,000 tokens), 3 steps; 600,000 tokens together reach its
+    # long-context rates: $12 a million for a 1-hour cache write, $22.50 for output.
+    held = bundled(datetime(2026, 12, 1, 11, tzinfo=UTC)).worst_case_micros(
+        "claude-sonnet-4-5", 100, 50, media=searches)
+    assert held == 20_000 + 3 * 200_000 * 12 + -(-50 * 225 // 10)
+    # With a stated bound too, the tighter of the two.
+    write(path, {"m-search": {"input_usd_per_mtok": "1", "output_usd_per_mtok": "2",
+                              "usd_per_web_search": "0.01", "web_search_result_tokens_max": 500,
+                              "context_window_tokens": 600}})
+    assert PriceTable.from_file(str(path)).worst_case_micros(
+        "m-search", 100, 50, media=searches) == 20_000 + 3 * 600 + 100
+    # Neither: refused by the tool's field, never guessed.
+    write(path, {"m-search": {"input_usd_per_mtok": "1", "output_usd_per_mtok": "2",
+                              "usd_per_web_search": "0.01"}})
     with pytest.raises(InputUnbounded) as unbounded:
-        bundled(datetime(2026, 12, 1, 11, tzinfo=UTC)).worst_case_micros(
-            "claude-sonnet-4-5", 100, 50, media=searches)
+        PriceTable.from_file(str(path)).worst_case_micros("m-search", 100, 50, media=searches)
     assert unbounded.value.details["field"] == "tools[1]"
-    assert "web_search_result_tokens_max" in unbounded.value.message
+    assert "context_window_tokens" in unbounded.value.message
     # A model with no fee for searches: searches it reports are unpriced, never free.
     write(path, {"m-search": {"input_usd_per_mtok": "1", "output_usd_per_mtok": "2",
                               "web_search_result_tokens_max": 500}})
@@ -350,7 +363,7 @@ def test_every_component_of_every_bundled_price_is_held_or_the_model_refused() -
                          "output_tokens": o},
                         {"input_tokens": i, "output_tokens": o, "output_reasoning_tokens": o},
                     ]
-                    if name in core.prices.WEB_SEARCH_EVERY_CALL_MODELS:
+                    if core.prices.SEARCH_EVERY_CALL_FAMILY.search(name):
                         usages = [{**u, "web_searches": 1} for u in usages]
                     for tier in tiers:
                         for usage in usages:
@@ -574,7 +587,8 @@ def test_the_lookup_path_reads_no_file_and_asks_genai_prices_once(
         table.worst_case_micros("gpt-4o", 10, 10)
         with pytest.raises(ModelUnpriced):
             table.rates("brand-new-model-9000")
-    assert (stats, lookups) == ([], ["gpt-4o", "brand-new-model-9000"])
+    # The prices file's model is looked up once too: for a context window it does not name.
+    assert (stats, lookups) == ([], ["m", "gpt-4o", "brand-new-model-9000"])
     clock.s += 1.1
     table.worst_case_micros("m", 10, 10)
     assert stats == [str(path)]
@@ -584,7 +598,7 @@ def test_the_lookup_path_reads_no_file_and_asks_genai_prices_once(
     clock.s += 1.1
     table.worst_case_micros("gpt-4o", 10, 10)
     assert lookups[-1] == "gpt-4o"
-    assert len(lookups) == 3
+    assert len(lookups) == 4
     assert table.version != version
 
 

@@ -169,6 +169,9 @@ SECTION = {"context_window_tokens": 1000, "output_tokens_max": 100, "cache_token
      "long_context needs"),
     ({"models": {"m": RATES | {"image": {"rule": "area", "pixels_per_token": 0}}}}, "area rule"),
     ({"models": {"m": RATES | {"aliases": ["m"]}}}, "given twice"),
+    ({"models": {"m": RATES | {"context_window_tokens": 0}}}, "positive"),
+    ({"models": {"m": RATES | {"web_search_content_tokens": "8000"}}}, "positive"),
+    ({"models": {}, "openai_tools": {"web_search_usd_per_1k_calls": "10.00"}}, "openai_tools"),
 ])
 def test_a_bad_table_is_refused(table: dict[str, Any], why: str) -> None:
     with pytest.raises(ValueError, match=why):
@@ -697,8 +700,8 @@ def test_the_openrouter_mode_bills_the_web_plugin_and_the_dearest_fallback(
         {"type": "file", "file": {"file_id": "file-nope"}}]}]}, 400, "no file"),
     (CHAT, {"model": "gpt-4o", "messages": [{"role": "user", "content": [
         {"type": "file", "file": {"file_id": "f", "file_data": "AAAA"}}]}]}, 400, "one of"),
-    (RESPONSES, {"model": "gpt-4o", "input": "hi", "tools": [{"type": "web_search"}]}, 400,
-     "function and custom tools only"),
+    (RESPONSES, {"model": "gpt-4o", "input": "hi", "tools": [{"type": "file_search"}]}, 400,
+     "the stub serves function, custom and namespace tools"),
     (RESPONSES, {"model": "gpt-4o", "input": [{"type": "computer_call_output", "output": {}}]},
      400, "not served"),
     (RESPONSES, {"model": "gpt-4o", "input": "hi", "n": 2}, 400, "not a Responses parameter"),
@@ -885,7 +888,8 @@ KEYS = ("type", "text", "image_url", "url", "detail", "input_audio", "data", "fo
         "file_id", "file_data", "file_url", "role", "content", "name", "tool_calls", "function",
         "arguments", "id", "output", "summary", "include_usage", "effort", "refusal", "source",
         "media_type", "cache_control", "ttl", "input", "tool_use_id", "thinking", "signature",
-        "budget_tokens", "input_schema", "max_uses", "title", "encrypted_content")
+        "budget_tokens", "input_schema", "max_uses", "title", "encrypted_content", "tools",
+        "variables", "action", "query")
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 3_000) | st.sampled_from(
         ["text", "image_url", "input_image", "input_audio", "file", "input_file", "user",
@@ -894,7 +898,8 @@ JSON = st.recursive(
          "tool_use", "tool_result", "thinking", "base64", "url", "ephemeral", "1h", "5m",
          "assistant", "web_search_20250305", "web_search", "enabled", "disabled", "object",
          "application/pdf", "image/png", "any", "tool", "none", b64(png(20, 20)),
-         "web_search_result", "server_tool_use"]) | st.text(max_size=6),
+         "web_search_result", "server_tool_use", "namespace", "web_search_preview", "reasoning",
+         "gAAAAAx", "summary_text"]) | st.text(max_size=6),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
         st.sampled_from(KEYS) | st.text(max_size=4), inner, max_size=5),
     max_leaves=25,
@@ -903,7 +908,9 @@ OPTIONAL = {f: JSON for f in (
     "n", "max_tokens", "max_completion_tokens", "max_output_tokens", "service_tier", "stream",
     "stream_options", "tools", "tool_choice", "reasoning", "reasoning_effort", "prediction",
     "modalities", "instructions", "text", "response_format", "store", "system", "thinking",
-    "stop_sequences", "temperature", "top_p", "top_k", "metadata", "cache_control", "container")}
+    "stop_sequences", "temperature", "top_p", "top_k", "metadata", "cache_control", "container",
+    "previous_response_id", "conversation", "prompt", "truncation", "max_tool_calls", "include",
+    "client_metadata", "prompt_cache_key", "parallel_tool_calls")}
 
 
 # Each route with the models it serves, and the field its prompt goes in.
