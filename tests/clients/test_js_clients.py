@@ -52,8 +52,9 @@ AI_SDK_FLAVOURS = {
     "openai-chat": OPENAI_MODEL,
     "anthropic": ANTHROPIC_MODEL,
 }
-# Far above every call's hold: the AI SDK asks Anthropic for 64,000 output tokens a call
-# (~$0.96 on claude-sonnet-4-5) and Claude Code for 32,000.
+# Far above what a case holds: Claude Code on its default model holds about $3 for its first
+# call and over $4.90 for its second, whose thinking sent back is held at the model's context
+# window; the AI SDK asks Anthropic for 64,000 output tokens a call (~$0.96 on sonnet-4-5).
 ROOMY_MICROS = 20_000_000
 # Below any call's hold: refused before anything is forwarded.
 TOO_SMALL_MICROS = 100
