@@ -295,6 +295,9 @@ class Media:
     # A request that lets the provider compact its context (a summarizing step before the
     # answer): one more step, reading at most the window and writing at most the output cap.
     compaction_field: str = ""
+    # Whether the provider may bill 1-hour cache writes: only where the request asks for them
+    # (Anthropic's `cache_control` with `ttl: "1h"`); a format that cannot tell says so.
+    cache_1h: bool = True
 
 
 NO_MEDIA = Media()

@@ -202,14 +202,14 @@ class Rates:
                 max(t[0][1] for t in schedules[4:] if t is not None))
 
     def worst_case_exact(self, text_tokens: int, audio_tokens: int, input_tokens_max: int,
-                         output_tokens: int) -> Decimal:
+                         output_tokens: int, *, cache_1h: bool = True) -> Decimal:
         """Every input token at the dearest input-side rate it can reach (input, a cache read
-        or either cache write), audio at the dearest of those and the audio rates, every output
-        token at the dearest output-side rate, plus the fee. The caller checks that the rates
-        it needs exist."""
+        or either cache write; a 1-hour write only with `cache_1h`), audio at the dearest of
+        those and the audio rates, every output token at the dearest output-side rate, plus the
+        fee. The caller checks that the rates it needs exist."""
         text_rate = max(peak(t, input_tokens_max) for t in (
-            self.input, self.cached_input, self.cache_write, self.cache_write_1h)
-            if t is not None)
+            self.input, self.cached_input, self.cache_write,
+            self.cache_write_1h if cache_1h else None) if t is not None)
         exact = text_tokens * text_rate + self.call_fee_micros
         if audio_tokens:
             exact += audio_tokens * max(text_rate, *(peak(t, input_tokens_max) for t in (
@@ -535,7 +535,8 @@ class PriceTable:
                         "it in the prices file", model=model, field=media.web_search_field)
                 fees = searches * tier.web_search_micros
             exact = max(exact, fees + tier.worst_case_exact(
-                text_tokens, audio_tokens, total, output_tokens_max * choices))
+                text_tokens, audio_tokens, total, output_tokens_max * choices,
+                cache_1h=media.cache_1h))
         return _bounded(charge_micros(exact))
 
     @staticmethod

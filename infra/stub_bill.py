@@ -110,6 +110,8 @@ class CallRecord:
     # The body's model when the call was billed (and answered) as another: `model` is the one
     # billed (OpenRouter's fallback `models`).
     model_requested: str | None = None
+    # Tokens billed (or cleared) beyond the body, by name (Decided.beyond_body).
+    beyond_body: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,7 +124,7 @@ class CallRecord:
             billed=bool(doc["billed"]), cost_micros=int(doc["cost_micros"]),
             usage=None if usage is None else Usage(**usage), stream=bool(doc.get("stream")),
             service_tier=doc.get("service_tier"), fault=doc.get("fault"),
-            model_requested=doc.get("model_requested"),
+            model_requested=doc.get("model_requested"), beyond_body=doc.get("beyond_body"),
         )
 
 

@@ -149,7 +149,7 @@ class Settings:
     web_search_result_tokens: int = WEB_SEARCH_RESULT_TOKENS_DEFAULT
     clock_offset_s: float = 0.0  # added to the clock the prompt caches expire by
     # Scripted tool calls, a queue of {"name", "input": object}: the next call whose tools
-    # include the first entry's name answers with that call and takes it off the queue.
+    # include a queued call's name answers with the first such call and takes it off the queue.
     tool_calls: tuple[dict[str, Any], ...] = ()
 
     def updated(self, doc: Mapping[str, Any]) -> Settings:
@@ -253,6 +253,9 @@ class Decided:
     cost_micros: int
     service_tier: str
     model_requested: str | None = None  # the body's model, when it is billed as another
+    # What the call billed (or cleared) beyond what its body holds, by name, for /billing's log:
+    # tokens of server-side context (search results, compaction), cleared context, and the like.
+    beyond_body: dict[str, int] | None = None
 
 
 D = TypeVar("D", bound=Decided)

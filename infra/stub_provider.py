@@ -64,6 +64,8 @@ and `clock_offset_s` (infra/stub_messages.py); `answer_padding_bytes` (0): every
 not streamed (200, on any route) carries that many bytes of whitespace after its opening brace,
 still JSON, sent as they are made (chunked, with no length): an answer as large as a test
 needs, at no memory to the stub.
+`tool_calls` [{"name", "input" or "arguments"}]: scripted tool calls, a queue each API takes
+from (infra/stub_faults.py, infra/stub_messages.py).
 """
 
 from __future__ import annotations
@@ -294,7 +296,7 @@ class StubProviderApp:
             api=api.name, model=decided.model, status=status, billed=True,
             cost_micros=decided.cost_micros, usage=decided.usage, stream=stream,
             service_tier=decided.service_tier, fault=fault.name,
-            model_requested=decided.model_requested,
+            model_requested=decided.model_requested, beyond_body=decided.beyond_body,
         ))
         self.costs.book.record(api.name, decided.service_tier, decided.cost_micros, time.time())
         api.charged(decided, fault)

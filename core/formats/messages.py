@@ -82,6 +82,9 @@ CONTEXT_EDITS_COMPACTING = frozenset({"compact_20260112"})
 WEB_SEARCH_MAX_USES_DEFAULT = 5
 # Opens a model's 1M-token window; a call above 200K input tokens is then billed whole at the
 # model's long-context rates. Forwarded only for a model whose rates have that tier.
+# A prompt-cache entry's TTL unless its cache_control says otherwise; written at the 5-minute
+# write rate.
+CACHE_TTL_DEFAULT = "5m"
 CONTEXT_1M_BETA = "context-1m-2025-08-07"
 LONG_CONTEXT_WINDOW_TOKENS = 1_000_000
 # Every call with tools is billed a tool-use system prompt besides the definitions: the largest
@@ -252,6 +255,20 @@ def _context_management(given: object) -> str:
     return compacting
 
 
+def _asks_1h_cache(value: object) -> bool:
+    """Whether a `cache_control` anywhere in `value` asks for a cache entry of another TTL than
+    the default 5 minutes: only then can the call be billed a 1-hour write's rate."""
+    if isinstance(value, dict):
+        control = value.get("cache_control")
+        if isinstance(control, dict) and control.get("ttl", CACHE_TTL_DEFAULT) != (
+                CACHE_TTL_DEFAULT):
+            return True
+        return any(_asks_1h_cache(v) for v in value.values() if isinstance(v, (dict, list)))
+    if isinstance(value, list):
+        return any(_asks_1h_cache(v) for v in value if isinstance(v, (dict, list)))
+    return False
+
+
 def _output_format(body: dict[str, Any]) -> bool:
     """Check output_config (effort, format) and output_format; whether an output format is
     given (its schema is text the body carries; a format adds a system prompt)."""
@@ -322,6 +339,8 @@ class Messages(WireFormat):
             media = replace(media, compaction_field=compacting)
         if long_context and (media.referred_field or compacting or searches):
             media = replace(media, window_tokens=LONG_CONTEXT_WINDOW_TOKENS)
+        if not _asks_1h_cache(body):
+            media = replace(media, cache_1h=False)
         return Plan(self, model, body, body.get("stream") is True, text_tokens_max,
                     output_tokens_max, 1, False, media, service_tier, headers, long_context,
                     added)

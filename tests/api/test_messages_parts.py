@@ -82,11 +82,12 @@ def test_images_are_counted_at_the_models_per_image_bound() -> None:
         2, "messages[0].content[0].source")
     table = PriceTable()
     text_only = messages_plan()
-    # $3 in for every token (the dearest input-side rate: a 1-hour write, $6), $15 out.
+    # $3 in for every token (the dearest input-side rate the call can be billed: a 5-minute
+    # write, $3.75; it asks for no 1-hour entry), $15 out.
     assert table.worst_case_micros(found.model, found.text_tokens_max, 100,
                                    media=found.media) >= (
         table.worst_case_micros(text_only.model, text_only.text_tokens_max, 100)
-        + 2 * CLAUDE_IMAGE_TOKENS_MAX * 6)
+        + 2 * CLAUDE_IMAGE_TOKENS_MAX * 375 // 100)
 
 
 @pytest.mark.parametrize(("fields", "field"), [
@@ -171,10 +172,10 @@ def test_context_edits_that_clear_keep_the_bodys_bound_and_compaction_holds_the_
     assert found.media.compaction_field == "context_management.edits[0]"
     table = PriceTable()
     # claude-sonnet-4-5: the compacting step and the answer each read up to 200,000 tokens; at
-    # 400,000 together the long-context rates apply: $12 a million (a 1-hour cache write), and
-    # twice the 100-token cap out at $22.50.
+    # 400,000 together the long-context rates apply: $7.50 a million (a 5-minute cache write),
+    # and twice the 100-token cap out at $22.50.
     assert table.worst_case_micros(found.model, found.text_tokens_max, 100,
-                                   media=found.media) == 400_000 * 12 + 2 * 100 * 225 // 10
+                                   media=found.media) == 400_000 * 75 // 10 + 2 * 100 * 225 // 10
 
 
 def test_output_config_is_held_with_a_system_prompt_for_a_format() -> None:
@@ -202,8 +203,9 @@ async def test_the_1m_context_beta_needs_the_models_long_context_rates(tag: str)
     big = [{"role": "user", "content": "x" * 900_000}]
     held = await hold(svc, who, messages_plan(headers, messages=big), OutputLengths(),
                       clamp=False, p95=False)
-    # Above 200K tokens: every input token at the long-context 1-hour write ($12), output $22.50.
-    assert held.reservation.reserved_micros >= 900_000 * 12 + 100 * 22.5
+    # Above 200K tokens: every input token at the long-context 5-minute write ($7.50), output
+    # $22.50.
+    assert held.reservation.reserved_micros >= 900_000 * 7.5 + 100 * 22.5
     with pytest.raises(InputUnbounded) as unknown:
         await hold(svc, who, messages_plan(headers, model="claude-sonnet-4"), OutputLengths(),
                    clamp=False, p95=False)
@@ -315,3 +317,21 @@ def test_a_broken_stream_ends_on_an_error_event_in_anthropics_shape(tmp_path: Pa
     assert json.loads(data.removeprefix("data: ")) == {"type": "error", "error": {
         "type": "invalid_request_error", "message": "gone", "code": "invalid_request",
         "field": "x"}}
+
+
+def test_a_1_hour_write_rate_is_held_only_where_a_call_asks_for_a_1_hour_entry() -> None:
+    table = PriceTable()
+    system = [{"type": "text", "text": "Rule. " * 2_000, "cache_control": {"type": "ephemeral"}}]
+    five_minutes = messages_plan(system=system)
+    one_hour = messages_plan(system=[{**system[0], "cache_control": {"type": "ephemeral",
+                                                                     "ttl": "1h"}}])
+    assert five_minutes.media.cache_1h is False
+    assert one_hour.media.cache_1h is True
+
+    def input_micros(found: Any) -> int:
+        return int(table.worst_case_micros(found.model, found.text_tokens_max, 1,
+                                           media=found.media) - 15)
+
+    # claude-sonnet-4-5: a 5-minute write is $3.75 a million, a 1-hour one $6.
+    assert input_micros(five_minutes) == -(-five_minutes.text_tokens_max * 375 // 100)
+    assert input_micros(one_hour) == one_hour.text_tokens_max * 6

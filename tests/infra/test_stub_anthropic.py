@@ -112,6 +112,8 @@ def sse_events(http: httpx.Client, body: dict[str, Any],
     ("claude-opus-4-5", 2_545),  # $5 / $25: 45 + 2,500
     ("claude-haiku-4-5", 509),  # $1 / $5: 9 + 500
     ("claude-3-5-haiku-20241022", 408),  # $0.80 / $4: 7.2 + 400 = 407.2, rounded up
+    ("claude-opus-5-5", 2_036),  # $4 / $20: 36 + 2,000 (Claude Code 2.1's default)
+    ("claude-sonnet-5-5", 1_018),  # $2 / $10: 18 + 1,000
 ])
 def test_each_model_is_billed_at_anthropics_published_rates(
     sdk: anthropic.Anthropic, http: httpx.Client, model: str, cost: int
@@ -514,8 +516,11 @@ def test_the_sdks_own_round_trip_bills_the_thinking_it_sends_back(
     with_thinking = create(sdk, 10, messages=[*HELLO, first.to_param(), result], **args)
     without = create(sdk, 10, messages=[*HELLO, {"role": "assistant", "content": [call]},
                                         result], **args)
+    # The model reads the whole thinking the signature carries, not the summary shown.
     shown = len(thinking.thinking.encode())  # type: ignore[union-attr]
-    assert (with_thinking.usage.input_tokens - without.usage.input_tokens) == -(-shown // 4)
+    billed = first.usage.output_tokens_details.thinking_tokens  # type: ignore[union-attr]
+    assert billed == 100 > -(-shown // 4)
+    assert with_thinking.usage.input_tokens - without.usage.input_tokens == billed
 
 
 # -- web search (https://platform.claude.com/docs/en/agents-and-tools/tool-use/web-search-tool) -
@@ -724,7 +729,7 @@ def image_refused(data: bytes, media_type: str = "image/png") -> dict[str, Any]:
      "not served by the stub"),
     ({"max_tokens": 10, "temperature": 1.5}, {}, 400, "invalid_request_error", "temperature"),
     ({"max_tokens": 10, "messages": []}, {}, 400, "invalid_request_error", "at least one message"),
-    ({"max_tokens": 10, "messages": [{"role": "system", "content": "x"}]}, {}, 400,
+    ({"max_tokens": 10, "messages": [{"role": "tool", "content": "x"}]}, {}, 400,
      "invalid_request_error", "role"),
     ({"max_tokens": 10, "messages": [{"role": "user", "content": [
         {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}, {}, 400,
@@ -775,8 +780,25 @@ def image_refused(data: bytes, media_type: str = "image/png") -> dict[str, Any]:
      "invalid_request_error", "forces tool use"),
     (THINKING | {"model": "claude-3-5-haiku-20241022"}, {}, 400, "invalid_request_error",
      "not supported"),
-    ({"thinking": {"type": "adaptive"}, "max_tokens": 4_000}, {}, 400, "invalid_request_error",
+    ({"thinking": {"type": "sometimes"}, "max_tokens": 4_000}, {}, 400, "invalid_request_error",
      "thinking"),
+    ({"thinking": {"type": "adaptive", "display": "loud"}, "max_tokens": 4_000}, {}, 400,
+     "invalid_request_error", "thinking.display"),
+    # Context management and output_config
+    # (https://platform.claude.com/docs/en/build-with-claude/context-editing, .../effort).
+    ({"max_tokens": 10, "context_management": {"edits": [{"type": "clear_everything"}]}}, {},
+     400, "invalid_request_error", "context_management.edits[0].type"),
+    ({"max_tokens": 10, "context_management": {"edits": [
+        {"type": "clear_tool_uses_20250919"}, {"type": "clear_thinking_20251015"}]}}, {}, 400,
+     "invalid_request_error", "must be the first edit"),
+    ({"max_tokens": 10, "context_management": {"edits": [{"type": "compact_20260112",
+                                                          "trigger": {"type": "input_tokens",
+                                                                      "value": 1_000}}]}}, {},
+     400, "invalid_request_error", "at least 50000"),
+    ({"max_tokens": 10, "output_config": {"effort": "extreme"}}, {}, 400,
+     "invalid_request_error", "output_config.effort"),
+    ({"max_tokens": 10, "output_config": {"format": {"type": "json_object"}}}, {}, 400,
+     "invalid_request_error", "json_schema"),
 ])
 def test_what_the_api_refuses_is_refused_unbilled_in_anthropics_shape(
     http: httpx.Client, body: dict[str, Any], headers: dict[str, str], status: int, kind: str,
