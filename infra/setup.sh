@@ -20,6 +20,14 @@ if ! command -v npm >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive _sudo apt-get install -y -qq nodejs npm >/dev/null
 fi
 
+# strace: tests/clients/test_js_clients.py checks that Claude Code and Codex reach nothing but
+# the gateway on loopback.
+if ! command -v strace >/dev/null 2>&1; then
+  echo "setup: installing strace (apt-get)" >&2
+  _sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive _sudo apt-get install -y -qq strace >/dev/null
+fi
+
 # chromium: tests/api/test_dashboard.py opens the spend page in a real headless browser
 # (Playwright drives Debian's package; it downloads no browser of its own).
 if ! command -v chromium >/dev/null 2>&1; then
