@@ -59,7 +59,13 @@ from infra.stub_faults import (
     header_count,
     words,
 )
-from infra.stub_prices import TIER_STANDARD, ModelPrices, cost_micros, unpriced
+from infra.stub_prices import (
+    TIER_LONG_CONTEXT,
+    TIER_STANDARD,
+    ModelPrices,
+    cost_micros,
+    unpriced,
+)
 from infra.stub_tokens import (
     BYTES_PER_TOKEN,
     TOKENS_PER_MESSAGE,
@@ -92,7 +98,8 @@ CACHE_PREFIXES_MAX = 10_000
 # The share of an answer a reasoning model spends reasoning, by requested effort (the stub's own
 # choice: providers document no share, only that reasoning tokens count as output).
 REASONING_SHARE = {"none": Fraction(0), "minimal": Fraction(0), "low": Fraction(1, 4),
-                   "medium": Fraction(1, 2), "high": Fraction(3, 4), "xhigh": Fraction(7, 8)}
+                   "medium": Fraction(1, 2), "high": Fraction(3, 4), "xhigh": Fraction(7, 8),
+                   "max": Fraction(15, 16), "ultra": Fraction(15, 16)}
 REASONING_EFFORT_DEFAULT = "medium"
 # OpenRouter's web plugin engines the stub prices: Exa's results, at the table's rate. "native"
 # search is billed at the model provider's own search price, which the table does not hold.
@@ -402,6 +409,17 @@ def json_tokens(document: Any) -> tuple[str, ...]:
     return tuple(text[at:at + BYTES_PER_TOKEN] for at in range(0, len(text), BYTES_PER_TOKEN))
 
 
+def rates_tier(prices: ModelPrices, tier: str, usage: Usage) -> str:
+    """The rates a call is billed at: its tier's, or at standard a long-context model's long
+    context rates when its input is above the threshold (OpenAI's: the whole call, no beta,
+    https://developers.openai.com/api/docs/pricing). The call still answers its own tier."""
+    long = prices.long_context
+    if (long is not None and long.beta is None and tier == TIER_STANDARD
+            and usage.input_tokens > long.above_input_tokens):
+        return TIER_LONG_CONTEXT
+    return tier
+
+
 def _fallback_models(doc: object) -> tuple[str, ...]:
     """OpenRouter's `models`: the models a call may fall back to, in order."""
     if doc is None:
@@ -702,8 +720,8 @@ class OpenAIApi(Api[Answer]):
         earlier."""
         openrouter = self.app.prices.openrouter
         tools = self.app.prices.openai_tools
-        best = (name, tier, usage, cost_micros(prices, tier, usage, openrouter=openrouter,
-                                               openai_tools=tools))
+        best = (name, tier, usage, cost_micros(prices, rates_tier(prices, tier, usage), usage,
+                                               openrouter=openrouter, openai_tools=tools))
         for other_name in fallbacks:
             other = self.app.prices.model(other_name)
             if other is None:
@@ -712,10 +730,11 @@ class OpenAIApi(Api[Answer]):
             # A search model searches on whichever call it serves; another model never does.
             other_usage = replace(
                 usage, web_search_calls=int(other.web_search_call_micros is not None))
-            if unpriced(other, other_tier, other_usage, openrouter=openrouter,
+            billed_tier = rates_tier(other, other_tier, other_usage)
+            if unpriced(other, billed_tier, other_usage, openrouter=openrouter,
                         openai_tools=tools) is not None:
                 continue
-            micros = cost_micros(other, other_tier, other_usage, openrouter=openrouter,
+            micros = cost_micros(other, billed_tier, other_usage, openrouter=openrouter,
                                  openai_tools=tools)
             if micros > best[3]:
                 best = (other_name, other_tier, other_usage, micros)
