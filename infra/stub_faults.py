@@ -149,7 +149,7 @@ class Settings:
     web_search_result_tokens: int = WEB_SEARCH_RESULT_TOKENS_DEFAULT
     clock_offset_s: float = 0.0  # added to the clock the prompt caches expire by
     # Scripted tool calls, a queue of {"name", "input": object}: the next call whose tools
-    # include the first entry's name answers with that call and takes it off the queue.
+    # include a queued call's name answers with the first such call and takes it off the queue.
     tool_calls: tuple[dict[str, Any], ...] = ()
 
     def updated(self, doc: Mapping[str, Any]) -> Settings:
