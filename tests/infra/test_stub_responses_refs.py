@@ -359,6 +359,8 @@ def test_the_conversations_routes_answer_as_openais_do(sdk: openai.OpenAI,
     added = sdk.conversations.items.create(conversation.id, items=[
         {"type": "message", "role": "user", "content": "hello"}])
     assert [item.type for item in added.data] == ["message"]
+    assert [item.id for item in sdk.conversations.items.list(conversation.id)] == [
+        added.data[0].id]
     refused(lambda: sdk.conversations.retrieve("conv_nope"), 404)
     refused(lambda: sdk.conversations.items.create("conv_nope", items=[]), 404)
     # At most 20 items a call, as OpenAI takes them.
