@@ -23,6 +23,11 @@ and wire formats; the rules here are the same for both:
   search's content (Responses) is held to what the window leaves.
 - Input the body only refers to (files and images by id or URL here; Responses has more) is
   billed as input and reported in the bill as `referenced_input_tokens`.
+- Structured outputs (chat `response_format`, Responses `text.format`: json_schema or
+  json_object): the answer is the schema's least document (schema_instance), billed as its
+  text, cut off at the cap, so a client's parser gets a document it accepts.
+- OpenAI's long context (a model's `long_context`, no beta): a call whose input is above the
+  threshold is billed whole at those rates (rates_tier).
 - Scripted tool calls (/control `tool_calls`): the first queued call whose tool a call offers
   (a function tool, or a function in a `namespace` tool) is that call's answer, its arguments
   billed as output text, and leaves the queue; a call offering none of them answers as usual.
