@@ -414,6 +414,27 @@ def json_tokens(document: Any) -> tuple[str, ...]:
     return tuple(text[at:at + BYTES_PER_TOKEN] for at in range(0, len(text), BYTES_PER_TOKEN))
 
 
+def function_parameters(body: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The JSON schema of the parameters of the function `name` a call's tools declare (in a
+    namespace tool or not; chat's and Responses' shapes), if it declares properties."""
+    tools = body.get("tools")
+    specs: list[object] = []
+    for tool in tools if isinstance(tools, list) else ():
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            inner = tool.get("tools")
+            specs.extend(inner if isinstance(inner, list) else ())
+        else:
+            specs.append(tool)
+    for spec in specs:
+        if _function_name(spec) == name and isinstance(spec, dict):
+            function = spec.get("function")
+            holder = function if isinstance(function, dict) else spec
+            parameters = holder.get("parameters")
+            if isinstance(parameters, dict) and isinstance(parameters.get("properties"), dict):
+                return parameters
+    return None
+
+
 def rates_tier(prices: ModelPrices, tier: str, usage: Usage) -> str:
     """The rates a call is billed at: its tier's, or at standard a long-context model's long
     context rates when its input is above the threshold (OpenAI's: the whole call, no beta,
@@ -655,8 +676,12 @@ class OpenAIApi(Api[Answer]):
                 continue
             tool_call = None
             if tool is not None:
-                tool_call = ("call_" + secrets.token_hex(8), tool,
-                             json.dumps({"text": " ".join(visible)}))
+                # Arguments a client's own check accepts: the least document of the function's
+                # parameters where it declares them, billed as the answer drawn (its words).
+                parameters = function_parameters(body, tool)
+                given: Any = (schema_instance(parameters) if parameters is not None
+                              else {"text": " ".join(visible)})
+                tool_call = ("call_" + secrets.token_hex(8), tool, json.dumps(given))
                 finish = "length" if total == cap else "tool_calls"
             choices.append(Choice(index, visible, reasoning, finish, tool_call,
                                   callable_functions(body).get(tool) if tool else None))
