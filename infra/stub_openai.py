@@ -23,6 +23,11 @@ and wire formats; the rules here are the same for both:
   search's content (Responses) is held to what the window leaves.
 - Input the body only refers to (files and images by id or URL here; Responses has more) is
   billed as input and reported in the bill as `referenced_input_tokens`.
+- Structured outputs (chat `response_format`, Responses `text.format`: json_schema or
+  json_object): the answer is the schema's least document (schema_instance), billed as its
+  text, cut off at the cap, so a client's parser gets a document it accepts.
+- OpenAI's long context (a model's `long_context`, no beta): a call whose input is above the
+  threshold is billed whole at those rates (rates_tier).
 - Scripted tool calls (/control `tool_calls`): the first queued call whose tool a call offers
   (a function tool, or a function in a `namespace` tool) is that call's answer, its arguments
   billed as output text, and leaves the queue; a call offering none of them answers as usual.
@@ -59,7 +64,13 @@ from infra.stub_faults import (
     header_count,
     words,
 )
-from infra.stub_prices import TIER_STANDARD, ModelPrices, cost_micros, unpriced
+from infra.stub_prices import (
+    TIER_LONG_CONTEXT,
+    TIER_STANDARD,
+    ModelPrices,
+    cost_micros,
+    unpriced,
+)
 from infra.stub_tokens import (
     BYTES_PER_TOKEN,
     TOKENS_PER_MESSAGE,
@@ -92,7 +103,8 @@ CACHE_PREFIXES_MAX = 10_000
 # The share of an answer a reasoning model spends reasoning, by requested effort (the stub's own
 # choice: providers document no share, only that reasoning tokens count as output).
 REASONING_SHARE = {"none": Fraction(0), "minimal": Fraction(0), "low": Fraction(1, 4),
-                   "medium": Fraction(1, 2), "high": Fraction(3, 4), "xhigh": Fraction(7, 8)}
+                   "medium": Fraction(1, 2), "high": Fraction(3, 4), "xhigh": Fraction(7, 8),
+                   "max": Fraction(15, 16), "ultra": Fraction(15, 16)}
 REASONING_EFFORT_DEFAULT = "medium"
 # OpenRouter's web plugin engines the stub prices: Exa's results, at the table's rate. "native"
 # search is billed at the model provider's own search price, which the table does not hold.
@@ -402,6 +414,38 @@ def json_tokens(document: Any) -> tuple[str, ...]:
     return tuple(text[at:at + BYTES_PER_TOKEN] for at in range(0, len(text), BYTES_PER_TOKEN))
 
 
+def function_parameters(body: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The JSON schema of the parameters of the function `name` a call's tools declare (in a
+    namespace tool or not; chat's and Responses' shapes), if it declares properties."""
+    tools = body.get("tools")
+    specs: list[object] = []
+    for tool in tools if isinstance(tools, list) else ():
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            inner = tool.get("tools")
+            specs.extend(inner if isinstance(inner, list) else ())
+        else:
+            specs.append(tool)
+    for spec in specs:
+        if _function_name(spec) == name and isinstance(spec, dict):
+            function = spec.get("function")
+            holder = function if isinstance(function, dict) else spec
+            parameters = holder.get("parameters")
+            if isinstance(parameters, dict) and isinstance(parameters.get("properties"), dict):
+                return parameters
+    return None
+
+
+def rates_tier(prices: ModelPrices, tier: str, usage: Usage) -> str:
+    """The rates a call is billed at: its tier's, or at standard a long-context model's long
+    context rates when its input is above the threshold (OpenAI's: the whole call, no beta,
+    https://developers.openai.com/api/docs/pricing). The call still answers its own tier."""
+    long = prices.long_context
+    if (long is not None and long.beta is None and tier == TIER_STANDARD
+            and usage.input_tokens > long.above_input_tokens):
+        return TIER_LONG_CONTEXT
+    return tier
+
+
 def _fallback_models(doc: object) -> tuple[str, ...]:
     """OpenRouter's `models`: the models a call may fall back to, in order."""
     if doc is None:
@@ -632,8 +676,12 @@ class OpenAIApi(Api[Answer]):
                 continue
             tool_call = None
             if tool is not None:
-                tool_call = ("call_" + secrets.token_hex(8), tool,
-                             json.dumps({"text": " ".join(visible)}))
+                # Arguments a client's own check accepts: the least document of the function's
+                # parameters where it declares them, billed as the answer drawn (its words).
+                parameters = function_parameters(body, tool)
+                given: Any = (schema_instance(parameters) if parameters is not None
+                              else {"text": " ".join(visible)})
+                tool_call = ("call_" + secrets.token_hex(8), tool, json.dumps(given))
                 finish = "length" if total == cap else "tool_calls"
             choices.append(Choice(index, visible, reasoning, finish, tool_call,
                                   callable_functions(body).get(tool) if tool else None))
@@ -702,8 +750,8 @@ class OpenAIApi(Api[Answer]):
         earlier."""
         openrouter = self.app.prices.openrouter
         tools = self.app.prices.openai_tools
-        best = (name, tier, usage, cost_micros(prices, tier, usage, openrouter=openrouter,
-                                               openai_tools=tools))
+        best = (name, tier, usage, cost_micros(prices, rates_tier(prices, tier, usage), usage,
+                                               openrouter=openrouter, openai_tools=tools))
         for other_name in fallbacks:
             other = self.app.prices.model(other_name)
             if other is None:
@@ -712,10 +760,11 @@ class OpenAIApi(Api[Answer]):
             # A search model searches on whichever call it serves; another model never does.
             other_usage = replace(
                 usage, web_search_calls=int(other.web_search_call_micros is not None))
-            if unpriced(other, other_tier, other_usage, openrouter=openrouter,
+            billed_tier = rates_tier(other, other_tier, other_usage)
+            if unpriced(other, billed_tier, other_usage, openrouter=openrouter,
                         openai_tools=tools) is not None:
                 continue
-            micros = cost_micros(other, other_tier, other_usage, openrouter=openrouter,
+            micros = cost_micros(other, billed_tier, other_usage, openrouter=openrouter,
                                  openai_tools=tools)
             if micros > best[3]:
                 best = (other_name, other_tier, other_usage, micros)

@@ -29,7 +29,8 @@ exactly micro-dollars per token):
                    ...the rates above...}                   Anthropic: a call sent with the beta
                                                             FLAG whose input (cached, written and
                                                             plain) is above N tokens is billed
-                                                            whole at these rates
+                                                            whole at these rates; OpenAI: no
+                                                            beta, any call above N
     reasoning: true                                         part of its output is reasoning tokens
                                                             (Anthropic: it accepts `thinking`)
     image: {"rule": "tile", "base_tokens": N, "tile_tokens": N}
@@ -111,6 +112,8 @@ OPENROUTER_FIELDS = frozenset({"web_plugin_usd_per_1k_results", "web_plugin_resu
 MESSAGES_FIELDS = frozenset({"context_window_tokens", "output_tokens_max", "cache_tokens_min",
                              "tool_prompt_tokens", "keeps_thinking"})
 LONG_CONTEXT_FIELDS = frozenset({"above_input_tokens", "beta", "context_window_tokens"})
+# OpenAI's long context needs no beta: a call above the threshold is billed at its rates.
+OPENAI_LONG_CONTEXT_FIELDS = LONG_CONTEXT_FIELDS - {"beta"}
 
 
 @dataclass(frozen=True)
@@ -158,11 +161,12 @@ ImageRule = TileRule | PatchRule | AreaRule
 
 @dataclass(frozen=True)
 class LongContext:
-    """Anthropic's long-context prices: a call sent with `beta` whose input is above
-    `above_input_tokens` is billed whole at `rates`, within a window of `context_window_tokens`."""
+    """Long-context prices: a call (Anthropic's: sent with `beta`) whose input is above
+    `above_input_tokens` is billed whole at `rates`, within a window of `context_window_tokens`.
+    OpenAI's (`beta` None) need no beta."""
 
     above_input_tokens: int
-    beta: str
+    beta: str | None
     context_window_tokens: int
     rates: TierRates
 
@@ -372,17 +376,20 @@ def _messages_model(name: str, doc: object) -> MessagesModel | None:
     )
 
 
-def _long_context(name: str, doc: object) -> LongContext | None:
+def _long_context(name: str, doc: object, *, anthropic: bool = True) -> LongContext | None:
     if doc is None:
         return None
-    if not isinstance(doc, Mapping) or not set(doc) >= LONG_CONTEXT_FIELDS:
-        raise ValueError(f"{name}.long_context needs {sorted(LONG_CONTEXT_FIELDS)} and rates")
-    if not isinstance(doc["beta"], str) or not doc["beta"]:
+    needed = LONG_CONTEXT_FIELDS if anthropic else OPENAI_LONG_CONTEXT_FIELDS
+    if not isinstance(doc, Mapping) or not set(doc) >= needed:
+        raise ValueError(f"{name}.long_context needs {sorted(needed)} and rates")
+    if anthropic and (not isinstance(doc["beta"], str) or not doc["beta"]):
         raise ValueError(f"{name}.long_context.beta must name the beta flag")
+    if not anthropic and "beta" in doc:
+        raise ValueError(f"{name}.long_context: an OpenAI model's long context takes no beta")
     return LongContext(
         above_input_tokens=_positive(name, "long_context.above_input_tokens",
                                      doc["above_input_tokens"]),
-        beta=doc["beta"],
+        beta=doc["beta"] if anthropic else None,
         context_window_tokens=_positive(name, "long_context.context_window_tokens",
                                         doc["context_window_tokens"]),
         rates=_tier(f"{name}.long_context",
@@ -428,8 +435,8 @@ def _model(name: str, entry: object) -> ModelPrices:
                          "integer")
     standard = _tier(name, {k: v for k, v in entry.items() if k in RATE_FIELDS})
     messages = _messages_model(name, entry.get("anthropic"))
-    if messages is None and ("long_context" in entry or "web_search_usd_per_1k" in entry):
-        raise ValueError(f"{name}: long_context and web_search_usd_per_1k are Anthropic's")
+    if messages is None and "web_search_usd_per_1k" in entry:
+        raise ValueError(f"{name}: web_search_usd_per_1k is Anthropic's")
     if messages is not None and "web_search_usd_per_call" in entry:
         raise ValueError(f"{name}: web_search_usd_per_call is for OpenAI's search models")
     return ModelPrices(
@@ -448,7 +455,8 @@ def _model(name: str, entry: object) -> ModelPrices:
         web_search_call_micros=(
             _rate(name, "web_search_usd_per_call", entry["web_search_usd_per_call"])
             * MICROS_PER_USD if "web_search_usd_per_call" in entry else None),
-        long_context=_long_context(name, entry.get("long_context")),
+        long_context=_long_context(name, entry.get("long_context"),
+                                   anthropic=messages is not None),
         messages=messages,
         context_window_tokens=(_positive(name, "context_window_tokens",
                                          entry["context_window_tokens"])

@@ -257,7 +257,8 @@ class ResponsesApi(OpenAIApi):
     def routes_conversations(self) -> list[tuple[str, Any, list[str]]]:
         return [("/v1/conversations", self.create_conversation, ["POST"]),
                 ("/v1/conversations/{conversation_id}", self.get_conversation, ["GET"]),
-                ("/v1/conversations/{conversation_id}/items", self.add_items, ["POST"])]
+                ("/v1/conversations/{conversation_id}/items", self.items_route,
+                 ["GET", "POST"])]
 
     async def create_conversation(self, request: Request) -> Response:
         try:
@@ -285,17 +286,24 @@ class ResponsesApi(OpenAIApi):
         return JSONResponse({"id": conversation, "object": "conversation",
                              "created_at": int(time.time()), "metadata": {}})
 
-    async def add_items(self, request: Request) -> Response:
+    async def items_route(self, request: Request) -> Response:
+        """A conversation's items: listed (GET, all of them, newest first unless `order=asc`,
+        as OpenAI lists them) or added (POST)."""
         conversation = request.path_params["conversation_id"]
         try:
             self.check(request)
             if conversation not in self.conversations:
                 raise ApiError(404, f"Conversation with id '{conversation}' not found.",
                                "not_found")
-            items = _conversation_items((await read_body(request)).get("items"))
+            if request.method == "GET":
+                items = self.conversations[conversation]
+                if request.query_params.get("order") != "asc":
+                    items = items[::-1]
+            else:
+                items = _conversation_items((await read_body(request)).get("items"))
+                self._append(conversation, items)
         except ApiError as exc:
             return self.error(exc, {})
-        self._append(conversation, items)
         return JSONResponse({"object": "list", "data": items, "has_more": False,
                              "first_id": items[0]["id"] if items else None,
                              "last_id": items[-1]["id"] if items else None})

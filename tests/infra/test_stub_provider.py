@@ -172,6 +172,9 @@ SECTION = {"context_window_tokens": 1000, "output_tokens_max": 100, "cache_token
     ({"models": {"m": RATES | {"context_window_tokens": 0}}}, "positive"),
     ({"models": {"m": RATES | {"web_search_content_tokens": "8000"}}}, "positive"),
     ({"models": {}, "openai_tools": {"web_search_usd_per_1k_calls": "10.00"}}, "openai_tools"),
+    ({"models": {"m": RATES | {"long_context": {"above_input_tokens": 1, "beta": "b",
+                                                "context_window_tokens": 2, **RATES}}}},
+     "takes no beta"),
 ])
 def test_a_bad_table_is_refused(table: dict[str, Any], why: str) -> None:
     with pytest.raises(ValueError, match=why):

@@ -258,3 +258,21 @@ def test_a_structured_answer_is_a_document_of_its_schema_on_both_routes(
                                text={"format": {"type": "json_schema", "name": "answer",
                                                 "schema": Answer.model_json_schema()}})
     assert (cut.status, len(cut.output_text)) == ("incomplete", 20)
+
+
+def test_a_forced_call_without_a_script_gives_arguments_of_the_functions_schema(
+    sdk: openai.OpenAI,
+) -> None:
+    forced = sdk.responses.create(model="gpt-4o", input="read", tools=[NAMESPACE_TOOL],
+                                  tool_choice="required", max_output_tokens=50)
+    [call] = forced.output
+    assert call.type == "function_call"
+    assert (call.name, call.namespace) == ("read_file", "mcp__files__")
+    assert json.loads(call.arguments) == {"path": "the ceiling holds"}
+    chat = sdk.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "run"}], tool_choice="required",
+        tools=[{"type": "function", "function": {"name": "shell", "parameters": SHELL_TOOL[
+            "parameters"]}}])
+    [chat_call] = chat.choices[0].message.tool_calls or []
+    assert chat_call.type == "function"
+    assert json.loads(chat_call.function.arguments) == {"command": []}

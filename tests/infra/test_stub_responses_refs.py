@@ -359,6 +359,8 @@ def test_the_conversations_routes_answer_as_openais_do(sdk: openai.OpenAI,
     added = sdk.conversations.items.create(conversation.id, items=[
         {"type": "message", "role": "user", "content": "hello"}])
     assert [item.type for item in added.data] == ["message"]
+    assert [item.id for item in sdk.conversations.items.list(conversation.id)] == [
+        added.data[0].id]
     refused(lambda: sdk.conversations.retrieve("conv_nope"), 404)
     refused(lambda: sdk.conversations.items.create("conv_nope", items=[]), 404)
     # At most 20 items a call, as OpenAI takes them.
@@ -370,3 +372,22 @@ def test_the_conversations_routes_answer_as_openais_do(sdk: openai.OpenAI,
                                          conversation=conversation.id,
                                          previous_response_id=first.id), 400)
     assert [c.billed for c in log(http)] == [True, False]
+
+
+@pytest.mark.parametrize(("file_bytes", "rates"), [
+    # 200,000 tokens of file: below 272,000, gpt-6.2-sol's $2 in and $10 out.
+    (800_000, ("2.00", "10.00")),
+    # 300,000: above it, the whole call at the long-context rates, $4 in and $15 out.
+    (1_200_000, ("4.00", "15.00")),
+])
+def test_a_call_above_openais_long_context_threshold_is_billed_whole_at_its_rates(
+    sdk: openai.OpenAI, http: httpx.Client, file_bytes: int, rates: tuple[str, str]
+) -> None:
+    http.post("/control", json={"files": {"file-long": {"bytes": file_bytes}}}
+              ).raise_for_status()
+    items: Any = [{"role": "user", "content": [{"type": "input_file", "file_id": "file-long"}]}]
+    response = sdk.responses.create(model="gpt-6.2-sol", input=items, extra_headers=forced(10))
+    assert response.service_tier == "default"
+    call = log(http)[-1]
+    assert usage_of(call).input_tokens == file_bytes // 4 + 4 + 3
+    assert call.cost_micros == token_micros(call, *rates)
