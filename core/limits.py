@@ -108,8 +108,11 @@ USERS_MAX_MAX = 100_000
 REQUESTS_PER_MINUTE_MAX = 100_000
 RATE_WINDOW_MS = 60_000
 CONCURRENT_MAX_MAX = 100_000
-# A concurrency limit frees up when an open call ends, which takes seconds: when to try again.
-CONCURRENCY_RETRY_AFTER_S = 1
+# A concurrency limit frees up when an open call ends: a settle or release ends it at once, and
+# expiry at its lease end at the latest. A refusal's Retry-After is the earliest lease end among
+# the held slots (rounded up), the moment a slot is free for certain, never less than this: a
+# call that settles sooner frees its slot sooner, and a client may ask again then.
+CONCURRENCY_RETRY_AFTER_S_MIN = 1
 
 # -- alerts --------------------------------------------------------------------------------------
 # Thresholds one budget may alert at: a handful says "half, most, all"; more is noise.

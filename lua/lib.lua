@@ -839,7 +839,13 @@ local function rate_refusal(prefix, limits, now)
       local key = prefix .. CONCURRENCY_KEY .. lim.budget_id
       redis.call('ZREMRANGEBYSCORE', key, '-inf', istr(now))
       if redis.call('ZCARD', key) >= lim.cmax then
-        return {'concurrency_limited', lim.budget_id, istr(CONCURRENCY_RETRY_AFTER_S)}
+        -- The earliest lease end among the held slots: by then a slot is free for certain
+        -- (expiry frees it if nothing ends the call sooner), so a client that obeys asks
+        -- once, not once a second for as long as a call of unknown outcome holds its slot.
+        local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+        return {'concurrency_limited', lim.budget_id,
+                istr(math.max(CONCURRENCY_RETRY_AFTER_S_MIN,
+                              math.ceil((tonumber(first[2]) - now) / 1000)))}
       end
     end
   end

@@ -281,3 +281,24 @@ async def test_a_booked_call_counts_its_user_in_each_budget_with_room(
     assert legs[org.user("u2").path] == 400  # the org had room for u2
     assert team.user("u2").path not in legs or legs[team.user("u2").path] == 0
     assert legs[team.path] == 400
+
+
+async def test_concurrency_retry_after_is_the_earliest_lease_end_of_the_held_slots(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    """A call of unknown outcome keeps its slot until its lease ends: a refusal says when that
+    is, so a client that obeys asks once, not once a second (issue 35: ~69 requests)."""
+    await put(store, tag, (Period.TOTAL, 10**9), rate=Rate(concurrent_max=2))
+    await store.reserve(held(tag, tag, 1, ttl_ms=TTL_MS))
+    clock.advance(10_500)
+    await store.reserve(held(tag, tag, 1, ttl_ms=TTL_MS))
+    with pytest.raises(ConcurrencyLimited) as refused:
+        await store.reserve(held(tag, tag, 1))
+    # The first slot's lease ends TTL_MS after it was taken, 10.5 s ago: 49.5 s, rounded up.
+    assert refused.value.details["retry_after_s"] == (TTL_MS - 10_500 + 999) // 1_000
+    clock.advance(TTL_MS - 10_500 - 200)
+    with pytest.raises(ConcurrencyLimited) as refused:
+        await store.reserve(held(tag, tag, 1))
+    assert refused.value.details["retry_after_s"] == 1  # never less than a second
+    clock.advance(refused.value.details["retry_after_s"] * 1_000)
+    await store.reserve(held(tag, tag, 1))  # when it said: the slot is free
