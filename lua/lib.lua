@@ -174,26 +174,32 @@ local function counters(key)
   return v[1] or '0', v[2] or '0', v[3] or '0'
 end
 
--- What an API key made in the current quota window (core/limits.py STATE_QUOTA_WINDOW_MS): the
--- window's index and its counts, from the key's quota hash ('sc:{TAG}:q:<owner>'); a hash of an
+-- What an API key made in the current quota windows: the day window's index and its counts
+-- (core/limits.py STATE_QUOTA_WINDOW_MS), and the count of records it made in the current
+-- records window (RECORDS_QUOTA_WINDOW_MS, minutes: what a key keeps of those is its rate times
+-- how long they are kept), from the key's quota hash ('sc:{TAG}:q:<owner>'); a count of an
 -- earlier window counts nothing. What it bounds is counted by the script that makes it, so no
 -- number of concurrent calls can pass a bound.
 local QUOTA_FIELDS = {'records', 'runs', 'replies', 'reply_bytes'}
 
 local function quota_read(qkey, now)
   local window = math.floor(now / STATE_QUOTA_WINDOW_MS)
-  local v = redis.call('HMGET', qkey, 'window', 'records', 'runs', 'replies', 'reply_bytes')
+  local recent_window = math.floor(now / RECORDS_QUOTA_WINDOW_MS)
+  local v = redis.call('HMGET', qkey, 'window', 'records', 'runs', 'replies', 'reply_bytes',
+                       'recent_window', 'recent')
   local current = v[1] == istr(window)
-  local used = {window = window}
+  local used = {window = window, recent_window = recent_window,
+                recent = v[6] == istr(recent_window) and tonumber(v[7] or '0') or 0}
   for i, name in ipairs(QUOTA_FIELDS) do
     used[name] = current and tonumber(v[i + 1] or '0') or 0
   end
   return used
 end
 
--- Write back the counts of `used` (quota_read's, added to), kept two windows after its own.
+-- Write back the counts of `used` (quota_read's, added to), kept two day windows after its own.
 local function quota_write(qkey, used)
-  local args = {'window', istr(used.window)}
+  local args = {'window', istr(used.window), 'recent_window', istr(used.recent_window),
+                'recent', istr(used.recent)}
   for _, name in ipairs(QUOTA_FIELDS) do
     args[#args + 1] = name
     args[#args + 1] = istr(used[name])
@@ -202,10 +208,13 @@ local function quota_write(qkey, used)
   redis.call('PEXPIREAT', qkey, istr((used.window + 2) * STATE_QUOTA_WINDOW_MS))
 end
 
--- A refusal for a quota: which one, and the seconds until its window ends.
+-- A refusal for a quota: which one, and the seconds until its window ends (the records window
+-- for 'recent', the day window for the others).
 local function quota_refusal(kind, used, now)
-  return {'state_quota', kind,
-          istr(math.ceil(((used.window + 1) * STATE_QUOTA_WINDOW_MS - now) / 1000))}
+  local ends_at = kind == 'recent' and (used.recent_window + 1) * RECORDS_QUOTA_WINDOW_MS
+    or (used.window + 1) * STATE_QUOTA_WINDOW_MS
+  return {'state_quota', kind == 'recent' and 'records' or kind,
+          istr(math.ceil((ends_at - now) / 1000))}
 end
 
 -- A run's counter lives while its run is active. Every write to it stamps the ledger's time in
@@ -900,14 +909,17 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
   if exceeded or busy then
     return nil, exceeded or busy, exceeded and 'exceeded' or 'busy'
   end
-  -- The key's quota of what outlives the call: a record kept past a resend, a run it opens. A
+  -- The key's quota of what outlives the call: a record kept past a resend (counted by the
+  -- records window; one kept a day for an Idempotency-Key, by the day too), a run it opens. A
   -- gateway call without either (the hot path) reads no quota.
   local kept = a.retention_ms ~= RESEND_WINDOW_MS_TEXT
+  local keyed = kept and tonumber(a.retention_ms) > REPLAY_WINDOW_MS
   local qkey, used
   if kept or opens > 0 then
     qkey = prefix .. QUOTA_KEY .. a.owner
     used = quota_read(qkey, now)
-    local over = (kept and used.records >= RECORDS_KEPT_PER_KEY_MAX and 'records')
+    local over = (kept and used.recent >= RECORDS_PER_KEY_PER_WINDOW_MAX and 'recent')
+      or (keyed and used.records >= IDEMPOTENT_RECORDS_PER_KEY_MAX and 'records')
       or (used.runs + opens > RUNS_PER_KEY_MAX and 'runs')
     if over then
       if redis.call('EXISTS', KEYS[2]) == 1 then
@@ -953,7 +965,8 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
     count_hold(prefix, legs, id_of(prefix, KEYS[2]), now, expires_at)
   end
   if qkey then
-    used.records = used.records + (kept and 1 or 0)
+    used.recent = used.recent + (kept and 1 or 0)
+    used.records = used.records + (keyed and 1 or 0)
     used.runs = used.runs + opens
     quota_write(qkey, used)
   end

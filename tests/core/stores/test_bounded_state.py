@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -19,10 +20,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from core.budgets import BudgetDef, BudgetId, Limit, Period
-from core.errors import BudgetBusy, StateQuota
-from core.ledger import Role, StoredReply
+from core.errors import BudgetBusy, ReservationNotFound, StateQuota
+from core.ledger import ReservationRef, ReserveRequest, Role, StoredReply
 from core.limits import (
     IDEMPOTENCY_WINDOW_MS,
+    RECORDS_PER_KEY_PER_WINDOW_MAX,
+    RECORDS_QUOTA_WINDOW_MS,
+    REPLAY_WINDOW_MS,
     RESERVATION_TTL_MS_MAX,
     RESERVATION_TTL_MS_MIN,
     RUN_COUNTER_IDLE_MS,
@@ -33,9 +37,12 @@ from core.limits import (
 from core.prices import PriceTable
 from core.replies import reply_ref
 from core.service import CallSpec, CeilingService, SettleSpec
-from core.stores import keys
+from core.stores import keys, wire
+from core.stores.memory import MemoryStore
 from core.stores.redis import RedisStore
+from core.stores.scripts import library, script
 from infra.redis_server import RedisServer
+from tests.support import ManualClock
 
 RUNS = 10_000
 # Calls in flight at once: as fast as one process and a 64-connection pool go.
@@ -273,4 +280,110 @@ async def test_a_key_opens_at_most_its_quota_of_runs_a_window(
     assert 0 < refused[0].details["retry_after_s"] <= STATE_QUOTA_WINDOW_MS // 1_000
     who = await service.authenticate(key.api_key, "run-0", Role.SIDECAR)
     await service.reserve(who, CallSpec(amount_micros=1))  # a run already open
+    await store.close()
+
+
+# -- a busy key is not a hostile key -------------------------------------------------------------
+
+# Issue 35: one sidecar key doing reserve -> settle honestly, 150,000 times, was refused 50,000 of
+# them (429 state_quota). A key at 10 calls a second (CALL_INTERVAL_MS) keeps its calls' records
+# for the replay window only: what it keeps is its rate times minutes, and it is never refused.
+BUSY_PAIRS = 150_000
+CALL_INTERVAL_MS = 100
+# Scripts sent in one pipeline: as fast as one connection goes, in memory a client holds easily.
+PIPELINE_CALLS = 2_000
+
+
+@pytest.mark.slow
+async def test_a_busy_key_is_never_refused_and_keeps_its_rate_times_the_replay_window(
+    own_redis: RedisServer, raw: aioredis.Redis
+) -> None:
+    """150,000 reserve -> settle pairs of one sidecar key (ids the ledger minted), the scripts
+    sent as the store sends them, pipelined, the ledger's time moved 100 ms a pair by now_ms: 0
+    refused; each settled record is kept REPLAY_WINDOW_MS (by Redis' own clock, which the
+    injected one does not move: its PTTL and bytes are measured), and the key's quota counts
+    only the records window, far below its bound."""
+    # From the wall clock's now: the quota hash expires at an instant of the ledger's time.
+    clock = ManualClock(int(time.time() * 1000))
+    store = RedisStore(own_redis.url, clock=clock)
+    ledger_id = await store.open()
+    tag = f"org:busy{uuid.uuid4().hex[:8]}"
+    await store.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, 10**15),)))
+    await raw.function_load(library().source, replace=True)
+    reserve, settle = script("reserve").function, script("settle").function
+    assert reserve is not None
+    assert settle is not None
+    owner, tail = "key_busy", wire.record_tail("", "v", "m")
+    answers: dict[str, int] = {}
+    started = time.monotonic()
+    for first in range(0, BUSY_PAIRS, PIPELINE_CALLS // 2):
+        pipe = raw.pipeline(transaction=False)
+        for i in range(first, min(first + PIPELINE_CALLS // 2, BUSY_PAIRS)):
+            rid = f"{i:032x}"
+            record_keys = (keys.meta(tag), keys.reservation(tag, rid), keys.open_leases(tag))
+            now = str(clock.now_ms)
+            pipe.fcall(reserve, 3, *record_keys, *wire.arguments(
+                wire.RESERVE_ARGS, ledger_id=ledger_id, reserved_micros="100", ttl_ms="60000",
+                budget_ids=tag, run="", zones="", expire_policy="charge",
+                retention_ms=str(REPLAY_WINDOW_MS), owner=owner, record_tail=tail, user="",
+                now_ms=now))
+            pipe.fcall(settle, 3, *record_keys, *wire.arguments(
+                wire.SETTLE_ARGS, owner=owner, actual_micros="40", upstream="", now_ms=now))
+            clock.advance(CALL_INTERVAL_MS)
+        for reply in await pipe.execute(raise_on_error=False):
+            kind = str(reply[0]) if isinstance(reply, list) else repr(reply)
+            answers[kind] = answers.get(kind, 0) + 1
+    took_s = time.monotonic() - started
+    assert answers == {"ok": 2 * BUSY_PAIRS}, answers
+    total = (await store.status((BudgetId(tag),)))[0]
+    assert (total.committed_micros, total.reserved_micros) == (40 * BUSY_PAIRS, 0)
+
+    last = keys.reservation(tag, f"{BUSY_PAIRS - 1:032x}")
+    record_bytes = await raw.memory_usage(last, samples=0) or 0
+    assert 0 < await raw.pttl(last) <= REPLAY_WINDOW_MS
+    quota = await raw.hgetall(keys.quota(tag, owner))
+    # The current records window's calls (at most 10 minutes' at 10 a second), nothing of the
+    # day counted.
+    assert 0 < int(quota["recent"]) <= RECORDS_QUOTA_WINDOW_MS // CALL_INTERVAL_MS
+    assert int(quota.get("records", "0")) == 0
+    kept_calls = REPLAY_WINDOW_MS // CALL_INTERVAL_MS
+    print(f"\nbusy key: {BUSY_PAIRS} reserve -> settle pairs in {took_s:.1f} s, 0 refused; a "
+          f"settled record {record_bytes} B (MEMORY USAGE), kept {REPLAY_WINDOW_MS // 60_000} "
+          f"min: at 10 calls/s a key keeps {kept_calls} of them, ~{kept_calls * record_bytes} B; "
+          f"at its bound ({RECORDS_PER_KEY_PER_WINDOW_MAX} a window, 4 windows live) "
+          f"~{4 * RECORDS_PER_KEY_PER_WINDOW_MAX * record_bytes // 1_000_000} MB")
+    assert record_bytes < 400
+    await store.close()
+
+
+async def test_a_busy_key_keeps_only_its_last_replay_window_of_records(
+    clock: ManualClock,
+) -> None:
+    """The same busy key on the memory store, whose keys expire by the injected clock: after
+    two hours of calls at 10 a second, the records kept are the last replay window's."""
+    store = MemoryStore(clock=clock)
+    await store.open()
+    tag = f"org:busy{uuid.uuid4().hex[:8]}"
+    await store.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, 10**15),)))
+    calls = 2 * 3_600_000 // CALL_INTERVAL_MS // 10  # two hours at 1 a second: fakeredis is slow
+    interval_ms = 10 * CALL_INTERVAL_MS
+    for _ in range(calls):
+        r = await store.reserve(ReserveRequest(
+            ReservationRef(tag, uuid.uuid4().hex, "key_busy"), (BudgetId(tag),), 100, 60_000,
+            "", "v", "m", retention_ms=REPLAY_WINDOW_MS))
+        await store.settle(ReservationRef(tag, r.reservation_id, "key_busy"), 40)
+        clock.advance(interval_ms)
+    kept = await store._t.execute("KEYS", keys.reservation(tag, "*"))
+    assert len(kept) == REPLAY_WINDOW_MS // interval_ms
+    # A settle resent past the window finds no record and moves no money; the id was minted for
+    # one call, so nothing else can be held under it.
+    first = await store.reserve(ReserveRequest(
+        ReservationRef(tag, "gone", "key_busy"), (BudgetId(tag),), 100, 60_000, "", "v", "m",
+        retention_ms=REPLAY_WINDOW_MS))
+    await store.settle(ReservationRef(tag, first.reservation_id, "key_busy"), 40)
+    clock.advance(REPLAY_WINDOW_MS + 1)
+    before = await store.status((BudgetId(tag),))
+    with pytest.raises(ReservationNotFound):
+        await store.settle(ReservationRef(tag, first.reservation_id, "key_busy"), 40)
+    assert await store.status((BudgetId(tag),)) == before
     await store.close()
