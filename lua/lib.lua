@@ -447,6 +447,25 @@ local function alert_refused(prefix, leg, now)
 end
 -- ==== end of alerts ==============================================================================
 
+-- What a step does for an end user's leg (flag 'e', budget id '<budget>/user:<user>') beyond its
+-- counters: a charge (`charged`: committed spend above zero booked in it) gives the user its
+-- place among the budget's users for good, out of the pending ones (users_refusal); a step that
+-- leaves the user nothing spent and nothing open drops the counter, which holds nothing, and
+-- gives the pending place back (a user whose calls were all released leaves nothing behind).
+local function user_leg_moved(prefix, budget_id, ck, charged)
+  local parent, user = string.match(budget_id, '^(.*)/user:([^/]*)$')
+  if charged then
+    redis.call('ZADD', prefix .. USERS_KEY .. parent, '0', user)
+    redis.call('ZREM', prefix .. PENDING_USERS_KEY .. parent, user)
+    return
+  end
+  local left = redis.call('HMGET', ck, 'committed', 'reserved')
+  if (left[1] or '0') == '0' and (left[2] or '0') == '0' then
+    redis.call('DEL', ck)
+    redis.call('ZREM', prefix .. PENDING_USERS_KEY .. parent, user)
+  end
+end
+
 -- core/lifecycle.py is the one statement of what each step of a reservation books: HOLDINGS
 -- (what a reservation holds in its legs' counters, by state and policy) and TRANSITIONS (which
 -- event moves it from which state to which). The prelude compiles them into `effects` and
@@ -475,6 +494,9 @@ local function apply(prefix, legs, reserved, committed, overshoot, now, spent_at
         end
       end
       if overshoot then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
+      if not run and string.find(flags, FLAGS.user, 1, true) then
+        user_leg_moved(prefix, budget_id, ck, committed and tonumber(committed) > 0)
+      end
       if run then
         local left = redis.call('HMGET', ck, 'committed', 'reserved')
         if (left[1] or '0') == '0' and (left[2] or '0') == '0' then
@@ -527,8 +549,13 @@ local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_te
       end
     end
     if overshoot ~= '0' then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
-    if flags ~= '' and string.find(flags, FLAGS.slot, 1, true) then
-      free_slot(prefix, budget_id, id_of(prefix, keys[2]))
+    if flags ~= '' then
+      if string.find(flags, FLAGS.slot, 1, true) then
+        free_slot(prefix, budget_id, id_of(prefix, keys[2]))
+      end
+      if string.find(flags, FLAGS.user, 1, true) then
+        user_leg_moved(prefix, budget_id, ck, tonumber(committed) > 0)
+      end
     end
   end
   -- A gateway call's answer to a resend, its fingerprint '' (core/service.py): in the order
@@ -802,8 +829,10 @@ local function resolve_legs(prefix, a, now)
           add_legs(legs, z, budget_id .. '/user:' .. a.user, allowance, u_day, u_week, u_month,
                    ceiling_of(u_total), true, false, u_rpm, u_cmax)
           legs.users = legs.users or {}
-          legs.users[#legs.users + 1] = {key = prefix .. USERS_KEY .. budget_id, user = a.user,
-                                         users_max = tonumber(users_max), budget_id = budget_id}
+          legs.users[#legs.users + 1] = {key = prefix .. USERS_KEY .. budget_id,
+                                         pending = prefix .. PENDING_USERS_KEY .. budget_id,
+                                         user = a.user, users_max = tonumber(users_max),
+                                         budget_id = budget_id}
         end
       end
     end
@@ -818,12 +847,18 @@ local function resolve_legs(prefix, a, now)
 end
 
 -- The users a hold would make that a budget has no room for: {'users_exhausted', budget_id}, or
--- nil. A user already counted passes.
+-- nil. A budget's places are taken by its charged users (the users set, for good: a call of
+-- theirs was charged) and by users with a call open and none charged yet (the pending set): a
+-- pending place is given back when its user's calls have all ended uncharged (user_leg_moved),
+-- so calls that were released cannot use the places up, and a lease that ends is resolved by
+-- expiry (which a refused reserve runs first: reserve.lua), charged or not, like any other.
+-- A user already in either set passes (u.known: a charged one).
 local function users_refusal(users)
   for _, u in ipairs(users) do
     if redis.call('ZSCORE', u.key, u.user) then
       u.known = true
-    elseif redis.call('ZCARD', u.key) >= u.users_max then
+    elseif not redis.call('ZSCORE', u.pending, u.user)
+        and redis.call('ZCARD', u.key) + redis.call('ZCARD', u.pending) >= u.users_max then
       return {'users_exhausted', u.budget_id}
     end
   end
@@ -877,7 +912,7 @@ local function count_hold(prefix, legs, rid, now, expires_at)
   end
   for _, u in ipairs(legs.users or {}) do
     if not u.known then
-      redis.call('ZADD', u.key, '0', u.user)
+      redis.call('ZADD', u.pending, '0', u.user)
     end
   end
 end

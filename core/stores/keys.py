@@ -62,10 +62,15 @@ REPLY = "reply:"  # + digest: one idempotency key of one API key (core/replies.p
 # window (core/limits.py STATE_QUOTA_WINDOW_MS), a hash: 'window' (its index), 'records', 'runs',
 # 'replies', 'reply_bytes'. Expires two windows after its own.
 QUOTA = "q:"
-# + budget id: the end users of a budget with per_user limits, a sorted set (score 0, so in byte
-# order, pages by ZRANGEBYLEX) of at most its users_max ids. Kept as long as the budget, as a
-# user's total counter is (a user's total never refills).
+# + budget id: the end users of a budget with per_user limits that a call of theirs was charged
+# in, a sorted set (score 0, so in byte order, pages by ZRANGEBYLEX). Kept as long as the budget,
+# as a user's total counter is (a user's total never refills).
 USERS = "u:"
+# + budget id: the end users with a call open and none charged yet, a sorted set (score 0, byte
+# order) that a user leaves when a call of theirs is charged (for USERS) or when their calls have
+# all ended uncharged (released, settled at zero, expired under 'release'). With USERS, at most
+# the budget's users_max ids.
+PENDING_USERS = "uo:"
 # + budget id (a user's too): the reservation ids of its calls in the last RATE_WINDOW_MS, a
 # sorted set by when each was admitted; expires a window after its last call.
 RATE = "rl:"

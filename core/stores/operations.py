@@ -199,9 +199,13 @@ class ScriptedCatalogue:
             cursor = str(page[0])
             for entry in page[1:]:
                 kind, suffix, pttl, values = str(entry[0]), str(entry[1]), int(entry[2]), entry[3:]
-                if kind == "users":
-                    budget_id = suffix.removeprefix(keys.USERS)
-                    users[budget_id] = await self._members(keys.prefix(tag) + suffix)
+                if kind in ("users", "pending_users"):
+                    # A pending user's open call is charged as unknown by a restore, which
+                    # gives it its place among the budget's users (core/stores/keys.py).
+                    budget_id = suffix.removeprefix(
+                        keys.USERS if kind == "users" else keys.PENDING_USERS)
+                    found = await self._members(keys.prefix(tag) + suffix)
+                    users[budget_id] = tuple(sorted({*users.get(budget_id, ()), *found}))
                 else:
                     hashes[suffix] = (pttl if pttl > 0 else None, _pairs(list(values)))
             if cursor == "0":

@@ -60,7 +60,7 @@ MODELS = 50  # distinct model names with an output histogram
 OPERATOR_KEYS = re.compile(
     r"sc:ledger|sc:tags|sc:key:[0-9a-f]+|sc:keyid:key_[0-9a-f]+|sc:key:\{key_[0-9a-f]+\}"
     r"|\{sc:ledger\}:(orgs|budgets|keys|audit|restored|adopted|format|libraries)"
-    r"|sc:\{(?P<tag>[^}]+)\}:(meta|open|budgets|refused|def:.+|u:.+"
+    r"|sc:\{(?P<tag>[^}]+)\}:(meta|open|budgets|refused|def:.+|u:.+|uo:.+"
     r"|p:(?P<budget>[^|]+)\|total)"
 )
 
