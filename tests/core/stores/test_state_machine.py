@@ -205,11 +205,11 @@ def machine_for(request: pytest.FixtureRequest, kind: str) -> type[RuleBasedStat
                 "ZRANGE", prefix + keys.PENDING_USERS + self.path.path, "0", "-1")))
             assert len(charged) + len(pending) <= USERS_MAX
             assert not charged & pending
-            for rid, view in views.items():
-                user = self.users[rid]
-                if user is not None and (view.state is ReservationState.OPEN or (
-                        view.charged_micros or 0) > 0):
-                    assert user in charged | pending, (user, view)
+            for rid, seen in views.items():
+                who_called = self.users[rid]
+                if who_called is not None and seen is not None and (
+                        seen.state is ReservationState.OPEN or (seen.charged_micros or 0) > 0):
+                    assert who_called in charged | pending, (who_called, seen)
             assert opened <= (RATE.concurrent_max or 0)
             assert isinstance(self.store, ScriptedStore)
             count = self.run(self.store.transport.execute(
