@@ -97,6 +97,11 @@ REPLIES_PER_KEY_MAX = 10_000
 REPLY_BYTES_PER_KEY_MAX = 4 * 1024 * 1024
 # Day and month counters are kept 400 days after their window ends, for reports and late settles.
 COUNTER_RETENTION_MS = 400 * 24 * 3_600_000
+# Counters that hold spend carry no expiry (an evicting Redis must find none to drop); a sweep
+# deletes those whose time has come (COUNTER_RETENTION_MS, RUN_COUNTER_IDLE_MS), at most this
+# many of each kind a time. It runs whenever a hold opens a new counter, so a tag deletes up to
+# this many for each one it makes: more than ever come due.
+COUNTER_SWEEP_BATCH_MAX = 16
 
 # Scopes in one budget path: org/team/project/key/... deeper trees are a modelling error.
 SCOPES_MAX = 8

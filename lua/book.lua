@@ -70,9 +70,9 @@ for _, leg in ipairs(legs) do
     user_leg_moved(prefix, leg.budget_id, ck, committed > 0)
   end
   if leg.run then
-    touch_run(ck, now)
+    touch_run(prefix, ck, now)
   elseif was_committed == '0' and was_reserved == '0' and leg.window_key ~= 'total' then
-    redis.call('PEXPIREAT', ck, istr(tonumber(leg.resets_at_ms) + COUNTER_RETENTION_MS))
+    keep_window(prefix, ck, leg.resets_at_ms)
   end
 end
 keep(KEYS[2], {state = state, reserved_micros = istr(held), expire_policy = 'charge',

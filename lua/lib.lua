@@ -217,19 +217,51 @@ local function quota_refusal(kind, used, now)
           istr(math.ceil((ends_at - now) / 1000))}
 end
 
+-- A counter that holds spend carries no expiry: a Redis that evicts keys with one (the
+-- volatile-* policies) must never find a counter to drop, which would refill its budget. Such
+-- counters go by a sweep instead: each windowed counter (day, week, month; a budget's or a
+-- user's) is listed in its tag's windows index by when it may go (COUNTER_RETENTION_MS after its
+-- window ends), each run's counter in the tag's runs index by its last write (it goes
+-- RUN_COUNTER_IDLE_MS after). sweep_counters deletes a bounded batch of each whose time has
+-- come; a hold runs it when it opens a window's counter or a run's, so a tag sweeps as often as
+-- it makes counters, and expire.lua (the sweeper's) runs it for tags that see no calls. The
+-- indexes carry no expiry either and hold one member per counter. (A counter written before
+-- counters were swept keeps the expiry it was given.)
+local function keep_window(prefix, ck, resets_at_ms)
+  redis.call('ZADD', prefix .. WINDOWS_KEY, istr(tonumber(resets_at_ms) + COUNTER_RETENTION_MS),
+             string.sub(ck, #prefix + 1))
+end
+
+local function sweep_index(prefix, index, before_ms)
+  local gone = redis.call('ZRANGEBYSCORE', index, '-inf', istr(before_ms), 'LIMIT', '0',
+                          istr(COUNTER_SWEEP_BATCH_MAX))
+  for _, suffix in ipairs(gone) do
+    redis.call('DEL', prefix .. suffix)
+  end
+  if #gone > 0 then
+    redis.call('ZREM', index, unpack(gone))
+  end
+  return #gone
+end
+
+local function sweep_counters(prefix, now)
+  return sweep_index(prefix, prefix .. WINDOWS_KEY, now)
+    + sweep_index(prefix, prefix .. RUNS_KEY, now - RUN_COUNTER_IDLE_MS)
+end
+
 -- A run's counter lives while its run is active. Every write to it stamps the ledger's time in
--- its 'seen' field and sets its expiry RUN_COUNTER_IDLE_MS from then, so Redis drops it after
--- that long without a call, and a counter 'seen' that long ago counts as gone even before Redis
--- drops it (the same instant under Redis TIME; under a test's injected clock, the only one). A
+-- its 'seen' field and in the runs index, so the sweep drops it RUN_COUNTER_IDLE_MS without a
+-- call, and a counter 'seen' that long ago counts as gone even before the sweep comes. A
 -- counter written before runs expired has no 'seen' and lives until its next write stamps it.
 local function run_stale(ck, now)
   local seen = redis.call('HGET', ck, 'seen')
   return seen and tonumber(seen) + RUN_COUNTER_IDLE_MS <= now
 end
 
-local function touch_run(ck, now)
-  redis.call('HSET', ck, 'seen', istr(now))
-  redis.call('PEXPIRE', ck, istr(RUN_COUNTER_IDLE_MS))
+local function touch_run(prefix, ck, now)
+  local now_text = istr(now)
+  redis.call('HSET', ck, 'seen', now_text)
+  redis.call('ZADD', prefix .. RUNS_KEY, now_text, string.sub(ck, #prefix + 1))
 end
 
 -- Whether a settle, release or expiry may write to a leg's counter: a budget's always; a run's
@@ -434,13 +466,14 @@ local function committed_moved(prefix, budget_id, window_key, ceiling_text, afte
 end
 
 -- The first refusal (budget_exceeded) of a budget in a window: budget.exceeded, once. A run's
--- leg has no budget to alert on; an end user's raises none (its budget's spend does). A counter this makes exists goes when a held one would.
+-- leg has no budget to alert on; an end user's raises none (its budget's spend does). A counter
+-- this makes exist goes when a held one would (keep_window).
 local function alert_refused(prefix, leg, now)
   if leg.run or leg.user or redis.call('HSETNX', leg.key, 'alerted:exceeded', '1') == 0 then
     return
   end
   if leg.committed == '0' and leg.reserved == '0' and leg.window_key ~= 'total' then
-    redis.call('PEXPIREAT', leg.key, istr(tonumber(leg.resets_at_ms) + COUNTER_RETENTION_MS))
+    keep_window(prefix, leg.key, leg.resets_at_ms)
   end
   alert_emit(prefix, 'budget.exceeded', leg.budget_id, leg.window_key, '', leg.committed,
              leg.ceiling_micros, now)
@@ -462,6 +495,7 @@ local function user_leg_moved(prefix, budget_id, ck, charged)
   local left = redis.call('HMGET', ck, 'committed', 'reserved')
   if (left[1] or '0') == '0' and (left[2] or '0') == '0' then
     redis.call('DEL', ck)
+    redis.call('ZREM', prefix .. WINDOWS_KEY, string.sub(ck, #prefix + 1))
     redis.call('ZREM', prefix .. PENDING_USERS_KEY .. parent, user)
   end
 end
@@ -504,7 +538,7 @@ local function apply(prefix, legs, reserved, committed, overshoot, now, spent_at
           -- and a key minting run ids for calls that spend nothing leaves nothing behind.
           redis.call('DEL', ck)
         else
-          touch_run(ck, now)
+          touch_run(prefix, ck, now)
         end
       end
     end
@@ -984,18 +1018,23 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
   end
   local out = {'ok', now}
   local delta = text_of(reserved, held, a.reserved_micros, 0, '0')
+  local opened = opens > 0
   for _, leg in ipairs(legs) do
     redis.call('HINCRBY', leg.key, 'reserved', delta)
     if leg.run then
-      touch_run(leg.key, now)
+      touch_run(prefix, leg.key, now)
     elseif leg.committed == '0' and leg.reserved == '0' and leg.window_key ~= 'total' then
       -- a window's first hold: its counter goes COUNTER_RETENTION_MS after the window ends
-      redis.call('PEXPIREAT', leg.key, istr(tonumber(leg.resets_at_ms) + COUNTER_RETENTION_MS))
+      keep_window(prefix, leg.key, leg.resets_at_ms)
+      opened = true
     end
     out[#out + 1] = leg_status(leg, leg.committed, istr(tonumber(leg.reserved) + reserved),
                                leg.overshoot)
   end
   redis.call('ZADD', KEYS[3], expires_at, id_of(prefix, KEYS[2]))
+  if opened then
+    sweep_counters(prefix, now)  -- as often as the tag makes counters
+  end
   if legs.users or legs.limits then
     count_hold(prefix, legs, id_of(prefix, KEYS[2]), now, expires_at)
   end

@@ -57,6 +57,11 @@ RECORD = "r:"  # + reservation id: one reservation, a string (wire.py RECORD_FIE
 OPEN = "open"  # the open leases, a sorted set of reservation ids by lease end
 DEFINITION = "def:"  # + budget id: one budget's limits
 COUNTER = "p:"  # + budget id '|' window key: one budget's counters in one period window
+# Counters that hold spend carry no expiry, so an evicting Redis (volatile-*) finds none to drop;
+# these list them for the sweep that deletes them instead (lua/lib.lua sweep_counters), each a
+# sorted set of counter keys after 'sc:{TAG}:', one member per counter, kept without an expiry:
+WINDOWS = "windows"  # day, week and month counters, by when each may go
+RUNS = "runs"  # run counters, by their last write
 REPLY = "reply:"  # + digest: one idempotency key of one API key (core/replies.py)
 # + owner (an API key id, or 'gw:' and one): what that key made and keeps in the current quota
 # window (core/limits.py STATE_QUOTA_WINDOW_MS), a hash: 'window' (its index), 'records', 'runs',

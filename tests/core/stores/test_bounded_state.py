@@ -20,7 +20,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from core.budgets import BudgetDef, BudgetId, Limit, Period
-from core.errors import BudgetBusy, ReservationNotFound, StateQuota
+from core.errors import BudgetBusy, BudgetExceeded, ReservationNotFound, StateQuota
 from core.ledger import ReservationRef, ReserveRequest, Role, StoredReply
 from core.limits import (
     IDEMPOTENCY_WINDOW_MS,
@@ -29,7 +29,6 @@ from core.limits import (
     REPLAY_WINDOW_MS,
     RESERVATION_TTL_MS_MAX,
     RESERVATION_TTL_MS_MIN,
-    RUN_COUNTER_IDLE_MS,
     RUNS_PER_KEY_MAX,
     STATE_QUOTA_WINDOW_MS,
     UNKNOWN_OUTCOME_RETENTION_MS,
@@ -60,7 +59,7 @@ MODELS = 50  # distinct model names with an output histogram
 OPERATOR_KEYS = re.compile(
     r"sc:ledger|sc:tags|sc:key:[0-9a-f]+|sc:keyid:key_[0-9a-f]+|sc:key:\{key_[0-9a-f]+\}"
     r"|\{sc:ledger\}:(orgs|budgets|keys|audit|restored|adopted|format|libraries)"
-    r"|sc:\{(?P<tag>[^}]+)\}:(meta|open|budgets|refused|def:.+|u:.+|uo:.+"
+    r"|sc:\{(?P<tag>[^}]+)\}:(meta|open|budgets|refused|windows|runs|def:.+|u:.+|uo:.+"
     r"|p:(?P<budget>[^|]+)\|total)"
 )
 
@@ -78,11 +77,25 @@ async def raw(own_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
+# A counter that holds spend: without an expiry (an evicting Redis must find none to drop), it
+# goes by the sweep of its tag's index (lua/lib.lua sweep_counters).
+COUNTER_KEY = re.compile(r"(?P<prefix>sc:\{[^}]+\}:)(?P<suffix>p:.+)")
+
+
+async def swept(raw: aioredis.Redis, key: str) -> bool:
+    """Whether `key` is a counter its tag's windows or runs index lists for the sweep."""
+    counter = COUNTER_KEY.fullmatch(key)
+    if counter is None:
+        return False
+    return any([await raw.zscore(counter["prefix"] + index, counter["suffix"]) is not None
+                for index in (keys.WINDOWS, keys.RUNS)])
+
+
 async def keys_without_expiry(raw: aioredis.Redis, defined: set[str]) -> list[str]:
-    """Every key with no expiry that is not an operator's."""
+    """Every key with no expiry that is not an operator's, nor a counter the sweep deletes."""
     found = []
     async for key in raw.scan_iter(count=1_000):
-        if await raw.pttl(key) != -1:
+        if await raw.pttl(key) != -1 or await swept(raw, key):
             continue
         allowed = OPERATOR_KEYS.fullmatch(key)
         if allowed and allowed["budget"] is not None and allowed["budget"] not in defined:
@@ -156,8 +169,11 @@ async def test_10000_run_ids_leave_nothing_a_caller_made_without_an_expiry(
     # While leases are open: records and counters under them all expire too, and a record
     # outlives its lease by the retention, so a late answer still finds it.
     assert await keys_without_expiry(raw, defined) == []
-    run_counter = f"sc:{{{tag}}}:p:{team}/key:k/run:run-long|total"
-    assert RUN_COUNTER_IDLE_MS - 60_000 < await raw.pttl(run_counter) <= RUN_COUNTER_IDLE_MS
+    # A run's counter goes RUN_COUNTER_IDLE_MS after its last write: the runs index says when.
+    run_counter = f"p:{team}/key:k/run:run-long|total"
+    seen_ms = await raw.zscore(keys.prefix(tag) + keys.RUNS, run_counter)
+    assert seen_ms is not None
+    assert abs(seen_ms - await store.ledger_time_ms()) < 60_000
     open_record = f"sc:{{{tag}}}:r:{long.reservation_id}"
     assert UNKNOWN_OUTCOME_RETENTION_MS + RESERVATION_TTL_MS_MAX - 60_000 < await raw.pttl(
         open_record) <= UNKNOWN_OUTCOME_RETENTION_MS + RESERVATION_TTL_MS_MAX
@@ -387,3 +403,49 @@ async def test_a_busy_key_keeps_only_its_last_replay_window_of_records(
         await store.settle(ReservationRef(tag, first.reservation_id, "key_busy"), 40)
     assert await store.status((BudgetId(tag),)) == before
     await store.close()
+
+
+# -- an evicting Redis ---------------------------------------------------------------------------
+
+# Issue 35: under volatile-lru another team's keys filled memory and the day counter that held the
+# spend (it carried an expiry) was evicted: 82 more calls were admitted. The counters now carry
+# none. A Redis this small, then filled with other keys that expire, twice over.
+EVICTING_MAXMEMORY = "8mb"
+FILLER_BYTES = 1_000
+FILLER_KEYS = 16_000
+
+
+@pytest.mark.parametrize("policy", ["volatile-lru", "volatile-ttl", "volatile-random"])
+async def test_an_evicting_redis_finds_no_counter_of_spend_to_drop(policy: str) -> None:
+    with RedisServer(extra_args=("--maxmemory", EVICTING_MAXMEMORY,
+                                 "--maxmemory-policy", policy)) as server:
+        raw = aioredis.Redis.from_url(server.url, decode_responses=True)
+        store = RedisStore(server.url)
+        service = CeilingService(store, PriceTable.from_file(None))
+        tag = f"org:e{uuid.uuid4().hex[:8]}"
+        await service.put_budget(BudgetDef(BudgetId(tag), (
+            Limit(Period.DAY, 10_000), Limit(Period.MONTH, 10**9), Limit(Period.TOTAL, 10**9))))
+        key = await service.create_key(BudgetId(f"{tag}/key:k"), 10**6, frozenset(Role))
+        who = await service.authenticate(key.api_key, "run-1", Role.SIDECAR)
+        for _ in range(5):
+            r = await service.reserve(who, CallSpec(amount_micros=2_000))
+            await service.settle(who, r.reservation_id, SettleSpec(actual_micros=1_000))
+        counters = [k async for k in raw.scan_iter(match=f"sc:{{{tag}}}:p:*")]
+        assert len(counters) == 4  # the org's day, month and total, the run's
+        before = await store.status(BudgetId(f"{tag}/key:k").lineage)
+        for first in range(0, FILLER_KEYS, 1_000):
+            pipe = raw.pipeline(transaction=False)
+            for i in range(first, first + 1_000):
+                pipe.set(f"other-team:{i}", "x" * FILLER_BYTES, ex=3_600)
+            await pipe.execute()
+        evicted = int((await raw.info("stats"))["evicted_keys"])
+        assert evicted > FILLER_KEYS // 2
+        assert [await raw.exists(k) for k in counters] == [1] * len(counters)
+        assert await store.status(BudgetId(f"{tag}/key:k").lineage) == before
+        # The day's 5,000 of 10,000 spent stays spent: 6,000 more is refused.
+        with pytest.raises(BudgetExceeded):
+            await service.reserve(who, CallSpec(amount_micros=6_000))
+        print(f"\nevicting redis ({policy}, maxmemory {EVICTING_MAXMEMORY}): {evicted} other "
+              f"keys evicted, {len(counters)} counters of spend all kept")
+        await store.close()
+        await raw.aclose()
