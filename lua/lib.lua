@@ -537,6 +537,7 @@ local function apply(prefix, legs, reserved, committed, overshoot, now, spent_at
           -- A run with nothing spent and nothing open is not kept: nothing of it can be lost,
           -- and a key minting run ids for calls that spend nothing leaves nothing behind.
           redis.call('DEL', ck)
+          redis.call('ZREM', prefix .. RUNS_KEY, string.sub(ck, #prefix + 1))
         else
           touch_run(prefix, ck, now)
         end
