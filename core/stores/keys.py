@@ -6,17 +6,20 @@ key's prefix and the parts below (the prelude core/stores/wire.py generates hand
 parts). Keys that belong to no call (the ledger id, API keys, live instances, the tag map, a
 model's output lengths) stand alone, each in its own slot.
 
-What expires: everything a caller can make exist. Reservation records (core/limits.py says how
-long each kind is kept once resolved, and why), run counters (RUN_COUNTER_IDLE_MS after their
-last write), day and month counters (COUNTER_RETENTION_MS after their window), idempotency
-replies, output histograms, probes and the live-instance set, and everything alerts write (the
-events, the outbox and the log, hourly spend buckets, velocity slots and marks), a day's gateway
-spend per upstream and a day's drift mark (DAILY_SPEND_RETENTION_MS after the day). What an
-operator made stays: the ledger id and its format version, budget definitions and their total
-counters, API key records (and a revoked key's record, which holds only when it was revoked: the
-id is never taken again), a tag's refusal counts (a field per error code), the tag map, a tag's
-set of budget ids, a tag's open-lease set while it has members (Redis drops an empty one), and
-the registry of function libraries (as many as are kept).
+What goes: everything a caller can make exist. Counters that hold spend carry no expiry, so a
+Redis that evicts keys with one (volatile-*) never drops a budget's spend: a sweep deletes run
+counters RUN_COUNTER_IDLE_MS after their last write and day, week and month counters (a
+budget's and its users') COUNTER_RETENTION_MS after their window, by the tag's WINDOWS and RUNS
+indexes (lua/lib.lua sweep_counters). What expires: reservation records (core/limits.py says how
+long each kind is kept once resolved, and why), idempotency replies, quotas, output histograms,
+probes and the live-instance set, and everything alerts write (the events, the outbox and the
+log, hourly spend buckets, velocity slots and marks), a day's gateway spend per upstream and a
+day's drift mark (DAILY_SPEND_RETENTION_MS after the day). What an operator made stays: the
+ledger id and its format version, budget definitions and their total counters, API key records
+(and a revoked key's record, which holds only when it was revoked: the id is never taken again),
+a tag's refusal counts (a field per error code), the tag map, a tag's set of budget ids, a tag's
+open-lease set while it has members (Redis drops an empty one), a budget's users sets (at most
+its users_max members) and the registry of function libraries (as many as are kept).
 """
 
 from __future__ import annotations
