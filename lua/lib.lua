@@ -980,15 +980,16 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
     return nil, exceeded or busy, exceeded and 'exceeded' or 'busy'
   end
   -- The key's quota of what outlives the call: a record kept past a resend (counted by the
-  -- records window; one kept a day for an Idempotency-Key, by the day too), a run it opens. A
+  -- records window; one kept a day for an Idempotency-Key, by the day), a run it opens. A
   -- gateway call without either (the hot path) reads no quota.
   local kept = a.retention_ms ~= RESEND_WINDOW_MS_TEXT
   local keyed = kept and tonumber(a.retention_ms) > REPLAY_WINDOW_MS
+  local recent = kept and not keyed
   local qkey, used
   if kept or opens > 0 then
     qkey = prefix .. QUOTA_KEY .. a.owner
     used = quota_read(qkey, now)
-    local over = (kept and used.recent >= RECORDS_PER_KEY_PER_WINDOW_MAX and 'recent')
+    local over = (recent and used.recent >= RECORDS_PER_KEY_PER_WINDOW_MAX and 'recent')
       or (keyed and used.records >= IDEMPOTENT_RECORDS_PER_KEY_MAX and 'records')
       or (used.runs + opens > RUNS_PER_KEY_MAX and 'runs')
     if over then
@@ -1040,7 +1041,7 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
     count_hold(prefix, legs, id_of(prefix, KEYS[2]), now, expires_at)
   end
   if qkey then
-    used.recent = used.recent + (kept and 1 or 0)
+    used.recent = used.recent + (recent and 1 or 0)
     used.records = used.records + (keyed and 1 or 0)
     used.runs = used.runs + opens
     quota_write(qkey, used)

@@ -27,6 +27,7 @@ from core.limits import (
     RECORDS_PER_KEY_PER_WINDOW_MAX,
     RECORDS_QUOTA_WINDOW_MS,
     REPLAY_WINDOW_MS,
+    RESEND_WINDOW_MS,
     RESERVATION_TTL_MS_MAX,
     RESERVATION_TTL_MS_MIN,
     RUNS_PER_KEY_MAX,
@@ -450,3 +451,49 @@ async def test_an_evicting_redis_finds_no_counter_of_spend_to_drop(policy: str) 
               f"keys evicted, {len(counters)} counters of spend all kept")
         await store.close()
         await raw.aclose()
+
+
+@pytest.mark.slow
+async def test_a_key_faster_than_its_records_rate_is_refused_until_the_window_ends(
+    own_redis: RedisServer, raw: aioredis.Redis
+) -> None:
+    """RECORDS_PER_KEY_PER_WINDOW_MAX sidecar reserves under minted ids in one records window
+    (pipelined, the ledger's time held still), then one more: 429 state_quota 'records', retry
+    after the window ends; the next window admits again. Calls under an Idempotency-Key count by
+    the day instead, and gateway calls not at all."""
+    clock = ManualClock(int(time.time() * 1000) // RECORDS_QUOTA_WINDOW_MS
+                        * RECORDS_QUOTA_WINDOW_MS)  # a window's first instant
+    store = RedisStore(own_redis.url, clock=clock)
+    ledger_id = await store.open()
+    tag = f"org:fast{uuid.uuid4().hex[:8]}"
+    await store.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, 10**15),)))
+    await raw.function_load(library().source, replace=True)
+    reserve = script("reserve").function
+    assert reserve is not None
+    owner = "key_fast"
+    answers: dict[str, int] = {}
+    for first in range(0, RECORDS_PER_KEY_PER_WINDOW_MAX, PIPELINE_CALLS):
+        pipe = raw.pipeline(transaction=False)
+        for i in range(first, min(first + PIPELINE_CALLS, RECORDS_PER_KEY_PER_WINDOW_MAX)):
+            pipe.fcall(reserve, 3, keys.meta(tag), keys.reservation(tag, f"{i:032x}"),
+                       keys.open_leases(tag), *wire.arguments(
+                           wire.RESERVE_ARGS, ledger_id=ledger_id, reserved_micros="1",
+                           ttl_ms="60000", budget_ids=tag, run="", zones="",
+                           expire_policy="charge", retention_ms=str(REPLAY_WINDOW_MS),
+                           owner=owner, record_tail=wire.record_tail("", "v", "m"), user="",
+                           now_ms=str(clock.now_ms)))
+        for reply in await pipe.execute():
+            answers[str(reply[0])] = answers.get(str(reply[0]), 0) + 1
+    assert answers == {"ok": RECORDS_PER_KEY_PER_WINDOW_MAX}
+    one_more = ReserveRequest(ReservationRef(tag, "one-more", owner), (BudgetId(tag),), 1,
+                              60_000, "", "v", "m", retention_ms=REPLAY_WINDOW_MS)
+    with pytest.raises(StateQuota) as refused:
+        await store.reserve(one_more)
+    assert refused.value.details["quota"] == "records"
+    assert refused.value.details["retry_after_s"] == RECORDS_QUOTA_WINDOW_MS // 1_000
+    # A gateway call keeps no record past a resend: it counts in no quota.
+    await store.reserve(ReserveRequest(ReservationRef(tag, "gw", owner), (BudgetId(tag),), 1,
+                                       60_000, "", "v", "m", retention_ms=RESEND_WINDOW_MS))
+    clock.advance(RECORDS_QUOTA_WINDOW_MS)
+    await store.reserve(one_more)
+    await store.close()
