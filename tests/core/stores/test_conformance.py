@@ -48,6 +48,7 @@ from core.lifecycle import ABSENT, TRANSITIONS, Event, effects, step
 from core.limits import (
     COUNTER_RETENTION_MS,
     IDEMPOTENCY_WINDOW_MS,
+    REPLAY_WINDOW_MS,
     RESEND_WINDOW_MS,
     RESERVATION_TTL_MS_MAX,
     RUN_COUNTER_IDLE_MS,
@@ -741,6 +742,25 @@ async def run_leg(store: LedgerStore, tag: str, run: RunLimit) -> LegStatus:
 
 def a_run(tag: str, ceiling_micros: int = 500) -> RunLimit:
     return RunLimit(BudgetId(f"{tag}/run:r{uuid.uuid4().hex[:8]}"), ceiling_micros)
+
+
+async def test_a_sidecar_record_under_a_minted_id_is_kept_the_replay_window(
+    store: LedgerStore, tag: str
+) -> None:
+    """A busy key keeps its rate times minutes of records: a sidecar reservation under an id the
+    ledger minted (no fingerprint) is kept REPLAY_WINDOW_MS once settled, money moved or not, and
+    answers a resent settle as the first meanwhile (issue 35: a day, and a daily count that
+    refused honest work)."""
+    await put(store, tag, (Period.TOTAL, 10_000))
+    made = request(tag, tag, 100, fingerprint="", retention_ms=REPLAY_WINDOW_MS)
+    await store.reserve(made)
+    first = await store.settle(made.ref, 60)
+    again = await store.settle(made.ref, 60)
+    assert (again.replayed, again.charged_micros) == (True, first.charged_micros)
+    execute = store._t.execute  # type: ignore[attr-defined]
+    kept_ms = int(await execute("PTTL", keys.reservation(tag, made.ref.reservation_id)))
+    assert 0 < kept_ms <= REPLAY_WINDOW_MS
+    assert (await leg(store, tag)).committed_micros == 60
 
 
 async def test_a_run_counter_is_dropped_after_a_day_without_a_call(
