@@ -204,8 +204,8 @@ class ScriptedCatalogue:
                     # gives it its place among the budget's users (core/stores/keys.py).
                     budget_id = suffix.removeprefix(
                         keys.USERS if kind == "users" else keys.PENDING_USERS)
-                    found = await self._members(keys.prefix(tag) + suffix)
-                    users[budget_id] = tuple(sorted({*users.get(budget_id, ()), *found}))
+                    members = await self._members(keys.prefix(tag) + suffix)
+                    users[budget_id] = tuple(sorted({*users.get(budget_id, ()), *members}))
                 else:
                     hashes[suffix] = (pttl if pttl > 0 else None, _pairs(list(values)))
             if cursor == "0":
