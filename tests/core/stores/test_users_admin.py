@@ -276,6 +276,14 @@ async def test_an_export_carries_the_users_and_a_restore_refills_none(
     try:
         result = await ops.restore(document, None, False, BY)
         assert (result["users"], result["open_reservations_charged_as_unknown"]) == (4, 1)
+        # Counters of spend come back without an expiry an evicting Redis could act on; the
+        # windowed ones go by the sweep of their tag's windows index.
+        restored = [k async for k in raw.scan_iter(match=f"{keys.prefix(tag)}{keys.COUNTER}*")]
+        assert restored
+        assert [await raw.pttl(k) for k in restored] == [-1] * len(restored)
+        windowed = [k.removeprefix(keys.prefix(tag)) for k in restored if not k.endswith("|total")]
+        assert windowed
+        assert None not in [await raw.zscore(keys.prefix(tag) + keys.WINDOWS, k) for k in windowed]
         after = {b: await all_users(store, BudgetId(b), 1_000) for b in users}
         assert {b: [u.user for u in us] for b, us in after.items()} == users
         assert {leg.reserved_micros for leg in before[tag][-1].legs} == {30}  # long_user's
