@@ -141,7 +141,7 @@ def state_quota(kind: str, retry_after_s: int) -> StateQuota:
     what = {"records": "reservations kept for replays", "runs": "runs opened",
             "replies": "idempotency keys claimed"}.get(kind, kind)
     return StateQuota(
-        f"this API key keeps all the {what} its quota allows in a day; nothing was reserved. "
+        f"this API key keeps all the {what} its quota allows in its window; nothing was reserved. "
         "Retry after the window ends, or spread the calls over more keys",
         quota=kind, retry_after_s=retry_after_s)
 

@@ -120,8 +120,9 @@ class RunLimit:
 class ReserveRequest:
     """One call's hold. `retention_ms`: how long its record answers a repeat once it is resolved
     (core/limits.py): RESEND_WINDOW_MS for a call only the gateway settles, under an id minted for
-    it (no fingerprint: nothing but a resend of the same script can repeat it); the idempotency
-    window for one whose caller holds the id and may replay or resend."""
+    it (no fingerprint: nothing but a resend of the same script can repeat it); REPLAY_WINDOW_MS
+    for a sidecar's under a minted id, whose caller may resend a settle or release; the
+    idempotency window for one named by an Idempotency-Key, whose caller may replay it."""
 
     ref: ReservationRef
     budget_ids: tuple[BudgetId, ...]

@@ -35,11 +35,12 @@ SWEEP_BATCH_MAX = 500
 #   make within one ledger call's time bound (LEDGER_CALL_TIMEOUT_S, UPSTASH_CALL_TIMEOUT_S, two
 #   seconds each). Its record answers resends for this long, with room for a slow server.
 RESEND_WINDOW_MS = 10_000
-# - A sidecar's caller holds its reservation id and an Idempotency-Key: it may replay the reserve
-#   (the replay says what became of it) or resend a settle or release from its own
-#   retry queue while the key means the same call. The gateway keeps the answers of calls made
-#   under an Idempotency-Key as long. A day: SDK retries come within minutes, and an agent that
-#   resumes a run the next morning should make new calls.
+# - A caller that named its call by an Idempotency-Key (a sidecar's reserve, a gateway call) may
+#   replay the reserve under it (the replay says what became of it) while the key means the same
+#   call; the gateway keeps the answers of such calls as long. The id is the key's digest, so
+#   the record is what tells a replay from a new call: it is kept this long once resolved. A
+#   day: SDK retries come within minutes, and an agent that resumes a run the next morning
+#   should make new calls.
 IDEMPOTENCY_WINDOW_MS = 24 * 3_600_000
 # - A lease that expired under 'charge' has an unknown outcome: the worker may have been billed,
 #   and only an operator who reads the provider's bill may lower the charge. Its record
@@ -57,20 +58,35 @@ UNKNOWN_OUTCOME_RETENTION_MS = 35 * 24 * 3_600_000
 # reservation of its run is open. A run id used again after a silent day is a new run; the
 # budgets above it still bound what it spends.
 RUN_COUNTER_IDLE_MS = 24 * 3_600_000
-# - A reservation that moved no money (released, settled at zero, or expired under the 'release'
-#   policy) is kept only this long once resolved, whatever its caller's retention: long enough
-#   for a caller's retry queue to resend a release or replay a reserve after an outage of
-#   minutes, short enough that calls which spend nothing leave nothing behind for a day.
+# - A sidecar reservation under an id the ledger minted (no Idempotency-Key) can be repeated only
+#   by its caller's retry queue resending a settle or release (or a resend of the script): it
+#   is kept this long once resolved, money moved or not, as is a reservation under an
+#   Idempotency-Key that moved no money (released, settled at zero, expired under 'release'):
+#   long enough for a retry queue after an outage of minutes, short enough that what a key
+#   keeps is its call rate times minutes, not its calls of a day. A settle or release resent
+#   later finds no record: 404 reservation_not_found, and no money moves (a minted id is never
+#   made again, so nothing can be held or charged under it twice).
 REPLAY_WINDOW_MS = 10 * 60_000
-# What one API key may keep, counted in the same script that makes the state, per window of
-# STATE_QUOTA_WINDOW_MS (a fixed window: what a key made in the last two windows can still be
-# kept, so it keeps at most twice each). Past one: 429 state_quota until the window ends. A
-# window is as long as the longest any of them is kept idle.
+# What one API key may keep, counted in the same script that makes the state, per fixed window
+# (what a key made in the last windows its state can live through can still be kept). Past one:
+# 429 state_quota until the window ends.
+# - Reservations kept past a resend, by the window they are kept for once resolved: a key that
+#   keeps its calls' records for minutes keeps what its call rate makes in minutes. Derived from
+#   a rate, ten times the busiest honest key we know of (10 calls a second all day, one service's
+#   sidecar), so that no honest key meets it; a key faster than this is a fleet, which should
+#   hold a key per instance or service, so that one leaked key cannot fill the ledger. A record
+#   lives at most its lease (RESERVATION_TTL_MS_MAX) and REPLAY_WINDOW_MS after it is made, so
+#   at most four windows' records live at once (docs/guarantees.md: the bytes).
+RECORDS_PER_KEY_PER_S_MAX = 100
+RECORDS_QUOTA_WINDOW_MS = REPLAY_WINDOW_MS
+RECORDS_PER_KEY_PER_WINDOW_MAX = RECORDS_PER_KEY_PER_S_MAX * RECORDS_QUOTA_WINDOW_MS // 1_000
+# The window of the quotas below: as long as the longest any of them is kept idle (a key keeps
+# at most twice each).
 STATE_QUOTA_WINDOW_MS = IDEMPOTENCY_WINDOW_MS
-# - Reservations kept past a resend (the sidecar's, and gateway calls under an Idempotency-Key):
-#   ~300 bytes each for a day. A caller above this many calls a day is a fleet, which should
-#   hold a key per instance or service, so that one leaked key cannot fill the ledger.
-RECORDS_KEPT_PER_KEY_MAX = 100_000
+# - Reservations under an Idempotency-Key that moved money, kept the idempotency window (a day)
+#   so a replay finds them: ~200 bytes each. The price of a day's replays; a busy key that needs
+#   more names its calls by the ids the ledger mints (kept minutes, above).
+IDEMPOTENT_RECORDS_PER_KEY_MAX = 100_000
 # - Runs (X-Ceiling-Run-Id) a key opens: each run's counter is kept a day after its last call.
 #   Agent runs take minutes to hours; a key that opens more than this a day is minting run ids.
 RUNS_PER_KEY_MAX = 10_000
@@ -81,6 +97,11 @@ REPLIES_PER_KEY_MAX = 10_000
 REPLY_BYTES_PER_KEY_MAX = 4 * 1024 * 1024
 # Day and month counters are kept 400 days after their window ends, for reports and late settles.
 COUNTER_RETENTION_MS = 400 * 24 * 3_600_000
+# Counters that hold spend carry no expiry (an evicting Redis must find none to drop); a sweep
+# deletes those whose time has come (COUNTER_RETENTION_MS, RUN_COUNTER_IDLE_MS), at most this
+# many of each kind a time. It runs whenever a hold opens a new counter, so a tag deletes up to
+# this many for each one it makes: more than ever come due.
+COUNTER_SWEEP_BATCH_MAX = 16
 
 # Scopes in one budget path: org/team/project/key/... deeper trees are a modelling error.
 SCOPES_MAX = 8
@@ -108,8 +129,11 @@ USERS_MAX_MAX = 100_000
 REQUESTS_PER_MINUTE_MAX = 100_000
 RATE_WINDOW_MS = 60_000
 CONCURRENT_MAX_MAX = 100_000
-# A concurrency limit frees up when an open call ends, which takes seconds: when to try again.
-CONCURRENCY_RETRY_AFTER_S = 1
+# A concurrency limit frees up when an open call ends: a settle or release ends it at once, and
+# expiry at its lease end at the latest. A refusal's Retry-After is the earliest lease end among
+# the held slots (rounded up), the moment a slot is free for certain, never less than this: a
+# call that settles sooner frees its slot sooner, and a client may ask again then.
+CONCURRENCY_RETRY_AFTER_S_MIN = 1
 
 # -- alerts --------------------------------------------------------------------------------------
 # Thresholds one budget may alert at: a handful says "half, most, all"; more is noise.

@@ -53,6 +53,7 @@ from core.limits import (
     CEILING_MICROS_MAX,
     CORRECTION_REASON_LEN_MAX,
     IDEMPOTENCY_WINDOW_MS,
+    REPLAY_WINDOW_MS,
     RESEND_WINDOW_MS,
     RESERVATION_ID_LEN_MAX,
     RESERVATION_TTL_MS_DEFAULT,
@@ -311,12 +312,12 @@ class CeilingService:
             # for sidecar calls (CEILING_EXPIRE_POLICY) is.
             expire_policy=ExpirePolicy.CHARGE if gateway else self.expire_policy,
             run=caller.run_limit(),
-            # A gateway call's reservation is resolved by the gateway alone, under an id minted
-            # for this one call (the gateway's own idempotency is core/replies.py's): only a
-            # resend of a script repeats it. A sidecar's caller holds its id and may replay or
-            # resend for the idempotency window.
-            retention_ms=RESEND_WINDOW_MS if gateway and idempotency_key is None
-            else IDEMPOTENCY_WINDOW_MS,
+            # How long its record answers repeats once resolved (core/limits.py says why): a
+            # gateway call's, resolved by the gateway alone under an id minted for it, only a
+            # resend of a script; a sidecar's under a minted id, its retry queue's settle or
+            # release for minutes; one named by an Idempotency-Key, a replay for the key's day.
+            retention_ms=IDEMPOTENCY_WINDOW_MS if idempotency_key is not None
+            else RESEND_WINDOW_MS if gateway else REPLAY_WINDOW_MS,
             user=caller.user,
         )
         try:

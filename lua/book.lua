@@ -32,16 +32,15 @@ if #legs == 0 then
   return {'no_budget'}
 end
 -- A call admitted during an outage is booked whatever its limits say now; its end user is
--- counted in each budget that counts it already or has room for one more, and the legs of a
--- budget that has none are left out (the call is booked in that budget alone).
+-- counted in each budget that counts it already or has room for one more (for good if the call
+-- cost anything: lib user_leg_moved), and the legs of a budget that has none are left out (the
+-- call is booked in that budget alone).
 if legs.users then
   local kept = {limits = legs.limits}
   local refused = {}
   for _, u in ipairs(legs.users) do
     if users_refusal({u}) then
       refused[u.budget_id .. '/user:' .. u.user] = true
-    elseif not u.known then
-      redis.call('ZADD', u.key, '0', u.user)
     end
   end
   for _, leg in ipairs(legs) do
@@ -67,10 +66,13 @@ for _, leg in ipairs(legs) do
     seen = leg.budget_id
   end
   hincr(ck, 'overshoot', overshoot)
+  if leg.user then
+    user_leg_moved(prefix, leg.budget_id, ck, committed > 0)
+  end
   if leg.run then
-    touch_run(ck, now)
+    touch_run(prefix, ck, now)
   elseif was_committed == '0' and was_reserved == '0' and leg.window_key ~= 'total' then
-    redis.call('PEXPIREAT', ck, istr(tonumber(leg.resets_at_ms) + COUNTER_RETENTION_MS))
+    keep_window(prefix, ck, leg.resets_at_ms)
   end
 end
 keep(KEYS[2], {state = state, reserved_micros = istr(held), expire_policy = 'charge',

@@ -50,6 +50,7 @@ for _, h in ipairs(holding) do
   resolve(prefix, h.key, KEYS[3], h.rec, 'expire', 0, now)
 end
 local users = redis.call('ZCARD', KEYS[4])
-redis.call('DEL', KEYS[2], prefix .. RATE_KEY .. budget_id, prefix .. CONCURRENCY_KEY .. budget_id)
+redis.call('DEL', KEYS[2], prefix .. RATE_KEY .. budget_id, prefix .. CONCURRENCY_KEY .. budget_id,
+           prefix .. PENDING_USERS_KEY .. budget_id)
 redis.call('UNLINK', KEYS[4])  -- freed off the server's main thread: it may hold users_max ids
 return {'ok', #holding, istr(held), users}

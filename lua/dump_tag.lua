@@ -3,8 +3,9 @@
 -- KEYS[1] meta hash 'sc:{TAG}:meta'
 -- ARGV: cursor (SCAN's, '0' to start), count (keys one page scans)
 -- Returns {next_cursor, entry...}, each entry {'hash', suffix, pttl_ms, field, value, ...}: the
--- meta hash, a definition or a counter (an end user's too); or {'users', suffix, pttl_ms}: a
--- budget's users set, whose members the caller reads apart. suffix is the key after
+-- meta hash, a definition or a counter (an end user's too); or {'users' | 'pending_users',
+-- suffix, pttl_ms}: a budget's users set or pending users set, whose members the caller reads
+-- apart. suffix is the key after
 -- 'sc:{TAG}:'. Next cursor '0': done.
 -- Why: an export must find every period window a budget has counters in, and the scripts keep
 -- no list of them; SCAN with the tag's prefix reads them where they are, on the node that holds
@@ -30,6 +31,10 @@ for _, key in ipairs(page[2]) do
     out[#out + 1] = entry
   elseif string.sub(suffix, 1, #USERS_KEY) == USERS_KEY then
     out[#out + 1] = {'users', suffix, redis.call('PTTL', key)}
+  elseif string.sub(suffix, 1, #PENDING_USERS_KEY) == PENDING_USERS_KEY then
+    -- users with a call open and none charged: a restore charges their calls as unknown, so
+    -- each takes its place among the budget's users there
+    out[#out + 1] = {'pending_users', suffix, redis.call('PTTL', key)}
   end
 end
 return out

@@ -174,26 +174,32 @@ local function counters(key)
   return v[1] or '0', v[2] or '0', v[3] or '0'
 end
 
--- What an API key made in the current quota window (core/limits.py STATE_QUOTA_WINDOW_MS): the
--- window's index and its counts, from the key's quota hash ('sc:{TAG}:q:<owner>'); a hash of an
+-- What an API key made in the current quota windows: the day window's index and its counts
+-- (core/limits.py STATE_QUOTA_WINDOW_MS), and the count of records it made in the current
+-- records window (RECORDS_QUOTA_WINDOW_MS, minutes: what a key keeps of those is its rate times
+-- how long they are kept), from the key's quota hash ('sc:{TAG}:q:<owner>'); a count of an
 -- earlier window counts nothing. What it bounds is counted by the script that makes it, so no
 -- number of concurrent calls can pass a bound.
 local QUOTA_FIELDS = {'records', 'runs', 'replies', 'reply_bytes'}
 
 local function quota_read(qkey, now)
   local window = math.floor(now / STATE_QUOTA_WINDOW_MS)
-  local v = redis.call('HMGET', qkey, 'window', 'records', 'runs', 'replies', 'reply_bytes')
+  local recent_window = math.floor(now / RECORDS_QUOTA_WINDOW_MS)
+  local v = redis.call('HMGET', qkey, 'window', 'records', 'runs', 'replies', 'reply_bytes',
+                       'recent_window', 'recent')
   local current = v[1] == istr(window)
-  local used = {window = window}
+  local used = {window = window, recent_window = recent_window,
+                recent = v[6] == istr(recent_window) and tonumber(v[7] or '0') or 0}
   for i, name in ipairs(QUOTA_FIELDS) do
     used[name] = current and tonumber(v[i + 1] or '0') or 0
   end
   return used
 end
 
--- Write back the counts of `used` (quota_read's, added to), kept two windows after its own.
+-- Write back the counts of `used` (quota_read's, added to), kept two day windows after its own.
 local function quota_write(qkey, used)
-  local args = {'window', istr(used.window)}
+  local args = {'window', istr(used.window), 'recent_window', istr(used.recent_window),
+                'recent', istr(used.recent)}
   for _, name in ipairs(QUOTA_FIELDS) do
     args[#args + 1] = name
     args[#args + 1] = istr(used[name])
@@ -202,25 +208,60 @@ local function quota_write(qkey, used)
   redis.call('PEXPIREAT', qkey, istr((used.window + 2) * STATE_QUOTA_WINDOW_MS))
 end
 
--- A refusal for a quota: which one, and the seconds until its window ends.
+-- A refusal for a quota: which one, and the seconds until its window ends (the records window
+-- for 'recent', the day window for the others).
 local function quota_refusal(kind, used, now)
-  return {'state_quota', kind,
-          istr(math.ceil(((used.window + 1) * STATE_QUOTA_WINDOW_MS - now) / 1000))}
+  local ends_at = kind == 'recent' and (used.recent_window + 1) * RECORDS_QUOTA_WINDOW_MS
+    or (used.window + 1) * STATE_QUOTA_WINDOW_MS
+  return {'state_quota', kind == 'recent' and 'records' or kind,
+          istr(math.ceil((ends_at - now) / 1000))}
+end
+
+-- A counter that holds spend carries no expiry: a Redis that evicts keys with one (the
+-- volatile-* policies) must never find a counter to drop, which would refill its budget. Such
+-- counters go by a sweep instead: each windowed counter (day, week, month; a budget's or a
+-- user's) is listed in its tag's windows index by when it may go (COUNTER_RETENTION_MS after its
+-- window ends), each run's counter in the tag's runs index by its last write (it goes
+-- RUN_COUNTER_IDLE_MS after). sweep_counters deletes a bounded batch of each whose time has
+-- come; a hold runs it when it opens a window's counter or a run's, so a tag sweeps as often as
+-- it makes counters, and expire.lua (the sweeper's) runs it for tags that see no calls. The
+-- indexes carry no expiry either and hold one member per counter. (A counter written before
+-- counters were swept keeps the expiry it was given.)
+local function keep_window(prefix, ck, resets_at_ms)
+  redis.call('ZADD', prefix .. WINDOWS_KEY, istr(tonumber(resets_at_ms) + COUNTER_RETENTION_MS),
+             string.sub(ck, #prefix + 1))
+end
+
+local function sweep_index(prefix, index, before_ms)
+  local gone = redis.call('ZRANGEBYSCORE', index, '-inf', istr(before_ms), 'LIMIT', '0',
+                          istr(COUNTER_SWEEP_BATCH_MAX))
+  for _, suffix in ipairs(gone) do
+    redis.call('DEL', prefix .. suffix)
+  end
+  if #gone > 0 then
+    redis.call('ZREM', index, unpack(gone))
+  end
+  return #gone
+end
+
+local function sweep_counters(prefix, now)
+  return sweep_index(prefix, prefix .. WINDOWS_KEY, now)
+    + sweep_index(prefix, prefix .. RUNS_KEY, now - RUN_COUNTER_IDLE_MS)
 end
 
 -- A run's counter lives while its run is active. Every write to it stamps the ledger's time in
--- its 'seen' field and sets its expiry RUN_COUNTER_IDLE_MS from then, so Redis drops it after
--- that long without a call, and a counter 'seen' that long ago counts as gone even before Redis
--- drops it (the same instant under Redis TIME; under a test's injected clock, the only one). A
+-- its 'seen' field and in the runs index, so the sweep drops it RUN_COUNTER_IDLE_MS without a
+-- call, and a counter 'seen' that long ago counts as gone even before the sweep comes. A
 -- counter written before runs expired has no 'seen' and lives until its next write stamps it.
 local function run_stale(ck, now)
   local seen = redis.call('HGET', ck, 'seen')
   return seen and tonumber(seen) + RUN_COUNTER_IDLE_MS <= now
 end
 
-local function touch_run(ck, now)
-  redis.call('HSET', ck, 'seen', istr(now))
-  redis.call('PEXPIRE', ck, istr(RUN_COUNTER_IDLE_MS))
+local function touch_run(prefix, ck, now)
+  local now_text = istr(now)
+  redis.call('HSET', ck, 'seen', now_text)
+  redis.call('ZADD', prefix .. RUNS_KEY, now_text, string.sub(ck, #prefix + 1))
 end
 
 -- Whether a settle, release or expiry may write to a leg's counter: a budget's always; a run's
@@ -425,18 +466,39 @@ local function committed_moved(prefix, budget_id, window_key, ceiling_text, afte
 end
 
 -- The first refusal (budget_exceeded) of a budget in a window: budget.exceeded, once. A run's
--- leg has no budget to alert on; an end user's raises none (its budget's spend does). A counter this makes exists goes when a held one would.
+-- leg has no budget to alert on; an end user's raises none (its budget's spend does). A counter
+-- this makes exist goes when a held one would (keep_window).
 local function alert_refused(prefix, leg, now)
   if leg.run or leg.user or redis.call('HSETNX', leg.key, 'alerted:exceeded', '1') == 0 then
     return
   end
   if leg.committed == '0' and leg.reserved == '0' and leg.window_key ~= 'total' then
-    redis.call('PEXPIREAT', leg.key, istr(tonumber(leg.resets_at_ms) + COUNTER_RETENTION_MS))
+    keep_window(prefix, leg.key, leg.resets_at_ms)
   end
   alert_emit(prefix, 'budget.exceeded', leg.budget_id, leg.window_key, '', leg.committed,
              leg.ceiling_micros, now)
 end
 -- ==== end of alerts ==============================================================================
+
+-- What a step does for an end user's leg (flag 'e', budget id '<budget>/user:<user>') beyond its
+-- counters: a charge (`charged`: committed spend above zero booked in it) gives the user its
+-- place among the budget's users for good, out of the pending ones (users_refusal); a step that
+-- leaves the user nothing spent and nothing open drops the counter, which holds nothing, and
+-- gives the pending place back (a user whose calls were all released leaves nothing behind).
+local function user_leg_moved(prefix, budget_id, ck, charged)
+  local parent, user = string.match(budget_id, '^(.*)/user:([^/]*)$')
+  if charged then
+    redis.call('ZADD', prefix .. USERS_KEY .. parent, '0', user)
+    redis.call('ZREM', prefix .. PENDING_USERS_KEY .. parent, user)
+    return
+  end
+  local left = redis.call('HMGET', ck, 'committed', 'reserved')
+  if (left[1] or '0') == '0' and (left[2] or '0') == '0' then
+    redis.call('DEL', ck)
+    redis.call('ZREM', prefix .. WINDOWS_KEY, string.sub(ck, #prefix + 1))
+    redis.call('ZREM', prefix .. PENDING_USERS_KEY .. parent, user)
+  end
+end
 
 -- core/lifecycle.py is the one statement of what each step of a reservation books: HOLDINGS
 -- (what a reservation holds in its legs' counters, by state and policy) and TRANSITIONS (which
@@ -466,14 +528,18 @@ local function apply(prefix, legs, reserved, committed, overshoot, now, spent_at
         end
       end
       if overshoot then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
+      if not run and string.find(flags, FLAGS.user, 1, true) then
+        user_leg_moved(prefix, budget_id, ck, committed and tonumber(committed) > 0)
+      end
       if run then
         local left = redis.call('HMGET', ck, 'committed', 'reserved')
         if (left[1] or '0') == '0' and (left[2] or '0') == '0' then
           -- A run with nothing spent and nothing open is not kept: nothing of it can be lost,
           -- and a key minting run ids for calls that spend nothing leaves nothing behind.
           redis.call('DEL', ck)
+          redis.call('ZREM', prefix .. RUNS_KEY, string.sub(ck, #prefix + 1))
         else
-          touch_run(ck, now)
+          touch_run(prefix, ck, now)
         end
       end
     end
@@ -518,8 +584,13 @@ local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_te
       end
     end
     if overshoot ~= '0' then redis.call('HINCRBY', ck, 'overshoot', overshoot) end
-    if flags ~= '' and string.find(flags, FLAGS.slot, 1, true) then
-      free_slot(prefix, budget_id, id_of(prefix, keys[2]))
+    if flags ~= '' then
+      if string.find(flags, FLAGS.slot, 1, true) then
+        free_slot(prefix, budget_id, id_of(prefix, keys[2]))
+      end
+      if string.find(flags, FLAGS.user, 1, true) then
+        user_leg_moved(prefix, budget_id, ck, tonumber(committed) > 0)
+      end
     end
   end
   -- A gateway call's answer to a resend, its fingerprint '' (core/service.py): in the order
@@ -793,8 +864,10 @@ local function resolve_legs(prefix, a, now)
           add_legs(legs, z, budget_id .. '/user:' .. a.user, allowance, u_day, u_week, u_month,
                    ceiling_of(u_total), true, false, u_rpm, u_cmax)
           legs.users = legs.users or {}
-          legs.users[#legs.users + 1] = {key = prefix .. USERS_KEY .. budget_id, user = a.user,
-                                         users_max = tonumber(users_max), budget_id = budget_id}
+          legs.users[#legs.users + 1] = {key = prefix .. USERS_KEY .. budget_id,
+                                         pending = prefix .. PENDING_USERS_KEY .. budget_id,
+                                         user = a.user, users_max = tonumber(users_max),
+                                         budget_id = budget_id}
         end
       end
     end
@@ -809,12 +882,18 @@ local function resolve_legs(prefix, a, now)
 end
 
 -- The users a hold would make that a budget has no room for: {'users_exhausted', budget_id}, or
--- nil. A user already counted passes.
+-- nil. A budget's places are taken by its charged users (the users set, for good: a call of
+-- theirs was charged) and by users with a call open and none charged yet (the pending set): a
+-- pending place is given back when its user's calls have all ended uncharged (user_leg_moved),
+-- so calls that were released cannot use the places up, and a lease that ends is resolved by
+-- expiry (which a refused reserve runs first: reserve.lua), charged or not, like any other.
+-- A user already in either set passes (u.known: a charged one).
 local function users_refusal(users)
   for _, u in ipairs(users) do
     if redis.call('ZSCORE', u.key, u.user) then
       u.known = true
-    elseif redis.call('ZCARD', u.key) >= u.users_max then
+    elseif not redis.call('ZSCORE', u.pending, u.user)
+        and redis.call('ZCARD', u.key) + redis.call('ZCARD', u.pending) >= u.users_max then
       return {'users_exhausted', u.budget_id}
     end
   end
@@ -839,7 +918,13 @@ local function rate_refusal(prefix, limits, now)
       local key = prefix .. CONCURRENCY_KEY .. lim.budget_id
       redis.call('ZREMRANGEBYSCORE', key, '-inf', istr(now))
       if redis.call('ZCARD', key) >= lim.cmax then
-        return {'concurrency_limited', lim.budget_id, istr(CONCURRENCY_RETRY_AFTER_S)}
+        -- The earliest lease end among the held slots: by then a slot is free for certain
+        -- (expiry frees it if nothing ends the call sooner), so a client that obeys asks
+        -- once, not once a second for as long as a call of unknown outcome holds its slot.
+        local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+        return {'concurrency_limited', lim.budget_id,
+                istr(math.max(CONCURRENCY_RETRY_AFTER_S_MIN,
+                              math.ceil((tonumber(first[2]) - now) / 1000)))}
       end
     end
   end
@@ -862,7 +947,7 @@ local function count_hold(prefix, legs, rid, now, expires_at)
   end
   for _, u in ipairs(legs.users or {}) do
     if not u.known then
-      redis.call('ZADD', u.key, '0', u.user)
+      redis.call('ZADD', u.pending, '0', u.user)
     end
   end
 end
@@ -894,14 +979,18 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
   if exceeded or busy then
     return nil, exceeded or busy, exceeded and 'exceeded' or 'busy'
   end
-  -- The key's quota of what outlives the call: a record kept past a resend, a run it opens. A
+  -- The key's quota of what outlives the call: a record kept past a resend (counted by the
+  -- records window; one kept a day for an Idempotency-Key, by the day), a run it opens. A
   -- gateway call without either (the hot path) reads no quota.
   local kept = a.retention_ms ~= RESEND_WINDOW_MS_TEXT
+  local keyed = kept and tonumber(a.retention_ms) > REPLAY_WINDOW_MS
+  local recent = kept and not keyed
   local qkey, used
   if kept or opens > 0 then
     qkey = prefix .. QUOTA_KEY .. a.owner
     used = quota_read(qkey, now)
-    local over = (kept and used.records >= RECORDS_KEPT_PER_KEY_MAX and 'records')
+    local over = (recent and used.recent >= RECORDS_PER_KEY_PER_WINDOW_MAX and 'recent')
+      or (keyed and used.records >= IDEMPOTENT_RECORDS_PER_KEY_MAX and 'records')
       or (used.runs + opens > RUNS_PER_KEY_MAX and 'runs')
     if over then
       if redis.call('EXISTS', KEYS[2]) == 1 then
@@ -931,23 +1020,29 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
   end
   local out = {'ok', now}
   local delta = text_of(reserved, held, a.reserved_micros, 0, '0')
+  local opened = opens > 0
   for _, leg in ipairs(legs) do
     redis.call('HINCRBY', leg.key, 'reserved', delta)
     if leg.run then
-      touch_run(leg.key, now)
+      touch_run(prefix, leg.key, now)
     elseif leg.committed == '0' and leg.reserved == '0' and leg.window_key ~= 'total' then
       -- a window's first hold: its counter goes COUNTER_RETENTION_MS after the window ends
-      redis.call('PEXPIREAT', leg.key, istr(tonumber(leg.resets_at_ms) + COUNTER_RETENTION_MS))
+      keep_window(prefix, leg.key, leg.resets_at_ms)
+      opened = true
     end
     out[#out + 1] = leg_status(leg, leg.committed, istr(tonumber(leg.reserved) + reserved),
                                leg.overshoot)
   end
   redis.call('ZADD', KEYS[3], expires_at, id_of(prefix, KEYS[2]))
+  if opened then
+    sweep_counters(prefix, now)  -- as often as the tag makes counters
+  end
   if legs.users or legs.limits then
     count_hold(prefix, legs, id_of(prefix, KEYS[2]), now, expires_at)
   end
   if qkey then
-    used.records = used.records + (kept and 1 or 0)
+    used.recent = used.recent + (recent and 1 or 0)
+    used.records = used.records + (keyed and 1 or 0)
     used.runs = used.runs + opens
     quota_write(qkey, used)
   end

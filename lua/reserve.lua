@@ -18,7 +18,8 @@
 --   {'timezone', budget_id, timezone}   {'clock', now_ms}
 --   {'paused', budget_id}  a velocity alarm paused a budget on the path
 --   {'state_quota', 'records'|'runs', retry_after_s}  the key keeps all its quota allows of what
---     this hold would make it keep (core/limits.py RECORDS_KEPT_PER_KEY_MAX, RUNS_PER_KEY_MAX)
+--     this hold would make it keep (core/limits.py RECORDS_PER_KEY_PER_WINDOW_MAX,
+--     IDEMPOTENT_RECORDS_PER_KEY_MAX, RUNS_PER_KEY_MAX)
 --   {'user_required', budget_id}  a budget on the path counts end users, and the call names none
 --   {'users_exhausted', budget_id}  the call's user would be one more than the budget's users_max
 --   {'rate_limited'|'concurrency_limited', budget_id, retry_after_s}  a budget's (or its user's)

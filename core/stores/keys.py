@@ -6,17 +6,20 @@ key's prefix and the parts below (the prelude core/stores/wire.py generates hand
 parts). Keys that belong to no call (the ledger id, API keys, live instances, the tag map, a
 model's output lengths) stand alone, each in its own slot.
 
-What expires: everything a caller can make exist. Reservation records (core/limits.py says how
-long each kind is kept once resolved, and why), run counters (RUN_COUNTER_IDLE_MS after their
-last write), day and month counters (COUNTER_RETENTION_MS after their window), idempotency
-replies, output histograms, probes and the live-instance set, and everything alerts write (the
-events, the outbox and the log, hourly spend buckets, velocity slots and marks), a day's gateway
-spend per upstream and a day's drift mark (DAILY_SPEND_RETENTION_MS after the day). What an
-operator made stays: the ledger id and its format version, budget definitions and their total
-counters, API key records (and a revoked key's record, which holds only when it was revoked: the
-id is never taken again), a tag's refusal counts (a field per error code), the tag map, a tag's
-set of budget ids, a tag's open-lease set while it has members (Redis drops an empty one), and
-the registry of function libraries (as many as are kept).
+What goes: everything a caller can make exist. Counters that hold spend carry no expiry, so a
+Redis that evicts keys with one (volatile-*) never drops a budget's spend: a sweep deletes run
+counters RUN_COUNTER_IDLE_MS after their last write and day, week and month counters (a
+budget's and its users') COUNTER_RETENTION_MS after their window, by the tag's WINDOWS and RUNS
+indexes (lua/lib.lua sweep_counters). What expires: reservation records (core/limits.py says how
+long each kind is kept once resolved, and why), idempotency replies, quotas, output histograms,
+probes and the live-instance set, and everything alerts write (the events, the outbox and the
+log, hourly spend buckets, velocity slots and marks), a day's gateway spend per upstream and a
+day's drift mark (DAILY_SPEND_RETENTION_MS after the day). What an operator made stays: the
+ledger id and its format version, budget definitions and their total counters, API key records
+(and a revoked key's record, which holds only when it was revoked: the id is never taken again),
+a tag's refusal counts (a field per error code), the tag map, a tag's set of budget ids, a tag's
+open-lease set while it has members (Redis drops an empty one), a budget's users sets (at most
+its users_max members) and the registry of function libraries (as many as are kept).
 """
 
 from __future__ import annotations
@@ -57,15 +60,25 @@ RECORD = "r:"  # + reservation id: one reservation, a string (wire.py RECORD_FIE
 OPEN = "open"  # the open leases, a sorted set of reservation ids by lease end
 DEFINITION = "def:"  # + budget id: one budget's limits
 COUNTER = "p:"  # + budget id '|' window key: one budget's counters in one period window
+# Counters that hold spend carry no expiry, so an evicting Redis (volatile-*) finds none to drop;
+# these list them for the sweep that deletes them instead (lua/lib.lua sweep_counters), each a
+# sorted set of counter keys after 'sc:{TAG}:', one member per counter, kept without an expiry:
+WINDOWS = "windows"  # day, week and month counters, by when each may go
+RUNS = "runs"  # run counters, by their last write
 REPLY = "reply:"  # + digest: one idempotency key of one API key (core/replies.py)
 # + owner (an API key id, or 'gw:' and one): what that key made and keeps in the current quota
 # window (core/limits.py STATE_QUOTA_WINDOW_MS), a hash: 'window' (its index), 'records', 'runs',
 # 'replies', 'reply_bytes'. Expires two windows after its own.
 QUOTA = "q:"
-# + budget id: the end users of a budget with per_user limits, a sorted set (score 0, so in byte
-# order, pages by ZRANGEBYLEX) of at most its users_max ids. Kept as long as the budget, as a
-# user's total counter is (a user's total never refills).
+# + budget id: the end users of a budget with per_user limits that a call of theirs was charged
+# in, a sorted set (score 0, so in byte order, pages by ZRANGEBYLEX). Kept as long as the budget,
+# as a user's total counter is (a user's total never refills).
 USERS = "u:"
+# + budget id: the end users with a call open and none charged yet, a sorted set (score 0, byte
+# order) that a user leaves when a call of theirs is charged (for USERS) or when their calls have
+# all ended uncharged (released, settled at zero, expired under 'release'). With USERS, at most
+# the budget's users_max ids.
+PENDING_USERS = "uo:"
 # + budget id (a user's too): the reservation ids of its calls in the last RATE_WINDOW_MS, a
 # sorted set by when each was admitted; expires a window after its last call.
 RATE = "rl:"

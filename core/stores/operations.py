@@ -10,14 +10,16 @@ master; what belongs to an organisation is read and written under its own hash t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.budgets import RUN_SCOPE_KIND
 from core.errors import BudgetInUse, ensure
 from core.ledger import ROLES_OF_KEYS_BEFORE_ROLES, ExpirePolicy, KeyInfo, ReservationState
 from core.lifecycle import Event, effects
-from core.limits import UNKNOWN_OUTCOME_RETENTION_MS
+from core.limits import COUNTER_RETENTION_MS, DAY_MS, UNKNOWN_OUTCOME_RETENTION_MS
 from core.stores import keys, wire
 from core.stores.scripted import ScriptedStore
 from core.stores.scripts import script
@@ -25,6 +27,10 @@ from core.stores.scripts import script
 # Keys one dump_tag page scans: enough that a tag of a few hundred budgets takes a few pages,
 # small enough that one page holds the server for well under a millisecond.
 DUMP_PAGE_KEYS = 1_000
+# A counter's key: 'sc:{TAG}:' then 'p:' budget id '|' window key (core/stores/keys.py counter).
+_COUNTER = re.compile(r"(sc:\{[^}]+\}:)(" + re.escape(keys.COUNTER) + r"([^|]+)\|([^|]+))")
+# The longest period window (a month), a bound on how far from now a window still open ends.
+WINDOW_MS_MAX = 31 * DAY_MS
 # Pages one tag's dump may take before it is refused as runaway (a scan that never ends).
 DUMP_PAGES_MAX = 100_000
 
@@ -199,9 +205,13 @@ class ScriptedCatalogue:
             cursor = str(page[0])
             for entry in page[1:]:
                 kind, suffix, pttl, values = str(entry[0]), str(entry[1]), int(entry[2]), entry[3:]
-                if kind == "users":
-                    budget_id = suffix.removeprefix(keys.USERS)
-                    users[budget_id] = await self._members(keys.prefix(tag) + suffix)
+                if kind in ("users", "pending_users"):
+                    # A pending user's open call is charged as unknown by a restore, which
+                    # gives it its place among the budget's users (core/stores/keys.py).
+                    budget_id = suffix.removeprefix(
+                        keys.USERS if kind == "users" else keys.PENDING_USERS)
+                    members = await self._members(keys.prefix(tag) + suffix)
+                    users[budget_id] = tuple(sorted({*users.get(budget_id, ()), *members}))
                 else:
                     hashes[suffix] = (pttl if pttl > 0 else None, _pairs(list(values)))
             if cursor == "0":
@@ -296,10 +306,26 @@ class ScriptedCatalogue:
         await self._t.execute("SET", keys.LEDGER_ID_KEY, ledger_id)
 
     async def write_hash(self, key: str, fields: dict[str, str], ttl_ms: int | None) -> None:
+        """Write a hash whole. A counter of spend gets no expiry (an evicting Redis must find
+        none to drop: core/stores/keys.py WINDOWS) but goes into its tag's sweep index: a run's
+        as written now, a window's by the end of the expiry it had (an export made before
+        counters were swept) or else COUNTER_RETENTION_MS and the longest window from now, a
+        bound on when its own retention ends."""
         await self._t.execute("DEL", key)
         await self._t.execute("HSET", key, *[x for kv in fields.items() for x in kv])
-        if ttl_ms is not None:
-            await self._t.execute("PEXPIRE", key, str(ttl_ms))
+        counter = _COUNTER.fullmatch(key)
+        if counter is None:
+            if ttl_ms is not None:
+                await self._t.execute("PEXPIRE", key, str(ttl_ms))
+            return
+        prefix, suffix, budget_id, window_key = counter.group(1, 2, 3, 4)
+        now_ms = self.store.now_estimate()
+        if window_key != "total":
+            due_ms = now_ms + (ttl_ms if ttl_ms is not None
+                               else COUNTER_RETENTION_MS + WINDOW_MS_MAX)
+            await self._t.execute("ZADD", prefix + keys.WINDOWS, str(due_ms), suffix)
+        elif f"/{RUN_SCOPE_KIND}:" in budget_id:
+            await self._t.execute("ZADD", prefix + keys.RUNS, str(now_ms), suffix)
 
     async def read_hash(self, key: str) -> dict[str, str]:
         return _pairs(await self._t.execute("HGETALL", key))

@@ -203,14 +203,18 @@ def test_a_body_nested_too_deep_is_a_4xx_on_every_route(
 
 def stored(redis_url: str, tag: str) -> dict[str, tuple[Any, bool]]:
     """Every budget definition and counter of `tag` as Redis holds it: its value, and whether it
-    has an expiry (a lifetime total must have none)."""
+    goes by itself, by an expiry or by the sweep of its tag's windows or runs index (a lifetime
+    total must not)."""
     raw = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         out: dict[str, tuple[Any, bool]] = {}
         for part in (keys.DEFINITION, keys.COUNTER):
             for name in raw.scan_iter(match=f"{keys.prefix(tag)}{part}*", count=1_000):
                 value = raw.hgetall(name) if raw.type(name) == "hash" else raw.get(name)
-                out[name] = (value, raw.pttl(name) >= 0)
+                suffix = name.removeprefix(keys.prefix(tag))
+                swept = any(raw.zscore(keys.prefix(tag) + index, suffix) is not None
+                            for index in (keys.WINDOWS, keys.RUNS))
+                out[name] = (value, raw.pttl(name) >= 0 or swept)
         return out
     finally:
         raw.close()

@@ -268,7 +268,7 @@ def test_a_concurrency_limited_call_is_retried_once_a_slot_frees(
     gw: ServiceProcess, admin: Client, stub: StubProvider, sdk_name: str, scope: str,
 ) -> None:
     """concurrent_max 1: while another call of the user holds the slot (a sidecar reservation),
-    the SDK's call is refused 429 concurrency_limited (Retry-After: 1). The other call ends as
+    the SDK's call is refused 429 concurrency_limited (its Retry-After: the held lease's end). The other call ends as
     soon as the refusal is seen; the SDK waits the Retry-After, retries, and the retry passes.
     The stub billed that one call."""
     rate = {"concurrent_max": 1}

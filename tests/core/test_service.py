@@ -30,7 +30,7 @@ from core.ledger import (
     tag_digest,
     tag_digest_of,
 )
-from core.limits import IDEMPOTENCY_WINDOW_MS, RESEND_WINDOW_MS
+from core.limits import IDEMPOTENCY_WINDOW_MS, REPLAY_WINDOW_MS, RESEND_WINDOW_MS
 from core.prices import PriceTable, Usage
 from core.service import (
     KEY_TRUST_MS,
@@ -314,7 +314,7 @@ async def test_a_replayed_reserve_of_a_settled_call_is_not_a_new_hold(
 
 @pytest.mark.parametrize(("role", "idempotency_key", "kept_ms"), [
     (Role.GATEWAY, None, RESEND_WINDOW_MS),
-    (Role.SIDECAR, None, IDEMPOTENCY_WINDOW_MS),
+    (Role.SIDECAR, None, REPLAY_WINDOW_MS),
     (Role.SIDECAR, "call-1", IDEMPOTENCY_WINDOW_MS),
 ])
 async def test_a_record_is_kept_as_long_as_its_kind_of_call_needs_it(

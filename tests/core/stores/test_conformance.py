@@ -46,11 +46,14 @@ from core.ledger import (
 )
 from core.lifecycle import ABSENT, TRANSITIONS, Event, effects, step
 from core.limits import (
+    COUNTER_RETENTION_MS,
     IDEMPOTENCY_WINDOW_MS,
+    REPLAY_WINDOW_MS,
     RESEND_WINDOW_MS,
     RESERVATION_TTL_MS_MAX,
     RUN_COUNTER_IDLE_MS,
 )
+from core.stores import keys
 from tests.support import ManualClock
 
 TTL_MS = 60_000
@@ -741,6 +744,25 @@ def a_run(tag: str, ceiling_micros: int = 500) -> RunLimit:
     return RunLimit(BudgetId(f"{tag}/run:r{uuid.uuid4().hex[:8]}"), ceiling_micros)
 
 
+async def test_a_sidecar_record_under_a_minted_id_is_kept_the_replay_window(
+    store: LedgerStore, tag: str
+) -> None:
+    """A busy key keeps its rate times minutes of records: a sidecar reservation under an id the
+    ledger minted (no fingerprint) is kept REPLAY_WINDOW_MS once settled, money moved or not, and
+    answers a resent settle as the first meanwhile (issue 35: a day, and a daily count that
+    refused honest work)."""
+    await put(store, tag, (Period.TOTAL, 10_000))
+    made = request(tag, tag, 100, fingerprint="", retention_ms=REPLAY_WINDOW_MS)
+    await store.reserve(made)
+    first = await store.settle(made.ref, 60)
+    again = await store.settle(made.ref, 60)
+    assert (again.replayed, again.charged_micros) == (True, first.charged_micros)
+    execute = store._t.execute  # type: ignore[attr-defined]
+    kept_ms = int(await execute("PTTL", keys.reservation(tag, made.ref.reservation_id)))
+    assert 0 < kept_ms <= REPLAY_WINDOW_MS
+    assert (await leg(store, tag)).committed_micros == 60
+
+
 async def test_a_run_counter_is_dropped_after_a_day_without_a_call(
     store: LedgerStore, tag: str, clock: ManualClock
 ) -> None:
@@ -770,6 +792,32 @@ async def test_a_run_counter_outlives_every_open_reservation_of_its_run(
     assert (await run_leg(store, tag, run)).committed_micros == 100
     clock.advance(1)
     assert (await run_leg(store, tag, run)).committed_micros == 0
+
+
+async def test_counters_that_hold_spend_carry_no_expiry_and_go_by_the_sweep(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    """A Redis that evicts keys with an expiry (volatile-*) must find no counter of spend to drop:
+    day, month, user and run counters carry none. They go by the sweep instead, a window's
+    COUNTER_RETENTION_MS after it ends and a run's RUN_COUNTER_IDLE_MS after its last call: here
+    the first hold of a later window runs it, and the sweeper's expire does for a quiet tag."""
+    await put(store, tag, (Period.DAY, 10**9), (Period.MONTH, 10**9), (Period.TOTAL, 10**9))
+    run = a_run(tag)
+    first = request(tag, tag, 100, run=run)
+    r = await store.reserve(first)
+    await store.settle(first.ref, 80)
+    day, month = (leg.window_key for leg in r.legs[:2])
+    made = [keys.counter(tag, tag, day), keys.counter(tag, tag, month),
+            keys.counter(tag, tag, "total"), keys.counter(tag, run.budget_id.path, "total")]
+    execute = store._t.execute  # type: ignore[attr-defined]
+    assert [await execute("PTTL", k) for k in made] == [-1, -1, -1, -1]
+    clock.advance(RUN_COUNTER_IDLE_MS)
+    assert await store.expire(tag, 10) == 0  # the sweeper: the idle run's counter goes
+    assert [await execute("EXISTS", k) for k in made] == [1, 1, 1, 0]
+    clock.advance(COUNTER_RETENTION_MS + 32 * RUN_COUNTER_IDLE_MS)
+    later = await store.reserve(request(tag, tag, 1))  # a new window's first hold sweeps
+    assert [await execute("EXISTS", k) for k in made] == [0, 0, 1, 0]
+    assert [(x.window_key, x.committed_micros) for x in later.legs][2] == ("total", 80)
 
 
 @pytest.mark.parametrize("late", ["settle", "release"])

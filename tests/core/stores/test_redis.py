@@ -244,7 +244,8 @@ async def test_a_call_writes_its_tags_keys_and_no_other(
     expected = {keys.meta(tag), keys.definition(tag, tag), keys.definition(tag, f"{tag}/team:a"),
                 keys.counter(tag, tag, day), keys.counter(tag, tag, "total"),
                 keys.counter(tag, f"{tag}/team:a", month),
-                keys.reservation(tag, r.reservation_id)}
+                keys.reservation(tag, r.reservation_id),
+                keys.prefix(tag) + keys.WINDOWS}  # the day and month counters, for the sweep
     if retention_ms != RESEND_WINDOW_MS:
         expected.add(keys.quota(tag, OWNER))  # a record kept past a resend counts in its quota
     assert opened == expected | {keys.open_leases(tag)}

@@ -195,7 +195,21 @@ def machine_for(request: pytest.FixtureRequest, kind: str) -> type[RuleBasedStat
                     assert leg.committed_micros + leg.reserved_micros <= (
                         leg.ceiling_micros + leg.overshoot_micros
                     )
-            assert len({u for u in self.users.values() if u}) <= USERS_MAX
+            # users_max counts the users a call was charged for and those with one open: no
+            # more than USERS_MAX of them, and every such user is counted (a released call's
+            # user gives its place back).
+            prefix = keys.prefix(self.tag)
+            charged = set(self.run(self.store._t.execute(  # type: ignore[attr-defined]
+                "ZRANGE", prefix + keys.USERS + self.path.path, "0", "-1")))
+            pending = set(self.run(self.store._t.execute(  # type: ignore[attr-defined]
+                "ZRANGE", prefix + keys.PENDING_USERS + self.path.path, "0", "-1")))
+            assert len(charged) + len(pending) <= USERS_MAX
+            assert not charged & pending
+            for rid, seen in views.items():
+                who_called = self.users[rid]
+                if who_called is not None and seen is not None and (
+                        seen.state is ReservationState.OPEN or (seen.charged_micros or 0) > 0):
+                    assert who_called in charged | pending, (who_called, seen)
             assert opened <= (RATE.concurrent_max or 0)
             assert isinstance(self.store, ScriptedStore)
             count = self.run(self.store.transport.execute(

@@ -167,7 +167,10 @@ async def test_delete_is_refused_under_a_users_open_hold_and_force_charges_it(
     r = await store.reserve(held(tag, tag, 300, "u1"))
     with pytest.raises(BudgetInUse):
         await catalogue(store).delete_budget(tag, tag, False)
-    assert await exists(store, keys.prefix(tag) + keys.USERS + tag) == [True]
+    # u1 has a call open, none charged: a pending place, not yet one among the budget's users.
+    assert await exists(store, keys.prefix(tag) + keys.PENDING_USERS + tag,
+                        keys.prefix(tag) + keys.USERS + tag) == [True, False]
+    # Forced, the hold is charged (so u1 takes its place) and then the sets go.
     assert await catalogue(store).delete_budget(tag, tag, True) == (1, 300, 1)
     view = await store.inspect(tag, r.reservation_id)
     assert view is not None
@@ -177,9 +180,10 @@ async def test_delete_is_refused_under_a_users_open_hold_and_force_charges_it(
     assert (total.committed_micros, total.reserved_micros) == (300, 0)
     # The users set went, the user's total stayed; its concurrency slot was given back.
     assert await exists(store, keys.prefix(tag) + keys.USERS + tag,
+                        keys.prefix(tag) + keys.PENDING_USERS + tag,
                         keys.counter(tag, bid.user("u1").path, "total"),
                         keys.prefix(tag) + keys.CONCURRENCY + bid.user("u1").path) == [
-        False, True, False]
+        False, False, True, False]
 
 
 async def test_a_late_settle_after_delete_gives_a_user_no_room_beyond_its_ceiling(
@@ -241,6 +245,13 @@ async def test_an_export_carries_the_users_and_a_restore_refills_none(
         await spend(store, other, deep.path, 70, "deep@x")
         open_hold = await store.reserve(held(tag, tag, 30, long_user))
         before = {b: await all_users(store, BudgetId(b), 1_000) for b in users}
+        # long_user's call is open and none of theirs charged: not listed among the budget's
+        # users until one is, as the restore below does (it charges the call as unknown).
+        assert [u.user for u in before[tag]] == users[tag][:2]
+        long_path = f"{tag}/user:{long_user}"
+        before[tag].append(UserSpend(long_user, long_path, tuple(
+            leg for leg in await store.status((BudgetId(tag),), None, long_user)
+            if leg.budget_id == long_path)))
         document = await ops.export(BY)
         assert users_of_export(document) == users
         counted = {c["budget_id"] for org in document["body"]["organisations"]
@@ -265,6 +276,14 @@ async def test_an_export_carries_the_users_and_a_restore_refills_none(
     try:
         result = await ops.restore(document, None, False, BY)
         assert (result["users"], result["open_reservations_charged_as_unknown"]) == (4, 1)
+        # Counters of spend come back without an expiry an evicting Redis could act on; the
+        # windowed ones go by the sweep of their tag's windows index.
+        restored = [k async for k in raw.scan_iter(match=f"{keys.prefix(tag)}{keys.COUNTER}*")]
+        assert restored
+        assert [await raw.pttl(k) for k in restored] == [-1] * len(restored)
+        windowed = [k.removeprefix(keys.prefix(tag)) for k in restored if not k.endswith("|total")]
+        assert windowed
+        assert None not in [await raw.zscore(keys.prefix(tag) + keys.WINDOWS, k) for k in windowed]
         after = {b: await all_users(store, BudgetId(b), 1_000) for b in users}
         assert {b: [u.user for u in us] for b, us in after.items()} == users
         assert {leg.reserved_micros for leg in before[tag][-1].legs} == {30}  # long_user's

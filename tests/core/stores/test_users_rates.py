@@ -18,7 +18,7 @@ from core.errors import (
     UserRequired,
     UsersExhausted,
 )
-from core.ledger import LedgerStore, ReservationRef, ReserveRequest
+from core.ledger import ExpirePolicy, LedgerStore, ReservationRef, ReserveRequest
 from core.limits import RATE_WINDOW_MS, RESEND_WINDOW_MS
 from core.stores import keys
 from tests.core.stores.test_conformance import OWNER, TTL_MS, request
@@ -281,3 +281,75 @@ async def test_a_booked_call_counts_its_user_in_each_budget_with_room(
     assert legs[org.user("u2").path] == 400  # the org had room for u2
     assert team.user("u2").path not in legs or legs[team.user("u2").path] == 0
     assert legs[team.path] == 400
+
+
+async def test_concurrency_retry_after_is_the_earliest_lease_end_of_the_held_slots(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    """A call of unknown outcome keeps its slot until its lease ends: a refusal says when that
+    is, so a client that obeys asks once, not once a second (issue 35: ~69 requests)."""
+    await put(store, tag, (Period.TOTAL, 10**9), rate=Rate(concurrent_max=2))
+    await store.reserve(held(tag, tag, 1, ttl_ms=TTL_MS))
+    clock.advance(10_500)
+    await store.reserve(held(tag, tag, 1, ttl_ms=TTL_MS))
+    with pytest.raises(ConcurrencyLimited) as refused:
+        await store.reserve(held(tag, tag, 1))
+    # The first slot's lease ends TTL_MS after it was taken, 10.5 s ago: 49.5 s, rounded up.
+    assert refused.value.details["retry_after_s"] == (TTL_MS - 10_500 + 999) // 1_000
+    clock.advance(TTL_MS - 10_500 - 200)
+    with pytest.raises(ConcurrencyLimited) as refused:
+        await store.reserve(held(tag, tag, 1))
+    assert refused.value.details["retry_after_s"] == 1  # never less than a second
+    clock.advance(refused.value.details["retry_after_s"] * 1_000)
+    await store.reserve(held(tag, tag, 1))  # when it said: the slot is free
+
+
+async def test_a_user_takes_a_place_only_when_a_call_of_theirs_is_charged(
+    store: LedgerStore, tag: str
+) -> None:
+    """Issue 35: three users whose calls the provider refused (released) filled users_max 3 for
+    good. A released call, or one settled at zero, gives its user's place back and leaves no
+    counter; a charged one keeps the place for good."""
+    bid = await put(store, tag, (Period.TOTAL, 10**6),
+                    per_user=PerUser((Limit(Period.DAY, 1_000), Limit(Period.TOTAL, 1_000)),
+                                     users_max=3))
+    for user in ("r1", "r2", "r3"):
+        r = await store.reserve(held(tag, tag, 10, user))
+        await store.release(ReservationRef(tag, r.reservation_id, OWNER))
+    zero = await store.reserve(held(tag, tag, 10, "z1", fingerprint="",
+                                    retention_ms=RESEND_WINDOW_MS))  # the gateway's path
+    await store.settle(ReservationRef(tag, zero.reservation_id, OWNER), 0)
+    gone = [keys.counter(tag, bid.user(u).path, "total") for u in ("r1", "r2", "r3", "z1")]
+    assert await store._t.execute("EXISTS", *gone) == 0  # type: ignore[attr-defined]
+    # Three users charged take the three places; a fourth is refused, the charged still served.
+    for user in ("c1", "c2", "c3"):
+        r = await store.reserve(held(tag, tag, 10, user))
+        await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 1)
+    with pytest.raises(UsersExhausted):
+        await store.reserve(held(tag, tag, 10, "r1"))
+    await store.reserve(held(tag, tag, 10, "c1"))
+    page = await store.users_of(bid, None, 10)
+    assert [u.user for u in page.users] == ["c1", "c2", "c3"]
+
+
+async def test_a_user_with_a_call_open_holds_a_place_until_it_ends(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    """Users with a call open take places (so concurrent new users cannot pass users_max), and
+    give them back when their calls end uncharged (here: expiry under 'release', which a refused
+    reserve runs first); one whose lease expired charged keeps it."""
+    await put(store, tag, (Period.TOTAL, 10**6),
+              per_user=PerUser((Limit(Period.TOTAL, 1_000),), users_max=2))
+    await store.reserve(held(tag, tag, 10, "p1", policy=ExpirePolicy.RELEASE))
+    await store.reserve(held(tag, tag, 10, "p1", policy=ExpirePolicy.RELEASE))  # same user
+    await store.reserve(held(tag, tag, 10, "p2", ttl_ms=2 * TTL_MS))  # expires charged
+    with pytest.raises(UsersExhausted):
+        await store.reserve(held(tag, tag, 10, "p3"))
+    clock.advance(TTL_MS + 1)  # p1's leases end, given back at expiry: p1's place is free
+    await store.reserve(held(tag, tag, 10, "p3", ttl_ms=3 * TTL_MS))
+    clock.advance(TTL_MS)  # p2's lease ends: expiry charges it, and p2 keeps its place
+    await store.expire(tag, 10)  # p2's, and p1's unless p3's reserve reclaimed them first
+    with pytest.raises(UsersExhausted):
+        await store.reserve(held(tag, tag, 10, "p4"))
+    page = await store.users_of(BudgetId(tag), None, 10)
+    assert [u.user for u in page.users] == ["p2"]
