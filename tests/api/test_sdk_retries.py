@@ -268,8 +268,9 @@ def test_a_concurrency_limited_call_is_retried_once_a_slot_frees(
     gw: ServiceProcess, admin: Client, stub: StubProvider, sdk_name: str, scope: str,
 ) -> None:
     """concurrent_max 1: while another call of the user holds the slot (a sidecar reservation),
-    the SDK's call is refused 429 concurrency_limited (its Retry-After: the held lease's end). The other call ends as
-    soon as the refusal is seen; the SDK waits the Retry-After, retries, and the retry passes.
+    the SDK's call is refused 429 concurrency_limited (its Retry-After: the held lease's end).
+    The other call ends as soon as the refusal is seen; the SDK waits the Retry-After, retries,
+    and the retry passes.
     The stub billed that one call."""
     rate = {"concurrent_max": 1}
     _, key = (account(admin, rate=rate) if scope == "budget"
