@@ -68,6 +68,8 @@ RETRY_AFTER_S = 1.0
 # How long the SDK's first request may take to be answered.
 REFUSAL_WAIT_S_MAX = 10.0
 SDK_RETRIES = 2
+# The lease of the reservation that holds a concurrency slot while an SDK's call is refused.
+HELD_TTL_MS = 2_000
 # A refusal that is not retried is answered at once: well under any backoff.
 NO_RETRY_ELAPSED_S_MAX = 0.5
 
@@ -276,7 +278,9 @@ def test_a_concurrency_limited_call_is_retried_once_a_slot_frees(
     _, key = (account(admin, rate=rate) if scope == "budget"
               else account(admin, user_rate=rate))
     user = "waiter"
-    held = admin.post("/v1/reservations", json={"amount_micros": 1},
+    # A short lease: the refusal's Retry-After is the earliest lease end among the held slots,
+    # which the SDKs wait (up to two minutes).
+    held = admin.post("/v1/reservations", json={"amount_micros": 1, "ttl_ms": HELD_TTL_MS},
                       headers={**as_key(key), "X-Ceiling-User": user})
     assert held.status_code == 201, held.text
     transport, attempts = recording_client()

@@ -127,7 +127,8 @@ def test_delete_uncounts_the_users_and_refills_none_of_them(
         assert held.status_code == 201
         refused = http.admin("DELETE", f"/v1/admin/budgets/{tag}")
         assert (refused.status_code, refused.json()["error"]["code"]) == (409, "budget_in_use")
-        assert listing(http, tag)["users_count"] == 4  # nothing changed
+        # dave holds a pending place (a call open, nothing charged yet): not counted
+        assert listing(http, tag)["users_count"] == 3  # nothing changed
     r = http.admin("DELETE", f"/v1/admin/budgets/{tag}", params={"force": force})
     assert r.status_code == 200, r.text
     assert (r.json()["users_deleted"], r.json()["reservations_charged_as_unknown"]) == (
