@@ -56,6 +56,10 @@ def serve(args: argparse.Namespace) -> int:
     if rt.service is None:
         print(f"ceiling serve: refusing to start: {rt.problem}", file=sys.stderr)
         return 2
+    unaccepted = asyncio.run(rt.ledger_unaccepted())
+    if unaccepted:
+        print(f"ceiling serve: refusing to start: {unaccepted}", file=sys.stderr)
+        return 2
     missing = {m: instead for m, instead in SERVE_EXTRA.items()
                if importlib.util.find_spec(m) is None}
     if missing:

@@ -76,6 +76,30 @@ class Runtime:
             raise InvariantBroken("a runtime with a service has its backend")
         return self.backend.store
 
+    async def ledger_unaccepted(self) -> str | None:
+        """Why the shared ledger cannot keep money and the operator did not accept it, or None:
+        `ceiling serve` refuses to start then. A ledger that cannot be reached now is not
+        refused here: calls fail closed until it is. Closes the store it probed (its
+        connections belong to this call's event loop)."""
+        store, config = self.store(), self.config
+        try:
+            probe = await store.probe(self.instance_id)
+        finally:
+            await store.close()
+        if not probe.shared or config is None:
+            return None  # the memory ledger, which CEILING_SINGLE_REPLICA accepted whole
+        why = []
+        if "ledger_not_durable" in probe.reasons and not config.accept_not_durable:
+            why.append("the ledger's Redis logs no writes (aof_enabled:0: snapshots at most), so "
+                       "a crash loses the spend since its last snapshot; turn on appendonly, or "
+                       "set CEILING_ACCEPT_NOT_DURABLE=1 to serve it anyway (health: degraded)")
+        if "ledger_evicts" in probe.reasons and not config.accept_eviction:
+            why.append("the ledger's Redis may evict keys (maxmemory_policy is not noeviction, "
+                       "or it evicted some), and an evicted hold or counter is spend forgotten; "
+                       "set maxmemory-policy noeviction, or CEILING_ACCEPT_EVICTION=1 to serve "
+                       "it anyway (health: degraded)")
+        return "; ".join(why) or None
+
     def operations(self) -> Operations:
         """The admin operations, with the catalogue the store keeps (if it keeps one)."""
         from core.operations import Operations  # the admin side: off a call's path
