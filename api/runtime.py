@@ -14,6 +14,7 @@ import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core import __version__
@@ -60,6 +61,13 @@ class Runtime:
             backend.store, prices, lease_ttl_ms=config.lease_ttl_ms,
             expire_policy=config.expire_policy,
         )
+        if config.outage_journal_dir:
+            try:
+                service.outage.keep_in(Path(config.outage_journal_dir), instance_id)
+            except OSError as exc:
+                return cls(instance_id, config, None, ConfigError(
+                    f"CEILING_OUTAGE_JOURNAL_DIR: the outage journal cannot be kept in "
+                    f"{config.outage_journal_dir}: {exc}"))
         return cls(instance_id, config, service, None, backend)
 
     def enforcing(self) -> CeilingService:

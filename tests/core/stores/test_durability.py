@@ -10,18 +10,23 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import redis
 
 from core.budgets import Period
 from core.errors import LedgerUnavailable
+from core.ledger import LegStatus
+from core.outage import OutageAllowance
 from core.stores import keys, scripted
 from core.stores.durability import Durability, durability_of
+from core.stores.memory import MemoryStore
 from core.stores.operations import ScriptedCatalogue
 from core.stores.redis import RedisStore
 from infra.redis_server import Forwarder, RedisServer
 from tests.core.stores.test_conformance import leg, put, request
+from tests.support import ManualClock
 
 # How long a replica gets to catch up with its primary before a test stalls it.
 SYNC_TIMEOUT_S = 10.0
@@ -202,3 +207,28 @@ async def test_a_snapshot_restart_is_not_durable_from_the_start_and_rolled_back_
             assert raw.get(keys.ROLLED_BACK_KEY) is not None
         finally:
             await store.close()
+
+
+async def test_an_outage_journal_kept_on_disk_is_booked_by_the_next_instance(
+        tmp_path: Path, tag: str) -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    bid = await put(store, tag, (Period.TOTAL, 10_000), allow=500)
+    down = LedgerUnavailable("down", reason="ledger_unreachable")
+    crashed = OutageAllowance(clock=clock)
+    assert crashed.keep_in(tmp_path, "a") == 0
+    crashed.learn(bid.lineage, (LegStatus(tag, "total", 10_000, 0, 0, 0, None, 500),))
+    first, second = request(tag, tag, 100), request(tag, tag, 200)
+    crashed.admit(first, down)
+    crashed.admit(second, down)
+    assert crashed.settle(first.ref, 60) is not None
+    assert crashed._file is not None
+    crashed._file.close()  # the instance dies, its journal unbooked
+
+    heir = OutageAllowance(clock=clock)
+    assert heir.keep_in(tmp_path, "b") == 2
+    assert not (tmp_path / "outage-a.jsonl").exists()
+    clock.advance(second.ttl_ms)  # the unsettled call's lease runs out: charged whole
+    assert await heir.flush(store) == 2
+    assert (await leg(store, tag)).committed_micros == 60 + 200
+    assert (tmp_path / "outage-b.jsonl").read_text() == ""
