@@ -7,6 +7,7 @@ store keeps serving. Money is judged by reading Redis itself.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import pytest
 import redis
 
 from core.budgets import Period
+from core.config import WAIT_TIMEOUT_MS_DEFAULT, ConfigError, load
 from core.errors import LedgerUnavailable
 from core.ledger import LegStatus
 from core.outage import OutageAllowance
@@ -232,3 +234,36 @@ async def test_an_outage_journal_kept_on_disk_is_booked_by_the_next_instance(
     assert await heir.flush(store) == 2
     assert (await leg(store, tag)).committed_micros == 60 + 200
     assert (tmp_path / "outage-b.jsonl").read_text() == ""
+
+
+@pytest.mark.parametrize(("env", "refused"), [
+    ({"REDIS_URL": "redis://x", "CEILING_REDIS_WAIT_REPLICAS": "1"}, None),
+    ({"REDIS_URL": "redis://x", "REDIS_CLUSTER": "1", "CEILING_REDIS_WAIT_REPLICAS": "1"},
+     "one Redis"),
+    ({"UPSTASH_REDIS_REST_URL": "https://x", "UPSTASH_REDIS_REST_TOKEN": "t",
+      "CEILING_REDIS_WAIT_REPLICAS": "1"}, "one Redis"),
+    ({"REDIS_URL": "redis://x", "CEILING_REDIS_WAIT_REPLICAS": "17"}, "from 0 to 16"),
+    ({"REDIS_URL": "redis://x", "CEILING_REDIS_WAIT_TIMEOUT_MS": "0"}, "from 1 to 1000"),
+], ids=["redis", "cluster", "upstash", "too-many", "no-time"])
+def test_wait_is_configured_only_where_it_is_carried_out(
+        env: dict[str, str], refused: str | None) -> None:
+    if refused is None:
+        config = load(env)
+        assert (config.wait_replicas, config.wait_timeout_ms) == (1, WAIT_TIMEOUT_MS_DEFAULT)
+        return
+    with pytest.raises(ConfigError, match=refused):
+        load(env)
+
+
+async def test_reserves_answered_together_share_one_wait(pair: Pair, tag: str) -> None:
+    store = RedisStore(pair.endpoint.url, wait_replicas=1, wait_timeout_ms=1_000)
+    raw = redis.Redis(port=pair.primary.port, decode_responses=True)
+    try:
+        await put(store, tag, (Period.TOTAL, 100_000))
+        raw.config_resetstat()
+        held = await asyncio.gather(*(store.reserve(request(tag, tag, 1)) for _ in range(50)))
+        assert len(held) == 50
+        waits = int(raw.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+        assert 1 <= waits < 50
+    finally:
+        await store.close()
