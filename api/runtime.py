@@ -42,8 +42,8 @@ class Runtime:
     backend: Backend | None = None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Runtime:
-        instance_id = uuid.uuid4().hex[:12]
+    def from_env(cls, env: Mapping[str, str], instance_id: str | None = None) -> Runtime:
+        instance_id = instance_id or uuid.uuid4().hex[:12]
         try:
             config = load(env)
             prices = PriceTable.from_file(config.prices_file)
@@ -117,12 +117,21 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
+# The id the process' runtime takes when it is made; None: a new one (`serving_as`).
+_instance_id: str | None = None
+
+
+def serving_as(instance_id: str) -> None:
+    """The process' runtime, once made, is instance `instance_id`: the one `ceiling serve`'s
+    start-up probe registered with the ledger, so that health counts it once, not twice."""
+    global _instance_id
+    _instance_id = instance_id
 
 
 def runtime() -> Runtime:
     global _runtime
     if _runtime is None:
-        _runtime = Runtime.from_env(os.environ)
+        _runtime = Runtime.from_env(os.environ, _instance_id)
     return _runtime
 
 
