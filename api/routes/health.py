@@ -20,9 +20,11 @@ from api.runtime import VERSION, is_admin_token, runtime
 OPEN_BUDGETS_LISTED_MAX = 100
 
 # Reasons that mean this instance cannot enforce at all (as opposed to enforcing with a caveat).
-# A ledger that went back in time is refused until an operator adopts it: down, not degraded.
+# A ledger that went back in time is refused until an operator adopts it, and one with fewer
+# replicas than reserves must wait for refuses every reserve: down, not degraded.
 DOWN_REASONS = frozenset({"ledger_unreachable", "ledger_reset", "ledger_error", "ledger_auth",
-                          "invalid_configuration", "ledger_rolled_back"})
+                          "invalid_configuration", "ledger_rolled_back",
+                          "ledger_not_replicated"})
 # What anyone may read: whether to page, and why. The ledger's and the instances' ids, latency
 # and counts help whoever maps a deployment, so they go to the admin token's holder only.
 PUBLIC_FIELDS = ("status", "reasons")

@@ -22,6 +22,8 @@ from typing import Any
 NOT_DURABLE = "ledger_not_durable"
 EVICTS = "ledger_evicts"
 ROLLED_BACK = "ledger_rolled_back"
+# Fewer replicas connected than CEILING_REDIS_WAIT_REPLICAS: every reserve is refused.
+NOT_REPLICATED = "ledger_not_replicated"
 # The only maxmemory policy under which Redis never drops a key to make room.
 POLICY_KEEPS_ALL = "noeviction"
 
@@ -38,6 +40,9 @@ class Durability:
     # run_id changes on every start; master_replid on a start and on a promotion: together,
     # whether the server behind the endpoint is still the one an instance last probed.
     server_id: str | None = None
+    # Replicas connected to it (INFO replication connected_slaves): what a reserve that must be
+    # acknowledged by CEILING_REDIS_WAIT_REPLICAS of them can count on.
+    replicas: int | None = None
 
     @property
     def durable(self) -> bool | None:
@@ -61,7 +66,7 @@ class Durability:
                       self.eviction_policy or other.eviction_policy)
         evicted = (None if self.evicted_keys is None and other.evicted_keys is None
                    else (self.evicted_keys or 0) + (other.evicted_keys or 0))
-        return Durability(aof, policy, evicted, None)
+        return Durability(aof, policy, evicted, None, None)
 
 
 def info_fields(reply: Any) -> Mapping[str, Any]:
@@ -84,7 +89,9 @@ def durability_of(reply: Any) -> Durability:
     evicted = info.get("evicted_keys")
     run_id, replid = info.get("run_id"), info.get("master_replid")
     server_id = f"{run_id}/{replid}" if run_id is not None and replid is not None else None
+    replicas = info.get("connected_slaves")
     return Durability(None if aof is None else str(aof) == "1",
                       None if policy is None else str(policy),
-                      None if evicted is None else int(evicted), server_id)
+                      None if evicted is None else int(evicted), server_id,
+                      None if replicas is None else int(replicas))
 

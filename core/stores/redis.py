@@ -304,4 +304,5 @@ class RedisStore(ScriptedStore):
 
         # Without replicas to wait for, a reserve is the one script call it always was.
         super().__init__(transport, clock=clock,
-                         acknowledging=acknowledging if wait_replicas else None)
+                         acknowledging=acknowledging if wait_replicas else None,
+                         replicas_required=wait_replicas)

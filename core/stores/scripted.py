@@ -71,7 +71,7 @@ from core.ledger import (
 from core.lifecycle import Event
 from core.limits import DAILY_SPEND_DAYS_MAX, INT_EXACT_MAX, TZ_CACHE_MAX, WINDOW_RETRIES_MAX
 from core.stores import keys, wire
-from core.stores.durability import ROLLED_BACK, Durability
+from core.stores.durability import NOT_REPLICATED, ROLLED_BACK, Durability
 from core.stores.scripts import Script, library, prune_libraries, script
 
 Clock = Callable[[], int]
@@ -291,7 +291,8 @@ class ScriptedStore:
     shared = True
 
     def __init__(self, transport: Transport, *, clock: Clock | None = None,
-                 acknowledging: Acknowledging | None = None) -> None:
+                 acknowledging: Acknowledging | None = None, replicas_required: int = 0
+                 ) -> None:
         self.backend = transport.backend
         self._t = transport
         self.replies = ScriptedReplies(transport)
@@ -313,6 +314,7 @@ class ScriptedStore:
         # refuses for (its token), and the last rollback adoption it knows of; the server it
         # last probed (INFO run_id and replication id).
         self._acknowledging = acknowledging
+        self._replicas_required = replicas_required
         self._sequences: dict[str, int] = {}
         self._rolled_back: str | None = None
         self._rollback_adopted: str | None = None
@@ -559,7 +561,7 @@ class ScriptedStore:
         raise LedgerUnavailable(
             "the ledger's replicas did not acknowledge the reservation in time "
             "(CEILING_REDIS_WAIT_REPLICAS): a failover now could lose it, so the call is refused",
-            reason="ledger_not_replicated")
+            reason=NOT_REPLICATED)
 
     def _record_keys(self, tag: str, reservation_id: str) -> tuple[str, str, str]:
         return (keys.meta(tag), keys.reservation(tag, reservation_id), keys.open_leases(tag))
@@ -1215,6 +1217,8 @@ class ScriptedStore:
                 self._ledger_id, None, (reason,), None,
             )
         reasons.extend(durability.reasons())
+        if durability.replicas is not None and durability.replicas < self._replicas_required:
+            reasons.append(NOT_REPLICATED)
         return Probe(self.backend, self.shared, True, latency_ms, ledger_id, durability.durable,
                      tuple(reasons), seen)
 

@@ -153,6 +153,9 @@ def test_with_wait_the_calls_a_failover_would_lose_were_refused(
         # Every call the provider billed is in the promoted ledger (settled, or still held).
         assert ledger_micros(pair.replica.port, tag) >= billed
         assert billed <= CEILING_MICROS
+        # The promoted primary has no replica: every reserve is refused, and health says why.
+        for client in clients:
+            assert health(client) == {"status": "down", "reasons": ["ledger_not_replicated"]}
 
 
 def serve(env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -120,6 +120,7 @@ async def test_wait_refuses_a_hold_no_replica_acknowledged_and_releases_it(
     store = RedisStore(pair.endpoint.url, wait_replicas=1, wait_timeout_ms=100)
     try:
         await put(store, tag, (Period.TOTAL, 1_000))
+        assert (await store.probe("i1")).reasons == ()
         assert (await store.reserve(request(tag, tag, 10))).reserved_micros == 10
         pair.stall()
         with pytest.raises(LedgerUnavailable) as refused:
@@ -146,9 +147,10 @@ async def test_a_failover_to_a_lagging_replica_loses_nothing_that_wait_acknowled
         pair.fail_over()
         # What the promoted ledger holds is exactly what was admitted; nothing went back.
         assert (await leg(store, tag)).reserved_micros == 10 * len(admitted)
-        assert (await store.probe("i1")).reasons == ()
         assert refused == 5
-        # The promoted primary has no replica of its own yet: refused until it has one.
+        # The promoted primary has no replica of its own yet: refused until it has one, and
+        # health says so (nothing went back: no rollback).
+        assert (await store.probe("i1")).reasons == ("ledger_not_replicated",)
         with pytest.raises(LedgerUnavailable) as alone:
             await store.reserve(request(tag, tag, 10))
         assert alone.value.reason == "ledger_not_replicated"
