@@ -87,6 +87,10 @@ PROBE_TTL_MS = 60_000
 # An instance that found its ledger reset looks for an operator's adoption of a restored ledger
 # (`ceiling ledger adopt`) at most this often: two reads a second while it refuses every call.
 ADOPT_CHECK_INTERVAL_MS = 1_000
+# An instance reads whether another found the ledger rolled back (or an operator adopted it) at
+# most this often while it serves: one MGET a second, on the call that comes due, so that a
+# rollback another instance found stops this one within a second, not at its next health probe.
+ROLLBACK_CHECK_INTERVAL_MS = 1_000
 # A key's last use is written when the stored one is older than this: at most one write a minute
 # per key and instance, on the key check the key-trust window (core/service.py KEY_TRUST_MS)
 # already makes rare, never on the reserve script. Operators read "last used" to find idle keys,
@@ -331,13 +335,12 @@ class ScriptedStore:
     async def open(self) -> str:
         if self._reset and not await self._adopt():
             raise self._refusal()
+        now_s = time.monotonic()
+        if (now_s - self._rollback_checked_s) * 1000 >= ROLLBACK_CHECK_INTERVAL_MS:
+            self._rollback_checked_s = now_s
+            await self._stamp()  # another instance's finding, or an operator's adoption
         if self._rolled_back is not None:
-            now_s = time.monotonic()
-            if (now_s - self._rollback_checked_s) * 1000 >= ADOPT_CHECK_INTERVAL_MS:
-                self._rollback_checked_s = now_s
-                await self._stamp()  # an operator's adoption clears it
-            if self._rolled_back is not None:
-                raise _rolled_back(self._rolled_back)
+            raise _rolled_back(self._rolled_back)
         if self._ledger_id is None:
             found, version = await self._stamp()
             if found is None:

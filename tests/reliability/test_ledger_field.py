@@ -141,7 +141,7 @@ def test_with_wait_the_calls_a_failover_would_lose_were_refused(
         pair: Pair, provider: StubProvider) -> None:
     with ExitStack() as stack:
         clients = instances(stack, pair.endpoint.url, provider,
-                            CEILING_REDIS_WAIT_REPLICAS="1", CEILING_REDIS_WAIT_TIMEOUT_MS="50")
+                            CEILING_REDIS_WAIT_REPLICAS="1", CEILING_REDIS_WAIT_TIMEOUT_MS="500")
         tag, key = account(clients[0])
         admitted = calls(clients, key, 5)
         assert codes(admitted) == {200: 5}
