@@ -274,3 +274,17 @@ async def test_reserves_answered_together_share_one_wait(pair: Pair, tag: str) -
         assert 1 <= waits < 50
     finally:
         await store.close()
+
+
+def test_the_runtime_keeps_its_outage_journal_where_it_is_told(tmp_path: Path) -> None:
+    from api.runtime import Runtime  # the runtime is where the setting takes effect
+
+    env = {"CEILING_SINGLE_REPLICA": "1", "CEILING_OUTAGE_JOURNAL_DIR": str(tmp_path / "j")}
+    rt = Runtime.from_env(env, instance_id="i1")
+    assert rt.service is not None
+    assert (tmp_path / "j" / "outage-i1.jsonl").exists()
+    (tmp_path / "file").write_text("")
+    refused = Runtime.from_env({**env, "CEILING_OUTAGE_JOURNAL_DIR": str(tmp_path / "file")})
+    assert refused.service is None
+    assert refused.problem is not None
+    assert "CEILING_OUTAGE_JOURNAL_DIR" in refused.problem.message
