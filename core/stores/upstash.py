@@ -144,12 +144,12 @@ class UpstashTransport:
             return await self._client.execute(list(args))
 
     async def durability(self) -> Durability:
-        # Upstash persists every write to its own storage (its documentation), and answers
-        # INFO with little of Redis': what it does say (an eviction policy, keys evicted) counts.
+        # Upstash persists every write to its own storage (its documentation), whatever its
+        # INFO says of AOF; the rest of what it says (an eviction policy, keys evicted, a
+        # server id) counts.
         try:
             async with self._call():
-                return replace(durability_of(await self._client.execute(["INFO"])),
-                               aof=None, server_id=None)
+                return replace(durability_of(await self._client.execute(["INFO"])), aof=None)
         except LedgerUnavailable as exc:
             if exc.reason != "ledger_error":
                 raise
