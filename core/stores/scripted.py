@@ -461,7 +461,7 @@ class ScriptedStore:
 
     def use_ledger(self, ledger_id: str) -> None:
         """Enforce against `ledger_id` from now on: the one a restore made here just stamped."""
-        self._ledger_id, self._reset = ledger_id, False
+        self._ledger_id, self._reset, self._sequences = ledger_id, False, {}
 
     async def read_record(self, tag: str, reservation_id: str) -> wire.StoredRecord | None:
         return await self._read(tag, reservation_id)
