@@ -240,12 +240,8 @@ class RedisTransport:
         `timeout_ms`. Without the scripts' own connection, the two go out as one pipeline."""
         with translated():
             if self._endpoint is None:
-                async with asyncio.timeout(self._call_timeout_s + timeout_ms / 1000):
-                    pipe = self._client.pipeline(transaction=False)
-                    pipe.evalsha(script.sha1, len(keys), *keys, *args)
-                    pipe.execute_command("WAIT", str(replicas), str(timeout_ms))
-                    reply, acknowledged = await client_call(pipe.execute())
-                    return reply, int(acknowledged)
+                return await self._pipelined_acknowledged(script, keys, args, replicas,
+                                                          timeout_ms)
             connection = await self._connected()
         reply = await self.run(script, keys, args)
         with translated():
@@ -253,6 +249,26 @@ class RedisTransport:
                 # On the connection the script ran on: another one's WAIT would not wait for
                 # these writes. A connection that broke since fails the call (unknown: held).
                 return reply, await connection.acknowledged(replicas, timeout_ms)
+
+    async def _pipelined_acknowledged(self, script: Script, keys: Sequence[str],
+                                      args: Sequence[str], replicas: int, timeout_ms: int
+                                      ) -> tuple[Any, int]:
+        """The script by EVALSHA and its WAIT in one pipeline, on one of the client's
+        connections; on NOSCRIPT the script is loaded and the two sent again (every script is
+        safe to run twice)."""
+        for attempt in range(2):
+            try:
+                async with asyncio.timeout(self._call_timeout_s + timeout_ms / 1000):
+                    pipe = self._client.pipeline(transaction=False)
+                    pipe.evalsha(script.sha1, len(keys), *keys, *args)
+                    pipe.execute_command("WAIT", str(replicas), str(timeout_ms))
+                    reply, acknowledged = await client_call(pipe.execute())
+                    return reply, int(acknowledged)
+            except rex.NoScriptError:
+                if attempt:
+                    raise
+                await client_call(self._client.script_load(script.source))
+        raise InvariantBroken("the loop returns or raises")
 
     async def close(self) -> None:
         connection, self._connection = self._connection, None
