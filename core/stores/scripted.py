@@ -183,11 +183,15 @@ def _ledger_reset(tag: str | None = None) -> LedgerUnavailable:
 
 
 def _rolled_back(token: str) -> LedgerUnavailable:
+    # The token names the tag it was found on, an organisation: the message goes to any key
+    # holder, so it names only when (its first field); operators read the rest in the ledger.
+    found_at_ms = token.split(" ", 1)[0]
     return LedgerUnavailable(
-        "the ledger went back in time: a tag's reserve sequence is below one this fleet was "
-        f"answered ({token}), so spend it acknowledged is gone (a failover to a replica that "
-        "lagged, or a restart from an older snapshot); enforcement is refused until an operator "
-        "adopts the ledger as it is (`ceiling ledger adopt`), or restores it and adopts that",
+        "the ledger went back in time: a reserve sequence came back below one this fleet was "
+        f"answered (found at {found_at_ms} ms), so spend it acknowledged is gone (a failover "
+        "to a replica that lagged, or a restart from an older snapshot); enforcement is refused "
+        "until an operator adopts the ledger as it is (`ceiling ledger adopt`), or restores it "
+        "and adopts that",
         reason=ROLLED_BACK,
     )
 
