@@ -14,7 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from api.runtime import Runtime, runtime
+from api.runtime import Runtime, runtime, serving_as
 from api.views import correction_json, leg_json, stored_reservation_json, users_json
 from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period
 from core.errors import CeilingError, InvalidRequest
@@ -56,6 +56,11 @@ def serve(args: argparse.Namespace) -> int:
     if rt.service is None:
         print(f"ceiling serve: refusing to start: {rt.problem}", file=sys.stderr)
         return 2
+    unaccepted = asyncio.run(rt.ledger_unaccepted())
+    if unaccepted:
+        print(f"ceiling serve: refusing to start: {unaccepted}", file=sys.stderr)
+        return 2
+    serving_as(rt.instance_id)
     missing = {m: instead for m, instead in SERVE_EXTRA.items()
                if importlib.util.find_spec(m) is None}
     if missing:

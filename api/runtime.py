@@ -14,6 +14,7 @@ import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core import __version__
@@ -41,8 +42,8 @@ class Runtime:
     backend: Backend | None = None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Runtime:
-        instance_id = uuid.uuid4().hex[:12]
+    def from_env(cls, env: Mapping[str, str], instance_id: str | None = None) -> Runtime:
+        instance_id = instance_id or uuid.uuid4().hex[:12]
         try:
             config = load(env)
             prices = PriceTable.from_file(config.prices_file)
@@ -60,6 +61,13 @@ class Runtime:
             backend.store, prices, lease_ttl_ms=config.lease_ttl_ms,
             expire_policy=config.expire_policy,
         )
+        if config.outage_journal_dir:
+            try:
+                service.outage.keep_in(Path(config.outage_journal_dir), instance_id)
+            except OSError as exc:
+                return cls(instance_id, config, None, ConfigError(
+                    f"CEILING_OUTAGE_JOURNAL_DIR: the outage journal cannot be kept in "
+                    f"{config.outage_journal_dir}: {exc}"))
         return cls(instance_id, config, service, None, backend)
 
     def enforcing(self) -> CeilingService:
@@ -76,6 +84,30 @@ class Runtime:
             raise InvariantBroken("a runtime with a service has its backend")
         return self.backend.store
 
+    async def ledger_unaccepted(self) -> str | None:
+        """Why the shared ledger cannot keep money and the operator did not accept it, or None:
+        `ceiling serve` refuses to start then. A ledger that cannot be reached now is not
+        refused here: calls fail closed until it is. Closes the store it probed (its
+        connections belong to this call's event loop)."""
+        store, config = self.store(), self.config
+        try:
+            probe = await store.probe(self.instance_id)
+        finally:
+            await store.close()
+        if not probe.shared or config is None:
+            return None  # the memory ledger, which CEILING_SINGLE_REPLICA accepted whole
+        why = []
+        if "ledger_not_durable" in probe.reasons and not config.accept_not_durable:
+            why.append("the ledger's Redis logs no writes (aof_enabled:0: snapshots at most), so "
+                       "a crash loses the spend since its last snapshot; turn on appendonly, or "
+                       "set CEILING_ACCEPT_NOT_DURABLE=1 to serve it anyway (health: degraded)")
+        if "ledger_evicts" in probe.reasons and not config.accept_eviction:
+            why.append("the ledger's Redis may evict keys (maxmemory_policy is not noeviction, "
+                       "or it evicted some), and an evicted hold or counter is spend forgotten; "
+                       "set maxmemory-policy noeviction, or CEILING_ACCEPT_EVICTION=1 to serve "
+                       "it anyway (health: degraded)")
+        return "; ".join(why) or None
+
     def operations(self) -> Operations:
         """The admin operations, with the catalogue the store keeps (if it keeps one)."""
         from core.operations import Operations  # the admin side: off a call's path
@@ -85,12 +117,21 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
+# The id the process' runtime takes when it is made; None: a new one (`serving_as`).
+_instance_id: str | None = None
+
+
+def serving_as(instance_id: str) -> None:
+    """The process' runtime, once made, is instance `instance_id`: the one `ceiling serve`'s
+    start-up probe registered with the ledger, so that health counts it once, not twice."""
+    global _instance_id
+    _instance_id = instance_id
 
 
 def runtime() -> Runtime:
     global _runtime
     if _runtime is None:
-        _runtime = Runtime.from_env(os.environ)
+        _runtime = Runtime.from_env(os.environ, _instance_id)
     return _runtime
 
 

@@ -13,11 +13,13 @@ path of 3 scopes (4 legs). Four shapes of the key's budget, interleaved over rou
   rate      the key's budget has a rate (requests_per_minute and concurrent_max): its call log
             and its open-call count
   both      per_user with its own rate, and the budget's rate: all of the above
+  wait      plain, with CEILING_REDIS_WAIT_REPLICAS=1: every reserve acknowledged by the
+            primary's one replica (a second redis-server) before it returns (Redis WAIT)
 
-Printed per shape: cycles/s, and Redis' CPU per cycle (from INFO's used_cpu_user + sys: the
-figure the scripts move, least moved by this process); the cost of each shape is its Redis CPU
-per cycle over plain's, the median of the rounds' ratios. No target: the figures go to
-docs/measured.md.
+Printed per shape: cycles/s, this process' CPU per cycle, and Redis' CPU per cycle (from
+INFO's used_cpu_user + sys: the figure the scripts move, least moved by this process); the
+cost of each shape is its Redis CPU per cycle over plain's, the median of the rounds' ratios.
+No target: the figures go to docs/measured.md.
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ import argparse
 import asyncio
 import itertools
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import replace
+
+import redis
 
 from bench.common import Cycle, Phase, run_phase
 from bench.ledger import ACTUAL_MICROS, LIMITS_BY_SCOPE, reserve_request
@@ -52,7 +57,13 @@ SHAPES = {
     "users": (None, PerUser(PER_USER_LIMITS, users_max=USERS)),
     "rate": (RATE, None),
     "both": (RATE, PerUser(PER_USER_LIMITS, users_max=USERS, rate=RATE)),
+    "wait": (None, None),
 }
+# The shapes whose reserves wait for a replica, and how long they may.
+WAITING = frozenset({"wait"})
+WAIT_TIMEOUT_MS = 1_000
+# A replica on loopback connects and syncs an empty primary in well under this.
+REPLICA_SYNC_S_MAX = 10.0
 
 
 async def redis_cpu_s(store: RedisStore) -> float:
@@ -90,8 +101,10 @@ def cycle_of(store: RedisStore, shape: str, budget_ids: tuple[BudgetId, ...]) ->
 async def measure(server: RedisServer, options: argparse.Namespace
                   ) -> dict[str, list[tuple[Phase, float]]]:
     store = RedisStore(server.url)
+    waiting = RedisStore(server.url, wait_replicas=1, wait_timeout_ms=WAIT_TIMEOUT_MS)
     try:
-        cycles = {shape: cycle_of(store, shape, await put_shape(store, shape))
+        cycles = {shape: cycle_of(waiting if shape in WAITING else store, shape,
+                                  await put_shape(store, shape))
                   for shape in SHAPES}
         for cycle in cycles.values():
             await run_phase(cycle, options.tasks, options.warmup_seconds)
@@ -105,6 +118,7 @@ async def measure(server: RedisServer, options: argparse.Namespace
         return found
     finally:
         await store.close()
+        await waiting.close()
 
 
 def report(found: dict[str, list[tuple[Phase, float]]]) -> str:
@@ -115,11 +129,23 @@ def report(found: dict[str, list[tuple[Phase, float]]]) -> str:
         ratios = [mine / plain for mine, plain in zip(per_cycle[shape], per_cycle["plain"],
                                                       strict=True)]
         rows.append([shape, f"{median([p.cycles_per_s for p, _ in runs]):,.0f}",
+                     f"{median([p.cpu_us_per_cycle for p, _ in runs]):.1f}",
                      f"{median(per_cycle[shape]):.1f}", f"{median(ratios):.3f}",
                      f"{min(ratios):.3f}-{max(ratios):.3f}"])
-    return ("reserve+settle through RedisStore, 50 tasks; Redis CPU from INFO, per cycle\n\n"
-            + table(["shape", "cycles/s", "Redis CPU us/cycle", "x plain (median)",
-                     "rounds"], rows))
+    return ("reserve+settle through RedisStore, 50 tasks; Redis CPU (the primary's) from INFO, "
+            "per cycle\n\n"
+            + table(["shape", "cycles/s", "client CPU us/cycle", "Redis CPU us/cycle",
+                     "x plain (median)", "rounds"], rows))
+
+
+def wait_synced(replica: RedisServer) -> None:
+    """Until the replica's link to its primary is up (the wait shape's WAIT counts it)."""
+    deadline_s = time.monotonic() + REPLICA_SYNC_S_MAX
+    client = redis.Redis(port=replica.port, decode_responses=True)
+    while client.info("replication").get("master_link_status") != "up":
+        if time.monotonic() > deadline_s:
+            raise RuntimeError("the replica did not connect to its primary")
+        time.sleep(0.05)
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -133,7 +159,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse(argv)
-    with RedisServer(durable=True) as server:  # AOF everysec, as in production
+    with RedisServer(durable=True) as server, \
+            RedisServer(durable=True, replica_of=server.port) as replica:  # AOF everysec
+        wait_synced(replica)
         print(report(asyncio.run(measure(server, options))))
     return 0
 

@@ -346,6 +346,8 @@ def start_ours(stack: contextlib.ExitStack, directory: Path, stub: Server, key: 
     redis_server = stack.enter_context(RedisServer(durable=False))
     server = stack.enter_context(Server(name, [*argv], {
         "REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
+        # Persistence off, as the baselines run theirs: the run measures the call path.
+        "CEILING_ACCEPT_NOT_DURABLE": "1",
         "CEILING_UPSTREAM_URL": f"{stub.url}/v1",
         "CEILING_ANTHROPIC_URL": stub.url,
         "CEILING_PRICES_FILE": str(prices_file(directory / key, [model])),

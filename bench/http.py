@@ -954,6 +954,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             stack.callback(server.__exit__, None, None, None)
             server.start()
             env = service_env(server.url)
+            if not options.durable:  # --no-durable: measured without persistence, accepted
+                env["CEILING_ACCEPT_NOT_DURABLE"] = "1"
             # Started as `ceiling serve` is, not forked: its CPU and heap are what is measured.
             service = ServiceProcess(env, forked=False)
             stack.callback(service.stop)

@@ -44,6 +44,7 @@ from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.errors import InvariantBroken, ensure
 from core.ledger import LedgerStore, ReservationRef, ReserveRequest
 from core.limits import CEILING_MICROS_MAX, RESERVATION_TTL_MS_DEFAULT
+from core.stores.durability import Durability
 from core.stores.redis import RedisStore, RedisTransport, redis_client
 from core.stores.scripted import ScriptedStore, Transport
 from core.stores.scripts import Script
@@ -114,8 +115,8 @@ class Recorder:
     async def execute(self, *args: str) -> Any:
         return await self._inner.execute(*args)
 
-    async def durable(self) -> bool | None:
-        return await self._inner.durable()
+    async def durability(self) -> Durability:
+        return await self._inner.durability()
 
     async def close(self) -> None:
         await self._inner.close()

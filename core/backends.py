@@ -43,7 +43,8 @@ def open_backend(config: Config) -> Backend | None:
     if config.redis_url:
         from core.stores.redis import RedisStore
 
-        return scripted(RedisStore(config.redis_url))
+        return scripted(RedisStore(config.redis_url, wait_replicas=config.wait_replicas,
+                                   wait_timeout_ms=config.wait_timeout_ms))
     if config.upstash_url and config.upstash_token:
         from core.stores.upstash import UpstashStore
 

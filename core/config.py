@@ -24,6 +24,15 @@ LEASE_MARGIN_MS = 60_000
 # The output cap the gateway sets (and reserves for) on a call that sets none: without one there
 # is no worst case. Enough for nearly every chat answer; a caller that wants more says so.
 OUTPUT_TOKENS_DEFAULT = 4_096
+# Replicas a reserve may be made to wait for (Redis WAIT): past a handful, a primary's
+# replicas are a read fleet, not copies a failover promotes.
+WAIT_REPLICAS_MAX = 16
+# How long a reserve waits for its replicas, by default and at most: a loopback or same-zone
+# replica acknowledges in well under a millisecond, so 50 ms is a replica that is behind; the
+# bound stays far inside the ledger call's own time limit (core/stores/redis.py
+# LEDGER_CALL_TIMEOUT_S), and every call on the instance's connection waits behind a WAIT.
+WAIT_TIMEOUT_MS_DEFAULT = 50
+WAIT_TIMEOUT_MS_MAX = 1_000
 
 
 class ConfigError(InvalidRequest):
@@ -64,6 +73,18 @@ class Config:
     # anthropic-beta values the operator declares cost-neutral, beside those the gateway knows
     # (core/formats/messages.py MESSAGES_BETAS; CEILING_GATEWAY_BETAS_ALLOWED, comma-separated).
     gateway_betas_allowed: frozenset[str] = frozenset()
+    # Durability (docs/guarantees.md "Faults"): replicas a reserve is acknowledged by before the
+    # call goes on (CEILING_REDIS_WAIT_REPLICAS), and how long it waits for them.
+    wait_replicas: int = 0
+    wait_timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT
+    # A ledger whose Redis only snapshots (or keeps nothing), or may evict keys, loses money on
+    # a crash or under memory pressure; `ceiling serve` refuses it unless the operator accepts
+    # that here (CEILING_ACCEPT_NOT_DURABLE, CEILING_ACCEPT_EVICTION); health then says degraded.
+    accept_not_durable: bool = False
+    accept_eviction: bool = False
+    # Where the outage journal is kept so that a restarted instance books it (core/outage.py);
+    # None: in memory only.
+    outage_journal_dir: str | None = None
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -148,6 +169,7 @@ def load(env: Mapping[str, str]) -> Config:
     redis_url = env.get("REDIS_URL") or None
     if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError("REDIS_URL must start with redis://, rediss:// or unix://")
+    wait_replicas, wait_timeout_ms = _wait(env, redis_url, _flag(env, "REDIS_CLUSTER"))
     return Config(
         redis_url=redis_url,
         redis_cluster=_flag(env, "REDIS_CLUSTER"),
@@ -170,7 +192,38 @@ def load(env: Mapping[str, str]) -> Config:
         alert_webhook_url=alert_url,
         alert_webhook_secret=alert_secret,
         alert_delivery_interval_s=_delivery_interval_s(env),
+        wait_replicas=wait_replicas,
+        wait_timeout_ms=wait_timeout_ms,
+        accept_not_durable=_flag(env, "CEILING_ACCEPT_NOT_DURABLE"),
+        accept_eviction=_flag(env, "CEILING_ACCEPT_EVICTION"),
+        outage_journal_dir=env.get("CEILING_OUTAGE_JOURNAL_DIR", "").strip() or None,
     )
+
+
+def _whole(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise ConfigError(f"{name} must be a whole number from {low} to {high}, not {raw!r}")
+    return int(raw)
+
+
+def _wait(env: Mapping[str, str], redis_url: str | None, cluster: bool) -> tuple[int, int]:
+    """CEILING_REDIS_WAIT_REPLICAS and CEILING_REDIS_WAIT_TIMEOUT_MS. WAIT counts the replicas
+    that acknowledged the writes of the connection it is sent on, so it is carried out only where
+    the reserve and the WAIT share one connection: one Redis (REDIS_URL). Upstash's REST API
+    sends each command on a connection of its own and replicates as its service does; a Redis
+    Cluster's reserve goes to one of many masters through a client that picks connections by
+    slot. Both refuse the setting here rather than accept a guarantee they would not keep."""
+    replicas = _whole(env, "CEILING_REDIS_WAIT_REPLICAS", 0, 0, WAIT_REPLICAS_MAX)
+    timeout_ms = _whole(env, "CEILING_REDIS_WAIT_TIMEOUT_MS", WAIT_TIMEOUT_MS_DEFAULT, 1,
+                        WAIT_TIMEOUT_MS_MAX)
+    if replicas and (not redis_url or cluster):
+        raise ConfigError(
+            "CEILING_REDIS_WAIT_REPLICAS is carried out on one Redis (REDIS_URL) only: on a "
+            "Redis Cluster or Upstash a reserve cannot be made to wait for its replicas; unset it")
+    return replicas, timeout_ms
 
 
 # A field name an operator may allow: JSON keys as providers name their fields.

@@ -689,11 +689,12 @@ class Operations:
         if current is None or current != restored:
             raise InvalidRequest(
                 "nothing to adopt: no restore stamped the ledger that is there now (restore "
-                "first: `ceiling ledger restore FILE`)", field="ledger_id")
+                "first: `ceiling ledger restore FILE`), and no instance found it rolled back",
+                field="ledger_id")
         await self.audit(by, "ledger.adopt", current)
         return {"ledger_id": current, "adopted": True,
-                "note": "instances that reported ledger_reset take this ledger within a second "
-                        "of their next call or health check"}
+                "note": "instances that reported ledger_reset or ledger_rolled_back take this "
+                        "ledger within a second of their next call or health check"}
 
 
 def _leg_for(legs: list[LegStatus], period: Period | None) -> LegStatus:

@@ -11,16 +11,32 @@ journaled and booked afterwards, and still bounded by JOURNAL_ENTRIES_MAX per in
 which it fails closed. Health lists the budgets this instance knows as `open`.
 
 The price: every instance has its own allowance, so during an outage spend can exceed the
-ceiling by up to allowance x instances. The journal lives in the instance's memory; an instance
-that dies during the outage loses its journal, and the provider's bill is then the only record
-of what it admitted.
+ceiling by up to allowance x instances.
+
+The journal lives in the instance's memory. An instance that dies before the ledger comes back
+loses what it admitted (at most JOURNAL_ENTRIES_MAX calls, and no more money than the
+allowances it admitted them against): the ledger never learns of that spend, and the provider's
+bill is then the only record of it (`ceiling reconcile ... --book-into`). Where the platform
+keeps a disk across a restart, CEILING_OUTAGE_JOURNAL_DIR keeps the journal there as well
+(JournalFile): one append-only file per instance, written before a call it admits goes on, and
+read by the next instance that starts with the same directory, which books it. A process crash
+loses nothing of it (each line reaches the operating system before the call is answered); a
+machine crash may lose the lines it had not written to disk (no fsync: an outage admits calls
+at the rate they come). A serverless platform's disk goes with its instance: leave it unset
+there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
 
 from core.budgets import OUTAGE_OPEN_ALLOWANCE_MICROS, BudgetId
 from core.errors import CeilingError, LedgerUnavailable
@@ -34,6 +50,7 @@ from core.ledger import (
     ReservationRef,
     ReservationState,
     ReserveRequest,
+    RunLimit,
     Settlement,
     resolved_replay,
 )
@@ -54,10 +71,82 @@ class JournalEntry:
     admitted_at_ms: int
     state: ReservationState = ReservationState.OPEN
     resolved: Effects | None = None
+    # The step that resolved it, as the journal file records it (JournalFile).
+    event: str = ""
+    actual_micros: int = 0
 
 
 def _wall_clock_ms() -> int:
     return int(time.time() * 1000)
+
+
+# A journal file, by the instance that writes it: 'outage-<instance id>.jsonl'.
+JOURNAL_FILE_PREFIX = "outage-"
+JOURNAL_FILE_SUFFIX = ".jsonl"
+
+
+def _request_json(request: ReserveRequest) -> dict[str, Any]:
+    return {"tag": request.ref.tag, "id": request.ref.reservation_id, "owner": request.ref.owner,
+            "budget_ids": [b.path for b in request.budget_ids],
+            "amount_micros": request.amount_micros, "ttl_ms": request.ttl_ms,
+            "fingerprint": request.fingerprint, "price_version": request.price_version,
+            "model": request.model, "expire_policy": request.expire_policy.value,
+            "run": [request.run.budget_id.path, request.run.ceiling_micros] if request.run
+            else None, "retention_ms": request.retention_ms, "user": request.user}
+
+
+def _request_of(doc: dict[str, Any]) -> ReserveRequest:
+    run = doc["run"]
+    return ReserveRequest(
+        ref=ReservationRef(doc["tag"], doc["id"], doc["owner"]),
+        budget_ids=tuple(BudgetId(p) for p in doc["budget_ids"]),
+        amount_micros=int(doc["amount_micros"]), ttl_ms=int(doc["ttl_ms"]),
+        fingerprint=doc["fingerprint"], price_version=doc["price_version"], model=doc["model"],
+        expire_policy=ExpirePolicy(doc["expire_policy"]),
+        run=RunLimit(BudgetId(run[0]), int(run[1])) if run else None,
+        retention_ms=int(doc["retention_ms"]), user=doc["user"])
+
+
+class JournalFile:
+    """The outage journal of one instance on disk: a line per step (admitted, resolved,
+    booked), appended before the step is answered; emptied once every entry is booked. The
+    instance holds an exclusive lock on its file for as long as it lives, which is how another
+    instance tells a dead instance's file (`orphans`) from a live one's."""
+
+    def __init__(self, directory: Path, instance_id: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"{JOURNAL_FILE_PREFIX}{instance_id}{JOURNAL_FILE_SUFFIX}"
+        self._file: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def write(self, line: dict[str, Any]) -> None:
+        self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def empty(self) -> None:
+        self._file.truncate(0)
+
+    def close(self) -> None:
+        """Stop writing, and let the lock go: the file is then another instance's to take."""
+        self._file.close()
+
+    def orphans(self) -> Iterator[dict[str, Any]]:
+        """The lines of every other journal file in the directory whose instance is gone,
+        each file deleted once read (its entries are this instance's to book from then on)."""
+        for path in sorted(self.path.parent.glob(f"{JOURNAL_FILE_PREFIX}*{JOURNAL_FILE_SUFFIX}")):
+            if path == self.path:
+                continue
+            with open(path, encoding="utf-8") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # its instance is alive
+                lines = f.read().splitlines()
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            for text in lines:
+                with contextlib.suppress(ValueError):  # a line a crash cut short
+                    yield json.loads(text)
 
 
 class OutageAllowance:
@@ -67,6 +156,39 @@ class OutageAllowance:
         # What each budget has admitted against its allowance: holds and spend alike.
         self._admitted: dict[str, int] = {}
         self._journal: dict[tuple[str, str], JournalEntry] = {}
+        self._file: JournalFile | None = None
+
+    def keep_in(self, directory: Path, instance_id: str) -> int:
+        """Keep the journal in `directory` too (CEILING_OUTAGE_JOURNAL_DIR), and take over the
+        entries of instances that died with theirs unbooked; returns how many were taken."""
+        file = JournalFile(directory, instance_id)
+        taken: dict[tuple[str, str], JournalEntry] = {}
+        for line in file.orphans():
+            key = (str(line["tag"]), str(line["id"]))
+            if line["step"] == "admitted":
+                taken[key] = JournalEntry(_request_of(line["request"]), int(line["at_ms"]))
+            elif line["step"] == "resolved" and key in taken:
+                entry = taken[key]
+                self._resolve(entry, Event(line["event"]), int(line["actual_micros"]))
+            elif line["step"] == "booked":
+                taken.pop(key, None)
+        self._file = file
+        for key, entry in taken.items():
+            self._journal[key] = entry
+            self._write_entry(entry)
+        return len(taken)
+
+    def _write_entry(self, entry: JournalEntry) -> None:
+        if self._file is None:
+            return
+        request = entry.request
+        self._file.write({"step": "admitted", "tag": request.ref.tag,
+                          "id": request.ref.reservation_id, "at_ms": entry.admitted_at_ms,
+                          "request": _request_json(request)})
+        if entry.resolved is not None:
+            self._file.write({"step": "resolved", "tag": request.ref.tag,
+                              "id": request.ref.reservation_id, "event": entry.event,
+                              "actual_micros": entry.actual_micros})
 
     @property
     def journal_size(self) -> int:
@@ -119,6 +241,7 @@ class OutageAllowance:
         if known is None:
             self._book(request, effects(Event.RESERVE, ABSENT, request.expire_policy, amount))
             known = self._journal[key] = JournalEntry(request, now_ms)
+            self._write_entry(known)
         legs = tuple(
             LegStatus(b, OUTAGE_WINDOW_KEY, a, 0, self._admitted[b], 0, None, a)
             for b, a in allowances.items()
@@ -138,6 +261,11 @@ class OutageAllowance:
                      actual_micros)
         self._book(request, fx)
         entry.state, entry.resolved = fx.to, fx
+        entry.event, entry.actual_micros = event.value, actual_micros
+        if self._file is not None:
+            self._file.write({"step": "resolved", "tag": request.ref.tag,
+                              "id": request.ref.reservation_id, "event": event.value,
+                              "actual_micros": actual_micros})
         return fx
 
     def settle(self, ref: ReservationRef, actual_micros: int) -> Settlement | None:
@@ -171,6 +299,7 @@ class OutageAllowance:
         for key, entry in list(self._journal.items()):
             if entry.state is ReservationState.RELEASED:
                 del self._journal[key]
+                self._booked(key)
                 continue
             request = entry.request
             if entry.resolved is not None:
@@ -185,7 +314,14 @@ class OutageAllowance:
             except CeilingError:
                 return booked  # still unreachable, or refused: keep the entry, try again later
             del self._journal[key]
+            self._booked(key)
             booked += 1
         if not self._journal:
             self._admitted.clear()
+            if self._file is not None:
+                self._file.empty()
         return booked
+
+    def _booked(self, key: tuple[str, str]) -> None:
+        if self._file is not None:
+            self._file.write({"step": "booked", "tag": key[0], "id": key[1]})

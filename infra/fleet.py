@@ -312,8 +312,10 @@ class Fleet:
         return answers
 
     def health(self) -> list[dict[str, Any]]:
-        """Every instance's /health body; a 503 is an answer too (degraded is not an error)."""
-        return [self.http.get(f"{url}/health").json() for url in self.urls]
+        """Every instance's /health body, as its operator reads it (the admin token: ids and
+        the ledger's details); a 503 is an answer too (degraded is not an error)."""
+        auth = {"Authorization": f"Bearer {self.admin_token}"}
+        return [self.http.get(f"{url}/health", headers=auth).json() for url in self.urls]
 
     # -- load ----------------------------------------------------------------------------
 

@@ -1046,6 +1046,9 @@ local function hold(prefix, KEYS, legs, a, held, ttl, now, now_text)
     used.runs = used.runs + opens
     quota_write(qkey, used)
   end
+  -- Last: the tag's reserve sequence, which only grows; an instance that reads one at or below
+  -- one it was answered before knows the ledger went back in time (core/stores/scripted.py).
+  out[#out + 1] = redis.call('HINCRBY', KEYS[1], 'seq', 1)
   return out
 end
 

@@ -8,7 +8,8 @@
 --   answers repeats once resolved), owner, record_tail (fingerprint, price_version, model, kept
 --   as they come), user (the call's end user, or ''), [now_ms].
 -- Returns one of:
---   {'ok', now_ms, leg status...}   the hold asked for, until now_ms + ttl_ms
+--   {'ok', now_ms, leg status..., seq}   the hold asked for, until now_ms + ttl_ms; seq the
+--     tag's reserve sequence after it (meta 'seq', only grows)
 --   {'replayed', reserved_micros, expires_at_ms, now_ms, leg status...}  the same reservation,
 --     still open
 --   {'resolved', state, outcome, reserved_micros, charged_micros}  a replay of a reservation

@@ -20,12 +20,24 @@ from api.runtime import VERSION, is_admin_token, runtime
 OPEN_BUDGETS_LISTED_MAX = 100
 
 # Reasons that mean this instance cannot enforce at all (as opposed to enforcing with a caveat).
+# A ledger that went back in time is refused until an operator adopts it, and one with fewer
+# replicas than reserves must wait for refuses every reserve: down, not degraded.
 DOWN_REASONS = frozenset({"ledger_unreachable", "ledger_reset", "ledger_error", "ledger_auth",
-                          "invalid_configuration"})
+                          "invalid_configuration", "ledger_rolled_back",
+                          "ledger_not_replicated"})
+# What anyone may read: whether to page, and why. The ledger's and the instances' ids, latency
+# and counts help whoever maps a deployment, so they go to the admin token's holder only.
+PUBLIC_FIELDS = ("status", "reasons")
 
 
 async def health_body(operator: bool = True) -> dict[str, Any]:
-    """`operator`: the caller showed the admin token (or is the CLI): open budgets by name."""
+    """`operator`: the caller showed the admin token (or is the CLI): the whole body, open
+    budgets by name; anyone else: status and reasons (PUBLIC_FIELDS)."""
+    body = await _health_body(operator)
+    return body if operator else {name: body[name] for name in PUBLIC_FIELDS}
+
+
+async def _health_body(operator: bool) -> dict[str, Any]:
     rt = runtime()
     body: dict[str, Any] = {
         "status": "down",

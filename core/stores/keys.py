@@ -46,6 +46,11 @@ AUDIT_KEY = CATALOGUE + "audit"  # stream: every admin change (core/operations.p
 # instances that found their ledger reset take the new id when both name it.
 RESTORED_KEY = CATALOGUE + "restored"
 ADOPTED_KEY = CATALOGUE + "adopted"
+# A rollback an instance found (a tag's sequence went back: core/stores/scripted.py), and the
+# one an operator last adopted (`ceiling ledger adopt`): the fleet refuses to enforce while the
+# two differ. Each holds a token, 'found_at_ms tag sequence floor'.
+ROLLED_BACK_KEY = CATALOGUE + "rolled_back"
+ROLLBACK_ADOPTED_KEY = CATALOGUE + "rollback_adopted"
 # The format version of the ledger (core/stores/wire.py LEDGER_FORMAT_VERSION), written when the
 # ledger id is made: in the id's slot, so the two go together.
 LEDGER_FORMAT_KEY = CATALOGUE + "format"

@@ -21,6 +21,7 @@ from fakeredis import FakeRedis, FakeServer
 from fakeredis._core import Database
 
 from core.ledger import Probe
+from core.stores.durability import POLICY_KEEPS_ALL, Durability
 from core.stores.redis import translated
 from core.stores.scripted import Clock, ScriptedReplies, ScriptedStore
 from core.stores.scripts import Script, library
@@ -72,8 +73,8 @@ class LocalTransport:
         with translated():
             return self._client.execute_command(*args)  # type: ignore[no-untyped-call]
 
-    async def durable(self) -> bool | None:
-        return False
+    async def durability(self) -> Durability:
+        return Durability(aof=False, eviction_policy=POLICY_KEEPS_ALL, evicted_keys=0)
 
     async def close(self) -> None:
         return None

@@ -389,7 +389,15 @@ class ScriptedCatalogue:
                                   "index_only", "1")
 
     async def adopt(self) -> tuple[str | None, str | None]:
-        """Confirm the restored ledger for adoption: (the ledger id now, the restored one)."""
+        """Confirm the restored ledger for adoption: (the ledger id now, the restored one). A
+        rollback instances found (core/stores/scripted.py) is adopted as the ledger is: the
+        ledger id stays, and both are answered as it."""
+        rolled_back = await self._t.execute("GET", keys.ROLLED_BACK_KEY)
+        if rolled_back is not None:
+            await self._t.execute("SET", keys.ROLLBACK_ADOPTED_KEY, str(rolled_back))
+            await self._t.execute("DEL", keys.ROLLED_BACK_KEY)
+            current = await self._t.execute("GET", keys.LEDGER_ID_KEY)
+            return (None, None) if current is None else (str(current), str(current))
         current = await self._t.execute("GET", keys.LEDGER_ID_KEY)
         restored = await self._t.execute("GET", keys.RESTORED_KEY)
         if current is not None and current == restored:

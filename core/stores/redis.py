@@ -23,6 +23,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from core.errors import InvariantBroken, LedgerUnavailable
+from core.stores.durability import Durability, durability_of
 from core.stores.redis_resp import (
     ERRORS_BY_CODE,
     ArgumentRefused,
@@ -223,15 +224,51 @@ class RedisTransport:
                 return await client_call(
                     self._client.execute_command(*args))  # type: ignore[no-untyped-call]
 
-    async def durable(self) -> bool | None:
+    async def durability(self) -> Durability:
         with translated():
+            async with asyncio.timeout(self._call_timeout_s):
+                try:
+                    info = await client_call(self._client.info())
+                except rex.ResponseError:
+                    return Durability()  # a service that refuses INFO tells nothing
+        return durability_of(info)
+
+    async def run_acknowledged(self, script: Script, keys: Sequence[str], args: Sequence[str],
+                               replicas: int, timeout_ms: int) -> tuple[Any, int]:
+        """`run`, then Redis WAIT on the connection the script's writes went out on: the reply,
+        and how many replicas acknowledged them (and every write before them) within
+        `timeout_ms`. Without the scripts' own connection, the two go out as one pipeline."""
+        with translated():
+            if self._endpoint is None:
+                return await self._pipelined_acknowledged(script, keys, args, replicas,
+                                                          timeout_ms)
+            connection = await self._connected()
+        reply = await self.run(script, keys, args)
+        with translated():
+            async with asyncio.timeout(self._call_timeout_s + timeout_ms / 1000):
+                # On the connection the script ran on: another one's WAIT would not wait for
+                # these writes. A connection that broke since fails the call (unknown: held).
+                return reply, await connection.acknowledged(replicas, timeout_ms)
+
+    async def _pipelined_acknowledged(self, script: Script, keys: Sequence[str],
+                                      args: Sequence[str], replicas: int, timeout_ms: int
+                                      ) -> tuple[Any, int]:
+        """The script by EVALSHA and its WAIT in one pipeline, on one of the client's
+        connections; on NOSCRIPT the script is loaded and the two sent again (every script is
+        safe to run twice)."""
+        for attempt in range(2):
             try:
-                async with asyncio.timeout(self._call_timeout_s):
-                    config = await client_call(self._client.config_get("appendonly"))
-                    config.update(await client_call(self._client.config_get("save")))
-            except (rex.ResponseError, TimeoutError):
-                return None  # managed Redis often disables CONFIG; durability cannot be told
-        return config.get("appendonly") == "yes" or bool(config.get("save"))
+                async with asyncio.timeout(self._call_timeout_s + timeout_ms / 1000):
+                    pipe = self._client.pipeline(transaction=False)
+                    pipe.evalsha(script.sha1, len(keys), *keys, *args)
+                    pipe.execute_command("WAIT", str(replicas), str(timeout_ms))
+                    reply, acknowledged = await client_call(pipe.execute())
+                    return reply, int(acknowledged)
+            except rex.NoScriptError:
+                if attempt:
+                    raise
+                await client_call(self._client.script_load(script.source))
+        raise InvariantBroken("the loop returns or raises")
 
     async def close(self) -> None:
         connection, self._connection = self._connection, None
@@ -270,9 +307,18 @@ class RedisStore(ScriptedStore):
     def __init__(
         self, url: str, *, clock: Clock | None = None,
         call_timeout_s: float = LEDGER_CALL_TIMEOUT_S, functions: bool = True,
+        wait_replicas: int = 0, wait_timeout_ms: int = 0,
     ) -> None:
-        super().__init__(
-            RedisTransport(redis_client(url, call_timeout_s), call_timeout_s=call_timeout_s,
-                           functions=functions),
-            clock=clock,
-        )
+        transport = RedisTransport(redis_client(url, call_timeout_s),
+                                   call_timeout_s=call_timeout_s, functions=functions)
+
+        async def acknowledging(script: Script, keys: Sequence[str], args: Sequence[str]
+                                ) -> tuple[Any, bool]:
+            reply, acknowledged = await transport.run_acknowledged(
+                script, keys, args, wait_replicas, wait_timeout_ms)
+            return reply, acknowledged >= wait_replicas
+
+        # Without replicas to wait for, a reserve is the one script call it always was.
+        super().__init__(transport, clock=clock,
+                         acknowledging=acknowledging if wait_replicas else None,
+                         replicas_required=wait_replicas)

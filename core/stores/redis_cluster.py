@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from redis import exceptions as rex
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import RedisCluster
 
 from core.errors import ensure
+from core.stores.durability import Durability, durability_of
 from core.stores.redis import (
     FAILURES,
     LEDGER_CALL_TIMEOUT_S,
@@ -148,31 +150,29 @@ class RedisClusterTransport:
         with translated(translate_cluster, CLIENT_ERRORS):
             return await self._bounded(lambda: client_call(self._client.execute_command(*args)))
 
-    async def durable(self) -> bool | None:
-        """Durable only if every master persists: each holds the only copy of its slots' data
-        that the ledger trusts (its replica may lag)."""
+    async def durability(self) -> Durability:
+        """Every master's INFO, the weakest of them: each holds the only copy of its slots'
+        data that the ledger trusts (its replica may lag). A rollback on one shard shows in
+        its tags' sequences, not in one server id, so none is given."""
         with translated(translate_cluster, CLIENT_ERRORS):
             try:
-                configs = await self._bounded(self._master_configs)
+                infos = await self._bounded(self._master_infos)
             except SLOT_UNSERVED_ERRORS as exc:
                 raise translate_cluster(exc) from exc
-            except (rex.ResponseError, TimeoutError):
-                return None  # managed clusters often disable CONFIG; durability cannot be told
-        return all(c.get("appendonly") == "yes" or bool(c.get("save")) for c in configs)
+            except rex.ResponseError:
+                return Durability()  # INFO refused: nothing told
+        merged = durability_of(infos[0])
+        for info in infos[1:]:
+            merged = merged.merged(durability_of(info))
+        return replace(merged, server_id=None)
 
-    async def _master_configs(self) -> list[dict[str | None, str | None]]:
+    async def _master_infos(self) -> list[Any]:
         # Learns the masters on first use; a no-op after.
         await client_call(self._client.initialize())
         masters = self._client.get_primaries()
         ensure(bool(masters), "a cluster that answered has masters")
-        return list(await asyncio.gather(*(self._master_config(m) for m in masters)))
-
-    async def _master_config(self, master: ClusterNode) -> dict[str | None, str | None]:
-        config: dict[str | None, str | None] = {}
-        for name in ("appendonly", "save"):
-            # One parameter per CONFIG GET: Redis before 7.0 takes only one.
-            config.update(await client_call(self._client.config_get(name, target_nodes=master)))
-        return config
+        return list(await asyncio.gather(
+            *(client_call(self._client.info(target_nodes=master)) for master in masters)))
 
     async def close(self) -> None:
         await self._client.aclose()

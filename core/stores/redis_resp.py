@@ -134,6 +134,9 @@ class RespConnection(asyncio.Protocol):
         # Commands of this pass of the event loop, written together at its end (`_flush`).
         self._unsent: list[bytes] = []
         self._broken: str | None = None
+        # A WAIT written in this pass of the event loop, not yet sent: calls whose writes were
+        # answered before it share it (`acknowledged`).
+        self._wait_unsent: tuple[tuple[int, int], asyncio.Future[Any]] | None = None
 
     @property
     def usable(self) -> bool:
@@ -174,11 +177,11 @@ class RespConnection(asyncio.Protocol):
 
     def _flush(self) -> None:
         unsent, self._unsent = self._unsent, []
+        self._wait_unsent = None
         if unsent and self._broken is None and self._transport is not None:
             self._transport.write(b"".join(unsent))
 
-    async def call(self, packed: bytes) -> Any:
-        """Send one packed command and return its reply; an error reply is raised."""
+    def _queue(self, packed: bytes) -> asyncio.Future[Any]:
         if self._broken is not None or self._transport is None:
             raise rex.ConnectionError(self._broken or "not connected")
         loop = asyncio.get_running_loop()
@@ -188,6 +191,27 @@ class RespConnection(asyncio.Protocol):
             # Runs once the loop's callbacks ready now have run, and sent what they sent.
             loop.call_soon(self._flush)
         self._unsent.append(packed)
+        return waiting
+
+    async def acknowledged(self, replicas: int, timeout_ms: int) -> int:
+        """Redis WAIT: how many replicas acknowledged every write this connection sent before
+        now, waiting up to `timeout_ms` for `replicas` of them. Every call whose writes were
+        answered before the WAIT goes out shares it: Redis blocks the connection for a WAIT, and
+        one per call would queue each call's acknowledgement behind the one before."""
+        shared = self._wait_unsent
+        if shared is None or shared[0] != (replicas, timeout_ms):
+            shared = ((replicas, timeout_ms),
+                      self._queue(pack(("WAIT", str(replicas), str(timeout_ms)))))
+            self._wait_unsent = shared
+        # Shielded: one caller cancelled must not cancel the WAIT the others read.
+        reply = await asyncio.shield(shared[1])
+        if isinstance(reply, Exception):
+            raise reply
+        return int(reply)
+
+    async def call(self, packed: bytes) -> Any:
+        """Send one packed command and return its reply; an error reply is raised."""
+        waiting = self._queue(packed)
         try:
             reply = await waiting
         except BaseException:

@@ -13,7 +13,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import date
 from typing import Any, NoReturn, Protocol
 
@@ -71,10 +71,14 @@ from core.ledger import (
 from core.lifecycle import Event
 from core.limits import DAILY_SPEND_DAYS_MAX, INT_EXACT_MAX, TZ_CACHE_MAX, WINDOW_RETRIES_MAX
 from core.stores import keys, wire
+from core.stores.durability import NOT_REPLICATED, ROLLED_BACK, Durability
 from core.stores.scripts import Script, library, prune_libraries, script
 
 Clock = Callable[[], int]
 """Milliseconds since the epoch. Only tests inject one; in production the ledger uses Redis TIME."""
+Acknowledging = Callable[[Script, Sequence[str], Sequence[str]], Awaitable[tuple[Any, bool]]]
+"""Runs a script and says whether the replicas the deployment asks for acknowledged its writes
+(core/stores/redis.py, CEILING_REDIS_WAIT_REPLICAS)."""
 
 # An instance counts as live in health's `instances_seen` for this long after its last probe.
 INSTANCE_SEEN_WINDOW_MS = 10 * 60_000
@@ -83,6 +87,10 @@ PROBE_TTL_MS = 60_000
 # An instance that found its ledger reset looks for an operator's adoption of a restored ledger
 # (`ceiling ledger adopt`) at most this often: two reads a second while it refuses every call.
 ADOPT_CHECK_INTERVAL_MS = 1_000
+# An instance reads whether another found the ledger rolled back (or an operator adopted it) at
+# most this often while it serves: one MGET a second, on the call that comes due, so that a
+# rollback another instance found stops this one within a second, not at its next health probe.
+ROLLBACK_CHECK_INTERVAL_MS = 1_000
 # A key's last use is written when the stored one is older than this: at most one write a minute
 # per key and instance, on the key check the key-trust window (core/service.py KEY_TRUST_MS)
 # already makes rare, never on the reserve script. Operators read "last used" to find idle keys,
@@ -98,6 +106,14 @@ HASH_ONLY_KEY_FIELDS = ("key_id", "index_only", "budget_id", "run_ceiling_micros
 # Budget paths whose ledger form (their ids, joined) a process remembers; bounded because paths
 # come from keys.
 PATHS_CACHE_MAX = 10_000
+# Tags whose reserve sequence (lua/lib.lua hold: the meta hash's 'seq') an instance remembers to
+# notice a ledger that went back in time; the oldest is forgotten past this. Each is a short
+# string and an int, about 150 B: 1.5 MB at most. A tag it forgot is checked again from its next
+# reserve on.
+SEQUENCES_REMEMBERED_MAX = 10_000
+# The tags a health probe reads the sequence of (the most recently reserved), to notice a
+# rollback on tags no call reached since: pipelined reads, bounded so a probe stays one burst.
+SEQUENCES_PROBED_MAX = 32
 # A page of a budget's end users (users_of) reads each user's legs with a status script of its
 # own: at most this many at once, so that a page goes out in a few pipelined writes rather than
 # one round trip after another, and the calls the instance serves meanwhile are not queued
@@ -143,8 +159,8 @@ class Transport(Protocol):
 
     async def execute(self, *args: str) -> Any: ...
 
-    async def durable(self) -> bool | None:
-        """Whether the backend persists writes (AOF or RDB); None when it cannot be told."""
+    async def durability(self) -> Durability:
+        """What the backend says (INFO) of keeping writes: persistence, eviction, its identity."""
         ...
 
     async def close(self) -> None: ...
@@ -163,6 +179,20 @@ def _ledger_reset(tag: str | None = None) -> LedgerUnavailable:
         "enforcement is refused until an operator restores it (`ceiling ledger restore`, then "
         "`ceiling ledger adopt`)",
         reason="ledger_reset",
+    )
+
+
+def _rolled_back(token: str) -> LedgerUnavailable:
+    # The token names the tag it was found on, an organisation: the message goes to any key
+    # holder, so it names only when (its first field); operators read the rest in the ledger.
+    found_at_ms = token.split(" ", 1)[0]
+    return LedgerUnavailable(
+        "the ledger went back in time: a reserve sequence came back below one this fleet was "
+        f"answered (found at {found_at_ms} ms), so spend it acknowledged is gone (a failover "
+        "to a replica that lagged, or a restart from an older snapshot); enforcement is refused "
+        "until an operator adopts the ledger as it is (`ceiling ledger adopt`), or restores it "
+        "and adopts that",
+        reason=ROLLED_BACK,
     )
 
 
@@ -268,7 +298,9 @@ class ScriptedStore:
 
     shared = True
 
-    def __init__(self, transport: Transport, *, clock: Clock | None = None) -> None:
+    def __init__(self, transport: Transport, *, clock: Clock | None = None,
+                 acknowledging: Acknowledging | None = None, replicas_required: int = 0
+                 ) -> None:
         self.backend = transport.backend
         self._t = transport
         self.replies = ScriptedReplies(transport)
@@ -285,6 +317,17 @@ class ScriptedStore:
         self._zones: dict[tuple[str, ...], tuple[int, int, str]] = {}
         self._paths: dict[tuple[BudgetId, ...], str] = {}
         self._adopt_checked_s = -float("inf")
+        # Durability (docs/guarantees.md "Faults"): how a reserve is run when replicas must
+        # acknowledge it; the highest reserve sequence seen per tag; the rollback this instance
+        # refuses for (its token), and the last rollback adoption it knows of; the server it
+        # last probed (INFO run_id and replication id).
+        self._acknowledging = acknowledging
+        self._replicas_required = replicas_required
+        self._sequences: dict[str, int] = {}
+        self._rolled_back: str | None = None
+        self._rollback_adopted: str | None = None
+        self._server_id: str | None = None
+        self._rollback_checked_s = -float("inf")
 
     @property
     def transport(self) -> Transport:
@@ -296,6 +339,12 @@ class ScriptedStore:
     async def open(self) -> str:
         if self._reset and not await self._adopt():
             raise self._refusal()
+        now_s = time.monotonic()
+        if (now_s - self._rollback_checked_s) * 1000 >= ROLLBACK_CHECK_INTERVAL_MS:
+            self._rollback_checked_s = now_s
+            await self._stamp()  # another instance's finding, or an operator's adoption
+        if self._rolled_back is not None:
+            raise _rolled_back(self._rolled_back)
         if self._ledger_id is None:
             found, version = await self._stamp()
             if found is None:
@@ -320,9 +369,48 @@ class ScriptedStore:
 
     async def _stamp(self, *more: str) -> list[Any]:
         """The ledger id and its format version (None: not stamped), then the values of `more`
-        keys of the catalogue: one read, all of them in the ledger id's slot."""
-        return list(await self._t.execute(
-            "MGET", keys.LEDGER_ID_KEY, keys.LEDGER_FORMAT_KEY, *more))
+        keys of the catalogue: one read, all of them in the ledger id's slot. Learns from the
+        same read whether the fleet found the ledger rolled back (`_rollback_seen`)."""
+        found = list(await self._t.execute(
+            "MGET", keys.LEDGER_ID_KEY, keys.LEDGER_FORMAT_KEY, *more, keys.ROLLED_BACK_KEY,
+            keys.ROLLBACK_ADOPTED_KEY))
+        self._rollback_seen(found[-2], found[-1])
+        return found[:-2]
+
+    def _rollback_seen(self, detected: Any, adopted: Any) -> None:
+        """A rollback the fleet found and no operator adopted is refused here too; an adoption
+        this instance has not seen makes it forget its sequences (those of the ledger before)."""
+        adopted = None if adopted is None else str(adopted)
+        if adopted != self._rollback_adopted:
+            self._rollback_adopted, self._sequences = adopted, {}
+            if self._rolled_back is not None and self._rolled_back == adopted:
+                self._rolled_back = None
+        if detected is not None and str(detected) != adopted:
+            self._rolled_back = str(detected)
+
+    async def _went_back(self, tag: str, sequence: int, floor: int,
+                         seen: dict[str, int]) -> NoReturn:
+        """A tag's sequence came back at or below one this instance saw acknowledged before the
+        call began: the ledger lost writes. Unless an operator adopted a rollback since (then
+        what this instance remembers is of the ledger before it), the fleet is told and every
+        call is refused until an operator adopts the ledger."""
+        await self._stamp()  # an adoption since forgets the sequences; a rollback found is kept
+        if self._rolled_back is None and self._sequences is seen:
+            token = f"{self._now_estimate()} {tag} {sequence} {floor}"
+            with contextlib.suppress(LedgerUnavailable):
+                await self._t.execute("SET", keys.ROLLED_BACK_KEY, token)
+            self._rolled_back = token
+        if self._rolled_back is not None:
+            raise _rolled_back(self._rolled_back)
+        raise LedgerUnavailable(
+            "the ledger's rollback was adopted while this call ran; send it again",
+            reason=ROLLED_BACK)
+
+    def _saw(self, tag: str, sequence: int) -> None:
+        if len(self._sequences) >= SEQUENCES_REMEMBERED_MAX and tag not in self._sequences:
+            del self._sequences[next(iter(self._sequences))]  # the oldest
+        if sequence > self._sequences.get(tag, 0):
+            self._sequences[tag] = sequence
 
     def _refusal(self) -> LedgerUnavailable:
         """What a call is refused with once this instance stopped enforcing (`_reset`)."""
@@ -345,6 +433,7 @@ class ScriptedStore:
         if not _readable(version):
             self._format_refused = str(version)
             return False
+        self._sequences = {}  # of the ledger before the restore
         self._ledger_id, self._reset, self._format_refused = str(found), False, None
         return True
 
@@ -376,7 +465,7 @@ class ScriptedStore:
 
     def use_ledger(self, ledger_id: str) -> None:
         """Enforce against `ledger_id` from now on: the one a restore made here just stamped."""
-        self._ledger_id, self._reset = ledger_id, False
+        self._ledger_id, self._reset, self._sequences = ledger_id, False, {}
 
     async def read_record(self, tag: str, reservation_id: str) -> wire.StoredRecord | None:
         return await self._read(tag, reservation_id)
@@ -452,7 +541,13 @@ class ScriptedStore:
         for _ in range(WINDOW_RETRIES_MAX + 1):
             zones = tuple(sorted({self._tz.get(b.path, "UTC") for b in budget_ids}))
             fields["zones"] = self._zones_field(zones, now_ms)
-            reply = await self._t.run(op, script_keys, wire.arguments(shape, **fields))
+            args = wire.arguments(shape, **fields)
+            if self._acknowledging is not None and op.name == "reserve":
+                reply, acknowledged = await self._acknowledging(op, script_keys, args)
+                if not acknowledged and reply[0] in ("ok", "replayed"):
+                    await self._unacknowledged(script_keys, fields["owner"], reply)
+            else:
+                reply = await self._t.run(op, script_keys, args)
             retry = wire.window_retry(reply)
             if retry is None:
                 return list(reply)
@@ -461,6 +556,19 @@ class ScriptedStore:
             else:
                 now_ms = retry.now_ms
         raise InvariantBroken("period windows did not match the ledger's time after retries")
+
+    async def _unacknowledged(self, record_keys: Sequence[str], owner: str,
+                              reply: Sequence[Any]) -> NoReturn:
+        """A hold whose replicas did not acknowledge it: the call is refused, so the hold is
+        provably unused and is released (a release that fails leaves it to its lease, held)."""
+        if reply[0] == "ok":
+            with contextlib.suppress(CeilingError):
+                await self._t.run(script("release"), record_keys, wire.arguments(
+                    wire.RELEASE_ARGS, owner=owner, now_ms=self._now_arg()))
+        raise LedgerUnavailable(
+            "the ledger's replicas did not acknowledge the reservation in time "
+            "(CEILING_REDIS_WAIT_REPLICAS): a failover now could lose it, so the call is refused",
+            reason=NOT_REPLICATED)
 
     def _record_keys(self, tag: str, reservation_id: str) -> tuple[str, str, str]:
         return (keys.meta(tag), keys.reservation(tag, reservation_id), keys.open_leases(tag))
@@ -471,6 +579,10 @@ class ScriptedStore:
         ledger_id = await self.open()
         ref = request.ref
         ensure(all(b.tag == ref.tag for b in request.budget_ids), "one tag per reservation")
+        # The highest sequence of the tag acknowledged before this call began: Redis runs the
+        # scripts one at a time, so this call's hold must come back above it (`_went_back`).
+        seen = self._sequences
+        floor = seen.get(ref.tag, 0)
         reply = await self._run_windowed(
             script("reserve"),
             self._record_keys(ref.tag, ref.reservation_id),
@@ -489,6 +601,11 @@ class ScriptedStore:
             request.run,
         )
         kind = reply[0]
+        if kind == "ok":
+            sequence, reply = int(reply[-1]), reply[:-1]
+            if sequence <= floor:
+                await self._went_back(ref.tag, sequence, floor, seen)
+            self._saw(ref.tag, sequence)
         if kind == "ok" or kind == "replayed":
             reservation = wire.reservation(ref.reservation_id, request.amount_micros,
                                            request.ttl_ms, reply)
@@ -1099,7 +1216,8 @@ class ScriptedStore:
             # deployment come and go; their ids must not pile up).
             await self._t.execute("PEXPIRE", keys.INSTANCES_KEY, str(INSTANCE_SEEN_WINDOW_MS))
             seen = int(await self._t.execute("ZCARD", keys.INSTANCES_KEY))
-            durable = await self._t.durable()
+            durability = await self._t.durability()
+            await self._sequences_checked(durability.server_id)
         except CeilingError as exc:
             reason = exc.reason if isinstance(exc, LedgerUnavailable) else "ledger_unreachable"
             reachable = reason not in ("ledger_unreachable", "ledger_auth")
@@ -1107,11 +1225,36 @@ class ScriptedStore:
                 self.backend, self.shared, reachable, None,
                 self._ledger_id, None, (reason,), None,
             )
-        if durable is False:
-            reasons.append("ledger_not_durable")
-        return Probe(
-            self.backend, self.shared, True, latency_ms, ledger_id, durable, tuple(reasons), seen
-        )
+        reasons.extend(durability.reasons())
+        if durability.replicas is not None and durability.replicas < self._replicas_required:
+            reasons.append(NOT_REPLICATED)
+        return Probe(self.backend, self.shared, True, latency_ms, ledger_id, durability.durable,
+                     tuple(reasons), seen)
+
+    async def _sequences_checked(self, server_id: str | None) -> None:
+        """A probe's look for a rollback no call has met yet: the sequences of the tags this
+        instance reserved in most recently (SEQUENCES_PROBED_MAX), read back. A read that
+        began after a reserve was answered sees that reserve's sequence or a later one; less is
+        a ledger that lost it. Raises the refusal if this or another instance found one.
+
+        Skipped while the server is the one the last probe met (INFO run_id and replication id
+        unchanged: no restart, no promotion, so nothing went back); where INFO does not tell,
+        every probe looks."""
+        if self._rolled_back is not None:
+            raise _rolled_back(self._rolled_back)
+        unchanged = server_id is not None and server_id == self._server_id
+        self._server_id = server_id
+        if unchanged:
+            return
+        seen = self._sequences
+        tags = list(seen)[-SEQUENCES_PROBED_MAX:]
+        found = await asyncio.gather(
+            *(self._t.execute("HGET", keys.meta(tag), "seq") for tag in tags))
+        for tag, sequence in zip(tags, found, strict=True):
+            if int(sequence or 0) < seen[tag]:
+                await self._went_back(tag, int(sequence or 0), seen[tag], seen)
+        if self._rolled_back is not None:
+            raise _rolled_back(self._rolled_back)
 
     async def close(self) -> None:
         await self._t.close()

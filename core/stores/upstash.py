@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -28,6 +29,7 @@ from upstash_redis.asyncio import Redis as UpstashRedis
 from upstash_redis.errors import UpstashError
 
 from core.errors import CeilingError, InvariantBroken, LedgerUnavailable, ensure
+from core.stores.durability import Durability, durability_of
 from core.stores.scripted import Clock, ScriptedStore
 from core.stores.scripts import (
     Script,
@@ -141,9 +143,17 @@ class UpstashTransport:
         async with self._call():
             return await self._client.execute(list(args))
 
-    async def durable(self) -> bool | None:
-        # Upstash refuses CONFIG, and its persistence is the provider's: nothing over REST tells.
-        return None
+    async def durability(self) -> Durability:
+        # Upstash persists every write to its own storage (its documentation), whatever its
+        # INFO says of AOF; the rest of what it says (an eviction policy, keys evicted, a
+        # server id) counts.
+        try:
+            async with self._call():
+                return replace(durability_of(await self._client.execute(["INFO"])), aof=None)
+        except LedgerUnavailable as exc:
+            if exc.reason != "ledger_error":
+                raise
+            return Durability()  # INFO refused: nothing told
 
     async def close(self) -> None:
         await self._client.close()

@@ -334,7 +334,8 @@ def tree_service() -> Iterator[Client]:
     """An instance on a ledger of its own: the headline adds up every budget on the page, so no
     other test's budgets may be on it."""
     with RedisServer() as server, ServiceProcess(
-            {"REDIS_URL": server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN}) as s, \
+            {"REDIS_URL": server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
+             "CEILING_ACCEPT_NOT_DURABLE": "1"}) as s, \
             client_for(s) as c:
         yield c
 

@@ -27,9 +27,13 @@ def own_redis() -> Iterator[RedisServer]:
 
 
 def test_health_is_ok_on_a_durable_shared_redis(http: Client) -> None:
-    r = http.get("/health")
+    public = http.get("/health")
+    assert (public.status_code, public.json()) == (200, {"status": "ok", "reasons": []})
+    r = http.admin("GET", "/health")  # ids and the rest behind the admin token
     assert r.status_code == 200, r.text
     body = r.json()
+    assert body["ledger"]["ledger_id"]
+    assert body["instance_id"]
     assert (body["status"], body["reasons"], body["single_replica"]) == ("ok", [], False)
     assert body["ledger"]["backend"] == "redis"
     assert body["ledger"]["shared"]
@@ -68,7 +72,7 @@ def test_single_replica_enforces_but_health_says_degraded() -> None:
                          ).status_code == 201
         assert http.post("/v1/reservations", headers=key, json={"amount_micros": 1}
                          ).status_code == 429
-        r = http.get("/health")
+        r = http.admin("GET", "/health")
         assert (r.status_code, r.json()["status"]) == (503, "degraded")
         assert "ledger_not_shared" in r.json()["reasons"]
         assert r.json()["ledger"] == {**r.json()["ledger"], "backend": "memory", "shared": False}
@@ -122,7 +126,7 @@ def test_outage_allowance_admits_up_to_it_and_the_journal_reaches_the_ledger(
             assert r.status_code == 200, r.text
         assert http.post(f"/v1/reservations/{ids[2]}/release", headers=key).status_code == 200
         own_redis.start()
-        health = http.get("/health").json()
+        health = http.admin("GET", "/health").json()
         assert (health["status"], health["outage_journal_entries"]) == ("ok", 0)
         books = http.admin("GET", f"/v1/admin/budgets/{tag}").json()["periods"][0]
         assert books["committed_micros"] == 10 + 50 + 70

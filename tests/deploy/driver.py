@@ -53,7 +53,7 @@ def scenario(call: Call, tag: str, admin_token: str) -> list[list[Any]]:
         answers.append([status, payload])
         return payload
 
-    step("GET", "/health")
+    step("GET", "/health", token=admin_token)  # the version is the operator's to read
     step("PUT", f"/v1/admin/budgets/{tag}",
          {"limits": [{"period": "total", "ceiling_micros": 100}]}, admin_token)
     key = step("POST", "/v1/admin/keys", {"budget_id": tag, "roles": ["sidecar"]},

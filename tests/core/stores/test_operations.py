@@ -30,6 +30,7 @@ from core.operations import BILL_FORMAT, PAGE_SIZE_MAX, Operations, checksum
 from core.prices import PriceTable
 from core.service import CeilingService, hash_api_key, key_id_of, new_key_id
 from core.stores import keys
+from core.stores.durability import Durability
 from core.stores.operations import ScriptedCatalogue
 from core.stores.redis import RedisStore, RedisTransport, redis_client
 from core.stores.scripted import ScriptedStore
@@ -369,8 +370,8 @@ class LosingTransport:
     async def execute(self, *args: str) -> Any:
         return await self._send(lambda: self.inner.execute(*args))
 
-    async def durable(self) -> bool | None:
-        return await self.inner.durable()
+    async def durability(self) -> Durability:
+        return await self.inner.durability()
 
     async def close(self) -> None:
         await self.inner.close()

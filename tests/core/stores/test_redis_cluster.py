@@ -214,17 +214,17 @@ async def test_a_key_outside_the_slot_is_refused_as_a_programmer_error(
 async def test_durable_only_when_every_master_persists(
     redis_cluster: LocalCluster, transport: RedisClusterTransport
 ) -> None:
-    assert await transport.durable() is True
+    assert (await transport.durability()).durable is True
     lax = aioredis.Redis(
         host="127.0.0.1", port=redis_cluster.masters()[-1].port, decode_responses=True
     )
     await lax.config_set("appendonly", "no")
     try:
-        assert await transport.durable() is False
+        assert (await transport.durability()).durable is False
     finally:
         await lax.config_set("appendonly", "yes")
         await lax.aclose()
-    assert await transport.durable() is True
+    assert (await transport.durability()).durable is True
 
 
 async def test_a_master_failover_fails_closed_then_resumes_without_double_counting(
