@@ -253,7 +253,8 @@ async def hold(
     worst case does not fit is sent with the largest output cap that does, if that is at least
     CLAMP_OUTPUT_TOKENS_MIN; else it is refused.
     """
-    if call_plan.long_context and len(svc.prices.rates(call_plan.model).input) < 2:
+    if call_plan.long_context and len(svc.prices.rates(
+            call_plan.model, call_plan.wire.provider.upstream.value).input) < 2:
         # Priced by input size only where the rates have a tier by it (the long-context one).
         raise call_plan.wire.long_context_refusal(call_plan.model)
     p95_tokens = await lengths.p95_tokens(svc.store, call_plan.model) if p95 else None

@@ -357,7 +357,8 @@ class PriceTable:
         self._monotonic_s, self._now_s = monotonic_s, now_s
         self._next_check_s = monotonic_s() + PRICES_FILE_CHECK_S
         self._window = self._window_now()
-        self._bundled: dict[str, Rates | str] = {}  # a str: why the model has no price
+        # By (provider, model name); a str: why the model has no price.
+        self._bundled: dict[tuple[str | None, str], Rates | str] = {}
         self._windows_filled: set[str] = set()  # prices file entries given a bundled window
         self._package = package_version("genai-prices")
         self.version = self._version()
@@ -427,7 +428,10 @@ class PriceTable:
 
     # -- lookups ----------------------------------------------------------------------------
 
-    def rates(self, model: str) -> Rates:
+    def rates(self, model: str, provider: str | None = None) -> Rates:
+        """A model's rates: the prices file's, else the bundled table's, from `provider`'s
+        entry where it names the model (the provider the call is billed by: genai-prices
+        prices one name differently by provider), else the entry any provider gives."""
         if not isinstance(model, str) or not 0 < len(model) <= MODEL_NAME_LEN_MAX:
             raise InvalidRequest("model must be a name of 1 to 200 characters", field="model")
         if self._monotonic_s() >= self._next_check_s:
@@ -437,14 +441,14 @@ class PriceTable:
         if isinstance(found, Rates) and found.context_window_tokens is None and (
                 key not in self._windows_filled):
             found = self._with_bundled_window(key, found)
-        found = found or self._bundled.get(key)
+        found = found or self._bundled.get((provider, key))
         if found is None:
             try:
-                found = _bundled_rates(key, self._window)
+                found = _bundled_rates(key, self._window, provider)
             except ModelUnpriced as exc:
                 found = exc.message
             if len(self._bundled) < RATES_CACHE_MAX:
-                self._bundled[key] = found
+                self._bundled[(provider, key)] = found
         if isinstance(found, str):
             raise ModelUnpriced(found, model=model)
         if found.web_searches_per_call and any(
@@ -458,14 +462,14 @@ class PriceTable:
     def _with_bundled_window(self, key: str, rates: Rates) -> Rates:
         """A prices file entry that names no context window takes the bundled table's for the
         same name, if it has one (looked up once per entry)."""
-        bundled = self._bundled.get(key)
+        bundled = self._bundled.get((None, key))
         if bundled is None:
             try:
                 bundled = _bundled_rates(key, self._window)
             except ModelUnpriced as exc:
                 bundled = exc.message
             if len(self._bundled) < RATES_CACHE_MAX:
-                self._bundled[key] = bundled
+                self._bundled[(None, key)] = bundled
         self._windows_filled.add(key)
         if isinstance(bundled, Rates) and bundled.context_window_tokens is not None:
             rates = replace(rates, context_window_tokens=bundled.context_window_tokens)
@@ -481,10 +485,11 @@ class PriceTable:
 
     def worst_case_micros(
         self, model: str, input_tokens: int, output_tokens_max: int, choices: int = 1, *,
-        media: Media = NO_MEDIA, service_tier: str | None = None,
+        media: Media = NO_MEDIA, service_tier: str | None = None, provider: str | None = None,
     ) -> int:
         """The most a call may be billed: `input_tokens` of text and `media`, at the requested
-        service tier's rates (`auto`: the dearest tier), and the output cap times choices.
+        service tier's rates (`auto`: the dearest tier), and the output cap times choices, as
+        `provider` prices the model (rates).
 
         A call that may run server-side web searches (Anthropic's, at most `media.web_searches`)
         is billed each search's fee, and its results as input in every sampling step of the
@@ -495,7 +500,7 @@ class PriceTable:
         check_tokens(output_tokens_max, "max_output_tokens", minimum=1)
         if type(choices) is not int or not 1 <= choices <= CHOICES_MAX:
             raise InvalidRequest(f"n must be an integer from 1 to {CHOICES_MAX}", field="n")
-        r = self.rates(model)
+        r = self.rates(model, provider)
         candidates = self._tiers(model, r, service_tier)
         searches = self._searches(model, r, media)
         if media is NO_MEDIA and not searches:
@@ -628,9 +633,9 @@ class PriceTable:
                 field=media.audio_field, model=model)
         return -(-media.audio_ms * per_s // 1_000)
 
-    def cost_micros(self, model: str, usage: Usage) -> int:
+    def cost_micros(self, model: str, usage: Usage, provider: str | None = None) -> int:
         """What `usage` cost, at the tier the answer named (`auto`: the dearest it could be)."""
-        r = self.rates(model)
+        r = self.rates(model, provider)
         tier = usage.service_tier
         if not r.service_tiers and tier != TIER_AUTO:
             tier = None  # a model with one set of rates is billed at them, whatever the tier
@@ -945,20 +950,33 @@ def _named(clause: Any, model: str) -> bool:
     return any(_named(child, model) for child in getattr(clause, "or_", None) or ())
 
 
-def _bundled_rates(model: str, window: int) -> Rates:
+def _model_info(model: str, provider: str | None) -> Any:
+    """genai-prices' entry that names `model`: `provider`'s, where it has one, else the first
+    any provider has; ModelUnpriced for none."""
     from genai_prices import data_snapshot  # deferred: see the module docstring
 
-    try:
-        _, info = data_snapshot.get_snapshot().find_provider_model(model, None, None, None)
-    except LookupError as exc:
-        raise ModelUnpriced(f"no price for model {model!r}", model=model) from exc
-    if model != info.id.lower() and not _named(info.match, model):
+    snapshot = data_snapshot.get_snapshot()
+    resembled = None
+    for provider_id in dict.fromkeys((provider, None)):
+        try:
+            _, info = snapshot.find_provider_model(model, None, provider_id, None)
+        except LookupError:
+            continue
+        if model == info.id.lower() or _named(info.match, model):
+            return info
         # genai-prices also matches by prefix, pattern and date normalisation, across
         # providers: a name it resolves that way may be billed unlike the entry it lands on (a
         # search model as its base model). One name, one price: only the names an entry gives.
-        raise ModelUnpriced(
-            f"no price for model {model!r}: the price table has no entry of that exact name "
-            f"(it resembles {info.id!r}); name it in the prices file", model=model)
+        resembled = resembled or info.id
+    if resembled is None:
+        raise ModelUnpriced(f"no price for model {model!r}", model=model)
+    raise ModelUnpriced(
+        f"no price for model {model!r}: the price table has no entry of that exact name "
+        f"(it resembles {resembled!r}); name it in the prices file", model=model)
+
+
+def _bundled_rates(model: str, window: int, provider: str | None = None) -> Rates:
+    info = _model_info(model, provider)
     extra = _search_family(model)
     context_window = getattr(info, "context_window", None)
     extra["context_window_tokens"] = context_window if (

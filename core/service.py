@@ -144,6 +144,9 @@ class CallSpec:
     service_tier: str | None = None
     amount_micros: int | None = None
     ttl_ms: int | None = None
+    # The genai-prices provider whose prices the model is held at (a gateway call's upstream);
+    # None: the first that names it.
+    provider: str | None = None
 
 
 @dataclass(frozen=True)
@@ -270,7 +273,7 @@ class CeilingService:
             tokens, media = bound.text_tokens, bound.media
         amount = self.prices.worst_case_micros(
             spec.model, tokens, spec.output_tokens_max, spec.choices, media=media,
-            service_tier=spec.service_tier,
+            service_tier=spec.service_tier, provider=spec.provider,
         )
         return max(amount, 1), spec.model
 
@@ -376,7 +379,8 @@ class CeilingService:
                     "this reservation was made for an amount; settle it with actual_micros",
                     field="actual_micros",
                 )
-            actual = self.prices.cost_micros(model, spec.usage)
+            actual = self.prices.cost_micros(
+                model, spec.usage, None if spec.upstream is None else spec.upstream.value)
         journaled = self.outage.settle(ref, actual)
         if journaled is not None:
             await self.flush_journal()

@@ -1,4 +1,4 @@
-"""The real Python LLM clients (issue 34), installed in a virtualenv of their own, and run.
+"""The real Python LLM clients, installed in a virtualenv of their own, and run.
 
 The OpenAI Agents SDK, langchain-openai, langchain-anthropic and pydantic-ai pin versions of
 `openai`, `anthropic`, `httpx`, `pydantic` and `starlette` that would fight the project's, so

@@ -247,6 +247,7 @@ class Plan:
             model=self.model, input_tokens=self.text_tokens_max,
             output_tokens_max=output_tokens_max or self.output_tokens_max, choices=self.choices,
             media=self.media, service_tier=self.service_tier,
+            provider=self.wire.provider.upstream.value,
         )
 
     def clamped(self, output_tokens_max: int) -> Plan:

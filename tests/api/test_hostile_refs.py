@@ -1,4 +1,4 @@
-"""Input a request only refers to, tried as a hostile key holder would (issue 34, point 4).
+"""Input a request only refers to, tried as a hostile key holder would.
 
 The gateway holds what a Responses request only refers to (a stored prompt, a chain of stored
 responses, reasoning sent back, a PDF, hosted web search with no bound given) at the model's

@@ -1,4 +1,4 @@
-"""The real Python clients through the gateway, unchanged, judged by the provider's bill (issue 34).
+"""The real Python clients through the gateway, unchanged, judged by the provider's bill.
 
 The OpenAI Agents SDK, langchain-openai (the Responses API), langchain-anthropic and
 pydantic-ai (Responses and Messages), at the versions tests/clients/py/requirements.lock pins,

@@ -581,7 +581,7 @@ def test_the_lookup_path_reads_no_file_and_asks_genai_prices_once(
     real_signature, real_bundled = core.prices._signature, core.prices._bundled_rates
     monkeypatch.setattr(core.prices, "_signature", lambda p: stats.append(p) or real_signature(p))
     monkeypatch.setattr(core.prices, "_bundled_rates",
-                        lambda m, w: lookups.append(m) or real_bundled(m, w))
+                        lambda m, w, p=None: lookups.append(m) or real_bundled(m, w, p))
     for _ in range(1_000):
         table.worst_case_micros("m", 10, 10)
         table.worst_case_micros("gpt-4o", 10, 10)
@@ -685,3 +685,16 @@ def test_merged_tiers_are_as_dear_as_each_at_every_size(a: Tiers, b: Tiers, toke
     merged = max_tiers(a, b)
     assert merged is not None
     assert Rates.at(merged, tokens) == max(Rates.at(a, tokens), Rates.at(b, tokens))
+
+
+def test_a_model_is_priced_by_the_provider_that_bills_it_where_that_provider_names_it() -> None:
+    """genai-prices prices claude-haiku-5-5 at $0.10 in at Anthropic and $0.025 at a reseller:
+    a call is held at the prices of the provider it goes to (the gateway's upstream), and a
+    provider that does not name the model leaves the first entry that does."""
+    table = bundled(datetime(2026, 12, 1, 11, tzinfo=UTC))
+    assert table.rates("claude-haiku-5-5", "anthropic").input[0][1] == Decimal("0.1")
+    assert table.rates("claude-haiku-5-5", "quicksilverpro").input[0][1] == Decimal("0.025")
+    assert table.rates("claude-haiku-5-5").input[0][1] == Decimal("0.1")
+    assert table.rates("gpt-4o", "anthropic") == table.rates("gpt-4o", "openai")
+    assert table.worst_case_micros("claude-haiku-5-5", 1_000_000, 1, provider="anthropic") > (
+        table.worst_case_micros("claude-haiku-5-5", 1_000_000, 1, provider="quicksilverpro"))

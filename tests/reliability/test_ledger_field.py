@@ -1,4 +1,4 @@
-"""The ledger in the field (issue 35): the Redis faults teams meet, each judged by the stub
+"""The ledger in the field: the Redis faults teams meet, each judged by the stub
 provider's bill, with calls going through the gateway of two instances that keep serving.
 
 1. A failover to a replica whose link stalled, behind the same endpoint: without waiting for

@@ -749,7 +749,7 @@ async def test_a_sidecar_record_under_a_minted_id_is_kept_the_replay_window(
 ) -> None:
     """A busy key keeps its rate times minutes of records: a sidecar reservation under an id the
     ledger minted (no fingerprint) is kept REPLAY_WINDOW_MS once settled, money moved or not, and
-    answers a resent settle as the first meanwhile (issue 35: a day, and a daily count that
+    answers a resent settle as the first meanwhile (before: a day, and a daily count that
     refused honest work)."""
     await put(store, tag, (Period.TOTAL, 10_000))
     made = request(tag, tag, 100, fingerprint="", retention_ms=REPLAY_WINDOW_MS)

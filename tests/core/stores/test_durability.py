@@ -1,4 +1,4 @@
-"""The ledger against the Redis teams run: replicas that lag, snapshots, eviction (issue 35).
+"""The ledger against the Redis teams run: replicas that lag, snapshots, eviction.
 
 Real redis-server processes on loopback ports, stopped by pid. A primary's failover happens
 behind one endpoint (infra/redis_server.py Forwarder), as a managed Redis' does, while the same

@@ -287,7 +287,7 @@ async def test_concurrency_retry_after_is_the_earliest_lease_end_of_the_held_slo
     store: LedgerStore, tag: str, clock: ManualClock
 ) -> None:
     """A call of unknown outcome keeps its slot until its lease ends: a refusal says when that
-    is, so a client that obeys asks once, not once a second (issue 35: ~69 requests)."""
+    is, so a client that obeys asks once, not once a second (before: ~69 requests)."""
     await put(store, tag, (Period.TOTAL, 10**9), rate=Rate(concurrent_max=2))
     await store.reserve(held(tag, tag, 1, ttl_ms=TTL_MS))
     clock.advance(10_500)
