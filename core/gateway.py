@@ -38,7 +38,7 @@ from typing import Any
 from core import output_stats
 from core.config import OUTPUT_TOKENS_DEFAULT
 from core.errors import BudgetRefused, CeilingError, InvalidRequest
-from core.formats import FORMATS, Plan
+from core.formats import FORMATS, Plan, WireFormat
 from core.formats import Api as Api  # plan() and usage_of() take a format by its name
 from core.jsonbody import loads_answer, loads_object
 from core.ledger import LegStatus, OutputStats, Reservation, is_user_leg
@@ -121,12 +121,20 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
     (CEILING_GATEWAY_FIELDS_ALLOWED); `betas_allowed`: the operator's cost-neutral betas
     (CEILING_GATEWAY_BETAS_ALLOWED)."""
     wire = FORMATS[api]
+    body, model = _checked(wire, raw, fields_allowed)
+    return wire.plan(body, model, tuple(headers), output_tokens_default, betas_allowed)
+
+
+def _checked(wire: WireFormat, raw: bytes,
+             fields_allowed: frozenset[str]) -> tuple[dict[str, Any], str]:
+    """A request body in `wire`'s format, its top-level fields checked, and the model it
+    names."""
     body = loads_object(raw)
     wire.check_fields(body, fields_allowed)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model is required", field="model")
-    return wire.plan(body, model, tuple(headers), output_tokens_default, betas_allowed)
+    return body, model
 
 
 def count_request(api: Api, raw: bytes, headers: Sequence[tuple[str, str]] = (),
@@ -135,11 +143,7 @@ def count_request(api: Api, raw: bytes, headers: Sequence[tuple[str, str]] = (),
     """A token counting request in `api`'s format, checked as a call's fields and headers are
     (nothing unnamed is forwarded), re-encoded for the provider; InvalidRequest if it is not."""
     wire = FORMATS[api]
-    body = loads_object(raw)
-    wire.check_fields(body, fields_allowed)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("model is required", field="model")
+    body, _ = _checked(wire, raw, fields_allowed)
     wire.count_checked(body, tuple(headers), betas_allowed)
     return _COUNT_ENCODER.encode(body).encode()
 
