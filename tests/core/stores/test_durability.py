@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +74,9 @@ class Pair:
         self.endpoint.switch(self.replica.port)
 
 
-@pytest.fixture
-def pair() -> Iterator[Pair]:
+@contextmanager
+def started_pair() -> Iterator[Pair]:
+    """A Pair whose replica has caught up; its servers stopped and forwarders closed after."""
     with RedisServer(durable=True) as primary:
         link = Forwarder(primary.port)
         with RedisServer(durable=True, replica_of=link.port) as replica:
@@ -85,6 +87,12 @@ def pair() -> Iterator[Pair]:
             finally:
                 endpoint.close()
                 link.close()
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    with started_pair() as started:
+        yield started
 
 
 def test_info_tells_what_keeps_money() -> None:
