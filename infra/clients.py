@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.deploy_build import digest, locked, used
+from infra.deploy_build import npm_installed
 
 ROOT = Path(__file__).resolve().parent.parent
 JS_DIR = ROOT / "tests" / "clients" / "js"
@@ -76,18 +76,7 @@ def ensure_js_clients() -> Path:
         if shutil.which(tool) is None:
             raise ClientsInstallError(
                 f"{tool} is required (Node.js 20+): apt-get install nodejs npm")
-    manifest = (JS_DIR / "package.json").read_bytes()
-    lock = (JS_DIR / "package-lock.json").read_bytes()
-    home = cache_base() / f"clients-js-{digest([manifest, lock])}"
-    with locked(home.with_suffix(".lock")):
-        if not (home / ".complete").exists():
-            shutil.rmtree(home, ignore_errors=True)
-            home.mkdir(parents=True)
-            (home / "package.json").write_bytes(manifest)
-            (home / "package-lock.json").write_bytes(lock)
-            _npm_ci(home)
-            (home / ".complete").touch()
-    return used(home) / "node_modules"
+    return npm_installed(cache_base(), "clients-js", JS_DIR, _npm_ci)
 
 
 def _npm_ci(home: Path) -> None:
