@@ -64,6 +64,8 @@ class ClientsInstallError(Exception):
 
 
 def cache_base() -> Path:
+    """Where the clients' cache entries sit, the JavaScript ones here and the Python ones
+    (infra/py_clients.py): SC_CLIENTS_CACHE, else spend-ceiling under the user's cache."""
     if explicit := os.environ.get("SC_CLIENTS_CACHE"):
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
