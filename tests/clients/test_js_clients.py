@@ -32,7 +32,7 @@ from infra.clients import ai_sdk_env, claude_env, codex_env, ensure_js_clients, 
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill, stub_control
-from tests.api.conftest import Client, client_for, gateway, settled
+from tests.api.conftest import Client, gateway_to_stub, settled
 from tests.support import write_prices
 
 # The AI SDK's OpenAI cases use a reasoning model, as the multi-step case must (step 2 sends
@@ -100,24 +100,11 @@ def scripts(node_modules: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 @pytest.fixture(scope="module")
-def stub() -> Iterator[StubProvider]:
-    with StubProvider(seed=34, latency_ms_min=0, latency_ms_max=2) as provider:
-        yield provider
-
-
-@pytest.fixture(scope="module")
 def gw(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory,
        stub: StubProvider) -> Iterator[ServiceProcess]:
     prices_file = write_prices(tmp_path_factory, "js_clients", {"models": {}})
-    with gateway(redis_server, prices_file, f"{stub.url}/v1", 60,
-                 {"CEILING_ANTHROPIC_URL": stub.url}) as service:
+    with gateway_to_stub(redis_server, prices_file, stub, 60) as service:
         yield service
-
-
-@pytest.fixture(scope="module")
-def admin(gw: ServiceProcess) -> Iterator[Client]:
-    with client_for(gw) as c:
-        yield c
 
 
 @pytest.fixture(autouse=True)
