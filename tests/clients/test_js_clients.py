@@ -169,6 +169,14 @@ def assert_ledger_is_bill(admin: Client, stub: StubProvider, tag: str) -> None:
         bill.total.cost_micros, 0)
 
 
+def assert_tool_turn_booked(result: Run, admin: Client, stub: StubProvider, tag: str) -> None:
+    """The CLI finished its tool turn, at least two calls (the one answered with the tool call,
+    then the one sending its output back), and the ledger books what the stub billed."""
+    assert result.returncode == 0, result.output
+    assert fetch_bill(stub.url, with_log=False).total.calls >= 2, result.output
+    assert_ledger_is_bill(admin, stub, tag)
+
+
 def assert_only_the_gateway_reached(trace: Path, gw: ServiceProcess) -> None:
     """The client and its children sent to no internet address but the gateway's: no
     telemetry, update check or DNS query left the machine."""
@@ -228,9 +236,7 @@ def test_claude_code_tool_turn_bills_what_the_ledger_books(
     stub_control(stub.url, {"tool_calls": [CLAUDE_TOOL_CALL]})
     tag, key = account(admin, ROOMY_MICROS)
     result = claude(node_modules, tmp_path, gw, key, model)
-    assert result.returncode == 0, result.output
-    assert fetch_bill(stub.url, with_log=False).total.calls >= 2, result.output
-    assert_ledger_is_bill(admin, stub, tag)
+    assert_tool_turn_booked(result, admin, stub, tag)
 
 
 def test_claude_code_shows_the_budget_refusal(
@@ -252,9 +258,7 @@ def test_codex_tool_turn_bills_what_the_ledger_books(
     stub_control(stub.url, {"tool_calls": [CODEX_TOOL_CALL]})
     tag, key = account(admin, ROOMY_MICROS)
     result = codex(node_modules, tmp_path, gw, key)
-    assert result.returncode == 0, result.output
-    assert fetch_bill(stub.url, with_log=False).total.calls >= 2, result.output
-    assert_ledger_is_bill(admin, stub, tag)
+    assert_tool_turn_booked(result, admin, stub, tag)
 
 
 def test_codex_shows_the_budget_refusal(
