@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.deploy_build import digest, locked, used
+from infra.deploy_build import npm_installed
 
 ROOT = Path(__file__).resolve().parent.parent
 JS_DIR = ROOT / "tests" / "clients" / "js"
@@ -64,6 +64,8 @@ class ClientsInstallError(Exception):
 
 
 def cache_base() -> Path:
+    """Where the clients' cache entries sit, the JavaScript ones here and the Python ones
+    (infra/py_clients.py): SC_CLIENTS_CACHE, else spend-ceiling under the user's cache."""
     if explicit := os.environ.get("SC_CLIENTS_CACHE"):
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -76,18 +78,7 @@ def ensure_js_clients() -> Path:
         if shutil.which(tool) is None:
             raise ClientsInstallError(
                 f"{tool} is required (Node.js 20+): apt-get install nodejs npm")
-    manifest = (JS_DIR / "package.json").read_bytes()
-    lock = (JS_DIR / "package-lock.json").read_bytes()
-    home = cache_base() / f"clients-js-{digest([manifest, lock])}"
-    with locked(home.with_suffix(".lock")):
-        if not (home / ".complete").exists():
-            shutil.rmtree(home, ignore_errors=True)
-            home.mkdir(parents=True)
-            (home / "package.json").write_bytes(manifest)
-            (home / "package-lock.json").write_bytes(lock)
-            _npm_ci(home)
-            (home / ".complete").touch()
-    return used(home) / "node_modules"
+    return npm_installed(cache_base(), "clients-js", JS_DIR, _npm_ci)
 
 
 def _npm_ci(home: Path) -> None:

@@ -197,6 +197,35 @@ def used(entry: Path) -> Path:
     return entry
 
 
+def filled_once(home: Path, fill: Callable[[Path], None]) -> Path:
+    """The cache entry `home`, filled by `fill(home)` unless an earlier fill finished, and
+    marked used (`used`). Only a finished fill leaves `.complete`: what a fill cut short left
+    is deleted and filled again. Locked, so two processes never fill one entry at once."""
+    with locked(home.with_suffix(".lock")):
+        if not (home / ".complete").exists():
+            shutil.rmtree(home, ignore_errors=True)
+            home.mkdir(parents=True)
+            fill(home)
+            (home / ".complete").touch()
+    return used(home)
+
+
+def npm_installed(cache: Path, prefix: str, package_dir: Path,
+                  npm_ci: Callable[[Path], None]) -> Path:
+    """The node_modules of `package_dir`'s package.json and package-lock.json, installed by
+    `npm_ci` (run in the entry) once per pair of files, in an entry of `cache` named `prefix`
+    and their digest."""
+    manifest = (package_dir / "package.json").read_bytes()
+    lock = (package_dir / "package-lock.json").read_bytes()
+
+    def fill(home: Path) -> None:
+        (home / "package.json").write_bytes(manifest)
+        (home / "package-lock.json").write_bytes(lock)
+        npm_ci(home)
+
+    return filled_once(cache / f"{prefix}-{digest([manifest, lock])}", fill) / "node_modules"
+
+
 def digest(parts: Iterable[bytes]) -> str:
     h = hashlib.sha256()
     for part in parts:
@@ -229,19 +258,12 @@ def ensure_node_tools(root: Path) -> Path:
     for tool in ("node", "npm"):
         if shutil.which(tool) is None:
             raise DeployBuildError(f"{tool} is required (Node.js 20): apt-get install nodejs npm")
-    lock = (root / "deploy" / "package-lock.json").read_bytes()
-    manifest = (root / "deploy" / "package.json").read_bytes()
-    home = cache_dir() / f"npm-{digest([manifest, lock])}"
-    with locked(home.with_suffix(".lock")):
-        if not (home / ".complete").exists():
-            shutil.rmtree(home, ignore_errors=True)
-            home.mkdir(parents=True)
-            (home / "package.json").write_bytes(manifest)
-            (home / "package-lock.json").write_bytes(lock)
-            run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=home,
-                timeout_s=NPM_CI_TIMEOUT_S, what="npm ci (deploy tooling)")
-            (home / ".complete").touch()
-    return used(home) / "node_modules" / ".bin"
+
+    def npm_ci(home: Path) -> None:
+        run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=home,
+            timeout_s=NPM_CI_TIMEOUT_S, what="npm ci (deploy tooling)")
+
+    return npm_installed(cache_dir(), "npm", root / "deploy", npm_ci) / ".bin"
 
 
 def ensure_tools(root: Path) -> Tools:

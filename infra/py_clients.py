@@ -37,7 +37,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from infra.deploy_build import digest, locked, used
+from infra.clients import cache_base
+from infra.deploy_build import digest, filled_once
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS_DIR = ROOT / "tests" / "clients" / "py"
@@ -61,13 +62,6 @@ _HELD_SOCKETS: list[socket.socket] = []
 
 class PyClientsError(Exception):
     """The clients could not be installed, or a client script did not answer; says why."""
-
-
-def cache_dir() -> Path:
-    if explicit := os.environ.get("SC_CLIENTS_CACHE"):
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "spend-ceiling"
 
 
 def _install_command(venv_python: Path) -> list[str]:
@@ -99,17 +93,13 @@ def ensure_py_clients() -> Path:
     lock = LOCK_FILE.read_bytes()
     # The interpreter is part of the key: a virtualenv runs only on the one that made it.
     interpreter = f"{sys.version_info[:3]} {Path(sys.base_prefix).resolve()}".encode()
-    home = cache_dir() / f"clients-py-{digest([lock, interpreter])}"
-    venv_python = home / "venv" / "bin" / "python"
-    with locked(home.with_suffix(".lock")):
-        if not (home / ".complete").exists():
-            shutil.rmtree(home, ignore_errors=True)
-            home.mkdir(parents=True)
-            _run([sys.executable, "-m", "venv", str(home / "venv")], "python -m venv (clients)")
-            _run(_install_command(venv_python), f"installing {LOCK_FILE.name}")
-            (home / ".complete").touch()
-    used(home)
-    return venv_python
+    home = cache_base() / f"clients-py-{digest([lock, interpreter])}"
+
+    def fill(entry: Path) -> None:
+        _run([sys.executable, "-m", "venv", str(entry / "venv")], "python -m venv (clients)")
+        _run(_install_command(entry / "venv" / "bin" / "python"), f"installing {LOCK_FILE.name}")
+
+    return filled_once(home, fill) / "venv" / "bin" / "python"
 
 
 @cache

@@ -274,13 +274,19 @@ class ResponsesApi(OpenAIApi):
                              "created_at": int(time.time()),
                              "metadata": body.get("metadata") or {}})
 
+    def _known_conversation(self, request: Request) -> str:
+        """The conversation the path names, once the request's key is checked; a 404, as
+        OpenAI answers, when the stub holds none by that id."""
+        conversation: str = request.path_params["conversation_id"]
+        self.check(request)
+        if conversation not in self.conversations:
+            raise ApiError(404, f"Conversation with id '{conversation}' not found.",
+                           "not_found")
+        return conversation
+
     async def get_conversation(self, request: Request) -> Response:
-        conversation = request.path_params["conversation_id"]
         try:
-            self.check(request)
-            if conversation not in self.conversations:
-                raise ApiError(404, f"Conversation with id '{conversation}' not found.",
-                               "not_found")
+            conversation = self._known_conversation(request)
         except ApiError as exc:
             return self.error(exc, {})
         return JSONResponse({"id": conversation, "object": "conversation",
@@ -289,12 +295,8 @@ class ResponsesApi(OpenAIApi):
     async def items_route(self, request: Request) -> Response:
         """A conversation's items: listed (GET, all of them, newest first unless `order=asc`,
         as OpenAI lists them) or added (POST)."""
-        conversation = request.path_params["conversation_id"]
         try:
-            self.check(request)
-            if conversation not in self.conversations:
-                raise ApiError(404, f"Conversation with id '{conversation}' not found.",
-                               "not_found")
+            conversation = self._known_conversation(request)
             if request.method == "GET":
                 items = self.conversations[conversation]
                 if request.query_params.get("order") != "asc":

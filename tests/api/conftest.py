@@ -209,6 +209,13 @@ def gateway(redis_server: RedisServer, prices_file: str, upstream_url: str,
     })
 
 
+def gateway_to_stub(redis_server: RedisServer, prices_file: str, stub: StubProvider,
+                    timeout_s: float) -> ServiceProcess:
+    """A gateway instance (not started) whose OpenAI and Anthropic upstreams are both `stub`."""
+    return gateway(redis_server, prices_file, f"{stub.url}/v1", timeout_s,
+                   {"CEILING_ANTHROPIC_URL": stub.url})
+
+
 def account(admin: Client, ceiling_micros: int, run_ceiling_micros: int | None = None,
             roles: tuple[str, ...] = ("gateway",)) -> tuple[str, str]:
     """A budget of its own and an API key for it (a gateway key unless told otherwise)."""

@@ -45,9 +45,8 @@ from tests.api.conftest import (
     Client,
     anthropic_sdk,
     as_key,
-    client_for,
     counting_client,
-    gateway,
+    gateway_to_stub,
     per_user_budget,
     sdk,
 )
@@ -88,15 +87,8 @@ def stub() -> Iterator[StubProvider]:
 @pytest.fixture(scope="module")
 def gw(redis_server: RedisServer, prices_file: str, stub: StubProvider
        ) -> Iterator[ServiceProcess]:
-    with gateway(redis_server, prices_file, f"{stub.url}/v1", 30,
-                 {"CEILING_ANTHROPIC_URL": stub.url}) as service:
+    with gateway_to_stub(redis_server, prices_file, stub, 30) as service:
         yield service
-
-
-@pytest.fixture(scope="module")
-def admin(gw: ServiceProcess) -> Iterator[Client]:
-    with client_for(gw) as c:
-        yield c
 
 
 @pytest.fixture(autouse=True)

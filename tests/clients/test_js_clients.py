@@ -32,7 +32,7 @@ from infra.clients import ai_sdk_env, claude_env, codex_env, ensure_js_clients, 
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill, stub_control
-from tests.api.conftest import Client, client_for, gateway, settled
+from tests.api.conftest import Client, gateway_to_stub, settled
 from tests.support import write_prices
 
 # The AI SDK's OpenAI cases use a reasoning model, as the multi-step case must (step 2 sends
@@ -100,24 +100,11 @@ def scripts(node_modules: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 @pytest.fixture(scope="module")
-def stub() -> Iterator[StubProvider]:
-    with StubProvider(seed=34, latency_ms_min=0, latency_ms_max=2) as provider:
-        yield provider
-
-
-@pytest.fixture(scope="module")
 def gw(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory,
        stub: StubProvider) -> Iterator[ServiceProcess]:
     prices_file = write_prices(tmp_path_factory, "js_clients", {"models": {}})
-    with gateway(redis_server, prices_file, f"{stub.url}/v1", 60,
-                 {"CEILING_ANTHROPIC_URL": stub.url}) as service:
+    with gateway_to_stub(redis_server, prices_file, stub, 60) as service:
         yield service
-
-
-@pytest.fixture(scope="module")
-def admin(gw: ServiceProcess) -> Iterator[Client]:
-    with client_for(gw) as c:
-        yield c
 
 
 @pytest.fixture(autouse=True)
@@ -182,6 +169,14 @@ def assert_ledger_is_bill(admin: Client, stub: StubProvider, tag: str) -> None:
         bill.total.cost_micros, 0)
 
 
+def assert_tool_turn_booked(result: Run, admin: Client, stub: StubProvider, tag: str) -> None:
+    """The CLI finished its tool turn, at least two calls (the one answered with the tool call,
+    then the one sending its output back), and the ledger books what the stub billed."""
+    assert result.returncode == 0, result.output
+    assert fetch_bill(stub.url, with_log=False).total.calls >= 2, result.output
+    assert_ledger_is_bill(admin, stub, tag)
+
+
 def assert_only_the_gateway_reached(trace: Path, gw: ServiceProcess) -> None:
     """The client and its children sent to no internet address but the gateway's: no
     telemetry, update check or DNS query left the machine."""
@@ -241,9 +236,7 @@ def test_claude_code_tool_turn_bills_what_the_ledger_books(
     stub_control(stub.url, {"tool_calls": [CLAUDE_TOOL_CALL]})
     tag, key = account(admin, ROOMY_MICROS)
     result = claude(node_modules, tmp_path, gw, key, model)
-    assert result.returncode == 0, result.output
-    assert fetch_bill(stub.url, with_log=False).total.calls >= 2, result.output
-    assert_ledger_is_bill(admin, stub, tag)
+    assert_tool_turn_booked(result, admin, stub, tag)
 
 
 def test_claude_code_shows_the_budget_refusal(
@@ -265,9 +258,7 @@ def test_codex_tool_turn_bills_what_the_ledger_books(
     stub_control(stub.url, {"tool_calls": [CODEX_TOOL_CALL]})
     tag, key = account(admin, ROOMY_MICROS)
     result = codex(node_modules, tmp_path, gw, key)
-    assert result.returncode == 0, result.output
-    assert fetch_bill(stub.url, with_log=False).total.calls >= 2, result.output
-    assert_ledger_is_bill(admin, stub, tag)
+    assert_tool_turn_booked(result, admin, stub, tag)
 
 
 def test_codex_shows_the_budget_refusal(

@@ -33,7 +33,7 @@ from infra.py_clients import LOCK_FILE, SCRIPTS_DIR, ClientRun, client_env, ensu
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill, stub_control
-from tests.api.conftest import ADMIN_TOKEN, Client, account, client_for, gateway, settled
+from tests.api.conftest import ADMIN_TOKEN, Client, account, gateway_to_stub, settled
 from tests.support import write_prices
 
 # Room for every case of a client: langchain-anthropic and pydantic-ai ask for claude-sonnet-4-5's
@@ -112,23 +112,10 @@ def prices_file(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def stub() -> Iterator[StubProvider]:
-    with StubProvider(seed=34, latency_ms_min=0, latency_ms_max=2) as provider:
-        yield provider
-
-
-@pytest.fixture(scope="module")
 def gw(redis_server: RedisServer, prices_file: str, stub: StubProvider
        ) -> Iterator[ServiceProcess]:
-    with gateway(redis_server, prices_file, f"{stub.url}/v1", 30,
-                 {"CEILING_ANTHROPIC_URL": stub.url}) as service:
+    with gateway_to_stub(redis_server, prices_file, stub, 30) as service:
         yield service
-
-
-@pytest.fixture(scope="module")
-def admin(gw: ServiceProcess) -> Iterator[Client]:
-    with client_for(gw) as c:
-        yield c
 
 
 def start(stack: ExitStack, python: Path, gw: ServiceProcess, client: str,

@@ -20,6 +20,7 @@ import openai
 import pytest
 
 from infra.stub_provider import StubProvider
+from tests.infra.conftest import start_fresh
 from tests.infra.media import b64, jpeg, pdf, png
 from tests.infra.test_stub_provider import bill_of, forced, only_call, sse_data
 
@@ -70,10 +71,8 @@ def asdk(provider: StubProvider) -> anthropic.AsyncAnthropic:
 
 @pytest.fixture(autouse=True)
 def fresh_bill(http: httpx.Client) -> None:
-    http.post("/control", json={"images": {}, "files": {}, "prompt_cache": True,
-                                "clock_offset_s": 0, "web_search_result_tokens": 8_000}
-              ).raise_for_status()
-    http.post("/billing/reset").raise_for_status()
+    start_fresh(http, {"images": {}, "files": {}, "prompt_cache": True, "clock_offset_s": 0,
+                       "web_search_result_tokens": 8_000})
 
 
 def costs(http: httpx.Client) -> list[int]:

@@ -22,6 +22,7 @@ import pytest
 
 from infra.stub_messages import schema_instance
 from infra.stub_provider import CallRecord, StubProvider
+from tests.infra.conftest import start_fresh
 from tests.infra.test_stub_provider import bill_of, forced, sse_data
 
 # The SDK warns that claude-opus-4-5 is deprecated; the table still prices it, as Anthropic does.
@@ -69,8 +70,7 @@ def sdk(provider: StubProvider) -> anthropic.Anthropic:
 
 @pytest.fixture(autouse=True)
 def fresh_bill(http: httpx.Client) -> None:
-    http.post("/control", json={"prompt_cache": True, "tool_calls": []}).raise_for_status()
-    http.post("/billing/reset").raise_for_status()
+    start_fresh(http, {"prompt_cache": True, "tool_calls": []})
 
 
 def beta(sdk: anthropic.Anthropic, tokens: int = 10, **kwargs: Any) -> Any:

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from infra.stub_bill import Bill, CallRecord
 from infra.stub_provider import StubProvider, StubProviderProcess, fetch_bill, reset_bill
+from tests.infra.conftest import start_fresh
 from tests.infra.media import b64, data_url, gif, jpeg, mp3, pdf, png, wav, webp
 from tests.support import examples
 
@@ -67,25 +68,11 @@ def provider() -> Iterator[StubProvider]:
         yield stub
 
 
-@pytest.fixture(scope="module")
-def http(provider: StubProvider) -> Iterator[httpx.Client]:
-    # One client: building an httpx client costs ~60 ms (its SSL context), a call a millisecond.
-    with httpx.Client(base_url=provider.url, timeout=10.0) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def sdk(provider: StubProvider) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0,
-                         timeout=10.0)
-
-
 @pytest.fixture(autouse=True)
 def fresh_bill(http: httpx.Client) -> None:
-    http.post("/control", json={"images": {}, "files": {}, "prompt_cache": True,
-                                "default_service_tier": "default",
-                                "upstream_fields": "openai"}).raise_for_status()
-    http.post("/billing/reset").raise_for_status()
+    start_fresh(http, {"images": {}, "files": {}, "prompt_cache": True,
+                       "default_service_tier": "default",
+                       "upstream_fields": "openai"})
 
 
 def bill_of(http: httpx.Client) -> Bill:

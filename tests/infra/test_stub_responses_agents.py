@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from infra.stub_bill import Bill
 from infra.stub_provider import StubProvider
+from tests.infra.conftest import start_fresh
 
 # A namespace tool holding function tools, as Codex CLI sends one (codex-rs: ToolSpec::Namespace,
 # ResponsesApiNamespace {name, description, tools: [function...]}, serialized with "type").
@@ -47,22 +48,9 @@ def provider() -> Iterator[StubProvider]:
         yield stub
 
 
-@pytest.fixture(scope="module")
-def http(provider: StubProvider) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=provider.url, timeout=10.0) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def sdk(provider: StubProvider) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0,
-                         timeout=10.0)
-
-
 @pytest.fixture(autouse=True)
 def fresh_bill(http: httpx.Client) -> None:
-    http.post("/control", json={"tool_calls": []}).raise_for_status()
-    http.post("/billing/reset").raise_for_status()
+    start_fresh(http, {"tool_calls": []})
 
 
 def script(http: httpx.Client, *calls: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from infra.stub_bill import Bill, CallRecord, Usage
 from infra.stub_provider import StubProvider
+from tests.infra.conftest import start_fresh
 
 # "hello" as the whole input: 2 tokens of text, 4 for the item, 3 for the reply.
 HELLO_TOKENS = 9
@@ -41,23 +42,10 @@ def provider() -> Iterator[StubProvider]:
         yield stub
 
 
-@pytest.fixture(scope="module")
-def http(provider: StubProvider) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=provider.url, timeout=10.0) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def sdk(provider: StubProvider) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0,
-                         timeout=10.0)
-
-
 @pytest.fixture(autouse=True)
 def fresh_bill(http: httpx.Client) -> None:
-    http.post("/control", json={"files": {}, "prompts": {}, "tool_calls": [],
-                                "prompt_cache": False}).raise_for_status()
-    http.post("/billing/reset").raise_for_status()
+    start_fresh(http, {"files": {}, "prompts": {}, "tool_calls": [],
+                       "prompt_cache": False})
 
 
 def log(http: httpx.Client) -> list[CallRecord]:

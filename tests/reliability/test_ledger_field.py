@@ -26,11 +26,11 @@ import httpx
 import pytest
 import redis
 
-from infra.redis_server import Forwarder, RedisServer
+from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, StubProviderProcess, fetch_bill
 from tests.api.conftest import ADMIN_TOKEN, Client, client_for
-from tests.core.stores.test_durability import Pair, synced
+from tests.core.stores.test_durability import Pair, started_pair
 
 pytestmark = pytest.mark.slow
 
@@ -50,16 +50,8 @@ def provider() -> Iterator[StubProvider]:
 
 @pytest.fixture
 def pair() -> Iterator[Pair]:
-    with RedisServer(durable=True) as primary:
-        link = Forwarder(primary.port)
-        with RedisServer(durable=True, replica_of=link.port) as replica:
-            endpoint = Forwarder(primary.port)
-            synced(primary, replica)
-            try:
-                yield Pair(primary, replica, link, endpoint)
-            finally:
-                endpoint.close()
-                link.close()
+    with started_pair() as started:
+        yield started
 
 
 def instances(stack: ExitStack, redis_url: str, provider: StubProvider,

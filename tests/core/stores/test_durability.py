@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +74,9 @@ class Pair:
         self.endpoint.switch(self.replica.port)
 
 
-@pytest.fixture
-def pair() -> Iterator[Pair]:
+@contextmanager
+def started_pair() -> Iterator[Pair]:
+    """A Pair whose replica has caught up; its servers stopped and forwarders closed after."""
     with RedisServer(durable=True) as primary:
         link = Forwarder(primary.port)
         with RedisServer(durable=True, replica_of=link.port) as replica:
@@ -85,6 +87,24 @@ def pair() -> Iterator[Pair]:
             finally:
                 endpoint.close()
                 link.close()
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    with started_pair() as started:
+        yield started
+
+
+@asynccontextmanager
+async def waiting_store(pair: Pair, tag: str) -> AsyncIterator[RedisStore]:
+    """A store at the pair's endpoint that waits for the replica on every hold, `tag` given a
+    budget of 1,000 micro-dollars; closed after."""
+    store = RedisStore(pair.endpoint.url, wait_replicas=1, wait_timeout_ms=WAIT_TIMEOUT_MS)
+    try:
+        await put(store, tag, (Period.TOTAL, 1_000))
+        yield store
+    finally:
+        await store.close()
 
 
 def test_info_tells_what_keeps_money() -> None:
@@ -120,9 +140,7 @@ async def test_the_probe_reads_persistence_and_eviction_from_info(
 
 async def test_wait_refuses_a_hold_no_replica_acknowledged_and_releases_it(
         pair: Pair, tag: str) -> None:
-    store = RedisStore(pair.endpoint.url, wait_replicas=1, wait_timeout_ms=WAIT_TIMEOUT_MS)
-    try:
-        await put(store, tag, (Period.TOTAL, 1_000))
+    async with waiting_store(pair, tag) as store:
         assert (await store.probe("i1")).reasons == ()
         assert (await store.reserve(request(tag, tag, 10))).reserved_micros == 10
         pair.stall()
@@ -131,15 +149,11 @@ async def test_wait_refuses_a_hold_no_replica_acknowledged_and_releases_it(
         assert refused.value.reason == "ledger_not_replicated"
         # The refused call is never forwarded: its hold is released, not left to its lease.
         assert (await leg(store, tag)).reserved_micros == 10
-    finally:
-        await store.close()
 
 
 async def test_a_failover_to_a_lagging_replica_loses_nothing_that_wait_acknowledged(
         pair: Pair, tag: str) -> None:
-    store = RedisStore(pair.endpoint.url, wait_replicas=1, wait_timeout_ms=WAIT_TIMEOUT_MS)
-    try:
-        await put(store, tag, (Period.TOTAL, 1_000))
+    async with waiting_store(pair, tag) as store:
         admitted = [await store.reserve(request(tag, tag, 10)) for _ in range(5)]
         pair.stall()
         refused = 0
@@ -157,8 +171,6 @@ async def test_a_failover_to_a_lagging_replica_loses_nothing_that_wait_acknowled
         with pytest.raises(LedgerUnavailable) as alone:
             await store.reserve(request(tag, tag, 10))
         assert alone.value.reason == "ledger_not_replicated"
-    finally:
-        await store.close()
 
 
 async def test_a_failover_to_a_lagging_replica_is_noticed_and_refused_until_adopted(
