@@ -80,7 +80,7 @@ ASGI = "ASGI layers: Starlette, FastAPI, api/app.py, api/routing.py"
 CLIENT = "upstream client: httpx, aiohttp or httpcore, api/upstream.py + transport.py"
 GATEWAY = "gateway logic: core/gateway.py, api/routes/; hardcap/app.py, router, providers"
 LEDGER = "ledger: scripts' arguments and replies (core/stores, core/ledger.py; hardcap/ledger.py)"
-PRICING = "pricing: core/prices.py, core/estimate.py, core/money.py; hardcap/estimator.py"
+PRICING = "pricing: core/prices/, core/money.py; hardcap/estimator.py"
 OBJECTS = "per-call objects: dataclasses, enums, ids"
 REDIS_CLIENT = "Redis client: redis-py; core/stores/redis.py + redis_resp.py (hiredis)"
 LAYERS: tuple[tuple[str, str], ...] = (
@@ -105,8 +105,7 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("core/stores/redis.py", REDIS_CLIENT),
     ("core/stores/redis_resp.py", REDIS_CLIENT),
     ("prometheus_client/", "metrics: prometheus_client (hardcap)"),
-    ("core/prices.py", PRICING),
-    ("core/estimate.py", PRICING),
+    ("core/prices/", PRICING),
     ("core/money.py", PRICING),
     ("hardcap/estimator.py", PRICING),
     ("core/stores/", LEDGER),

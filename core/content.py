@@ -5,13 +5,13 @@
   and escapes and framing only raise the bound.
 - Media is not text, and its payload is left out of that count (a 1 MB data URL is not a
   million tokens). An image is billed by a per-image rule of the model, whatever its size or
-  URL: it is counted here by detail (Media) and priced with the model's bound (core/prices.py),
+  URL: it is counted here by detail (Media) and priced with the model's bound (core/prices/),
   so an image URL is bounded without fetching it. Audio is billed by its duration, which is
   read from the bytes sent (a WAV header, or the lowest bitrate MP3 frames can have).
 - What the request only refers to (a file by id or URL, a PDF, a reasoning item sent back, an
   item stored with the provider, a document) has a billed size the request cannot show, but the
   model cannot read more than its context window: it is noted in Media.referred_field, and the
-  call's input is then held at the model's context window (core/prices.py), never at a guess
+  call's input is then held at the model's context window (core/prices/), never at a guess
   below it. What no window bounds (a content part or item type this module does not know) is
   refused with InputUnbounded naming the field.
 """
@@ -315,7 +315,7 @@ class Media:
     # (Anthropic's `cache_control` with `ttl: "1h"`); a format that cannot tell says so.
     cache_1h: bool = True
     # Thinking blocks sent back, each billed as the thinking its signature carries: at most what
-    # one call of the model writes (core/prices.py), and the first one's JSON path.
+    # one call of the model writes (core/prices/), and the first one's JSON path.
     thinking_blocks: int = 0
     thinking_field: str = ""
 
@@ -571,7 +571,7 @@ MESSAGES_TEXT_BLOCKS = frozenset({
 # Thinking sent back is billed as the thinking its signature carries (encrypted), not as the
 # text it shows: a summary, or nothing under `display: omitted` (Claude Code's). Redacted
 # thinking is encrypted whole. Neither's bytes are documented to bound its tokens; one block is
-# at most what one call writes (core/prices.py holds each at the model's output maximum, or the
+# at most what one call writes (core/prices/ holds each at the model's output maximum, or the
 # context window where that is not known).
 MESSAGES_THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 # Blocks of server tools' results sent back, and references to what the provider holds (a

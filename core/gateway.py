@@ -11,7 +11,7 @@ fields (WireFormat.plan), the usage an answer reports (usage_of), where a stream
 - The worst case comes from the request: its text bounded by its bytes, its images and audio by
   the model's rules (core/content.py), the output cap (its format's cap fields;
   OUTPUT_TOKENS_DEFAULT is set and forwarded when the caller sets none) times `n`, at the
-  requested service tier's rates (core/prices.py), and what else its format bills (Messages'
+  requested service tier's rates (core/prices/), and what else its format bills (Messages'
   tool-use system prompt, and web searches at their fee and their results' bound). A request
   whose cost its body cannot bound (a stored conversation, a file by id, a PDF, hosted tools,
   audio output, a field or beta the gateway does not know) is refused, not guessed at.

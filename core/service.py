@@ -133,7 +133,7 @@ class CallSpec:
 
     `input_tokens` (or the text of `messages`) and `media` (images and audio, priced by the
     model's rules) bound its input; `service_tier` is the tier it asks for: None for the default
-    tier, `auto` for the dearest tier the provider may serve it at (core/prices.py)."""
+    tier, `auto` for the dearest tier the provider may serve it at (core/prices/)."""
 
     model: str | None = None
     input_tokens: int | None = None

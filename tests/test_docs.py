@@ -14,7 +14,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "lua" 
 # A file named in backticks: a path below the repository's top level.
 FILE = re.compile(r"`((?:api|core|lua|infra|tests|bench|locustfiles|deploy|docs|\.ci)/"
                   r"[\w./-]+\.(?:py|lua|sh|json|md|toml|yml|yaml|png|txt))`")
-# A name given beside a file: `core/prices.py` `NAME` (or `NAME(...)`).
+# A name given beside a file: `core/prices/table.py` `NAME` (or `NAME(...)`).
 NAMED = re.compile(r"`([\w/.-]+\.(?:py|lua))`\s+`([A-Za-z_][\w.]*)")
 ENV = re.compile(r"`((?:CEILING|UPSTASH|KV|REDIS)_[A-Z0-9_]+)`")
 MODULE = re.compile(r"python -m ((?:bench|infra|api|core)(?:\.\w+)+)")

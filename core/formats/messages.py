@@ -74,11 +74,11 @@ MESSAGES_BETAS = frozenset({
 })
 # Context management edits that only clear content from the input (tool results, tool inputs,
 # earlier thinking): the body's bound holds. Compaction summarizes the context in a step of its
-# own: held at the context window twice and the output cap twice (core/prices.py).
+# own: held at the context window twice and the output cap twice (core/prices/).
 CONTEXT_EDITS_CLEARING = frozenset({"clear_tool_uses_20250919", "clear_thinking_20251015"})
 CONTEXT_EDITS_COMPACTING = frozenset({"compact_20260112"})
 # The max_uses the gateway sets on a web search tool that gives none: each use held is a fee and
-# a context window of input more (core/prices.py).
+# a context window of input more (core/prices/).
 WEB_SEARCH_MAX_USES_DEFAULT = 5
 # Opens a model's 1M-token window; a call above 200K input tokens is then billed whole at the
 # model's long-context rates. Forwarded only for a model whose rates have that tier.

@@ -8,9 +8,9 @@ Redis loses acknowledged spend, each a health reason (docs/guarantees.md "Faults
   since it started. Under a `volatile-*` policy only keys with a TTL go, but open reservation
   records and period counters carry TTLs, so an evicted hold is spend the ledger forgot: no
   policy but `noeviction` keeps money.
-- `ledger_rolled_back` (core/stores/scripted.py): the ledger went back in time. INFO's run_id and
-  replication id say the server behind the endpoint changed (a restart, a failover); the tags'
-  sequences say whether it came back with less than it had acknowledged.
+- `ledger_rolled_back` (core/stores/scripted_core.py): the ledger went back in time. INFO's
+  run_id and replication id say the server behind the endpoint changed (a restart, a failover);
+  the tags' sequences say whether it came back with less than it had acknowledged.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ AUDIT_KEY = CATALOGUE + "audit"  # stream: every admin change (core/operations.p
 # instances that found their ledger reset take the new id when both name it.
 RESTORED_KEY = CATALOGUE + "restored"
 ADOPTED_KEY = CATALOGUE + "adopted"
-# A rollback an instance found (a tag's sequence went back: core/stores/scripted.py), and the
+# A rollback an instance found (a tag's sequence went back: core/stores/scripted_core.py), and the
 # one an operator last adopted (`ceiling ledger adopt`): the fleet refuses to enforce while the
 # two differ. Each holds a token, 'found_at_ms tag sequence floor'.
 ROLLED_BACK_KEY = CATALOGUE + "rolled_back"
@@ -145,7 +145,7 @@ def api_key_record(key_id: str) -> str:
     return f"sc:key:{{{key_id}}}"
 
 
-# The layout before records were by key id, read for keys made then (core/stores/scripted.py).
+# The layout before records were by key id, read for keys made then (core/stores/scripted_keys.py).
 def api_key(key_hash: str) -> str:
     """Under a secret's hash: a key made before records were by id (its fields, the key
     itself until a rotation moves it into api_key_record), or, with the field 'index_only',

@@ -390,7 +390,7 @@ class ScriptedCatalogue:
 
     async def adopt(self) -> tuple[str | None, str | None]:
         """Confirm the restored ledger for adoption: (the ledger id now, the restored one). A
-        rollback instances found (core/stores/scripted.py) is adopted as the ledger is: the
+        rollback instances found (core/stores/scripted_core.py) is adopted as the ledger is: the
         ledger id stays, and both are answered as it."""
         rolled_back = await self._t.execute("GET", keys.ROLLED_BACK_KEY)
         if rolled_back is not None:

@@ -114,7 +114,7 @@ ZONE_PARTS = (
 # The version of what this module and the scripts store: the records, definitions, counters and
 # keys of a ledger. Stamped beside the ledger id when a ledger is made (keys.LEDGER_FORMAT_KEY);
 # an instance refuses to enforce on a ledger of a version it does not know
-# (core/stores/scripted.py), since its scripts would misread that ledger's records and
+# (core/stores/scripted_core.py), since its scripts would misread that ledger's records and
 # counters. Raised only by a change those scripts cannot read: a new field with a default is
 # not one.
 LEDGER_FORMAT_VERSION = 1

@@ -30,7 +30,6 @@ from core.errors import (
     InvalidRequest,
     StateQuota,
 )
-from core.estimate import input_tokens_upper_bound
 from core.formats import Api, StreamTally
 from core.gateway import (
     Bill,
@@ -61,6 +60,7 @@ from core.stores.memory import MemoryReplies, MemoryStore
 from core.stores.redis import RedisTransport, redis_client
 from core.stores.scripted import ScriptedReplies
 from infra.redis_server import RedisServer
+from tests.estimate import input_tokens_upper_bound
 from tests.support import ManualClock
 
 MESSAGES = [{"role": "user", "content": "hello"}]

@@ -404,7 +404,7 @@ def test_messages_turns_sent_back_are_text_bounded_by_all_their_bytes() -> None:
 def test_thinking_sent_back_is_counted_by_blocks_not_its_text(block: Any) -> None:
     """Billed as the thinking its signature carries, which neither the text it shows (a summary,
     or nothing under display: omitted) nor its bytes are documented to bound: counted, to be
-    held at the model's output maximum a block (core/prices.py)."""
+    held at the model's output maximum a block (core/prices/)."""
     turns = [{"role": "user", "content": "weather?"},
              {"role": "assistant", "content": [block, block, {"type": "tool_use", "id": "t1",
                                                               "name": "weather", "input": {}}]}]

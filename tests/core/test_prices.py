@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import core.prices
+import core.prices.table
 from core.content import NO_MEDIA, ImageBound, Media
 from core.errors import InputUnbounded, InvalidRequest, ModelUnbounded, ModelUnpriced
 from core.prices import (
@@ -578,9 +579,10 @@ def test_the_lookup_path_reads_no_file_and_asks_genai_prices_once(
     table = PriceTable.from_file(str(path), monotonic_s=clock, now_s=lambda: now_s[0])
     stats: list[str] = []
     lookups: list[str] = []
-    real_signature, real_bundled = core.prices._signature, core.prices._bundled_rates
-    monkeypatch.setattr(core.prices, "_signature", lambda p: stats.append(p) or real_signature(p))
-    monkeypatch.setattr(core.prices, "_bundled_rates",
+    real_signature, real_bundled = core.prices.table._signature, core.prices.table._bundled_rates
+    monkeypatch.setattr(core.prices.table, "_signature",
+                        lambda p: stats.append(p) or real_signature(p))
+    monkeypatch.setattr(core.prices.table, "_bundled_rates",
                         lambda m, w, p=None: lookups.append(m) or real_bundled(m, w, p))
     for _ in range(1_000):
         table.worst_case_micros("m", 10, 10)

@@ -22,7 +22,7 @@ from core.config import WAIT_TIMEOUT_MS_DEFAULT, ConfigError, load
 from core.errors import LedgerUnavailable
 from core.ledger import LegStatus
 from core.outage import OutageAllowance
-from core.stores import keys, scripted
+from core.stores import keys, scripted_core
 from core.stores.durability import Durability, durability_of
 from core.stores.memory import MemoryStore
 from core.stores.operations import ScriptedCatalogue
@@ -177,7 +177,7 @@ async def test_a_failover_to_a_lagging_replica_is_noticed_and_refused_until_adop
         pair: Pair, tag: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Instances look for another's finding or an adoption at most once a second; here, at
     # every call.
-    monkeypatch.setattr(scripted, "ROLLBACK_CHECK_INTERVAL_MS", 0)
+    monkeypatch.setattr(scripted_core, "ROLLBACK_CHECK_INTERVAL_MS", 0)
     store, other = RedisStore(pair.endpoint.url), RedisStore(pair.endpoint.url)
     try:
         await put(store, tag, (Period.TOTAL, 100_000))

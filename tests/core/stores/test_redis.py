@@ -63,7 +63,7 @@ async def test_ledger_time_is_redis_time_not_the_instance_clock(
     # This instance's clock runs three days and seven minutes ahead of the ledger.
     skew_s = 3 * 86_400 + 420
     real_time = time.time
-    monkeypatch.setattr("core.stores.scripted.time.time", lambda: real_time() + skew_s)
+    monkeypatch.setattr("core.stores.scripted_core.time.time", lambda: real_time() + skew_s)
     before_ms = int(real_time() * 1000)
     r = await store.reserve(request(tag, tag, 10))
     after_ms = int(real_time() * 1000)

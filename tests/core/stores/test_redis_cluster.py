@@ -157,7 +157,9 @@ async def test_every_script_of_a_call_stays_in_the_slot_of_its_tag(
     tag: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("core.stores.scripted.script", strict)
+    # Each protocol's part of the store looks its scripts up in its own module.
+    for part in ("core", "ledger", "catalogue", "keys", "reports", "replies"):
+        monkeypatch.setattr(f"core.stores.scripted_{part}.script", strict)
     tags = [
         tag_on(redis_cluster, master, f"{tag}-{master.port}-{n}")
         for master in redis_cluster.masters()

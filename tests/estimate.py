@@ -3,7 +3,10 @@
 Byte-level BPE tokenizers (GPT, Claude, Llama, Gemini families) never produce more tokens than
 the UTF-8 bytes they encode, so bytes are a true upper bound: the reservation may be larger than
 the call, never smaller, and settle charges the real count. Messages with images or audio are
-bounded per model (core/content.py, core/prices.py): here they are refused.
+bounded per model (core/content.py, core/prices/): here they are refused.
+
+Only tests use it: the gateway bounds a call's input, media included, with core/content.py
+chat_input.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 import pytest
 
 from core.errors import InputUnbounded, InvalidRequest
-from core.estimate import input_tokens_upper_bound
+from tests.estimate import input_tokens_upper_bound
 
 
 def test_bytes_bound_the_tokens_of_every_message() -> None:

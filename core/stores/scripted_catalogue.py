@@ -1,0 +1,157 @@
+"""The budgets of ScriptedStore (core/stores/scripted.py): the BudgetCatalogue protocol, and a
+budget's status."""
+
+from __future__ import annotations
+
+import asyncio
+
+from core import alerts
+from core.budgets import USER_SCOPE_KIND, BudgetDef, BudgetId, Limit
+from core.errors import ensure
+from core.ledger import LegStatus, RunLimit, UsersPage, UserSpend, tag_digest
+from core.stores import keys, wire
+from core.stores.scripted_core import ScriptedCore, _ledger_reset
+from core.stores.scripts import script
+
+# A page of a budget's end users (users_of) reads each user's legs with a status script of its
+# own: at most this many at once, so that a page goes out in a few pipelined writes rather than
+# one round trip after another, and the calls the instance serves meanwhile are not queued
+# behind all of the page's reads.
+USER_READS_IN_FLIGHT_MAX = 16
+
+
+class ScriptedCatalogue(ScriptedCore):
+    """Budgets (core/ledger.py BudgetCatalogue): define, read, resume and list them, and a
+    budget's status."""
+
+    async def put_budget(self, budget: BudgetDef) -> None:
+        ledger_id = await self.open()
+        bid = budget.budget_id
+        if await self._org_lost(bid.tag):
+            raise _ledger_reset(bid.tag)  # putting it again would refill what the shard lost
+        await self._map_tag(bid.tag)
+        args = [ledger_id, budget.timezone, str(budget.ledger_allowance_micros)]
+        for lim in budget.limits:
+            args += [lim.period.value, str(lim.ceiling_micros)]
+        if budget.rate is not None:
+            args += ["rate", wire.rate_field(budget.rate)]
+        if budget.per_user is not None:
+            args += ["per_user", wire.per_user_field(budget.per_user)]
+        if budget.clamp:
+            args += [wire.CLAMP_DEFINITION_FIELD, "1"]
+        reply = await self._t.run(
+            script("put_budget"), (keys.meta(bid.tag), keys.definition(bid.tag, bid.path)), args
+        )
+        if reply[0] != "ok":
+            self._reset = True
+            raise _ledger_reset()
+        # After the stamp: an organisation named here has data under this ledger id to lose.
+        await self._t.execute("HSET", keys.ORGS_KEY, bid.tag, ledger_id)
+        await self._t.execute("ZADD", keys.BUDGETS_KEY, "0", bid.path)
+        await self._put_alerts(budget)
+        self._remember_tz(bid.path, budget.timezone)
+
+    async def _map_tag(self, tag: str) -> None:
+        """Write the tag map entry that lets an operator find this tag's reservations by id.
+
+        Before the budget itself, so every tag whose calls mint ids has one; writing it again
+        is a no-op, so a repeated put_budget is safe."""
+        digest = tag_digest(tag)
+        if not await self._t.execute("HSETNX", keys.TAG_MAP_KEY, digest, tag):
+            found = await self._t.execute("HGET", keys.TAG_MAP_KEY, digest)
+            ensure(found == tag, f"the tags {found!r} and {tag!r} share a reservation-id digest")
+
+    async def _put_alerts(self, budget: BudgetDef) -> None:
+        bid, config = budget.budget_id, budget.alerts
+        await self._t.run(
+            script("put_alerts"),
+            (keys.meta(bid.tag), keys.definition(bid.tag, bid.path)),
+            [bid.path, config.thresholds_ledger_form,
+             config.velocity.ledger_form if config.velocity else ""])
+
+    async def get_budget(self, budget_id: BudgetId) -> BudgetDef | None:
+        await self.open()
+        found = dict(zip(wire.DEFINITION_FIELDS, await self._t.execute(
+            "HMGET", keys.definition(budget_id.tag, budget_id.path), *wire.DEFINITION_FIELDS),
+            strict=True))
+        tz = found["timezone"]
+        if tz is None:
+            if await self._org_lost(budget_id.tag):
+                raise _ledger_reset(budget_id.tag)
+            return None
+        limits = tuple(Limit(p, int(c)) for p, field in wire.CEILING_DEFINITION_FIELDS.items()
+                       if (c := found[field]) is not None)
+        thresholds, velocity, paused_at, clamp = await self._t.execute(
+            "HMGET", keys.definition(budget_id.tag, budget_id.path),
+            *wire.ALERT_DEFINITION_FIELDS, wire.CLAMP_DEFINITION_FIELD)
+        paused = found["paused"] is not None
+        return BudgetDef.from_ledger(budget_id, limits, str(tz),
+                                     int(found["outage_allowance_micros"]),
+                                     alerts.config_from_ledger(thresholds, velocity),
+                                     int(paused_at or 0) if paused else None,
+                                     wire.rate_of(found["rate"]),
+                                     wire.per_user_of(found["per_user"]), clamp == "1")
+
+    async def status(
+        self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None,
+        user: str | None = None,
+    ) -> tuple[LegStatus, ...]:
+        ledger_id = await self.open()
+        if not budget_ids:
+            return ()
+        tag = budget_ids[0].tag
+        ensure(all(b.tag == tag for b in budget_ids), "one tag per status read")
+        reply = await self._run_windowed(
+            script("status"), (keys.meta(tag),),
+            {"ledger_id": ledger_id, "user": user or ""}, budget_ids, run,
+        )
+        if reply[0] == "ok":
+            now_ms, legs = wire.status(reply)
+            self._learn_now(now_ms)
+            return legs
+        if await self._identity_lost():
+            raise self._refusal()
+        return ()
+
+    async def resume(self, budget_id: BudgetId) -> bool:
+        """Lift a velocity alarm's pause; False if the budget was not paused."""
+        await self.open()
+        found = await self._t.execute(
+            "HDEL", keys.definition(budget_id.tag, budget_id.path), "paused", "paused_at_ms")
+        return int(found) > 0
+
+    async def budgets_of(self, tag: str) -> list[str]:
+        """The budget ids of a tag, from the ledger's one list of budgets (the catalogue, which
+        put, delete and restore keep): the tag itself and the ids under it."""
+        await self.open()
+        # The tag's own id, then the ids under it: '[tag/' .. '[tag/\xff' holds exactly those
+        # (an id never holds '\xff'), and no sibling such as 'tag-eu'.
+        own = await self._t.execute("ZRANGEBYLEX", keys.BUDGETS_KEY, f"[{tag}", f"[{tag}")
+        under = await self._t.execute("ZRANGEBYLEX", keys.BUDGETS_KEY, f"[{tag}/", f"[{tag}/\xff")
+        return [str(b) for b in (*own, *under)]
+
+    async def users_of(self, budget_id: BudgetId, after: str | None, count: int) -> UsersPage:
+        """The budget's users set (core/stores/keys.py USERS) by ZRANGEBYLEX, then each user's
+        legs from the status script, the one GET /v1/budgets/me reads: the same windows, at the
+        ledger's time. Not one snapshot: the count and the page are two reads, and each user's
+        legs a read of its own."""
+        ensure(count >= 1, "a page of users lists something")
+        await self.open()
+        users_key = keys.prefix(budget_id.tag) + keys.USERS + budget_id.path
+        # '(' then a member: the members after it, that one excluded (the cursor's user).
+        low = "-" if after is None else f"({after}"
+        found = [str(u) for u in await self._t.execute(
+            "ZRANGEBYLEX", users_key, low, "+", "LIMIT", "0", str(count + 1))]
+        users_count = int(await self._t.execute("ZCARD", users_key))
+        in_flight = asyncio.Semaphore(USER_READS_IN_FLIGHT_MAX)
+
+        async def spend_of(user: str) -> UserSpend:
+            # Not BudgetId.user: an id read back is shown as the ledger keeps it, never refused.
+            user_budget = f"{budget_id.path}/{USER_SCOPE_KIND}:{user}"
+            async with in_flight:
+                legs = await self.status((budget_id,), None, user)
+            return UserSpend(user, user_budget,
+                             tuple(leg for leg in legs if leg.budget_id == user_budget))
+
+        page = await asyncio.gather(*(spend_of(u) for u in found[:count]))
+        return UsersPage(tuple(page), users_count, len(found) > count)
