@@ -338,10 +338,15 @@ def _encodable(text: str) -> bool:
     return True
 
 
+# json.dumps(value, ensure_ascii=False) without a new encoder for each value: json_bytes runs
+# for every message of every call.
+_JSON_TEXT_ENCODER = json.JSONEncoder(ensure_ascii=False)
+
+
 def json_bytes(value: object) -> int:
     """UTF-8 bytes of `value` as JSON: the token bound of the text it carries."""
     try:
-        return len(json.dumps(value, ensure_ascii=False).encode())
+        return len(_JSON_TEXT_ENCODER.encode(value).encode())
     except UnicodeEncodeError as exc:
         raise InvalidRequest("the request's text is not valid Unicode (a lone surrogate)") from exc
 

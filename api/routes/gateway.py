@@ -203,9 +203,17 @@ async def forward(
     call = Call(svc, who, await gateway.hold(svc, who, call_plan, LENGTHS, clamp=clamp, p95=p95),
                 LENGTHS)
     deadline = asyncio.get_running_loop().time() + up.timeout_s
+    # An answer that is not streamed is read under the same deadline as it was sent, in one
+    # timeout: `reading` is the answer being read, once it is (NotSent comes only from the
+    # sending, AnswerTooLarge only from the reading).
+    reading: httpx.Response | None = None
+    raw = b""
     try:
         async with asyncio.timeout_at(deadline):
             response = await up.open(call.hold.plan)
+            if response.status_code < 400 and not call.hold.plan.stream:
+                reading = response
+                raw = await up.read(response)
     except NotSent as exc:
         bill = await call.release()
         await give_back(ticket)
@@ -213,7 +221,11 @@ async def forward(
             f"the provider could not be reached ({exc}); nothing was sent and the reservation "
             "was released"), bill_headers(bill, call))
     except (Unanswered, TimeoutError):
+        if reading is not None:
+            await reading.aclose()
         return await unanswered(call, up, ticket)
+    except AnswerTooLarge:
+        return await too_large(call, up, ticket)
     if response.status_code >= 400:
         body = await up.error_body(response)
         bill = await call.release() if gateway.billed_nothing(response.status_code) else (
@@ -224,14 +236,6 @@ async def forward(
     if call.hold.plan.stream:
         relay = Relay(call, response, deadline, ticket)
         return StreamingResponse(relay.body(), headers=relay.headers)
-    try:
-        async with asyncio.timeout_at(deadline):
-            raw = await up.read(response)
-    except (Unanswered, TimeoutError):
-        await response.aclose()
-        return await unanswered(call, up, ticket)
-    except AnswerTooLarge:
-        return await too_large(call, up, ticket)
     found = gateway.body_outcome(call.hold.plan, raw)
     bill = call.leave_open() if found is None else await call.settle(found[0])
     headers = {**relayed_headers(response), **bill_headers(bill, call)}

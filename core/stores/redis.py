@@ -156,8 +156,10 @@ class RedisTransport:
         # FCALL of the script's function, loading the library when the server does not know it;
         # on a server without functions, EVALSHA, and on NOSCRIPT load and retry once: what
         # redis-py's Script object does, without its per-call import and its isinstance()
-        # through typing.Protocol.
-        with translated():
+        # through typing.Protocol. What translated() does, written out: every call of the
+        # gateway runs two scripts, and a context manager made of a generator costs each of
+        # them a generator and its steps.
+        try:
             async with asyncio.timeout(self._call_timeout_s):
                 if self._functions and script.function:
                     command: Command = ("FCALL", script.function, len(keys), *keys, *args)
@@ -176,6 +178,8 @@ class RedisTransport:
                 except rex.NoScriptError:
                     await client_call(self._client.script_load(script.source))
                     return await self._send(command)
+        except CLIENT_ERRORS as exc:
+            raise translate(exc) from exc
 
     async def _send(self, command: Command) -> Any:
         """One command on the scripts' connection, and its reply (an error reply raised as
