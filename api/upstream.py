@@ -12,22 +12,25 @@ that first client, not with this module: the gateway's routes are part of every 
 importing them is a share of a cold start that a deployment using only reserve/settle never
 needs (bench/http.py prints the import tree).
 
-What a failure proves decides what happens to the money: a request that provably never left
-(no connection, no pool slot: failed before any byte of it was written) can be released; any
-failure after that may have been billed, and keeps its hold (tests/api/test_upstream_faults.py
-makes each of them happen).
+Upstream implements the gateway's port, core/upstream.py Upstream, whose failure kinds decide
+what happens to the money: a request that provably never left (no connection, no pool slot:
+failed before any byte of it was written) is NotSent and can be released; any failure after
+that may have been billed, and keeps its hold (tests/api/test_upstream_faults.py makes each of
+them happen).
 """
 
 from __future__ import annotations
 
+import asyncio
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
 
 from api.runtime import VERSION, runtime
 from core.config import ConfigError
 from core.formats import FORMATS, Api, Plan, WireFormat
 from core.text import whole_number
+from core.upstream import AnswerTooLarge, Headers, NotSent, Sent, Unanswered
 
 if TYPE_CHECKING:
     import httpx
@@ -60,19 +63,6 @@ RELAYED_HEADERS = frozenset(
 )
 RELAYED_HEADER_PREFIXES = tuple(dict.fromkeys(
     prefix for wire in FORMATS.values() for prefix in wire.provider.relayed_header_prefixes))
-
-
-class NotSent(Exception):
-    """The request provably never reached the provider."""
-
-
-class Unanswered(Exception):
-    """The request may have reached the provider, and no answer came back."""
-
-
-class AnswerTooLarge(Exception):
-    """The provider answered more than the gateway reads: it ran the call (and billed it); the
-    rest of the answer, its usage with it, was left unread."""
 
 
 def relayed_headers(response: httpx.Response) -> dict[str, str]:
@@ -134,6 +124,22 @@ class Upstream:
         self._failed = httpx.HTTPError
         self._aiohttp_stream = AiohttpStream
 
+    async def send(self, call_plan: Plan, deadline_s: float) -> Sent:
+        """core.upstream.Upstream.send: the answer read whole (read()), unless it is an error's
+        (ERROR_BODY_BYTES_MAX of it, read past the deadline) or a stream's (its chunks())."""
+        try:
+            async with asyncio.timeout_at(deadline_s):
+                response = await self.open(call_plan)
+                if response.status_code < 400 and not call_plan.stream:
+                    return Sent(response.status_code, relayed_headers(response),
+                                await self.read(response))
+        except TimeoutError as exc:
+            raise Unanswered(f"no complete answer within {self.timeout_s} s") from exc
+        if response.status_code >= 400:
+            return Sent(response.status_code, relayed_headers(response),
+                        await self.error_body(response))
+        return Sent(response.status_code, relayed_headers(response), self.chunks(response))
+
     async def open(self, call_plan: Plan) -> httpx.Response:
         """Send the call and return the provider's answer once its headers arrive."""
         try:
@@ -145,16 +151,14 @@ class Upstream:
         except self._failed as exc:
             raise Unanswered(_why(exc)) from exc
 
-    async def count(self, api: Api, content: bytes,
-                    headers: tuple[tuple[str, str], ...]) -> tuple[int, dict[str, str], bytes]:
-        """A token count from the provider: its status, relayed headers and body (a count is
-        small: it is read like an error body). Nothing is billed, so no failure is more than
-        the provider's or the network's: raised as Unanswered."""
+    async def count(self, api: Api, content: bytes, headers: Headers) -> Sent:
+        """core.upstream.Upstream.count: a count is small, so it is read like an error body."""
         try:
             response = await self._transport.send(self._counting[api], content, headers)
         except self._failed as exc:
             raise Unanswered(_why(exc)) from exc
-        return response.status_code, relayed_headers(response), await self.error_body(response)
+        return Sent(response.status_code, relayed_headers(response),
+                    await self.error_body(response))
 
     async def aclose(self) -> None:
         await self._transport.aclose()
@@ -210,16 +214,16 @@ class Upstream:
             await response.aclose()
         return b"".join(chunks)
 
-    @staticmethod
-    async def chunks(response: httpx.Response) -> AsyncIterator[bytes]:
-        """The body of an answer as it arrives; Unanswered if it breaks off."""
-        import httpx
-
+    async def chunks(self, response: httpx.Response) -> AsyncGenerator[bytes, None]:
+        """The body of an answer as it arrives; Unanswered if it breaks off. Its connection is
+        freed once the body ends or the chunks are closed."""
         try:
             async for chunk in response.aiter_bytes():
                 yield chunk
-        except httpx.HTTPError as exc:
+        except self._failed as exc:
             raise Unanswered(_why(exc)) from exc
+        finally:
+            await response.aclose()
 
 
 def _why(exc: Exception) -> str:

@@ -2,11 +2,13 @@
 
 Every call goes price -> reserve -> call -> settle, in one of the provider APIs' wire formats
 (core/formats/: OpenAI's chat completions and Responses, Anthropic's Messages). This module
-decides everything that touches money, from the request (its body, and the headers its format
-forwards) and from the provider's answer; api/routes/gateway.py only moves bytes between the
-client and the provider. What differs between the formats is each format's own: the request's
-fields (WireFormat.plan), the usage an answer reports (usage_of), where a stream ends
-(stream_event); nothing here asks which format a call is in.
+runs the call (Gateway) and decides everything that touches money, from the request (its body,
+and the headers its format forwards) and from the provider's answer, which comes through the
+Upstream port (core/upstream.py, whose failure kinds decide what a failure does to the hold).
+api/routes/gateway.py only parses the request and sends the Answer. What differs between the
+formats is each format's own: the request's fields (WireFormat.plan), the usage an answer
+reports (usage_of), where a stream ends (stream_event); nothing here asks which format a call
+is in.
 
 - The worst case comes from the request: its text bounded by its bytes, its images and audio by
   the model's rules (core/content.py), the output cap (its format's cap fields;
@@ -27,23 +29,27 @@ fields (WireFormat.plan), the usage an answer reports (usage_of), where a stream
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
-from core import output_stats
-from core.config import OUTPUT_TOKENS_DEFAULT
+from core import output_stats, replies
+from core.config import OUTPUT_TOKENS_DEFAULT, Config
 from core.errors import BudgetRefused, CeilingError, InvalidRequest
-from core.formats import FORMATS, Plan, WireFormat
+from core.formats import FORMATS, Plan, StreamTally, WireFormat
 from core.formats import Api as Api  # plan() and usage_of() take a format by its name
+from core.idempotency import fingerprint
 from core.jsonbody import loads_answer, loads_object
-from core.ledger import LegStatus, OutputStats, Reservation, is_user_leg
+from core.ledger import LegStatus, OutputStats, ReplyStore, Reservation, StoredReply, is_user_leg
 from core.prices import TIER_AUTO, Usage
+from core.replies import REPLY_BYTES_MAX, ReplyNotKept, Ticket
 from core.service import Caller, CallSpec, CeilingService, SettleSpec
+from core.upstream import AnswerTooLarge, Headers, NotSent, Unanswered, Upstream
 
 # With X-Ceiling-Clamp, a call that does not fit is sent with a smaller output cap only if at
 # least this many tokens still fit: fewer would cut most answers off mid-sentence.
@@ -84,8 +90,8 @@ class UpstreamTimeout(CeilingError):
 
 
 class UpstreamAnswerTooLarge(CeilingError):
-    """The provider answered more than the gateway reads (api/upstream.py
-    UPSTREAM_ANSWER_BYTES_MAX): the call was run and billed, and its usage was left unread."""
+    """The provider answered more than the gateway reads (Upstream.answer_bytes_max): the call
+    was run and billed, and its usage was left unread."""
 
     code = "upstream_answer_too_large"
 
@@ -381,3 +387,345 @@ async def _observe(stats: OutputStats, model: str, output_tokens: int) -> None:
         await stats.observe_output(model, output_tokens)
     except CeilingError:
         return  # a lost observation moves a p95 by nothing; no money depends on it
+
+
+# A call's bill in the headers of its answer (docs/gateway.md, docs/reference.md):
+#   x-ceiling-reservation-id         the call's reservation, for an operator's correction
+#                                    (POST /v1/admin/reservations/{id}/settle); it grants the key
+#                                    nothing: the reservation is not the key's to settle or release
+#   x-ceiling-reserved-micros        what was held for the call
+#   x-ceiling-charged-micros         what it was charged (for an unknown outcome: what expiry will
+#                                    charge unless a settle corrects it)
+#   x-ceiling-remaining-micros       the tightest budget on the key's path, after this call
+#   x-ceiling-run-remaining-micros   the run's budget, with X-Ceiling-Run-Id
+#   x-ceiling-user-remaining-micros  the end user's, when its budget counts users
+#   x-ceiling-billing-outcome        billed | estimated | unknown | released (Outcome)
+#   x-ceiling-clamped-output-tokens  the output cap sent, when X-Ceiling-Clamp: 1 (or the budget's
+#                                    `clamp`) lowered it
+#   x-ceiling-bounds-added           the bounds the gateway set where the request gave none, as
+#                                    `field=value, ...` (the output cap; max_tool_calls or a web
+#                                    search tool's max_uses)
+#   x-ceiling-replayed               true on an answer kept for its Idempotency-Key, replayed
+# A stream's headers leave before its charge is known: they carry the reservation id, the amount
+# reserved and the remaining budgets with the hold in place; the charge, the remaining budgets
+# after it and the outcome follow in an SSE comment at the end of the stream (after a Responses
+# or Messages stream's last event; before the chat stream's `data: [DONE]`, which its format
+# holds back for after it: WireFormat.stream_end), one `: <header>: <value>` line each, which SSE
+# clients skip.
+SETTLED = frozenset({Outcome.BILLED, Outcome.ESTIMATED})  # the outcomes whose answer is kept
+
+
+def bill_headers(bill: Bill, call: Call, *, final: bool = True) -> dict[str, str]:
+    """The headers that say what `call` held and cost (the table above); with `final` False,
+    only what is known before a stream's end."""
+    headers = {
+        "x-ceiling-reservation-id": bill.reservation_id,
+        "x-ceiling-reserved-micros": str(bill.reserved_micros),
+    }
+    if final:
+        headers["x-ceiling-charged-micros"] = str(bill.charged_micros)
+        headers["x-ceiling-billing-outcome"] = bill.outcome.value
+    if bill.remaining_micros is not None:
+        headers["x-ceiling-remaining-micros"] = str(bill.remaining_micros)
+    if bill.run_remaining_micros is not None:
+        headers["x-ceiling-run-remaining-micros"] = str(bill.run_remaining_micros)
+    if bill.user_remaining_micros is not None:
+        headers["x-ceiling-user-remaining-micros"] = str(bill.user_remaining_micros)
+    if call.hold.clamped:
+        headers["x-ceiling-clamped-output-tokens"] = str(call.hold.plan.output_tokens_max)
+    if call.hold.plan.bounds_added:
+        headers["x-ceiling-bounds-added"] = ", ".join(
+            f"{field}={value}" for field, value in call.hold.plan.bounds_added)
+    if final and bill.outcome is Outcome.UNKNOWN:
+        headers["x-should-retry"] = "false"  # a blind retry could pay for the call twice
+    return headers
+
+
+class Answer(NamedTuple):
+    """What the client is answered: the route sends it as it is (a named tuple, as Sent is:
+    one is made on every call).
+
+    `body`: whole, or a stream's bytes as the client is to get them. `background`: awaited once
+    the answer was sent (or sending it failed), before the request ends: a request that was
+    answered ends only once its work is done, so a shutdown or a serverless runtime lets it
+    finish."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes | AsyncIterator[bytes]
+    background: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A refusal that comes after a hold: `error` in the call's format's error shape, with the
+    bill's `headers` (which say what became of the hold)."""
+
+    error: CeilingError
+    headers: dict[str, str]
+
+
+class Shapes(Protocol):
+    """The core's errors in a format's shapes, as the route renders them (api/refusals.py)."""
+
+    def kept(self, wire: WireFormat, error: CeilingError) -> StoredReply:
+        """`error` answered in `wire`'s shape, as it is kept for an idempotency key's retries."""
+        ...
+
+    def event(self, wire: WireFormat, error: CeilingError) -> bytes:
+        """The event a stream in `wire`'s format already answered 200 ends on."""
+        ...
+
+
+async def give_back(ticket: Ticket | None) -> None:
+    """Free the idempotency key of a call that leaves no answer to replay."""
+    if ticket is not None:
+        await ticket.abandon()
+
+
+async def keep(ticket: Ticket | None, status: int, headers: dict[str, str], body: bytes | None,
+               bill: Bill, wire: WireFormat, shapes: Shapes) -> None:
+    """Keep a settled call's answer for its idempotency key (None: too large to record), or
+    where it cannot be kept, what a retry is told instead (409 reply_not_kept, with what became
+    of the call and what it was charged); give the key back if it was not settled."""
+    if ticket is None or bill.outcome not in SETTLED:
+        await give_back(ticket)
+        return
+    not_kept = shapes.kept(wire, ReplyNotKept(
+        "the call with this Idempotency-Key finished, but its answer was not kept for replay "
+        "(too large, or past this key's quota of kept answers): it was not called again. Use a "
+        "new key to call again", outcome=bill.outcome.value, charged_micros=bill.charged_micros,
+        reservation_id=bill.reservation_id))
+    reply = None if body is None or len(body) > REPLY_BYTES_MAX else StoredReply(
+        status, tuple(headers.items()), body.decode(errors="replace"))
+    await ticket.complete(reply, not_kept)
+
+
+def kept_while_sent(raw: bytes, status: int, headers: dict[str, str], ticket: Ticket,
+                    bill: Bill, wire: WireFormat, shapes: Shapes) -> Answer:
+    """A non-streaming answer, kept for its idempotency key while it is sent.
+
+    The client need not wait for a ledger round trip that only a retry reads: the keeping runs
+    in a task of its own beside the sending, and a retry that comes meanwhile finds the key in
+    flight and waits for the answer (non-streaming retries wait). It is kept even if sending
+    fails, since that client is the one that retries; and the answer's background waits for it.
+    A ledger failure here has no one left to tell: the in-flight marker then lives out its
+    lease, and a retry after that makes a new call, which reserves for itself."""
+
+    async def keep_quietly() -> None:
+        with contextlib.suppress(CeilingError):
+            await keep(ticket, status, headers, raw, bill, wire, shapes)
+
+    keeping = spawn(keep_quietly())
+
+    async def kept() -> None:
+        await asyncio.shield(keeping)  # a request cancelled meanwhile does not cancel the keeping
+
+    return Answer(status, headers, raw, kept)
+
+
+class Gateway:
+    """Runs gateway calls: plan -> hold -> forward through the provider's Upstream -> settle,
+    release or leave open -> keep the answer for its idempotency key. The route parses the
+    request and sends what this answers.
+
+    `upstream_of`: the provider's client for a format (ConfigError when none is configured,
+    before anything is held). `replies_of`: the store of idempotency keys, asked for only by a
+    call that names one. `shapes`: the route's rendering of refusals that go into a kept answer
+    or a stream."""
+
+    def __init__(self, upstream_of: Callable[[WireFormat], Upstream],
+                 replies_of: Callable[[], ReplyStore], shapes: Shapes,
+                 lengths: OutputLengths | None = None) -> None:
+        self.upstream_of, self.replies_of, self.shapes = upstream_of, replies_of, shapes
+        self.lengths = OutputLengths() if lengths is None else lengths
+
+    async def serve(self, svc: CeilingService, who: Caller, wire: WireFormat, raw: bytes,
+                    headers: Headers, config: Config | None, *, clamp: bool,
+                    idempotency_key: str | None) -> Answer | Refused:
+        """One call of `wire`'s route: `raw` its body, `headers` the client's its format
+        forwards, `clamp` X-Ceiling-Clamp: 1. With an idempotency key, at most one provider
+        call is made for it (core/replies.py): a retry of a settled call gets its kept answer."""
+        call_plan = (
+            plan(wire.api, raw, config.output_tokens_default, headers,
+                 config.gateway_fields_allowed, config.gateway_betas_allowed)
+            if config else plan(wire.api, raw, headers=headers)
+        )
+        # The body's user field is checked whether or not the header names the user; the
+        # header wins.
+        body_user = wire.end_user(call_plan.body)
+        if who.user is None:
+            who = who.for_user(body_user)
+        p95 = bool(config and config.hold_p95)
+        if idempotency_key is None:
+            return await self.forward(svc, who, call_plan, clamp, p95, None)
+        claimed = await replies.claim(
+            self.replies_of(),
+            replies.reply_ref(who, idempotency_key),
+            fingerprint(wire.api.value, call_plan.body, who.run_id, clamp, call_plan.headers,
+                        *(() if who.user is None else (who.user,))),
+            wait=not call_plan.stream,
+            in_flight_ttl_ms=svc.lease_ttl_ms,
+        )
+        if isinstance(claimed, StoredReply):
+            return Answer(claimed.status, {**dict(claimed.headers), "x-ceiling-replayed": "true"},
+                          claimed.body.encode())
+        try:
+            return await self.forward(svc, who, call_plan, clamp, p95, claimed)
+        except BaseException:
+            await claimed.abandon()
+            raise
+
+    async def forward(self, svc: CeilingService, who: Caller, call_plan: Plan, clamp: bool,
+                      p95: bool, ticket: Ticket | None) -> Answer | Refused:
+        """Hold for the call, send it, and decide its money by what came back."""
+        up = self.upstream_of(call_plan.wire)  # no provider: refused before anything is held
+        lengths = self.lengths
+        call = Call(svc, who, await hold(svc, who, call_plan, lengths, clamp=clamp, p95=p95),
+                    lengths)
+        deadline_s = asyncio.get_running_loop().time() + up.timeout_s
+        try:
+            sent = await up.send(call.hold.plan, deadline_s)
+        except NotSent as exc:
+            bill = await call.release()
+            await give_back(ticket)
+            return Refused(UpstreamUnreachable(
+                f"the provider could not be reached ({exc}); nothing was sent and the "
+                "reservation was released"), bill_headers(bill, call))
+        except Unanswered:
+            bill = call.leave_open()
+            await give_back(ticket)
+            return Refused(UpstreamTimeout(
+                f"no complete answer from the provider within {up.timeout_s} s; the call may "
+                f"have been billed, so its reservation {bill.reservation_id} stays held: it "
+                "expires charged unless an operator corrects it from the provider's bill"),
+                bill_headers(bill, call))
+        except AnswerTooLarge:
+            return await self._too_large(call, up, ticket)
+        body = sent.body
+        if sent.status >= 400:
+            bill = await call.release() if billed_nothing(sent.status) else call.leave_open()
+            await give_back(ticket)
+            return Answer(sent.status, {**sent.headers, **bill_headers(bill, call)}, body)
+        if not isinstance(body, bytes):
+            relay = Relay(call, sent.headers, body, deadline_s, ticket, self.shapes)
+            return Answer(200, relay.headers, relay.body())
+        found = body_outcome(call.hold.plan, body)
+        bill = call.leave_open() if found is None else await call.settle(found[0])
+        headers = {**sent.headers, **bill_headers(bill, call)}
+        if ticket is None:
+            return Answer(sent.status, headers, body)
+        return kept_while_sent(body, sent.status, headers, ticket, bill, call_plan.wire,
+                               self.shapes)
+
+    async def _too_large(self, call: Call, up: Upstream, ticket: Ticket | None) -> Refused:
+        """An answer larger than the gateway holds (Upstream.answer_bytes_max): the provider
+        ran the call and billed it, and the usage it reported was left unread, so the outcome
+        is unknown and the hold stays, as for an answer cut off. Nothing is kept for the
+        idempotency key: a retry makes a new call, which holds for itself."""
+        bill = call.leave_open()
+        await give_back(ticket)
+        return Refused(UpstreamAnswerTooLarge(
+            f"the provider's answer is larger than the {up.answer_bytes_max} bytes the gateway "
+            "reads of an answer that is not streamed; the call was billed, so its reservation "
+            f"{bill.reservation_id} stays held: it expires charged unless an operator corrects "
+            "it from the provider's bill. Ask for fewer choices or logprobs, or stream the "
+            "answer", answer_bytes_max=up.answer_bytes_max), bill_headers(bill, call))
+
+    async def count(self, svc: CeilingService, who: Caller, wire: WireFormat, raw: bytes,
+                    headers: Headers, config: Config | None) -> Answer:
+        """A token count (POST /v1/messages/count_tokens): checked as a call's body and headers
+        are, admitted against the key's rate and concurrency limits, forwarded; nothing is held
+        for it, as the provider bills nothing."""
+        content = count_request(
+            wire.api, raw, headers, config.gateway_fields_allowed if config else frozenset(),
+            config.gateway_betas_allowed if config else frozenset())
+        up = self.upstream_of(wire)
+        await admit_count(svc, who)
+        try:
+            sent = await up.count(wire.api, content, headers)
+        except Unanswered as exc:
+            raise UpstreamUnreachable(f"the provider did not answer the token count ({exc}); "
+                                      "nothing was held or billed") from exc
+        return Answer(sent.status, sent.headers, sent.body)
+
+
+class Relay:
+    """Relays a provider's stream to the client, reading it to its end whatever the client does.
+
+    A provider bills what it generated whether or not anyone reads it, and hanging up does not
+    tell the gateway how much that was: providers differ in whether and when a closed connection
+    stops generation. So a client that goes away stops receiving, not the reading: a task of its
+    own reads on to the usage the provider reports and settles from it, and the charge matches
+    the provider's bill instead of a guess. Reading on may let a provider finish an answer it
+    would have stopped; that costs at most the output cap the reservation already holds. The
+    read is bounded by the call's deadline, which the lease outlives.
+
+    A stream that ends before its terminal event (chat's `data: [DONE]`, a Responses stream's
+    response.completed / .incomplete / .failed, a Messages stream's message_stop) has an unknown
+    outcome, even if usage chunks came (a provider reporting cumulative usage sends one with
+    every chunk; the provider may also have billed output it never sent: text lost in transit,
+    hidden reasoning): its hold is kept, and the client gets an error event.
+    """
+
+    def __init__(self, call: Call, relayed: dict[str, str], chunks: AsyncGenerator[bytes, None],
+                 deadline_s: float, ticket: Ticket | None, shapes: Shapes) -> None:
+        """`relayed`: the provider's headers the client gets; `chunks`: its stream (Sent)."""
+        self.call, self.deadline_s, self.ticket, self.shapes = call, deadline_s, ticket, shapes
+        held = call.bill(call.hold.reservation.reserved_micros, Outcome.UNKNOWN)
+        self.headers = {**relayed, **bill_headers(held, call, final=False)}
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._client_gone = False
+        self._recorded: list[bytes] | None = [] if ticket else None
+        self._recorded_bytes = 0
+        spawn(self._pump(chunks))
+
+    def _emit(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self._client_gone:
+            self._queue.put_nowait(data)
+        if self._recorded is not None:
+            self._recorded.append(data)
+            self._recorded_bytes += len(data)
+            if self._recorded_bytes > REPLY_BYTES_MAX:
+                self._recorded = None  # too large to keep: stop holding it in memory
+
+    async def body(self) -> AsyncIterator[bytes]:
+        """The bytes the client gets; closing it (the client went away) stops only that."""
+        try:
+            while (data := await self._queue.get()) is not None:
+                yield data
+        finally:
+            self._client_gone = True
+
+    async def _pump(self, chunks: AsyncGenerator[bytes, None]) -> None:
+        try:
+            tally = StreamTally(self.call.hold.plan)
+            try:
+                async with asyncio.timeout_at(self.deadline_s):
+                    async for chunk in chunks:
+                        self._emit(tally.feed(chunk))
+            except (Unanswered, TimeoutError):
+                pass  # what was read is in the tally; whether it is complete decides below
+            finally:
+                await chunks.aclose()
+            await self._finish(tally)
+        finally:
+            self._queue.put_nowait(None)
+
+    async def _finish(self, tally: StreamTally) -> None:
+        wire = self.call.hold.plan.wire
+        complete = tally.finished
+        bill = await self.call.settle(tally.usage) if complete else self.call.leave_open()
+        if not complete:
+            self._emit(self.shapes.event(wire, UpstreamTimeout(
+                "the provider's stream broke off before its end; the call may have been billed, "
+                f"so its reservation {bill.reservation_id} stays held: it expires charged unless "
+                "an operator corrects it from the provider's bill")))
+        self._emit(b"".join(f": {k}: {v}\n".encode()
+                            for k, v in bill_headers(bill, self.call).items()) + b"\n")
+        if complete:
+            self._emit(wire.stream_end)
+        recorded = None if self._recorded is None else b"".join(self._recorded)
+        await keep(self.ticket, 200, self.headers, recorded, bill, wire, self.shapes)

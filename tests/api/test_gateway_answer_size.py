@@ -25,10 +25,11 @@ import httpx
 import pytest
 from starlette.responses import JSONResponse
 
-from api.upstream import UPSTREAM_ANSWER_BYTES_MAX, AnswerTooLarge, Upstream
+from api.upstream import UPSTREAM_ANSWER_BYTES_MAX, Upstream
 from core.formats import Api
 from core.gateway import plan
 from core.replies import REPLY_BYTES_MAX
+from core.upstream import AnswerTooLarge
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, Tally, fetch_bill, stub_control

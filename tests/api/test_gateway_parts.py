@@ -19,7 +19,7 @@ import pytest
 from starlette.responses import Response
 from starlette.types import Message
 
-from api.routes.gateway import kept_while_sent
+from api.routes.gateway import Shapes, answered
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.config import OUTPUT_TOKENS_DEFAULT
 from core.content import Media, responses_input
@@ -30,7 +30,7 @@ from core.errors import (
     InvalidRequest,
     StateQuota,
 )
-from core.formats import Api, StreamTally
+from core.formats import FORMATS, Api, StreamTally
 from core.gateway import (
     Bill,
     Call,
@@ -38,6 +38,7 @@ from core.gateway import (
     OutputLengths,
     body_outcome,
     hold,
+    kept_while_sent,
     plan,
     usage_of,
 )
@@ -630,8 +631,10 @@ async def test_an_answer_is_kept_while_it_is_sent_and_even_when_sending_fails(ta
         ref = ReplyRef(tag, digest, OWNER)
         ticket = await claim(store, ref, "fp", wait=False, in_flight_ttl_ms=60_000)
         assert isinstance(ticket, Ticket)
-        return ref, kept_while_sent(b'{"id": "x"}', 200, {"content-type": "application/json"},
-                                    ticket, BILL, api=Api.CHAT)
+        chat = FORMATS[Api.CHAT]
+        return ref, answered(chat, kept_while_sent(
+            b'{"id": "x"}', 200, {"content-type": "application/json"}, ticket, BILL, chat,
+            Shapes()))
 
     async def kind(ref: ReplyRef) -> ClaimKind:
         return (await store.claim(ref, "fp", "retry", 60_000)).kind

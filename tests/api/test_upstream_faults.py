@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from api.upstream import CONNECTIONS_MAX, NotSent, Unanswered, Upstream
+from api.upstream import CONNECTIONS_MAX, Upstream
 from core.formats import Api, Plan
 from core.gateway import plan
+from core.upstream import NotSent, Unanswered
 from infra.processes import free_port
 
 # Long enough for a body that is still being written when the provider resets: more than a
