@@ -389,35 +389,34 @@ async def _observe(stats: OutputStats, model: str, output_tokens: int) -> None:
         return  # a lost observation moves a p95 by nothing; no money depends on it
 
 
-# A call's bill in the headers of its answer (docs/gateway.md, docs/reference.md):
-#   x-ceiling-reservation-id         the call's reservation, for an operator's correction
-#                                    (POST /v1/admin/reservations/{id}/settle); it grants the key
-#                                    nothing: the reservation is not the key's to settle or release
-#   x-ceiling-reserved-micros        what was held for the call
-#   x-ceiling-charged-micros         what it was charged (for an unknown outcome: what expiry will
-#                                    charge unless a settle corrects it)
-#   x-ceiling-remaining-micros       the tightest budget on the key's path, after this call
-#   x-ceiling-run-remaining-micros   the run's budget, with X-Ceiling-Run-Id
-#   x-ceiling-user-remaining-micros  the end user's, when its budget counts users
-#   x-ceiling-billing-outcome        billed | estimated | unknown | released (Outcome)
-#   x-ceiling-clamped-output-tokens  the output cap sent, when X-Ceiling-Clamp: 1 (or the budget's
-#                                    `clamp`) lowered it
-#   x-ceiling-bounds-added           the bounds the gateway set where the request gave none, as
-#                                    `field=value, ...` (the output cap; max_tool_calls or a web
-#                                    search tool's max_uses)
-#   x-ceiling-replayed               true on an answer kept for its Idempotency-Key, replayed
-# A stream's headers leave before its charge is known: they carry the reservation id, the amount
-# reserved and the remaining budgets with the hold in place; the charge, the remaining budgets
-# after it and the outcome follow in an SSE comment at the end of the stream (after a Responses
-# or Messages stream's last event; before the chat stream's `data: [DONE]`, which its format
-# holds back for after it: WireFormat.stream_end), one `: <header>: <value>` line each, which SSE
-# clients skip.
-SETTLED = frozenset({Outcome.BILLED, Outcome.ESTIMATED})  # the outcomes whose answer is kept
-
-
 def bill_headers(bill: Bill, call: Call, *, final: bool = True) -> dict[str, str]:
-    """The headers that say what `call` held and cost (the table above); with `final` False,
-    only what is known before a stream's end."""
+    """The headers that say what `call` held and cost (docs/gateway.md, docs/reference.md);
+    with `final` False, only what is known before a stream's end.
+
+      x-ceiling-reservation-id         the call's reservation, for an operator's correction
+                                       (POST /v1/admin/reservations/{id}/settle); it grants the
+                                       key nothing: the reservation is not the key's to settle
+      x-ceiling-reserved-micros        what was held for the call
+      x-ceiling-charged-micros         what it was charged (for an unknown outcome: what expiry
+                                       will charge unless a settle corrects it)
+      x-ceiling-remaining-micros       the tightest budget on the key's path, after this call
+      x-ceiling-run-remaining-micros   the run's budget, with X-Ceiling-Run-Id
+      x-ceiling-user-remaining-micros  the end user's, when its budget counts users
+      x-ceiling-billing-outcome        billed | estimated | unknown | released (Outcome)
+      x-ceiling-clamped-output-tokens  the output cap sent, when X-Ceiling-Clamp: 1 (or the
+                                       budget's `clamp`) lowered it
+      x-ceiling-bounds-added           the bounds the gateway set where the request gave none,
+                                       as `field=value, ...` (the output cap; max_tool_calls or
+                                       a web search tool's max_uses)
+
+    and on an answer kept for its Idempotency-Key and replayed, x-ceiling-replayed: true.
+
+    A stream's headers leave before its charge is known: they carry the reservation id, the
+    amount reserved and the remaining budgets with the hold in place; the charge, the remaining
+    budgets after it and the outcome follow in an SSE comment at the end of the stream (after a
+    Responses or Messages stream's last event; before the chat stream's `data: [DONE]`, which
+    its format holds back for after it: WireFormat.stream_end), one `: <header>: <value>` line
+    each, which SSE clients skip (Relay)."""
     headers = {
         "x-ceiling-reservation-id": bill.reservation_id,
         "x-ceiling-reserved-micros": str(bill.reserved_micros),
@@ -475,6 +474,9 @@ class Shapes(Protocol):
     def event(self, wire: WireFormat, error: CeilingError) -> bytes:
         """The event a stream in `wire`'s format already answered 200 ends on."""
         ...
+
+
+SETTLED = frozenset({Outcome.BILLED, Outcome.ESTIMATED})  # the outcomes whose answer is kept
 
 
 async def give_back(ticket: Ticket | None) -> None:
