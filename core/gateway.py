@@ -542,12 +542,18 @@ class Gateway:
         self.upstream_of, self.replies_of, self.shapes = upstream_of, replies_of, shapes
         self.lengths = OutputLengths() if lengths is None else lengths
 
-    async def serve(self, svc: CeilingService, who: Caller, wire: WireFormat, raw: bytes,
-                    headers: Headers, config: Config | None, *, clamp: bool,
-                    idempotency_key: str | None) -> Answer | Refused:
-        """One call of `wire`'s route: `raw` its body, `headers` the client's its format
-        forwards, `clamp` X-Ceiling-Clamp: 1. With an idempotency key, at most one provider
-        call is made for it (core/replies.py): a retry of a settled call gets its kept answer."""
+    def serve(self, svc: CeilingService, who: Caller, wire: WireFormat, raw: bytes,
+              headers: Headers, config: Config | None, *, clamp: bool,
+              idempotency_key: str | None) -> Awaitable[Answer | Refused]:
+        """One call of `wire`'s route, to be awaited: `raw` its body, `headers` the client's its
+        format forwards, `clamp` X-Ceiling-Clamp: 1. With an idempotency key, at most one
+        provider call is made for it (core/replies.py): a retry of a settled call gets its kept
+        answer.
+
+        The request is priced here, before anything is awaited (InvalidRequest at once), and
+        what is returned is the call's own coroutine rather than one more wrapped around it:
+        every time a call resumes from the ledger or the provider, each coroutine it is awaited
+        through is resumed too."""
         call_plan = (
             plan(wire.api, raw, config.output_tokens_default, headers,
                  config.gateway_fields_allowed, config.gateway_betas_allowed)
@@ -560,12 +566,16 @@ class Gateway:
             who = who.for_user(body_user)
         p95 = bool(config and config.hold_p95)
         if idempotency_key is None:
-            return await self.forward(svc, who, call_plan, clamp, p95, None)
+            return self.forward(svc, who, call_plan, clamp, p95, None)
+        return self._idempotent(svc, who, call_plan, clamp, p95, idempotency_key)
+
+    async def _idempotent(self, svc: CeilingService, who: Caller, call_plan: Plan, clamp: bool,
+                          p95: bool, idempotency_key: str) -> Answer | Refused:
         claimed = await replies.claim(
             self.replies_of(),
             replies.reply_ref(who, idempotency_key),
-            fingerprint(wire.api.value, call_plan.body, who.run_id, clamp, call_plan.headers,
-                        *(() if who.user is None else (who.user,))),
+            fingerprint(call_plan.wire.api.value, call_plan.body, who.run_id, clamp,
+                        call_plan.headers, *(() if who.user is None else (who.user,))),
             wait=not call_plan.stream,
             in_flight_ttl_ms=svc.lease_ttl_ms,
         )
