@@ -63,11 +63,32 @@ RELAYED_HEADERS = frozenset(
 )
 RELAYED_HEADER_PREFIXES = tuple(dict.fromkeys(
     prefix for wire in FORMATS.values() for prefix in wire.provider.relayed_header_prefixes))
+# The same, as the bytes an answer's head carries: its headers are picked before any is decoded.
+_RELAYED_RAW = frozenset(name.encode() for name in RELAYED_HEADERS)
+_RELAYED_PREFIXES_RAW = tuple(prefix.encode() for prefix in RELAYED_HEADER_PREFIXES)
 
 
 def relayed_headers(response: httpx.Response) -> dict[str, str]:
-    return {k: v for k, v in response.headers.items()
-            if k in RELAYED_HEADERS or k.startswith(RELAYED_HEADER_PREFIXES)}
+    """The provider's headers the client gets, a repeated one joined with ", " (as httpx joins
+    them). Read from the raw head rather than through httpx's decoded views, which decode every
+    header of every answer (and first guess the head's encoding) to relay a few of them: CPU on
+    every call. Decoded as latin-1, as they are encoded again when they are sent on, so their
+    bytes pass unchanged."""
+    relayed: dict[str, str] = {}
+    for raw_name, raw_value in response.headers.raw:
+        name_bytes = raw_name.lower()
+        if name_bytes in _RELAYED_RAW or name_bytes.startswith(_RELAYED_PREFIXES_RAW):
+            name, value = name_bytes.decode("latin-1"), raw_value.decode("latin-1")
+            relayed[name] = f"{relayed[name]}, {value}" if name in relayed else value
+    return relayed
+
+
+def declared_length(response: httpx.Response) -> str:
+    """The answer's content-length as it came ("" without one), read as relayed_headers reads."""
+    for raw_name, raw_value in response.headers.raw:
+        if raw_name.lower() == b"content-length":
+            return raw_value.decode("latin-1")
+    return ""
 
 
 def environment_proxy(url: httpx.URL) -> str | None:
@@ -195,7 +216,7 @@ class Upstream:
             if isinstance(stream, self._aiohttp_stream) and stream.unencoded():
                 # Nothing to decode: its declared length is its size, and its chunks are read
                 # as they came rather than through httpx's decoding pipeline.
-                declared = response.headers.get("content-length", "")
+                declared = declared_length(response)
                 # Any other length is not trusted: the chunks are counted as they come.
                 size_declared = whole_number(declared, len(str(limit)))
                 if size_declared is not None and size_declared > limit:
