@@ -152,14 +152,14 @@ class Upstream:
             async with asyncio.timeout_at(deadline_s):
                 response = await self.open(call_plan)
                 if response.status_code < 400 and not call_plan.stream:
-                    return Sent(response.status_code, relayed_headers(response),
-                                await self.read(response))
+                    return (response.status_code, relayed_headers(response),
+                            await self.read(response))
         except TimeoutError as exc:
             raise Unanswered(f"no complete answer within {self.timeout_s} s") from exc
         if response.status_code >= 400:
-            return Sent(response.status_code, relayed_headers(response),
-                        await self.error_body(response))
-        return Sent(response.status_code, relayed_headers(response), self.chunks(response))
+            return (response.status_code, relayed_headers(response),
+                    await self.error_body(response))
+        return response.status_code, relayed_headers(response), self.chunks(response)
 
     async def open(self, call_plan: Plan) -> httpx.Response:
         """Send the call and return the provider's answer once its headers arrive."""
@@ -178,8 +178,8 @@ class Upstream:
             response = await self._transport.send(self._counting[api], content, headers)
         except self._failed as exc:
             raise Unanswered(_why(exc)) from exc
-        return Sent(response.status_code, relayed_headers(response),
-                    await self.error_body(response))
+        return (response.status_code, relayed_headers(response),
+                await self.error_body(response))
 
     async def aclose(self) -> None:
         await self._transport.aclose()

@@ -36,7 +36,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from core import output_stats, replies
 from core.config import OUTPUT_TOKENS_DEFAULT, Config
@@ -440,19 +440,13 @@ def bill_headers(bill: Bill, call: Call, *, final: bool = True) -> dict[str, str
     return headers
 
 
-class Answer(NamedTuple):
-    """What the client is answered: the route sends it as it is (a named tuple, as Sent is:
-    one is made on every call).
-
-    `body`: whole, or a stream's bytes as the client is to get them. `background`: awaited once
-    the answer was sent (or sending it failed), before the request ends: a request that was
-    answered ends only once its work is done, so a shutdown or a serverless runtime lets it
-    finish."""
-
-    status: int
-    headers: dict[str, str]
-    body: bytes | AsyncIterator[bytes]
-    background: Callable[[], Awaitable[None]] | None = None
+# What the client is answered, sent by the route as it is: (status, headers, body, background).
+# `body`: whole, or a stream's bytes as the client is to get them. `background`: None, or what
+# is awaited once the answer was sent (or sending it failed), before the request ends: a
+# request that was answered ends only once its work is done, so a shutdown or a serverless
+# runtime lets it finish. A plain tuple, as core/upstream.py Sent is: one is made on every call.
+Answer: TypeAlias = tuple[int, dict[str, str], bytes | AsyncIterator[bytes],
+                          Callable[[], Awaitable[None]] | None]
 
 
 @dataclass(frozen=True)
@@ -523,7 +517,7 @@ def kept_while_sent(raw: bytes, status: int, headers: dict[str, str], ticket: Ti
     async def kept() -> None:
         await asyncio.shield(keeping)  # a request cancelled meanwhile does not cancel the keeping
 
-    return Answer(status, headers, raw, kept)
+    return status, headers, raw, kept
 
 
 class Gateway:
@@ -580,8 +574,8 @@ class Gateway:
             in_flight_ttl_ms=svc.lease_ttl_ms,
         )
         if isinstance(claimed, StoredReply):
-            return Answer(claimed.status, {**dict(claimed.headers), "x-ceiling-replayed": "true"},
-                          claimed.body.encode())
+            return (claimed.status, {**dict(claimed.headers), "x-ceiling-replayed": "true"},
+                    claimed.body.encode(), None)
         try:
             return await self.forward(svc, who, call_plan, clamp, p95, claimed)
         except BaseException:
@@ -597,7 +591,7 @@ class Gateway:
                     lengths)
         deadline_s = asyncio.get_running_loop().time() + up.timeout_s
         try:
-            sent = await up.send(call.hold.plan, deadline_s)
+            status, relayed, body = await up.send(call.hold.plan, deadline_s)
         except NotSent as exc:
             bill = await call.release()
             await give_back(ticket)
@@ -614,21 +608,20 @@ class Gateway:
                 bill_headers(bill, call))
         except AnswerTooLarge:
             return await self._too_large(call, up, ticket)
-        body = sent.body
-        if sent.status >= 400:
-            bill = await call.release() if billed_nothing(sent.status) else call.leave_open()
+        if status >= 400:
+            bill = await call.release() if billed_nothing(status) else call.leave_open()
             await give_back(ticket)
-            return Answer(sent.status, {**sent.headers, **bill_headers(bill, call)}, body)
+            relayed.update(bill_headers(bill, call))
+            return status, relayed, body, None
         if not isinstance(body, bytes):
-            relay = Relay(call, sent.headers, body, deadline_s, ticket, self.shapes)
-            return Answer(200, relay.headers, relay.body())
+            relay = Relay(call, relayed, body, deadline_s, ticket, self.shapes)
+            return 200, relay.headers, relay.body(), None
         found = body_outcome(call.hold.plan, body)
         bill = call.leave_open() if found is None else await call.settle(found[0])
-        headers = {**sent.headers, **bill_headers(bill, call)}
+        relayed.update(bill_headers(bill, call))  # the provider's headers, then the bill's
         if ticket is None:
-            return Answer(sent.status, headers, body)
-        return kept_while_sent(body, sent.status, headers, ticket, bill, call_plan.wire,
-                               self.shapes)
+            return status, relayed, body, None
+        return kept_while_sent(body, status, relayed, ticket, bill, call_plan.wire, self.shapes)
 
     async def _too_large(self, call: Call, up: Upstream, ticket: Ticket | None) -> Refused:
         """An answer larger than the gateway holds (Upstream.answer_bytes_max): the provider
@@ -655,11 +648,11 @@ class Gateway:
         up = self.upstream_of(wire)
         await admit_count(svc, who)
         try:
-            sent = await up.count(wire.api, content, headers)
+            status, relayed, body = await up.count(wire.api, content, headers)
         except Unanswered as exc:
             raise UpstreamUnreachable(f"the provider did not answer the token count ({exc}); "
                                       "nothing was held or billed") from exc
-        return Answer(sent.status, sent.headers, sent.body)
+        return status, relayed, body, None
 
 
 class Relay:

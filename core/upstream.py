@@ -18,11 +18,11 @@ began billing; only one before it is NotSent.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import NamedTuple, Protocol
+from typing import Protocol, TypeAlias
 
 from core.formats import Api, Plan
 
-Headers = tuple[tuple[str, str], ...]
+Headers: TypeAlias = tuple[tuple[str, str], ...]
 
 
 class UpstreamFailure(Exception):
@@ -42,18 +42,13 @@ class AnswerTooLarge(UpstreamFailure):
     rest of the answer, its usage with it, was left unread."""
 
 
-class Sent(NamedTuple):
-    """A provider's answer to a call, once its head arrived.
-
-    A named tuple rather than a dataclass: one is made on every call, and a tuple is the
-    cheapest object Python makes."""
-
-    status: int
-    headers: dict[str, str]  # the provider's headers the client gets
-    # An error's body (what arrived of it, up to the port's bound) or a complete answer's,
-    # whole; or a streamed call's chunks as they come, which raise Unanswered if the stream
-    # breaks off and free the connection when closed.
-    body: bytes | AsyncGenerator[bytes, None]
+# A provider's answer to a call, once its head arrived: (status, headers, body). `headers`: the
+# provider's headers the client gets, a dict made for this call (the gateway adds the bill's to
+# it). `body`: an error's body (what arrived of it, up to the port's bound) or a complete
+# answer's, whole; or a streamed call's chunks as they come, which raise Unanswered if the
+# stream breaks off and free the connection when closed. A plain tuple: one is made on every
+# call, and a named tuple's constructor is a Python function, several times a tuple's cost.
+Sent: TypeAlias = tuple[int, dict[str, str], bytes | AsyncGenerator[bytes, None]]
 
 
 class Upstream(Protocol):

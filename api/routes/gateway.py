@@ -63,11 +63,10 @@ def forwarded(request: Request, wire: WireFormat) -> tuple[tuple[str, str], ...]
 def answered(wire: WireFormat, answer: Answer | Refused) -> Response:
     if isinstance(answer, Refused):
         return refusal_response(wire, answer.error, answer.headers)
-    body = answer.body
+    status, headers, body, background = answer
     if not isinstance(body, bytes):
-        return StreamingResponse(body, answer.status, answer.headers)
-    background = answer.background
-    return Response(body, answer.status, answer.headers,
+        return StreamingResponse(body, status, headers)
+    return Response(body, status, headers,
                     background=None if background is None else BackgroundTask(background))
 
 

@@ -15,7 +15,7 @@ import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -94,12 +94,12 @@ class FakeUpstream:
         return await self.reply(call_plan)
 
     async def count(self, api: Api, content: bytes, headers: tuple[tuple[str, str], ...]) -> Sent:
-        return Sent(200, JSON, b'{"input_tokens": 3}')
+        return 200, JSON, b'{"input_tokens": 3}'
 
 
 def answering(status: int, body: bytes = ANSWER) -> Reply:
     async def reply(call_plan: Plan) -> Sent:
-        return Sent(status, JSON, body)
+        return status, JSON, body
 
     return reply
 
@@ -129,9 +129,22 @@ def streaming(*parts: bytes, broken: bool = False, gate: asyncio.Event | None = 
                 closed.append(True)
 
     async def reply(call_plan: Plan) -> Sent:
-        return Sent(200, {"content-type": "text/event-stream"}, chunks())
+        return 200, {"content-type": "text/event-stream"}, chunks()
 
     return reply
+
+
+class Answered(NamedTuple):
+    """core.gateway.Answer, by its fields' names."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes | AsyncIterator[bytes]
+    background: Callable[[], Awaitable[None]] | None
+
+
+def named(answer: Answer | Refused) -> Answered | Refused:
+    return answer if isinstance(answer, Refused) else Answered(*answer)
 
 
 @dataclass
@@ -156,9 +169,9 @@ class Ledger:
         return Gateway(upstream_of, lambda: self.store.replies, Shapes())
 
     async def call(self, up: FakeUpstream, body: bytes = BODY, *,
-                   idempotency_key: str | None = None) -> Answer | Refused:
-        return await self.gateway(up).serve(self.service, self.who, CHAT, body, (), None,
-                                            clamp=False, idempotency_key=idempotency_key)
+                   idempotency_key: str | None = None) -> Answered | Refused:
+        return named(await self.gateway(up).serve(self.service, self.who, CHAT, body, (), None,
+                                                  clamp=False, idempotency_key=idempotency_key))
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -202,7 +215,7 @@ async def test_a_call_never_sent_is_released_and_charged_nothing(ledger: Ledger)
 @pytest.mark.parametrize("status", [400, 401, 404, 422, 429])
 async def test_the_providers_own_refusal_is_released(ledger: Ledger, status: int) -> None:
     answer = await ledger.call(FakeUpstream(answering(status, b'{"error": "no"}')))
-    assert isinstance(answer, Answer)
+    assert isinstance(answer, Answered)
     assert (answer.status, answer.body) == (status, b'{"error": "no"}')
     assert answer.headers["x-ceiling-billing-outcome"] == Outcome.RELEASED
     assert await ledger.books() == (0, 0)
@@ -213,7 +226,7 @@ async def test_an_error_that_may_come_after_billing_is_left_held(
     ledger: Ledger, status: int
 ) -> None:
     answer = await ledger.call(FakeUpstream(answering(status, b"bad gateway")))
-    assert isinstance(answer, Answer)
+    assert isinstance(answer, Answered)
     assert answer.status == status
     assert answer.headers["x-ceiling-billing-outcome"] == Outcome.UNKNOWN
     assert answer.headers["x-should-retry"] == "false"
@@ -237,7 +250,7 @@ async def test_no_answer_or_one_too_large_is_left_held(
 
 async def test_a_complete_answer_is_settled_at_its_usage(ledger: Ledger) -> None:
     answer = await ledger.call(FakeUpstream(answering(200)))
-    assert isinstance(answer, Answer)
+    assert isinstance(answer, Answered)
     assert (answer.status, answer.body, answer.background) == (200, ANSWER, None)
     assert answer.headers["x-ceiling-billing-outcome"] == Outcome.BILLED
     charged = usage_micros(ledger)
@@ -250,14 +263,14 @@ async def test_a_complete_answer_without_usage_is_settled_at_its_worst_case(
     ledger: Ledger
 ) -> None:
     answer = await ledger.call(FakeUpstream(answering(200, ANSWER_WITHOUT_USAGE)))
-    assert isinstance(answer, Answer)
+    assert isinstance(answer, Answered)
     assert answer.headers["x-ceiling-billing-outcome"] == Outcome.ESTIMATED
     assert await ledger.books() == (worst_case_micros(ledger), 0)
 
 
 async def test_an_answer_that_is_not_json_is_left_held(ledger: Ledger) -> None:
     answer = await ledger.call(FakeUpstream(answering(200, b"<html>gateway</html>")))
-    assert isinstance(answer, Answer)
+    assert isinstance(answer, Answered)
     assert answer.headers["x-ceiling-billing-outcome"] == Outcome.UNKNOWN
     assert await ledger.books() == (0, worst_case_micros(ledger))
 
@@ -271,7 +284,7 @@ async def test_a_complete_stream_is_settled_from_its_tally(ledger: Ledger) -> No
     closed: list[bool] = []
     answer = await ledger.call(FakeUpstream(streaming(
         HELLO, STOP, USAGE_CHUNK, DONE, closed=closed)), STREAM_BODY)
-    assert isinstance(answer, Answer)
+    assert isinstance(answer, Answered)
     held = worst_case_micros(ledger, STREAM_BODY)
     # The headers leave before the charge is known.
     assert answer.headers["x-ceiling-reserved-micros"] == str(held)
@@ -295,7 +308,7 @@ async def test_a_stream_broken_off_is_left_held_and_ends_on_an_error_event(
     # Usage came, but not the terminal event: what the provider billed is unknown.
     answer = await ledger.call(FakeUpstream(streaming(HELLO, STOP, USAGE_CHUNK, broken=True)),
                                STREAM_BODY)
-    assert isinstance(answer, Answer)
+    assert isinstance(answer, Answered)
     sent = await read_all(answer.body)
     await finished()
     assert sent.startswith(HELLO + STOP + EVENT)
@@ -308,7 +321,7 @@ async def test_a_stream_past_its_deadline_is_left_held(ledger: Ledger) -> None:
     gate = asyncio.Event()  # never opened: the provider stalls after its first chunk
     answer = await ledger.call(FakeUpstream(streaming(HELLO, STOP, gate=gate), timeout_s=0.05),
                                STREAM_BODY)
-    assert isinstance(answer, Answer)
+    assert isinstance(answer, Answered)
     sent = await read_all(answer.body)
     assert sent.startswith(HELLO + EVENT)
     assert await ledger.books() == (0, worst_case_micros(ledger, STREAM_BODY))
@@ -321,7 +334,7 @@ async def test_a_stream_whose_client_went_away_is_read_to_its_end_and_settled(
     closed: list[bool] = []
     answer = await ledger.call(FakeUpstream(streaming(
         HELLO, STOP, USAGE_CHUNK, DONE, gate=gate, closed=closed)), STREAM_BODY)
-    assert isinstance(answer, Answer)
+    assert isinstance(answer, Answered)
     assert not isinstance(answer.body, bytes)
     client = aiter(answer.body)
     assert await anext(client) == HELLO
@@ -336,11 +349,11 @@ async def test_a_stream_whose_client_went_away_is_read_to_its_end_and_settled(
 async def test_a_settled_answer_is_kept_for_its_idempotency_key(ledger: Ledger) -> None:
     up = FakeUpstream(answering(200))
     first = await ledger.call(up, idempotency_key="k1")
-    assert isinstance(first, Answer)
+    assert isinstance(first, Answered)
     assert first.background is not None
     await first.background()
     again = await ledger.call(up, idempotency_key="k1")
-    assert isinstance(again, Answer)
+    assert isinstance(again, Answered)
     assert (again.status, again.body) == (200, ANSWER)
     assert again.headers["x-ceiling-replayed"] == "true"
     assert again.headers["x-ceiling-charged-micros"] == str(usage_micros(ledger))
@@ -351,11 +364,11 @@ async def test_a_settled_answer_is_kept_for_its_idempotency_key(ledger: Ledger) 
 async def test_a_settled_stream_is_kept_for_its_idempotency_key(ledger: Ledger) -> None:
     up = FakeUpstream(streaming(HELLO, STOP, USAGE_CHUNK, DONE))
     first = await ledger.call(up, STREAM_BODY, idempotency_key="s1")
-    assert isinstance(first, Answer)
+    assert isinstance(first, Answered)
     sent = await read_all(first.body)
     await finished()
     again = await ledger.call(up, STREAM_BODY, idempotency_key="s1")
-    assert isinstance(again, Answer)
+    assert isinstance(again, Answered)
     assert (again.body, again.headers["x-ceiling-replayed"], up.calls) == (sent, "true", 1)
 
 
@@ -374,7 +387,7 @@ async def test_a_call_not_settled_gives_its_idempotency_key_back(
     up = FakeUpstream(reply)
     for _ in range(2):
         answer = await ledger.call(up, body, idempotency_key="u1")
-        if isinstance(answer, Answer) and not isinstance(answer.body, bytes):
+        if isinstance(answer, Answered) and not isinstance(answer.body, bytes):
             await read_all(answer.body)
         await finished()
         assert isinstance(answer, Refused) or "x-ceiling-replayed" not in answer.headers
@@ -382,9 +395,9 @@ async def test_a_call_not_settled_gives_its_idempotency_key_back(
 
 
 async def test_a_token_count_holds_nothing(ledger: Ledger) -> None:
-    answer = await ledger.gateway(FakeUpstream(answering(200))).count(
+    answer = Answered(*await ledger.gateway(FakeUpstream(answering(200))).count(
         ledger.service, ledger.who, FORMATS[Api.MESSAGES], json.dumps({
             "model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}],
-        }).encode(), (), None)
+        }).encode(), (), None))
     assert (answer.status, answer.body) == (200, b'{"input_tokens": 3}')
     assert await ledger.books() == (0, 0)
