@@ -48,6 +48,7 @@ class Shapes:
 
 
 def replies() -> ReplyStore:
+    """The idempotency keys' store: asked for only by a call that names a key."""
     return runtime().store().replies
 
 
@@ -61,6 +62,7 @@ def forwarded(request: Request, wire: WireFormat) -> tuple[tuple[str, str], ...]
 
 
 def answered(wire: WireFormat, answer: Answer | Refused) -> Response:
+    """What Gateway answered, as Starlette sends it; a refusal in `wire`'s error shape."""
     if isinstance(answer, Refused):
         return refusal_response(wire, answer.error, answer.headers)
     status, headers, body, background = answer
