@@ -21,6 +21,7 @@ from core.errors import CeilingError, InvalidRequest
 from core.ledger import ROLES_DEFAULT, Role
 from core.limits import CEILING_MICROS_MAX
 from core.money import usd_to_micros
+from core.reconcile import COST_REPORTS
 from core.service import CeilingService, operator_fingerprint
 from core.text import whole_number
 
@@ -458,7 +459,7 @@ def parser() -> argparse.ArgumentParser:
     rw.set_defaults(func=reservations_show)
     rc = sub.add_parser("reconcile", help="compare the ledger's gateway spend per UTC day with "
                         "a provider's cost report; exit 0 within the tolerance, 3 beyond it")
-    rc.add_argument("provider", choices=["openai", "anthropic"])
+    rc.add_argument("provider", choices=[str(provider) for provider in COST_REPORTS])
     rc.add_argument("--from", dest="first", default=None, metavar="YYYY-MM-DD",
                     help="the first UTC day (default: a week before --to)")
     rc.add_argument("--to", dest="last", default=None, metavar="YYYY-MM-DD",

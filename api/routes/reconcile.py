@@ -31,6 +31,7 @@ from api.runtime import runtime
 from core.errors import CeilingError
 from core.ledger import Upstream
 from core.reconcile import (
+    COST_REPORTS,
     REPORT_PAGE_BYTES_MAX,
     REPORT_TIMEOUT_S,
     Fetch,
@@ -85,7 +86,7 @@ async def reconcile_configured(env: Mapping[str, str] | None = None) -> dict[str
     run. What a schedule without HTTP (Lambda's) calls."""
     env = os.environ if env is None else env
     outcomes: dict[str, Any] = {}
-    for provider in Upstream:
+    for provider in COST_REPORTS:
         if not configured(provider, env):
             continue
         try:

@@ -23,19 +23,21 @@ from core.ledger import DriftEvent, Upstream
 from core.reconcile import (
     RECONCILE_DAYS_MAX,
     REPORT_PAGES_MAX,
+    AnthropicCosts,
     CostReportFailed,
     Fetch,
+    OpenAICosts,
     ReportSource,
     compare,
     day_range,
-    parse_anthropic_page,
-    parse_openai_page,
     provider_spend_by_day,
     reconcile,
     tolerance_of,
     within,
 )
 
+parse_openai_page = OpenAICosts().parse_page
+parse_anthropic_page = AnthropicCosts().parse_page
 DAY = date(2026, 3, 14)
 DAY_S = 1_773_446_400  # 2026-03-14T00:00:00Z
 SOURCES = {
