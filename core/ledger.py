@@ -90,6 +90,7 @@ class Upstream(StrEnum):
 
     OPENAI = "openai"  # the OpenAI-compatible routes: chat completions and Responses
     ANTHROPIC = "anthropic"  # Messages
+    GOOGLE = "google"  # the Gemini API (genai-prices' provider id for it)
 
 
 class ExpirePolicy(StrEnum):

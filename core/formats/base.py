@@ -48,6 +48,11 @@ class Api(StrEnum):
     RESPONSES = "responses"
     # Anthropic's: its base URL (CEILING_ANTHROPIC_URL) is the SDK's, without /v1.
     MESSAGES = "v1/messages"
+    # Served once their upstreams are (core/formats UNROUTED): Google's Gemini API, whose path
+    # names the model and, for a stream, asks for server-sent events; OpenAI's embeddings.
+    GEMINI = "v1beta/models/{model}:generateContent"
+    GEMINI_STREAM = "v1beta/models/{model}:streamGenerateContent?alt=sse"
+    EMBEDDINGS = "embeddings"
 
 
 @dataclass(frozen=True)
@@ -105,8 +110,14 @@ class WireFormat(ABC):
     # below the provider's base URL, and the gateway's route for it (api/routes/gateway.py).
     count_path: str | None = None
     count_route: str | None = None
-    # The header its clients send their key in when they send no Authorization, if any.
+    # The header its clients send their key in when they send no Authorization, if any; and
+    # the query parameter they may send it in instead (Google's `?key=`).
     key_header: str | None = None
+    key_query: str | None = None
+    # Whether its model is named in its path rather than its body (Gemini's
+    # `models/{model}:generateContent`): the route reads it from its path (the `{model}` of
+    # `route`, `api` and `count_path`) and passes it to plan; a body then names none.
+    model_in_path: bool = False
     # What the route accepts in each header of its own (key_header, forwarded_headers).
     header_schemas: Mapping[str, Schema] = MappingProxyType({})
     # A usage's (input, output, input details, output details) fields.
