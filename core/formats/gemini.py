@@ -63,7 +63,7 @@ from core.formats.schema import (
     object_of,
 )
 from core.ledger import Upstream
-from core.limits import CHOICES_MAX, TOKENS_MAX
+from core.limits import TOKENS_MAX
 from core.prices import Usage
 
 # The key goes in x-goog-api-key, as the google-genai SDK sends it. Its URL is an upstream's
@@ -96,6 +96,8 @@ GENERATION_FIELDS = frozenset({
 })
 THINKING_FIELDS = frozenset({"thinkingBudget", "thinkingLevel", "includeThoughts"})
 TEXT_MODALITY = "TEXT"
+# generationConfig.candidateCount: Google serves 1 to 8 answers a call; each is held.
+CANDIDATES_MAX = 8
 CAP_FIELD = "maxOutputTokens"
 CAP_PATH = f"generationConfig.{CAP_FIELD}"
 BUDGET_PATH = "generationConfig.thinkingConfig.thinkingBudget"
@@ -599,7 +601,7 @@ GEMINI_BODY: Schema = object_of({
     "generationConfig": object_of({
         "maxOutputTokens": {**TOKENS, "description": "with none, the gateway sends its default "
                             "cap; thinking is held on top of it"},
-        "candidateCount": {"type": "integer", "minimum": 1, "maximum": CHOICES_MAX},
+        "candidateCount": {"type": "integer", "minimum": 1, "maximum": CANDIDATES_MAX},
         "temperature": {"type": "number"}, "topP": {"type": "number"},
         "topK": {"type": "integer"}, "stopSequences": array(STRING),
         "responseMimeType": STRING, "responseSchema": {"type": "object"},
@@ -662,9 +664,10 @@ class Gemini(WireFormat):
         candidates = config.get("candidateCount")
         choices = 1 if candidates is None else positive_int(candidates,
                                                             "generationConfig.candidateCount")
-        if choices > CHOICES_MAX:
-            raise InvalidRequest(f"generationConfig.candidateCount must be at most {CHOICES_MAX}",
-                                 field="generationConfig.candidateCount")
+        if choices > CANDIDATES_MAX:
+            raise InvalidRequest(
+                f"generationConfig.candidateCount must be at most {CANDIDATES_MAX}",
+                field="generationConfig.candidateCount")
         media = prompt.media
         cached = body.get("cachedContent")
         if cached is not None:
