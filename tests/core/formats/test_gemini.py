@@ -421,7 +421,7 @@ def test_a_usage_that_cannot_be_read_is_none(given: object) -> None:
 
 
 def grounded(model: str, queries: list[str]) -> dict[str, Any]:
-    answer = json.loads(json.dumps(ANSWER))
+    answer: dict[str, Any] = json.loads(json.dumps(ANSWER))
     answer["modelVersion"] = model
     answer["candidates"][0]["groundingMetadata"] = {
         "webSearchQueries": queries, "searchEntryPoint": {"renderedContent": "<div></div>"},
@@ -429,13 +429,19 @@ def grounded(model: str, queries: list[str]) -> dict[str, Any]:
     return answer
 
 
+def searches(answer: dict[str, Any]) -> int:
+    usage = GEMINI.answer_usage(answer)
+    assert usage is not None
+    return usage.web_search_requests
+
+
 def test_search_fees_per_grounded_prompt_or_per_query() -> None:
     two = ["who won euro 2024", "euro 2024 final score"]
-    assert GEMINI.answer_usage(grounded("gemini-2.5-flash", two)).web_search_requests == 1
-    assert GEMINI.answer_usage(grounded("gemini-3-pro-preview", two)).web_search_requests == 2
+    assert searches(grounded("gemini-2.5-flash", two)) == 1
+    assert searches(grounded("gemini-3-pro-preview", two)) == 2
     # No model named: per query, the reading that costs more.
-    assert GEMINI.answer_usage(grounded("", two)).web_search_requests == 2
-    assert GEMINI.answer_usage(ANSWER).web_search_requests == 0
+    assert searches(grounded("", two)) == 2
+    assert searches(ANSWER) == 0
 
 
 # -- streams ------------------------------------------------------------------------------------
