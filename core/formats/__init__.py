@@ -23,7 +23,7 @@ from core.formats.responses import RESPONSES
 __all__ = ["ALLOWED_FIELDS", "FORMATS", "UNROUTED", "Api", "Plan", "StreamTally", "WireFormat"]
 
 FORMATS: dict[Api, WireFormat] = {wire.api: wire for wire in (CHAT, RESPONSES, MESSAGES)}
-# Formats whose routes come with their upstreams (issue 37: CEILING_UPSTREAMS): Google's Gemini
+# Formats whose routes come with their named upstreams (CEILING_UPSTREAMS): Google's Gemini
 # API, its model in its path, and OpenAI's embeddings. Kept out of FORMATS, whose every entry
 # api/routes/gateway.py serves; a route that serves them moves them there.
 UNROUTED: dict[Api, WireFormat] = {
