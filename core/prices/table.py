@@ -222,11 +222,13 @@ class PriceTable:
         documented, so each of the searches + 1 steps is held as if it billed all of it: the
         prompt, every search's results and the output so far."""
         check_tokens(input_tokens, "input_tokens", minimum=0)
-        # 0: a call that writes nothing (an embedding), priced by its input alone.
+        # 0 only for a model that writes nothing (an embedding model: no output rate), below.
         check_tokens(output_tokens_max, "max_output_tokens", minimum=0)
         if type(choices) is not int or not 1 <= choices <= CHOICES_MAX:
             raise InvalidRequest(f"n must be an integer from 1 to {CHOICES_MAX}", field="n")
         r = self.rates(model, provider)
+        if not output_tokens_max and (r.output is not None or r.output_audio is not None):
+            check_tokens(output_tokens_max, "max_output_tokens", minimum=1)
         candidates = self._tiers(model, r, service_tier)
         searches = self._searches(model, r, media)
         if media is NO_MEDIA and not searches:

@@ -104,3 +104,10 @@ def test_its_errors_are_openais_and_it_is_registered_but_not_routed() -> None:
     assert EMBEDDINGS.route == "/v1/embeddings"
     assert EMBEDDINGS.clamped_body({"model": SMALL, "input": "x"}, 300) == {
         "model": SMALL, "input": "x"}
+
+
+def test_no_output_is_held_only_for_a_model_that_writes_nothing() -> None:
+    assert TABLE.worst_case_micros(SMALL, 1_000, 0, provider="openai") == 20
+    with pytest.raises(InvalidRequest) as refused:
+        TABLE.worst_case_micros("gpt-4o", 1_000, 0, provider="openai")
+    assert refused.value.details["field"] == "max_output_tokens"
