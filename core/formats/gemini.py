@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import binascii
 import json
+import re
 import struct
 from dataclasses import replace
 from typing import Any
@@ -135,6 +136,11 @@ REFERRING_TOOL_KEYS = frozenset({"codeExecution", "urlContext"})
 # search queries"), of which Google documents no most per prompt.
 SEARCH_PER_PROMPT_FAMILIES = ("gemini-1.", "gemini-2.")
 
+# A model id as Google names them (gemini-2.5-pro, gemini-2.5-flash-preview-09-2025): it is put
+# into the provider's path, so nothing that could leave the path segment (a slash, `:`, `?`,
+# `%`, `..`) is taken.
+MODEL_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+
 # -- media ------------------------------------------------------------------------------------
 
 # Google, "Understand and count tokens" (https://ai.google.dev/gemini-api/docs/tokens) and
@@ -228,6 +234,16 @@ def image_tokens(width: int, height: int) -> int:
         return IMAGE_TOKENS_SMALL
     tile = min(max(min(width, height) * 2 // 3, IMAGE_TILE_PX_MIN), IMAGE_TILE_PX_MAX)
     return -(-width // tile) * -(-height // tile) * IMAGE_TILE_TOKENS
+
+
+def check_model_id(model: str) -> str:
+    """The model a route read from its path, checked to be an id the provider's path can carry
+    as it is (the route puts it into `api`'s and `count_path`'s `{model}`)."""
+    if ".." in model or not MODEL_ID.fullmatch(model):
+        raise InvalidRequest(
+            f"model {model[:64]!r} is not a Gemini model id (lowercase letters, digits, '.', "
+            "'-' and '_')", field="model")
+    return model
 
 
 def _family(model: str, families: tuple[str, ...]) -> bool:
@@ -652,6 +668,7 @@ class Gemini(WireFormat):
 
     def plan(self, body: dict[str, Any], model: str, headers: tuple[tuple[str, str], ...],
              output_tokens_default: int, betas_allowed: frozenset[str] = frozenset()) -> Plan:
+        check_model_id(model)
         if body.get(COUNT_REQUEST_FIELD) is not None:
             raise InvalidRequest(f"{COUNT_REQUEST_FIELD} is a countTokens field",
                                  field=COUNT_REQUEST_FIELD)

@@ -30,6 +30,7 @@ from core.formats.gemini import (
     GEMINI_STREAM,
     GOOGLE_STATUSES,
     Gemini,
+    check_model_id,
     image_tokens,
 )
 from core.prices import PriceTable, Usage
@@ -203,6 +204,17 @@ def test_unknown_nested_fields_parts_tools_and_kinds_are_refused(
     with pytest.raises(InputUnbounded) as refused:
         plan(given)
     assert refused.value.details["field"] == field
+
+
+@pytest.mark.parametrize("model", ["../tunedModels/x", "gemini-2.5-pro:countTokens",
+                                   "gemini?key=x", "gemini/../x", "Gemini-2.5-Pro", "",
+                                   "a" * 129, "gemini%2F"])
+def test_a_model_id_that_could_leave_its_path_segment_is_refused(model: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        plan(body(), model)
+    assert refused.value.details["field"] == "model"
+    assert check_model_id("gemini-2.5-flash-preview-09-2025") == (
+        "gemini-2.5-flash-preview-09-2025")
 
 
 def test_audio_or_image_output_is_refused() -> None:
