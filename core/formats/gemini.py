@@ -418,7 +418,10 @@ def thinking_tokens(config: dict[str, Any], model: str) -> int:
             f"the request sets no {BUDGET_PATH}: send a budget (0 turns thinking off on models "
             "that allow it)", field=BUDGET_PATH, model=model)
     most, thinks_by_default = rule
-    if budget is None and thinking.get("thinkingLevel") is None and not thinks_by_default:
+    # A model that does not think by default thinks when the request asks: by a level, a
+    # dynamic budget, or for its thoughts (includeThoughts), which a model may take as asking.
+    asked = thinking.get("thinkingLevel") is not None or thinking.get("includeThoughts") is True
+    if budget is None and not asked and not thinks_by_default:
         return 0
     return most
 

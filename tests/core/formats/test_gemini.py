@@ -256,6 +256,8 @@ def test_a_cap_given_is_kept_and_must_be_positive() -> None:
 @pytest.mark.parametrize(("model", "thinking", "tokens"), [
     (LITE, None, 0),  # Flash-Lite does not think unless asked
     (LITE, {"thinkingBudget": -1}, 24_576),
+    (LITE, {"includeThoughts": True}, 24_576),
+    (LITE, {"includeThoughts": False}, 0),
     (FLASH, None, 24_576),  # dynamic by default: the model's most
     (FLASH, {"thinkingBudget": 0}, 0),
     (FLASH, {"thinkingBudget": 1_024, "includeThoughts": True}, 1_024),
