@@ -19,7 +19,8 @@ docs/tokens, /pricing, /thinking, /grounding):
 - media by Google's rules: an image by its tiles (read from its header), audio at 32 tokens a
   second of the duration its bytes bound, text files by their bytes; a video, a PDF, other audio,
   and whatever the request only refers to (fileData, cachedContent, urlContext's fetched pages,
-  codeExecution's results, thought signatures) at the model's context window;
+  codeExecution's results) at the model's context window; a thought signature sent back at the
+  model's output limit;
 - Google Search grounding: a fee per grounded prompt (Gemini 2.x) or per search query (later
   models, bounded by the prices file's web_searches_max, else refused), its results as input.
 Its usage is `usageMetadata`; its errors are Google's `{"error": {"code", "message", "status"}}`.
@@ -156,6 +157,9 @@ IMAGE_TILE_PX_MIN, IMAGE_TILE_PX_MAX = 256, 768
 # An image's header is looked for in its first bytes only (a JPEG's frame header may follow
 # metadata: EXIF thumbnails stay within 64 KiB).
 IMAGE_HEADER_BYTES_MAX = 256 * 1_024
+# Images Google takes whose size the gateway does not read (https://ai.google.dev/gemini-api/
+# docs/image-understanding: PNG, JPEG, WebP, HEIC, HEIF): held at the window.
+REFERRED_IMAGE_TYPES = frozenset({"image/heic", "image/heif"})
 # Audio whose duration the gateway reads from its bytes (core/content.py), by MIME type.
 AUDIO_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/wave": "wav",
                  "audio/mp3": "mp3", "audio/mpeg": "mp3"}
@@ -200,16 +204,15 @@ def _jpeg_size(head: bytes) -> tuple[int, int] | None:
 
 
 def image_size(data: str, field: str) -> tuple[int, int]:
-    """An image's width and height, read from the header of base64 `data` (PNG, JPEG, GIF,
-    WebP); InputUnbounded for another kind or a header it cannot read."""
+    """An image's width and height, read from the header of base64 `data` (PNG, JPEG, WebP,
+    the kinds Google takes but HEIC and HEIF); InputUnbounded for another kind or a header it
+    cannot read."""
     head = _b64_head(data, field)
     size: tuple[int, int] | None = None
     if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
         size = struct.unpack(">II", head[16:24])
     elif head[:2] == b"\xff\xd8":
         size = _jpeg_size(head)
-    elif head[:6] in (b"GIF87a", b"GIF89a"):
-        size = struct.unpack("<HH", head[6:10])
     elif head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         kind = head[12:16]
         if kind == b"VP8X":
@@ -223,8 +226,8 @@ def image_size(data: str, field: str) -> tuple[int, int]:
             size = (width & 0x3FFF, height & 0x3FFF)
     if size is None or not (size[0] > 0 and size[1] > 0):
         raise InputUnbounded(
-            f"{field}: an image whose size cannot be read from its header (PNG, JPEG, GIF and "
-            "WebP are read), so its tiles cannot be counted", field=field)
+            f"{field}: an image whose size cannot be read from its header (PNG, JPEG and WebP "
+            "are read), so its tiles cannot be counted", field=field)
     return size
 
 
@@ -311,7 +314,7 @@ class GeminiWalk(Walk):
             raise InvalidRequest(f"{field} must give a mimeType and base64 data", field=field)
         mime = mime.lower().split(";")[0].strip()
         if mime.startswith("image/"):
-            if _family(self.model, IMAGE_TILE_FAMILIES):
+            if _family(self.model, IMAGE_TILE_FAMILIES) and mime not in REFERRED_IMAGE_TYPES:
                 width, height = image_size(data, f"{field}.data")
                 self.media_tokens += image_tokens(width, height)
                 self.image_field = self.image_field or field

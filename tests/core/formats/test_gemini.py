@@ -31,6 +31,7 @@ from core.formats.gemini import (
     GOOGLE_STATUSES,
     Gemini,
     check_model_id,
+    image_size,
     image_tokens,
 )
 from core.prices import PriceTable, Usage
@@ -314,10 +315,32 @@ def test_images_by_googles_tiles_and_a_later_models_image_at_the_window() -> Non
     assert later.media.referred_field == "contents[0].parts[0].inlineData"
 
 
-def test_an_image_whose_size_cannot_be_read_is_refused() -> None:
+def b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def test_image_sizes_are_read_from_png_jpeg_and_webp_headers() -> None:
+    assert image_size(png(1_000, 500), "f") == (1_000, 500)
+    app0 = b"\xff\xe0" + struct.pack(">H", 16) + b"JFIF\x00" + b"\x00" * 9
+    sof0 = b"\xff\xc0" + struct.pack(">HBHH", 17, 8, 600, 800) + b"\x00" * 10
+    assert image_size(b64(b"\xff\xd8" + app0 + sof0 + b"\x00" * 16), "f") == (800, 600)
+    vp8x = (b"VP8X" + struct.pack("<I", 10) + b"\x00" * 4 + (1_999).to_bytes(3, "little")
+            + (999).to_bytes(3, "little"))
+    assert image_size(b64(b"RIFF" + struct.pack("<I", 30) + b"WEBP" + vp8x), "f") == (
+        2_000, 1_000)
+    bits = (300 - 1) | (200 - 1) << 14
+    vp8l = b"VP8L" + struct.pack("<I", 5) + b"\x2f" + struct.pack("<I", bits)
+    assert image_size(b64(b"RIFF" + struct.pack("<I", 30) + b"WEBP" + vp8l + b"\x00" * 8),
+                      "f") == (300, 200)
+
+
+def test_an_image_whose_size_cannot_be_read_is_refused_or_held_at_the_window() -> None:
+    junk = base64.b64encode(b"GIF89a" + b"\x01\x00\x01\x00" + b"\x00" * 64).decode()
     with pytest.raises(InputUnbounded) as refused:
-        plan(body(inline("image/heic", base64.b64encode(b"\x00" * 64).decode())), FLASH)
+        plan(body(inline("image/gif", junk)), FLASH)
     assert refused.value.details["field"] == "contents[0].parts[0].inlineData.data"
+    heic = plan(body(inline("image/heic", junk)), FLASH)
+    assert heic.media.referred_field == "contents[0].parts[0].inlineData"
 
 
 def test_audio_by_its_duration_at_the_audio_rate() -> None:
