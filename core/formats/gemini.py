@@ -772,8 +772,9 @@ class Gemini(WireFormat):
 
     def stream_event(self, tally: StreamTally, doc: dict[str, Any]) -> bool:
         # Every chunk is a GenerateContentResponse; its usageMetadata is cumulative (the last
-        # one covers the call). The stream is over once a candidate has a finishReason (or the
-        # prompt was blocked) and usage came; later chunks may still add to it.
+        # one covers the call). The stream is over once every candidate asked for has a
+        # finishReason (or the prompt was blocked) and usage came: with candidateCount above 1,
+        # the first candidate's end comes before the others' tokens are counted.
         reported = tally.reported
         if isinstance(doc.get("usageMetadata"), dict):
             reported["usageMetadata"] = doc["usageMetadata"]
@@ -784,10 +785,13 @@ class Gemini(WireFormat):
         if grounded:
             reported["grounded"] = True
             reported["queries"] = max(reported.get("queries", 0), queries)
-        ended = any(isinstance(c, dict) and c.get("finishReason") for c in (
-            candidates if isinstance(candidates, list) else ()))
+        finished: set[object] = reported.setdefault("finished", set())
+        for candidate in candidates if isinstance(candidates, list) else ():
+            if isinstance(candidate, dict) and candidate.get("finishReason"):
+                finished.add(candidate.get("index", 0))
         feedback = doc.get("promptFeedback")
-        if ended or (isinstance(feedback, dict) and feedback.get("blockReason")):
+        if len(finished) >= tally.plan.choices or (
+                isinstance(feedback, dict) and feedback.get("blockReason")):
             reported["ended"] = True
         if reported.get("ended") and "usageMetadata" in reported:
             tally.finished = True

@@ -523,6 +523,23 @@ def test_a_stream_cut_before_its_finish_reason_is_not_complete() -> None:
     assert not tally.finished
 
 
+def test_a_stream_of_candidates_is_complete_only_when_each_has_finished() -> None:
+    tally = StreamTally(plan(body(generationConfig={"candidateCount": 2}), FLASH,
+                             GEMINI_STREAM))
+    first = {"candidates": [{"content": {"parts": [{"text": "a"}], "role": "model"},
+                             "finishReason": "STOP", "index": 0}],
+             "usageMetadata": {"promptTokenCount": 8, "totalTokenCount": 8}}
+    tally.feed(chunk(first))
+    assert not tally.finished  # the second candidate's tokens are not counted yet
+    last = {"candidates": [{"content": {"parts": [{"text": "b"}], "role": "model"},
+                            "finishReason": "STOP", "index": 1}],
+            "usageMetadata": {"promptTokenCount": 8, "candidatesTokenCount": 6,
+                              "thoughtsTokenCount": 10, "totalTokenCount": 24}}
+    tally.feed(chunk(last))
+    assert tally.finished
+    assert tally.usage == Usage(8, 16)
+
+
 def test_a_blocked_prompt_ends_the_stream_with_its_usage() -> None:
     tally = StreamTally(plan(body(), FLASH, GEMINI_STREAM))
     tally.feed(chunk({"promptFeedback": {"blockReason": "SAFETY"},
