@@ -748,7 +748,10 @@ class Gemini(WireFormat):
     def clamped_body(self, body: dict[str, Any], output_tokens_max: int) -> dict[str, Any]:
         """maxOutputTokens and the thinking together within `output_tokens_max`: thinking,
         where the body lets the model think, set to a budget of at most half of it (a level
-        replaced by that budget, which Gemini 3 takes too), the answer's cap the rest."""
+        replaced by that budget, which Gemini 3 takes too), the answer's cap the rest. A body
+        without thinkingConfig gets that budget too, since a model may think by default: on a
+        model that thinks only when asked (Flash-Lite) it then thinks within it; one that cannot
+        think (2.0) refuses it, unbilled, and the hold is released."""
         config = dict(self._config(body))
         thinking = dict(config.get("thinkingConfig") or {})
         budget = thinking.get("thinkingBudget")
