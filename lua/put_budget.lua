@@ -3,8 +3,9 @@
 --
 -- KEYS[1] meta hash   KEYS[2] definition hash 'sc:{TAG}:def:<budget_id>'
 --   KEYS[3] the catalogue's organisations hash, KEYS[4] its budget ids (core/stores/keys.py
---   ORGS_KEY, BUDGETS_KEY): given where one script may reach the catalogue's slot (not on a
---   Redis Cluster, where the caller writes both after this script: core/stores/scripted_catalogue.py)
+--   ORGS_KEY, BUDGETS_KEY): given where one script may reach the catalogue's slot; not on a
+--   Redis Cluster, where the caller writes both after this script
+--   (core/stores/scripted_catalogue.py put_budget says why that order)
 -- ARGV: ledger_id, budget_id, timezone, outage_allowance_micros,
 --   thresholds_pct (ascending whole percents, ' ' between, '' for none),
 --   velocity ('window_s,max_micros,max_rate_multiple_milli,pause', '' for none),
