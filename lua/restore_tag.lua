@@ -120,14 +120,12 @@ for _, c in ipairs(counters) do
   -- Every hold the export recorded is charged above; any other the counter held was taken or
   -- resolved while the export read, and nothing in the restored ledger holds it.
   v.reserved = 0
-  if force then
-    local live = redis.call('HMGET', prefix .. COUNTER_KEY .. c.suffix,
-                            'committed', 'reserved', 'overshoot')
-    if live[1] then
-      v.committed = math.max(v.committed, signed(live[1], 'committed'))
-      v.reserved = signed(live[2] or '0', 'reserved')
-      v.overshoot = math.max(v.overshoot, signed(live[3] or '0', 'overshoot'))
-    end
+  local key = prefix .. COUNTER_KEY .. c.suffix
+  if force and redis.call('EXISTS', key) == 1 then
+    local live = redis.call('HMGET', key, 'committed', 'reserved', 'overshoot')
+    v.committed = math.max(v.committed, signed(live[1] or '0', 'committed'))
+    v.reserved = signed(live[2] or '0', 'reserved')
+    v.overshoot = math.max(v.overshoot, signed(live[3] or '0', 'overshoot'))
   end
   rest[#rest + 1] = 'committed'
   rest[#rest + 1] = istr(v.committed)
