@@ -202,7 +202,10 @@ class ScriptedCatalogue:
             dump = await self._dump_tag(tag)
             org: dict[str, Any] = {"tag": tag, "meta": {}, "budgets": [], "counters": [],
                                    "open_reservations": [], "users": []}
-            for suffix, (ttl_ms, fields) in sorted(dump.hashes.items()):
+            for suffix, (ttl_ms, stored) in sorted(dump.hashes.items()):
+                # Not the ledger id a tag or definition is stamped with: the document's own is
+                # the export's, and a restore stamps its new one (lua/restore_tag.lua).
+                fields = {k: v for k, v in stored.items() if k != "ledger"}
                 if suffix == keys.META:
                     org["meta"] = fields
                 elif suffix.startswith(keys.DEFINITION):
