@@ -171,3 +171,16 @@ async def test_a_forced_restore_run_twice_is_one_restore() -> None:
     assert _counters(await _held(store)) == once
     assert first["open_reservations_charged_as_unknown"] == len(TAGS)
     assert again["open_reservations_charged_as_unknown"] == 0
+
+
+async def test_a_forced_restore_takes_the_organisations_the_export_lacks_under_its_new_id() -> None:
+    """An organisation the ledger has and the export does not is stamped with the restored id
+    too (lua/restore_tag.lua's 'restamp'): it serves on, its spend as it was."""
+    document = await _exported()
+    store = MemoryStore(clock=ManualClock())
+    third = await put(store, "org:three", (Period.TOTAL, 1_000))
+    await spend(store, "org:three", "org:three", 10, None)
+    done = await _operations(store).restore(document, None, True, BY)
+    assert await store.open() == done["ledger_id"]
+    reservation = await store.reserve(held("org:three", third.path, 5))
+    assert (reservation.legs[0].committed_micros, reservation.legs[0].reserved_micros) == (10, 5)
