@@ -123,3 +123,35 @@ async def test_a_put_run_again_is_the_same_budget(times: int) -> None:
     for _ in range(times):
         await store.put_budget(BEFORE)
     assert await _held(store) == (BEFORE, True, True, True)
+
+
+async def test_on_a_cluster_a_cut_put_leaves_the_budget_whole_and_a_put_again_lists_it() -> None:
+    """On a Redis Cluster (the scripts' keys in one slot each) the catalogue is in another slot
+    than the budget, so its two entries follow the script: a put cut between them leaves the
+    budget whole and enforced, not yet listed, and the same put run again lists it."""
+    whole = MemoryStore()
+    await whole.open()
+    whole._t = AsCluster(whole.transport)
+    total = await _put_cut(whole, BEFORE, 10**6)
+    assert await _held(whole) == (BEFORE, True, True, True)
+    unlisted = 0
+    for allowed in range(total):
+        store = MemoryStore()
+        await store.open()
+        store._t = AsCluster(store.transport)
+        await _put_cut(store, BEFORE, allowed)
+        definition, alarmed, listed, org = await _held(store)
+        assert (definition, alarmed) in ((None, False), (BEFORE, True)), (
+            f"cut after {allowed} of {total} commands: half a budget: {definition}, {alarmed}")
+        unlisted += definition is not None and not (listed and org)
+        await store.put_budget(BEFORE)
+        assert await _held(store) == (BEFORE, True, True, True)
+    assert unlisted == 2  # cut after the script, and after the organisation's entry
+
+
+class AsCluster(DiesAfter):
+    """A transport that says it is a Redis Cluster's, so the store takes the cluster's path."""
+
+    def __init__(self, inner: Transport) -> None:
+        super().__init__(inner, 10**6)
+        self.backend = "redis-cluster"
