@@ -9,7 +9,9 @@ show a secret or a key's hash.
 Export and restore. An export is one JSON document: the ledger id, every
 organisation's budgets, every period window's counters (committed, reserved, overshoot), its open
 reservations, and the API keys' records (hashes only; the secrets were never stored), with a
-checksum over all of it. A restore writes it into an empty (or wiped) ledger under a new ledger
+checksum over all of it. Its body is the store's document, read and written beside the ledger's
+layout (Catalogue.export_body, restore_body); this module makes and checks the envelope around
+it, and books the bill. A restore writes it into an empty (or wiped) ledger under a new ledger
 id: committed spend comes back as it was, never refilled; an open reservation comes back charged
 as unknown (its hold committed, as expiry under 'charge' books it, so a late settle or an
 operator's correction still lowers it); keys keep working. With a provider's bill
