@@ -270,8 +270,25 @@ class Api(Generic[D]):
 
     name: str  # as the bill logs it
     request_bytes_max: int | None = None
+    # What a stream is sent as: SSE, but for an API with a framing of its own (Bedrock's).
+    stream_media_type = "text/event-stream"
 
     def headers(self) -> dict[str, str]:
+        return {}
+
+    def model_of(self, body: dict[str, Any], request: Request) -> str | None:
+        """The model a call names, as the bill logs it: the body's, unless the API names it
+        elsewhere (Bedrock's path)."""
+        model = body.get("model")
+        return model if isinstance(model, str) else None
+
+    def streams(self, body: dict[str, Any], request: Request) -> bool:
+        """Whether the call is answered as a stream: the body's `stream`, unless the API says
+        so by its route (Bedrock's)."""
+        return body.get("stream") is True
+
+    def answer_headers(self, decided: D) -> dict[str, str]:
+        """Headers of a decided call's answer beyond `headers` (Bedrock's token counts)."""
         return {}
 
     def check(self, request: Request) -> set[str]:

@@ -95,9 +95,14 @@ from starlette.routing import Route
 
 from infra.processes import free_port, tls_context, wait_ready
 from infra.processes import stop as stop_process
+from infra.stub_azure import CONTROL_FIELDS as AZURE_CONTROL_FIELDS
+from infra.stub_azure import Azure, deployments_from
+from infra.stub_bedrock import CONTROL_FIELDS as BEDROCK_CONTROL_FIELDS
+from infra.stub_bedrock import Bedrock
 from infra.stub_bill import Bill, CallRecord, Tally, Usage, usd
 from infra.stub_chat import ChatApi
 from infra.stub_costs import CostReports
+from infra.stub_embeddings import EmbeddingsApi
 from infra.stub_faults import (
     FAULT_HEADERS,
     SETTINGS,
@@ -174,11 +179,19 @@ class StubProviderApp:
         self.chat = ChatApi(self, openai_cache)
         self.responses = ResponsesApi(self, openai_cache)
         self.messages = MessagesApi(self)
+        # Bedrock, Azure OpenAI and embeddings (infra/stub_bedrock.py, stub_azure.py,
+        # stub_embeddings.py): Azure wraps the OpenAI routes, Bedrock the Messages API.
+        self.embeddings = EmbeddingsApi(self)
+        self.bedrock = Bedrock(self)
+        self.azure = Azure(self)
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", partial(self.serve, self.chat), methods=["POST"]),
             Route("/v1/responses", partial(self.serve, self.responses), methods=["POST"]),
             Route("/v1/messages", partial(self.serve, self.messages), methods=["POST"]),
             Route("/v1/messages/count_tokens", self.messages.count_tokens, methods=["POST"]),
+            Route("/v1/embeddings", partial(self.serve, self.embeddings), methods=["POST"]),
+            *self.bedrock.routes(),
+            *self.azure.routes(),
             *(Route(path, endpoint, methods=methods)
               for path, endpoint, methods in self.responses.routes_conversations()),
             Route("/billing", self.get_billing, methods=["GET"]),
@@ -198,6 +211,7 @@ class StubProviderApp:
         self.costs.reset()
         for api in (self.chat, self.responses, self.messages):
             api.reset()
+        self.bedrock.reset()
         return JSONResponse(self.bill.to_json())
 
     async def control(self, request: Request) -> Response:
@@ -207,6 +221,7 @@ class StubProviderApp:
                 if not isinstance(doc, dict):
                     raise ValueError("the control body is an object")
                 unknown = (set(doc) - SETTINGS - RESPONSES_CONTROL_FIELDS
+                           - BEDROCK_CONTROL_FIELDS - AZURE_CONTROL_FIELDS
                            - {*FAULT_HEADERS.values(), "calls"})
                 if unknown:
                     raise ValueError(f"unknown control fields {sorted(unknown)}")
@@ -214,6 +229,9 @@ class StubProviderApp:
                 images = registry_images(doc["images"]) if "images" in doc else None
                 files = registry_files(doc["files"]) if "files" in doc else None
                 prompts = registry_prompts(doc["prompts"]) if "prompts" in doc else None
+                credentials = self.bedrock.control(doc)
+                deployments = (deployments_from(doc["deployments"], self.prices)
+                               if "deployments" in doc else None)
                 settings = self.settings.updated(doc)
             except (ValueError, TypeError) as exc:
                 return self.chat.error(ApiError(400, f"control body: {exc}"), {})
@@ -222,10 +240,15 @@ class StubProviderApp:
             self.registry.images = self.registry.images if images is None else images
             self.registry.files = self.registry.files if files is None else files
             self.registry.prompts = self.registry.prompts if prompts is None else prompts
+            self.bedrock.credentials = credentials or self.bedrock.credentials
+            self.azure.deployments = (self.azure.deployments if deployments is None
+                                      else deployments)
         return JSONResponse({**self.fault.to_json(), **vars(self.settings),
                              "images": {u: list(s) for u, s in self.registry.images.items()},
                              "files": sorted(self.registry.files),
-                             "prompts": dict(self.registry.prompts)})
+                             "prompts": dict(self.registry.prompts),
+                             "bedrock_credentials": self.bedrock.credentials.to_json(),
+                             "deployments": dict(self.azure.deployments)})
 
     async def live(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -282,12 +305,13 @@ class StubProviderApp:
             if fault.fail_status is not None:
                 raise stub_failure(fault.fail_status, "on request")
             body = await read_body(request, api.request_bytes_max)
-            model = body.get("model") if isinstance(body.get("model"), str) else None
-            stream = body.get("stream") is True
+            model = api.model_of(body, request)
+            stream = api.streams(body, request)
             decided = api.decide(body, request, fault, betas)
         except ApiError as exc:
             self.log(api.name, model, exc.status, stream, fault)
             return api.error(exc, headers)
+        headers.update(api.answer_headers(decided))
         await asyncio.sleep(self.latency_s())
         # Billed here, before the first byte, whether or not the client is still there.
         status = fault.fail_after_billing or (STATUS_NO_ANSWER if fault.hang_after_billing
@@ -309,14 +333,14 @@ class StubProviderApp:
             if events is None:
                 return api.error(failure, headers)
             return StreamingResponse(sent(events, broken=False), headers=headers,
-                                     media_type="text/event-stream")
+                                     media_type=api.stream_media_type)
         broken = fault.break_after_events is not None
         if stream:
             events = api.events(decided, fault)
             if fault.break_after_events is not None:
                 events = events[:min(fault.break_after_events, len(events) - 1)]
             return StreamingResponse(sent(events, broken=broken), headers=headers,
-                                     media_type="text/event-stream")
+                                     media_type=api.stream_media_type)
         doc = api.body(decided)
         if broken:
             raw = json.dumps(doc).encode()
