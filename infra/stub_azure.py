@@ -1,10 +1,14 @@
 """Azure OpenAI's v1 API on the stub provider: the witness for a gateway's Azure upstream.
 
   POST /openai/v1/chat/completions, /openai/v1/responses, /openai/v1/embeddings
+  POST /openai/deployments/{deployment}/chat/completions, .../{deployment}/embeddings,
+       /openai/responses                  the dated API, `?api-version=` required (any value)
 
 (https://learn.microsoft.com/azure/ai-foundry/openai/api-version-lifecycle, "API evolution":
 the v1 routes take OpenAI's bodies, so `OpenAI(base_url="https://<resource>.openai.azure.com/
-openai/v1/")` works; an `api-version` query is accepted and changes nothing.) Each is the OpenAI
+openai/v1/")` works; an `api-version` query is accepted and changes nothing. The dated routes
+are the ones the `openai` SDK's AzureOpenAI(azure_endpoint=...) calls: the deployment is the
+path's, whatever the body's `model` says.) Each is the OpenAI
 route's own API (infra.stub_chat, stub_responses, stub_embeddings): counted, decided, billed and
 answered by it, with its faults and X-Stub-* headers, but:
 - the key is the `api-key` header (or `Authorization: Bearer`), required: a call without one,
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
 
 CONTROL_FIELDS = frozenset({"deployments"})
 API_PREFIX = "azure."
+V1_PREFIX = "/openai/v1/"
 # The region Azure names in `x-ms-region`: the stub's own.
 REGION = "East US"
 DEPLOYMENT_NOT_FOUND = (
@@ -74,9 +79,13 @@ class Azure:
         self.embeddings = AzureApi(self, app.embeddings)
 
     def routes(self) -> list[Route]:
-        return [Route(f"/openai/v1/{path}", endpoint, methods=["POST"]) for path, endpoint in (
-            ("chat/completions", self.chat.serve), ("responses", self.responses.serve),
-            ("embeddings", self.embeddings.serve))]
+        return [Route(path, endpoint, methods=["POST"]) for path, endpoint in (
+            ("/openai/v1/chat/completions", self.chat.serve),
+            ("/openai/v1/responses", self.responses.serve),
+            ("/openai/v1/embeddings", self.embeddings.serve),
+            ("/openai/deployments/{deployment}/chat/completions", self.chat.serve),
+            ("/openai/deployments/{deployment}/embeddings", self.embeddings.serve),
+            ("/openai/responses", self.responses.serve))]
 
 
 class AzureApi(Api[D], Generic[D]):
@@ -109,12 +118,20 @@ class AzureApi(Api[D], Generic[D]):
         key = self.azure.app.api_key
         if not given or (key is not None and given != key):
             raise ApiError(401, ACCESS_DENIED, "401", "invalid_request_error")
+        if (not request.url.path.startswith(V1_PREFIX)
+                and "api-version" not in request.query_params):
+            raise ApiError(404, "Resource not found", "404", "invalid_request_error")
         return set()
+
+    def model_of(self, body: dict[str, Any], request: Request) -> str | None:
+        """The deployment: the dated routes' path, else the body's `model`."""
+        deployment = request.path_params.get("deployment", body.get("model"))
+        return deployment if isinstance(deployment, str) else None
 
     def decide(self, body: dict[str, Any], request: Request, fault: Fault,
                betas: set[str]) -> D:
-        deployment = body.get("model")
-        if not isinstance(deployment, str):
+        deployment = self.model_of(body, request)
+        if deployment is None:
             raise ApiError(400, "model (the deployment name) is required", param="model")
         model = self.azure.deployments.get(deployment)
         if model is None:
