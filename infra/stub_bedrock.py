@@ -4,6 +4,10 @@ upstream.
   POST /model/{modelId}/invoke                       InvokeModel: a Messages answer, as JSON
   POST /model/{modelId}/invoke-with-response-stream  InvokeModelWithResponseStream: the AWS
                                      event stream (application/vnd.amazon.eventstream)
+  POST /model/{modelId}/count-tokens CountTokens: {"input": {"invokeModel": {"body": base64 of
+                                     an InvokeModel body}}} -> {"inputTokens": N}, the input it
+                                     would bill uncached, as /v1/messages/count_tokens counts it;
+                                     free, never billed (logged as bedrock.count_tokens)
 
 The body is Anthropic's Messages body as Bedrock takes it
 (https://docs.aws.amazon.com/bedrock/latest/userguide/model-parameters-anthropic-claude-messages.html):
@@ -17,6 +21,10 @@ an ARN whose last part is one of those; URL-encoded in the path as the SDKs send
 counted, decided and billed by infra.stub_messages (its rules, its faults, its X-Stub-* headers),
 at the stub table's entry of that Bedrock id (infra/stub_prices.json, source "bedrock"): the
 bill logs that entry as the model and the id sent as `model_requested` when they differ.
+Headers that would bill at rates the table does not hold are refused (400): a service tier
+other than `default` (X-Amzn-Bedrock-Service-Tier: flex, priority, reserved), latency-optimized
+inference (X-Amzn-Bedrock-PerformanceConfig-Latency: optimized), a guardrail
+(X-Amzn-Bedrock-GuardrailIdentifier). Bedrock API keys (a bearer token) are not served.
 
 Authentication: SigV4 (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_sigv-create-signed-request.html),
 verified: the stub computes the signature of the request it received with botocore's SigV4Auth
@@ -76,12 +84,20 @@ from starlette.routing import Route
 
 from infra.stub_faults import Api, ApiError, Fault
 from infra.stub_messages import API_VERSION, REQUEST_BYTES_MAX, MessagesApi, Reply
+from infra.stub_messages import FIELDS as MESSAGES_FIELDS
 from infra.stub_prices import ModelPrices
 
 if TYPE_CHECKING:
     from infra.stub_provider import StubProviderApp
 
 API_NAME = "bedrock.invoke"
+API_COUNT_TOKENS = "bedrock.count_tokens"
+# Request headers that would change what a call bills, and the one value the stub serves of
+# each (absent is served too): Bedrock's flex and priority tiers, latency-optimized inference,
+# and guardrails (billed per text unit) would each bill at rates the table does not hold.
+PRICED_HEADERS = {"x-amzn-bedrock-service-tier": "default",
+                  "x-amzn-bedrock-performanceconfig-latency": "standard",
+                  "x-amzn-bedrock-guardrailidentifier": ""}
 BEDROCK_API_VERSION = "bedrock-2023-05-31"
 SIGNING_SERVICE = "bedrock"
 SIGNING_ALGORITHM = "AWS4-HMAC-SHA256"
@@ -266,6 +282,19 @@ def exception_event(status: int, message: str) -> bytes:
                          json.dumps(doc, separators=(",", ":")).encode())
 
 
+def invoke_body_of(raw: bytes) -> dict[str, Any]:
+    """The InvokeModel body a CountTokens request holds: `input.invokeModel.body`, base64."""
+    try:
+        doc = json.loads(raw)
+        body = json.loads(base64.b64decode(doc["input"]["invokeModel"]["body"], validate=True))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ApiError(400, "input.invokeModel.body must be an InvokeModel body, base64 "
+                       "(the stub does not count Converse inputs)") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "input.invokeModel.body must be a JSON object")
+    return body
+
+
 def _sse_doc(event: bytes) -> dict[str, Any]:
     """The JSON of one SSE event infra.stub_messages made."""
     data = next(line for line in event.split(b"\n") if line.startswith(b"data: "))
@@ -308,7 +337,28 @@ class Bedrock:
     def routes(self) -> list[Route]:
         return [Route("/model/{model_id:path}/invoke", self.invoke.serve, methods=["POST"]),
                 Route("/model/{model_id:path}/invoke-with-response-stream",
-                      self.invoke_stream.serve, methods=["POST"])]
+                      self.invoke_stream.serve, methods=["POST"]),
+                Route("/model/{model_id:path}/count-tokens", self.count_tokens,
+                      methods=["POST"])]
+
+    async def count_tokens(self, request: Request) -> Response:
+        """CountTokens: the input an InvokeModel body would bill with nothing cached. Signed as
+        every call is; free, never billed."""
+        self.app.bill.requests += 1
+        api = self.invoke
+        headers = api.headers()
+        model_id = api.model_of({}, request)
+        try:
+            raw = await api.read_raw(request)
+            api.check(request)
+            body = invoke_body_of(raw)
+            messages_body, _ = api.messages_body(body, model_id or "")
+            managed = self.messages.counted(messages_body, MESSAGES_FIELDS)
+        except ApiError as exc:
+            self.app.log(API_COUNT_TOKENS, model_id, exc.status, False, Fault())
+            return api.error(exc, headers)
+        self.app.log(API_COUNT_TOKENS, model_id, 200, False, Fault())
+        return JSONResponse({"inputTokens": managed.prompt.tokens}, headers=headers)
 
     def control(self, doc: Mapping[str, Any]) -> BedrockCredentials | None:
         """The credentials /control sets (ValueError), None when it sets none."""
@@ -331,11 +381,20 @@ class BedrockApi(Api[Reply]):
 
     async def serve(self, request: Request) -> Response:
         """Read the body first, which the signature covers, then serve as every API is."""
-        length = request.headers.get("content-length", "")
-        if not (length.isdigit() and int(length) > REQUEST_BYTES_MAX):
-            with contextlib.suppress(ClientDisconnect):  # check() answers for the missing body
-                request.state.raw_body = await request.body()
+        with contextlib.suppress(ApiError):  # check() answers for the missing body
+            await self.read_raw(request)
         return await self.bedrock.app.serve(self, request)
+
+    async def read_raw(self, request: Request) -> bytes:
+        """The body's bytes, kept for check() to verify the signature over."""
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > REQUEST_BYTES_MAX:
+            raise ApiError(413, f"Request exceeds the maximum size of {REQUEST_BYTES_MAX} bytes")
+        try:
+            request.state.raw_body = await request.body()
+        except ClientDisconnect as exc:
+            raise ApiError(499, "the client went away", "client_disconnected") from exc
+        return bytes(request.state.raw_body)
 
     def headers(self) -> dict[str, str]:
         headers = {"x-amzn-RequestId": str(uuid.uuid4())}
@@ -380,6 +439,20 @@ class BedrockApi(Api[Reply]):
     def decide(self, body: dict[str, Any], request: Request, fault: Fault,
                betas: set[str]) -> Reply:
         model_id = self.model_of(body, request) or ""
+        for header, served in PRICED_HEADERS.items():
+            if request.headers.get(header, served) != served:
+                raise ApiError(400, f"{header}: {request.headers[header]!r} is not served by "
+                               "the stub (it would bill at other rates)")
+        messages_body, betas = self.messages_body(body, model_id)
+        reply = self.bedrock.messages.decide(messages_body, request, fault, betas)
+        entry = messages_body["model"]
+        return replace(reply, model_requested=None if model_id == entry else model_id,
+                       message_id="msg_bdrk_" + secrets.token_hex(12))
+
+    def messages_body(self, body: dict[str, Any], model_id: str) -> tuple[dict[str, Any],
+                                                                          set[str]]:
+        """An InvokeModel body as infra.stub_messages takes it, and its betas (ApiError when
+        Bedrock refuses it): the model the table entry of the path's id."""
         for key in ("model", "stream"):
             if key in body:
                 raise ApiError(400, f"Malformed input request: #: extraneous key [{key}] is not "
@@ -398,10 +471,7 @@ class BedrockApi(Api[Reply]):
         entry, _ = self._model(model_id)
         messages_body = {k: v for k, v in body.items()
                          if k not in ("anthropic_version", "anthropic_beta")}
-        reply = self.bedrock.messages.decide({**messages_body, "model": entry}, request, fault,
-                                             {b.strip() for b in beta_list if b.strip()})
-        return replace(reply, model_requested=None if model_id == entry else model_id,
-                       message_id="msg_bdrk_" + secrets.token_hex(12))
+        return {**messages_body, "model": entry}, {b.strip() for b in beta_list if b.strip()}
 
     def charged(self, decided: Reply, fault: Fault) -> None:
         self.bedrock.messages.charged(decided, fault)

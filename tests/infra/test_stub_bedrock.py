@@ -443,3 +443,43 @@ def test_a_stream_broken_off_is_billed_whole(provider: StubProvider, http: httpx
         raw = b"".join(pieces)
     assert [d["type"] for d in chunk_docs(raw)] == ["message_start", "content_block_start"]
     assert only_call(http).cost_micros == 9 * 3 + 20 * 15
+
+
+# -- CountTokens, and headers that would bill at other rates -----------------------------------
+
+
+def test_count_tokens_counts_an_invoke_body_free(runtime: Any, http: httpx.Client) -> None:
+    counted = runtime.count_tokens(modelId=US_SONNET,
+                                   input={"invokeModel": {"body": body().encode()}})
+    assert counted["inputTokens"] == HELLO_TOKENS
+    with pytest.raises(ClientError) as refused:
+        runtime.count_tokens(modelId=US_SONNET, input={"invokeModel": {"body": body(
+            model=SONNET).encode()}})
+    assert refused.value.response["Error"]["Code"] == "ValidationException"
+    bill = bill_of(http)
+    assert [(c.api, c.model, c.status, c.billed) for c in bill.log] == [
+        ("bedrock.count_tokens", US_SONNET, 200, False),
+        ("bedrock.count_tokens", US_SONNET, 400, False)]
+    assert (bill.requests, bill.total.calls) == (2, 0)
+
+
+def test_count_tokens_is_signed_too(provider: StubProvider, http: httpx.Client) -> None:
+    doc = {"input": {"invokeModel": {"body": base64.b64encode(body().encode()).decode()}}}
+    answer = post_signed(http, provider, f"/model/{GLOBAL_SONNET}/count-tokens", doc,
+                         secret="not-the-secret")
+    assert error_of(answer)[:2] == (403, "InvalidSignatureException")
+
+
+@pytest.mark.parametrize(("header", "value"), [
+    ("X-Amzn-Bedrock-Service-Tier", "flex"), ("X-Amzn-Bedrock-Service-Tier", "priority"),
+    ("X-Amzn-Bedrock-PerformanceConfig-Latency", "optimized"),
+    ("X-Amzn-Bedrock-GuardrailIdentifier", "gr-1"),
+])
+def test_a_header_that_bills_other_rates_is_refused(runtime: Any, http: httpx.Client,
+                                                    header: str, value: str) -> None:
+    with stub_headers(runtime, {header: value}), pytest.raises(ClientError) as refused:
+        runtime.invoke_model(modelId=GLOBAL_SONNET, body=body())
+    assert refused.value.response["Error"]["Code"] == "ValidationException"
+    with stub_headers(runtime, {"X-Amzn-Bedrock-Service-Tier": "default"}):
+        runtime.invoke_model(modelId=GLOBAL_SONNET, body=body())
+    assert [c.billed for c in bill_of(http).log] == [False, True]
