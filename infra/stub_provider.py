@@ -66,6 +66,31 @@ still JSON, sent as they are made (chunked, with no length): an answer as large 
 needs, at no memory to the stub.
 `tool_calls` [{"name", "input" or "arguments"}]: scripted tool calls, a queue each API takes
 from (infra/stub_faults.py, infra/stub_messages.py).
+
+Amazon Bedrock, Azure OpenAI and embeddings, each in its module and billed by the API it wraps:
+  POST /v1/embeddings         OpenAI's embeddings: input tokens only, at an embedding model's
+                              rate (a table entry with `embedding`; infra/stub_embeddings.py)
+  POST /model/{modelId}/invoke, /model/{modelId}/invoke-with-response-stream,
+       /model/{modelId}/count-tokens
+                              Bedrock's runtime for Claude (infra/stub_bedrock.py): Messages
+                              bodies, billed by infra/stub_messages.py at the table's entry of
+                              the Bedrock model id (a geographic profile us., eu., ... at its
+                              base id's in-region rates, `global.` at its own); SigV4 verified
+                              with botocore (403 in AWS's shape, unbilled); the stream in AWS's
+                              event-stream framing, `amazon-bedrock-invocationMetrics` on its
+                              message_stop; errors `{"message"}` named in `x-amzn-ErrorType`
+  POST /openai/v1/chat/completions, /openai/v1/responses, /openai/v1/embeddings, and the dated
+       /openai/deployments/{name}/chat/completions, .../embeddings, /openai/responses
+                              Azure OpenAI (infra/stub_azure.py): the OpenAI routes' own
+                              billing, the key in `api-key` (or a bearer token), the body's
+                              `model` (or the dated path's) a deployment; unknown: 404
+                              `DeploymentNotFound`, unbilled
+Their /control settings: `bedrock_credentials` {"access_key_id", "secret_access_key", "region",
+"session_token" (optional)}, the one identity SigV4 is verified against (AWS's documented example
+key pair in us-east-1 until set; GET shows it without the secret); `deployments` {deployment:
+model the table prices}, Azure's (none until set). The X-Stub-* faults and per-call headers work
+on every one of them; a fault Bedrock reports in its stream after billing is an exception event
+(infra/stub_bedrock.py).
 """
 
 from __future__ import annotations
