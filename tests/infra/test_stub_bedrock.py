@@ -483,3 +483,21 @@ def test_a_header_that_bills_other_rates_is_refused(runtime: Any, http: httpx.Cl
     with stub_headers(runtime, {"X-Amzn-Bedrock-Service-Tier": "default"}):
         runtime.invoke_model(modelId=GLOBAL_SONNET, body=body())
     assert [c.billed for c in bill_of(http).log] == [False, True]
+
+
+def test_the_1m_window_is_the_bodys_beta_at_long_context_rates(runtime: Any,
+                                                                http: httpx.Client) -> None:
+    # 800,000 bytes: 200,000 tokens, + 4 for the message and 3 for the reply: 200,007, above
+    # the 200,000 a call without the beta may hold.
+    long = [{"role": "user", "content": "x" * 800_000}]
+    with stub_headers(runtime, {"X-Stub-Output-Tokens": "10"}):
+        with pytest.raises(ClientError) as too_long:
+            runtime.invoke_model(modelId=GLOBAL_SONNET, body=body(messages=long))
+        runtime.invoke_model(modelId=GLOBAL_SONNET, body=body(
+            messages=long, anthropic_beta=["context-1m-2025-08-07"]))
+    assert "prompt is too long" in too_long.value.response["Error"]["Message"]
+    refused, served = bill_of(http).log
+    assert not refused.billed
+    assert served.service_tier == "long_context"
+    # Global Sonnet 4.5 long context: $6 in, $22.50 out a million.
+    assert served.cost_micros == 200_007 * 6 + 10 * 45 // 2
