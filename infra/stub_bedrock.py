@@ -321,8 +321,8 @@ def anthropic_name(entry: str) -> str:
 
 
 class Bedrock:
-    """What Bedrock's two routes share: the credentials, and a Messages API of its own (its
-    prompt cache is not Anthropic's)."""
+    """What Bedrock's routes share: the credentials, and a Messages API of its own (its prompt
+    cache is not Anthropic's)."""
 
     def __init__(self, app: StubProviderApp) -> None:
         self.app = app
@@ -403,6 +403,8 @@ class BedrockApi(Api[Reply]):
         return headers
 
     def error(self, error: ApiError, headers: dict[str, str]) -> Response:
+        # refused() names AWS's exception in `code`, capitalized as AWS spells it; any other
+        # error (the Messages API's, a fault's) is named by its status.
         kind = error.code if error.code[:1].isupper() else ERROR_TYPES.get(
             error.status, "ValidationException" if error.status < 500
             else "InternalServerException")
