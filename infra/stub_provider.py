@@ -35,6 +35,31 @@ whether or not the client is still there to read it. A call the stub refuses (ba
 unknown model, wrong key, a fault that fails before serving) is not billed. Every request is
 counted in `requests` and logged all the same.
 
+Amazon Bedrock, Azure OpenAI and embeddings, each in its module and billed by the API it wraps:
+  POST /v1/embeddings         OpenAI's embeddings: input tokens only, at an embedding model's
+                              rate (a table entry with `embedding`; infra/stub_embeddings.py)
+  POST /model/{modelId}/invoke, /model/{modelId}/invoke-with-response-stream,
+       /model/{modelId}/count-tokens
+                              Bedrock's runtime for Claude (infra/stub_bedrock.py): Messages
+                              bodies, billed by infra/stub_messages.py at the table's entry of
+                              the Bedrock model id (a geographic profile us., eu., ... at its
+                              base id's in-region rates, `global.` at its own); SigV4 verified
+                              with botocore (403 in AWS's shape, unbilled); the stream in AWS's
+                              event-stream framing, `amazon-bedrock-invocationMetrics` on its
+                              message_stop; errors `{"message"}` named in `x-amzn-ErrorType`
+  POST /openai/v1/chat/completions, /openai/v1/responses, /openai/v1/embeddings, and the dated
+       /openai/deployments/{name}/chat/completions, .../embeddings, /openai/responses
+                              Azure OpenAI (infra/stub_azure.py): the OpenAI routes' own
+                              billing, the key in `api-key` (or a bearer token), the body's
+                              `model` (or the dated path's) a deployment; unknown: 404
+                              `DeploymentNotFound`, unbilled
+Their /control settings: `bedrock_credentials` {"access_key_id", "secret_access_key", "region",
+"session_token" (optional)}, the one identity SigV4 is verified against (AWS's documented example
+key pair in us-east-1 until set; GET shows it without the secret); `deployments` {deployment:
+model the table prices}, Azure's (none until set). The X-Stub-* faults and per-call headers work
+on every one of them; a fault Bedrock reports in its stream after billing is an exception event
+(infra/stub_bedrock.py).
+
 OpenAI's stored prompts are registered by POST /control `prompts` {prompt id: {"tokens": N}}
 (infra/stub_responses.py); `tool_calls` (below) script the OpenAI routes' tool calls too: the
 first queued call whose function a call offers, in a namespace tool or not, is its answer.
@@ -67,30 +92,6 @@ needs, at no memory to the stub.
 `tool_calls` [{"name", "input" or "arguments"}]: scripted tool calls, a queue each API takes
 from (infra/stub_faults.py, infra/stub_messages.py).
 
-Amazon Bedrock, Azure OpenAI and embeddings, each in its module and billed by the API it wraps:
-  POST /v1/embeddings         OpenAI's embeddings: input tokens only, at an embedding model's
-                              rate (a table entry with `embedding`; infra/stub_embeddings.py)
-  POST /model/{modelId}/invoke, /model/{modelId}/invoke-with-response-stream,
-       /model/{modelId}/count-tokens
-                              Bedrock's runtime for Claude (infra/stub_bedrock.py): Messages
-                              bodies, billed by infra/stub_messages.py at the table's entry of
-                              the Bedrock model id (a geographic profile us., eu., ... at its
-                              base id's in-region rates, `global.` at its own); SigV4 verified
-                              with botocore (403 in AWS's shape, unbilled); the stream in AWS's
-                              event-stream framing, `amazon-bedrock-invocationMetrics` on its
-                              message_stop; errors `{"message"}` named in `x-amzn-ErrorType`
-  POST /openai/v1/chat/completions, /openai/v1/responses, /openai/v1/embeddings, and the dated
-       /openai/deployments/{name}/chat/completions, .../embeddings, /openai/responses
-                              Azure OpenAI (infra/stub_azure.py): the OpenAI routes' own
-                              billing, the key in `api-key` (or a bearer token), the body's
-                              `model` (or the dated path's) a deployment; unknown: 404
-                              `DeploymentNotFound`, unbilled
-Their /control settings: `bedrock_credentials` {"access_key_id", "secret_access_key", "region",
-"session_token" (optional)}, the one identity SigV4 is verified against (AWS's documented example
-key pair in us-east-1 until set; GET shows it without the secret); `deployments` {deployment:
-model the table prices}, Azure's (none until set). The X-Stub-* faults and per-call headers work
-on every one of them; a fault Bedrock reports in its stream after billing is an exception event
-(infra/stub_bedrock.py).
 """
 
 from __future__ import annotations
@@ -203,12 +204,12 @@ class StubProviderApp:
         openai_cache: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self.chat = ChatApi(self, openai_cache)
         self.responses = ResponsesApi(self, openai_cache)
-        self.messages = MessagesApi(self)
         # Bedrock, Azure OpenAI and embeddings (infra/stub_bedrock.py, stub_azure.py,
         # stub_embeddings.py): Azure wraps the OpenAI routes, Bedrock the Messages API.
         self.embeddings = EmbeddingsApi(self)
         self.bedrock = Bedrock(self)
         self.azure = Azure(self)
+        self.messages = MessagesApi(self)
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", partial(self.serve, self.chat), methods=["POST"]),
             Route("/v1/responses", partial(self.serve, self.responses), methods=["POST"]),
@@ -246,8 +247,8 @@ class StubProviderApp:
                 if not isinstance(doc, dict):
                     raise ValueError("the control body is an object")
                 unknown = (set(doc) - SETTINGS - RESPONSES_CONTROL_FIELDS
-                           - BEDROCK_CONTROL_FIELDS - AZURE_CONTROL_FIELDS
                            - {*FAULT_HEADERS.values(), "calls"})
+                unknown -= BEDROCK_CONTROL_FIELDS | AZURE_CONTROL_FIELDS
                 if unknown:
                     raise ValueError(f"unknown control fields {sorted(unknown)}")
                 fault = fault_from({k: v for k, v in doc.items() if k not in SETTINGS})
@@ -262,18 +263,18 @@ class StubProviderApp:
                 return self.chat.error(ApiError(400, f"control body: {exc}"), {})
             # Checked whole before anything changes: a refused body changes nothing.
             self.fault, self.settings = fault, settings
-            self.registry.images = self.registry.images if images is None else images
-            self.registry.files = self.registry.files if files is None else files
-            self.registry.prompts = self.registry.prompts if prompts is None else prompts
             self.bedrock.credentials = credentials or self.bedrock.credentials
             self.azure.deployments = (self.azure.deployments if deployments is None
                                       else deployments)
+            self.registry.images = self.registry.images if images is None else images
+            self.registry.files = self.registry.files if files is None else files
+            self.registry.prompts = self.registry.prompts if prompts is None else prompts
         return JSONResponse({**self.fault.to_json(), **vars(self.settings),
+                             "bedrock_credentials": self.bedrock.credentials.to_json(),
+                             "deployments": dict(self.azure.deployments),
                              "images": {u: list(s) for u, s in self.registry.images.items()},
                              "files": sorted(self.registry.files),
-                             "prompts": dict(self.registry.prompts),
-                             "bedrock_credentials": self.bedrock.credentials.to_json(),
-                             "deployments": dict(self.azure.deployments)})
+                             "prompts": dict(self.registry.prompts)})
 
     async def live(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
