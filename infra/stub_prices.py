@@ -113,7 +113,6 @@ MODEL_FIELDS = frozenset({*RATE_FIELDS, "request_usd", "service_tiers", "reasoni
                           "image", "audio_input_tokens_per_s", "web_search_usd_per_1k",
                           "web_search_usd_per_call", "long_context", "anthropic", "aliases",
                           "context_window_tokens", "web_search_content_tokens"})
-EMBEDDING_FIELDS = frozenset({"dimensions", "dimensions_settable", "input_tokens_max"})
 OPENAI_TOOLS_FIELDS = frozenset({"web_search_usd_per_1k_calls",
                                  "web_search_preview_usd_per_1k_calls"})
 OPENROUTER_FIELDS = frozenset({"web_plugin_usd_per_1k_results", "web_plugin_results_default"})
@@ -122,6 +121,7 @@ MESSAGES_FIELDS = frozenset({"context_window_tokens", "output_tokens_max", "cach
 LONG_CONTEXT_FIELDS = frozenset({"above_input_tokens", "beta", "context_window_tokens"})
 # OpenAI's long context needs no beta: a call above the threshold is billed at its rates.
 OPENAI_LONG_CONTEXT_FIELDS = LONG_CONTEXT_FIELDS - {"beta"}
+EMBEDDING_FIELDS = frozenset({"dimensions", "dimensions_settable", "input_tokens_max"})
 
 
 @dataclass(frozen=True)

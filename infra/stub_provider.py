@@ -91,7 +91,6 @@ still JSON, sent as they are made (chunked, with no length): an answer as large 
 needs, at no memory to the stub.
 `tool_calls` [{"name", "input" or "arguments"}]: scripted tool calls, a queue each API takes
 from (infra/stub_faults.py, infra/stub_messages.py).
-
 """
 
 from __future__ import annotations
