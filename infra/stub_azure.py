@@ -18,7 +18,10 @@ answered by it, with its faults and X-Stub-* headers, but:
   the model as the priced one and the deployment as `model_requested`. An unknown deployment is
   refused 404 `DeploymentNotFound`, unbilled;
 - errors are in Azure's shape, `{"error": {"code", "message", "param", "type"}}` (OpenAI's, with
-  Azure's codes), and every answer carries `apim-request-id` and `x-ms-region`.
+  Azure's codes), and every answer carries `apim-request-id` and `x-ms-region`;
+- a chat answer reports Azure's content filtering (`prompt_filter_results`, and each choice's
+  `content_filter_results`: nothing filtered), and a chat stream opens, as Azure's does, with a
+  chunk of no choices and an empty `model` that carries only `prompt_filter_results`.
 The stored responses and prompt caches are the OpenAI routes' own (one resource's, as if Azure
 and OpenAI shared them): a test that needs them apart uses two stubs.
 """
@@ -34,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from infra.stub_faults import REGISTRY_ENTRIES_MAX, Api, ApiError, Decided, Fault
+from infra.stub_faults import REGISTRY_ENTRIES_MAX, Api, ApiError, Decided, Fault, sse
 
 if TYPE_CHECKING:
     from infra.stub_prices import StubPrices
@@ -51,6 +54,12 @@ DEPLOYMENT_NOT_FOUND = (
 ACCESS_DENIED = ("Access denied due to invalid subscription key or wrong API endpoint. Make sure "
                  "to provide a valid key for an active subscription and use a correct regional "
                  "API endpoint for your resource.")
+
+CHAT = "chat.completions"
+# Azure's content filtering, reported on every chat answer: nothing filtered.
+FILTER_RESULTS = {kind: {"filtered": False, "severity": "safe"}
+                  for kind in ("hate", "self_harm", "sexual", "violence")}
+PROMPT_FILTER_RESULTS = [{"prompt_index": 0, "content_filter_results": FILTER_RESULTS}]
 
 D = TypeVar("D", bound=Decided)
 
@@ -144,10 +153,22 @@ class AzureApi(Api[D], Generic[D]):
         self.inner.charged(decided, fault)
 
     def body(self, decided: D) -> dict[str, Any]:
-        return self.inner.body(decided)
+        doc = self.inner.body(decided)
+        if self.inner.name == CHAT:
+            doc["prompt_filter_results"] = PROMPT_FILTER_RESULTS
+            for choice in doc["choices"]:
+                choice["content_filter_results"] = FILTER_RESULTS
+        return doc
 
     def events(self, decided: D, fault: Fault) -> list[bytes]:
-        return self.inner.events(decided, fault)
+        events = self.inner.events(decided, fault)
+        if self.inner.name == CHAT:
+            # Azure opens a chat stream with a chunk of no choices and no model, which only
+            # reports the prompt's filtering: a parser that reads choices[0] of every chunk
+            # fails on it.
+            events = [sse({"choices": [], "created": 0, "id": "", "model": "", "object": "",
+                           "prompt_filter_results": PROMPT_FILTER_RESULTS}), *events]
+        return events
 
     def failed_events(self, decided: D, failure: ApiError) -> list[bytes] | None:
         return self.inner.failed_events(decided, failure)

@@ -61,6 +61,10 @@ def test_v1_chat_bills_the_deployments_model(v1: openai.OpenAI, http: httpx.Clie
     assert answer.usage is not None
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (HELLO_TOKENS, 10)
     assert answer.model == "gpt-4o"
+    assert answer.model_extra is not None
+    assert answer.model_extra["prompt_filter_results"][0]["prompt_index"] == 0
+    assert answer.choices[0].model_extra is not None
+    assert "content_filter_results" in answer.choices[0].model_extra
     call = only_call(http)
     assert (call.api, call.model, call.model_requested) == ("azure.chat.completions", "gpt-4o",
                                                             "prod-4o")
@@ -71,7 +75,12 @@ def test_v1_chat_streams(v1: openai.OpenAI, http: httpx.Client) -> None:
     stream = v1.chat.completions.create(model="prod-4o", messages=HELLO, stream=True,
                                         stream_options={"include_usage": True},
                                         extra_headers=FORCED)
-    usage = [chunk.usage for chunk in stream if chunk.usage is not None]
+    chunks = list(stream)
+    # Azure's first chunk: no choices, no model, only the prompt's content filtering.
+    assert (chunks[0].choices, chunks[0].model) == ([], "")
+    assert chunks[0].model_extra is not None
+    assert "prompt_filter_results" in chunks[0].model_extra
+    usage = [chunk.usage for chunk in chunks if chunk.usage is not None]
     assert [u.completion_tokens for u in usage] == [10]
     call = only_call(http)
     assert (call.stream, call.cost_micros) == (True, HELLO_COST_MICROS)
