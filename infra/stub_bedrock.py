@@ -24,7 +24,7 @@ bill logs that entry as the model and the id sent as `model_requested` when they
 Headers that would bill at rates the table does not hold are refused (400): a service tier
 other than `default` (X-Amzn-Bedrock-Service-Tier: flex, priority, reserved), latency-optimized
 inference (X-Amzn-Bedrock-PerformanceConfig-Latency: optimized), a guardrail
-(X-Amzn-Bedrock-GuardrailIdentifier). Bedrock API keys (a bearer token) are not served.
+(X-Amzn-Bedrock-GuardrailIdentifier).
 
 Authentication: SigV4 (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_sigv-create-signed-request.html),
 verified: the stub computes the signature of the request it received with botocore's SigV4Auth
@@ -33,7 +33,11 @@ malformed Authorization header, an unknown access key or session token, a scope 
 region or service, an X-Amz-Date more than 5 minutes from the stub's clock, or a signature that
 does not match is refused 403 in AWS's shape, unbilled. The credentials are the /control setting
 `bedrock_credentials` {"access_key_id", "secret_access_key", "session_token" (optional),
-"region"}, by default AWS's documented example key pair in us-east-1 (BEDROCK_CREDENTIALS_DEFAULT).
+"region", "api_key" (optional)}, by default AWS's documented example key pair in us-east-1
+(BEDROCK_CREDENTIALS_DEFAULT). A Bedrock API key
+(https://docs.aws.amazon.com/bedrock/latest/userguide/api-keys.html) is taken instead of a
+signature as `Authorization: Bearer <key>` when `api_key` is set; any other bearer token is
+refused 403 AccessDeniedException (the stub's wording).
 
 Answers: InvokeModel's body is the Messages answer (`id` msg_bdrk_..., `model` the Anthropic
 name, `usage` as Anthropic reports it) with the token counts also in the headers
@@ -145,22 +149,24 @@ class BedrockCredentials:
     secret_access_key: str
     region: str
     session_token: str | None = None
+    api_key: str | None = None  # a Bedrock API key, sent as a bearer token; None: none works
 
     @classmethod
     def from_json(cls, doc: object) -> BedrockCredentials:
         keys = {"access_key_id", "secret_access_key", "region"}
         if (not isinstance(doc, Mapping) or not keys <= set(doc)
-                or set(doc) - keys - {"session_token"}
+                or set(doc) - keys - {"session_token", "api_key"}
                 or not all(isinstance(v, str) and v for v in doc.values())):
             raise ValueError("bedrock_credentials is {access_key_id, secret_access_key, region, "
-                             "session_token (optional)}, each a non-empty string")
+                             "session_token and api_key (optional)}, each a non-empty string")
         return cls(doc["access_key_id"], doc["secret_access_key"], doc["region"],
-                   doc.get("session_token"))
+                   doc.get("session_token"), doc.get("api_key"))
 
     def to_json(self) -> dict[str, str | None]:
-        """As /control shows them: the secret left out."""
+        """As /control shows them: the secrets left out."""
         return {"access_key_id": self.access_key_id, "region": self.region,
-                "session_token": None if self.session_token is None else "(set)"}
+                "session_token": None if self.session_token is None else "(set)",
+                "api_key": None if self.api_key is None else "(set)"}
 
 
 def refused(exception: str, message: str, status: int = 403) -> ApiError:
@@ -419,6 +425,14 @@ class BedrockApi(Api[Reply]):
                 raise ApiError(413, f"Request exceeds the maximum size of {REQUEST_BYTES_MAX} "
                                "bytes")
             raise ApiError(499, "the client went away", "client_disconnected")
+        authorization = request.headers.get("authorization", "")
+        if authorization.startswith("Bearer "):
+            api_key = self.bedrock.credentials.api_key
+            if api_key is None or not hmac.compare_digest(
+                    authorization.removeprefix("Bearer ").encode(), api_key.encode()):
+                raise refused("AccessDeniedException",
+                              "Authentication failed: Please make sure your API Key is valid.")
+            return set()
         verify_sigv4(request.method, request.headers.get("host", ""),
                      request.scope["raw_path"].decode("latin-1"),
                      request.scope["query_string"].decode("latin-1"), request.headers, raw,

@@ -54,8 +54,9 @@ Amazon Bedrock, Azure OpenAI and embeddings, each in its module and billed by th
                               `model` (or the dated path's) a deployment; unknown: 404
                               `DeploymentNotFound`, unbilled
 Their /control settings: `bedrock_credentials` {"access_key_id", "secret_access_key", "region",
-"session_token" (optional)}, the one identity SigV4 is verified against (AWS's documented example
-key pair in us-east-1 until set; GET shows it without the secret); `deployments` {deployment:
+"session_token", "api_key" (both optional)}, the one identity SigV4 is verified against (AWS's
+documented example key pair in us-east-1 until set; GET shows it without the secrets) and the
+Bedrock API key a bearer token must be (none until set); `deployments` {deployment:
 model the table prices}, Azure's (none until set). The X-Stub-* faults and per-call headers work
 on every one of them; a fault Bedrock reports in its stream after billing is an exception event
 (infra/stub_bedrock.py).

@@ -348,7 +348,8 @@ def test_control_sets_the_credentials_a_session_token_included(
                  "session_token": "temp-token", "region": REGION}
     shown = http.post("/control", json={"bedrock_credentials": temporary}).json()
     assert shown["bedrock_credentials"] == {"access_key_id": "ASIATEMPORARY0000000",
-                                            "region": REGION, "session_token": "(set)"}
+                                            "region": REGION, "session_token": "(set)",
+                                            "api_key": None}
     assert "temp-secret" not in json.dumps(shown)
     with pytest.raises(ClientError) as old_key:
         runtime.invoke_model(modelId=GLOBAL_SONNET, body=body())
@@ -501,3 +502,23 @@ def test_the_1m_window_is_the_bodys_beta_at_long_context_rates(runtime: Any,
     assert served.service_tier == "long_context"
     # Global Sonnet 4.5 long context: $6 in, $22.50 out a million.
     assert served.cost_micros == 200_007 * 6 + 10 * 45 // 2
+
+
+def test_a_bedrock_api_key_is_a_bearer_token(provider: StubProvider, http: httpx.Client) -> None:
+    api_key = "ABSKstubbedrockapikey"
+    path = f"/model/{GLOBAL_SONNET}/invoke"
+    unset = http.post(path, content=body(), headers={"Authorization": f"Bearer {api_key}"})
+    assert error_of(unset)[:2] == (403, "AccessDeniedException")
+    http.post("/control", json={"bedrock_credentials": {
+        "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY, "region": REGION,
+        "api_key": api_key}}).raise_for_status()
+    wrong = http.post(path, content=body(), headers={"Authorization": "Bearer other"})
+    assert error_of(wrong)[:2] == (403, "AccessDeniedException")
+    # boto3 takes the key from AWS_BEARER_TOKEN_BEDROCK but sends it over HTTPS only, which
+    # the stub does not serve: the anthropic SDK sends it, as `api_key`.
+    served = http.post(path, content=body(), headers={"Authorization": f"Bearer {api_key}"})
+    assert served.status_code == 200
+    anthropic.AnthropicBedrock(api_key=api_key, aws_region=REGION, base_url=provider.url,
+                               max_retries=0, timeout=CALL_TIMEOUT_S).messages.create(
+        model=GLOBAL_SONNET, max_tokens=10, messages=HELLO)
+    assert [c.billed for c in bill_of(http).log] == [False, False, True, True]
