@@ -41,13 +41,6 @@ exactly micro-dollars per token):
                                                             served by the Messages API (and only
                                                             there); a model without it is served
                                                             by the OpenAI routes only
-    embedding: {"dimensions": N, "dimensions_settable": B, "input_tokens_max": N}
-                                                            an embedding model (served by the
-                                                            embeddings routes only,
-                                                            infra/stub_embeddings.py): its
-                                                            vectors' length, whether
-                                                            `dimensions` may shorten them, the
-                                                            most tokens one input may hold
     aliases: ["dated-snapshot-name", ...]                   other names of the same model
     context_window_tokens: N                                OpenAI: the most input a call may
                                                             hold; more is refused (400
@@ -56,6 +49,13 @@ exactly micro-dollars per token):
     web_search_content_tokens: N                            OpenAI: the web search tool bills
                                                             this fixed block of input a search
                                                             instead of the content's own tokens
+    embedding: {"dimensions": N, "dimensions_settable": B, "input_tokens_max": N}
+                                                            an embedding model (served by the
+                                                            embeddings routes only,
+                                                            infra/stub_embeddings.py): its
+                                                            vectors' length, whether
+                                                            `dimensions` may shorten them, the
+                                                            most tokens one input may hold
 
 Besides "models", a table may give "openrouter", the fees OpenRouter adds to a model's (billed
 when the stub serves OpenRouter's fields, infra/stub_openai.py); a caller's replaces the default:
@@ -109,10 +109,10 @@ AREA_PIXELS_MAX = 784 * 1_568
 RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cached_input_usd_per_mtok",
                "cache_write_usd_per_mtok", "cache_write_1h_usd_per_mtok",
                "audio_input_usd_per_mtok", "audio_output_usd_per_mtok")
-MODEL_FIELDS = frozenset({*RATE_FIELDS, "request_usd", "service_tiers", "reasoning", "embedding",
-                          "image", "audio_input_tokens_per_s", "web_search_usd_per_1k",
+MODEL_FIELDS = frozenset({*RATE_FIELDS, "request_usd", "service_tiers", "reasoning", "image",
+                          "audio_input_tokens_per_s", "web_search_usd_per_1k",
                           "web_search_usd_per_call", "long_context", "anthropic", "aliases",
-                          "context_window_tokens", "web_search_content_tokens"})
+                          "context_window_tokens", "web_search_content_tokens", "embedding"})
 OPENAI_TOOLS_FIELDS = frozenset({"web_search_usd_per_1k_calls",
                                  "web_search_preview_usd_per_1k_calls"})
 OPENROUTER_FIELDS = frozenset({"web_plugin_usd_per_1k_results", "web_plugin_results_default"})
@@ -180,16 +180,6 @@ class LongContext:
 
 
 @dataclass(frozen=True)
-class EmbeddingModel:
-    """An embedding model: vectors of `dimensions` floats (fewer when `dimensions_settable` and
-    a call asks), and at most `input_tokens_max` tokens an input."""
-
-    dimensions: int
-    dimensions_settable: bool
-    input_tokens_max: int
-
-
-@dataclass(frozen=True)
 class MessagesModel:
     """What Anthropic documents of a model besides its rates, as the Messages API needs it.
 
@@ -207,6 +197,16 @@ class MessagesModel:
 
 
 @dataclass(frozen=True)
+class EmbeddingModel:
+    """An embedding model: vectors of `dimensions` floats (fewer when `dimensions_settable` and
+    a call asks), and at most `input_tokens_max` tokens an input."""
+
+    dimensions: int
+    dimensions_settable: bool
+    input_tokens_max: int
+
+
+@dataclass(frozen=True)
 class ModelPrices:
     name: str
     standard: TierRates
@@ -219,9 +219,9 @@ class ModelPrices:
     web_search_call_micros: Fraction | None = None  # a search model's fee per call
     long_context: LongContext | None = None
     messages: MessagesModel | None = None  # None: not an Anthropic model
-    embedding: EmbeddingModel | None = None  # None: not an embedding model
     context_window_tokens: int | None = None  # OpenAI's input limit; None: none
     web_search_content_tokens: int | None = None  # a fixed block a search, instead of its own
+    embedding: EmbeddingModel | None = None  # None: not an embedding model
 
     def rates(self, tier: str) -> TierRates:
         if tier == TIER_STANDARD:
@@ -489,13 +489,13 @@ def _model(name: str, entry: object) -> ModelPrices:
         long_context=_long_context(name, entry.get("long_context"),
                                    anthropic=messages is not None),
         messages=messages,
-        embedding=_embedding(name, entry.get("embedding")),
         context_window_tokens=(_positive(name, "context_window_tokens",
                                          entry["context_window_tokens"])
                                if "context_window_tokens" in entry else None),
         web_search_content_tokens=(_positive(name, "web_search_content_tokens",
                                              entry["web_search_content_tokens"])
                                    if "web_search_content_tokens" in entry else None),
+        embedding=_embedding(name, entry.get("embedding")),
     )
 
 

@@ -168,6 +168,8 @@ BILL_FETCH_TIMEOUT_S = 10.0
 STATUS_NO_ANSWER = 0
 # The setting `answer_padding_bytes` pads answers in pieces of this size, made as they are sent.
 PADDING_PIECE_BYTES = 1024 * 1024
+# What /control sets of Bedrock's (its credentials) and Azure's (its deployments).
+CLOUD_CONTROL_FIELDS = BEDROCK_CONTROL_FIELDS | AZURE_CONTROL_FIELDS
 
 D = TypeVar("D", bound=Decided)
 
@@ -246,9 +248,8 @@ class StubProviderApp:
                 doc = await request.json()
                 if not isinstance(doc, dict):
                     raise ValueError("the control body is an object")
-                unknown = (set(doc) - SETTINGS - RESPONSES_CONTROL_FIELDS
+                unknown = (set(doc) - SETTINGS - RESPONSES_CONTROL_FIELDS - CLOUD_CONTROL_FIELDS
                            - {*FAULT_HEADERS.values(), "calls"})
-                unknown -= BEDROCK_CONTROL_FIELDS | AZURE_CONTROL_FIELDS
                 if unknown:
                     raise ValueError(f"unknown control fields {sorted(unknown)}")
                 fault = fault_from({k: v for k, v in doc.items() if k not in SETTINGS})
@@ -263,16 +264,16 @@ class StubProviderApp:
                 return self.chat.error(ApiError(400, f"control body: {exc}"), {})
             # Checked whole before anything changes: a refused body changes nothing.
             self.fault, self.settings = fault, settings
+            self.registry.images = self.registry.images if images is None else images
             self.bedrock.credentials = credentials or self.bedrock.credentials
             self.azure.deployments = (self.azure.deployments if deployments is None
                                       else deployments)
-            self.registry.images = self.registry.images if images is None else images
             self.registry.files = self.registry.files if files is None else files
             self.registry.prompts = self.registry.prompts if prompts is None else prompts
         return JSONResponse({**self.fault.to_json(), **vars(self.settings),
+                             "images": {u: list(s) for u, s in self.registry.images.items()},
                              "bedrock_credentials": self.bedrock.credentials.to_json(),
                              "deployments": dict(self.azure.deployments),
-                             "images": {u: list(s) for u, s in self.registry.images.items()},
                              "files": sorted(self.registry.files),
                              "prompts": dict(self.registry.prompts)})
 
