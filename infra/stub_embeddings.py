@@ -44,9 +44,9 @@ INPUTS_MAX = 2_048
 REQUEST_TOKENS_MAX = 300_000
 FIELDS = frozenset({"model", "input", "dimensions", "encoding_format", "user"})
 ENCODING_FORMATS = ("float", "base64")
-# A token id is below this (the largest vocabulary the -3 models' tokenizer has, cl100k_base's,
-# rounded up): a larger number is not a token.
-TOKEN_ID_MAX = 200_000
+# A token id is below this, the size of OpenAI's largest vocabulary (o200k_base's, rounded up;
+# the embedding models' cl100k_base has about 100,000): a larger number is not a token.
+TOKEN_ID_MAX = 200_100
 
 
 @dataclass(frozen=True, kw_only=True)
