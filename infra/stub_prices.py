@@ -49,6 +49,13 @@ exactly micro-dollars per token):
     web_search_content_tokens: N                            OpenAI: the web search tool bills
                                                             this fixed block of input a search
                                                             instead of the content's own tokens
+    embedding: {"dimensions": N, "dimensions_settable": B, "input_tokens_max": N}
+                                                            an embedding model (served by the
+                                                            embeddings routes only,
+                                                            infra/stub_embeddings.py): its
+                                                            vectors' length, whether
+                                                            `dimensions` may shorten them, the
+                                                            most tokens one input may hold
 
 Besides "models", a table may give "openrouter", the fees OpenRouter adds to a model's (billed
 when the stub serves OpenRouter's fields, infra/stub_openai.py); a caller's replaces the default:
@@ -105,7 +112,7 @@ RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cached_input_usd_pe
 MODEL_FIELDS = frozenset({*RATE_FIELDS, "request_usd", "service_tiers", "reasoning", "image",
                           "audio_input_tokens_per_s", "web_search_usd_per_1k",
                           "web_search_usd_per_call", "long_context", "anthropic", "aliases",
-                          "context_window_tokens", "web_search_content_tokens"})
+                          "context_window_tokens", "web_search_content_tokens", "embedding"})
 OPENAI_TOOLS_FIELDS = frozenset({"web_search_usd_per_1k_calls",
                                  "web_search_preview_usd_per_1k_calls"})
 OPENROUTER_FIELDS = frozenset({"web_plugin_usd_per_1k_results", "web_plugin_results_default"})
@@ -114,6 +121,7 @@ MESSAGES_FIELDS = frozenset({"context_window_tokens", "output_tokens_max", "cach
 LONG_CONTEXT_FIELDS = frozenset({"above_input_tokens", "beta", "context_window_tokens"})
 # OpenAI's long context needs no beta: a call above the threshold is billed at its rates.
 OPENAI_LONG_CONTEXT_FIELDS = LONG_CONTEXT_FIELDS - {"beta"}
+EMBEDDING_FIELDS = frozenset({"dimensions", "dimensions_settable", "input_tokens_max"})
 
 
 @dataclass(frozen=True)
@@ -189,6 +197,16 @@ class MessagesModel:
 
 
 @dataclass(frozen=True)
+class EmbeddingModel:
+    """An embedding model: vectors of `dimensions` floats (fewer when `dimensions_settable` and
+    a call asks), and at most `input_tokens_max` tokens an input."""
+
+    dimensions: int
+    dimensions_settable: bool
+    input_tokens_max: int
+
+
+@dataclass(frozen=True)
 class ModelPrices:
     name: str
     standard: TierRates
@@ -203,6 +221,7 @@ class ModelPrices:
     messages: MessagesModel | None = None  # None: not an Anthropic model
     context_window_tokens: int | None = None  # OpenAI's input limit; None: none
     web_search_content_tokens: int | None = None  # a fixed block a search, instead of its own
+    embedding: EmbeddingModel | None = None  # None: not an embedding model
 
     def rates(self, tier: str) -> TierRates:
         if tier == TIER_STANDARD:
@@ -419,6 +438,18 @@ def _image_rule(name: str, doc: object) -> ImageRule | None:
                      "rule (multiplier) or an area rule")
 
 
+def _embedding(name: str, doc: object) -> EmbeddingModel | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping) or set(doc) != EMBEDDING_FIELDS:
+        raise ValueError(f"{name}.embedding must have exactly {sorted(EMBEDDING_FIELDS)}")
+    if type(doc["dimensions_settable"]) is not bool:
+        raise ValueError(f"{name}.embedding.dimensions_settable must be a boolean")
+    return EmbeddingModel(_positive(name, "embedding.dimensions", doc["dimensions"]),
+                          doc["dimensions_settable"],
+                          _positive(name, "embedding.input_tokens_max", doc["input_tokens_max"]))
+
+
 def _model(name: str, entry: object) -> ModelPrices:
     if not isinstance(entry, Mapping):
         raise ValueError(f"{name} must be an object")
@@ -464,6 +495,7 @@ def _model(name: str, entry: object) -> ModelPrices:
         web_search_content_tokens=(_positive(name, "web_search_content_tokens",
                                              entry["web_search_content_tokens"])
                                    if "web_search_content_tokens" in entry else None),
+        embedding=_embedding(name, entry.get("embedding")),
     )
 
 
