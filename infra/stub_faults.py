@@ -277,6 +277,17 @@ class Api(Generic[D]):
     def check(self, request: Request) -> set[str]:
         raise NotImplementedError
 
+    def model_of(self, body: dict[str, Any], request: Request) -> str | None:
+        """The model the call names, as the bill logs it if refused: the body's by default (an
+        API that names it in the path reads it there)."""
+        model = body.get("model")
+        return model if isinstance(model, str) else None
+
+    def streams(self, body: dict[str, Any], request: Request) -> bool:
+        """Whether the call is answered as a stream: the body's `stream` by default (an API
+        that streams by route reads the route)."""
+        return body.get("stream") is True
+
     def decide(self, body: dict[str, Any], request: Request, fault: Fault,
                betas: set[str]) -> D:
         raise NotImplementedError

@@ -282,8 +282,8 @@ class StubProviderApp:
             if fault.fail_status is not None:
                 raise stub_failure(fault.fail_status, "on request")
             body = await read_body(request, api.request_bytes_max)
-            model = body.get("model") if isinstance(body.get("model"), str) else None
-            stream = body.get("stream") is True
+            model = api.model_of(body, request)
+            stream = api.streams(body, request)
             decided = api.decide(body, request, fault, betas)
         except ApiError as exc:
             self.log(api.name, model, exc.status, stream, fault)
