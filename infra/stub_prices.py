@@ -49,6 +49,14 @@ exactly micro-dollars per token):
     web_search_content_tokens: N                            OpenAI: the web search tool bills
                                                             this fixed block of input a search
                                                             instead of the content's own tokens
+    gemini: {"output_tokens_max": N, "thinking": "budget" | "level" | "none",
+             "thinking_budget_min": N, "thinking_budget_max": N, "thinks_by_default": BOOL,
+             "grounding_usd_per_1k": "35", "grounding_per": "prompt" | "query"}
+                                                            served by the Gemini API and Vertex
+                                                            AI (infra/stub_gemini.py); its input
+                                                            window is `context_window_tokens`,
+                                                            its long-context tier `long_context`
+                                                            (no beta, any prompt above N)
 
 Besides "models", a table may give "openrouter", the fees OpenRouter adds to a model's (billed
 when the stub serves OpenRouter's fields, infra/stub_openai.py); a caller's replaces the default:
@@ -105,7 +113,7 @@ RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cached_input_usd_pe
 MODEL_FIELDS = frozenset({*RATE_FIELDS, "request_usd", "service_tiers", "reasoning", "image",
                           "audio_input_tokens_per_s", "web_search_usd_per_1k",
                           "web_search_usd_per_call", "long_context", "anthropic", "aliases",
-                          "context_window_tokens", "web_search_content_tokens"})
+                          "context_window_tokens", "web_search_content_tokens", "gemini"})
 OPENAI_TOOLS_FIELDS = frozenset({"web_search_usd_per_1k_calls",
                                  "web_search_preview_usd_per_1k_calls"})
 OPENROUTER_FIELDS = frozenset({"web_plugin_usd_per_1k_results", "web_plugin_results_default"})
@@ -189,6 +197,23 @@ class MessagesModel:
 
 
 @dataclass(frozen=True)
+class GeminiModel:
+    """What Google documents of a Gemini model besides its rates. `thinking`: how a call sets
+    its thinking (`budget`: thinkingConfig.thinkingBudget within [min, max], Gemini 2.5;
+    `level`: thinkingLevel, Gemini 3; `none`: it does not think). Grounding with Google Search
+    costs `grounding_micros` a grounded prompt (`grounding_per` "prompt", Gemini 2.5) or a
+    search query ("query", Gemini 3)."""
+
+    output_tokens_max: int
+    thinking: str
+    thinking_budget_min: int
+    thinking_budget_max: int
+    thinks_by_default: bool
+    grounding_micros: Fraction
+    grounding_per: str
+
+
+@dataclass(frozen=True)
 class ModelPrices:
     name: str
     standard: TierRates
@@ -203,6 +228,7 @@ class ModelPrices:
     messages: MessagesModel | None = None  # None: not an Anthropic model
     context_window_tokens: int | None = None  # OpenAI's input limit; None: none
     web_search_content_tokens: int | None = None  # a fixed block a search, instead of its own
+    gemini: GeminiModel | None = None  # None: not served by the Gemini API
 
     def rates(self, tier: str) -> TierRates:
         if tier == TIER_STANDARD:
@@ -464,6 +490,37 @@ def _model(name: str, entry: object) -> ModelPrices:
         web_search_content_tokens=(_positive(name, "web_search_content_tokens",
                                              entry["web_search_content_tokens"])
                                    if "web_search_content_tokens" in entry else None),
+        gemini=_gemini_model(name, entry.get("gemini")),
+    )
+
+
+GEMINI_FIELDS = frozenset({"output_tokens_max", "thinking", "thinking_budget_min",
+                           "thinking_budget_max", "thinks_by_default", "grounding_usd_per_1k",
+                           "grounding_per"})
+GEMINI_THINKING = ("budget", "level", "none")
+GEMINI_GROUNDING_PER = ("prompt", "query")
+
+
+def _gemini_model(name: str, doc: object) -> GeminiModel | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping) or set(doc) != GEMINI_FIELDS:
+        raise ValueError(f"{name}.gemini must have exactly {sorted(GEMINI_FIELDS)}")
+    if doc["thinking"] not in GEMINI_THINKING or doc["grounding_per"] not in GEMINI_GROUNDING_PER \
+            or type(doc["thinks_by_default"]) is not bool:
+        raise ValueError(f"{name}.gemini: thinking is one of {GEMINI_THINKING}, grounding_per "
+                         f"one of {GEMINI_GROUNDING_PER}, thinks_by_default a boolean")
+    budget_min, budget_max = doc["thinking_budget_min"], doc["thinking_budget_max"]
+    if type(budget_min) is not int or type(budget_max) is not int or not 0 <= budget_min <= \
+            budget_max:
+        raise ValueError(f"{name}.gemini: need 0 <= thinking_budget_min <= thinking_budget_max")
+    return GeminiModel(
+        output_tokens_max=_positive(name, "gemini.output_tokens_max", doc["output_tokens_max"]),
+        thinking=str(doc["thinking"]), thinking_budget_min=budget_min,
+        thinking_budget_max=budget_max, thinks_by_default=doc["thinks_by_default"],
+        grounding_micros=_rate(name, "gemini.grounding_usd_per_1k", doc["grounding_usd_per_1k"])
+        * MICROS_PER_USD / 1_000,
+        grounding_per=str(doc["grounding_per"]),
     )
 
 

@@ -114,6 +114,8 @@ from infra.stub_faults import (
     sent,
     stub_failure,
 )
+from infra.stub_gemini import CONTROL_FIELDS as GEMINI_CONTROL_FIELDS
+from infra.stub_gemini import GeminiRoutes
 from infra.stub_messages import MessagesApi
 from infra.stub_prices import StubPrices
 from infra.stub_responses import CONTROL_FIELDS as RESPONSES_CONTROL_FIELDS
@@ -174,6 +176,8 @@ class StubProviderApp:
         self.chat = ChatApi(self, openai_cache)
         self.responses = ResponsesApi(self, openai_cache)
         self.messages = MessagesApi(self)
+        # Google's Gemini API and Vertex AI (Gemini and Claude), with Vertex's token endpoint.
+        self.gemini = GeminiRoutes(self)
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", partial(self.serve, self.chat), methods=["POST"]),
             Route("/v1/responses", partial(self.serve, self.responses), methods=["POST"]),
@@ -186,6 +190,7 @@ class StubProviderApp:
             Route("/control", self.control, methods=["GET", "POST"]),
             Route("/health/live", self.live, methods=["GET"]),
             *self.costs.routes(),
+            *self.gemini.routes(),
         ])
 
     # -- routes ------------------------------------------------------------------------------
@@ -207,6 +212,7 @@ class StubProviderApp:
                 if not isinstance(doc, dict):
                     raise ValueError("the control body is an object")
                 unknown = (set(doc) - SETTINGS - RESPONSES_CONTROL_FIELDS
+                           - GEMINI_CONTROL_FIELDS
                            - {*FAULT_HEADERS.values(), "calls"})
                 if unknown:
                     raise ValueError(f"unknown control fields {sorted(unknown)}")
@@ -215,6 +221,7 @@ class StubProviderApp:
                 files = registry_files(doc["files"]) if "files" in doc else None
                 prompts = registry_prompts(doc["prompts"]) if "prompts" in doc else None
                 settings = self.settings.updated(doc)
+                gemini = self.gemini.controlled(doc)
             except (ValueError, TypeError) as exc:
                 return self.chat.error(ApiError(400, f"control body: {exc}"), {})
             # Checked whole before anything changes: a refused body changes nothing.
@@ -222,10 +229,12 @@ class StubProviderApp:
             self.registry.images = self.registry.images if images is None else images
             self.registry.files = self.registry.files if files is None else files
             self.registry.prompts = self.registry.prompts if prompts is None else prompts
+            self.gemini.apply(gemini)
         return JSONResponse({**self.fault.to_json(), **vars(self.settings),
                              "images": {u: list(s) for u, s in self.registry.images.items()},
                              "files": sorted(self.registry.files),
-                             "prompts": dict(self.registry.prompts)})
+                             "prompts": dict(self.registry.prompts),
+                             **self.gemini.to_json()})
 
     async def live(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
