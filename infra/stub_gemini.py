@@ -1,77 +1,70 @@
-"""Google's Gemini API and Vertex AI on the stub provider: the witness for a gateway's Gemini
-routes and its Vertex upstream, billing from the stub's own table (infra/stub_prices.py, a
-model's `gemini` entry) by its own counting (infra/stub_tokens.py's text rule).
+"""Google's Gemini API on the stub provider: the witness for a gateway's Gemini routes, billing
+from the stub's own table (infra/stub_prices.py, a model's `gemini` entry) by its own counting
+(infra/stub_tokens.py's text rule). Vertex AI serves the same API behind its own token
+(infra/stub_vertex.py).
 
   POST /{v1beta|v1}/models/{model}:generateContent | :streamGenerateContent?alt=sse | :countTokens
-      the Gemini API, the key in `x-goog-api-key` or `?key=` (checked when the stub has one)
-  POST /v1/projects/{project}/locations/{region}/publishers/google/models/{model}:<same three>
-      Vertex AI's Gemini, authorized by a bearer token from POST /token
-  POST /v1/projects/{project}/locations/{region}/publishers/anthropic/models/{model}:rawPredict
-       | :streamRawPredict
-      Claude on Vertex: Anthropic's Messages body with `anthropic_version: vertex-2023-10-16`
-      and no `model` (the path names it, `name@date` or a priced name), served and billed by
-      infra/stub_messages.py as the model priced under that name
-  POST /token                     OAuth 2.0 JWT-bearer grant: an RS256 assertion by the stub's
-                                  service account (`aud` Google's token endpoint, as google-auth
-                                  sends it, or this URL) for a random token valid 1 hour
-  GET  /vertex/service_account    that service account's JSON (private key included; its
-                                  `token_uri` is this stub's /token), for google-auth
+      the key in `x-goog-api-key` or `?key=` (checked when the stub has one)
 
-Errors in Google's shape `{"error": {"code", "message", "status"}}` (Claude on Vertex: in
-Anthropic's, but for a refused token): an unknown model 404 NOT_FOUND, a wrong key 400
-INVALID_ARGUMENT (none: 403 PERMISSION_DENIED), a wrong or expired token 401 UNAUTHENTICATED, a
-prompt above the model's window 400 INVALID_ARGUMENT; none billed.
+Errors in Google's shape `{"error": {"code", "message", "status"}}`: an unknown model 404
+NOT_FOUND, a wrong key 400 INVALID_ARGUMENT (none: 403 PERMISSION_DENIED), a prompt above the
+model's window 400 INVALID_ARGUMENT; none billed. A stream needs `?alt=sse` (the SDKs send it;
+the stub does not serve the JSON-array stream).
 
 Counting (the stub's own rule where Google documents none to the token): text by UTF-8 bytes
-over four, 4 tokens a content and 3 for the reply, function declarations, calls and responses by
-their JSON; images 258 tokens when both sides are at most 384 px, else 258 a 768 x 768 tile
-(https://ai.google.dev/gemini-api/docs/tokens, "multimodal tokens"); audio 32 tokens a second;
-a PDF 258 a page (https://ai.google.dev/gemini-api/docs/document-processing); `fileData` by its
-URI from /control's `files` registry (unknown: refused); `cachedContent` by its name from
-/control's `cached_contents` {name: {"model", "tokens"}} (unknown: 403 PERMISSION_DENIED).
-Thought parts sent back are billed by their text; signatures are opaque and not billed.
+over four, 4 tokens a content and 3 for the reply, function declarations, calls, responses and a
+response schema by their JSON; images 258 tokens when both sides are at most 384 px, else 258 a
+768 x 768 tile (https://ai.google.dev/gemini-api/docs/tokens, "multimodal tokens"); audio (WAV,
+MP3) 32 tokens a second; a PDF 258 a page (https://ai.google.dev/gemini-api/docs/
+document-processing); `fileData` by its URI from /control's `files` registry (unknown: refused);
+`cachedContent` by its name from /control's `cached_contents` {name: {"model", "tokens"}}
+(unknown: 403 PERMISSION_DENIED). Thought parts sent back are billed by their text; signatures
+are opaque and not billed. countTokens answers the promptTokenCount generateContent would.
 
 Billing (https://ai.google.dev/gemini-api/docs/pricing): prompt tokens at the input rate (audio
-at the audio rate), cached content at the cache rate, the whole call at the long-context rates
-when its prompt is above the model's threshold (200k on 2.5 Pro and 3 Pro), output and thinking
-at the output rate, URL context content (`toolUsePromptTokenCount`) at the input rate, and
-grounding with Google Search: once a grounded prompt (Gemini 2.5) or once a search query
-(Gemini 3), every one, as though the free allowance were spent.
+at the audio rate), cached tokens (named cached content, or implicit hits by the cached_tokens
+fault) at the cache rate, the whole call at the long-context rates when its prompt is above the
+model's threshold (200k on 2.5 Pro and 3 Pro), output and thinking at the output rate, URL
+context content (`toolUsePromptTokenCount`: a URL in the prompt registered in /control's
+`files`, by its bytes and pages; an unknown URL is a failed retrieval, 0 tokens) at the input
+rate, and grounding with Google Search: once a grounded prompt (Gemini 2.5) or once a search
+query (Gemini 3), every one, as though the free allowance were spent. codeExecution is accepted
+and runs nothing.
 
 Thinking inside maxOutputTokens: thoughts and the answer together are at most
-`maxOutputTokens` (what Google's API does: finishReason MAX_TOKENS once thoughts + candidates
+`maxOutputTokens`, as Google's API serves it (finishReason MAX_TOKENS once thoughts + candidates
 reach it; /work/notes/stub-gemini.md has the sources). /control's `thinking_outside_output_cap`
-(false) makes thinking come on top of the cap instead, the other reading, to test a gateway
-against. Thinking: half the answer (thinkingLevel: low 1/4, medium 1/2, high 3/4), at most the
-thinking budget; `X-Stub-Reasoning-Tokens: N` thinks N. `includeThoughts` shows a summary.
+(false) puts thinking on top of the cap instead, the other reading, to test a gateway against.
+A call thinks half its answer (thinkingLevel: minimal 1/8, low 1/4, medium 1/2, high 3/4) at
+most its budget, or `X-Stub-Reasoning-Tokens: N`; `includeThoughts` shows a summary (a word every
+four tokens); the first part after thinking carries a `thoughtSignature`.
+
+A stream: a chunk a thought summary and a text piece; every chunk carries `usageMetadata` with
+the prompt's counts, and only the last the candidates and thoughts (read it, not the first).
 
 Faults as on every route (infra/stub_provider.py): `X-Stub-Web-Searches` (`web_searches`) is the
-number of Google Search queries a grounded call runs (1 without it); `X-Stub-Cached-Tokens`
-(`cached_tokens`) implicit cache hits; `X-Stub-Tool-Call: 1` calls the first declared function;
-/control's `tool_calls` queue scripts calls; a fail after billing on a stream answers its
-status before the first chunk.
+number of Google Search queries a grounded call runs (1 without it, 0: not grounded);
+`X-Stub-Cached-Tokens` (`cached_tokens`) implicit cache hits; `X-Stub-Tool-Call: 1` calls the
+first allowed function (as does mode ANY, with a minimal instance of its parameters); /control's
+`tool_calls` queue scripts calls; `candidateCount` N bills every candidate; a fail after billing
+on a stream answers its status before the first chunk.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import math
 import re
 import secrets
 import time
-from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from infra.stub_bill import Usage
 from infra.stub_faults import (
@@ -86,7 +79,7 @@ from infra.stub_faults import (
     sse,
     words,
 )
-from infra.stub_messages import MessagesApi, Reply, schema_instance
+from infra.stub_messages import schema_instance
 from infra.stub_prices import (
     TIER_LONG_CONTEXT,
     TIER_STANDARD,
@@ -112,11 +105,8 @@ if TYPE_CHECKING:
 
 API_GEMINI = "gemini"
 API_VERTEX_GEMINI = "vertex.gemini"
-API_VERTEX_CLAUDE = "vertex.messages"
 VERSIONS = ("v1beta", "v1")
 ACTIONS = ("generateContent", "streamGenerateContent", "countTokens")
-CLAUDE_ACTIONS = ("rawPredict", "streamRawPredict")
-VERTEX_ANTHROPIC_VERSION = "vertex-2023-10-16"
 # Google's limit on a request with inline data (https://ai.google.dev/gemini-api/docs/
 # image-understanding, "inline image data": 20 MB in all).
 REQUEST_BYTES_MAX = 20 * 1024 * 1024
@@ -154,20 +144,6 @@ STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSIO
 CONTROL_FIELDS = frozenset({"cached_contents", "thinking_outside_output_cap"})
 CACHED_CONTENTS_MAX = 10_000
 
-# OAuth: the grant google-auth makes for a service account, the audience it signs (Google's token
-# endpoint, whatever token_uri says), and the tokens' life.
-JWT_BEARER_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
-GOOGLE_TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"  # noqa: S105 (a URL)
-ACCESS_TOKEN_TTL_S = 3_600
-# Google refuses an assertion that lives longer than an hour, and allows this much clock skew.
-ASSERTION_LIFETIME_S_MAX = 3_600
-CLOCK_SKEW_S = 300
-ACCESS_TOKENS_MAX = 10_000
-SERVICE_ACCOUNT_EMAIL = "stub-provider@stub-project.iam.gserviceaccount.com"
-SERVICE_ACCOUNT_PROJECT = "stub-project"
-RSA_KEY_BITS = 2_048
-
-
 def google_error(error: ApiError, headers: dict[str, str] | None = None) -> Response:
     status = STATUS_NAMES.get(error.status, "INVALID_ARGUMENT" if error.status < 500
                               else "INTERNAL")
@@ -178,98 +154,6 @@ def google_error(error: ApiError, headers: dict[str, str] | None = None) -> Resp
 
 def invalid(message: str) -> ApiError:
     return ApiError(400, message)
-
-
-# -- the service account and its tokens --------------------------------------------------------
-
-
-def _b64url(data: str) -> bytes:
-    return base64.urlsafe_b64decode(data + "=" * (-len(data) % 4))
-
-
-class VertexAuth:
-    """The stub's one service account (a key made at start) and the access tokens POST /token
-    issued for it, expiring by the app's clock (so /control's clock_offset_s expires them)."""
-
-    def __init__(self, app: StubProviderApp) -> None:
-        self.app = app
-        self.key = rsa.generate_private_key(public_exponent=65_537, key_size=RSA_KEY_BITS)
-        self.key_id = secrets.token_hex(20)
-        self.tokens: OrderedDict[str, float] = OrderedDict()  # token: expires at (app clock)
-
-    def service_account(self, token_uri: str) -> dict[str, str]:
-        pem = self.key.private_bytes(serialization.Encoding.PEM,
-                                     serialization.PrivateFormat.PKCS8,
-                                     serialization.NoEncryption()).decode()
-        return {"type": "service_account", "project_id": SERVICE_ACCOUNT_PROJECT,
-                "private_key_id": self.key_id, "private_key": pem,
-                "client_email": SERVICE_ACCOUNT_EMAIL, "client_id": "1",
-                "token_uri": token_uri, "universe_domain": "googleapis.com"}
-
-    async def service_account_route(self, request: Request) -> Response:
-        return JSONResponse(self.service_account(str(request.url_for("vertex_token"))))
-
-    async def token_route(self, request: Request) -> Response:
-        """The JWT-bearer grant: verify the assertion, answer a token (or invalid_grant)."""
-        form = await request.form()
-        try:
-            if form.get("grant_type") != JWT_BEARER_GRANT:
-                raise ValueError(f"grant_type must be {JWT_BEARER_GRANT}")
-            assertion = form.get("assertion")
-            if not isinstance(assertion, str):
-                raise ValueError("no assertion")
-            self.verify(assertion, str(request.url_for("vertex_token")))
-        except ValueError as exc:
-            return JSONResponse({"error": "invalid_grant", "error_description": str(exc)},
-                                status_code=400)
-        token = "ya29.stub-" + secrets.token_urlsafe(32)
-        self.tokens[token] = self.app.now_s() + ACCESS_TOKEN_TTL_S
-        while len(self.tokens) > ACCESS_TOKENS_MAX:
-            self.tokens.popitem(last=False)
-        return JSONResponse({"access_token": token, "expires_in": ACCESS_TOKEN_TTL_S,
-                             "token_type": "Bearer"})
-
-    def verify(self, assertion: str, own_uri: str) -> None:
-        """An RS256 JWT signed by the service account's key, for a token endpoint, not expired
-        and living at most an hour (ValueError otherwise)."""
-        try:
-            head_b64, payload_b64, signature_b64 = assertion.split(".")
-            head = json.loads(_b64url(head_b64))
-            payload = json.loads(_b64url(payload_b64))
-            signature = _b64url(signature_b64)
-        except (ValueError, binascii.Error) as exc:
-            raise ValueError("the assertion is not a JWT") from exc
-        if not isinstance(head, dict) or head.get("alg") != "RS256" or not isinstance(
-                payload, dict):
-            raise ValueError("the assertion must be signed RS256")
-        if payload.get("iss") != SERVICE_ACCOUNT_EMAIL:
-            raise ValueError(f"no service account {payload.get('iss')!r}")
-        try:
-            self.key.public_key().verify(signature, f"{head_b64}.{payload_b64}".encode(),
-                                         padding.PKCS1v15(), hashes.SHA256())
-        except InvalidSignature as exc:
-            raise ValueError("Invalid JWT Signature.") from exc
-        if payload.get("aud") not in (GOOGLE_TOKEN_AUDIENCE, own_uri):
-            raise ValueError(f"Invalid JWT: aud {payload.get('aud')!r}")
-        now_s = time.time()
-        issued, expires = payload.get("iat"), payload.get("exp")
-        if type(issued) is not int or type(expires) is not int:
-            raise ValueError("Invalid JWT: iat and exp are required")
-        if expires < now_s - CLOCK_SKEW_S or issued > now_s + CLOCK_SKEW_S:
-            raise ValueError("Invalid JWT: Token must be a short-lived token (60 minutes) and "
-                             "in a reasonable timeframe")
-        if expires - issued > ASSERTION_LIFETIME_S_MAX:
-            raise ValueError("Invalid JWT: the assertion lives longer than an hour")
-
-    def check(self, request: Request) -> None:
-        """A bearer token this endpoint issued and that has not expired (401 otherwise)."""
-        header = request.headers.get("authorization", "")
-        token = header[len("Bearer "):] if header.startswith("Bearer ") else None
-        expires = self.tokens.get(token) if token is not None else None
-        if expires is None or expires <= self.app.now_s():
-            raise ApiError(401, "Request had invalid authentication credentials. Expected OAuth "
-                           "2 access token, login cookie or other valid authentication "
-                           "credential.")
 
 
 # -- counting ----------------------------------------------------------------------------------
@@ -434,7 +318,8 @@ class Counter:
         self.prompt.function_mode, self.prompt.allowed = str(mode), tuple(allowed)
 
 
-def count_request(app: StubProviderApp, body: dict[str, Any], prices: ModelPrices) -> Prompt:
+def count_request(app: StubProviderApp, settings: GeminiSettings, body: dict[str, Any],
+                  prices: ModelPrices) -> Prompt:
     """Count a generateContent body (InputError when it does not hold)."""
     counter = Counter(app)
     contents = body.get("contents")
@@ -444,7 +329,7 @@ def count_request(app: StubProviderApp, body: dict[str, Any], prices: ModelPrice
     system = body.get("systemInstruction", body.get("system_instruction"))
     cached_name = body.get("cachedContent", body.get("cached_content"))
     if cached_name is not None:
-        entry = app.gemini.cached_contents.get(str(cached_name))
+        entry = settings.cached_contents.get(str(cached_name))
         if entry is None:
             raise ApiError(403, f"CachedContent not found (or permission denied): "
                            f"{cached_name}")
@@ -548,14 +433,17 @@ def _summary(thoughts: int) -> str:
 
 
 class GeminiApi(Api[GeminiReply]):
-    """generateContent and streamGenerateContent of the Gemini API (`vertex` False) or of
-    Vertex AI's Gemini (True); countTokens beside them, never billed."""
+    """generateContent and streamGenerateContent of the Gemini API or of Vertex AI's Gemini
+    (with `authorize`); countTokens beside them, never billed."""
 
     request_bytes_max = REQUEST_BYTES_MAX
 
-    def __init__(self, app: StubProviderApp, auth: VertexAuth, *, vertex: bool) -> None:
-        self.app, self.auth, self.vertex = app, auth, vertex
-        self.name = API_VERTEX_GEMINI if vertex else API_GEMINI
+    def __init__(self, app: StubProviderApp, settings: GeminiSettings,
+                 authorize: Callable[[Request], None] | None = None) -> None:
+        """`authorize`: Vertex AI's check of the caller (else the Gemini API's key)."""
+        self.app, self.settings, self.authorize = app, settings, authorize
+        self.vertex = authorize is not None
+        self.name = API_VERTEX_GEMINI if self.vertex else API_GEMINI
 
     @staticmethod
     def target(request: Request) -> tuple[str, str]:
@@ -566,8 +454,8 @@ class GeminiApi(Api[GeminiReply]):
         return google_error(error, headers)
 
     def check(self, request: Request) -> set[str]:
-        if self.vertex:
-            self.auth.check(request)
+        if self.authorize is not None:
+            self.authorize(request)
         else:
             key = self.app.api_key
             given = request.headers.get("x-goog-api-key", request.query_params.get("key"))
@@ -599,7 +487,7 @@ class GeminiApi(Api[GeminiReply]):
 
     def _count(self, body: dict[str, Any], prices: ModelPrices) -> Prompt:
         try:
-            prompt = count_request(self.app, body, prices)
+            prompt = count_request(self.app, self.settings, body, prices)
         except InputError as exc:
             raise invalid(str(exc)) from exc
         window = prices.context_window_tokens
@@ -658,7 +546,7 @@ class GeminiApi(Api[GeminiReply]):
         call = self._call(prompt, request)
         forced = header_count(request, "x-stub-output-tokens", 1)
         forced_thinking = header_count(request, "x-stub-reasoning-tokens", 0)
-        outside = self.app.gemini.thinking_outside_output_cap
+        outside = self.settings.thinking_outside_output_cap
         candidates = tuple(self._candidate(cap, thinking, call, forced, forced_thinking, outside)
                            for _ in range(n))
         thoughts = sum(c.thoughts for c in candidates)
@@ -857,124 +745,18 @@ def _lower_types(schema: Any) -> Any:
     return schema
 
 
-# -- Claude on Vertex --------------------------------------------------------------------------
+# -- settings ----------------------------------------------------------------------------------
 
 
-class VertexClaudeApi(Api[Reply]):
-    """rawPredict and streamRawPredict: the Messages API's own handling (infra.stub_messages)
-    of the body with the path's model, behind Vertex's token; billed there, logged here."""
+@dataclass
+class GeminiSettings:
+    """This module's /control settings, shared by the Gemini API and Vertex AI."""
 
-    name = API_VERTEX_CLAUDE
-
-    def __init__(self, messages: MessagesApi, auth: VertexAuth) -> None:
-        self.messages, self.auth = messages, auth
-        self.request_bytes_max = messages.request_bytes_max
-
-    def headers(self) -> dict[str, str]:
-        return self.messages.headers()
-
-    def error(self, error: ApiError, headers: dict[str, str]) -> Response:
-        if error.status == 401:  # Google's front door refused the token
-            return google_error(error, headers)
-        return self.messages.error(error, headers)
-
-    def check(self, request: Request) -> set[str]:
-        self.auth.check(request)
-        if GeminiApi.target(request)[1] not in CLAUDE_ACTIONS:
-            raise ApiError(404, "Claude on Vertex serves rawPredict and streamRawPredict")
-        return {beta.strip() for header in request.headers.getlist("anthropic-beta")
-                for beta in header.split(",") if beta.strip()}
-
-    def model_of(self, body: dict[str, Any], request: Request) -> str | None:
-        return GeminiApi.target(request)[0]
-
-    def streams(self, body: dict[str, Any], request: Request) -> bool:
-        return GeminiApi.target(request)[1] == "streamRawPredict"
-
-    def priced_name(self, vertex_id: str) -> str:
-        """A Vertex model id (`claude-sonnet-4-5@20250929`) as the table prices it: the id
-        itself, the dated name Anthropic uses (`-` for `@`), or the undated name."""
-        prices = self.messages.app.prices
-        for name in (vertex_id, vertex_id.replace("@", "-"), vertex_id.partition("@")[0]):
-            model = prices.model(name)
-            if model is not None and model.messages is not None:
-                return name
-        raise ApiError(404, f"Publisher Model `{vertex_id}` was not found or your project does "
-                       "not have access to it.")
-
-    def decide(self, body: dict[str, Any], request: Request, fault: Fault,
-               betas: set[str]) -> Reply:
-        if body.get("anthropic_version") != VERTEX_ANTHROPIC_VERSION:
-            raise invalid(f"anthropic_version: must be {VERTEX_ANTHROPIC_VERSION!r}")
-        if "model" in body:
-            raise invalid("model: Extra inputs are not permitted (Vertex names it in the path)")
-        given = body.get("anthropic_beta", [])
-        if not isinstance(given, list) or not all(isinstance(b, str) for b in given):
-            raise invalid("anthropic_beta must be a list of beta names")
-        messages_body = {k: v for k, v in body.items()
-                         if k not in ("anthropic_version", "anthropic_beta")}
-        messages_body["model"] = self.priced_name(GeminiApi.target(request)[0])
-        messages_body["stream"] = self.streams(body, request)
-        return self.messages.decide(messages_body, request, fault, betas | set(given))
-
-    def charged(self, decided: Reply, fault: Fault) -> None:
-        self.messages.charged(decided, fault)
-
-    def body(self, decided: Reply) -> dict[str, Any]:
-        return self.messages.body(decided)
-
-    def events(self, decided: Reply, fault: Fault) -> list[bytes]:
-        return self.messages.events(decided, fault)
-
-    def failed_events(self, decided: Reply, failure: ApiError) -> list[bytes] | None:
-        return self.messages.failed_events(decided, failure)
-
-
-# -- the routes and their settings -------------------------------------------------------------
-
-
-class GeminiRoutes:
-    """Everything this module adds to the app: its APIs, routes and /control settings."""
-
-    def __init__(self, app: StubProviderApp) -> None:
-        self.app = app
-        self.auth = VertexAuth(app)
-        self.gemini = GeminiApi(app, self.auth, vertex=False)
-        self.vertex = GeminiApi(app, self.auth, vertex=True)
-        self.claude = VertexClaudeApi(app.messages, self.auth)
-        self.cached_contents: dict[str, tuple[str, int]] = {}  # name: (model, tokens)
-        self.thinking_outside_output_cap = False
-
-    def routes(self) -> list[Route]:
-        vertex = "/v1/projects/{project}/locations/{region}/publishers"
-        return [
-            *(Route(f"/{version}/models/{{target}}", self.serve_gemini, methods=["POST"])
-              for version in VERSIONS),
-            Route(vertex + "/google/models/{target}", self.serve_vertex, methods=["POST"]),
-            Route(vertex + "/anthropic/models/{target}", self.serve_claude, methods=["POST"]),
-            Route("/token", self.auth.token_route, methods=["POST"], name="vertex_token"),
-            Route("/vertex/service_account", self.auth.service_account_route, methods=["GET"]),
-        ]
-
-    async def _serve(self, api: GeminiApi, request: Request) -> Response:
-        action = api.target(request)[1]
-        if action == "countTokens":
-            return await api.count_tokens(request)
-        if action not in ACTIONS:
-            return google_error(ApiError(404, f"unknown method {action!r}"))
-        return await self.app.serve(api, request)
-
-    async def serve_gemini(self, request: Request) -> Response:
-        return await self._serve(self.gemini, request)
-
-    async def serve_vertex(self, request: Request) -> Response:
-        return await self._serve(self.vertex, request)
-
-    async def serve_claude(self, request: Request) -> Response:
-        return await self.app.serve(self.claude, request)
+    cached_contents: dict[str, tuple[str, int]] = field(default_factory=dict)  # (model, tokens)
+    thinking_outside_output_cap: bool = False
 
     def controlled(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """This module's /control settings in `doc`, checked (ValueError), not yet applied."""
+        """The settings `doc` gives, checked (ValueError), not yet applied."""
         given: dict[str, Any] = {}
         if "cached_contents" in doc:
             entries = doc["cached_contents"]
@@ -1004,3 +786,13 @@ class GeminiRoutes:
         return {"cached_contents": {name: {"model": m, "tokens": t}
                                     for name, (m, t) in self.cached_contents.items()},
                 "thinking_outside_output_cap": self.thinking_outside_output_cap}
+
+
+async def serve(app: StubProviderApp, api: GeminiApi, request: Request) -> Response:
+    """A call on a Gemini route: countTokens here, the others through the app's flow."""
+    action = api.target(request)[1]
+    if action == "countTokens":
+        return await api.count_tokens(request)
+    if action not in ACTIONS:
+        return google_error(ApiError(404, f"unknown method {action!r}"))
+    return await app.serve(api, request)

@@ -114,13 +114,13 @@ from infra.stub_faults import (
     sent,
     stub_failure,
 )
-from infra.stub_gemini import CONTROL_FIELDS as GEMINI_CONTROL_FIELDS
-from infra.stub_gemini import GeminiRoutes
 from infra.stub_messages import MessagesApi
 from infra.stub_prices import StubPrices
 from infra.stub_responses import CONTROL_FIELDS as RESPONSES_CONTROL_FIELDS
 from infra.stub_responses import ResponsesApi, registry_prompts
 from infra.stub_tokens import Registry
+from infra.stub_vertex import CONTROL_FIELDS as GEMINI_CONTROL_FIELDS
+from infra.stub_vertex import GoogleRoutes
 
 __all__ = ["Bill", "CallRecord", "StubProvider", "StubProviderApp", "StubProviderProcess",
            "Tally", "Usage", "fetch_bill", "reset_bill", "stub_control", "usd"]
@@ -177,7 +177,7 @@ class StubProviderApp:
         self.responses = ResponsesApi(self, openai_cache)
         self.messages = MessagesApi(self)
         # Google's Gemini API and Vertex AI (Gemini and Claude), with Vertex's token endpoint.
-        self.gemini = GeminiRoutes(self)
+        self.gemini = GoogleRoutes(self)
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", partial(self.serve, self.chat), methods=["POST"]),
             Route("/v1/responses", partial(self.serve, self.responses), methods=["POST"]),
