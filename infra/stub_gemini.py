@@ -36,8 +36,9 @@ Thinking inside maxOutputTokens: thoughts and the answer together are at most
 reach it; /work/notes/stub-gemini.md has the sources). /control's `thinking_outside_output_cap`
 (false) puts thinking on top of the cap instead, the other reading, to test a gateway against.
 A call thinks half its answer (thinkingLevel: minimal 1/8, low 1/4, medium 1/2, high 3/4) at
-most its budget, or `X-Stub-Reasoning-Tokens: N`; `includeThoughts` shows a summary (a word every
-four tokens); the first part after thinking carries a `thoughtSignature`.
+most its budget, or `X-Stub-Reasoning-Tokens: N` whatever the budget (Google documents that the
+model may overflow it); `includeThoughts` shows a summary (a word every four tokens); the first
+part after thinking carries a `thoughtSignature`.
 
 A stream: a chunk a thought summary and a text piece; every chunk carries `usageMetadata` with
 the prompt's counts, and only the last the candidates and thoughts (read it, not the first).
@@ -534,7 +535,9 @@ class GeminiApi(Api[GeminiReply]):
         thinking = thinking_of(model, config, cap)
         cached = prompt.cached
         if fault.cached_tokens is not None:
-            cached = min(prompt.tokens, cached + fault.cached_tokens)
+            # Implicit hits read the prompt's text and images, never past it (audio has a rate
+            # of its own, which a hit would otherwise bill twice).
+            cached = min(prompt.tokens - prompt.audio, cached + fault.cached_tokens)
         long = prices.long_context
         tier = (TIER_LONG_CONTEXT if long is not None and prompt.tokens > long.above_input_tokens
                 else TIER_STANDARD)
@@ -612,6 +615,8 @@ class GeminiApi(Api[GeminiReply]):
     def _candidate(self, cap: int, thinking: Thinking, call: dict[str, Any] | None,
                    forced: int | None, forced_thinking: int | None,
                    outside: bool) -> Candidate:
+        """One candidate: `drawn` (or X-Stub-Output-Tokens) tokens written, thinking first;
+        what the cap cuts off ends it with MAX_TOKENS (a call cut off is not made)."""
         drawn = forced if forced is not None else self.app.draw_output_tokens()
         call_tokens = 0 if call is None else _json_tokens(
             {"name": call["name"], "args": call["input"]})
@@ -619,17 +624,14 @@ class GeminiApi(Api[GeminiReply]):
         if thinking.on:
             thoughts = (forced_thinking if forced_thinking is not None
                         else min(thinking.budget, math.floor(drawn * thinking.share)))
-        if outside:  # thinking on top of the cap: the answer alone is capped
-            answer = min(cap, call_tokens or max(1, drawn - min(thoughts, drawn)))
-            finish = "MAX_TOKENS" if answer == cap and not call_tokens else "STOP"
-        else:  # thoughts + answer within the cap, as Google serves it
+        if outside:  # the other reading: thinking on top of the cap, the answer alone capped
+            wanted = call_tokens or max(1, drawn - thoughts)
+            answer = min(wanted, cap)
+        else:  # thoughts and answer together within the cap, as Google serves them
             thoughts = min(thoughts, cap)
-            room = cap - thoughts
-            wanted = call_tokens or max(0 if forced_thinking else 1,
-                                        min(drawn, cap) - min(thoughts, min(drawn, cap)))
-            answer = min(room, wanted)
-            finish = "MAX_TOKENS" if answer < wanted or (
-                drawn >= cap and not call_tokens) else "STOP"
+            wanted = call_tokens or max(0, drawn - thoughts)
+            answer = min(wanted, cap - thoughts)
+        finish = "MAX_TOKENS" if answer < wanted else "STOP"
         text = "" if call is not None else " ".join(words(answer))
         return Candidate(
             thoughts=thoughts, answer=answer, text=text,

@@ -66,6 +66,22 @@ still JSON, sent as they are made (chunked, with no length): an answer as large 
 needs, at no memory to the stub.
 `tool_calls` [{"name", "input" or "arguments"}]: scripted tool calls, a queue each API takes
 from (infra/stub_faults.py, infra/stub_messages.py).
+
+Google (infra/stub_gemini.py, infra/stub_vertex.py; billed from the table's `gemini` entries):
+  POST /{v1beta|v1}/models/{model}:generateContent, :streamGenerateContent?alt=sse, :countTokens
+                              the Gemini API, key in x-goog-api-key or ?key= (--api-key)
+  POST /{v1|v1beta1}/projects/{p}/locations/{r}/publishers/google/models/{model}:<same three>
+                              Vertex AI's Gemini; bills as `vertex.gemini`
+  POST /{v1|v1beta1}/projects/{p}/locations/{r}/publishers/anthropic/models/{model}:rawPredict,
+       :streamRawPredict      Claude on Vertex, by the Messages API's code; `vertex.messages`
+  POST /token, GET /vertex/service_account
+                              Vertex's OAuth token endpoint (JWT-bearer grant) and the service
+                              account it knows; every Vertex call needs its bearer token
+/control: `cached_contents` {name: {"model", "tokens"}} (Gemini's cachedContent), and
+`thinking_outside_output_cap` (false: thinking counts inside maxOutputTokens, as Google serves
+it). On Gemini routes `X-Stub-Web-Searches` (`web_searches`) is the Google Search queries a
+grounded call runs, `X-Stub-Tool-Call: 1` calls the first declared function, and errors are in
+Google's shape {"error": {"code", "message", "status"}}.
 """
 
 from __future__ import annotations
