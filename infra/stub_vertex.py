@@ -15,7 +15,8 @@ paths, its authentication and its Claude envelope.
       `claude-sonnet-4-5-20250929` or `claude-sonnet-4-5`); betas by `anthropic-beta` header or
       the body's `anthropic_beta` list; served, priced and answered by the Messages API's own
       code (its prompt cache, thinking, tools, faults), in Anthropic's error shape but for a
-      refused token (Google's)
+      refused token (Google's); a regional endpoint bills Sonnet 4.5 and later models 10% above
+      the global one (`locations/global`), as Anthropic documents
   POST /token                     the OAuth 2.0 JWT-bearer grant
                                   (urn:ietf:params:oauth:grant-type:jwt-bearer): an assertion
                                   signed RS256 by the stub's service account, `aud` Google's
@@ -29,7 +30,7 @@ paths, its authentication and its Claude envelope.
 Every Vertex call needs `Authorization: Bearer <token from /token>`; a wrong or expired one
 (the app's clock: /control's clock_offset_s expires it) is refused 401 UNAUTHENTICATED, unbilled.
 The bill logs the APIs as `vertex.gemini` and `vertex.messages`. Not served: Claude's
-count-tokens:rawPredict, Vertex's regional price premium on Claude.
+count-tokens:rawPredict.
 """
 
 from __future__ import annotations
@@ -37,9 +38,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import secrets
 import time
 from collections import OrderedDict
+from dataclasses import replace
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
@@ -72,6 +76,13 @@ CLAUDE_ACTIONS = ("rawPredict", "streamRawPredict")
 VERTEX_ANTHROPIC_VERSION = "vertex-2023-10-16"
 # Vertex's API versions: v1, and v1beta1 (google-genai's default for Vertex).
 VERTEX_VERSIONS = ("v1", "v1beta1")
+# Claude on Vertex from Sonnet 4.5 on costs 10% more at a regional endpoint than at the global
+# one (https://platform.claude.com/docs/en/build-with-claude/claude-on-vertex-ai, "global vs
+# regional endpoints"; earlier models keep one price): the table's models of that age, by name.
+GLOBAL_REGION = "global"
+REGIONAL_PREMIUM = Fraction(11, 10)
+REGIONAL_PREMIUM_MODELS = frozenset({"claude-sonnet-4-5", "claude-haiku-4-5", "claude-opus-4-5",
+                                     "claude-sonnet-5-5", "claude-opus-5-5"})
 
 # OAuth: the grant google-auth makes for a service account, the audience it signs (Google's token
 # endpoint, whatever token_uri says), and the tokens' life.
@@ -244,7 +255,15 @@ class VertexClaudeApi(Api[Reply]):
                          if k not in ("anthropic_version", "anthropic_beta")}
         messages_body["model"] = self.priced_name(GeminiApi.target(request)[0])
         messages_body["stream"] = self.streams(body, request)
-        return self.messages.decide(messages_body, request, fault, betas | set(given))
+        reply = self.messages.decide(messages_body, request, fault, betas | set(given))
+        if request.path_params["region"] == GLOBAL_REGION or (
+                reply.prices.name not in REGIONAL_PREMIUM_MODELS):
+            return reply
+        # The premium on the whole call, rounded up once more (at most a micro-dollar above
+        # the exact sum).
+        cost = math.ceil(reply.cost_micros * REGIONAL_PREMIUM)
+        return replace(reply, cost_micros=cost, beyond_body={
+            **(reply.beyond_body or {}), "regional_premium_micros": cost - reply.cost_micros})
 
     def charged(self, decided: Reply, fault: Fault) -> None:
         self.messages.charged(decided, fault)

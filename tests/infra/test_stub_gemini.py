@@ -324,6 +324,52 @@ def test_faults_fail_unbilled_or_billed_and_break_a_stream(http: httpx.Client) -
                                                          (200, True)]
 
 
+def test_url_context_and_candidates_are_billed(http: httpx.Client) -> None:
+    start_fresh(http, {"files": {"https://example.com/a": {"bytes": 4_000}}})
+    body = {**user({"text": "read https://example.com/a and https://example.com/b"}),
+            "tools": [{"urlContext": {}}],
+            "generationConfig": {"candidateCount": 3, "thinkingConfig": {"thinkingBudget": 0}}}
+    answer = generate(http, FLASH, body, {"X-Stub-Output-Tokens": "10"}).json()
+    usage = answer["usageMetadata"]
+    # The prompt: 52 bytes -> 13 tokens + 4 + 3 = 20; the tool {"urlContext":{}} is no input.
+    # URL context: the registered page, 4,000 bytes -> 1,000 tokens; the other is not read.
+    assert (usage["promptTokenCount"], usage["toolUsePromptTokenCount"],
+            usage["candidatesTokenCount"]) == (20, 1_000, 30)
+    assert len(answer["candidates"]) == 3
+    statuses = [u["urlRetrievalStatus"] for u in answer["candidates"][0][
+        "urlContextMetadata"]["urlMetadata"]]
+    assert statuses == ["URL_RETRIEVAL_STATUS_SUCCESS", "URL_RETRIEVAL_STATUS_ERROR"]
+    # (20 + 1,000) x 0.30 + 3 x 10 x 2.50 = 381.
+    assert only_call(http).cost_micros == 381
+
+
+def test_thinking_settings_follow_each_models_documented_range(http: httpx.Client) -> None:
+    def thinking(model: str, config: dict[str, Any]) -> httpx.Response:
+        return generate(http, model, {**user({"text": "hello"}), "generationConfig": {
+            "thinkingConfig": config}}, {"X-Stub-Output-Tokens": "40"})
+
+    # 2.5 Pro cannot stop thinking; 2.5 takes no thinkingLevel; 3 takes no budget beside one.
+    refused = [thinking(PRO, {"thinkingBudget": 0}),
+               thinking(FLASH, {"thinkingLevel": "low"}),
+               thinking(GEMINI_3, {"thinkingLevel": "low", "thinkingBudget": 128})]
+    assert [r.status_code for r in refused] == [400, 400, 400]
+    # Gemini 3 at low thinks a quarter of 40; Flash-Lite does not think unless asked.
+    low = thinking(GEMINI_3, {"thinkingLevel": "low"}).json()["usageMetadata"]
+    lite = thinking(LITE, {}).json()["usageMetadata"]
+    assert (low["thoughtsTokenCount"], low["candidatesTokenCount"]) == (10, 30)
+    assert "thoughtsTokenCount" not in lite
+    assert lite["candidatesTokenCount"] == 40
+    assert bill_of(http).total.calls == 2
+
+
+def test_control_refuses_a_bad_gemini_setting_whole(http: httpx.Client) -> None:
+    refused = http.post("/control", json={"cached_contents": {"c": {"model": FLASH}},
+                                          "thinking_outside_output_cap": True})
+    assert refused.status_code == 400
+    shown = http.get("/control").json()
+    assert (shown["cached_contents"], shown["thinking_outside_output_cap"]) == ({}, False)
+
+
 # -- Vertex AI ---------------------------------------------------------------------------------
 
 PROJECT, REGION = "stub-project", "us-central1"
@@ -374,12 +420,20 @@ def test_claude_on_vertex_through_anthropic_vertex(
                                 messages=[{"role": "user", "content": "hello"}],
                                 extra_headers=headers) as stream:
         assert stream.get_final_message().usage.output_tokens == 20
+    everywhere = anthropic.AnthropicVertex(region="global", project_id=PROJECT,
+                                           credentials=credentials,
+                                           base_url=f"{provider.url}/v1", max_retries=0)
+    everywhere.messages.create(model="claude-sonnet-4-5@20250929", max_tokens=100,
+                               messages=[{"role": "user", "content": "hello"}],
+                               extra_headers=headers)
     bill = bill_of(http)
     assert [(c.api, c.model, c.stream) for c in bill.log] == [
         ("vertex.messages", "claude-sonnet-4-5-20250929", False),
-        ("vertex.messages", "claude-sonnet-4-5-20250929", True)]
-    # Sonnet 4.5: $3 in, $15 out: 9 x 3 + 20 x 15 = 327, twice.
-    assert bill.total.cost_micros == 654
+        ("vertex.messages", "claude-sonnet-4-5-20250929", True),
+        ("vertex.messages", "claude-sonnet-4-5-20250929", False)]
+    # Sonnet 4.5: $3 in, $15 out: 9 x 3 + 20 x 15 = 327 at the global endpoint, and 10% more
+    # at a regional one: 359.7 -> 360.
+    assert [c.cost_micros for c in bill.log] == [360, 360, 327]
 
 
 def test_a_wrong_or_expired_token_is_refused_unbilled(
@@ -392,10 +446,14 @@ def test_a_wrong_or_expired_token_is_refused_unbilled(
     assert httpx.post(url, json=user({"text": "hello"}), headers=good).status_code == 200
     wrong = httpx.post(url, json=user({"text": "hello"}),
                        headers={"Authorization": "Bearer ya29.forged"})
+    claude = httpx.post(url.replace("google/models/" + FLASH + ":generateContent",
+                                    "anthropic/models/claude-sonnet-4-5@20250929:rawPredict"),
+                        json={"anthropic_version": "vertex-2023-10-16", "max_tokens": 10,
+                              "messages": [{"role": "user", "content": "hello"}]})
     start_fresh(http, {"clock_offset_s": 3_601})  # the token's hour has passed
     expired = httpx.post(url, json=user({"text": "hello"}), headers=good)
-    assert [(r.status_code, r.json()["error"]["status"]) for r in (wrong, expired)] == [
-        (401, "UNAUTHENTICATED"), (401, "UNAUTHENTICATED")]
+    assert [(r.status_code, r.json()["error"]["status"]) for r in (wrong, claude, expired)] == [
+        (401, "UNAUTHENTICATED")] * 3
     assert bill_of(http).total.calls == 0
 
 
