@@ -41,14 +41,6 @@ exactly micro-dollars per token):
                                                             served by the Messages API (and only
                                                             there); a model without it is served
                                                             by the OpenAI routes only
-    aliases: ["dated-snapshot-name", ...]                   other names of the same model
-    context_window_tokens: N                                OpenAI: the most input a call may
-                                                            hold; more is refused (400
-                                                            context_length_exceeded) unless
-                                                            truncated; none: no limit
-    web_search_content_tokens: N                            OpenAI: the web search tool bills
-                                                            this fixed block of input a search
-                                                            instead of the content's own tokens
     gemini: {"output_tokens_max": N, "thinking": "budget" | "level" | "none",
              "thinking_budget_min": N, "thinking_budget_max": N, "thinks_by_default": BOOL,
              "grounding_usd_per_1k": "35", "grounding_per": "prompt" | "query"}
@@ -57,6 +49,14 @@ exactly micro-dollars per token):
                                                             window is `context_window_tokens`,
                                                             its long-context tier `long_context`
                                                             (no beta, any prompt above N)
+    aliases: ["dated-snapshot-name", ...]                   other names of the same model
+    context_window_tokens: N                                OpenAI: the most input a call may
+                                                            hold; more is refused (400
+                                                            context_length_exceeded) unless
+                                                            truncated; none: no limit
+    web_search_content_tokens: N                            OpenAI: the web search tool bills
+                                                            this fixed block of input a search
+                                                            instead of the content's own tokens
 
 Besides "models", a table may give "openrouter", the fees OpenRouter adds to a model's (billed
 when the stub serves OpenRouter's fields, infra/stub_openai.py); a caller's replaces the default:
@@ -111,9 +111,9 @@ RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cached_input_usd_pe
                "cache_write_usd_per_mtok", "cache_write_1h_usd_per_mtok",
                "audio_input_usd_per_mtok", "audio_output_usd_per_mtok")
 MODEL_FIELDS = frozenset({*RATE_FIELDS, "request_usd", "service_tiers", "reasoning", "image",
-                          "audio_input_tokens_per_s", "web_search_usd_per_1k",
+                          "audio_input_tokens_per_s", "web_search_usd_per_1k", "gemini",
                           "web_search_usd_per_call", "long_context", "anthropic", "aliases",
-                          "context_window_tokens", "web_search_content_tokens", "gemini"})
+                          "context_window_tokens", "web_search_content_tokens"})
 OPENAI_TOOLS_FIELDS = frozenset({"web_search_usd_per_1k_calls",
                                  "web_search_preview_usd_per_1k_calls"})
 OPENROUTER_FIELDS = frozenset({"web_plugin_usd_per_1k_results", "web_plugin_results_default"})
@@ -180,23 +180,6 @@ class LongContext:
 
 
 @dataclass(frozen=True)
-class MessagesModel:
-    """What Anthropic documents of a model besides its rates, as the Messages API needs it.
-
-    `tool_prompt_tokens_auto` / `_any`: the tool-use system prompt Anthropic adds to the input of
-    a call with tools, by `tool_choice` (auto or none / any or tool). `cache_tokens_min`: the
-    shortest prefix the prompt cache holds. `keeps_thinking`: thinking blocks of earlier turns
-    stay in the context (and are billed as input) instead of being dropped."""
-
-    context_window_tokens: int
-    output_tokens_max: int
-    cache_tokens_min: int
-    tool_prompt_tokens_auto: int
-    tool_prompt_tokens_any: int
-    keeps_thinking: bool
-
-
-@dataclass(frozen=True)
 class GeminiModel:
     """What Google documents of a Gemini model besides its rates. `thinking`: how a call sets
     its thinking (`budget`: thinkingConfig.thinkingBudget within [min, max], Gemini 2.5;
@@ -214,6 +197,23 @@ class GeminiModel:
 
 
 @dataclass(frozen=True)
+class MessagesModel:
+    """What Anthropic documents of a model besides its rates, as the Messages API needs it.
+
+    `tool_prompt_tokens_auto` / `_any`: the tool-use system prompt Anthropic adds to the input of
+    a call with tools, by `tool_choice` (auto or none / any or tool). `cache_tokens_min`: the
+    shortest prefix the prompt cache holds. `keeps_thinking`: thinking blocks of earlier turns
+    stay in the context (and are billed as input) instead of being dropped."""
+
+    context_window_tokens: int
+    output_tokens_max: int
+    cache_tokens_min: int
+    tool_prompt_tokens_auto: int
+    tool_prompt_tokens_any: int
+    keeps_thinking: bool
+
+
+@dataclass(frozen=True)
 class ModelPrices:
     name: str
     standard: TierRates
@@ -226,9 +226,9 @@ class ModelPrices:
     web_search_call_micros: Fraction | None = None  # a search model's fee per call
     long_context: LongContext | None = None
     messages: MessagesModel | None = None  # None: not an Anthropic model
+    gemini: GeminiModel | None = None  # None: not served by the Gemini API
     context_window_tokens: int | None = None  # OpenAI's input limit; None: none
     web_search_content_tokens: int | None = None  # a fixed block a search, instead of its own
-    gemini: GeminiModel | None = None  # None: not served by the Gemini API
 
     def rates(self, tier: str) -> TierRates:
         if tier == TIER_STANDARD:
@@ -402,6 +402,36 @@ def _messages_model(name: str, doc: object) -> MessagesModel | None:
     )
 
 
+GEMINI_FIELDS = frozenset({"output_tokens_max", "thinking", "thinking_budget_min",
+                           "thinking_budget_max", "thinks_by_default", "grounding_usd_per_1k",
+                           "grounding_per"})
+GEMINI_THINKING = ("budget", "level", "none")
+GEMINI_GROUNDING_PER = ("prompt", "query")
+
+
+def _gemini_model(name: str, doc: object) -> GeminiModel | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping) or set(doc) != GEMINI_FIELDS:
+        raise ValueError(f"{name}.gemini must have exactly {sorted(GEMINI_FIELDS)}")
+    if doc["thinking"] not in GEMINI_THINKING or doc["grounding_per"] not in GEMINI_GROUNDING_PER \
+            or type(doc["thinks_by_default"]) is not bool:
+        raise ValueError(f"{name}.gemini: thinking is one of {GEMINI_THINKING}, grounding_per "
+                         f"one of {GEMINI_GROUNDING_PER}, thinks_by_default a boolean")
+    budget_min, budget_max = doc["thinking_budget_min"], doc["thinking_budget_max"]
+    if type(budget_min) is not int or type(budget_max) is not int or not 0 <= budget_min <= \
+            budget_max:
+        raise ValueError(f"{name}.gemini: need 0 <= thinking_budget_min <= thinking_budget_max")
+    return GeminiModel(
+        output_tokens_max=_positive(name, "gemini.output_tokens_max", doc["output_tokens_max"]),
+        thinking=str(doc["thinking"]), thinking_budget_min=budget_min,
+        thinking_budget_max=budget_max, thinks_by_default=doc["thinks_by_default"],
+        grounding_micros=_rate(name, "gemini.grounding_usd_per_1k", doc["grounding_usd_per_1k"])
+        * MICROS_PER_USD / 1_000,
+        grounding_per=str(doc["grounding_per"]),
+    )
+
+
 def _long_context(name: str, doc: object, *, anthropic: bool = True) -> LongContext | None:
     if doc is None:
         return None
@@ -484,43 +514,13 @@ def _model(name: str, entry: object) -> ModelPrices:
         long_context=_long_context(name, entry.get("long_context"),
                                    anthropic=messages is not None),
         messages=messages,
+        gemini=_gemini_model(name, entry.get("gemini")),
         context_window_tokens=(_positive(name, "context_window_tokens",
                                          entry["context_window_tokens"])
                                if "context_window_tokens" in entry else None),
         web_search_content_tokens=(_positive(name, "web_search_content_tokens",
                                              entry["web_search_content_tokens"])
                                    if "web_search_content_tokens" in entry else None),
-        gemini=_gemini_model(name, entry.get("gemini")),
-    )
-
-
-GEMINI_FIELDS = frozenset({"output_tokens_max", "thinking", "thinking_budget_min",
-                           "thinking_budget_max", "thinks_by_default", "grounding_usd_per_1k",
-                           "grounding_per"})
-GEMINI_THINKING = ("budget", "level", "none")
-GEMINI_GROUNDING_PER = ("prompt", "query")
-
-
-def _gemini_model(name: str, doc: object) -> GeminiModel | None:
-    if doc is None:
-        return None
-    if not isinstance(doc, Mapping) or set(doc) != GEMINI_FIELDS:
-        raise ValueError(f"{name}.gemini must have exactly {sorted(GEMINI_FIELDS)}")
-    if doc["thinking"] not in GEMINI_THINKING or doc["grounding_per"] not in GEMINI_GROUNDING_PER \
-            or type(doc["thinks_by_default"]) is not bool:
-        raise ValueError(f"{name}.gemini: thinking is one of {GEMINI_THINKING}, grounding_per "
-                         f"one of {GEMINI_GROUNDING_PER}, thinks_by_default a boolean")
-    budget_min, budget_max = doc["thinking_budget_min"], doc["thinking_budget_max"]
-    if type(budget_min) is not int or type(budget_max) is not int or not 0 <= budget_min <= \
-            budget_max:
-        raise ValueError(f"{name}.gemini: need 0 <= thinking_budget_min <= thinking_budget_max")
-    return GeminiModel(
-        output_tokens_max=_positive(name, "gemini.output_tokens_max", doc["output_tokens_max"]),
-        thinking=str(doc["thinking"]), thinking_budget_min=budget_min,
-        thinking_budget_max=budget_max, thinks_by_default=doc["thinks_by_default"],
-        grounding_micros=_rate(name, "gemini.grounding_usd_per_1k", doc["grounding_usd_per_1k"])
-        * MICROS_PER_USD / 1_000,
-        grounding_per=str(doc["grounding_per"]),
     )
 
 

@@ -64,7 +64,7 @@ from infra.stub_gemini import (
     invalid,
     serve,
 )
-from infra.stub_messages import API_VERSION, MessagesApi, Reply
+from infra.stub_messages import API_VERSION, REQUEST_BYTES_MAX, MessagesApi, Reply
 
 if TYPE_CHECKING:
     from infra.stub_provider import StubProviderApp
@@ -203,9 +203,15 @@ class VertexClaudeApi(Api[Reply]):
 
     name = API_VERTEX_CLAUDE
 
-    def __init__(self, messages: MessagesApi, auth: VertexAuth) -> None:
-        self.messages, self.auth = messages, auth
-        self.request_bytes_max = messages.request_bytes_max
+    request_bytes_max = REQUEST_BYTES_MAX
+
+    def __init__(self, app: StubProviderApp, auth: VertexAuth) -> None:
+        self.app, self.auth = app, auth
+
+    @property
+    def messages(self) -> MessagesApi:
+        """The app's Messages API, which serves every Claude call (made after this API)."""
+        return self.app.messages
 
     def headers(self) -> dict[str, str]:
         return self.messages.headers()
@@ -231,7 +237,7 @@ class VertexClaudeApi(Api[Reply]):
     def priced_name(self, vertex_id: str) -> str:
         """A Vertex model id (`claude-sonnet-4-5@20250929`) as the table prices it: the id
         itself, the dated name Anthropic uses (`-` for `@`), or the undated name."""
-        prices = self.messages.app.prices
+        prices = self.app.prices
         for name in (vertex_id, vertex_id.replace("@", "-"), vertex_id.partition("@")[0]):
             model = prices.model(name)
             if model is not None and model.messages is not None:
@@ -291,7 +297,7 @@ class GoogleRoutes:
         self.auth = VertexAuth(app)
         self.gemini = GeminiApi(app, self.settings)
         self.vertex = GeminiApi(app, self.settings, self.auth.check)
-        self.claude = VertexClaudeApi(app.messages, self.auth)
+        self.claude = VertexClaudeApi(app, self.auth)
         self.controlled, self.apply = self.settings.controlled, self.settings.apply
         self.to_json = self.settings.to_json
 
