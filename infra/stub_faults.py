@@ -276,23 +276,19 @@ class Api(Generic[D]):
     def headers(self) -> dict[str, str]:
         return {}
 
+    def check(self, request: Request) -> set[str]:
+        raise NotImplementedError
+
     def model_of(self, body: dict[str, Any], request: Request) -> str | None:
-        """The model a call names, as the bill logs it: the body's, unless the API names it
-        elsewhere (Bedrock's path)."""
+        """The model the call names, as the bill logs it if refused: the body's by default (an
+        API that names it in the path reads it there)."""
         model = body.get("model")
         return model if isinstance(model, str) else None
 
     def streams(self, body: dict[str, Any], request: Request) -> bool:
-        """Whether the call is answered as a stream: the body's `stream`, unless the API says
-        so by its route (Bedrock's)."""
+        """Whether the call is answered as a stream: the body's `stream` by default (an API
+        that streams by route reads the route)."""
         return body.get("stream") is True
-
-    def answer_headers(self, decided: D) -> dict[str, str]:
-        """Headers of a decided call's answer beyond `headers` (Bedrock's token counts)."""
-        return {}
-
-    def check(self, request: Request) -> set[str]:
-        raise NotImplementedError
 
     def decide(self, body: dict[str, Any], request: Request, fault: Fault,
                betas: set[str]) -> D:
@@ -306,6 +302,10 @@ class Api(Generic[D]):
 
     def error(self, error: ApiError, headers: dict[str, str]) -> Response:
         raise NotImplementedError
+
+    def answer_headers(self, decided: D) -> dict[str, str]:
+        """Headers of a decided call's answer beyond `headers` (Bedrock's token counts)."""
+        return {}
 
     def body(self, decided: D) -> dict[str, Any]:
         raise NotImplementedError
