@@ -8,18 +8,23 @@ from the stub's own table (infra/stub_prices.py, a model's `gemini` entry) by it
 
 Errors in Google's shape `{"error": {"code", "message", "status"}}`: an unknown model 404
 NOT_FOUND, a wrong key 400 INVALID_ARGUMENT (none: 403 PERMISSION_DENIED), a prompt above the
-model's window 400 INVALID_ARGUMENT; none billed. A stream needs `?alt=sse` (the SDKs send it;
+model's window 400 INVALID_ARGUMENT, an unknown field (camelCase or snake_case, top level or in
+generationConfig) 400 INVALID_ARGUMENT as Google's parser answers it, an answer asked in images
+or speech 400; none billed. A stream needs `?alt=sse` (the SDKs send it;
 the stub does not serve the JSON-array stream).
 
-Counting (the stub's own rule where Google documents none to the token): text by UTF-8 bytes
-over four, 4 tokens a content and 3 for the reply, function declarations, calls, responses and a
-response schema by their JSON; images 258 tokens when both sides are at most 384 px, else 258 a
-768 x 768 tile (https://ai.google.dev/gemini-api/docs/tokens, "multimodal tokens"); audio (WAV,
-MP3) 32 tokens a second; a PDF 258 a page (https://ai.google.dev/gemini-api/docs/
-document-processing); `fileData` by its URI from /control's `files` registry (unknown: refused);
-`cachedContent` by its name from /control's `cached_contents` {name: {"model", "tokens"}}
-(unknown: 403 PERMISSION_DENIED). Thought parts sent back are billed by their text; signatures
-are opaque and not billed. countTokens answers the promptTokenCount generateContent would.
+Counting (the stub's own rule where Google documents none to the token): text by UTF-8 bytes over
+four, 4 tokens a content and 3 for the reply, function declarations, calls, responses and a response
+schema by their JSON; images 258 tokens when both sides are at most 384 px, else 258 a 768 x 768
+tile (https://ai.google.dev/gemini-api/docs/tokens, "multimodal tokens"); audio (WAV, MP3) 32 tokens
+a second; a PDF 258 a page (https://ai.google.dev/gemini-api/docs/ document-processing); on Gemini 3
+(a table entry with `media_tokens`) an image or a PDF page costs its media resolution's tokens (the
+part's `mediaResolution.level`, else the request's `generationConfig.mediaResolution`, else high for
+an image and medium for a PDF; https://ai.google.dev/gemini-api/docs/media-resolution); `fileData`
+by its URI from /control's `files` registry (unknown: refused); `cachedContent` by its name from
+/control's `cached_contents` {name: {"model", "tokens"}} (unknown: 403 PERMISSION_DENIED). Thought
+parts sent back are billed by their text; signatures are opaque and not billed. countTokens answers
+the promptTokenCount generateContent would.
 
 Billing (https://ai.google.dev/gemini-api/docs/pricing): prompt tokens at the input rate (audio
 at the audio rate), cached tokens (named cached content, or implicit hits by the cached_tokens
@@ -82,6 +87,7 @@ from infra.stub_faults import (
 )
 from infra.stub_messages import schema_instance
 from infra.stub_prices import (
+    GEMINI_MEDIA_RESOLUTIONS,
     TIER_LONG_CONTEXT,
     TIER_STANDARD,
     GeminiModel,
@@ -136,6 +142,18 @@ THINKING_BUDGET_DYNAMIC = -1
 THINKING_TOKENS_PER_SUMMARY_WORD = 4
 THINKING_WORDS = ("consider", "the", "budget", "before", "answering")
 FUNCTION_MODES = ("AUTO", "ANY", "NONE", "VALIDATED")
+# A GenerateContentRequest's fields (https://ai.google.dev/api/generate-content, and Vertex's
+# `labels`), camelCase or snake_case; any other is refused, as Google's JSON parser does.
+REQUEST_FIELDS = frozenset({"model", "contents", "tools", "toolConfig", "safetySettings",
+                            "systemInstruction", "generationConfig", "cachedContent", "labels"})
+GENERATION_CONFIG_FIELDS = frozenset({
+    "stopSequences", "responseMimeType", "responseSchema", "responseJsonSchema",
+    "responseModalities", "candidateCount", "maxOutputTokens", "temperature", "topP", "topK",
+    "seed", "presencePenalty", "frequencyPenalty", "responseLogprobs", "logprobs",
+    "enableEnhancedCivicAnswers", "speechConfig", "thinkingConfig", "mediaResolution",
+    "imageConfig", "routingConfig", "audioTimestamp", "modelSelectionConfig"})
+# Settings that answer in images or speech, which the stub's text models have no rate for.
+OUTPUT_MEDIA_FIELDS = frozenset({"speechConfig", "imageConfig"})
 # Each status's name in Google's error shape (google.rpc.Code).
 STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
                 404: "NOT_FOUND", 409: "ABORTED", 413: "INVALID_ARGUMENT",
@@ -193,18 +211,44 @@ def gemini_image_tokens(width: int, height: int) -> int:
     return IMAGE_TOKENS * math.ceil(width / IMAGE_TILE_PX) * math.ceil(height / IMAGE_TILE_PX)
 
 
+def media_resolution(raw: object, where: str) -> str | None:
+    """A mediaResolution (MEDIA_RESOLUTION_LOW, _MEDIUM, _HIGH) as the table's level; None:
+    unspecified, the model's default."""
+    if raw in (None, "MEDIA_RESOLUTION_UNSPECIFIED"):
+        return None
+    level = raw.removeprefix("MEDIA_RESOLUTION_").lower() if isinstance(raw, str) else None
+    if level not in GEMINI_MEDIA_RESOLUTIONS:
+        raise InputError(f"{where} must be MEDIA_RESOLUTION_LOW, _MEDIUM or _HIGH", where)
+    return level
+
+
+def _part_resolution(part: dict[str, Any], where: str) -> str | None:
+    """A part's own mediaResolution ({"level": ...}, Gemini 3), if it has one."""
+    given = part.get("mediaResolution", part.get("media_resolution"))
+    if given is None:
+        return None
+    if not isinstance(given, dict):
+        raise InputError(f"{where}.mediaResolution must be an object with a level", where)
+    return media_resolution(given.get("level"), f"{where}.mediaResolution.level")
+
+
 def _json_tokens(value: object) -> int:
     return text_tokens(len(json.dumps(value, separators=(",", ":"),
                                       ensure_ascii=False).encode()))
 
 
 class Counter:
-    def __init__(self, app: StubProviderApp) -> None:
-        self.app = app
+    def __init__(self, app: StubProviderApp, model: GeminiModel, resolution: object) -> None:
+        self.app, self.model = app, model
+        self.resolution = media_resolution(resolution, "generationConfig.mediaResolution")
         self.prompt = Prompt()
 
-    def media(self, mime: str, ref: FileRef | None, data: bytes | None, where: str) -> None:
-        """One inline or referenced medium, by its type."""
+    def media(self, mime: str, ref: FileRef | None, data: bytes | None, where: str,
+              resolution: str | None = None) -> None:
+        """One inline or referenced medium, by its type (and, on Gemini 3, the part's or the
+        request's media resolution: an image high, a PDF page medium by default)."""
+        level = resolution or self.resolution
+        by_level = self.model.media_tokens
         if mime.startswith("image/"):
             if data is not None:
                 with read_at(where):
@@ -213,7 +257,8 @@ class Counter:
                 width, height = ref.image
             else:
                 raise InputError(f"{where}: the file is not an image the stub knows", where)
-            self.prompt.image += gemini_image_tokens(width, height)
+            self.prompt.image += (gemini_image_tokens(width, height) if by_level is None
+                                  else by_level[level or "high"])
         elif mime in AUDIO_FORMATS:
             if data is None:
                 raise InputError(f"{where}: audio by reference is not served; send it inline",
@@ -225,7 +270,8 @@ class Counter:
             pages = pdf_pages(data) if data is not None else (ref.pages if ref else 0)
             if not pages:
                 raise InputError(f"{where}: the PDF has no pages", where)
-            self.prompt.document += pages * PDF_PAGE_TOKENS
+            self.prompt.document += pages * (PDF_PAGE_TOKENS if by_level is None
+                                             else by_level[level or "medium"])
         elif mime.startswith("text/"):
             size = len(data) if data is not None else (ref.size_bytes if ref else 0)
             self.prompt.text += text_tokens(size)
@@ -248,7 +294,7 @@ class Counter:
             mime = str(blob.get("mimeType", blob.get("mime_type", "")))
             with read_at(where):
                 data = decode_base64(blob["data"], "inline data", REQUEST_BYTES_MAX)
-            self.media(mime, None, data, where)
+            self.media(mime, None, data, where, _part_resolution(part, where))
         elif "fileData" in part or "file_data" in part:
             ref_doc = part.get("fileData", part.get("file_data"))
             uri = ref_doc.get("fileUri", ref_doc.get("file_uri")) if isinstance(
@@ -258,7 +304,7 @@ class Counter:
                 raise InputError(f"{where}: File {uri!r} not found or not accessible", where)
             mime = str(ref_doc.get("mimeType", ref_doc.get("mime_type", "")))
             before = self.prompt.tokens
-            self.media(mime, ref, None, where)
+            self.media(mime, ref, None, where, _part_resolution(part, where))
             self.prompt.referenced += self.prompt.tokens - before
         elif "functionCall" in part or "functionResponse" in part:
             self.prompt.text += _json_tokens(part.get("functionCall",
@@ -322,7 +368,12 @@ class Counter:
 def count_request(app: StubProviderApp, settings: GeminiSettings, body: dict[str, Any],
                   prices: ModelPrices) -> Prompt:
     """Count a generateContent body (InputError when it does not hold)."""
-    counter = Counter(app)
+    config = body.get("generationConfig", body.get("generation_config")) or {}
+    if not isinstance(config, dict):
+        raise InputError("generationConfig must be an object", "generationConfig")
+    assert prices.gemini is not None  # only Gemini models are counted here
+    counter = Counter(app, prices.gemini, config.get("mediaResolution",
+                                                     config.get("media_resolution")))
     contents = body.get("contents")
     if not isinstance(contents, list) or not contents:
         raise InputError("* GenerateContentRequest.contents: contents is not specified",
@@ -347,9 +398,6 @@ def count_request(app: StubProviderApp, settings: GeminiSettings, body: dict[str
     counter.tools(body.get("tools"), body.get("toolConfig", body.get("tool_config")))
     for i, content in enumerate(contents):
         counter.content(content, f"contents[{i}]", ("user", "model", "function"))
-    config = body.get("generationConfig", body.get("generation_config")) or {}
-    if not isinstance(config, dict):
-        raise InputError("generationConfig must be an object", "generationConfig")
     schema = config.get("responseSchema", config.get("responseJsonSchema"))
     if schema is not None:
         counter.prompt.text += _json_tokens(schema)
@@ -523,6 +571,7 @@ class GeminiApi(Api[GeminiReply]):
         prices = self._model(request)
         model = prices.gemini
         assert model is not None  # checked by _model
+        check_fields(body)
         prompt = self._count(body, prices)
         config = body.get("generationConfig", body.get("generation_config")) or {}
         cap = config.get("maxOutputTokens", config.get("max_output_tokens",
@@ -735,6 +784,28 @@ class GeminiApi(Api[GeminiReply]):
                 chunks.append(sse(self._envelope(decided, [candidate_doc],
                                                  final=end and i == last)))
         return chunks
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(word.title() for word in rest)
+
+
+def check_fields(body: dict[str, Any]) -> None:
+    """Refuse what Google's API would not parse (an unknown field: a field the stub ignored
+    could change what a real call bills), and settings that would bill output the table has no
+    rate for (image or audio answers, speech)."""
+    config = body.get("generationConfig", body.get("generation_config")) or {}
+    for doc, known, where in ((body, REQUEST_FIELDS, ""),
+                              (config, GENERATION_CONFIG_FIELDS, "generation_config")):
+        for key in doc:
+            if _camel(key) not in known:
+                raise invalid(f'Invalid JSON payload received. Unknown name "{key}" at '
+                              f"'{where}': Cannot find field.")
+    modalities = config.get("responseModalities", config.get("response_modalities", ["TEXT"]))
+    if modalities != ["TEXT"] or any(_camel(k) in OUTPUT_MEDIA_FIELDS for k in config):
+        raise invalid("the stub answers text only: responseModalities other than TEXT, "
+                      "speechConfig and imageConfig are not served")
 
 
 def _lower_types(schema: Any) -> Any:

@@ -43,12 +43,16 @@ exactly micro-dollars per token):
                                                             by the OpenAI routes only
     gemini: {"output_tokens_max": N, "thinking": "budget" | "level" | "none",
              "thinking_budget_min": N, "thinking_budget_max": N, "thinks_by_default": BOOL,
-             "grounding_usd_per_1k": "35", "grounding_per": "prompt" | "query"}
+             "grounding_usd_per_1k": "35", "grounding_per": "prompt" | "query",
+             "media_tokens": {"low": N, "medium": N, "high": N} (optional)}
                                                             served by the Gemini API and Vertex
                                                             AI (infra/stub_gemini.py); its input
                                                             window is `context_window_tokens`,
                                                             its long-context tier `long_context`
-                                                            (no beta, any prompt above N)
+                                                            (no beta, any prompt above N);
+                                                            `media_tokens`: an image's (a PDF
+                                                            page's) tokens by media resolution
+                                                            (Gemini 3), else Gemini 2's tiles
     aliases: ["dated-snapshot-name", ...]                   other names of the same model
     context_window_tokens: N                                OpenAI: the most input a call may
                                                             hold; more is refused (400
@@ -194,6 +198,9 @@ class GeminiModel:
     thinks_by_default: bool
     grounding_micros: Fraction
     grounding_per: str
+    # Tokens of an image or a PDF page by mediaResolution (low, medium, high; Gemini 3); None:
+    # 258 a 768 px tile (Gemini 2).
+    media_tokens: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -407,13 +414,21 @@ GEMINI_FIELDS = frozenset({"output_tokens_max", "thinking", "thinking_budget_min
                            "grounding_per"})
 GEMINI_THINKING = ("budget", "level", "none")
 GEMINI_GROUNDING_PER = ("prompt", "query")
+GEMINI_MEDIA_RESOLUTIONS = ("low", "medium", "high")
 
 
 def _gemini_model(name: str, doc: object) -> GeminiModel | None:
     if doc is None:
         return None
-    if not isinstance(doc, Mapping) or set(doc) != GEMINI_FIELDS:
-        raise ValueError(f"{name}.gemini must have exactly {sorted(GEMINI_FIELDS)}")
+    if not isinstance(doc, Mapping) or set(doc) - {"media_tokens"} != GEMINI_FIELDS:
+        raise ValueError(f"{name}.gemini must have exactly {sorted(GEMINI_FIELDS)} and may "
+                         "have media_tokens")
+    media = doc.get("media_tokens")
+    if media is not None and (not isinstance(media, Mapping) or set(media) != set(
+            GEMINI_MEDIA_RESOLUTIONS) or any(type(v) is not int or v < 1
+                                             for v in media.values())):
+        raise ValueError(f"{name}.gemini.media_tokens gives tokens for "
+                         f"{', '.join(GEMINI_MEDIA_RESOLUTIONS)}")
     if doc["thinking"] not in GEMINI_THINKING or doc["grounding_per"] not in GEMINI_GROUNDING_PER \
             or type(doc["thinks_by_default"]) is not bool:
         raise ValueError(f"{name}.gemini: thinking is one of {GEMINI_THINKING}, grounding_per "
@@ -429,6 +444,7 @@ def _gemini_model(name: str, doc: object) -> GeminiModel | None:
         grounding_micros=_rate(name, "gemini.grounding_usd_per_1k", doc["grounding_usd_per_1k"])
         * MICROS_PER_USD / 1_000,
         grounding_per=str(doc["grounding_per"]),
+        media_tokens=None if media is None else dict(media),
     )
 
 

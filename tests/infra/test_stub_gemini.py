@@ -287,6 +287,41 @@ def test_media_are_billed_by_googles_rules(http: httpx.Client) -> None:
     assert only_call(http).cost_micros == 711
 
 
+def test_gemini_3_bills_media_by_their_resolution(http: httpx.Client) -> None:
+    image = {"inlineData": {"mimeType": "image/png", "data": b64(png(100, 100))}}
+    document = {"inlineData": {"mimeType": "application/pdf", "data": b64(pdf(3))}}
+    no_thinking = {"X-Stub-Output-Tokens": "10", "X-Stub-Reasoning-Tokens": "0"}
+
+    def details(body: dict[str, Any]) -> dict[str, int]:
+        usage = generate(http, GEMINI_3, body, no_thinking).json()["usageMetadata"]
+        return {d["modality"]: d["tokenCount"] for d in usage["promptTokensDetails"]}
+
+    # Defaults: an image at high (1,120), a PDF page at medium (560); the text: 4 + 3.
+    assert details(user(image, document)) == {"IMAGE": 1_120, "DOCUMENT": 1_680, "TEXT": 7}
+    # The request's resolution, and a part's own over it.
+    low = {"generationConfig": {"mediaResolution": "MEDIA_RESOLUTION_LOW"}}
+    high_image = {**image, "mediaResolution": {"level": "MEDIA_RESOLUTION_HIGH"}}
+    assert details({**user(image, document), **low}) == {"IMAGE": 280, "DOCUMENT": 840,
+                                                         "TEXT": 7}
+    assert details({**user(high_image, document), **low})["IMAGE"] == 1_120
+    # (1,120 + 1,680 + 7) x 2 + 10 x 12 = 5,734.
+    assert bill_of(http).log[0].cost_micros == 5_734
+
+
+def test_unknown_fields_and_answers_in_other_media_are_refused(http: httpx.Client) -> None:
+    refused = [generate(http, FLASH, {**user({"text": "hello"}), "priority": "high"}),
+               generate(http, FLASH, {**user({"text": "hello"}), "generationConfig": {
+                   "maxTokens": 10}}),
+               generate(http, FLASH, {**user({"text": "hello"}), "generationConfig": {
+                   "responseModalities": ["TEXT", "IMAGE"]}})]
+    assert [r.status_code for r in refused] == [400, 400, 400]
+    assert 'Unknown name "priority"' in refused[0].json()["error"]["message"]
+    # snake_case is Google's too.
+    assert generate(http, LITE, {**user({"text": "hello"}), "generation_config": {
+        "max_output_tokens": 5}}).status_code == 200
+    assert bill_of(http).total.calls == 1
+
+
 def test_refusals_are_in_googles_shape_and_unbilled(
         provider: StubProvider, http: httpx.Client, client: genai.Client) -> None:
     with pytest.raises(errors.ClientError) as unknown:
