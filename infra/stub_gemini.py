@@ -17,7 +17,7 @@ Counting (the stub's own rule where Google documents none to the token): text by
 four, 4 tokens a content and 3 for the reply, function declarations, calls, responses and a response
 schema by their JSON; images 258 tokens when both sides are at most 384 px, else 258 a 768 x 768
 tile (https://ai.google.dev/gemini-api/docs/tokens, "multimodal tokens"); audio (WAV, MP3) 32 tokens
-a second; a PDF 258 a page (https://ai.google.dev/gemini-api/docs/ document-processing); on Gemini 3
+a second; a PDF 258 a page (https://ai.google.dev/gemini-api/docs/document-processing); on Gemini 3
 (a table entry with `media_tokens`) an image or a PDF page costs its media resolution's tokens (the
 part's `mediaResolution.level`, else the request's `generationConfig.mediaResolution`, else high for
 an image and medium for a PDF; https://ai.google.dev/gemini-api/docs/media-resolution); `fileData`
