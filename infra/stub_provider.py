@@ -32,7 +32,8 @@ Google (infra/stub_gemini.py, infra/stub_vertex.py; billed from the table's `gem
   POST /{v1|v1beta1}/projects/{p}/locations/{r}/publishers/google/models/{model}:<same three>
                               Vertex AI's Gemini; bills as `vertex.gemini`
   POST /{v1|v1beta1}/projects/{p}/locations/{r}/publishers/anthropic/models/{model}:rawPredict,
-       :streamRawPredict      Claude on Vertex, by the Messages API's code; `vertex.messages`
+       :streamRawPredict      Claude on Vertex, by the Messages API's code; `vertex.messages`;
+                              +10% at a regional endpoint from Sonnet 4.5 on
   POST /token, GET /vertex/service_account
                               Vertex's OAuth token endpoint (JWT-bearer grant) and the service
                               account it knows; every Vertex call needs its bearer token
