@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from google import genai
+from google.auth import crypt, jwt
 from google.auth.exceptions import RefreshError
 from google.genai import errors, types
 from google.oauth2 import service_account
@@ -216,11 +218,15 @@ def test_function_calls_are_scripted_forced_or_not_made(
                     mode=types.FunctionCallingConfigMode.ANY))))
     assert forced.function_calls
     assert forced.function_calls[0].args == {"city": ""}
+    streamed = list(client.models.generate_content_stream(
+        model=LITE, contents="weather?", config=types.GenerateContentConfig(
+            tools=tools, http_options=call_headers(Tool_Call="1"))))
+    assert [c.function_calls[0].name for c in streamed if c.function_calls] == ["get_weather"]
     bill = bill_of(http)
-    assert bill.total.calls == 3
+    assert bill.total.calls == 4
     assert bill.total.output_tokens == sum(
         a.usage_metadata.candidates_token_count or 0
-        for a in (answer, reply, forced) if a.usage_metadata)
+        for a in (answer, reply, forced, streamed[-1]) if a.usage_metadata)
 
 
 def test_grounding_is_billed_per_prompt_on_2_5_and_per_query_on_3(
@@ -332,6 +338,9 @@ def test_refusals_are_in_googles_shape_and_unbilled(
     none = httpx.post(f"{provider.url}/v1beta/models/{FLASH}:generateContent",
                       json=user({"text": "hello"}))
     over = generate(http, TINY, user({"text": "x" * 400}))
+    counted = httpx.post(f"{provider.url}/v1beta/models/{FLASH}:countTokens?key=wrong",
+                         json=user({"text": "hello"}))
+    assert counted.json()["error"]["status"] == "INVALID_ARGUMENT"
     budget = generate(http, FLASH, {**user({"text": "hello"}), "generationConfig": {
         "thinkingConfig": {"thinkingBudget": 50_000}}})
     assert [(r.status_code, r.json()["error"]["status"]) for r in (wrong, none, over, budget)] \
@@ -340,7 +349,7 @@ def test_refusals_are_in_googles_shape_and_unbilled(
     assert "exceeds the maximum number of tokens allowed (100)" in over.json()["error"][
         "message"]
     bill = bill_of(http)
-    assert (bill.requests, bill.total.calls) == (5, 0)
+    assert (bill.requests, bill.total.calls) == (6, 0)
 
 
 def test_faults_fail_unbilled_or_billed_and_break_a_stream(http: httpx.Client) -> None:
@@ -501,6 +510,19 @@ def test_the_token_endpoint_refuses_an_assertion_it_cannot_verify(
         serialization.NoEncryption()).decode()}
     with pytest.raises(RefreshError, match="Invalid JWT Signature"):
         sa_credentials(forged).refresh(google_request())  # type: ignore[no-untyped-call]
+    signer = crypt.RSASigner.from_service_account_info(info)  # type: ignore[no-untyped-call]
+    now_s = int(time.time())
+    claims = {"iss": info["client_email"], "aud": "https://oauth2.googleapis.com/token",
+              "scope": "https://www.googleapis.com/auth/cloud-platform"}
+    for bad, why in (({"iat": now_s - 7_200, "exp": now_s - 3_600}, "short-lived"),
+                     ({"iat": now_s, "exp": now_s + 7_200}, "longer than an hour"),
+                     ({"iat": now_s, "exp": now_s + 600, "aud": "https://elsewhere/token"},
+                      "aud")):
+        assertion = jwt.encode(signer, {**claims, **bad}).decode()  # type: ignore[no-untyped-call]
+        answer = httpx.post(f"{provider.url}/token", data={
+            "grant_type": "urn:ietf:params:oauth:grant-type:jwt-bearer", "assertion": assertion})
+        assert answer.status_code == 400
+        assert why in answer.json()["error_description"]
     head = base64.urlsafe_b64encode(json.dumps({"alg": "none"}).encode()).decode()
     unsigned = httpx.post(f"{provider.url}/token", data={
         "grant_type": "urn:ietf:params:oauth:grant-type:jwt-bearer",
