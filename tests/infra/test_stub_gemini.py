@@ -29,6 +29,7 @@ from google.auth.exceptions import RefreshError
 from google.genai import errors, types
 from google.oauth2 import service_account
 
+from infra.stub_prices import StubPrices
 from infra.stub_provider import StubProvider
 from tests.infra.conftest import start_fresh
 from tests.infra.media import b64, pdf, png, wav
@@ -39,7 +40,7 @@ FLASH, PRO, LITE, GEMINI_3 = ("gemini-2.5-flash", "gemini-2.5-pro", "gemini-2.5-
                               "gemini-3-pro-preview")
 # A test model with a 100-token window, to be refused over it.
 TINY = "gemini-tiny"
-TABLE = {"models": {TINY: {
+TABLE: dict[str, Any] = {"models": {TINY: {
     "input_usd_per_mtok": "1", "output_usd_per_mtok": "1", "context_window_tokens": 100,
     "gemini": {"output_tokens_max": 100, "thinking": "none", "thinking_budget_min": 0,
                "thinking_budget_max": 0, "thinks_by_default": False,
@@ -412,6 +413,20 @@ def test_control_refuses_a_bad_gemini_setting_whole(http: httpx.Client) -> None:
     assert refused.status_code == 400
     shown = http.get("/control").json()
     assert (shown["cached_contents"], shown["thinking_outside_output_cap"]) == ({}, False)
+
+
+@pytest.mark.parametrize(("gemini", "why"), [
+    ({"thinking": "sometimes"}, "thinking is one of"),
+    ({"grounding_per": "result"}, "grounding_per"),
+    ({"thinking_budget_min": 10, "thinking_budget_max": 5}, "thinking_budget_min"),
+    ({"media_tokens": {"high": 1}}, "media_tokens"),
+    ({"output_tokens_max": 0}, "output_tokens_max"),
+])
+def test_a_bad_gemini_entry_is_refused(gemini: dict[str, Any], why: str) -> None:
+    entry = TABLE["models"][TINY]
+    bad = {"models": {"g": {**entry, "gemini": {**entry["gemini"], **gemini}}}}
+    with pytest.raises(ValueError, match=why):
+        StubPrices.load(bad)
 
 
 # -- Vertex AI ---------------------------------------------------------------------------------
