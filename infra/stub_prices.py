@@ -41,6 +41,18 @@ exactly micro-dollars per token):
                                                             served by the Messages API (and only
                                                             there); a model without it is served
                                                             by the OpenAI routes only
+    gemini: {"output_tokens_max": N, "thinking": "budget" | "level" | "none",
+             "thinking_budget_min": N, "thinking_budget_max": N, "thinks_by_default": BOOL,
+             "grounding_usd_per_1k": "35", "grounding_per": "prompt" | "query",
+             "media_tokens": {"low": N, "medium": N, "high": N} (optional)}
+                                                            served by the Gemini API and Vertex
+                                                            AI (infra/stub_gemini.py); its input
+                                                            window is `context_window_tokens`,
+                                                            its long-context tier `long_context`
+                                                            (no beta, any prompt above N);
+                                                            `media_tokens`: an image's (a PDF
+                                                            page's) tokens by media resolution
+                                                            (Gemini 3), else Gemini 2's tiles
     aliases: ["dated-snapshot-name", ...]                   other names of the same model
     context_window_tokens: N                                OpenAI: the most input a call may
                                                             hold; more is refused (400
@@ -110,7 +122,7 @@ RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cached_input_usd_pe
                "cache_write_usd_per_mtok", "cache_write_1h_usd_per_mtok",
                "audio_input_usd_per_mtok", "audio_output_usd_per_mtok")
 MODEL_FIELDS = frozenset({*RATE_FIELDS, "request_usd", "service_tiers", "reasoning", "image",
-                          "audio_input_tokens_per_s", "web_search_usd_per_1k",
+                          "audio_input_tokens_per_s", "web_search_usd_per_1k", "gemini",
                           "web_search_usd_per_call", "long_context", "anthropic", "aliases",
                           "context_window_tokens", "web_search_content_tokens", "embedding"})
 OPENAI_TOOLS_FIELDS = frozenset({"web_search_usd_per_1k_calls",
@@ -180,6 +192,26 @@ class LongContext:
 
 
 @dataclass(frozen=True)
+class GeminiModel:
+    """What Google documents of a Gemini model besides its rates. `thinking`: how a call sets
+    its thinking (`budget`: thinkingConfig.thinkingBudget within [min, max], Gemini 2.5;
+    `level`: thinkingLevel, Gemini 3; `none`: it does not think). Grounding with Google Search
+    costs `grounding_micros` a grounded prompt (`grounding_per` "prompt", Gemini 2.5) or a
+    search query ("query", Gemini 3)."""
+
+    output_tokens_max: int
+    thinking: str
+    thinking_budget_min: int
+    thinking_budget_max: int
+    thinks_by_default: bool
+    grounding_micros: Fraction
+    grounding_per: str
+    # Tokens of an image or a PDF page by mediaResolution (low, medium, high; Gemini 3); None:
+    # 258 a 768 px tile (Gemini 2).
+    media_tokens: Mapping[str, int] | None = None
+
+
+@dataclass(frozen=True)
 class MessagesModel:
     """What Anthropic documents of a model besides its rates, as the Messages API needs it.
 
@@ -219,6 +251,7 @@ class ModelPrices:
     web_search_call_micros: Fraction | None = None  # a search model's fee per call
     long_context: LongContext | None = None
     messages: MessagesModel | None = None  # None: not an Anthropic model
+    gemini: GeminiModel | None = None  # None: not served by the Gemini API
     context_window_tokens: int | None = None  # OpenAI's input limit; None: none
     web_search_content_tokens: int | None = None  # a fixed block a search, instead of its own
     embedding: EmbeddingModel | None = None  # None: not an embedding model
@@ -395,6 +428,45 @@ def _messages_model(name: str, doc: object) -> MessagesModel | None:
     )
 
 
+GEMINI_FIELDS = frozenset({"output_tokens_max", "thinking", "thinking_budget_min",
+                           "thinking_budget_max", "thinks_by_default", "grounding_usd_per_1k",
+                           "grounding_per"})
+GEMINI_THINKING = ("budget", "level", "none")
+GEMINI_GROUNDING_PER = ("prompt", "query")
+GEMINI_MEDIA_RESOLUTIONS = ("low", "medium", "high")
+
+
+def _gemini_model(name: str, doc: object) -> GeminiModel | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping) or set(doc) - {"media_tokens"} != GEMINI_FIELDS:
+        raise ValueError(f"{name}.gemini must have exactly {sorted(GEMINI_FIELDS)} and may "
+                         "have media_tokens")
+    media = doc.get("media_tokens")
+    if media is not None and (not isinstance(media, Mapping) or set(media) != set(
+            GEMINI_MEDIA_RESOLUTIONS) or any(type(v) is not int or v < 1
+                                             for v in media.values())):
+        raise ValueError(f"{name}.gemini.media_tokens gives tokens for "
+                         f"{', '.join(GEMINI_MEDIA_RESOLUTIONS)}")
+    if doc["thinking"] not in GEMINI_THINKING or doc["grounding_per"] not in GEMINI_GROUNDING_PER \
+            or type(doc["thinks_by_default"]) is not bool:
+        raise ValueError(f"{name}.gemini: thinking is one of {GEMINI_THINKING}, grounding_per "
+                         f"one of {GEMINI_GROUNDING_PER}, thinks_by_default a boolean")
+    budget_min, budget_max = doc["thinking_budget_min"], doc["thinking_budget_max"]
+    if type(budget_min) is not int or type(budget_max) is not int or not 0 <= budget_min <= \
+            budget_max:
+        raise ValueError(f"{name}.gemini: need 0 <= thinking_budget_min <= thinking_budget_max")
+    return GeminiModel(
+        output_tokens_max=_positive(name, "gemini.output_tokens_max", doc["output_tokens_max"]),
+        thinking=str(doc["thinking"]), thinking_budget_min=budget_min,
+        thinking_budget_max=budget_max, thinks_by_default=doc["thinks_by_default"],
+        grounding_micros=_rate(name, "gemini.grounding_usd_per_1k", doc["grounding_usd_per_1k"])
+        * MICROS_PER_USD / 1_000,
+        grounding_per=str(doc["grounding_per"]),
+        media_tokens=None if media is None else dict(media),
+    )
+
+
 def _long_context(name: str, doc: object, *, anthropic: bool = True) -> LongContext | None:
     if doc is None:
         return None
@@ -489,6 +561,7 @@ def _model(name: str, entry: object) -> ModelPrices:
         long_context=_long_context(name, entry.get("long_context"),
                                    anthropic=messages is not None),
         messages=messages,
+        gemini=_gemini_model(name, entry.get("gemini")),
         context_window_tokens=(_positive(name, "context_window_tokens",
                                          entry["context_window_tokens"])
                                if "context_window_tokens" in entry else None),

@@ -26,6 +26,23 @@ counting (stub_tokens.py), the bill (stub_bill.py), faults and control (stub_fau
                               each one's format (infra/stub_costs.py; `/costs/control` sets them).
   GET  /health/live           200 while it answers.
 
+Google (infra/stub_gemini.py, infra/stub_vertex.py; billed from the table's `gemini` entries):
+  POST /{v1beta|v1}/models/{model}:generateContent, :streamGenerateContent?alt=sse, :countTokens
+                              the Gemini API, key in x-goog-api-key or ?key= (--api-key)
+  POST /{v1|v1beta1}/projects/{p}/locations/{r}/publishers/google/models/{model}:<same three>
+                              Vertex AI's Gemini; bills as `vertex.gemini`
+  POST /{v1|v1beta1}/projects/{p}/locations/{r}/publishers/anthropic/models/{model}:rawPredict,
+       :streamRawPredict      Claude on Vertex, by the Messages API's code; `vertex.messages`;
+                              +10% at a regional endpoint from Sonnet 4.5 on
+  POST /token, GET /vertex/service_account
+                              Vertex's OAuth token endpoint (JWT-bearer grant) and the service
+                              account it knows; every Vertex call needs its bearer token
+/control: `cached_contents` {name: {"model", "tokens"}} (Gemini's cachedContent), and
+`thinking_outside_output_cap` (false: thinking counts inside maxOutputTokens, as Google serves
+it). On Gemini routes `X-Stub-Web-Searches` (`web_searches`) is the Google Search queries a
+grounded call runs, `X-Stub-Tool-Call: 1` calls the first declared function, and errors are in
+Google's shape {"error": {"code", "message", "status"}}.
+
 Output is at most the call's cap, drawn at random with mean `--output-tokens-mean` after a
 latency in [`--latency-ms-min`, `--latency-ms-max`], from one random.Random(seed): calls made
 one after another are reproducible.
@@ -150,6 +167,8 @@ from infra.stub_prices import StubPrices
 from infra.stub_responses import CONTROL_FIELDS as RESPONSES_CONTROL_FIELDS
 from infra.stub_responses import ResponsesApi, registry_prompts
 from infra.stub_tokens import Registry
+from infra.stub_vertex import CONTROL_FIELDS as GEMINI_CONTROL_FIELDS
+from infra.stub_vertex import GoogleRoutes
 
 __all__ = ["Bill", "CallRecord", "StubProvider", "StubProviderApp", "StubProviderProcess",
            "Tally", "Usage", "fetch_bill", "reset_bill", "stub_control", "usd"]
@@ -203,6 +222,9 @@ class StubProviderApp:
         self.fault = Fault()
         self.settings = Settings()
         self.registry = Registry()
+        # Google's Gemini API and Vertex AI (Gemini, and Claude by self.messages), with Vertex's
+        # token endpoint (infra/stub_gemini.py, infra/stub_vertex.py).
+        self.gemini = GoogleRoutes(self)
         openai_cache: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self.chat = ChatApi(self, openai_cache)
         self.responses = ResponsesApi(self, openai_cache)
@@ -227,6 +249,7 @@ class StubProviderApp:
             Route("/control", self.control, methods=["GET", "POST"]),
             Route("/health/live", self.live, methods=["GET"]),
             *self.costs.routes(),
+            *self.gemini.routes(),
         ])
 
     # -- routes ------------------------------------------------------------------------------
@@ -250,6 +273,7 @@ class StubProviderApp:
                     raise ValueError("the control body is an object")
                 unknown = (set(doc) - SETTINGS - RESPONSES_CONTROL_FIELDS - CLOUD_CONTROL_FIELDS
                            - {*FAULT_HEADERS.values(), "calls"})
+                unknown -= GEMINI_CONTROL_FIELDS
                 if unknown:
                     raise ValueError(f"unknown control fields {sorted(unknown)}")
                 fault = fault_from({k: v for k, v in doc.items() if k not in SETTINGS})
@@ -260,17 +284,19 @@ class StubProviderApp:
                 deployments = (deployments_from(doc["deployments"], self.prices)
                                if "deployments" in doc else None)
                 settings = self.settings.updated(doc)
+                gemini = self.gemini.controlled(doc)
             except (ValueError, TypeError) as exc:
                 return self.chat.error(ApiError(400, f"control body: {exc}"), {})
             # Checked whole before anything changes: a refused body changes nothing.
             self.fault, self.settings = fault, settings
+            self.gemini.apply(gemini)
             self.registry.images = self.registry.images if images is None else images
             self.bedrock.credentials = credentials or self.bedrock.credentials
             self.azure.deployments = (self.azure.deployments if deployments is None
                                       else deployments)
             self.registry.files = self.registry.files if files is None else files
             self.registry.prompts = self.registry.prompts if prompts is None else prompts
-        return JSONResponse({**self.fault.to_json(), **vars(self.settings),
+        return JSONResponse({**self.fault.to_json(), **vars(self.settings), **self.gemini.to_json(),
                              "images": {u: list(s) for u, s in self.registry.images.items()},
                              "bedrock_credentials": self.bedrock.credentials.to_json(),
                              "deployments": dict(self.azure.deployments),
