@@ -593,7 +593,7 @@ class Operations:
             for b in org.get("budgets", []):
                 fields = dict(b["fields"])
                 if "timezone" in fields:
-                    fields["ledger"] = wire.definition_ledger(ledger_id, fields)
+                    fields["ledger"] = ledger_id
                 await catalogue.write_hash(keys.definition(tag, b["budget_id"]), fields, None)
                 await catalogue.catalogue_budget(b["budget_id"])
                 budgets += 1

@@ -819,7 +819,7 @@ local function resolve_legs(prefix, a, now)
       read_definition(key)
     paused_id = paused_id or (paused and budget_id)
     if timezone then
-      if ledger ~= a.ledger_id and ledger ~= a.ledger_id .. EXTENDED_DEFINITION_SUFFIX then
+      if ledger ~= a.ledger_id then
         return nil, {'ledger_reset'}
       end
       allowance = allowance or '0'

@@ -19,14 +19,13 @@ local allowance = int(ARGV[3], 'outage_allowance_micros')
 local fields = {DEFINITION_FIELDS[1], ARGV[1], DEFINITION_FIELDS[2], ARGV[2],
                 DEFINITION_FIELDS[3], istr(allowance)}
 local i = 4
-local limits, extended = 0, false
+local limits = 0
 while ARGV[i] do
   local field, shape = CEILING_FIELDS[ARGV[i]], SETTINGS[ARGV[i]]
   if field then
     fields[#fields + 1] = field
     fields[#fields + 1] = istr(int(ARGV[i + 1], 'ceiling_micros'))
     limits = limits + 1
-    extended = extended or ARGV[i] == 'week'
   elseif ARGV[i] == 'clamp' and ARGV[i + 1] == '1' then
     -- Read by the gateway on a refusal only; a script that does not know it loses nothing.
     fields[#fields + 1] = 'clamp'
@@ -34,18 +33,12 @@ while ARGV[i] do
   elseif shape and string.find(ARGV[i + 1], shape) then
     fields[#fields + 1] = ARGV[i]
     fields[#fields + 1] = ARGV[i + 1]
-    extended = true
   else
     fail('BADARG', 'period')
   end
   i = i + 2
 end
 if limits == 0 then fail('BADARG', 'limits') end
-if extended then
-  -- What scripts before weeks, rates and end users cannot read: they refuse the budget
-  -- (wire.py EXTENDED_DEFINITION_SUFFIX).
-  fields[2] = ARGV[1] .. EXTENDED_DEFINITION_SUFFIX
-end
 
 local stamped = redis.call('HGET', KEYS[1], 'ledger')
 if stamped and stamped ~= ARGV[1] then

@@ -103,6 +103,14 @@ def _rolled_back(token: str) -> LedgerUnavailable:
 
 
 def _format_unknown(version: str) -> LedgerUnavailable:
+    if (version.isdigit() and int(version) < wire.LEDGER_FORMAT_VERSION) or version == "None":
+        found = "not stamped" if version == "None" else f"version {version}"
+        return LedgerUnavailable(
+            f"the ledger is of an earlier format ({found}; this instance reads version "
+            f"{wire.LEDGER_FORMAT_VERSION}); enforcement is refused until an operator migrates "
+            "it (`ceiling ledger migrate`)",
+            reason="ledger_reset",
+        )
     return LedgerUnavailable(
         f"the ledger was written by another format version ({version}; this instance reads "
         f"version {wire.LEDGER_FORMAT_VERSION}); enforcement is refused until it is served by "
@@ -112,13 +120,10 @@ def _format_unknown(version: str) -> LedgerUnavailable:
 
 
 def _readable(version: Any) -> bool:
-    """Whether this version's scripts read a ledger stamped with format `version`.
-
-    A ledger with no stamp was made before ledgers were stamped, by code that wrote exactly what
-    version 1 is (the stamp is all this version added): it is version 1. It is not stamped when
-    opened either, since that would tell a later version nothing: a later version may meet a
-    ledger no instance of this one opened, and must read a missing stamp as 1 all the same."""
-    return version is None or str(version) == str(wire.LEDGER_FORMAT_VERSION)
+    """Whether this version's scripts read a ledger stamped with format `version` (None: no
+    stamp). They read their own format only: `ceiling ledger migrate` (core/stores/migrate.py)
+    brings an earlier one to it."""
+    return version is not None and str(version) == str(wire.LEDGER_FORMAT_VERSION)
 
 
 class ScriptedCore:
