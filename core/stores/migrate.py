@@ -34,7 +34,7 @@ from typing import Any
 
 from core.budgets import BudgetId
 from core.errors import InvalidRequest, LedgerUnavailable
-from core.ledger import LedgerStore, Role, tag_digest
+from core.ledger import Role, tag_digest
 from core.stores import keys, wire
 from core.stores.scripted_core import ScriptedCore, Transport
 from core.stores.scripts import script
@@ -222,8 +222,8 @@ class _Migrator:
         await self._t.execute("DEL", keys.api_key_previous(key_id))
 
 
-async def migrate(store: LedgerStore, *, dry_run: bool = False) -> Migration:
-    """Migrate the ledger `store` keeps to wire.LEDGER_FORMAT_VERSION (see the module); with
+async def migrate(store: object, *, dry_run: bool = False) -> Migration:
+    """Migrate the ledger a store keeps to wire.LEDGER_FORMAT_VERSION (see the module); with
     `dry_run`, count what would change and write nothing. InvalidRequest for a ledger this
     version cannot migrate (a later format, or a store that keeps no shared ledger)."""
     if not isinstance(store, ScriptedCore) or not store.shared:
