@@ -21,9 +21,10 @@ nothing.
 What it requires: no instance of this version enforces before the stamp is written (none can:
 each refuses the ledger until then); instances of format 1 may keep serving while it runs,
 since each step leaves what they read (a plain ledger id, a record by id, an entry that names
-it), and refuse the ledger at their next health check after the stamp. On one Redis and on
-Upstash it finds what the catalogue does not list by SCAN; on a Redis Cluster, where a SCAN sees
-one node, it migrates what the catalogue lists (docs/operations.md).
+it), and refuse the ledger at their next health check after the stamp. It finds what the
+catalogue does not list by SCAN, of every master on a Redis Cluster; each write is to one key
+or one tag's slot, through the store's own transport, so it runs on one Redis, a Cluster and
+Upstash alike.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.budgets import BudgetId
-from core.errors import InvalidRequest, LedgerUnavailable
+from core.errors import InvalidRequest, LedgerUnavailable, ensure
 from core.ledger import Role, tag_digest
 from core.stores import keys, wire
 from core.stores.scripted_core import ScriptedCore, Transport
@@ -85,12 +86,15 @@ class _Migrator:
         self._t = transport
         self._ledger_id = ledger_id
         self._write = write
-        self._scans = transport.backend != "redis-cluster"
 
     async def _scan(self, pattern: str) -> list[str]:
-        """Every key that matches `pattern` (on a Redis Cluster, none: see the module)."""
-        if not self._scans:
-            return []
+        """Every key that matches `pattern`, on every master of a Redis Cluster."""
+        if self._t.backend == "redis-cluster":
+            from core.stores.redis_cluster import RedisClusterTransport
+
+            ensure(isinstance(self._t, RedisClusterTransport), "a cluster's own transport")
+            assert isinstance(self._t, RedisClusterTransport)
+            return await self._t.scan(pattern, SCAN_PAGE_KEYS)
         found: set[str] = set()
         cursor = "0"
         for _ in range(SCAN_PAGES_MAX):

@@ -27,10 +27,14 @@ from core.service import CeilingService, hash_api_key, key_id_of
 from core.stores import keys, wire
 from core.stores.operations import ScriptedCatalogue
 from core.stores.redis import RedisStore
+from core.stores.redis_cluster import RedisClusterStore
+from core.stores.scripted import ScriptedStore
+from infra.redis_cluster import LocalCluster
 from infra.redis_server import RedisServer
 from tests.api.test_cli import ceiling
 from tests.support import ManualClock
 
+Raw = aioredis.Redis | aioredis.RedisCluster
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "ledger_v1"
 EXPECTED: dict[str, Any] = json.loads((FIXTURE / "expected.json").read_text())
 
@@ -48,7 +52,7 @@ async def raw(server: RedisServer) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
-async def load(raw: aioredis.Redis) -> None:
+async def load(raw: Raw) -> None:
     """The fixture's keys into an empty Redis, each with the time it had left to live."""
     for name, entry in json.loads((FIXTURE / "ledger.json").read_text()).items():
         kind, value = entry["type"], entry["value"]
@@ -70,7 +74,7 @@ async def load(raw: aioredis.Redis) -> None:
             await raw.pexpire(name, entry["pttl_ms"])
 
 
-async def contents(raw: aioredis.Redis) -> dict[str, Any]:
+async def contents(raw: Raw) -> dict[str, Any]:
     """Every key's type and value (not its time to live, which runs on)."""
     out: dict[str, Any] = {}
     async for name in raw.scan_iter(count=1000):
@@ -86,16 +90,20 @@ async def contents(raw: aioredis.Redis) -> dict[str, Any]:
     return out
 
 
-async def migrate(server: RedisServer, *more: str) -> dict[str, Any]:
-    done = await asyncio.to_thread(ceiling, server, "ledger", "migrate", *more)
+async def migrate(server: RedisServer | LocalCluster, *more: str) -> dict[str, Any]:
+    env = {"REDIS_CLUSTER": "1"} if isinstance(server, LocalCluster) else {}
+    done = await asyncio.to_thread(
+        ceiling, server, "ledger", "migrate", *more, env=env)  # type: ignore[arg-type]
     assert done.returncode == 0, done.stderr
     answer: dict[str, Any] = json.loads(done.stdout)
     return answer
 
 
-async def reads(server: RedisServer, raw: aioredis.Redis) -> dict[str, Any]:
+async def reads(server: RedisServer | LocalCluster, raw: Raw) -> dict[str, Any]:
     """What make_ledger.py's `expectations` reads, read by this version."""
-    store = RedisStore(server.url, clock=ManualClock(EXPECTED["now_ms"]))
+    clock = ManualClock(EXPECTED["now_ms"])
+    store: ScriptedStore = RedisClusterStore(server.url, clock=clock) \
+        if isinstance(server, LocalCluster) else RedisStore(server.url, clock=clock)
     service = CeilingService(store, PriceTable.from_file(None))
     ops = Operations(service, ScriptedCatalogue(store))
     budgets = {}
@@ -243,3 +251,20 @@ async def test_a_new_ledger_is_made_at_the_current_format_and_needs_no_migration
     assert (done["format_found"], done["stamped"], done["definitions_rewritten"]) == (
         "2", False, 0)
     await store.close()
+
+
+async def test_a_redis_cluster_is_migrated_through_the_same_transport() -> None:
+    """Each tag's keys in their own slot, the catalogue and the keys of the older layout each in
+    theirs, over three masters: the migration finds them on every master (a SCAN of each) and
+    writes each key or tag in its own slot."""
+    with LocalCluster(masters_count=3, replicas_per_master=0) as cluster:
+        raw = aioredis.RedisCluster.from_url(cluster.url, decode_responses=True)
+        await load(raw)
+        done = await migrate(cluster)
+        assert (done["definitions_rewritten"], done["keys_moved"], done["keys_catalogued"],
+                done["stamped"]) == (3, 3, 3, True)
+        migrated = await contents(raw)
+        assert (await migrate(cluster))["keys_moved"] == 0
+        assert await contents(raw) == migrated
+        assert_as_before(await reads(cluster, raw))
+        await raw.aclose()
