@@ -10,6 +10,8 @@ nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,13 +27,15 @@ from core.operations import Operations
 from core.prices import PriceTable
 from core.service import CeilingService, hash_api_key, key_id_of
 from core.stores import keys, wire
+from core.stores.migrate import migrate as core_migrate
 from core.stores.operations import ScriptedCatalogue
-from core.stores.redis import RedisStore
+from core.stores.redis import RedisStore, RedisTransport, redis_client
 from core.stores.redis_cluster import RedisClusterStore
 from core.stores.scripted import ScriptedStore
 from infra.redis_cluster import LocalCluster
 from infra.redis_server import RedisServer
 from tests.api.test_cli import ceiling
+from tests.core.stores.test_operations import LosingTransport
 from tests.support import ManualClock
 
 Raw = aioredis.Redis | aioredis.RedisCluster
@@ -268,3 +272,31 @@ async def test_a_redis_cluster_is_migrated_through_the_same_transport() -> None:
         assert await contents(raw) == migrated
         assert_as_before(await reads(cluster, raw))
         await raw.aclose()
+
+
+@pytest.mark.parametrize("reply_lost", [False, True], ids=["before", "after"])
+async def test_a_migration_cut_short_anywhere_is_finished_by_the_next(
+    server: RedisServer, raw: aioredis.Redis, reply_lost: bool
+) -> None:
+    """At every command of a migration the connection is lost once (before the command reached
+    the ledger, or after it ran there). The ledger stays refused until a migration runs to the
+    end; the next one does, and the ledger reads as it did."""
+    points = 0
+    for lose_after in itertools.count(1):
+        await raw.flushall()
+        await load(raw)
+        transport = LosingTransport(RedisTransport(redis_client(server.url)),
+                                    reply_lost=reply_lost)
+        store = ScriptedStore(transport, clock=ManualClock(EXPECTED["now_ms"]))
+        transport.arm(lose_after)
+        with contextlib.suppress(LedgerUnavailable):
+            await core_migrate(store)
+        await store.close()
+        if await raw.get(keys.LEDGER_FORMAT_KEY) != str(wire.LEDGER_FORMAT_VERSION):
+            assert transport.lost
+        await migrate(server)
+        assert_as_before(await reads(server, raw))
+        if not transport.lost:
+            break
+        points += 1
+    assert points >= 40  # every command of it (45 for this fixture), the last one the stamp
