@@ -296,10 +296,10 @@ def ledger_adopt(args: argparse.Namespace) -> int:
 
 
 def ledger_migrate(args: argparse.Namespace) -> int:
-    from core.stores.migrate import migrate
+    from core.backends import migrate_ledger
 
     async def work(service: CeilingService) -> Any:
-        return (await migrate(runtime().store(), dry_run=args.dry_run)).json()
+        return await migrate_ledger(runtime().store(), dry_run=args.dry_run)
 
     return _run(work)
 
