@@ -119,6 +119,10 @@ def _format_unknown(version: str) -> LedgerUnavailable:
     )
 
 
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
 def _readable(version: Any) -> bool:
     """Whether this version's scripts read a ledger stamped with format `version` (None: no
     stamp). They read their own format only: `ceiling ledger migrate` (core/stores/migrate.py)
@@ -142,8 +146,10 @@ class ScriptedCore:
         self._ledger_id: str | None = None
         self._reset = False
         # The format version of the ledger found when this instance stopped enforcing because it
-        # cannot read that format (`_readable`); None for a reset of any other kind.
+        # cannot read that format (`_readable`), and that ledger's id; None for a reset of any
+        # other kind.
         self._format_refused: str | None = None
+        self._format_refused_id: str | None = None
         self._tz: dict[str, str] = {}
         self._offset_ms = 0
         # Per set of zones: the zones field, and the span [from_ms, until_ms) it holds for (the
@@ -191,7 +197,8 @@ class ScriptedCore:
                 found, version = await self._stamp()
             ensure(isinstance(found, str), "the ledger id is a string")
             if not _readable(version):
-                self._reset, self._format_refused = True, str(version)
+                self._reset = True
+                self._refuse_format(found, version)
                 raise self._refusal()
             self._ledger_id = str(found)
             if self.backend in LIBRARY_BACKENDS:
@@ -262,10 +269,16 @@ class ScriptedCore:
             return False
         self._adopt_checked_s = now_s
         found, version, adopted = await self._stamp(keys.ADOPTED_KEY)
+        if (self._format_refused is not None and found is not None
+                and str(found) == self._format_refused_id and _readable(version)):
+            # The ledger refused for its format, migrated since (`ceiling ledger migrate`): the
+            # same ledger, now in this version's format.
+            self._ledger_id, self._reset, self._format_refused = str(found), False, None
+            return True
         if found is None or found != adopted or found == self._ledger_id:
             return False
         if not _readable(version):
-            self._format_refused = str(version)
+            self._refuse_format(found, version)
             return False
         self._sequences = {}  # of the ledger before the restore
         self._ledger_id, self._reset, self._format_refused = str(found), False, None
@@ -284,10 +297,13 @@ class ScriptedCore:
         is the whole ledger gone (or stamped with a format version this one cannot read)?"""
         found, version = await self._stamp()
         if not _readable(version):
-            self._format_refused = str(version)
+            self._refuse_format(found, version)
         if found != self._ledger_id or not _readable(version):
             self._reset = True
         return self._reset
+
+    def _refuse_format(self, found: Any, version: Any) -> None:
+        self._format_refused, self._format_refused_id = str(version), _text(found)
 
     def now_arg(self) -> str:
         """now_ms for a script: '' (Redis TIME) unless a test injected a clock."""
@@ -420,7 +436,7 @@ class ScriptedCore:
             found, version = await self._stamp()
             latency_ms = round((time.perf_counter() - started) * 1000, 3)
             if not _readable(version):
-                self._format_refused = str(version)
+                self._refuse_format(found, version)
             if found != ledger_id or not _readable(version):
                 self._reset = True
                 raise self._refusal()
