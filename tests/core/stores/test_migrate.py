@@ -33,8 +33,10 @@ from core.stores.redis import RedisStore, RedisTransport, redis_client
 from core.stores.redis_cluster import RedisClusterStore
 from core.stores.scripted import ScriptedStore
 from core.stores.scripted_core import ADOPT_CHECK_INTERVAL_MS
+from core.stores.upstash import UpstashStore
 from infra.redis_cluster import LocalCluster
 from infra.redis_server import RedisServer
+from infra.upstash_bridge import UpstashBridge
 from tests.api.test_cli import ceiling
 from tests.core.stores.test_operations import LosingTransport
 from tests.support import ManualClock
@@ -316,3 +318,19 @@ async def test_a_migration_cut_short_anywhere_is_finished_by_the_next(
             break
         points += 1
     assert points >= 40  # every command of it (45 for this fixture), the last one the stamp
+
+
+async def test_upstash_is_migrated_through_its_rest_transport(
+    server: RedisServer, raw: aioredis.Redis
+) -> None:
+    await load(raw)
+    with UpstashBridge(server.url) as bridge:
+        store = UpstashStore(bridge.url, bridge.token)
+        done = await core_migrate(store)
+        assert (done.definitions_rewritten, done.keys_moved, done.keys_catalogued,
+                done.stamped) == (3, 3, 3, True)
+        migrated = await contents(raw)
+        assert (await core_migrate(store)).keys_moved == 0
+        assert await contents(raw) == migrated
+        await store.close()
+    assert_as_before(await reads(server, raw))
