@@ -103,8 +103,9 @@ def _rolled_back(token: str) -> LedgerUnavailable:
 
 
 def _format_unknown(version: str) -> LedgerUnavailable:
-    if (version.isdigit() and int(version) < wire.LEDGER_FORMAT_VERSION) or version == "None":
-        found = "not stamped" if version == "None" else f"version {version}"
+    """The refusal of a ledger of format `version` ('': not stamped)."""
+    if not version or (version.isdigit() and int(version) < wire.LEDGER_FORMAT_VERSION):
+        found = f"version {version}" if version else "not stamped"
         return LedgerUnavailable(
             f"the ledger is of an earlier format ({found}; this instance reads version "
             f"{wire.LEDGER_FORMAT_VERSION}); enforcement is refused until an operator migrates "
@@ -146,8 +147,8 @@ class ScriptedCore:
         self._ledger_id: str | None = None
         self._reset = False
         # The format version of the ledger found when this instance stopped enforcing because it
-        # cannot read that format (`_readable`), and that ledger's id; None for a reset of any
-        # other kind.
+        # cannot read that format (`_readable`; '' for none), and that ledger's id; None for a
+        # reset of any other kind.
         self._format_refused: str | None = None
         self._format_refused_id: str | None = None
         self._tz: dict[str, str] = {}
@@ -303,7 +304,7 @@ class ScriptedCore:
         return self._reset
 
     def _refuse_format(self, found: Any, version: Any) -> None:
-        self._format_refused, self._format_refused_id = str(version), _text(found)
+        self._format_refused, self._format_refused_id = _text(version) or "", _text(found)
 
     def now_arg(self) -> str:
         """now_ms for a script: '' (Redis TIME) unless a test injected a clock."""
