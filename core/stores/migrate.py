@@ -204,8 +204,9 @@ class _Migrator:
             if self._write:
                 await self._drop_pointers(key_id)
             return 0, 0
+        member = f"{entry['budget_id']} {key_id}"
         if not self._write:
-            return 1, 0
+            return 1, int(await self._t.execute("ZSCORE", keys.KEYS_KEY, member) is None)
         # -1 (no expiry) is an entry a rotation of that layout did not finish: no grace left.
         previous_valid_ms = 0 if previous is None else max(0, int(await self._t.execute(
             "PTTL", keys.api_key(previous))))
@@ -220,8 +221,7 @@ class _Migrator:
              str(entry["rotated_at_ms"] or ""), str(entry["last_used_ms"] or "")]))[0]
         catalogued = 0
         if made in ("made", "exists"):
-            catalogued = int(await self._t.execute(
-                "ZADD", keys.KEYS_KEY, "NX", "0", f"{entry['budget_id']} {key_id}"))
+            catalogued = int(await self._t.execute("ZADD", keys.KEYS_KEY, "NX", "0", member))
         # A record that holds another secret ('conflict': a format-1 instance moved and rotated
         # the key meanwhile) or a revoked one decides as it stands: the entries only name it.
         await self._t.execute("HSET", keys.api_key(current), "index_only", "1")

@@ -200,7 +200,7 @@ async def test_migrate_keeps_every_budget_key_reservation_and_balance(
                       "budgets_catalogued": 0, "keys_catalogued": 3,
                       "reservations_without_tag": 0, "stamped": True,
                       "dry_run": False}
-    assert {**dry, "dry_run": False, "keys_catalogued": 3, "stamped": True} == done
+    assert {**dry, "dry_run": False} == done  # the dry run told what the run did
     assert await raw.get(keys.LEDGER_FORMAT_KEY) == str(wire.LEDGER_FORMAT_VERSION)
     # Nothing of the earlier layouts is left.
     ledger_id = await raw.get(keys.LEDGER_ID_KEY)
