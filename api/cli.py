@@ -296,6 +296,15 @@ def ledger_adopt(args: argparse.Namespace) -> int:
     return _run(lambda service: runtime().operations().adopt(cli_operator()))
 
 
+def ledger_migrate(args: argparse.Namespace) -> int:
+    from core.backends import migrate_ledger
+
+    async def work(service: CeilingService) -> Any:
+        return await migrate_ledger(runtime().store(), dry_run=args.dry_run)
+
+    return _run(work)
+
+
 # -- alerts ------------------------------------------------------------------------------------
 
 
@@ -444,6 +453,11 @@ def parser() -> argparse.ArgumentParser:
     lr.set_defaults(func=ledger_restore)
     la = lg.add_parser("adopt", help="confirm the restored ledger: running instances serve it")
     la.set_defaults(func=ledger_adopt)
+    lm = lg.add_parser("migrate", help="bring a ledger of an earlier format to this version's "
+                       "(once, before this version serves it); safe to run again")
+    lm.add_argument("--dry-run", action="store_true", help="count what would change; write "
+                    "nothing")
+    lm.set_defaults(func=ledger_migrate)
     r = sub.add_parser("reservations").add_subparsers(required=True)
     rs = r.add_parser("settle", help="correct a reservation's charge (an operator's settle)")
     rs.add_argument("reservation_id")
