@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from core.budget_json import budget_json
 from core.budgets import BudgetDef, BudgetId, Period, check_user
 from core.errors import BudgetNotFound, InvalidRequest
 from core.ledger import (
@@ -48,7 +49,10 @@ from core.ledger import (
 from core.limits import BUDGET_ID_LEN_MAX, CEILING_MICROS_MAX, RESERVATION_TTL_MS_MIN
 from core.service import CeilingService, NewKey
 
-EXPORT_FORMAT = "spend-ceiling/ledger-export/1"
+EXPORT_FORMAT = "spend-ceiling/ledger-export/2"
+# Formats a restore reads: this one, and /1 (an export made before /2), which the store reads as
+# the /2 body it means (Catalogue.restore_body).
+EXPORT_FORMATS_READ = ("spend-ceiling/ledger-export/1", EXPORT_FORMAT)
 BILL_FORMAT = "spend-ceiling/bill/1"
 # Admin changes are kept as long as day and month counters (core/limits.py COUNTER_RETENTION_MS):
 # a change can be looked up for as long as the spend it affected can.
@@ -93,9 +97,10 @@ class Catalogue(KeyListing, Protocol):
         key's record (its secrets' hashes, never a secret): the body of an export."""
         ...
 
-    async def restore_body(self, body: object, force: bool) -> Restored:
-        """Check `body` whole (invalid_export: nothing written), refuse a ledger with data
-        unless `force` (LedgerNotEmpty), then write it under a new ledger id, each organisation
+    async def restore_body(self, body: object, force: bool, document_format: str) -> Restored:
+        """Check `body`, of an export of `document_format` (one of EXPORT_FORMATS_READ), whole
+        (invalid_export: nothing written), refuse a ledger with data unless `force`
+        (LedgerNotEmpty), then write it under a new ledger id, each organisation
         in one step, and use that id from then on. Not stamped (stamp_restored): until then an
         instance reads the old (or a fresh) id, finds these budgets under another one and
         refuses them (`ledger_reset`), so none serves a budget half restored."""
@@ -162,17 +167,17 @@ def checksum(document: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def verify_export(document: object) -> dict[str, Any]:
-    """The export's body, once its format and checksum are what an export writes; what the body
-    holds is the store's to check (Catalogue.restore_body)."""
-    if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
-        raise invalid_export(f"format is not {EXPORT_FORMAT}")
+def verify_export(document: object) -> tuple[str, dict[str, Any]]:
+    """The export's format and body, once its format and checksum are what an export writes;
+    what the body holds is the store's to check (Catalogue.restore_body)."""
+    if not isinstance(document, dict) or document.get("format") not in EXPORT_FORMATS_READ:
+        raise invalid_export(f"format is not {EXPORT_FORMAT} (or /1)")
     if document.get("checksum") != checksum(document):
         raise invalid_export("its checksum does not match its content (changed or truncated)")
     body = document.get("body")
     if not isinstance(body, dict):
         raise invalid_export("no body")
-    return body
+    return str(document["format"]), body
 
 
 @dataclass(frozen=True)
@@ -210,22 +215,6 @@ def parse_bill(document: object) -> list[BillEntry]:
         out.append(BillEntry(BudgetId.parse(e.get("budget_id")), billed,
                              None if period is None else Period(period)))
     return out
-
-
-def budget_json(definition: BudgetDef) -> dict[str, Any]:
-    return {
-        "budget_id": definition.budget_id.path,
-        "limits": [{"period": x.period.value, "ceiling_micros": x.ceiling_micros}
-                   for x in definition.limits],
-        "timezone": definition.timezone,
-        "outage_policy": definition.policy.value,
-        "outage_allowance_micros": definition.outage_allowance_micros,
-        "alerts": definition.alerts.json(),
-        "paused_at_ms": definition.paused_at_ms,
-        "rate": definition.rate.json() if definition.rate else None,
-        "per_user": definition.per_user.json() if definition.per_user else None,
-        "clamp": definition.clamp,
-    }
 
 
 def key_json(info: KeyInfo) -> dict[str, Any]:
@@ -418,10 +407,10 @@ class Operations:
     async def restore(self, document: object, bill: object | None, force: bool, by: str
                       ) -> dict[str, Any]:
         catalogue = self._needs()
-        body = verify_export(document)
+        document_format, body = verify_export(document)
         entries = parse_bill(bill) if bill is not None else []
         assert isinstance(document, dict)
-        done = await catalogue.restore_body(body, force)
+        done = await catalogue.restore_body(body, force, document_format)
         # Under the restored id, before its stamp: the spend between the export and the wipe.
         booked = [await self._book_from_bill(e, done.ledger_id, by) for e in entries]
         await catalogue.stamp_restored(done.ledger_id)

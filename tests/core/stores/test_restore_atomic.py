@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +32,11 @@ from tests.core.stores.test_users_rates import held, put
 from tests.support import ManualClock
 
 BY = "admin:test"
+# An export of format /1, made by the code before /2 (main at 78fbd34) from a ledger with every
+# kind of thing an export carries, and every key the ledger held after that code restored it.
+FIXTURES = Path(__file__).parents[2] / "fixtures"
+FORMAT_1 = FIXTURES / "ledger-export-1.json"
+FORMAT_1_RESTORED = FIXTURES / "ledger-export-1-restored.json"
 TAGS = ("org:one", "org:two")
 
 
@@ -93,32 +99,53 @@ def _org(i: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
 MALFORMED: dict[str, Mutation] = {
     "organisations not a list": lambda b: b.update(organisations={}),
     "an organisation's tag not a top scope": lambda b: _org(1)(b).update(tag="org:two/team:x"),
+    "an organisation given twice": lambda b: b["organisations"].append(_org(1)(b)),
     "a budget of another organisation": lambda b: _org(1)(b)["budgets"][0].update(
         budget_id="org:one/team:z"),
-    "a definition's field not a string": lambda b: _org(1)(b)["budgets"][0]["fields"].update(
+    "a definition's timezone not a string": lambda b: _org(1)(b)["budgets"][0].update(
         timezone=1),
-    "a counter's committed not an integer": lambda b: _org(1)(b)["counters"][-1]["fields"]
-    .update(committed="12x"),
+    "a definition's limit unknown": lambda b: _org(1)(b)["budgets"][0]["limits"].append(
+        {"period": "hour", "ceiling_micros": 5}),
+    "a definition with a field it cannot have": lambda b: _org(1)(b)["budgets"][0].update(
+        color="red"),
+    "a counter's committed not an integer": lambda b: _org(1)(b)["counters"][-1].update(
+        committed_micros="12"),
     "a counter's window with a separator": lambda b: _org(1)(b)["counters"][-1].update(
-        window_key="day|x"),
-    "a counter's ttl": lambda b: _org(1)(b)["counters"][-1].update(ttl_ms=-5),
-    "a reservation's record cut short": lambda b: _org(1)(b)["open_reservations"][0].update(
-        record="open\tx"),
-    "a reservation's id": lambda b: _org(1)(b)["open_reservations"][0].update(
+        window="day|x"),
+    "a counter's alert mark": lambda b: _org(1)(b)["counters"][-1].update(
+        thresholds_alerted_pct=[0]),
+    "a reservation that is not open": lambda b: _org(1)(b)["reservations"][0].update(
+        state="settled"),
+    "a reservation's id": lambda b: _org(1)(b)["reservations"][0].update(
         reservation_id="a b"),
+    "a reservation's owner with a separator": lambda b: _org(1)(b)["reservations"][0].update(
+        owner="key\tx"),
+    "a reservation's leg of another organisation": lambda b: _org(1)(b)["reservations"][0][
+        "legs"][0].update(budget_id="org:one"),
+    "a reservation without legs": lambda b: _org(1)(b)["reservations"][0].update(legs=[]),
     "end users of another organisation": lambda b: _org(1)(b)["users"][0].update(
         budget_id="org:one"),
     "an end user's id": lambda b: _org(1)(b)["users"][0]["users"].append("has/slash"),
     "a key's hash": lambda b: b["keys"][-1].update(key_hash="not a hash"),
+    "a key's roles": lambda b: b["keys"][-1].update(roles=["root"]),
     "keys not a list": lambda b: b.update(keys="none"),
+}
+# The same, on a body of format /1 (its own shape: hash fields, packed records).
+MALFORMED_1: dict[str, Mutation] = {
+    "a definition's field not a string": lambda b: _org(1)(b)["budgets"][0]["fields"].update(
+        timezone=1),
+    "a definition without its timezone": lambda b: _org(1)(b)["budgets"][0]["fields"].pop(
+        "timezone"),
+    "a counter's committed not an integer": lambda b: _org(1)(b)["counters"][-1]["fields"]
+    .update(committed="12x"),
+    "a reservation's record cut short": lambda b: _org(1)(b)["open_reservations"][0].update(
+        record="open\tx"),
+    "end users not a list": lambda b: _org(1)(b)["users"][0].update(users="alice"),
+    "a key without its hash": lambda b: b["keys"][-1].pop("key_hash"),
 }
 
 
-@pytest.mark.parametrize("why", sorted(MALFORMED))
-async def test_a_malformed_export_changes_nothing_and_is_refused_as_an_export(why: str) -> None:
-    document = await _exported()
-    tampered = json.loads(json.dumps(document))
-    MALFORMED[why](tampered["body"])
+async def _refused_and_unchanged(tampered: dict[str, Any], why: str) -> None:
     tampered["checksum"] = checksum(tampered)
     for force in (False, True):
         store = MemoryStore(clock=ManualClock())
@@ -130,6 +157,20 @@ async def test_a_malformed_export_changes_nothing_and_is_refused_as_an_export(wh
             await _operations(store).restore(tampered, None, force, BY)
         assert refused.value.details.get("field") == "export", why
         assert await _held(store) == before, why
+
+
+@pytest.mark.parametrize("why", sorted(MALFORMED))
+async def test_a_malformed_export_changes_nothing_and_is_refused_as_an_export(why: str) -> None:
+    tampered = json.loads(json.dumps(await _exported()))
+    MALFORMED[why](tampered["body"])
+    await _refused_and_unchanged(tampered, why)
+
+
+@pytest.mark.parametrize("why", sorted(MALFORMED_1))
+async def test_a_malformed_export_of_format_1_changes_nothing_and_is_refused(why: str) -> None:
+    tampered = json.loads(FORMAT_1.read_text())
+    MALFORMED_1[why](tampered["body"])
+    await _refused_and_unchanged(tampered, why)
 
 
 async def _restored_whole(document: dict[str, Any]) -> dict[str, Any]:
