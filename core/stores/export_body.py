@@ -70,6 +70,9 @@ _ALERTED = "alerted:"
 _EXCEEDED = "exceeded"
 # A run's counter: when the run last wrote it (lua/lib.lua touch_run).
 _SEEN = "seen"
+# (state, outcome, expire_policy) of a reservation an expiry charged as unknown: the one kind of
+# resolved reservation an export carries, as a late settle or a correction may still lower it.
+CHARGED_AS_UNKNOWN = (ReservationState.EXPIRED.value, "unknown", ExpirePolicy.CHARGE.value)
 _AMOUNTS = ("committed", "reserved", "overshoot")
 _VELOCITY_ENTRY = f"{wire.ITEM_SEPARATOR}{{}},{{}}"  # the meta hash's list of velocity alarms
 
@@ -103,7 +106,7 @@ def counter_entry(budget_id: str, window: str, fields: Mapping[str, str]) -> dic
 
 
 def reservation_entry(reservation_id: str, record: wire.StoredRecord) -> dict[str, Any]:
-    """An open reservation's record."""
+    """An open reservation's record, or one an expiry charged as unknown (CHARGED_AS_UNKNOWN)."""
     legs = []
     for item in filter(None, record.legs.split(wire.ITEM_SEPARATOR)):
         budget_id, window, ceiling, resets, allowance, *mark = item.split(wire.PART_SEPARATOR)
@@ -113,6 +116,7 @@ def reservation_entry(reservation_id: str, record: wire.StoredRecord) -> dict[st
                      "outage_allowance_micros": int(allowance),
                      "concurrency_slot": "c" in flags, "velocity_watched": "v" in flags})
     return {"reservation_id": reservation_id, "owner": record.owner, "state": record.state,
+            "outcome": record.outcome, "resolved_ms": _number(record.resolved_ms),
             "expire_policy": record.expire_policy, "reserved_micros": int(record.reserved_micros),
             "created_ms": int(record.created_ms), "lease_ends_at_ms": int(record.expires_at_ms),
             "retention_ms": int(record.retention_ms), "legs": legs,
@@ -155,6 +159,16 @@ def _number(value: str | None) -> int | None:
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """A checked reservation: its record as it was open, and when an expiry charged it as
+    unknown (None: open still, and the restore charges it)."""
+
+    reservation_id: str
+    record: wire.StoredRecord
+    resolved_ms: int | None
+
+
+@dataclass(frozen=True)
 class Organisation:
     """One organisation of a checked body, ready to be written."""
 
@@ -162,7 +176,7 @@ class Organisation:
     reserve_sequence: int
     budgets: tuple[BudgetDef, ...]
     counters: tuple[dict[str, Any], ...]
-    reservations: tuple[tuple[str, wire.StoredRecord], ...]
+    reservations: tuple[Reservation, ...]
     users: tuple[tuple[str, tuple[str, ...]], ...]
 
 
@@ -244,18 +258,23 @@ def _counter(c: dict[str, Any], tag: str) -> dict[str, Any]:
     return c
 
 
-def _reservation(r: dict[str, Any], tag: str) -> tuple[str, wire.StoredRecord]:
-    _fields(r, "a reservation", {"reservation_id", "owner", "state", "expire_policy",
+def _reservation(r: dict[str, Any], tag: str) -> Reservation:
+    _fields(r, "a reservation", {"reservation_id", "owner", "state", "outcome", "resolved_ms",
+                                 "expire_policy",
                                  "reserved_micros", "created_ms", "lease_ends_at_ms",
                                  "retention_ms", "legs", "fingerprint", "price_version",
                                  "model"})
     rid = r.get("reservation_id")
     if not isinstance(rid, str) or not _RESERVATION_ID.fullmatch(rid):
         raise invalid_export("a reservation's id")
-    if r.get("state") != ReservationState.OPEN.value:
-        raise invalid_export("a reservation that is not open")
-    if r.get("expire_policy") not in ExpirePolicy.__members__.values():
-        raise invalid_export("a reservation's expire_policy")
+    state = (r.get("state"), r.get("outcome", ""), r.get("expire_policy"))
+    if state != CHARGED_AS_UNKNOWN and (state[:2] != (ReservationState.OPEN.value, "")
+                                        or state[2] not in ExpirePolicy.__members__.values()):
+        raise invalid_export("a reservation neither open nor charged as unknown")
+    if (r.get("resolved_ms") is None) != (state[0] == ReservationState.OPEN.value):
+        raise invalid_export("a reservation's resolved_ms")
+    resolved_ms = None if r.get("resolved_ms") is None else _integer(
+        r["resolved_ms"], "a reservation's resolved_ms")
     for name in ("owner", "fingerprint"):
         if not isinstance(r.get(name), str) or not _OWNER.fullmatch(r[name]):
             raise invalid_export(f"a reservation's {name}")
@@ -289,7 +308,7 @@ def _reservation(r: dict[str, Any], tag: str) -> tuple[str, wire.StoredRecord]:
             [owner, _window(leg.get("window")), *map(str, numbers), *filter(None, [flags])]))
     times = {name: str(_integer(r.get(name), f"a reservation's {name}"))
              for name in ("created_ms", "lease_ends_at_ms", "retention_ms")}
-    return rid, wire.StoredRecord(
+    record = wire.StoredRecord(
         state=ReservationState.OPEN.value, reserved_micros=str(reserved),
         expire_policy=r["expire_policy"], retention_ms=times["retention_ms"],
         owner=r["owner"], legs=wire.ITEM_SEPARATOR.join(legs),
@@ -298,6 +317,7 @@ def _reservation(r: dict[str, Any], tag: str) -> tuple[str, wire.StoredRecord]:
         resolved_ms="", corrected_by="", corrected_at_ms="", correction_reason="",
         fingerprint=r["fingerprint"], price_version=wire.escaped(r["price_version"]),
         model=wire.escaped(r["model"]))
+    return Reservation(rid, record, resolved_ms)
 
 
 def _key(k: dict[str, Any]) -> Key:
@@ -433,9 +453,13 @@ def sections(org: Organisation, now_ms: int) -> list[str]:
     for budget_id, members in org.users:
         out += [budget_id, str(len(members)), *members]
     out.append(str(len(org.reservations)))
-    for rid, record in org.reservations:
+    for r in org.reservations:
+        if r.resolved_ms is not None:  # charged by its expiry: in the counters already
+            out += [r.reservation_id, _charged(r.record, r.resolved_ms), "0", "0", "0"]
+            continue
+        record = r.record
         legs = [item.split(wire.PART_SEPARATOR)[:2] for item in record.legs.split()]
-        out += [rid, _charged(record, now_ms), record.reserved_micros,
+        out += [r.reservation_id, _charged(record, now_ms), record.reserved_micros,
                 str(unknown_effects(int(record.reserved_micros))[1]), str(len(legs))]
         for budget_id, window in legs:
             out += [f"{budget_id}|{window}", _counter_kind(budget_id, window)]

@@ -53,11 +53,13 @@ KEY_RECORD_FIELDS = (*(f for f in KEY_FIELDS if f != "run"), "key_hash", "previo
 @dataclass(frozen=True)
 class TagDump:
     """One tag as kept: its hashes (meta, definitions, counters) by key suffix with their time to
-    live (None: kept for ever), its open reservations' records, and the end users of each
-    budget that counts them (its users set, core/stores/keys.py USERS), by budget id."""
+    live (None: kept for ever), its open reservations' records and those an expiry charged as
+    unknown, and the end users of each budget that counts them (its users set,
+    core/stores/keys.py USERS), by budget id."""
 
     hashes: dict[str, tuple[int | None, dict[str, str]]]
     open_records: dict[str, wire.StoredRecord]
+    unknown_records: dict[str, wire.StoredRecord] = field(default_factory=dict)
     users: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
@@ -199,8 +201,8 @@ class ScriptedCatalogue:
                 else:
                     budget_id, _, window = suffix[len(keys.COUNTER):].rpartition("|")
                     counters.append(document.counter_entry(budget_id, window, stored))
-            reservations = [document.reservation_entry(rid, record)
-                            for rid, record in dump.open_records.items()]
+            reservations = [document.reservation_entry(rid, record) for rid, record in
+                            (*dump.open_records.items(), *dump.unknown_records.items())]
             # Each budget's end users (their counters are among the counters): who counts
             # against users_max, which a restore keeps.
             if definitions or counters or reservations or dump.users:
@@ -230,6 +232,7 @@ class ScriptedCatalogue:
                 records[rid] = found
         hashes: dict[str, tuple[int | None, dict[str, str]]] = {}
         users: dict[str, tuple[str, ...]] = {}
+        unknown: dict[str, wire.StoredRecord] = {}
         cursor = "0"
         for _ in range(DUMP_PAGES_MAX):
             page = await self._t.run(script("dump_tag"), (keys.meta(tag),),
@@ -244,13 +247,19 @@ class ScriptedCatalogue:
                         keys.USERS if kind == "users" else keys.PENDING_USERS)
                     members = await self._members(keys.prefix(tag) + suffix)
                     users[budget_id] = tuple(sorted({*users.get(budget_id, ()), *members}))
+                elif kind == "unknown":
+                    # One that expired since it was read open is exported open: a restore
+                    # charges it as its expiry did.
+                    rid = suffix.removeprefix(keys.RECORD)
+                    if rid not in records:
+                        unknown[rid] = wire.StoredRecord.unpacked(str(values[0]))
                 else:
                     hashes[suffix] = (pttl if pttl > 0 else None, _pairs(list(values)))
             if cursor == "0":
                 break
         else:
             ensure(False, f"the dump of {tag} did not end")
-        return TagDump(hashes, records, users)
+        return TagDump(hashes, records, unknown, users)
 
     async def _members(self, key: str) -> tuple[str, ...]:
         """A users set's members in byte order, DUMP_PAGE_KEYS at a time (ZRANGEBYLEX after the

@@ -203,7 +203,7 @@ async def test_export_then_restore_into_a_wiped_ledger(server: RedisServer) -> N
     ops = _operations(svc)
     try:
         tampered = json.loads(json.dumps(document))
-        tampered["body"]["organisations"][0]["counters"][0]["fields"]["committed"] = "0"
+        tampered["body"]["organisations"][0]["counters"][0]["committed_micros"] = 0
         with pytest.raises(InvalidRequest):
             await ops.restore(tampered, None, False, BY)
         assert await raw.exists(keys.ORGS_KEY) == 0  # nothing written
