@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from core.audit import STREAM_ID, audit_fields, audit_json
 from core.budget_json import budget_json
 from core.budgets import BudgetDef, BudgetId, Period, check_user
 from core.errors import BudgetNotFound, InvalidRequest
@@ -69,7 +70,6 @@ KEY_ROTATION_GRACE_MS_MAX = 7 * 24 * 3_600_000
 # Characters of a cursor: an encoded budget id or stream id, with room.
 CURSOR_LEN_MAX = 4 * BUDGET_ID_LEN_MAX
 _KEY_ID = re.compile(r"key_[0-9a-f]{1,60}")
-_STREAM_ID = re.compile(r"\d{1,16}-\d{1,16}")
 
 
 class Catalogue(KeyListing, Protocol):
@@ -256,20 +256,16 @@ class Operations:
     async def audit(self, by: str, what: str, target: str, **detail: Any) -> None:
         if self.catalogue is None:
             return
-        await self.catalogue.audit_append(
-            {"who": by, "what": what, "target": target,
-             "detail": json.dumps(detail, sort_keys=True, separators=(",", ":"))},
-            AUDIT_RETENTION_MS)
+        await self.catalogue.audit_append(audit_fields(by, what, target, detail),
+                                          AUDIT_RETENTION_MS)
 
     async def audit_page(self, cursor: str | None, limit: object = None) -> Page:
         before = decode_cursor(cursor)
-        if before is not None and not _STREAM_ID.fullmatch(before):
+        if before is not None and not STREAM_ID.fullmatch(before):
             raise InvalidRequest("not a cursor this list gave", field="cursor")
         count = page_size(limit)
         found = await self._needs().audit_read(before, count)
-        items = [{"id": entry_id, "at_ms": int(entry_id.split("-")[0]),
-                  "who": f.get("who"), "what": f.get("what"), "target": f.get("target"),
-                  "detail": json.loads(f.get("detail") or "{}")} for entry_id, f in found]
+        items = [audit_json(entry_id, f) for entry_id, f in found]
         return Page(items, encode_cursor(found[-1][0]) if len(found) == count else None)
 
     # -- budgets -------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.alerts import config_from_ledger
+from core.audit import audit_entry_of_json, stream_position
 from core.budget_json import budget_json, definition_of_json
 from core.budgets import RUN_SCOPE_KIND, USER_SCOPE_KIND, BudgetDef, BudgetId, Limit, check_user
 from core.errors import InvalidRequest
@@ -194,15 +195,25 @@ class Key:
     rotated_at_ms: int | None
 
 
-def checked(body: object) -> tuple[list[Organisation], list[Key]]:
-    """The organisations and keys of a /2 body, once every field is what an export writes
-    (invalid_export otherwise): nothing malformed reaches a script."""
+def checked(body: object
+            ) -> tuple[list[Organisation], list[Key], list[tuple[str, dict[str, str]]]]:
+    """The organisations, keys and audit entries (id, fields) of a /2 body, once every field is
+    what an export writes (invalid_export otherwise): nothing malformed reaches a script."""
     if not isinstance(body, dict):
         raise invalid_export("no body")
+    _fields(body, "a body", {"organisations", "keys", "audit"})
     orgs = [_organisation(o) for o in _list(body.get("organisations"), "no organisations")]
     if len({o.tag for o in orgs}) != len(orgs):
         raise invalid_export("an organisation given twice")
-    return orgs, [_key(k) for k in _list(body.get("keys"), "no keys")]
+    audit = []
+    for entry in _list(body.get("audit", []), "an audit that is not a list of entries"):
+        try:
+            audit.append(audit_entry_of_json(entry))
+        except InvalidRequest as exc:
+            raise invalid_export("an audit entry") from exc
+    if [i for i, _ in audit] != sorted((i for i, _ in audit), key=stream_position):
+        raise invalid_export("audit entries out of order")
+    return orgs, [_key(k) for k in _list(body.get("keys"), "no keys")], audit
 
 
 def _organisation(org: dict[str, Any]) -> Organisation:

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.audit import audit_json, stream_position
 from core.errors import BudgetInUse, CeilingError, LedgerNotEmpty, ensure
 from core.ledger import (
     KeyInfo,
@@ -209,7 +210,21 @@ class ScriptedCatalogue:
                 organisations.append(document.organisation(
                     tag, meta, definitions, counters, reservations, dump.users))
         return {"organisations": organisations,
-                "keys": [document.key_entry(k) for k in await self._key_records()]}
+                "keys": [document.key_entry(k) for k in await self._key_records()],
+                "audit": [audit_json(entry_id, f) for entry_id, f in await self._audit_all()]}
+
+    async def _audit_all(self) -> list[tuple[str, dict[str, str]]]:
+        """The whole audit stream, oldest first, DUMP_PAGE_KEYS entries a read."""
+        entries: list[tuple[str, dict[str, str]]] = []
+        for _ in range(DUMP_PAGES_MAX):
+            low = f"({entries[-1][0]}" if entries else "-"
+            found = await self._t.execute("XRANGE", keys.AUDIT_KEY, low, "+", "COUNT",
+                                          str(DUMP_PAGE_KEYS))
+            entries += [(str(entry_id), _pairs(fields)) for entry_id, fields in found]
+            if len(found) < DUMP_PAGE_KEYS:
+                return entries
+        ensure(False, "the read of the audit stream did not end")
+        return entries
 
     async def _tags(self) -> list[str]:
         """Every organisation the ledger knows: the catalogue's, and the tag map's (budgets
@@ -326,7 +341,7 @@ class ScriptedCatalogue:
         then the keys."""
         if document_format == EXPORT_FORMAT_1:
             body = body_of_format_1(body)
-        orgs, key_records = document.checked(body)
+        orgs, key_records, audit = document.checked(body)
         tags = [o.tag for o in orgs]
         live_tags = await self._tags()
         found = await self._has_data(tags)
@@ -361,6 +376,7 @@ class ScriptedCatalogue:
                 await self._restore_tag(tag, ids, sections, ledger_id, now_ms, force, "restamp")
         for k in key_records:
             await self._write_key(k)
+        await self._restore_audit(audit)
         return Restored(
             ledger_id, previous, sum(len(o.budgets) for o in orgs), counters,
             sum(len(members) for o in orgs for _, members in o.users), len(key_records),
@@ -383,6 +399,16 @@ class ScriptedCatalogue:
             pairs = [x for b in budget_ids[at:at + DUMP_PAGE_KEYS] for x in ("0", b)]
             await self._t.execute("ZADD", keys.BUDGETS_KEY, *pairs)
         return int(reply[0]), int(reply[1]), int(reply[2])
+
+    async def _restore_audit(self, entries: Sequence[tuple[str, dict[str, str]]]) -> None:
+        """The exported audit entries after the last one the stream holds, under their own ids:
+        a restore run again adds none twice, and a ledger's own later entries stay its word."""
+        last = await self._t.execute("XREVRANGE", keys.AUDIT_KEY, "+", "-", "COUNT", "1")
+        after = stream_position(str(last[0][0])) if last else (0, 0)
+        for entry_id, fields in entries:
+            if stream_position(entry_id) > after:
+                await self._t.execute("XADD", keys.AUDIT_KEY, entry_id,
+                                      *(x for kv in fields.items() for x in kv))
 
     async def _has_data(self, tags: Iterable[str]) -> list[str]:
         """What makes the ledger not empty: catalogue entries and organisations with data."""

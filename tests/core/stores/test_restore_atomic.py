@@ -70,6 +70,7 @@ def assert_restored_as_exported(first: dict[str, Any], second: dict[str, Any]) -
     same budgets, users, keys and reservations, and each open hold of `first` committed now, in
     every counter it held money in, its reservation charged as unknown."""
     assert second["body"]["keys"] == first["body"]["keys"]
+    assert second["body"]["audit"][:len(first["body"]["audit"])] == first["body"]["audit"]
     before, after = first["body"]["organisations"], second["body"]["organisations"]
     for org, again in zip(before, after, strict=True):
         assert (again["tag"], again["budgets"], again["users"]) == (
@@ -104,7 +105,16 @@ async def assert_export_restore_export(
         documents.append(await ops.export(BY))
     first, second, third = documents
     assert_restored_as_exported(first, second)
-    assert third["body"] == second["body"]
+    assert_same_but_the_restores_audit(second, third)
+
+
+def assert_same_but_the_restores_audit(first: dict[str, Any], then: dict[str, Any]) -> None:
+    """`then`, the export of a ledger `first` was restored into, is `first`, its audit stream
+    with one entry more: the restore's."""
+    entries, more = first["body"]["audit"], then["body"]["audit"]
+    assert more[:len(entries)] == entries
+    assert [e["what"] for e in more[len(entries):]] == ["ledger.restore"]
+    assert {**then["body"], "audit": entries} == first["body"]
 
 
 async def _held(store: MemoryStore) -> dict[str, Any]:
@@ -175,6 +185,12 @@ MALFORMED: dict[str, Mutation] = {
     "a key's hash": lambda b: b["keys"][-1].update(key_hash="not a hash"),
     "a key's roles": lambda b: b["keys"][-1].update(roles=["root"]),
     "keys not a list": lambda b: b.update(keys="none"),
+    "an audit entry's id": lambda b: b["audit"][0].update(id="x"),
+    "an audit entry's time not its id's": lambda b: b["audit"][0].update(at_ms=1),
+    "an audit entry's detail": lambda b: b["audit"][0].update(detail="{}"),
+    "audit entries out of order": lambda b: b["audit"].append(
+        {**b["audit"][0], "id": "1-0", "at_ms": 1}),
+    "a body with a section it cannot have": lambda b: b.update(runs=[]),
 }
 # The same, on a body of format /1 (its own shape: hash fields, packed records).
 MALFORMED_1: dict[str, Mutation] = {
@@ -258,6 +274,10 @@ async def test_a_forced_restore_run_twice_is_one_restore() -> None:
     assert _counters(await _held(store)) == once
     assert first["open_reservations_charged_as_unknown"] == len(TAGS)
     assert again["open_reservations_charged_as_unknown"] == 0
+    # The export's audit entries once, then each restore's own.
+    audit = (await ops.audit_page(None)).items[::-1]
+    assert [e["id"] for e in audit[:-2]] == [e["id"] for e in document["body"]["audit"]]
+    assert [e["what"] for e in audit[-2:]] == ["ledger.restore"] * 2
 
 
 async def test_a_forced_restore_takes_the_organisations_the_export_lacks_under_its_new_id() -> None:
@@ -305,7 +325,7 @@ async def test_export_restore_export_gives_the_same_document(source: str) -> Non
     second, held_second = await _round(first)
     third, held_third = await _round(second)
     assert second["format"] == third["format"] == "spend-ceiling/ledger-export/2"
-    assert third["body"] == second["body"]
+    assert_same_but_the_restores_audit(second, third)
     assert held_third == held_second
     if source == "format 2":
         assert_restored_as_exported(first, second)
