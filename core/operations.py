@@ -6,15 +6,16 @@ admin credential, core.service.operator_fingerprint), what, which target, and wh
 id is the ledger's time). Lists page with an opaque cursor and a bounded page size and never
 show a secret or a key's hash.
 
-Export and restore. An export is one JSON document: the ledger id, every
-organisation's budgets, every period window's counters (committed, reserved, overshoot), its open
-reservations, and the API keys' records (hashes only; the secrets were never stored), with a
-checksum over all of it. Its body is the store's document, read and written beside the ledger's
-layout (Catalogue.export_body, restore_body); this module makes and checks the envelope around
-it, and books the bill. A restore writes it into an empty (or wiped) ledger under a new ledger
-id: committed spend comes back as it was, never refilled; an open reservation comes back charged
-as unknown (its hold committed, as expiry under 'charge' books it, so a late settle or an
-operator's correction still lowers it); keys keep working. With a provider's bill
+Export and restore. An export is one JSON document (EXPORT_FORMAT): the ledger id, every
+organisation's budgets (as the admin API shows them), every period window's spend, its open
+reservations and those charged as unknown, its end users, the API keys (hashes only; the secrets
+were never stored) and the audit stream, with a checksum over all of it. Its body names no part
+of the ledger's layout; the store reads and writes it (Catalogue.export_body, restore_body, and
+an export of format /1 through the store's one reader of it); this module makes and checks the
+envelope around it, and books the bill. A restore writes it into an empty (or wiped) ledger under
+a new ledger id: committed spend comes back as it was, never refilled; an open reservation comes
+back charged as unknown (its hold committed, as expiry under 'charge' books it, so a late settle
+or an operator's correction still lowers it); keys keep working. With a provider's bill
 (BILL_FORMAT) it also books what the bill shows beyond what the export had: the spend between the
 export and the wipe. Running instances that found their ledger reset take the new ledger only
 once an operator confirms it (`adopt`): an empty Redis gets a fresh ledger id from the first
