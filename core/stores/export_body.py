@@ -41,10 +41,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.alerts import config_from_ledger
 from core.audit import audit_entry_of_json, stream_position
 from core.budget_json import budget_json, definition_of_json
-from core.budgets import RUN_SCOPE_KIND, USER_SCOPE_KIND, BudgetDef, BudgetId, Limit, check_user
+from core.budgets import RUN_SCOPE_KIND, USER_SCOPE_KIND, BudgetDef, BudgetId, check_user
 from core.errors import InvalidRequest
 from core.ledger import (
     ROLES_OF_KEYS_BEFORE_ROLES,
@@ -56,6 +55,7 @@ from core.ledger import (
 from core.lifecycle import Event, effects
 from core.limits import CEILING_MICROS_MAX, INT_EXACT_MAX
 from core.stores import keys, wire
+from core.stores.scripted_catalogue import definition_fields
 
 # Any id a store was given (keys made before ids were minted, or by a test) survives an export.
 _STORED_KEY_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -79,19 +79,6 @@ _VELOCITY_ENTRY = f"{wire.ITEM_SEPARATOR}{{}},{{}}"  # the meta hash's list of v
 
 
 # -- the ledger as the document names it ---------------------------------------------------
-
-
-def definition_of(budget_id: str, fields: Mapping[str, str]) -> BudgetDef:
-    """A definition hash (wire.py DEFINITION_FIELDS, ALERT_DEFINITION_FIELDS) as a definition."""
-    limits = tuple(Limit(p, int(fields[name])) for p, name in
-                   wire.CEILING_DEFINITION_FIELDS.items() if name in fields)
-    paused = "paused" in fields
-    return BudgetDef.from_ledger(
-        BudgetId(budget_id), limits, fields["timezone"], int(fields["outage_allowance_micros"]),
-        config_from_ledger(fields.get("alert_thresholds_pct"), fields.get("alert_velocity")),
-        int(fields.get("paused_at_ms") or 0) if paused else None,
-        wire.rate_of(fields.get("rate")), wire.per_user_of(fields.get("per_user")),
-        fields.get(wire.CLAMP_DEFINITION_FIELD) == "1")
 
 
 def counter_entry(budget_id: str, window: str, fields: Mapping[str, str]) -> dict[str, Any]:
@@ -398,28 +385,6 @@ def _counter_owner(raw: object) -> BudgetId:
 
 
 # -- as lua/restore_tag.lua writes it --------------------------------------------------------
-
-
-def definition_fields(definition: BudgetDef) -> dict[str, str]:
-    """A definition's hash as lua/put_budget.lua writes it (but the ledger id, which the restore
-    stamps), with the pause a velocity alarm put on it."""
-    alerts = definition.alerts
-    fields = {"timezone": definition.timezone,
-              "outage_allowance_micros": str(definition.ledger_allowance_micros),
-              "alert_thresholds_pct": alerts.thresholds_ledger_form,
-              wire.VELOCITY_DEFINITION_FIELD: alerts.velocity.ledger_form
-              if alerts.velocity else ""}
-    for lim in definition.limits:
-        fields[wire.CEILING_DEFINITION_FIELDS[lim.period]] = str(lim.ceiling_micros)
-    if definition.rate is not None:
-        fields["rate"] = wire.rate_field(definition.rate)
-    if definition.per_user is not None:
-        fields["per_user"] = wire.per_user_field(definition.per_user)
-    if definition.clamp:
-        fields[wire.CLAMP_DEFINITION_FIELD] = "1"
-    if definition.paused_at_ms is not None:
-        fields.update(paused="1", paused_at_ms=str(definition.paused_at_ms))
-    return fields
 
 
 def unknown_effects(held_micros: int) -> tuple[int, int]:

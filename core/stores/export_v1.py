@@ -19,13 +19,8 @@ from typing import Any
 from core.errors import CeilingError
 from core.ledger import invalid_export
 from core.stores import wire
-from core.stores.export_body import (
-    counter_entry,
-    definition_of,
-    key_entry,
-    organisation,
-    reservation_entry,
-)
+from core.stores.export_body import counter_entry, key_entry, organisation, reservation_entry
+from core.stores.scripted_catalogue import definition_of
 
 EXPORT_FORMAT_1 = "spend-ceiling/ledger-export/1"
 

@@ -34,6 +34,7 @@ from core.stores import export_body as document
 from core.stores import keys, wire
 from core.stores.export_v1 import EXPORT_FORMAT_1, body_of_format_1
 from core.stores.scripted import ScriptedStore
+from core.stores.scripted_catalogue import definition_of
 from core.stores.scripts import script
 
 # Keys one dump_tag page scans: enough that a tag of a few hundred budgets takes a few pages,
@@ -198,7 +199,7 @@ class ScriptedCatalogue:
                     meta = stored
                 elif suffix.startswith(keys.DEFINITION):
                     budget_id = suffix[len(keys.DEFINITION):]
-                    definitions[budget_id] = document.definition_of(budget_id, stored)
+                    definitions[budget_id] = definition_of(budget_id, stored)
                 else:
                     budget_id, _, window = suffix[len(keys.COUNTER):].rpartition("|")
                     counters.append(document.counter_entry(budget_id, window, stored))

@@ -10,6 +10,7 @@ again. Judged by what the ledger holds afterwards, every key of it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from core.budgets import BudgetId, Limit, Period, PerUser, Rate
+from core.budgets import BudgetDef, BudgetId, Limit, Period, PerUser, Rate
 from core.errors import InvalidRequest, LedgerUnavailable
 from core.ledger import LedgerStore, Role
 from core.operations import Operations, checksum
@@ -26,9 +27,11 @@ from core.service import CeilingService
 from core.stores import keys
 from core.stores.memory import MemoryStore
 from core.stores.operations import ScriptedCatalogue
+from core.stores.scripted_catalogue import definition_fields, definition_of
 from tests.core.stores.test_put_budget_atomic import DiesAfter
 from tests.core.stores.test_users_admin import spend
 from tests.core.stores.test_users_rates import held, put
+from tests.core.test_budget_json import DEFINITIONS
 from tests.support import ManualClock
 
 BY = "admin:test"
@@ -344,3 +347,17 @@ async def test_an_export_names_no_part_of_the_ledger_layout() -> None:
     assert set(org["budgets"][0]) == {"budget_id", "limits", "timezone", "outage_policy",
                                       "outage_allowance_micros", "alerts", "paused_at_ms",
                                       "rate", "per_user", "clamp"}
+
+
+@pytest.mark.parametrize("definition", DEFINITIONS)
+async def test_a_restore_writes_a_definition_as_a_put_writes_it(definition: BudgetDef) -> None:
+    """definition_fields, what a restore writes, is what lua/put_budget.lua writes (a pause
+    aside, which only a velocity alarm sets), and it reads back as the same definition."""
+    unpaused = dataclasses.replace(definition, paused_at_ms=None)
+    store = MemoryStore(clock=ManualClock())
+    await store.put_budget(unpaused)
+    bid = unpaused.budget_id
+    written = await store.transport.execute("HGETALL", keys.definition(bid.tag, bid.path))
+    assert {k: v for k, v in written.items() if k != "ledger"} == definition_fields(unpaused)
+    assert await store.get_budget(bid) == unpaused
+    assert definition_of(bid.path, definition_fields(definition)) == definition
