@@ -63,9 +63,9 @@ _KEY_HASH = re.compile(r"[0-9A-Za-z]{1,128}")  # a SHA-256 in hex, as core.servi
 # A window key as core/budgets.py makes them: no separator of the key layout.
 _WINDOW = re.compile(r"[A-Za-z0-9_+@:/.-]{1,80}")
 _RESERVATION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-# What a reservation's owner and fingerprint are made of (an API key's id, 'gw:' and one; a
-# digest): no separator of the packed record they are kept in.
-_OWNER = re.compile(r"[A-Za-z0-9_.:@/+=-]{0,256}")
+# A reservation's owner and fingerprint (an API key's id, 'gw:' and one; a digest): kept in the
+# packed record unescaped, so printable and without its separator.
+_OWNER = re.compile(r"[^\t\x00-\x1f\x7f]{0,512}")
 # A counter's alert mark: a threshold percent, or the first refusal of its window.
 _ALERTED = "alerted:"
 _EXCEEDED = "exceeded"
@@ -74,7 +74,6 @@ _SEEN = "seen"
 # (state, outcome, expire_policy) of a reservation an expiry charged as unknown: the one kind of
 # resolved reservation an export carries, as a late settle or a correction may still lower it.
 CHARGED_AS_UNKNOWN = (ReservationState.EXPIRED.value, "unknown", ExpirePolicy.CHARGE.value)
-_AMOUNTS = ("committed", "reserved", "overshoot")
 _VELOCITY_ENTRY = f"{wire.ITEM_SEPARATOR}{{}},{{}}"  # the meta hash's list of velocity alarms
 
 
