@@ -328,7 +328,8 @@ def _key(k: dict[str, Any]) -> Key:
                     and _KEY_HASH.fullmatch(previous))):
         raise invalid_export("a key's id or hash")
     roles = k.get("roles")
-    if not isinstance(roles, list) or not roles or not set(roles) <= set(Role):
+    if not isinstance(roles, list) or not roles or not all(
+            isinstance(r, str) and r in Role.__members__.values() for r in roles):
         raise invalid_export("a key's roles")
     numbers = {name: None if k.get(name) is None else _integer(k[name], f"a key's {name}")
                for name in ("previous_secret_valid_until_ms", "run_ceiling_micros",
