@@ -361,3 +361,48 @@ async def test_a_restore_writes_a_definition_as_a_put_writes_it(definition: Budg
     assert {k: v for k, v in written.items() if k != "ledger"} == definition_fields(unpaused)
     assert await store.get_budget(bid) == unpaused
     assert definition_of(bid.path, definition_fields(definition)) == definition
+
+
+# Values a mutation puts anywhere in a body: every JSON type, and the separators of the layout.
+ODD_VALUES = (None, 0, -1, 1.5, "", "x", "a\tb", [], {}, [{}], [1], {"a": 1}, True, 2**60,
+              "org:one", [None])
+MUTATIONS = 3_000
+
+
+def _places(value: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    inner = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    return [at, *(p for k, v in inner for p in _places(v, (*at, k)))]
+
+
+@pytest.mark.parametrize("source", ["format 2", "format 1"])
+async def test_any_value_anywhere_in_a_body_is_read_or_refused_as_an_export(source: str) -> None:
+    """Seeded random mutations of a whole body, checked as a restore checks it (no store): each
+    is a body, or refused with field=export; never another error."""
+    import random
+
+    from core.stores.export_body import checked
+    from core.stores.export_v1 import body_of_format_1
+
+    body = (await _exported())["body"] if source == "format 2" else json.loads(
+        FORMAT_1.read_text())["body"]
+    read = (lambda b: checked(b)) if source == "format 2" else (
+        lambda b: checked(body_of_format_1(b)))
+    places = [p for p in _places(body) if p]
+    chance = random.Random(36)
+    for _ in range(MUTATIONS):
+        tampered = json.loads(json.dumps(body))
+        place = chance.choice(places)
+        parent = tampered
+        for k in place[:-1]:
+            parent = parent[k]
+        if isinstance(parent, dict) and chance.random() < 0.2:
+            del parent[place[-1]]
+        else:
+            parent[place[-1]] = chance.choice(ODD_VALUES)
+        refused: list[InvalidRequest] = []
+        try:
+            read(tampered)
+        except InvalidRequest as exc:
+            refused.append(exc)
+        assert all(exc.details.get("field") == "export" for exc in refused), place
