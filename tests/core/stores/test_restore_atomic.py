@@ -364,7 +364,7 @@ async def test_a_restore_writes_a_definition_as_a_put_writes_it(definition: Budg
 
 
 # Values a mutation puts anywhere in a body: every JSON type, and the separators of the layout.
-ODD_VALUES = (None, 0, -1, 1.5, "", "x", "a\tb", [], {}, [{}], [1], {"a": 1}, True, 2**60,
+ODD_VALUES: tuple[Any, ...] = (None, 0, -1, 1.5, "", "x", "a\tb", [], {}, [{}], [1], {"a": 1}, True, 2**60,
               "org:one", [None])
 MUTATIONS = 3_000
 
@@ -386,8 +386,9 @@ async def test_any_value_anywhere_in_a_body_is_read_or_refused_as_an_export(sour
 
     body = (await _exported())["body"] if source == "format 2" else json.loads(
         FORMAT_1.read_text())["body"]
-    read = (lambda b: checked(b)) if source == "format 2" else (
-        lambda b: checked(body_of_format_1(b)))
+    def read(raw: object) -> object:
+        return checked(raw if source == "format 2" else body_of_format_1(raw))
+
     places = [p for p in _places(body) if p]
     chance = random.Random(36)
     for _ in range(MUTATIONS):
