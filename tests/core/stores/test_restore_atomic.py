@@ -364,8 +364,8 @@ async def test_a_restore_writes_a_definition_as_a_put_writes_it(definition: Budg
 
 
 # Values a mutation puts anywhere in a body: every JSON type, and the separators of the layout.
-ODD_VALUES: tuple[Any, ...] = (None, 0, -1, 1.5, "", "x", "a\tb", [], {}, [{}], [1], {"a": 1}, True, 2**60,
-              "org:one", [None])
+ODD_VALUES: tuple[Any, ...] = (None, 0, -1, 1.5, "", "x", "a\tb", [], {}, [{}], [1], {"a": 1},
+                               True, 2**60, "org:one", [None])
 MUTATIONS = 3_000
 
 
