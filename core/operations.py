@@ -6,15 +6,16 @@ admin credential, core.service.operator_fingerprint), what, which target, and wh
 id is the ledger's time). Lists page with an opaque cursor and a bounded page size and never
 show a secret or a key's hash.
 
-Export and restore. An export is one JSON document: the ledger id, every
-organisation's budgets, every period window's counters (committed, reserved, overshoot), its open
-reservations, and the API keys' records (hashes only; the secrets were never stored), with a
-checksum over all of it. Its body is the store's document, read and written beside the ledger's
-layout (Catalogue.export_body, restore_body); this module makes and checks the envelope around
-it, and books the bill. A restore writes it into an empty (or wiped) ledger under a new ledger
-id: committed spend comes back as it was, never refilled; an open reservation comes back charged
-as unknown (its hold committed, as expiry under 'charge' books it, so a late settle or an
-operator's correction still lowers it); keys keep working. With a provider's bill
+Export and restore. An export is one JSON document (EXPORT_FORMAT): the ledger id, every
+organisation's budgets (as the admin API shows them), every period window's spend, its open
+reservations and those charged as unknown, its end users, the API keys (hashes only; the secrets
+were never stored) and the audit stream, with a checksum over all of it. Its body names no part
+of the ledger's layout; the store reads and writes it (Catalogue.export_body, restore_body, and
+an export of format /1 through the store's one reader of it); this module makes and checks the
+envelope around it, and books the bill. A restore writes it into an empty (or wiped) ledger under
+a new ledger id: committed spend comes back as it was, never refilled; an open reservation comes
+back charged as unknown (its hold committed, as expiry under 'charge' books it, so a late settle
+or an operator's correction still lowers it); keys keep working. With a provider's bill
 (BILL_FORMAT) it also books what the bill shows beyond what the export had: the spend between the
 export and the wipe. Running instances that found their ledger reset take the new ledger only
 once an operator confirms it (`adopt`): an empty Redis gets a fresh ledger id from the first
@@ -31,6 +32,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from core.audit import STREAM_ID, audit_fields, audit_json
+from core.budget_json import budget_json
 from core.budgets import BudgetDef, BudgetId, Period, check_user
 from core.errors import BudgetNotFound, InvalidRequest
 from core.ledger import (
@@ -48,7 +51,10 @@ from core.ledger import (
 from core.limits import BUDGET_ID_LEN_MAX, CEILING_MICROS_MAX, RESERVATION_TTL_MS_MIN
 from core.service import CeilingService, NewKey
 
-EXPORT_FORMAT = "spend-ceiling/ledger-export/1"
+EXPORT_FORMAT = "spend-ceiling/ledger-export/2"
+# Formats a restore reads: this one, and /1 (an export made before /2), which the store reads as
+# the /2 body it means (Catalogue.restore_body).
+EXPORT_FORMATS_READ = ("spend-ceiling/ledger-export/1", EXPORT_FORMAT)
 BILL_FORMAT = "spend-ceiling/bill/1"
 # Admin changes are kept as long as day and month counters (core/limits.py COUNTER_RETENTION_MS):
 # a change can be looked up for as long as the spend it affected can.
@@ -65,7 +71,6 @@ KEY_ROTATION_GRACE_MS_MAX = 7 * 24 * 3_600_000
 # Characters of a cursor: an encoded budget id or stream id, with room.
 CURSOR_LEN_MAX = 4 * BUDGET_ID_LEN_MAX
 _KEY_ID = re.compile(r"key_[0-9a-f]{1,60}")
-_STREAM_ID = re.compile(r"\d{1,16}-\d{1,16}")
 
 
 class Catalogue(KeyListing, Protocol):
@@ -93,9 +98,10 @@ class Catalogue(KeyListing, Protocol):
         key's record (its secrets' hashes, never a secret): the body of an export."""
         ...
 
-    async def restore_body(self, body: object, force: bool) -> Restored:
-        """Check `body` whole (invalid_export: nothing written), refuse a ledger with data
-        unless `force` (LedgerNotEmpty), then write it under a new ledger id, each organisation
+    async def restore_body(self, body: object, force: bool, document_format: str) -> Restored:
+        """Check `body`, of an export of `document_format` (one of EXPORT_FORMATS_READ), whole
+        (invalid_export: nothing written), refuse a ledger with data unless `force`
+        (LedgerNotEmpty), then write it under a new ledger id, each organisation
         in one step, and use that id from then on. Not stamped (stamp_restored): until then an
         instance reads the old (or a fresh) id, finds these budgets under another one and
         refuses them (`ledger_reset`), so none serves a budget half restored."""
@@ -162,17 +168,17 @@ def checksum(document: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def verify_export(document: object) -> dict[str, Any]:
-    """The export's body, once its format and checksum are what an export writes; what the body
-    holds is the store's to check (Catalogue.restore_body)."""
-    if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
-        raise invalid_export(f"format is not {EXPORT_FORMAT}")
+def verify_export(document: object) -> tuple[str, dict[str, Any]]:
+    """The export's format and body, once its format and checksum are what an export writes;
+    what the body holds is the store's to check (Catalogue.restore_body)."""
+    if not isinstance(document, dict) or document.get("format") not in EXPORT_FORMATS_READ:
+        raise invalid_export(f"format is not {EXPORT_FORMAT} (or /1)")
     if document.get("checksum") != checksum(document):
         raise invalid_export("its checksum does not match its content (changed or truncated)")
     body = document.get("body")
     if not isinstance(body, dict):
         raise invalid_export("no body")
-    return body
+    return str(document["format"]), body
 
 
 @dataclass(frozen=True)
@@ -210,22 +216,6 @@ def parse_bill(document: object) -> list[BillEntry]:
         out.append(BillEntry(BudgetId.parse(e.get("budget_id")), billed,
                              None if period is None else Period(period)))
     return out
-
-
-def budget_json(definition: BudgetDef) -> dict[str, Any]:
-    return {
-        "budget_id": definition.budget_id.path,
-        "limits": [{"period": x.period.value, "ceiling_micros": x.ceiling_micros}
-                   for x in definition.limits],
-        "timezone": definition.timezone,
-        "outage_policy": definition.policy.value,
-        "outage_allowance_micros": definition.outage_allowance_micros,
-        "alerts": definition.alerts.json(),
-        "paused_at_ms": definition.paused_at_ms,
-        "rate": definition.rate.json() if definition.rate else None,
-        "per_user": definition.per_user.json() if definition.per_user else None,
-        "clamp": definition.clamp,
-    }
 
 
 def key_json(info: KeyInfo) -> dict[str, Any]:
@@ -267,20 +257,16 @@ class Operations:
     async def audit(self, by: str, what: str, target: str, **detail: Any) -> None:
         if self.catalogue is None:
             return
-        await self.catalogue.audit_append(
-            {"who": by, "what": what, "target": target,
-             "detail": json.dumps(detail, sort_keys=True, separators=(",", ":"))},
-            AUDIT_RETENTION_MS)
+        await self.catalogue.audit_append(audit_fields(by, what, target, detail),
+                                          AUDIT_RETENTION_MS)
 
     async def audit_page(self, cursor: str | None, limit: object = None) -> Page:
         before = decode_cursor(cursor)
-        if before is not None and not _STREAM_ID.fullmatch(before):
+        if before is not None and not STREAM_ID.fullmatch(before):
             raise InvalidRequest("not a cursor this list gave", field="cursor")
         count = page_size(limit)
         found = await self._needs().audit_read(before, count)
-        items = [{"id": entry_id, "at_ms": int(entry_id.split("-")[0]),
-                  "who": f.get("who"), "what": f.get("what"), "target": f.get("target"),
-                  "detail": json.loads(f.get("detail") or "{}")} for entry_id, f in found]
+        items = [audit_json(entry_id, f) for entry_id, f in found]
         return Page(items, encode_cursor(found[-1][0]) if len(found) == count else None)
 
     # -- budgets -------------------------------------------------------------------------
@@ -418,10 +404,10 @@ class Operations:
     async def restore(self, document: object, bill: object | None, force: bool, by: str
                       ) -> dict[str, Any]:
         catalogue = self._needs()
-        body = verify_export(document)
+        document_format, body = verify_export(document)
         entries = parse_bill(bill) if bill is not None else []
         assert isinstance(document, dict)
-        done = await catalogue.restore_body(body, force)
+        done = await catalogue.restore_body(body, force, document_format)
         # Under the restored id, before its stamp: the spend between the export and the wipe.
         booked = [await self._book_from_bill(e, done.ledger_id, by) for e in entries]
         await catalogue.stamp_restored(done.ledger_id)

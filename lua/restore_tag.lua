@@ -7,14 +7,16 @@
 --   definitions: budget_id, field count, (field, value) pairs; in 'restamp' mode no fields, and
 --     the definition the ledger holds takes the ledger id
 --   users: budget_id, member count, members (added to the budget's users set)
---   open reservations: reservation_id, its record as charged (wire.py RECORD_FIELDS, packed),
+--   reservations: reservation_id, its record as charged (wire.py RECORD_FIELDS, packed),
 --     held micros, committed delta, leg count, legs (counter suffix 'budget_id|window_key', and
---     its kind)
+--     its kind): an open one of the export, charged here; or one an expiry charged already
+--     (held 0, delta 0, no legs: its charge is in the counters), kept for a late settle or a
+--     correction
 --   counters: suffix, kind, ttl_ms ('' for none), field count, (field, value) pairs
 --   A counter's kind says which sweep index lists it: 'window' (a day, week or month window's:
 --   WINDOWS), 'run' (RUNS) or 'total' (none: a budget's total is kept as long as the budget).
 --   then, in 'restore' mode, the meta hash's (field, value) pairs to the end.
--- Returns {counters written, reservations charged as unknown, the micros they held}.
+-- Returns {counters written, reservations charged as unknown here, the micros they held}.
 -- Why one script: an organisation is restored whole or not at all, its counters with the charges
 -- of its open reservations, so running it again (a restore cut short, with --force) neither
 -- charges a reservation twice nor mixes two exports' counters. Everything is read before the first
@@ -182,8 +184,10 @@ for _, r in ipairs(records) do
   if not r.known then
     redis.call('SET', prefix .. RECORD_KEY .. r.id, r.packed, 'PX',
                istr(UNKNOWN_OUTCOME_RETENTION_MS))
-    charged = charged + 1
-    charged_micros = charged_micros + r.held
+    if r.held > 0 then
+      charged = charged + 1
+      charged_micros = charged_micros + r.held
+    end
   end
 end
 return {#counters, charged, istr(charged_micros)}

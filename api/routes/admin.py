@@ -12,9 +12,10 @@ from api.admin_models import BudgetBody, CorrectionBody, KeyBody, RotateBody
 from api.routes.sidecar import bearer
 from api.runtime import admin_token, is_admin_token, runtime
 from api.views import correction_json, leg_json, stored_reservation_json, users_json
+from core.budget_json import budget_json
 from core.budgets import BudgetId
 from core.errors import BudgetNotFound, Forbidden, InvalidRequest, Unauthorized
-from core.operations import Operations, budget_json
+from core.operations import Operations
 from core.service import CeilingService, check_roles, operator_fingerprint
 
 router = APIRouter(prefix="/v1/admin")

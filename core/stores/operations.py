@@ -3,13 +3,11 @@ the body of an export and its restore (core/operations.py says what they mean to
 Keys are made, rotated and revoked by the store itself (core/ledger.py KeyStore), each in one
 script on the key's record.
 
-The body of an export, read and written only here: for each organisation ('tag') its meta hash
-('meta'), each budget's definition ('budgets': budget_id, fields), each counter of each period
-window ('counters': budget_id, window_key, fields, ttl_ms), each open reservation
-('open_reservations': reservation_id, its record as wire.py packs it, reserved_micros, legs) and
-each budget's end users ('users': budget_id, users); and every API key's record ('keys', its
-secrets' hashes only). A restore checks all of it before it writes anything, then writes each
-organisation in one script (lua/restore_tag.lua) and each key in the key's own.
+The body of an export (core/stores/export_body.py: a document by the domain's names, format
+/2) is read here from the ledger's layout and written back into it: a restore checks all of it
+before it writes anything, then writes each organisation in one script (lua/restore_tag.lua)
+and each key in the key's own. A body of format /1 is read as the /2 body it means
+(core/stores/export_v1.py).
 
 Nothing here runs on a call's path. The catalogue's keys (core/stores/keys.py CATALOGUE) share
 the ledger id's slot, so on Redis Cluster every command below that names one of them goes to one
@@ -18,27 +16,25 @@ master; what belongs to an organisation is read and written under its own hash t
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.budgets import RUN_SCOPE_KIND, USER_SCOPE_KIND, BudgetId, check_user
-from core.errors import BudgetInUse, CeilingError, InvalidRequest, LedgerNotEmpty, ensure
+from core.audit import audit_json, stream_position
+from core.errors import BudgetInUse, CeilingError, LedgerNotEmpty, ensure
 from core.ledger import (
-    ROLES_OF_KEYS_BEFORE_ROLES,
-    ExpirePolicy,
     KeyInfo,
     ReservationState,
     Restored,
-    invalid_export,
     tag_digest,
 )
-from core.lifecycle import Event, effects
-from core.limits import CEILING_MICROS_MAX, COUNTER_RETENTION_MS, DAY_MS, INT_EXACT_MAX
+from core.limits import COUNTER_RETENTION_MS, DAY_MS
+from core.stores import export_body as document
 from core.stores import keys, wire
+from core.stores.export_v1 import EXPORT_FORMAT_1, body_of_format_1
 from core.stores.scripted import ScriptedStore
+from core.stores.scripted_catalogue import definition_of
 from core.stores.scripts import script
 
 # Keys one dump_tag page scans: enough that a tag of a few hundred budgets takes a few pages,
@@ -48,12 +44,6 @@ DUMP_PAGE_KEYS = 1_000
 WINDOW_MS_MAX = 31 * DAY_MS
 # Pages one tag's dump may take before it is refused as runaway (a scan that never ends).
 DUMP_PAGES_MAX = 100_000
-# Any id a store was given (keys made before ids were minted, or by a test) survives an export.
-_STORED_KEY_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-_KEY_HASH = re.compile(r"[0-9A-Za-z]{1,128}")  # a SHA-256 in hex, as core.service makes them
-# A window key as core/budgets.py makes them: no separator of the key layout.
-_WINDOW = re.compile(r"[A-Za-z0-9_+@:/.-]{1,80}")
-_RESERVATION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 KEY_FIELDS = ("key_id", "budget_id", "run_ceiling_micros", "run", "roles", "created_ms",
               "last_used_ms", "rotated_at_ms")
@@ -65,11 +55,13 @@ KEY_RECORD_FIELDS = (*(f for f in KEY_FIELDS if f != "run"), "key_hash", "previo
 @dataclass(frozen=True)
 class TagDump:
     """One tag as kept: its hashes (meta, definitions, counters) by key suffix with their time to
-    live (None: kept for ever), its open reservations' records, and the end users of each
-    budget that counts them (its users set, core/stores/keys.py USERS), by budget id."""
+    live (None: kept for ever), its open reservations' records and those an expiry charged as
+    unknown, and the end users of each budget that counts them (its users set,
+    core/stores/keys.py USERS), by budget id."""
 
     hashes: dict[str, tuple[int | None, dict[str, str]]]
     open_records: dict[str, wire.StoredRecord]
+    unknown_records: dict[str, wire.StoredRecord] = field(default_factory=dict)
     users: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
@@ -195,38 +187,45 @@ class ScriptedCatalogue:
     # -- export ------------------------------------------------------------------------------
 
     async def export_body(self) -> dict[str, Any]:
-        """The body of an export (the module docstring says what it holds)."""
+        """The body of an export (core/stores/export_body.py says what it holds)."""
         await self._index_unlisted_keys()
         organisations = []
         for tag in await self._tags():
             dump = await self._dump_tag(tag)
-            org: dict[str, Any] = {"tag": tag, "meta": {}, "budgets": [], "counters": [],
-                                   "open_reservations": [], "users": []}
-            for suffix, (ttl_ms, stored) in sorted(dump.hashes.items()):
-                # Not the ledger id a tag or definition is stamped with: the document's own is
-                # the export's, and a restore stamps its new one (lua/restore_tag.lua).
-                fields = {k: v for k, v in stored.items() if k != "ledger"}
+            meta: dict[str, str] = {}
+            definitions, counters = {}, []
+            for suffix, (_, stored) in dump.hashes.items():
                 if suffix == keys.META:
-                    org["meta"] = fields
+                    meta = stored
                 elif suffix.startswith(keys.DEFINITION):
-                    org["budgets"].append({"budget_id": suffix[len(keys.DEFINITION):],
-                                           "fields": fields})
+                    budget_id = suffix[len(keys.DEFINITION):]
+                    definitions[budget_id] = definition_of(budget_id, stored)
                 else:
-                    budget_id, _, window_key = suffix[len(keys.COUNTER):].rpartition("|")
-                    org["counters"].append({"budget_id": budget_id, "window_key": window_key,
-                                            "fields": fields, "ttl_ms": ttl_ms})
-            for rid, record in sorted(dump.open_records.items()):
-                org["open_reservations"].append({
-                    "reservation_id": rid, "record": wire.SEPARATOR.join(record),
-                    "reserved_micros": int(record.reserved_micros),
-                    "legs": [f"{b}|{w}" for b, w, _ in legs_of(record)]})
+                    budget_id, _, window = suffix[len(keys.COUNTER):].rpartition("|")
+                    counters.append(document.counter_entry(budget_id, window, stored))
+            reservations = [document.reservation_entry(rid, record) for rid, record in
+                            (*dump.open_records.items(), *dump.unknown_records.items())]
             # Each budget's end users (their counters are among the counters): who counts
             # against users_max, which a restore keeps.
-            org["users"] = [{"budget_id": budget_id, "users": list(members)}
-                            for budget_id, members in sorted(dump.users.items())]
-            if org["budgets"] or org["counters"] or org["open_reservations"] or org["users"]:
-                organisations.append(org)
-        return {"organisations": organisations, "keys": await self._key_records()}
+            if definitions or counters or reservations or dump.users:
+                organisations.append(document.organisation(
+                    tag, meta, definitions, counters, reservations, dump.users))
+        return {"organisations": organisations,
+                "keys": [document.key_entry(k) for k in await self._key_records()],
+                "audit": [audit_json(entry_id, f) for entry_id, f in await self._audit_all()]}
+
+    async def _audit_all(self) -> list[tuple[str, dict[str, str]]]:
+        """The whole audit stream, oldest first, DUMP_PAGE_KEYS entries a read."""
+        entries: list[tuple[str, dict[str, str]]] = []
+        for _ in range(DUMP_PAGES_MAX):
+            low = f"({entries[-1][0]}" if entries else "-"
+            found = await self._t.execute("XRANGE", keys.AUDIT_KEY, low, "+", "COUNT",
+                                          str(DUMP_PAGE_KEYS))
+            entries += [(str(entry_id), _pairs(fields)) for entry_id, fields in found]
+            if len(found) < DUMP_PAGE_KEYS:
+                return entries
+        ensure(False, "the read of the audit stream did not end")
+        return entries
 
     async def _tags(self) -> list[str]:
         """Every organisation the ledger knows: the catalogue's, and the tag map's (budgets
@@ -249,6 +248,7 @@ class ScriptedCatalogue:
                 records[rid] = found
         hashes: dict[str, tuple[int | None, dict[str, str]]] = {}
         users: dict[str, tuple[str, ...]] = {}
+        unknown: dict[str, wire.StoredRecord] = {}
         cursor = "0"
         for _ in range(DUMP_PAGES_MAX):
             page = await self._t.run(script("dump_tag"), (keys.meta(tag),),
@@ -263,13 +263,19 @@ class ScriptedCatalogue:
                         keys.USERS if kind == "users" else keys.PENDING_USERS)
                     members = await self._members(keys.prefix(tag) + suffix)
                     users[budget_id] = tuple(sorted({*users.get(budget_id, ()), *members}))
+                elif kind == "unknown":
+                    # One that expired since it was read open is exported open: a restore
+                    # charges it as its expiry did.
+                    rid = suffix.removeprefix(keys.RECORD)
+                    if rid not in records:
+                        unknown[rid] = wire.StoredRecord.unpacked(str(values[0]))
                 else:
                     hashes[suffix] = (pttl if pttl > 0 else None, _pairs(list(values)))
             if cursor == "0":
                 break
         else:
             ensure(False, f"the dump of {tag} did not end")
-        return TagDump(hashes, records, users)
+        return TagDump(hashes, records, unknown, users)
 
     async def _members(self, key: str) -> tuple[str, ...]:
         """A users set's members in byte order, DUMP_PAGE_KEYS at a time (ZRANGEBYLEX after the
@@ -330,11 +336,14 @@ class ScriptedCatalogue:
 
     # -- restore -----------------------------------------------------------------------------
 
-    async def restore_body(self, body: object, force: bool) -> Restored:
-        """core/operations.py Catalogue.restore_body: checked whole first, then each
-        organisation in one script, then the keys."""
-        orgs, key_records = _checked(body)
-        tags = [o["tag"] for o in orgs]
+    async def restore_body(self, body: object, force: bool, document_format: str) -> Restored:
+        """core/operations.py Catalogue.restore_body: checked whole first (a /1 body read as
+        the /2 body it means: core/stores/export_v1.py), then each organisation in one script,
+        then the keys."""
+        if document_format == EXPORT_FORMAT_1:
+            body = body_of_format_1(body)
+        orgs, key_records, audit = document.checked(body)
+        tags = [o.tag for o in orgs]
         live_tags = await self._tags()
         found = await self._has_data(tags)
         if found and not force:
@@ -354,8 +363,8 @@ class ScriptedCatalogue:
         counters = charged_count = charged_micros = 0
         for org in orgs:
             written, charged, micros = await self._restore_tag(
-                org["tag"], [b["budget_id"] for b in org.get("budgets", [])],
-                _sections(org, now_ms), ledger_id, now_ms, force, "restore")
+                org.tag, [b.budget_id.path for b in org.budgets],
+                document.sections(org, now_ms), ledger_id, now_ms, force, "restore")
             counters, charged_count = counters + written, charged_count + charged
             charged_micros += micros
         if force:
@@ -368,9 +377,10 @@ class ScriptedCatalogue:
                 await self._restore_tag(tag, ids, sections, ledger_id, now_ms, force, "restamp")
         for k in key_records:
             await self._write_key(k)
+        await self._restore_audit(audit)
         return Restored(
-            ledger_id, previous, sum(len(o.get("budgets", [])) for o in orgs), counters,
-            sum(len(u["users"]) for o in orgs for u in o.get("users", [])), len(key_records),
+            ledger_id, previous, sum(len(o.budgets) for o in orgs), counters,
+            sum(len(members) for o in orgs for _, members in o.users), len(key_records),
             charged_count, charged_micros)
 
     async def _restore_tag(self, tag: str, budget_ids: Sequence[str], sections: Sequence[str],
@@ -390,6 +400,16 @@ class ScriptedCatalogue:
             pairs = [x for b in budget_ids[at:at + DUMP_PAGE_KEYS] for x in ("0", b)]
             await self._t.execute("ZADD", keys.BUDGETS_KEY, *pairs)
         return int(reply[0]), int(reply[1]), int(reply[2])
+
+    async def _restore_audit(self, entries: Sequence[tuple[str, dict[str, str]]]) -> None:
+        """The exported audit entries after the last one the stream holds, under their own ids:
+        a restore run again adds none twice, and a ledger's own later entries stay its word."""
+        last = await self._t.execute("XREVRANGE", keys.AUDIT_KEY, "+", "-", "COUNT", "1")
+        after = stream_position(str(last[0][0])) if last else (0, 0)
+        for entry_id, fields in entries:
+            if stream_position(entry_id) > after:
+                await self._t.execute("XADD", keys.AUDIT_KEY, entry_id,
+                                      *(x for kv in fields.items() for x in kv))
 
     async def _has_data(self, tags: Iterable[str]) -> list[str]:
         """What makes the ledger not empty: catalogue entries and organisations with data."""
@@ -413,27 +433,24 @@ class ScriptedCatalogue:
         await self._t.execute("SET", keys.LEDGER_FORMAT_KEY, str(wire.LEDGER_FORMAT_VERSION))
         await self._t.execute("SET", keys.LEDGER_ID_KEY, ledger_id)
 
-    async def _write_key(self, record: dict[str, str]) -> None:
-        """An exported key (a record, or an entry of the layout before records were by id) as a
-        record (lua/key_put.lua), its previous secret with what is left of its grace. A key the
-        ledger holds already, or revoked, stays as it is: the ledger's is the later word. Each
-        secret's hash gets an entry that leads to the record, for a secret made before secrets
-        carried their key id (one made since has no use for it)."""
-        key_id, key_hash, budget_id = record["key_id"], record["key_hash"], record["budget_id"]
-        grace_ends_at_ms = _number(record.get("grace_ends_at_ms"))
-        previous = record.get("previous_key_hash", "")
+    async def _write_key(self, key: document.Key) -> None:
+        """An exported key as a record (lua/key_put.lua), its previous secret with what is left
+        of its grace. A key the ledger holds already, or revoked, stays as it is: the ledger's is
+        the later word. Each secret's hash gets an entry that leads to the record, for a secret
+        made before secrets carried their key id (one made since has no use for it)."""
+        record = document.key_record(key)
+        grace_ends_at_ms = key.previous_secret_valid_until_ms
+        previous = key.previous_key_hash or ""
         previous_valid_ms = 0 if not previous or grace_ends_at_ms is None \
             else max(0, grace_ends_at_ms - self.store.now_estimate())
-        roles = record.get("roles", ",".join(sorted(ROLES_OF_KEYS_BEFORE_ROLES)))
-        await self._t.execute("ZADD", keys.KEYS_KEY, "0", f"{budget_id} {key_id}")
+        await self._t.execute("ZADD", keys.KEYS_KEY, "0", f"{key.budget_id} {key.key_id}")
         await self.store.put_key_record(
-            key_id, key_hash, budget_id, record.get("run_ceiling_micros", record.get("run", "")),
-            roles, previous_key_hash=previous if previous_valid_ms else "",
-            previous_valid_ms=previous_valid_ms, created_ms=record.get("created_ms", ""),
-            rotated_at_ms=record.get("rotated_at_ms", ""),
-            last_used_ms=record.get("last_used_ms", ""))
-        for secret_hash in filter(None, [key_hash, previous if previous_valid_ms else ""]):
-            await self._t.execute("HSET", keys.api_key(secret_hash), "key_id", key_id,
+            key.key_id, key.key_hash, key.budget_id, record["run_ceiling_micros"],
+            record["roles"], previous_key_hash=previous if previous_valid_ms else "",
+            previous_valid_ms=previous_valid_ms, created_ms=record["created_ms"],
+            rotated_at_ms=record["rotated_at_ms"], last_used_ms=record["last_used_ms"])
+        for secret_hash in filter(None, [key.key_hash, previous if previous_valid_ms else ""]):
+            await self._t.execute("HSET", keys.api_key(secret_hash), "key_id", key.key_id,
                                   "index_only", "1")
 
     async def adopt(self) -> tuple[str | None, str | None]:
@@ -452,178 +469,3 @@ class ScriptedCatalogue:
             await self._t.execute("SET", keys.ADOPTED_KEY, str(current))
         return (None if current is None else str(current),
                 None if restored is None else str(restored))
-
-
-def unknown_effects(held_micros: int) -> tuple[int, int]:
-    """(reserved delta, committed delta) of charging an open hold as unknown (core/lifecycle.py's
-    expiry under 'charge')."""
-    fx = effects(Event.EXPIRE, ReservationState.OPEN, ExpirePolicy.CHARGE, held_micros)
-    return fx.reserved_delta, fx.committed_delta
-
-
-def legs_of(record: wire.StoredRecord) -> Sequence[tuple[str, str, bool]]:
-    """(budget id, window key, is a run's) of each leg a record holds money in."""
-    out = []
-    for item in record.legs.split(wire.ITEM_SEPARATOR):
-        if item:
-            parts = item.split(wire.PART_SEPARATOR)
-            out.append((parts[0], parts[1], parts[-1] == "run"))
-    return out
-
-
-
-
-def _counter_kind(budget_id: str, window_key: str, run: bool) -> str:
-    """Which sweep index lists a counter (lua/restore_tag.lua): a period window's, a run's, or
-    none (a budget's total, kept as long as the budget)."""
-    if window_key != "total":
-        return "window"
-    return "run" if run or f"/{RUN_SCOPE_KIND}:" in budget_id else "total"
-
-
-def _charged(record: wire.StoredRecord, now_ms: int) -> str:
-    """An open reservation of an export as expiry under 'charge' leaves it, packed: committed in
-    its legs (lua/restore_tag.lua books that), outcome 'unknown', so a late settle or an
-    operator's correction still corrects it."""
-    fx = effects(Event.EXPIRE, ReservationState.OPEN, ExpirePolicy.CHARGE,
-                 int(record.reserved_micros))
-    return wire.SEPARATOR.join(record._replace(
-        state=fx.to.value, expire_policy=ExpirePolicy.CHARGE.value, outcome=fx.outcome,
-        resolved_ms=str(now_ms), released_micros=str(fx.released_micros),
-        overshoot_micros=str(fx.overshoot_micros), late="1" if fx.late else "0",
-        actual_micros=""))
-
-
-def _flat(fields: dict[str, str]) -> list[str]:
-    return [str(len(fields)), *(x for kv in fields.items() for x in kv)]
-
-
-def _sections(org: dict[str, Any], now_ms: int) -> list[str]:
-    """An organisation of a checked body as lua/restore_tag.lua's sections, in its 'restore'
-    mode: definitions, users, open reservations, counters, then the meta hash."""
-    out = [str(len(org.get("budgets", [])))]
-    for b in org.get("budgets", []):
-        out += [b["budget_id"], *_flat(b["fields"])]
-    out.append(str(len(org.get("users", []))))
-    for u in org.get("users", []):
-        out += [u["budget_id"], str(len(u["users"])), *u["users"]]
-    out.append(str(len(org.get("open_reservations", []))))
-    for r in org.get("open_reservations", []):
-        record = wire.StoredRecord.unpacked(r["record"])
-        legs = legs_of(record)
-        out += [r["reservation_id"], _charged(record, now_ms), record.reserved_micros,
-                str(unknown_effects(int(record.reserved_micros))[1]), str(len(legs))]
-        for budget_id, window_key, run in legs:
-            out += [f"{budget_id}|{window_key}", _counter_kind(budget_id, window_key, run)]
-    out.append(str(len(org.get("counters", []))))
-    for c in org.get("counters", []):
-        ttl_ms = c.get("ttl_ms")
-        out += [f"{c['budget_id']}|{c['window_key']}",
-                _counter_kind(c["budget_id"], c["window_key"], False),
-                "" if ttl_ms is None else str(ttl_ms), *_flat(c["fields"])]
-    meta = {k: v for k, v in org.get("meta", {}).items() if k != "ledger"}
-    return out + [x for kv in meta.items() for x in kv]
-
-
-def _strings(value: object, why: str) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise invalid_export(why)
-    return value
-
-
-def _amount(fields: dict[str, str], name: str) -> int:
-    text = fields.get(name, "0")
-    if not re.fullmatch(r"-?\d{1,16}", text) or abs(int(text)) > INT_EXACT_MAX:
-        raise invalid_export(f"{name} is not an integer below 2**53")
-    return int(text)
-
-
-def _budget(raw: object, why: str) -> BudgetId:
-    try:
-        return BudgetId.parse(raw)
-    except InvalidRequest as exc:
-        raise invalid_export(why) from exc
-
-
-def _counter_owner(raw: object) -> BudgetId:
-    """The budget a counter of an export is kept for: a budget's id (a run's too), or an end
-    user's '<budget>/user:<id>', which BudgetId.parse refuses (a user id may hold ':' and '@',
-    be longer than a scope's name, and make a path one scope longer than an operator's)."""
-    if isinstance(raw, str):
-        budget, marker, user = raw.rpartition(f"/{USER_SCOPE_KIND}:")
-        if marker and "/" not in user:
-            try:
-                check_user(user)
-            except InvalidRequest as exc:
-                raise invalid_export("an end user's counter") from exc
-            return _budget(budget, "a counter's budget id")
-    return _budget(raw, "a counter's budget id")
-
-
-def _list(value: object, why: str) -> list[Any]:
-    if not isinstance(value, list) or not all(isinstance(x, dict) for x in value):
-        raise invalid_export(why)
-    return value
-
-
-def _checked(body: object) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """The organisations and keys of an export's body, once every field is what an export
-    writes (invalid_export otherwise): nothing malformed reaches a script."""
-    if not isinstance(body, dict):
-        raise invalid_export("no body")
-    orgs = _list(body.get("organisations"), "no organisations")
-    for org in orgs:
-        if not isinstance(org.get("tag"), str):
-            raise invalid_export("an organisation without a tag")
-        tag = _budget(org["tag"], "an organisation's tag").path
-        if "/" in tag:
-            raise invalid_export(f"{tag} is not a top scope")
-        _strings(org.get("meta", {}), "meta")
-        for b in _list(org.get("budgets", []), "budgets"):
-            if _budget(b.get("budget_id"), "a budget id").tag != tag:
-                raise invalid_export(f"{b.get('budget_id')} is not under {tag}")
-            _strings(b.get("fields"), "a definition")
-        for c in _list(org.get("counters", []), "counters"):
-            if _counter_owner(c.get("budget_id")).tag != tag or not isinstance(
-                    c.get("window_key"), str) or not _WINDOW.fullmatch(c["window_key"]):
-                raise invalid_export("a counter of another organisation or window")
-            fields = _strings(c.get("fields"), "a counter")
-            for name in ("committed", "reserved", "overshoot"):
-                _amount(fields, name)
-            ttl = c.get("ttl_ms")
-            if ttl is not None and (type(ttl) is not int or not 0 < ttl <= INT_EXACT_MAX):
-                raise invalid_export("a counter's ttl_ms")
-        for r in _list(org.get("open_reservations", []), "open reservations"):
-            if not isinstance(r.get("reservation_id"), str) or not _RESERVATION_ID.fullmatch(
-                    r["reservation_id"]) or not isinstance(r.get("record"), str):
-                raise invalid_export("an open reservation")
-            try:
-                record = wire.StoredRecord.unpacked(r["record"])
-            except (CeilingError, ValueError, TypeError) as exc:
-                raise invalid_export("an open reservation's record") from exc
-            if record.state != "open" or not 0 < _amount(
-                    {"r": record.reserved_micros}, "r") <= CEILING_MICROS_MAX:
-                raise invalid_export("an open reservation's record")
-            for budget_id, window_key, _ in legs_of(record):
-                if _counter_owner(budget_id).tag != tag or not _WINDOW.fullmatch(window_key):
-                    raise invalid_export("an open reservation's legs")
-        for u in _list(org.get("users", []), "end users"):
-            if _budget(u.get("budget_id"), "a budget id").tag != tag:
-                raise invalid_export("end users of another organisation")
-            members = u.get("users")
-            if not isinstance(members, list):
-                raise invalid_export("a budget's end users are not a list")
-            for member in members:
-                try:
-                    check_user(member)
-                except InvalidRequest as exc:
-                    raise invalid_export("an end user's id") from exc
-    key_records = _list(body.get("keys"), "no keys")
-    for k in key_records:
-        fields = _strings(k, "a key")
-        if not _KEY_HASH.fullmatch(fields.get("key_hash", "")) or not _STORED_KEY_ID.fullmatch(
-                fields.get("key_id", "")):
-            raise invalid_export("a key's id or hash")
-        _budget(fields.get("budget_id"), "a key's budget id")
-    return orgs, key_records

@@ -4,8 +4,9 @@ budget's status."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
-from core import alerts
+from core.alerts import config_from_ledger
 from core.budgets import USER_SCOPE_KIND, BudgetDef, BudgetId, Limit
 from core.errors import ensure
 from core.ledger import LegStatus, RunLimit, UsersPage, UserSpend, tag_digest
@@ -79,26 +80,14 @@ class ScriptedCatalogue(ScriptedCore):
 
     async def get_budget(self, budget_id: BudgetId) -> BudgetDef | None:
         await self.open()
-        found = dict(zip(wire.DEFINITION_FIELDS, await self._t.execute(
-            "HMGET", keys.definition(budget_id.tag, budget_id.path), *wire.DEFINITION_FIELDS),
-            strict=True))
-        tz = found["timezone"]
-        if tz is None:
+        found = {name: str(value) for name, value in zip(_STORED_FIELDS, await self._t.execute(
+            "HMGET", keys.definition(budget_id.tag, budget_id.path), *_STORED_FIELDS),
+            strict=True) if value is not None}
+        if "timezone" not in found:
             if await self._org_lost(budget_id.tag):
                 raise _ledger_reset(budget_id.tag)
             return None
-        limits = tuple(Limit(p, int(c)) for p, field in wire.CEILING_DEFINITION_FIELDS.items()
-                       if (c := found[field]) is not None)
-        thresholds, velocity, paused_at, clamp = await self._t.execute(
-            "HMGET", keys.definition(budget_id.tag, budget_id.path),
-            *wire.ALERT_DEFINITION_FIELDS, wire.CLAMP_DEFINITION_FIELD)
-        paused = found["paused"] is not None
-        return BudgetDef.from_ledger(budget_id, limits, str(tz),
-                                     int(found["outage_allowance_micros"]),
-                                     alerts.config_from_ledger(thresholds, velocity),
-                                     int(paused_at or 0) if paused else None,
-                                     wire.rate_of(found["rate"]),
-                                     wire.per_user_of(found["per_user"]), clamp == "1")
+        return definition_of(budget_id.path, found)
 
     async def status(
         self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None,
@@ -163,3 +152,45 @@ class ScriptedCatalogue(ScriptedCore):
 
         page = await asyncio.gather(*(spend_of(u) for u in found[:count]))
         return UsersPage(tuple(page), users_count, len(found) > count)
+
+
+# Every field of a definition's hash that a definition is read from (definition_of).
+_STORED_FIELDS = (*wire.DEFINITION_FIELDS, *wire.ALERT_DEFINITION_FIELDS,
+                  wire.CLAMP_DEFINITION_FIELD)
+
+
+def definition_of(budget_id: str, fields: Mapping[str, str]) -> BudgetDef:
+    """A definition's hash (wire.py DEFINITION_FIELDS, ALERT_DEFINITION_FIELDS, what
+    definition_fields gives) as a definition: how get_budget and an export read one."""
+    limits = tuple(Limit(p, int(fields[name])) for p, name in
+                   wire.CEILING_DEFINITION_FIELDS.items() if name in fields)
+    paused = "paused" in fields
+    return BudgetDef.from_ledger(
+        BudgetId(budget_id), limits, fields["timezone"], int(fields["outage_allowance_micros"]),
+        config_from_ledger(fields.get("alert_thresholds_pct"), fields.get("alert_velocity")),
+        int(fields.get("paused_at_ms") or 0) if paused else None,
+        wire.rate_of(fields.get("rate")), wire.per_user_of(fields.get("per_user")),
+        fields.get(wire.CLAMP_DEFINITION_FIELD) == "1")
+
+
+def definition_fields(definition: BudgetDef) -> dict[str, str]:
+    """A definition's hash as lua/put_budget.lua writes it (but the ledger id, which a restore
+    stamps), with the pause a velocity alarm put on it: what a restore writes
+    (core/stores/export_body.py)."""
+    alerts = definition.alerts
+    fields = {"timezone": definition.timezone,
+              "outage_allowance_micros": str(definition.ledger_allowance_micros),
+              "alert_thresholds_pct": alerts.thresholds_ledger_form,
+              wire.VELOCITY_DEFINITION_FIELD: alerts.velocity.ledger_form
+              if alerts.velocity else ""}
+    for lim in definition.limits:
+        fields[wire.CEILING_DEFINITION_FIELDS[lim.period]] = str(lim.ceiling_micros)
+    if definition.rate is not None:
+        fields["rate"] = wire.rate_field(definition.rate)
+    if definition.per_user is not None:
+        fields["per_user"] = wire.per_user_field(definition.per_user)
+    if definition.clamp:
+        fields[wire.CLAMP_DEFINITION_FIELD] = "1"
+    if definition.paused_at_ms is not None:
+        fields.update(paused="1", paused_at_ms=str(definition.paused_at_ms))
+    return fields

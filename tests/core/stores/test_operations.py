@@ -25,7 +25,14 @@ from core.errors import (
     LedgerUnavailable,
     Unauthorized,
 )
-from core.ledger import KeyRecord, ReservationRef, ReservationState, ReserveRequest, Role
+from core.ledger import (
+    KeyRecord,
+    LedgerStore,
+    ReservationRef,
+    ReservationState,
+    ReserveRequest,
+    Role,
+)
 from core.operations import BILL_FORMAT, PAGE_SIZE_MAX, Operations, checksum
 from core.prices import PriceTable
 from core.service import CeilingService, hash_api_key, key_id_of, new_key_id
@@ -37,6 +44,7 @@ from core.stores.redis import RedisStore, RedisTransport, redis_client
 from core.stores.scripted import ScriptedStore
 from core.stores.scripts import Script
 from infra.redis_server import RedisServer
+from tests.core.stores.test_restore_atomic import assert_export_restore_export
 from tests.support import ManualClock
 
 BY = "admin:test"
@@ -204,7 +212,7 @@ async def test_export_then_restore_into_a_wiped_ledger(server: RedisServer) -> N
     ops = _operations(svc)
     try:
         tampered = json.loads(json.dumps(document))
-        tampered["body"]["organisations"][0]["counters"][0]["fields"]["committed"] = "0"
+        tampered["body"]["organisations"][0]["counters"][0]["committed_micros"] = 0
         with pytest.raises(InvalidRequest):
             await ops.restore(tampered, None, False, BY)
         assert await raw.exists(keys.ORGS_KEY) == 0  # nothing written
@@ -421,3 +429,24 @@ async def test_a_rotation_cut_short_anywhere_leaves_no_secret_taken_that_should_
     # Every command of the step was cut once: one script on the record.
     assert points >= 1
     await healthy.close()
+
+
+async def test_export_restore_export_on_redis_is_the_document_it_restored(
+        server: RedisServer) -> None:
+    stores: list[RedisStore] = []
+
+    async def opened() -> tuple[LedgerStore, Operations]:
+        svc = await _service(server.url)
+        stores.append(svc.store)  # type: ignore[arg-type]
+        return svc.store, _operations(svc)
+
+    async def wipe() -> None:
+        raw = aioredis.Redis.from_url(server.url)
+        await raw.flushall()
+        await raw.aclose()
+
+    try:
+        await assert_export_restore_export(opened, wipe)
+    finally:
+        for s in stores:
+            await s.close()
