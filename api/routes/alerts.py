@@ -9,8 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from api.alerts import deliver_once
+from api.auth import authenticated
 from api.routes.admin import Admin, Operator, Ops, Service
-from api.routes.sidecar import authenticated
 from api.runtime import runtime
 from api.views import leg_json
 from core import spend

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Annotated, cast
 from fastapi import APIRouter, Header
 from fastapi.responses import Response
 
+from api.auth import bearer
 from api.routes.health import DOWN_REASONS
-from api.routes.sidecar import bearer
 from api.runtime import admin_token, is_admin_token, runtime
 from core.errors import CeilingError, Forbidden, Unauthorized
 from core.metrics import LedgerReading, read_ledger, settings_from_env

@@ -10,38 +10,15 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from api.auth import authenticated as authenticated  # api/routes/gateway.py imports it here
 from api.errors import InvalidBody
 from api.models import ReserveBody, SettleBody
 from api.routing import HotRoute
-from api.runtime import runtime
 from api.views import leg_json, reservation_json, settlement_json, user_headers
 from core.jsonbody import check_depth
 from core.ledger import Role
-from core.service import Caller, CeilingService
 
 B = TypeVar("B", bound=BaseModel)
-
-
-def bearer(authorization: str | None) -> str | None:
-    if authorization and authorization[:7].lower() == "bearer ":
-        return authorization[7:].strip()
-    return None
-
-
-async def authenticated(
-    request: Request, role: Role | None, *, x_api_key: bool = False
-) -> tuple[CeilingService, Caller]:
-    """The service and the caller acting in `role`, or the reason to refuse: no ledger, then no
-    valid key, then a key without the role (None: either role will do). With `x_api_key` the key
-    may come as Anthropic's clients send theirs, in `x-api-key`, when no bearer key is given."""
-    svc = runtime().enforcing()
-    headers = request.headers
-    key = bearer(headers.get("authorization"))
-    if key is None and x_api_key:
-        key = headers.get("x-api-key")
-    who = await svc.authenticate(key, headers.get("x-ceiling-run-id"), role,
-                                 headers.get("x-ceiling-user"))
-    return svc, who
 
 
 async def parsed(model: type[B], request: Request) -> B:
