@@ -1,19 +1,28 @@
 """RedisStore: the ledger on one Redis (or a managed Redis) through redis-py's asyncio client.
 
-The scripts, two or more on every call the service serves, go out on a connection of the
-transport's own (`RedisTransport.run`, core/stores/redis_resp.py: hiredis over an asyncio
-protocol, to where redis-py's client connects), one per event loop, carrying its calls
-pipelined: redis-py's command path costs several times what sending the command does, and a
-connection per call in flight costs the server and the service a wake-up and a system call per
-command. Everything else (key records, health, budgets, loading the scripts) goes through the
-client, where its response callbacks shape the replies.
+The scripts, two or more on every call the service serves, go out on the client the store's
+`script_client` names (ScriptClient; CEILING_REDIS_SCRIPT_CLIENT when it is not given), the one
+place where the ledger bypasses redis-py:
+
+- `resp` (the default): a connection of the transport's own (`RedisTransport.run`,
+  core/stores/redis_resp.py: hiredis over an asyncio protocol, to where redis-py's client
+  connects), one per event loop, carrying its calls pipelined: redis-py's command path costs
+  several times what sending the command does, and a connection per call in flight costs the
+  server and the service a wake-up and a system call per command (docs/measured.md).
+- `redis-py`: redis-py's client, like everything else; also what `resp` falls back to for a
+  connection setting redis_resp.py does not carry out (a Unix socket, a credential provider).
+
+Everything else (key records, health, budgets, loading the scripts) goes through the client,
+where its response callbacks shape the replies.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+import os
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from enum import StrEnum
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -51,6 +60,26 @@ RETRIES_MAX = 2
 RETRY_BACKOFF_S_MAX = 0.05
 RETRY_BACKOFF_S_BASE = 0.01
 T = TypeVar("T")
+# The setting that picks the scripts' client when a store is not given one (ScriptClient).
+SCRIPT_CLIENT_SETTING = "CEILING_REDIS_SCRIPT_CLIENT"
+
+
+class ScriptClient(StrEnum):
+    """What the ledger's scripts go out on; see the module docstring."""
+
+    RESP = "resp"
+    REDIS_PY = "redis-py"
+
+
+def script_client(environ: Mapping[str, str] = os.environ) -> ScriptClient:
+    """The client SCRIPT_CLIENT_SETTING names (resp when it is unset); InvariantBroken for any
+    other value, as for any other argument a store is built with that it cannot carry out."""
+    given = environ.get(SCRIPT_CLIENT_SETTING, "").strip().lower()
+    try:
+        return ScriptClient(given or ScriptClient.RESP)
+    except ValueError:
+        raise InvariantBroken(f"{SCRIPT_CLIENT_SETTING} must be one of "
+                              f"{', '.join(ScriptClient)}, not {given!r}") from None
 
 
 class ConnectionTornDown(rex.ConnectionError):
@@ -137,15 +166,17 @@ class RedisTransport:
     backend = "redis"
 
     def __init__(self, client: Redis, *, call_timeout_s: float = LEDGER_CALL_TIMEOUT_S,
-                 functions: bool = True) -> None:
+                 functions: bool = True, scripts_on: ScriptClient | None = None) -> None:
         self._client = client
         self._call_timeout_s = call_timeout_s
         # Whether to call the library's functions: a server without them (before Redis 7.0)
         # says so at the first call, and each call then runs as a script of its own.
         self._functions = functions
         # The scripts' connection (core/stores/redis_resp.py), to where the client connects;
-        # None: a setting only the client carries out, and the scripts go through it.
-        self._endpoint = Endpoint.of(client)
+        # None: the scripts go through the client, as chosen or for a setting only it carries
+        # out.
+        self.scripts_on = scripts_on or script_client()
+        self._endpoint = Endpoint.of(client) if self.scripts_on is ScriptClient.RESP else None
         # Made per event loop, as is the lock that lets one call at a time open it: a serverless
         # runtime may run each invocation on a loop of its own.
         self._connection: RespConnection | None = None
@@ -311,10 +342,13 @@ class RedisStore(ScriptedStore):
     def __init__(
         self, url: str, *, clock: Clock | None = None,
         call_timeout_s: float = LEDGER_CALL_TIMEOUT_S, functions: bool = True,
-        wait_replicas: int = 0, wait_timeout_ms: int = 0,
+        wait_replicas: int = 0, wait_timeout_ms: int = 0, scripts_on: ScriptClient | None = None,
     ) -> None:
+        """`scripts_on`: the scripts' client (ScriptClient); None: the one the environment
+        names (script_client)."""
         transport = RedisTransport(redis_client(url, call_timeout_s),
-                                   call_timeout_s=call_timeout_s, functions=functions)
+                                   call_timeout_s=call_timeout_s, functions=functions,
+                                   scripts_on=scripts_on)
 
         async def acknowledging(script: Script, keys: Sequence[str], args: Sequence[str]
                                 ) -> tuple[Any, bool]:
