@@ -189,50 +189,59 @@ class RedisTransport:
         # redis-py's Script object does, without its per-call import and its isinstance()
         # through typing.Protocol. What translated() does, written out: every call of the
         # gateway runs two scripts, and a context manager made of a generator costs each of
-        # them a generator and its steps.
+        # them a generator and its steps. The whole of it, retries included, is bounded by one
+        # instant (`deadline_s`), which the scripts' connection watches without a timer of
+        # the call's own (core/stores/redis_resp.py).
+        deadline_s = asyncio.get_running_loop().time() + self._call_timeout_s
         try:
-            async with asyncio.timeout(self._call_timeout_s):
-                if self._functions and script.function:
-                    command: Command = ("FCALL", script.function, len(keys), *keys, *args)
-                    try:
-                        return await self._send(command)
-                    except rex.ResponseError as exc:
-                        if function_missing(str(exc)):
-                            await self._load_library()
-                            return await self._send(command)
-                        if not functions_unknown(str(exc)):
-                            raise
-                        self._functions = False
-                command = ("EVALSHA", script.sha1, len(keys), *keys, *args)
+            if self._functions and script.function:
+                command: Command = ("FCALL", script.function, len(keys), *keys, *args)
                 try:
-                    return await self._send(command)
-                except rex.NoScriptError:
+                    return await self._send(command, deadline_s)
+                except rex.ResponseError as exc:
+                    if function_missing(str(exc)):
+                        async with asyncio.timeout_at(deadline_s):
+                            await self._load_library()
+                        return await self._send(command, deadline_s)
+                    if not functions_unknown(str(exc)):
+                        raise
+                    self._functions = False
+            command = ("EVALSHA", script.sha1, len(keys), *keys, *args)
+            try:
+                return await self._send(command, deadline_s)
+            except rex.NoScriptError:
+                async with asyncio.timeout_at(deadline_s):
                     await client_call(self._client.script_load(script.source))
-                    return await self._send(command)
+                return await self._send(command, deadline_s)
         except CLIENT_ERRORS as exc:
             raise translate(exc) from exc
 
-    async def _send(self, command: Command) -> Any:
+    async def _send(self, command: Command, deadline_s: float) -> Any:
         """One command on the scripts' connection, and its reply (an error reply raised as
-        redis-py's exception for it). A call whose connection breaks is retried on a fresh one,
-        RETRIES_MAX times: every script is safe to run twice."""
+        redis-py's exception for it), by `deadline_s` (TimeoutError after it). A call whose
+        connection breaks is retried on a fresh one, RETRIES_MAX times: every script is safe
+        to run twice."""
         if self._endpoint is None:
-            return await client_call(
-                self._client.execute_command(*command))  # type: ignore[no-untyped-call]
+            async with asyncio.timeout_at(deadline_s):
+                return await client_call(
+                    self._client.execute_command(*command))  # type: ignore[no-untyped-call]
         packed = pack(command)
+        loop = asyncio.get_running_loop()
         for attempt in range(RETRIES_MAX + 1):
             try:
-                return await (await self._connected()).call(packed)
+                return await (await self._connected(deadline_s)).call(packed, deadline_s)
             except rex.AuthenticationError:
                 raise  # a refused password is refused again on a fresh connection
             except (rex.ConnectionError, rex.TimeoutError, OSError):
-                if attempt == RETRIES_MAX:
+                # TimeoutError is an OSError: past the deadline, nothing is retried.
+                if attempt == RETRIES_MAX or loop.time() >= deadline_s:
                     raise
             await asyncio.sleep(min(RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_BASE * 2**attempt))
         raise InvariantBroken("the retry loop returns or raises")
 
-    async def _connected(self) -> RespConnection:
-        """This loop's connection for the scripts, opened if it is not open (or broke)."""
+    async def _connected(self, deadline_s: float) -> RespConnection:
+        """This loop's connection for the scripts, opened by `deadline_s` if it is not open (or
+        broke)."""
         assert self._endpoint is not None
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
@@ -240,7 +249,7 @@ class RedisTransport:
         connection = self._connection
         if connection is not None and connection.usable:
             return connection
-        async with self._connecting:
+        async with asyncio.timeout_at(deadline_s), self._connecting:
             # Calls that waited here take the connection the first of them opened.
             if self._connection is None or not self._connection.usable:
                 self._connection = await self._endpoint.connect()
@@ -277,7 +286,8 @@ class RedisTransport:
             if self._endpoint is None:
                 return await self._pipelined_acknowledged(script, keys, args, replicas,
                                                           timeout_ms)
-            connection = await self._connected()
+            connection = await self._connected(
+                asyncio.get_running_loop().time() + self._call_timeout_s)
         reply = await self.run(script, keys, args)
         with translated():
             async with asyncio.timeout(self._call_timeout_s + timeout_ms / 1000):

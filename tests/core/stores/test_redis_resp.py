@@ -222,6 +222,41 @@ async def test_a_reply_that_came_too_late_is_never_read_as_the_next_ones(
     await asyncio.sleep(0.4)
 
 
+async def test_a_call_past_its_deadline_times_out_and_breaks_the_connection(
+    connection: RespConnection, raw: aioredis.Redis
+) -> None:
+    loop = asyncio.get_running_loop()
+    assert await connection.call(pack(("ECHO", "first")), loop.time() + 1) == "first"
+    await raw.execute_command("CLIENT", "PAUSE", "300", "ALL")  # type: ignore[no-untyped-call]
+    started_s = loop.time()
+    late = asyncio.ensure_future(connection.call(pack(("ECHO", "late")), started_s + 0.05))
+    patient = asyncio.ensure_future(connection.call(pack(("ECHO", "patient")), started_s + 5))
+    with pytest.raises(TimeoutError):
+        await late
+    assert loop.time() - started_s < 0.25  # by its own deadline, not the pause's end
+    # The other call's reply could be taken for the late one's: it fails, to be retried.
+    with pytest.raises(rex.ConnectionError):
+        await patient
+    assert not connection.usable
+    await asyncio.sleep(0.4)
+
+
+async def test_calls_answered_in_time_leave_one_watch_for_the_earliest_still_waiting(
+    connection: RespConnection,
+) -> None:
+    loop = asyncio.get_running_loop()
+    first = loop.time() + 30
+    replies = await asyncio.gather(*(connection.call(pack(("ECHO", str(i))), first + i)
+                                     for i in range(5)))
+    assert replies == [str(i) for i in range(5)]
+    # One timer, armed once by the first call; it fails nobody once it fires.
+    assert connection._watch is not None
+    assert connection._watch_at_s == first
+    connection._overdue()
+    assert connection.usable
+    assert connection._watch is None
+
+
 async def test_a_call_timed_out_on_the_transport_leaves_the_next_call_its_own_reply(
     redis_server: RedisServer, raw: aioredis.Redis, tag: str
 ) -> None:
@@ -350,9 +385,9 @@ async def test_the_scripts_keep_the_ledger_alike_on_either_client(
     sent_on_resp: list[int] = []
     original = RespConnection.call
 
-    async def counted(self: RespConnection, packed: bytes) -> Any:
+    async def counted(self: RespConnection, packed: bytes, *rest: float) -> Any:
         sent_on_resp.append(1)
-        return await original(self, packed)
+        return await original(self, packed, *rest)
 
     monkeypatch.setattr(RespConnection, "call", counted)
     clock = ManualClock()
