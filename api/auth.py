@@ -27,10 +27,18 @@ async def authenticated(
     valid key, then a key without the role (None: either role will do). With `x_api_key` the key
     may come as Anthropic's clients send theirs, in `x-api-key`, when no bearer key is given."""
     svc = runtime().enforcing()
-    headers = request.headers
-    key = bearer(headers.get("authorization"))
+    # The headers by name, the first of each, as Starlette's Headers.get reads them (names as
+    # the ASGI server gives them: lower case). One dict, made in C: Headers.get scans every
+    # header for each name, and raises and catches a KeyError for each one the request lacks,
+    # which most requests do for the run and the end user.
+    headers: dict[bytes, bytes] = dict(reversed(request.scope["headers"]))
+    key = bearer(_text(headers.get(b"authorization")))
     if key is None and x_api_key:
-        key = headers.get("x-api-key")
-    who = await svc.authenticate(key, headers.get("x-ceiling-run-id"), role,
-                                 headers.get("x-ceiling-user"))
+        key = _text(headers.get(b"x-api-key"))
+    who = await svc.authenticate(key, _text(headers.get(b"x-ceiling-run-id")), role,
+                                 _text(headers.get(b"x-ceiling-user")))
     return svc, who
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")  # as Starlette decodes headers
