@@ -8,13 +8,14 @@ schema describes it with its real headers and request body, for clients and for 
 The copy never runs its endpoint: HotRouter matches the route's path and method first, and
 FastAPI sees only the other methods on that path, which the copy answers with a 405.
 
-Every route a caller's traffic reaches is written so: reserve, settle, release, the caller's
-budgets, the gateway's calls and the monitors' health checks, nearly all of the traffic.
-FastAPI's request handling (dependency solving, a per-request exit stack) costs more CPU per
-call than the ledger round trip (bench/http.py prints both). The operators' surface (admin,
-alerts, metrics, reconciliation, the dashboard) is still FastAPI's routes with `Depends`:
-FastAPI documents their query parameters and bodies from their signatures, and is built only
-when the first of them is called (api/app.py); a new route of a caller's is a HotRoute.
+Every route a key holder or a monitor calls is written so: reserve, settle, release, the
+caller's budgets and spend series, the gateway's calls, health and metrics, nearly all of the
+traffic. FastAPI's request handling (dependency solving, a per-request exit stack) costs more
+CPU per call than the ledger round trip (bench/http.py prints both). The operators' surface
+behind the admin token (admin, alerts, reconciliation, the dashboard) is still FastAPI's routes
+with `Depends`: FastAPI documents their query parameters and bodies from their signatures (the
+schema's components, which clients read), and is built only when the first of them is called
+(api/app.py). A new route for key holders or monitors is a HotRoute.
 
 The gateway's routes are made from its wire formats (core/formats), one each (format_route).
 """
@@ -51,7 +52,8 @@ HEADERS_COMMON = ("Authorization", "X-Ceiling-Run-Id", "X-Ceiling-User")
 # What the service accepts in each header it reads (core/service.py checks the ids).
 HEADER_SCHEMAS: dict[str, dict[str, Any]] = {
     "Authorization": {"type": "string",
-                      "description": "Bearer <api key> (on health: the admin token, optional)"},
+                      "description": "Bearer <api key> (on health: the admin token, optional; "
+                                     "on metrics: the metrics or the admin token)"},
     "X-Ceiling-Run-Id": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"},
     "X-Ceiling-User": {"type": "string", "pattern": "^[A-Za-z0-9._:@-]{1,128}$",
                        "description": "the call's end user, held to its budget's per_user limits"},
