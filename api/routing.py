@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.exceptions import ExceptionMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Router, compile_path
 from starlette.types import ASGIApp, ExceptionHandler, Lifespan, Receive, Scope, Send
@@ -139,6 +139,31 @@ def format_route(wire: WireFormat, serve: FormatEndpoint, *, headers: tuple[str,
     endpoint.__name__ = endpoint.__qualname__ = wire.name
     return HotRoute(wire.route, endpoint, body=body, headers=(*wire.headers, *headers),
                     middleware=middleware)
+
+
+async def body_of(request: Request) -> bytes:
+    """The request's body, read from its stream once (what Request.body() returns, and like it
+    ClientDisconnect if the client went away), without the async generator Request.stream()
+    makes and steps through for every request: a hot route reads its body once."""
+    chunks: list[bytes] = []
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.request":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        elif message["type"] == "http.disconnect":
+            raise ClientDisconnect
+
+
+def header_of(request: Request, name: bytes) -> str | None:
+    """The first `name` header (lower case, as ASGI names them) of the request, as
+    Request.headers.get gives it, without its KeyError for a header the request lacks."""
+    headers: list[tuple[bytes, bytes]] = request.scope["headers"]
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
 
 
 # An exception mapping as Starlette keeps one in a request's scope: by exception class, and for

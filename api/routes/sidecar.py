@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse
 from api.auth import authenticated as authenticated  # api/routes/gateway.py imports it here
 from api.errors import InvalidBody
 from api.models import ReserveBody, SettleBody
-from api.routing import HotRoute
+from api.routing import HotRoute, body_of, header_of
 from api.runtime import runtime
 from api.views import leg_json, reservation_json, settlement_json, user_headers
 from core import spend
@@ -29,7 +29,7 @@ USAGE_QUERY = frozenset({"hours"})
 
 
 async def parsed(model: type[B], request: Request) -> B:
-    raw = await request.body()
+    raw = await body_of(request)
     check_depth(raw)  # the gateway's limit, on every route
     try:
         return model.model_validate_json(raw)
@@ -40,7 +40,7 @@ async def parsed(model: type[B], request: Request) -> B:
 async def reserve(request: Request) -> JSONResponse:
     svc, who = await authenticated(request, Role.SIDECAR)
     body = await parsed(ReserveBody, request)
-    r = await svc.reserve(who, body.spec(), request.headers.get("idempotency-key"))
+    r = await svc.reserve(who, body.spec(), header_of(request, b"idempotency-key"))
     return JSONResponse(reservation_json(r), status_code=200 if r.replayed else 201,
                         headers=user_headers(who, r.legs))
 
