@@ -229,7 +229,12 @@ class RedisTransport:
         loop = asyncio.get_running_loop()
         for attempt in range(RETRIES_MAX + 1):
             try:
-                return await (await self._connected(deadline_s)).call(packed, deadline_s)
+                # This loop's open connection, else one opened (`_connected`, a coroutine that
+                # every call would otherwise make and step).
+                connection = self._connection
+                if connection is None or self._loop is not loop or not connection.usable:
+                    connection = await self._connected(deadline_s)
+                return await connection.call(packed, deadline_s)
             except rex.AuthenticationError:
                 raise  # a refused password is refused again on a fresh connection
             except (rex.ConnectionError, rex.TimeoutError, OSError):

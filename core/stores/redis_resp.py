@@ -225,7 +225,8 @@ class RespConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         waiting = loop.create_future()
         self._waiting.append((waiting, deadline_s))
-        self._arm(loop, deadline_s)
+        if deadline_s < self._watch_at_s:  # else the watch fires before this call's bound
+            self._arm(loop, deadline_s)
         if not self._unsent:
             # Runs once the loop's callbacks ready now have run, and sent what they sent.
             loop.call_soon(self._flush)
