@@ -241,7 +241,9 @@ class RedisTransport:
                 # TimeoutError is an OSError: past the deadline, nothing is retried.
                 if attempt == RETRIES_MAX or loop.time() >= deadline_s:
                     raise
-            await asyncio.sleep(min(RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_BASE * 2**attempt))
+            # Never past the deadline: the next attempt then fails at once, as TimeoutError.
+            await asyncio.sleep(min(RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_BASE * 2**attempt,
+                                    max(0.0, deadline_s - loop.time())))
         raise InvariantBroken("the retry loop returns or raises")
 
     async def _connected(self, deadline_s: float) -> RespConnection:
