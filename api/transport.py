@@ -239,12 +239,19 @@ class AiohttpStream(httpx.AsyncByteStream):
         self._response = response
         self._request = request
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        # Its own iterator, read once: an async generator over aiohttp's iter_any() made two
+        # iterators and a generator's steps for every answer.
+        return self
+
+    async def __anext__(self) -> bytes:
         try:
-            async for chunk in self._response.content.iter_any():
-                yield chunk
+            chunk = await self._response.content.readany()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise unanswered(exc, self._request) from exc
+        if not chunk:  # readany's end of the body
+            raise StopAsyncIteration
+        return chunk
 
     def unencoded(self) -> bool:
         """Whether the body has no content-encoding: its chunks, as they come, are then the
