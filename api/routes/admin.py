@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse
 
 from api.admin_models import BudgetBody, CorrectionBody, KeyBody, RotateBody
-from api.routes.sidecar import bearer
+from api.auth import bearer
 from api.runtime import admin_token, is_admin_token, runtime
 from api.views import correction_json, leg_json, stored_reservation_json, users_json
 from core.budget_json import budget_json

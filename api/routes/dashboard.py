@@ -24,7 +24,7 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from api.routes.sidecar import bearer
+from api.auth import bearer
 from api.runtime import admin_token, is_admin_token, runtime
 from api.views import made_by
 from core import spend
