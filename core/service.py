@@ -216,7 +216,8 @@ def _fingerprint(model: str, spec: CallSpec, ttl_ms: int, run_id: str | None,
     words: list[object] = [model, spec.input_tokens, spec.messages, spec.output_tokens_max,
                            spec.choices, spec.amount_micros, ttl_ms, run_id]
     if spec.media is not NO_MEDIA or spec.service_tier is not None or user is not None:
-        # Only then: a text-only call keeps the fingerprint it had before these existed.
+        # Only then: a text-only call's fingerprint stays the one its open records carry, so a
+        # replay served by another instance of another version still matches it.
         words += [spec.media, spec.service_tier]
     if user is not None:
         words.append(user)
