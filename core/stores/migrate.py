@@ -5,7 +5,9 @@ LEDGER_FORMAT_VERSION; core/stores/scripted_core.py), so what earlier formats wr
 and nowhere else. From format 1, or a ledger no version stamped (which format 1 read as its own):
 - Definitions: one that used a week, a rate or per-user limits carried its ledger id with
   DEFINITION_SUFFIX_V1 after it, for the scripts before those limits to refuse it; it gets the
-  plain ledger id, the only one the scripts now read (lua/migrate_definitions.lua).
+  plain ledger id, the only one the scripts now read; one put before alerts gets the alert
+  fields every definition now holds, with the thresholds such a one alerted on
+  (lua/migrate_definitions.lua).
 - Keys of the layout before records were by id (the key's fields under its current secret's
   hash, api_key_id and api_key_previous pointing there) become their record
   (lua/key_put.lua): the roles of a key from before roles (ROLES_BEFORE_ROLES) if the entry has
@@ -35,6 +37,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from core.alerts import AlertConfig
 from core.budgets import BudgetId
 from core.errors import InvalidRequest, LedgerUnavailable, ensure
 from core.ledger import Role, tag_digest, tag_digest_of
@@ -171,7 +174,8 @@ class _Migrator:
             for at in range(0, len(names), DEFINITIONS_PER_CALL_MAX):
                 rewritten += int(await self._t.run(
                     script("migrate_definitions"), names[at:at + DEFINITIONS_PER_CALL_MAX],
-                    [self._ledger_id, DEFINITION_SUFFIX_V1, "1" if self._write else "0"]))
+                    [self._ledger_id, DEFINITION_SUFFIX_V1, "1" if self._write else "0",
+                     AlertConfig().thresholds_ledger_form]))
         return rewritten
 
     async def untagged_reservations(self) -> int:
