@@ -88,5 +88,3 @@ class CorrectionBody(Strict):
 
     actual_micros: int
     reason: str
-    # Only for an id minted before ids named their budget's tag (core/ledger.py tag_digest).
-    budget_id: str | None = None

@@ -190,15 +190,11 @@ def cli_operator() -> str:
         return "cli"
 
 
-def _budget_arg(args: argparse.Namespace) -> BudgetId | None:
-    return None if args.budget_id is None else BudgetId.parse(args.budget_id)
-
-
 def reservations_settle(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
         by = cli_operator()
         settled = await runtime().operations().correct(args.reservation_id, args.actual,
-                                                    args.reason, by, _budget_arg(args))
+                                                    args.reason, by)
         return correction_json(args.reservation_id, settled, by)
 
     return _run(work)
@@ -206,8 +202,7 @@ def reservations_settle(args: argparse.Namespace) -> int:
 
 def reservations_show(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
-        return stored_reservation_json(
-            await service.inspect(args.reservation_id, _budget_arg(args)))
+        return stored_reservation_json(await service.inspect(args.reservation_id))
 
     return _run(work)
 
@@ -464,12 +459,9 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("--actual", type=_amount, required=True,
                     help="what the provider billed for the call: micro-dollars or $1.00")
     rs.add_argument("--reason", required=True, help="why, recorded on the reservation")
-    rs.add_argument("--budget-id", default=None,
-                    help="the key's budget, for an id made before ids named their budget")
     rs.set_defaults(func=reservations_settle)
     rw = r.add_parser("show", help="a reservation as stored, with its correction")
     rw.add_argument("reservation_id")
-    rw.add_argument("--budget-id", default=None)
     rw.set_defaults(func=reservations_show)
     rc = sub.add_parser("reconcile", help="compare the ledger's gateway spend per UTC day with "
                         "a provider's cost report; exit 0 within the tolerance, 3 beyond it")

@@ -68,10 +68,6 @@ class Role(StrEnum):
 # A key made without roles gets the gateway's: the one role whose charges the key holder cannot
 # report for itself.
 ROLES_DEFAULT = frozenset({Role.GATEWAY})
-# A key record stored before keys had roles could do both; it keeps both. The sidecar role no
-# longer reaches the gateway's reservations (GATEWAY_OWNER_PREFIX), so this grants nothing that
-# lowers what a gateway call is charged, and it keeps deployed sidecar integrations working.
-ROLES_OF_KEYS_BEFORE_ROLES = frozenset({Role.GATEWAY, Role.SIDECAR})
 
 
 @lru_cache(maxsize=TAG_DIGEST_CACHE_MAX)
@@ -86,7 +82,8 @@ def mint_reservation_id(tag: str, unique_hex: str) -> str:
 
 
 def tag_digest_of(reservation_id: str) -> str | None:
-    """The tag digest an id was minted with; None for an id minted before ids carried one."""
+    """The tag digest an id was minted with (mint_reservation_id); None for an id of another
+    shape, which names no tag."""
     found = _MINTED_ID.fullmatch(reservation_id)
     return found.group(1) if found else None
 

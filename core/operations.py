@@ -60,7 +60,7 @@ BILL_FORMAT = "spend-ceiling/bill/1"
 # a change can be looked up for as long as the spend it affected can.
 AUDIT_RETENTION_MS = 400 * 24 * 3_600_000
 # A list answers this many items unless asked for fewer, and never more than the maximum: one
-# page is one bounded read of the ledger (a key's row takes three commands).
+# page is one bounded read of the ledger (a key's row takes one command).
 PAGE_SIZE_DEFAULT = 100
 PAGE_SIZE_MAX = 1_000
 # A rotated key's previous secret keeps working this long by default, and at most the maximum:
@@ -379,9 +379,8 @@ class Operations:
     # -- corrections -------------------------------------------------------------------------
 
     async def correct(self, reservation_id: str, actual_micros: object, reason: object,
-                      by: str, budget_id: BudgetId | None = None) -> Any:
-        settled = await self.service.correct(reservation_id, actual_micros, reason, by,
-                                             budget_id)
+                      by: str) -> Any:
+        settled = await self.service.correct(reservation_id, actual_micros, reason, by)
         await self.audit(by, "reservation.correct", reservation_id,
                          actual_micros=actual_micros, reason=reason)
         return settled

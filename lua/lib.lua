@@ -291,9 +291,6 @@ end
 -- step reads nothing more unless its spend moved a whole percent of a ceiling or its tag has a
 -- velocity alarm; an event is written only on a crossing.
 
--- Thresholds of a definition that names none.
-local ALERT_THRESHOLDS_DEFAULT = '50 80 100'
-
 -- One event into the tag's outbox: a hash under its id, which delivery reads; the id in the
 -- outbox (by when to try it next) and in the alert log (by when it happened). `fields`: what the
 -- event is about, name and value in turn (core/alerts.py EVENT_FIELDS).
@@ -354,7 +351,8 @@ local function alert_thresholds(prefix, budget_id, window_key, ceiling_text, aft
   end
   local stored = redis.call('HGET', prefix .. DEFINITION_KEY .. budget_id, 'alert_thresholds_pct')
   local ck = prefix .. COUNTER_KEY .. budget_id .. '|' .. window_key
-  for pct in string.gmatch(stored or ALERT_THRESHOLDS_DEFAULT, '%d+') do
+  -- Every definition holds its thresholds ('' for none); one deleted since it was read holds none.
+  for pct in string.gmatch(stored or '', '%d+') do
     local at = threshold_micros(ceiling, tonumber(pct))
     if before < at and after >= at and redis.call('HSETNX', ck, 'alerted:' .. pct, '1') == 1 then
       now = now or ledger_now(nil)

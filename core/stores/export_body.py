@@ -46,7 +46,6 @@ from core.budget_json import budget_json, definition_of_json
 from core.budgets import RUN_SCOPE_KIND, USER_SCOPE_KIND, BudgetDef, BudgetId, check_user
 from core.errors import InvalidRequest
 from core.ledger import (
-    ROLES_OF_KEYS_BEFORE_ROLES,
     ExpirePolicy,
     ReservationState,
     Role,
@@ -57,7 +56,8 @@ from core.limits import CEILING_MICROS_MAX, INT_EXACT_MAX
 from core.stores import keys, wire
 from core.stores.scripted_catalogue import definition_fields
 
-# Any id a store was given (keys made before ids were minted, or by a test) survives an export.
+# Any key id a ledger holds survives an export, not only the shape core/service.py mints: a
+# migrated key keeps the id it was made with, and a test names its own.
 _STORED_KEY_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _KEY_HASH = re.compile(r"[0-9A-Za-z]{1,128}")  # a SHA-256 in hex, as core.service makes them
 # A window key as core/budgets.py makes them: no separator of the key layout.
@@ -115,14 +115,12 @@ def reservation_entry(reservation_id: str, record: wire.StoredRecord) -> dict[st
 def key_entry(fields: Mapping[str, str]) -> dict[str, Any]:
     """A key's record (lua/key_put.lua's fields): its secrets' hashes, never a secret."""
     previous = fields.get("previous_key_hash") or None
-    # A key of the layout before records were by id: no roles, its run ceiling as 'run'.
-    roles = fields["roles"].split(",") if "roles" in fields else ROLES_OF_KEYS_BEFORE_ROLES
     return {"key_id": fields["key_id"], "budget_id": fields["budget_id"],
-            "roles": sorted(roles), "key_hash": fields["key_hash"],
+            "roles": sorted(fields["roles"].split(",")), "key_hash": fields["key_hash"],
             "previous_key_hash": previous,
             "previous_secret_valid_until_ms":
                 _number(fields.get("grace_ends_at_ms")) if previous else None,
-            "run_ceiling_micros": _number(fields.get("run_ceiling_micros", fields.get("run"))),
+            "run_ceiling_micros": _number(fields.get("run_ceiling_micros")),
             "created_ms": _number(fields.get("created_ms")),
             "last_used_ms": _number(fields.get("last_used_ms")),
             "rotated_at_ms": _number(fields.get("rotated_at_ms"))}

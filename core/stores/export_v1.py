@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.alerts import AlertConfig
 from core.errors import CeilingError
 from core.ledger import invalid_export
 from core.stores import wire
 from core.stores.export_body import counter_entry, key_entry, organisation, reservation_entry
+from core.stores.migrate import ROLES_BEFORE_ROLES
 from core.stores.scripted_catalogue import definition_of
 
 EXPORT_FORMAT_1 = "spend-ceiling/ledger-export/1"
@@ -53,8 +55,8 @@ def _converted(body: object) -> dict[str, Any]:
         raise invalid_export("no organisations or keys")
     orgs = []
     for org in body["organisations"]:
-        definitions = {b["budget_id"]: definition_of(b["budget_id"],
-                                                     _strings(b["fields"], "a definition"))
+        definitions = {b["budget_id"]: definition_of(
+            b["budget_id"], _definition(_strings(b["fields"], "a definition")))
                        for b in org.get("budgets", [])}
         counters = [counter_entry(c["budget_id"], c["window_key"],
                                   _strings(c["fields"], "a counter"))
@@ -67,4 +69,22 @@ def _converted(body: object) -> dict[str, Any]:
         orgs.append(organisation(org["tag"], _strings(org.get("meta", {}), "meta"),
                                  definitions, counters, reservations, users))
     return {"organisations": orgs,
-            "keys": [key_entry(_strings(k, "a key")) for k in body["keys"]]}
+            "keys": [key_entry(_key_record(_strings(k, "a key"))) for k in body["keys"]]}
+
+
+def _definition(fields: dict[str, str]) -> dict[str, str]:
+    """A /1 definition's hash as the ledger now keeps one: one put before alerts lacks the alert
+    fields, and alerts on what `ceiling ledger migrate` gives such a one."""
+    return {"alert_thresholds_pct": AlertConfig().thresholds_ledger_form,
+            wire.VELOCITY_DEFINITION_FIELD: "", **fields}
+
+
+def _key_record(fields: dict[str, str]) -> dict[str, str]:
+    """A /1 key's fields as a record (lua/key_put.lua): one of the layout before records were
+    by id may lack roles (it takes the roles `ceiling ledger migrate` gives such a key) and keep
+    its run ceiling under 'run'."""
+    record = {name: value for name, value in fields.items() if name != "run"}
+    record.setdefault("roles", ROLES_BEFORE_ROLES)
+    if "run" in fields:
+        record.setdefault("run_ceiling_micros", fields["run"])
+    return record

@@ -152,18 +152,6 @@ def api_key(key_hash: str) -> str:
     return f"sc:key:{key_hash}"
 
 
-# The layout before records were by id (a key's fields under its secret's hash, with these two
-# pointers from its id), which `ceiling ledger migrate` moves into records (core/stores/migrate.py).
-def api_key_id(key_id: str) -> str:
-    """A key of that layout: the hash of its current secret."""
-    return f"sc:keyid:{key_id}"
-
-
-def api_key_previous(key_id: str) -> str:
-    """A key of that layout: its previous secret's hash, during its grace."""
-    return f"sc:keyprev:{key_id}"
-
-
 def probe(instance_id: str) -> str:
     return f"sc:probe:{instance_id}"
 

@@ -5,9 +5,11 @@ LEDGER_FORMAT_VERSION; core/stores/scripted_core.py), so what earlier formats wr
 and nowhere else. From format 1, or a ledger no version stamped (which format 1 read as its own):
 - Definitions: one that used a week, a rate or per-user limits carried its ledger id with
   DEFINITION_SUFFIX_V1 after it, for the scripts before those limits to refuse it; it gets the
-  plain ledger id, the only one the scripts now read (lua/migrate_definitions.lua).
+  plain ledger id, the only one the scripts now read; one put before alerts gets the alert
+  fields every definition now holds, with the thresholds such a one alerted on
+  (lua/migrate_definitions.lua).
 - Keys of the layout before records were by id (the key's fields under its current secret's
-  hash, keys.api_key_id and keys.api_key_previous pointing there) become their record
+  hash, api_key_id and api_key_previous pointing there) become their record
   (lua/key_put.lua): the roles of a key from before roles (ROLES_BEFORE_ROLES) if the entry has
   none, the run ceiling from 'run' where an entry kept it under that name, the previous secret
   with what is left of its grace. Their secrets do not carry the key id, so the entries under
@@ -35,6 +37,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from core.alerts import AlertConfig
 from core.budgets import BudgetId
 from core.errors import InvalidRequest, LedgerUnavailable, ensure
 from core.ledger import Role, tag_digest, tag_digest_of
@@ -59,6 +62,19 @@ SCAN_PAGE_KEYS = 1_000
 SCAN_PAGES_MAX = 1_000_000
 
 
+
+# The pointers from a key's id in format 1's layout before records were by id (its fields under
+# its secret's hash): each names a secret's hash, and each is the migration's to move and drop.
+def api_key_id(key_id: str) -> str:
+    """The hash of the key's current secret."""
+    return f"sc:keyid:{key_id}"
+
+
+def api_key_previous(key_id: str) -> str:
+    """The hash of the key's previous secret, during its grace."""
+    return f"sc:keyprev:{key_id}"
+
+
 @dataclass(frozen=True)
 class Migration:
     """What a migration found and did (with `dry_run`, would do)."""
@@ -71,8 +87,8 @@ class Migration:
     organisations_catalogued: int = 0
     budgets_catalogued: int = 0
     keys_catalogued: int = 0
-    # Reservations under an id minted before ids named their tag: kept as they are (a caller
-    # holds the id), found by an operator only with their budget, until they expire (within
+    # Reservations under an id that names no tag: kept as they are (a caller holds the id),
+    # found by no operator route (core/service.py locate), until they expire (within
     # core/limits.py UNKNOWN_OUTCOME_RETENTION_MS).
     reservations_without_tag: int = 0
     stamped: bool = False
@@ -158,7 +174,8 @@ class _Migrator:
             for at in range(0, len(names), DEFINITIONS_PER_CALL_MAX):
                 rewritten += int(await self._t.run(
                     script("migrate_definitions"), names[at:at + DEFINITIONS_PER_CALL_MAX],
-                    [self._ledger_id, DEFINITION_SUFFIX_V1, "1" if self._write else "0"]))
+                    [self._ledger_id, DEFINITION_SUFFIX_V1, "1" if self._write else "0",
+                     AlertConfig().thresholds_ledger_form]))
         return rewritten
 
     async def untagged_reservations(self) -> int:
@@ -169,16 +186,16 @@ class _Migrator:
 
     async def keys(self) -> tuple[int, int]:
         """Keys of the layout before records were by id into records: (moved, catalogued)."""
-        pointed = {name.removeprefix(keys.api_key_id("")) for name in
-                   await self._scan(keys.api_key_id("*"))}
+        pointed = {name.removeprefix(api_key_id("")) for name in
+                   await self._scan(api_key_id("*"))}
         for member in await self._t.execute("ZRANGE", keys.KEYS_KEY, "0", "-1"):
             pointed.add(str(member).rpartition(" ")[2])
         moved = catalogued = 0
         seen = set()
         for key_id in sorted(pointed):
-            current = _text(await self._t.execute("GET", keys.api_key_id(key_id)))
+            current = _text(await self._t.execute("GET", api_key_id(key_id)))
             if current is not None:
-                previous = _text(await self._t.execute("GET", keys.api_key_previous(key_id)))
+                previous = _text(await self._t.execute("GET", api_key_previous(key_id)))
                 done = await self._move(key_id, current, previous)
                 moved, catalogued = moved + done[0], catalogued + done[1]
                 seen.add(key_id)
@@ -232,8 +249,8 @@ class _Migrator:
 
     async def _drop_pointers(self, key_id: str) -> None:
         # One DEL each: on a Redis Cluster the two are in different slots.
-        await self._t.execute("DEL", keys.api_key_id(key_id))
-        await self._t.execute("DEL", keys.api_key_previous(key_id))
+        await self._t.execute("DEL", api_key_id(key_id))
+        await self._t.execute("DEL", api_key_previous(key_id))
 
 
 async def migrate(store: object, *, dry_run: bool = False) -> Migration:

@@ -45,10 +45,9 @@ WINDOW_MS_MAX = 31 * DAY_MS
 # Pages one tag's dump may take before it is refused as runaway (a scan that never ends).
 DUMP_PAGES_MAX = 100_000
 
-KEY_FIELDS = ("key_id", "budget_id", "run_ceiling_micros", "run", "roles", "created_ms",
-              "last_used_ms", "rotated_at_ms")
-# A key's record (lua/key_put.lua): KEY_FIELDS but 'run', and the secrets it takes.
-KEY_RECORD_FIELDS = (*(f for f in KEY_FIELDS if f != "run"), "key_hash", "previous_key_hash",
+# A key's record (lua/key_put.lua): who it is, what it may do, and the secrets it takes.
+KEY_RECORD_FIELDS = ("key_id", "budget_id", "run_ceiling_micros", "roles", "created_ms",
+                     "last_used_ms", "rotated_at_ms", "key_hash", "previous_key_hash",
                      "grace_ends_at_ms")
 
 
@@ -113,33 +112,15 @@ class ScriptedCatalogue:
     async def key_info(self, key_id: str) -> KeyInfo | None:
         values = await self._t.execute("HMGET", keys.api_key_record(key_id), *KEY_RECORD_FIELDS)
         f = dict(zip(KEY_RECORD_FIELDS, values, strict=True))
-        if f["key_hash"] is not None:
-            grace_ends_at_ms = _number(f["grace_ends_at_ms"])
-            left_ms = None if grace_ends_at_ms is None or not f["previous_key_hash"] \
-                else grace_ends_at_ms - self.store.now_estimate()
-            return KeyInfo(key_id, str(f["budget_id"]), tuple(sorted(str(f["roles"]).split(","))),
-                           _number(f["run_ceiling_micros"]), _number(f["created_ms"]),
-                           _number(f["last_used_ms"]), _number(f["rotated_at_ms"]),
-                           left_ms if left_ms is not None and left_ms > 0 else None)
-        # A key of the layout before records were by id, which no rotation moved into one yet.
-        key_hash = await self._t.execute("GET", keys.api_key_id(key_id))
-        if key_hash is None:
+        if f["key_hash"] is None:
             return None
-        values = await self._t.execute("HMGET", keys.api_key(str(key_hash)), *KEY_FIELDS)
-        f = dict(zip(KEY_FIELDS, values, strict=True))
-        if f["key_id"] is None:
-            return None
-        run = f["run_ceiling_micros"] if f["run_ceiling_micros"] is not None else f["run"]
-        previous_ms = None
-        previous = await self._t.execute("GET", keys.api_key_previous(key_id))
-        if previous is not None:
-            ttl = int(await self._t.execute("PTTL", keys.api_key(str(previous))))
-            previous_ms = ttl if ttl > 0 else None
-        roles = tuple(sorted(str(f["roles"]).split(","))) if f["roles"] is not None \
-            else ("gateway", "sidecar")  # core.ledger.ROLES_OF_KEYS_BEFORE_ROLES
-        return KeyInfo(key_id, str(f["budget_id"]), roles, _number(run),
-                       _number(f["created_ms"]), _number(f["last_used_ms"]),
-                       _number(f["rotated_at_ms"]), previous_ms)
+        grace_ends_at_ms = _number(f["grace_ends_at_ms"])
+        left_ms = None if grace_ends_at_ms is None or not f["previous_key_hash"] \
+            else grace_ends_at_ms - self.store.now_estimate()
+        return KeyInfo(key_id, str(f["budget_id"]), tuple(sorted(str(f["roles"]).split(","))),
+                       _number(f["run_ceiling_micros"]), _number(f["created_ms"]),
+                       _number(f["last_used_ms"]), _number(f["rotated_at_ms"]),
+                       left_ms if left_ms is not None and left_ms > 0 else None)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -188,7 +169,6 @@ class ScriptedCatalogue:
 
     async def export_body(self) -> dict[str, Any]:
         """The body of an export (core/stores/export_body.py says what it holds)."""
-        await self._index_unlisted_keys()
         organisations = []
         for tag in await self._tags():
             dump = await self._dump_tag(tag)
@@ -228,11 +208,8 @@ class ScriptedCatalogue:
         return entries
 
     async def _tags(self) -> list[str]:
-        """Every organisation the ledger knows: the catalogue's, and the tag map's (budgets
-        put before the catalogue existed)."""
-        orgs = _pairs(await self._t.execute("HGETALL", keys.ORGS_KEY))
-        mapped = _pairs(await self._t.execute("HGETALL", keys.TAG_MAP_KEY))
-        return sorted(set(orgs) | set(mapped.values()))
+        """Every organisation the ledger knows: the catalogue's."""
+        return sorted(_pairs(await self._t.execute("HGETALL", keys.ORGS_KEY)))
 
     async def _dump_tag(self, tag: str) -> TagDump:
         """Not one snapshot (a tag's keys are read a page at a time, under load): the open
@@ -294,28 +271,6 @@ class ScriptedCatalogue:
             ensure(False, f"the dump of the users set {key} did not end")
         return tuple(members)
 
-    async def _index_unlisted_keys(self) -> int:
-        """Put keys made before the catalogue existed into it; how many. On one Redis (and
-        Upstash) a SCAN finds them; on a Cluster a SCAN sees one node, so there a key made
-        before the catalogue is listed once it is rotated or made again."""
-        if self._t.backend == "redis-cluster":
-            return 0
-        added, cursor = 0, "0"
-        for _ in range(DUMP_PAGES_MAX):
-            cursor, found = await self._t.execute(
-                "SCAN", cursor, "MATCH", keys.api_key_id("*"), "COUNT", str(DUMP_PAGE_KEYS))
-            for name in found:
-                key_id = str(name).removeprefix(keys.api_key_id(""))
-                key_hash = await self._t.execute("GET", str(name))
-                budget_id = None if key_hash is None else await self._t.execute(
-                    "HGET", keys.api_key(str(key_hash)), "budget_id")
-                if budget_id is not None:
-                    added += int(await self._t.execute(
-                        "ZADD", keys.KEYS_KEY, "NX", "0", f"{budget_id} {key_id}"))
-            if str(cursor) == "0":
-                break
-        return added
-
     async def _key_records(self) -> list[dict[str, str]]:
         """Every indexed key's record: its secrets' hashes, never a secret."""
         members = await self._t.execute("ZRANGE", keys.KEYS_KEY, "0", "-1")
@@ -323,15 +278,8 @@ class ScriptedCatalogue:
         for member in members:
             key_id = str(member).rpartition(" ")[2]
             found = _pairs(await self._t.execute("HGETALL", keys.api_key_record(key_id)))
-            if "key_hash" in found:
+            if "key_hash" in found:  # one revoked since the index was read holds no secret
                 out.append(found)
-                continue
-            key_hash = await self._t.execute("GET", keys.api_key_id(key_id))
-            if key_hash is None:
-                continue
-            record = _pairs(await self._t.execute("HGETALL", keys.api_key(str(key_hash))))
-            if record:
-                out.append({**record, "key_hash": str(key_hash)})
         return out
 
     # -- restore -----------------------------------------------------------------------------

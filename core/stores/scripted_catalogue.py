@@ -167,7 +167,8 @@ def definition_of(budget_id: str, fields: Mapping[str, str]) -> BudgetDef:
     paused = "paused" in fields
     return BudgetDef.from_ledger(
         BudgetId(budget_id), limits, fields["timezone"], int(fields["outage_allowance_micros"]),
-        config_from_ledger(fields.get("alert_thresholds_pct"), fields.get("alert_velocity")),
+        config_from_ledger(fields["alert_thresholds_pct"],
+                           fields[wire.VELOCITY_DEFINITION_FIELD]),
         int(fields.get("paused_at_ms") or 0) if paused else None,
         wire.rate_of(fields.get("rate")), wire.per_user_of(fields.get("per_user")),
         fields.get(wire.CLAMP_DEFINITION_FIELD) == "1")

@@ -245,6 +245,25 @@ async def test_an_unstamped_ledger_is_migrated_as_format_1(
     assert_as_before(await reads(server, raw))
 
 
+async def test_a_definition_put_before_alerts_gets_the_alert_fields_it_alerted_on(
+    server: RedisServer, raw: aioredis.Redis
+) -> None:
+    await load(raw)
+    before_alerts = keys.definition("org:acme", "org:acme/team:runs")
+    assert await raw.hget(before_alerts, "alert_thresholds_pct") == "50 80 100"
+    await raw.hdel(before_alerts, "alert_thresholds_pct", "alert_velocity")
+    none = keys.definition("org:paris", "org:paris")
+    await raw.hset(none, "alert_thresholds_pct", "")  # alerts on nothing: stays so
+    done = await migrate(server)
+    assert done["definitions_rewritten"] == 3 + 1
+    assert await raw.hmget(before_alerts, "alert_thresholds_pct", "alert_velocity") == [
+        "50 80 100", ""]
+    assert await raw.hget(none, "alert_thresholds_pct") == ""
+    assert (await migrate(server))["definitions_rewritten"] == 0
+    await raw.hset(none, "alert_thresholds_pct", "25 100")
+    assert_as_before(await reads(server, raw))
+
+
 async def test_a_ledger_of_a_later_format_is_neither_read_nor_migrated(
     server: RedisServer, raw: aioredis.Redis
 ) -> None:

@@ -38,7 +38,7 @@ from core.prices import PriceTable
 from core.service import CeilingService, hash_api_key, key_id_of, new_key_id
 from core.stores import keys
 from core.stores.durability import Durability
-from core.stores.migrate import migrate
+from core.stores.migrate import api_key_id, api_key_previous, migrate
 from core.stores.operations import ScriptedCatalogue
 from core.stores.redis import RedisStore, RedisTransport, redis_client
 from core.stores.scripted import ScriptedStore
@@ -96,7 +96,7 @@ async def _hash_only_key(raw: aioredis.Redis, bid: BudgetId, roles: str = "sidec
     """A key as versions before records were by id made one (an entry under the secret's
     hash, a pointer from the id), with a secret of theirs (no key id in it): (id, secret)."""
     key_id, secret = f"key_{uuid.uuid4().hex[:16]}", f"sk-ceil-{uuid.uuid4().hex}"
-    await raw.set(keys.api_key_id(key_id), hash_api_key(secret))
+    await raw.set(api_key_id(key_id), hash_api_key(secret))
     await raw.hset(keys.api_key(hash_api_key(secret)), mapping={
         "key_id": key_id, "budget_id": bid.path, "run_ceiling_micros": "", "roles": roles,
         "created_ms": "1"})
@@ -194,11 +194,12 @@ async def test_export_then_restore_into_a_wiped_ledger(server: RedisServer) -> N
         await ops.put_budget(BudgetDef(day, (Limit(Period.DAY, 900),), "Europe/Paris"), BY)
         key = await ops.create_key(bid, None, frozenset({Role.SIDECAR}), BY)
         rotated = await ops.rotate_key(key.key_id, 600_000, BY)
-        # A key made before the catalogue existed (and before records were by id): in no
-        # index, and exported all the same.
+        # A key whose secret carries no key id, as the migration leaves one (its record, and an
+        # entry under the secret's hash that names it): exported, and taken after the restore.
         raw = aioredis.Redis.from_url(server.url, decode_responses=True)
         hash_only_id, hash_only_secret = await _hash_only_key(raw, bid)
         await raw.aclose()
+        await migrate(svc.store)
         settled = await svc.store.reserve(_request(bid, 300))
         await svc.store.settle(ReservationRef(bid.tag, settled.reservation_id, "key_owner"), 250)
         open_one = await svc.store.reserve(_request(bid, 400))
@@ -316,7 +317,7 @@ async def test_a_key_of_the_layout_before_records_migrated_is_its_record(
                 "roles": "sidecar"})
             if ttl:
                 await raw.pexpire(keys.api_key(hash_api_key(old)), ttl)
-        await raw.set(keys.api_key_previous(key_id), hash_api_key(previous), px=GRACE_MS)
+        await raw.set(api_key_previous(key_id), hash_api_key(previous), px=GRACE_MS)
         await migrate(svc.store)
         assert await _taken(svc, secret, previous, orphan) == [True, True, False]
         rotated = (await ops.rotate_key(key_id, GRACE_MS, BY))["api_key"]
@@ -324,7 +325,7 @@ async def test_a_key_of_the_layout_before_records_migrated_is_its_record(
         # The record decides now: the new secret, the one it replaced for the grace; the one
         # before that is taken no more (one previous secret at a time), nor is the orphan.
         assert await _taken(svc, rotated, secret, previous, orphan) == [True, True, False, False]
-        assert await raw.exists(keys.api_key_id(key_id), keys.api_key_previous(key_id)) == 0
+        assert await raw.exists(api_key_id(key_id), api_key_previous(key_id)) == 0
         assert await raw.hget(keys.api_key(hash_api_key(secret)), "index_only") == "1"
         listed = (await ops.keys(bid.path, None)).items
         assert [(k["key_id"], k["roles"], k["created_ms"]) for k in listed] == [

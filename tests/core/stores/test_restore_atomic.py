@@ -25,6 +25,7 @@ from core.operations import Operations, checksum
 from core.prices import PriceTable
 from core.service import CeilingService
 from core.stores import keys, wire
+from core.stores.export_v1 import body_of_format_1
 from core.stores.memory import MemoryStore
 from core.stores.operations import ScriptedCatalogue
 from core.stores.scripted_catalogue import definition_fields, definition_of
@@ -311,6 +312,19 @@ async def test_an_export_of_format_1_restores_as_the_code_that_wrote_it_restored
     now = _json(await _held(store))
     assert now.pop(keys.LEDGER_FORMAT_KEY) == str(wire.LEDGER_FORMAT_VERSION)
     assert now == then
+
+
+def test_a_format_1_key_without_roles_or_with_run_reads_as_the_migration_reads_it() -> None:
+    """A /1 key of the layout before records were by id: the roles and run ceiling
+    `ceiling ledger migrate` gives such a key in a ledger."""
+    body = json.loads(FORMAT_1.read_text())["body"]
+    key = body["keys"][0]
+    ceiling = key.pop("run_ceiling_micros") or "700"
+    key.pop("roles")
+    key["run"] = ceiling
+    read = body_of_format_1(body)["keys"][0]
+    assert (read["roles"], read["run_ceiling_micros"]) == (["gateway", "sidecar"], int(ceiling))
+    assert "run" not in read
 
 
 async def _round(document: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
