@@ -151,22 +151,16 @@ async def revoke_key(key_id: str, by: Operator, ops: Ops) -> JSONResponse:
     return JSONResponse({"key_id": key_id, "revoked": True})
 
 
-def _budget(budget_id: str | None) -> BudgetId | None:
-    return None if budget_id is None else BudgetId.parse(budget_id)
-
-
 @router.post("/reservations/{reservation_id}/settle")
 async def correct_reservation(reservation_id: str, body: CorrectionBody, by: Operator,
                               ops: Ops) -> JSONResponse:
     """Settle a reservation no API key may settle (a gateway call of unknown outcome) from the
     provider's bill: allowed while it is open or after it expired as `unknown`."""
-    settled = await ops.correct(reservation_id, body.actual_micros, body.reason, by,
-                                _budget(body.budget_id))
+    settled = await ops.correct(reservation_id, body.actual_micros, body.reason, by)
     return JSONResponse(correction_json(reservation_id, settled, by))
 
 
 @router.get("/reservations/{reservation_id}")
-async def show_reservation(reservation_id: str, _: Admin, svc: Service,
-                           budget_id: str | None = None) -> JSONResponse:
-    view = await svc.inspect(reservation_id, _budget(budget_id))
+async def show_reservation(reservation_id: str, _: Admin, svc: Service) -> JSONResponse:
+    view = await svc.inspect(reservation_id)
     return JSONResponse(stored_reservation_json(view))
