@@ -87,20 +87,19 @@ MIDDLEWARE: tuple[Middleware, ...] = (Middleware(BodyLimit),)
 HOT_ROUTES = (*sidecar.ROUTES, *gateway.ROUTES, *health.ROUTES, *metrics.ROUTES)
 
 
-def documented_app() -> ASGIApp:
-    """FastAPI with every route that is not hot, and a documented copy of each hot one."""
+def operators_app() -> ASGIApp:
+    """The operators' routes (admin token: admin, alerts, reconciliation, the dashboard), served
+    as the hot ones are, in front of FastAPI, which documents every route and serves the docs."""
     from fastapi import FastAPI
 
     from api.routes import admin, alerts, dashboard, reconcile
 
-    return FastAPI(
+    operators = (*admin.ROUTES, *alerts.ROUTES, *reconcile.ROUTES, *dashboard.ROUTES)
+    documented = FastAPI(
         title="spend-ceiling", version=VERSION, exception_handlers=errors.fastapi_handlers(),
-        # Given as routes, not through include_router(): FastAPI matches an included router
-        # through a layer of its own on every request.
-        routes=[*admin.router.routes, *alerts.router.routes, *dashboard.router.routes,
-                *reconcile.router.routes,
-                *(r.documented() for r in HOT_ROUTES)],
+        routes=[r.documented() for r in (*operators, *HOT_ROUTES)],
     )
+    return HotRouter(operators, documented, errors.HANDLERS)
 
 
 class OnFirstRequest:
@@ -131,7 +130,7 @@ def create_app(middleware: Sequence[Middleware] = MIDDLEWARE,
     # route; anything else (admin, dashboard, docs, a hot path with another method, a path
     # nobody serves) to FastAPI, which answers it with the same mapping, the path and root path
     # as they came.
-    app: ASGIApp = HotRouter(HOT_ROUTES, OnFirstRequest(documented_app), errors.HANDLERS,
+    app: ASGIApp = HotRouter(HOT_ROUTES, OnFirstRequest(operators_app), errors.HANDLERS,
                              lifespan)
     for cls, args, kwargs in reversed(middleware):
         app = cls(app, *args, **kwargs)
