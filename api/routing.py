@@ -1,21 +1,23 @@
 """How a route is written: the one pattern, and the one place its requests are dispatched.
 
-A route is an `async def name(request: Request) -> Response` that reads its own headers and
-body (api/auth.py for who is calling, api/routes/sidecar.py `parsed` for a body), declared once
-as a HotRoute: its path, methods, request body schema and the headers it reads. HotRouter
-serves it; FastAPI holds a documented copy of it (HotRoute.documented), so that the OpenAPI
-schema describes it with its real headers and request body, for clients and for the fuzzer.
-The copy never runs its endpoint: HotRouter matches the route's path and method first, and
-FastAPI sees only the other methods on that path, which the copy answers with a 405.
+Every route is an `async def name(request: Request) -> Response` that reads its own headers,
+query and body (api/auth.py for who is calling, `query_of` for a query parameter, `parsed` for a
+body, each refusing what does not match with the one error tree's 422 invalid_request), declared
+once as a HotRoute: its path, methods, and what it reads, for the document. HotRouter serves
+it; FastAPI holds a documented copy of it (HotRoute.documented), so that the OpenAPI schema
+describes it with its real headers, query parameters and request body, for clients and for the
+fuzzer. The copy never runs its endpoint: HotRouter matches the route's path and method first,
+and FastAPI sees only the other methods on that path, which the copy answers with a 405.
 
-Every route a key holder or a monitor calls is written so: reserve, settle, release, the
-caller's budgets and spend series, the gateway's calls, health and metrics, nearly all of the
-traffic. FastAPI's request handling (dependency solving, a per-request exit stack) costs more
-CPU per call than the ledger round trip (bench/http.py prints both). The operators' surface
-behind the admin token (admin, alerts, reconciliation, the dashboard) is still FastAPI's routes
-with `Depends`: FastAPI documents their query parameters and bodies from their signatures (the
-schema's components, which clients read), and is built only when the first of them is called
-(api/app.py). A new route for key holders or monitors is a HotRoute.
+Two sets of routes, one pattern. A key holder's or a monitor's route (reserve, settle, release,
+the caller's budgets and spend series, the gateway's calls, health and metrics: nearly all of
+the traffic) is served by the app's HotRouter, which never imports FastAPI: FastAPI's request
+handling (dependency solving, a per-request exit stack) costs more CPU per call than the ledger
+round trip (bench/http.py prints both). An operator's route, behind the admin token (admin,
+alerts, reconciliation, the dashboard; HotRoute.admin), is served by a second HotRouter built
+with FastAPI on the first request that needs either (api/app.py operators_app); its copy is
+documented as FastAPI documents a signature (HotRoute.signed), its body model one of the
+schema's components, which clients read by name.
 
 The gateway's routes are made from its wire formats (core/formats), one each (format_route).
 """
@@ -221,20 +223,17 @@ async def body_of(request: Request) -> bytes:
 
 async def parsed(model: type[B], request: Request) -> B:
     """The request's body as `model`; InvalidBody (422 invalid_request) if it is not one."""
-    raw = await body_of(request)
-    check_depth(raw)  # the gateway's limit, on every route
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        raise InvalidBody(exc.errors(include_url=False, include_context=False)) from exc
+    return _validated(model, await body_of(request))
 
 
 async def parsed_or_none(model: type[B], request: Request) -> B | None:
     """As parsed, where no body (or a JSON null) is the body's None."""
     raw = await body_of(request)
-    if raw.strip() in (b"", b"null"):
-        return None
-    check_depth(raw)
+    return None if raw.strip() in (b"", b"null") else _validated(model, raw)
+
+
+def _validated(model: type[B], raw: bytes) -> B:
+    check_depth(raw)  # the gateway's limit, on every route
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
