@@ -1,16 +1,19 @@
 """Who is calling: the key a request carries, and the caller it stands for.
 
 Every route that takes a key or a token reads it here: the sidecar's and the gateway's routes
-through `authenticated` (a key holder, checked by the service), the admin surface, health,
-metrics and the dashboard through `bearer` (the token they compare themselves)."""
+through `authenticated` (a key holder, checked by the service), the operators' routes through
+`admin` (the admin token), health, metrics and the dashboard through `bearer` (the token they
+compare themselves)."""
 
 from __future__ import annotations
 
 from starlette.requests import Request
 
-from api.runtime import runtime
+from api.routing import header_of
+from api.runtime import admin_token, is_admin_token, runtime
+from core.errors import Forbidden, Unauthorized
 from core.ledger import Role
-from core.service import Caller, CeilingService
+from core.service import Caller, CeilingService, operator_fingerprint
 
 
 def bearer(authorization: str | None) -> str | None:
@@ -18,6 +21,17 @@ def bearer(authorization: str | None) -> str | None:
     if authorization and authorization[:7].lower() == "bearer ":
         return authorization[7:].strip()
     return None
+
+
+def admin(request: Request) -> str:
+    """The operator acting, as recorded on what they change: a fingerprint of the admin token;
+    or the reason to refuse: the admin routes are closed (no token set), or this is not it."""
+    token = admin_token()
+    if not token:
+        raise Forbidden("admin routes are closed: CEILING_ADMIN_TOKEN is not set")
+    if not is_admin_token(bearer(header_of(request, b"authorization")) or ""):
+        raise Unauthorized("the admin token is required")
+    return operator_fingerprint(token)
 
 
 async def authenticated(

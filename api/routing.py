@@ -1,32 +1,37 @@
 """How a route is written: the one pattern, and the one place its requests are dispatched.
 
-A route is an `async def name(request: Request) -> Response` that reads its own headers and
-body (api/auth.py for who is calling, api/routes/sidecar.py `parsed` for a body), declared once
-as a HotRoute: its path, methods, request body schema and the headers it reads. HotRouter
-serves it; FastAPI holds a documented copy of it (HotRoute.documented), so that the OpenAPI
-schema describes it with its real headers and request body, for clients and for the fuzzer.
-The copy never runs its endpoint: HotRouter matches the route's path and method first, and
-FastAPI sees only the other methods on that path, which the copy answers with a 405.
+Every route is an `async def name(request: Request) -> Response` that reads its own headers,
+query and body (api/auth.py for who is calling, `query_of` for a query parameter, `parsed` for a
+body, each refusing what does not match with the one error tree's 422 invalid_request), declared
+once as a HotRoute: its path, methods, and what it reads, for the document. HotRouter serves
+it; FastAPI holds a documented copy of it (HotRoute.documented), so that the OpenAPI schema
+describes it with its real headers, query parameters and request body, for clients and for the
+fuzzer. The copy never runs its endpoint: HotRouter matches the route's path and method first,
+and FastAPI sees only the other methods on that path, which the copy answers with a 405.
 
-Every route a key holder or a monitor calls is written so: reserve, settle, release, the
-caller's budgets and spend series, the gateway's calls, health and metrics, nearly all of the
-traffic. FastAPI's request handling (dependency solving, a per-request exit stack) costs more
-CPU per call than the ledger round trip (bench/http.py prints both). The operators' surface
-behind the admin token (admin, alerts, reconciliation, the dashboard) is still FastAPI's routes
-with `Depends`: FastAPI documents their query parameters and bodies from their signatures (the
-schema's components, which clients read), and is built only when the first of them is called
-(api/app.py). A new route for key holders or monitors is a HotRoute.
+Two sets of routes, one pattern. A key holder's or a monitor's route (reserve, settle, release,
+the caller's budgets and spend series, the gateway's calls, health and metrics: nearly all of
+the traffic) is served by the app's HotRouter, which never imports FastAPI: FastAPI's request
+handling (dependency solving, a per-request exit stack) costs more CPU per call than the ledger
+round trip (bench/http.py prints both). An operator's route, behind the admin token (admin,
+alerts, reconciliation, the dashboard; HotRoute.admin), is served by a second HotRouter built
+with FastAPI on the first request that needs either (api/app.py operators_app); its copy is
+documented as FastAPI documents a signature (HotRoute.signed), its body model one of the
+schema's components, which clients read by name.
 
 The gateway's routes are made from its wire formats (core/formats), one each (format_route).
 """
 
 from __future__ import annotations
 
+import inspect
+import keyword
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.exceptions import ExceptionMiddleware
@@ -35,8 +40,10 @@ from starlette.responses import Response
 from starlette.routing import Router, compile_path
 from starlette.types import ASGIApp, ExceptionHandler, Lifespan, Receive, Scope, Send
 
+from api.errors import InvalidBody
 from core.formats import FORMATS, WireFormat
 from core.formats.base import Schema
+from core.jsonbody import check_depth
 from core.limits import RESERVATION_ID_LEN_MAX
 
 if TYPE_CHECKING:
@@ -65,6 +72,27 @@ HEADER_SCHEMAS: dict[str, dict[str, Any]] = {
     **{name: schema for wire in FORMATS.values() for name, schema in wire.header_schemas.items()},
 }
 _PATH_PARAM = re.compile(r"{(\w+)")
+B = TypeVar("B", bound=BaseModel)
+# How a query parameter of each kind is read: as pydantic reads a string as one.
+_ADAPTERS: dict[type, TypeAdapter[Any]] = {k: TypeAdapter(k) for k in (str, int, bool)}
+
+
+@dataclass(frozen=True)
+class Query:
+    """A query parameter a route reads (query_of parses it), as the OpenAPI document shows it."""
+
+    name: str
+    kind: type[str | int | bool] = str
+    default: str | int | bool | None = None
+
+    def parameter(self) -> inspect.Parameter:
+        from fastapi import Query as Documented
+
+        kind: Any = self.kind if self.default is not None else self.kind | None
+        # `from` is a keyword: the signature's name is another, the alias the query's.
+        name = f"{self.name}_" if keyword.iskeyword(self.name) else self.name
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=self.default,
+                                 annotation=Annotated[kind, Documented(alias=self.name)])
 
 
 @dataclass(frozen=True)
@@ -79,6 +107,14 @@ class HotRoute:
     status_code: int = 200  # the documented success
     # The route's own, inside the app's stack: e.g. its errors in another shape.
     middleware: tuple[Middleware, ...] = ()
+    # An operator's route (api/auth.py admin): the Authorization header it reads, its path and
+    # query parameters and its body model are documented as FastAPI documents a signature's,
+    # the model as one of the schema's components, which clients read by name.
+    admin: bool = False
+    query: tuple[Query, ...] = ()
+    model: type[BaseModel] | None = None
+    model_optional: bool = False  # no body at all is the model's None
+    in_schema: bool = True  # the dashboard's HTML pages are no part of the API
 
     def served(self, handlers: Handlers) -> ASGIApp:
         """The route as HotRouter serves it: its middleware around its endpoint, which answers
@@ -108,8 +144,37 @@ class HotRoute:
         # Imported here: only FastAPI's app (built on its first request) documents the routes.
         from fastapi.routing import APIRoute
 
+        if self.admin:
+            return APIRoute(self.path, self.signed(), methods=list(self.methods),
+                            status_code=self.status_code, include_in_schema=self.in_schema)
         return APIRoute(self.path, self.endpoint, methods=list(self.methods),
-                        status_code=self.status_code, openapi_extra=self.openapi())
+                        status_code=self.status_code, openapi_extra=self.openapi(),
+                        include_in_schema=self.in_schema)
+
+    def signed(self) -> Callable[..., Awaitable[Response]]:
+        """An operator's route as FastAPI documents it: a stand-in of the endpoint's name and
+        docstring with a signature of what the route reads. Never called (HotRouter serves
+        the route)."""
+        from fastapi import Body, Header
+
+        P = inspect.Parameter
+        params = [P(p, P.KEYWORD_ONLY, annotation=str) for p in _PATH_PARAM.findall(self.path)]
+        params += [q.parameter() for q in self.query]
+        if self.model is not None:
+            optional = self.model_optional
+            params.append(P("body", P.KEYWORD_ONLY, default=None if optional else P.empty,
+                            annotation=Annotated[self.model | None if optional else self.model,
+                                                 Body()]))
+        params.append(P("authorization", P.KEYWORD_ONLY, default=None,
+                        annotation=Annotated[str | None, Header()]))
+
+        async def stand_in(**_: Any) -> Response:
+            raise NotImplementedError  # pragma: no cover
+
+        stand_in.__name__ = stand_in.__qualname__ = self.endpoint.__name__
+        stand_in.__doc__ = self.endpoint.__doc__
+        stand_in.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        return stand_in
 
     def openapi(self) -> dict[str, Any]:
         """What FastAPI cannot see in an endpoint that reads its own request."""
@@ -154,6 +219,38 @@ async def body_of(request: Request) -> bytes:
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         elif message["type"] == "http.disconnect":
             raise ClientDisconnect
+
+
+async def parsed(model: type[B], request: Request) -> B:
+    """The request's body as `model`; InvalidBody (422 invalid_request) if it is not one."""
+    return _validated(model, await body_of(request))
+
+
+async def parsed_or_none(model: type[B], request: Request) -> B | None:
+    """As parsed, where no body (or a JSON null) is the body's None."""
+    raw = await body_of(request)
+    return None if raw.strip() in (b"", b"null") else _validated(model, raw)
+
+
+def _validated(model: type[B], raw: bytes) -> B:
+    check_depth(raw)  # the gateway's limit, on every route
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise InvalidBody(exc.errors(include_url=False, include_context=False)) from exc
+
+
+def query_of(request: Request, query: Query) -> Any:
+    """`query`'s value in the request (the last one given), or its default; InvalidBody (422
+    invalid_request) if it is not of its kind, as pydantic reads a string as one."""
+    given = request.query_params.get(query.name)
+    if given is None:
+        return query.default
+    try:
+        return _ADAPTERS[query.kind].validate_python(given)
+    except ValidationError as exc:
+        raise InvalidBody([{**e, "loc": ("query", query.name)} for e in exc.errors(
+            include_url=False, include_context=False)]) from exc
 
 
 def header_of(request: Request, name: bytes) -> str | None:
@@ -253,8 +350,8 @@ class HotRouter:
 
 
 def ensure_strings(path: str, convertors: Mapping[str, Any]) -> None:
-    if any(c.regex != "[^/]+" for c in convertors.values()):
-        raise ValueError(f"a hot route's path parameters are plain strings: {path}")
+    if any(c.regex not in ("[^/]+", ".*") for c in convertors.values()):
+        raise ValueError(f"a route's path parameters are strings (`:path` may hold a /): {path}")
 
 
 def route_path(scope: Scope) -> str:

@@ -4,20 +4,20 @@ after a velocity pause (admin). A key holder's own spend series is a hot route
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from api.alerts import deliver_once
-from api.routes.admin import Admin, Operator, Ops, Service
+from api.auth import admin
+from api.routing import HotRoute
 from api.runtime import runtime
 from core import spend
 from core.budgets import BudgetId
 
-router = APIRouter()
 
-
-@router.get("/v1/admin/alerts")
-async def alerts(_: Admin, svc: Service) -> JSONResponse:
+async def alerts(request: Request) -> JSONResponse:
+    admin(request)
+    runtime().enforcing()  # the ledger is required, as on every admin route
     config = runtime().config
     return JSONResponse({
         "webhook_configured": bool(config and config.alert_webhook_url),
@@ -25,20 +25,10 @@ async def alerts(_: Admin, svc: Service) -> JSONResponse:
     })
 
 
-@router.post("/v1/admin/alerts/deliver")
-async def deliver(_: Admin, svc: Service) -> JSONResponse:
+async def deliver(request: Request) -> JSONResponse:
     """One delivery pass over every outbox: what a scheduler triggers."""
-    return await _deliver()
-
-
-# GET as well: Vercel's crons call their path with GET (and the bearer CRON_SECRET, which the
-# deployment sets to the admin token).
-@router.get("/v1/admin/alerts/deliver")
-async def deliver_from_cron(_: Admin, svc: Service) -> JSONResponse:
-    return await _deliver()
-
-
-async def _deliver() -> JSONResponse:
+    admin(request)
+    runtime().enforcing()
     report = await deliver_once()
     if report is None:
         return JSONResponse({"webhook_configured": False, "delivered": 0, "retried": 0,
@@ -46,7 +36,22 @@ async def _deliver() -> JSONResponse:
     return JSONResponse({"webhook_configured": True, **report.json()})
 
 
-@router.post("/v1/admin/budgets/{budget_id:path}/resume")
-async def resume(budget_id: str, by: Operator, ops: Ops) -> JSONResponse:
+async def deliver_from_cron(request: Request) -> JSONResponse:
+    return await deliver(request)
+
+
+async def resume(request: Request) -> JSONResponse:
     """Lift the pause a velocity alarm put on a budget (recorded in the audit log)."""
-    return JSONResponse(await ops.resume(BudgetId.parse(budget_id), by))
+    by = admin(request)
+    ops = runtime().operations()
+    return JSONResponse(await ops.resume(BudgetId.parse(request.path_params["budget_id"]), by))
+
+
+ROUTES = (
+    HotRoute("/v1/admin/alerts", alerts, ("GET",), admin=True),
+    HotRoute("/v1/admin/alerts/deliver", deliver, admin=True),
+    # GET as well: Vercel's crons call their path with GET (and the bearer CRON_SECRET, which
+    # the deployment sets to the admin token).
+    HotRoute("/v1/admin/alerts/deliver", deliver_from_cron, ("GET",), admin=True),
+    HotRoute("/v1/admin/budgets/{budget_id:path}/resume", resume, admin=True),
+)

@@ -20,13 +20,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Any
 
 import httpx
-from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
-from api.routes.admin import Admin, Service
+from api.auth import admin
+from api.routing import HotRoute, Query, query_of
 from api.runtime import runtime
 from core.errors import CeilingError
 from core.ledger import Upstream
@@ -44,7 +45,8 @@ from core.reconcile import (
     tolerance_of,
 )
 
-router = APIRouter()
+PROVIDER, FIRST, LAST, TOLERANCE = Query("provider"), Query("from"), Query("to"), Query(
+    "tolerance_pct")
 
 
 def http_fetch(client: httpx.AsyncClient, provider: Upstream) -> Fetch:
@@ -98,19 +100,21 @@ async def reconcile_configured(env: Mapping[str, str] | None = None) -> dict[str
     return outcomes
 
 
-@router.get("/v1/admin/reconcile")
-async def reconcile_route(
-    _: Admin, svc: Service, provider: str | None = None,
-    first: Annotated[str | None, Query(alias="from")] = None,
-    last: Annotated[str | None, Query(alias="to")] = None,
-    tolerance_pct: str | None = None,
-) -> JSONResponse:
+async def reconcile_route(request: Request) -> JSONResponse:
     """The ledger's gateway spend per UTC day against `provider`'s cost report; by default the
     week up to yesterday, at a tolerance of 1%. Without `provider`, the schedule's run
     (reconcile_configured): every provider with an admin key, over the default range."""
+    admin(request)
+    runtime().enforcing()  # the ledger is required, as on every admin route
+    provider, first, last, tolerance_pct = (
+        query_of(request, q) for q in (PROVIDER, FIRST, LAST, TOLERANCE))
     if provider is None and first is None and last is None and tolerance_pct is None:
         outcomes = await reconcile_configured()
         return JSONResponse({"providers": outcomes, "within": all(
             o.get("within") is True for o in outcomes.values())})
     done = await run_reconcile(provider_of(provider), first, last, tolerance_of(tolerance_pct))
     return JSONResponse(done.json())
+
+
+ROUTES = (HotRoute("/v1/admin/reconcile", reconcile_route, ("GET",), admin=True,
+                   query=(PROVIDER, FIRST, LAST, TOLERANCE)),)

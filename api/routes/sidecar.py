@@ -5,36 +5,23 @@ in either role: its budgets, and its spend series."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from api.auth import authenticated as authenticated  # api/routes/gateway.py imports it here
-from api.errors import InvalidBody
 from api.models import ReserveBody, SettleBody
-from api.routing import HotRoute, body_of, header_of
+from api.routing import HotRoute, header_of, parsed
 from api.runtime import runtime
 from api.views import leg_json, reservation_json, settlement_json, user_headers
 from core import spend
 from core.errors import InvalidRequest
-from core.jsonbody import check_depth
 from core.ledger import Role
 
-B = TypeVar("B", bound=BaseModel)
 # The only query parameter GET /v1/usage/me reads: anything else (a budget id, a key, a run)
 # is refused, so a caller cannot believe it asked for someone else's series and got it.
 USAGE_QUERY = frozenset({"hours"})
-
-
-async def parsed(model: type[B], request: Request) -> B:
-    raw = await body_of(request)
-    check_depth(raw)  # the gateway's limit, on every route
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        raise InvalidBody(exc.errors(include_url=False, include_context=False)) from exc
 
 
 async def reserve(request: Request) -> JSONResponse:
