@@ -7,8 +7,9 @@ from typing import Literal
 from pydantic import Field
 
 from api.models import Strict
-from core.alerts import THRESHOLDS_PCT_DEFAULT, AlertConfig, VelocityAlarm, multiple_milli
-from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period, PerUser, Rate
+from core.alerts import THRESHOLDS_PCT_DEFAULT
+from core.budget_json import VELOCITY_WINDOW_S_DEFAULT, definition_of_json
+from core.budgets import BudgetDef, BudgetId
 from core.limits import USERS_MAX_DEFAULT
 
 
@@ -16,18 +17,12 @@ class LimitBody(Strict):
     period: Literal["day", "week", "month", "total"]
     ceiling_micros: int
 
-    def limit(self) -> Limit:
-        return Limit(Period(self.period), self.ceiling_micros)
-
 
 class RateBody(Strict):
     """At most requests_per_minute reservations in any 60 s, and concurrent_max open at once."""
 
     requests_per_minute: int | None = None
     concurrent_max: int | None = None
-
-    def rate(self) -> Rate:
-        return Rate(self.requests_per_minute, self.concurrent_max)
 
 
 class PerUserBody(Strict):
@@ -38,25 +33,15 @@ class PerUserBody(Strict):
     required: bool = False
     rate: RateBody | None = None
 
-    def per_user(self) -> PerUser:
-        return PerUser(tuple(x.limit() for x in self.limits), self.users_max, self.required,
-                       self.rate.rate() if self.rate else None)
-
 
 class VelocityBody(Strict):
     """A velocity alarm: spend over window_s above max_micros, or above max_rate_multiple times the
     trailing hourly rate; pause stops the budget until an operator resumes it."""
 
-    window_s: int = 300
+    window_s: int = VELOCITY_WINDOW_S_DEFAULT
     max_micros: int | None = None
     max_rate_multiple: float | None = None
     pause: bool = False
-
-    def alarm(self) -> VelocityAlarm:
-        return VelocityAlarm(
-            self.window_s, self.max_micros or 0,
-            0 if self.max_rate_multiple is None else multiple_milli(self.max_rate_multiple),
-            self.pause)
 
 
 class AlertsBody(Strict):
@@ -64,12 +49,11 @@ class AlertsBody(Strict):
     thresholds_pct: list[int] = Field(default=list(THRESHOLDS_PCT_DEFAULT))
     velocity: VelocityBody | None = None
 
-    def config(self) -> AlertConfig:
-        return AlertConfig(tuple(self.thresholds_pct),
-                           self.velocity.alarm() if self.velocity else None)
-
 
 class BudgetBody(Strict):
+    """The schema of PUT /v1/admin/budgets/{id}; what it means is core/budget_json.py's, which
+    reads the body as it came (the fields given, not this schema's defaults)."""
+
     limits: list[LimitBody]
     timezone: str = "UTC"
     outage_allowance_micros: int = 0
@@ -81,17 +65,9 @@ class BudgetBody(Strict):
     clamp: bool = False
 
     def definition(self, budget_id: str) -> BudgetDef:
-        return BudgetDef(
-            BudgetId.operator(budget_id),  # an operator names it: no reserved scope kind
-            tuple(x.limit() for x in self.limits),
-            self.timezone,
-            self.outage_allowance_micros,
-            None if self.outage_policy is None else OutagePolicy(self.outage_policy),
-            self.alerts.config() if self.alerts else AlertConfig(),
-            rate=self.rate.rate() if self.rate else None,
-            per_user=self.per_user.per_user() if self.per_user else None,
-            clamp=self.clamp,
-        )
+        # An operator names it: no reserved scope kind.
+        return definition_of_json(BudgetId.operator(budget_id),
+                                  self.model_dump(exclude_unset=True))
 
 
 class KeyBody(Strict):
@@ -112,5 +88,3 @@ class CorrectionBody(Strict):
 
     actual_micros: int
     reason: str
-    # Only for an id minted before ids named their budget's tag (core/ledger.py tag_digest).
-    budget_id: str | None = None

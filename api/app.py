@@ -1,34 +1,37 @@
-"""The application: the hot routes in Starlette, the rest in FastAPI, one stack around both.
+"""The application: every route served by HotRouter (api/routing.py), one stack around them.
 
-Every request goes through one stack, Starlette's own (starlette.applications.Starlette builds
-it), outermost first:
+Every request goes through one stack, outermost first:
 
     ServerErrorMiddleware   Starlette's: an exception nothing handled is a 500
     *MIDDLEWARE             declared once, below: the body limit, and whatever is added there
-    ExceptionMiddleware     errors.HANDLERS, the one mapping of errors to answers
-    router                  the hot routes (api/routing.py), then FastAPI for everything else
+    HotRouter               the key holders' and monitors' routes, each answering its own
+                            errors by errors.HANDLERS, the one mapping of errors to answers;
+                            then, for everything else, operators_app:
+      HotRouter             the operators' routes (admin token), with the same mapping; then
+      FastAPI               the docs, the OpenAPI schema (which documents every route), and
+                            the 404s and 405s of what no route serves, with the same mapping
 
-FastAPI serves admin, the dashboard, the docs and the OpenAPI schema, which documents the hot
-routes too. It is built, and FastAPI and its routes' modules imported, on the first request
-that reaches it: a serverless instance started for a reserve, a gateway call or a health check
-never imports FastAPI (bench/http.py judges `import api.index` against `import fastapi`). A
-middleware added to MIDDLEWARE (CORS, request ids, tracing) applies to every route; FastAPI's
-own per-request telemetry sees only what reaches FastAPI.
+operators_app is built, and FastAPI and the operators' route modules imported, on the first
+request that reaches it: a serverless instance started for a reserve, a gateway call or a
+health check never imports FastAPI (bench/http.py judges `import api.index` against `import
+fastapi`). A middleware added to MIDDLEWARE (CORS, request ids, tracing) applies to every
+route; FastAPI's own per-request telemetry sees only what reaches FastAPI.
 """
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.routing import Mount
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from api import errors
-from api.routes import gateway, health, sidecar
+from api.routes import gateway, health, metrics, sidecar
+from api.routing import HotRouter
 from api.runtime import VERSION
 
 # The largest request body accepted: a chat request with a long prompt fits in a few hundred KB;
@@ -83,23 +86,22 @@ class BodyLimit:
 
 # Every request goes through these, outermost first, hot route or not.
 MIDDLEWARE: tuple[Middleware, ...] = (Middleware(BodyLimit),)
-HOT_ROUTES = (*sidecar.ROUTES, *gateway.ROUTES, *health.ROUTES)
+HOT_ROUTES = (*sidecar.ROUTES, *gateway.ROUTES, *health.ROUTES, *metrics.ROUTES)
 
 
-def documented_app() -> ASGIApp:
-    """FastAPI with every route that is not hot, and a documented copy of each hot one."""
+def operators_app() -> ASGIApp:
+    """The operators' routes (admin token: admin, alerts, reconciliation, the dashboard), served
+    as the hot ones are, in front of FastAPI, which documents every route and serves the docs."""
     from fastapi import FastAPI
 
-    from api.routes import admin, alerts, dashboard, metrics, reconcile
+    from api.routes import admin, alerts, dashboard, reconcile
 
-    return FastAPI(
+    operators = (*admin.ROUTES, *alerts.ROUTES, *reconcile.ROUTES, *dashboard.ROUTES)
+    documented = FastAPI(
         title="spend-ceiling", version=VERSION, exception_handlers=errors.fastapi_handlers(),
-        # Given as routes, not through include_router(): FastAPI matches an included router
-        # through a layer of its own on every request.
-        routes=[*admin.router.routes, *alerts.router.routes, *dashboard.router.routes,
-                *reconcile.router.routes, *metrics.router.routes,
-                *(r.documented() for r in HOT_ROUTES)],
+        routes=[r.documented() for r in (*operators, *HOT_ROUTES)],
     )
+    return HotRouter(operators, documented, errors.HANDLERS)
 
 
 class OnFirstRequest:
@@ -124,15 +126,13 @@ class OnFirstRequest:
 
 
 def create_app(middleware: Sequence[Middleware] = MIDDLEWARE,
-               lifespan: Lifespan[Starlette] | None = None) -> Starlette:
+               lifespan: Lifespan[Any] | None = None) -> ServerErrorMiddleware:
     """`lifespan`: what runs from start-up to shutdown; `ceiling serve` delivers alerts there."""
-    # The dispatcher: a hot route's path and method go to its Starlette route; anything else
-    # (admin, dashboard, docs, a hot path with another method, a path nobody serves) to FastAPI,
-    # which answers it with the same mapping. Mount("") leaves the path and root path as
-    # they came.
-    return Starlette(
-        routes=[*(r.served() for r in HOT_ROUTES), Mount("", app=OnFirstRequest(documented_app))],
-        middleware=middleware,
-        exception_handlers=errors.HANDLERS,
-        lifespan=lifespan,
-    )
+    # The dispatcher (api/routing.py HotRouter): a hot route's path and method go to that
+    # route; anything else (admin, dashboard, docs, a hot path with another method, a path
+    # nobody serves) to operators_app, with the path and root path as they came.
+    app: ASGIApp = HotRouter(HOT_ROUTES, OnFirstRequest(operators_app), errors.HANDLERS,
+                             lifespan)
+    for cls, args, kwargs in reversed(middleware):
+        app = cls(app, *args, **kwargs)
+    return ServerErrorMiddleware(app)

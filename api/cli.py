@@ -21,6 +21,7 @@ from core.errors import CeilingError, InvalidRequest
 from core.ledger import ROLES_DEFAULT, Role
 from core.limits import CEILING_MICROS_MAX
 from core.money import usd_to_micros
+from core.reconcile import COST_REPORTS
 from core.service import CeilingService, operator_fingerprint
 from core.text import whole_number
 
@@ -189,15 +190,11 @@ def cli_operator() -> str:
         return "cli"
 
 
-def _budget_arg(args: argparse.Namespace) -> BudgetId | None:
-    return None if args.budget_id is None else BudgetId.parse(args.budget_id)
-
-
 def reservations_settle(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
         by = cli_operator()
         settled = await runtime().operations().correct(args.reservation_id, args.actual,
-                                                    args.reason, by, _budget_arg(args))
+                                                    args.reason, by)
         return correction_json(args.reservation_id, settled, by)
 
     return _run(work)
@@ -205,8 +202,7 @@ def reservations_settle(args: argparse.Namespace) -> int:
 
 def reservations_show(args: argparse.Namespace) -> int:
     async def work(service: CeilingService) -> Any:
-        return stored_reservation_json(
-            await service.inspect(args.reservation_id, _budget_arg(args)))
+        return stored_reservation_json(await service.inspect(args.reservation_id))
 
     return _run(work)
 
@@ -293,6 +289,15 @@ def ledger_restore(args: argparse.Namespace) -> int:
 
 def ledger_adopt(args: argparse.Namespace) -> int:
     return _run(lambda service: runtime().operations().adopt(cli_operator()))
+
+
+def ledger_migrate(args: argparse.Namespace) -> int:
+    from core.backends import migrate_ledger
+
+    async def work(service: CeilingService) -> Any:
+        return await migrate_ledger(runtime().store(), dry_run=args.dry_run)
+
+    return _run(work)
 
 
 # -- alerts ------------------------------------------------------------------------------------
@@ -443,22 +448,24 @@ def parser() -> argparse.ArgumentParser:
     lr.set_defaults(func=ledger_restore)
     la = lg.add_parser("adopt", help="confirm the restored ledger: running instances serve it")
     la.set_defaults(func=ledger_adopt)
+    lm = lg.add_parser("migrate", help="bring a ledger of an earlier format to this version's "
+                       "(once, before this version serves it); safe to run again")
+    lm.add_argument("--dry-run", action="store_true", help="count what would change; write "
+                    "nothing")
+    lm.set_defaults(func=ledger_migrate)
     r = sub.add_parser("reservations").add_subparsers(required=True)
     rs = r.add_parser("settle", help="correct a reservation's charge (an operator's settle)")
     rs.add_argument("reservation_id")
     rs.add_argument("--actual", type=_amount, required=True,
                     help="what the provider billed for the call: micro-dollars or $1.00")
     rs.add_argument("--reason", required=True, help="why, recorded on the reservation")
-    rs.add_argument("--budget-id", default=None,
-                    help="the key's budget, for an id made before ids named their budget")
     rs.set_defaults(func=reservations_settle)
     rw = r.add_parser("show", help="a reservation as stored, with its correction")
     rw.add_argument("reservation_id")
-    rw.add_argument("--budget-id", default=None)
     rw.set_defaults(func=reservations_show)
     rc = sub.add_parser("reconcile", help="compare the ledger's gateway spend per UTC day with "
                         "a provider's cost report; exit 0 within the tolerance, 3 beyond it")
-    rc.add_argument("provider", choices=["openai", "anthropic"])
+    rc.add_argument("provider", choices=[str(provider) for provider in COST_REPORTS])
     rc.add_argument("--from", dest="first", default=None, metavar="YYYY-MM-DD",
                     help="the first UTC day (default: a week before --to)")
     rc.add_argument("--to", dest="last", default=None, metavar="YYYY-MM-DD",

@@ -1,40 +1,52 @@
-"""An httpx transport over aiohttp's client: httpx's API, aiohttp's connection pool.
+"""The gateway's upstream client: one boundary (`upstream_transport`), two clients behind it.
 
-httpx stays the gateway's client API (requests, responses, errors and content decoding are
-httpx's); only the sending is aiohttp's. httpx's own pool (httpcore) checks every pooled
-connection for readability on each request and runs through anyio's portability layer, both
-CPU on every call; aiohttp's pool learns that a connection closed from the event loop itself
-and hands out the next live one at once.
+httpx is the gateway's client API either way: requests, responses, errors and content decoding
+are httpx's, and api/upstream.py sees only `UpstreamTransport` (prepare a request once, send it
+with a body). What sends is chosen by CEILING_UPSTREAM_CLIENT:
+
+- `aiohttp` (the default): aiohttp's connection pool under httpx's API (AiohttpTransport).
+  httpx's own pool (httpcore) checks every pooled connection for readability on each request
+  and runs through anyio's portability layer, both CPU on every call; aiohttp's pool learns
+  that a connection closed from the event loop itself and hands out the next live one at once.
+  docs/measured.md has what it buys per call.
+- `httpx`: httpx's own transport, httpcore's pool (HttpxTransport): one HTTP library, for a
+  deployment that would rather not carry the second, or to judge the first against it.
 
 What an error proves is decided by when it happened, and that decides what the gateway does
-with the money (api/upstream.py):
+with the money (api/upstream.py); both clients' errors are httpx's and mean the same:
 
-- Before any byte of the request was written, httpx.ConnectError / httpx.ConnectTimeout: aiohttp
-  raises ClientConnectorError (refused, no such name, TLS handshake, proxy unreachable) and
-  ConnectionTimeoutError (no free connection in the pool, or no connection, in time) only from
-  its connector, before a connection is handed to the request. The provider never saw the call.
+- Before any byte of the request was written, httpx.ConnectError / httpx.ConnectTimeout /
+  httpx.PoolTimeout: aiohttp raises ClientConnectorError (refused, no such name, TLS handshake,
+  proxy unreachable) and ConnectionTimeoutError (no free connection in the pool, or no
+  connection, in time) only from its connector, before a connection is handed to the request;
+  httpcore raises its connect and pool errors only while it acquires a connection. The
+  provider never saw the call.
 - After that, everything else: a connection lost while the request was written or before the
   answer came, a reset, a garbled or cut-off answer, a read timeout. The provider may have read
-  the request and run it. These are httpx.ReadError / httpx.RemoteProtocolError /
-  httpx.ReadTimeout, never a connect error, whatever aiohttp's own name for them suggests.
+  the request and run it. These are httpx.ReadError / httpx.WriteError /
+  httpx.RemoteProtocolError / httpx.ReadTimeout / httpx.WriteTimeout, never a connect error,
+  whatever aiohttp's own name for them suggests.
 
-aiohttp never retries a POST on another connection (its retry of a dropped keep-alive
-connection is for idempotent methods only), so a call is written at most once.
+Neither client retries a POST once any of it was written (aiohttp's retry of a dropped
+keep-alive connection is for idempotent methods only; httpcore retries only a connection that
+was not yet given the request), so a call is written at most once.
 
-One ClientSession per transport, made on first use inside the event loop that uses it (aiohttp
-binds a session to its loop); a transport used from another loop makes itself a new one. The
-session keeps no cookies: one pool carries every tenant's calls, and a provider's cookie drawn
-by one tenant's call must not ride on the next. Redirects are not followed: an answer is
-relayed as the provider gave it. Bodies are left encoded for httpx to decode, as it would from
-its own transport.
+Either transport keeps no cookies: one pool carries every tenant's calls, and a provider's
+cookie drawn by one tenant's call must not ride on the next. Redirects are not followed: an
+answer is relayed as the provider gave it. Bodies are left encoded for httpx to decode.
+AiohttpTransport makes its ClientSession on first use inside the event loop that uses it
+(aiohttp binds a session to its loop); used from another loop it makes itself a new one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 import httpx
@@ -51,6 +63,68 @@ KEEPALIVE_S = 4.0
 HEADER_LINE_BYTES_MAX = 16 * 1024
 HEADERS_MAX = 256
 PROXY_SCHEMES = frozenset({"http", "https"})
+
+# The setting that picks the client behind the boundary (UpstreamClient), read when a provider's
+# client is made.
+UPSTREAM_CLIENT_SETTING = "CEILING_UPSTREAM_CLIENT"
+
+
+class UpstreamClient(StrEnum):
+    """What sends the gateway's calls; see the module docstring."""
+
+    AIOHTTP = "aiohttp"
+    HTTPX = "httpx"
+
+
+P = TypeVar("P")
+
+
+class UpstreamTransport(Protocol[P]):
+    """What api/upstream.py sends through: a request prepared once, sent many times."""
+
+    def prepare(self, method: str, url: str, headers: Iterable[tuple[str, str]],
+                timeout: Mapping[str, float | None] | None = None) -> P:
+        """A request's fixed parts (all but its body), in the form the client sends them.
+        `timeout` as httpx gives it (Timeout.as_dict())."""
+        ...
+
+    async def send(self, prepared: P, content: bytes, headers: Iterable[tuple[str, str]] = (),
+                   request: httpx.Request | None = None) -> httpx.Response:
+        """Send `content` as the body of `prepared`, with `headers` added to its own; the answer
+        once its head has arrived, its body to be read from the response's stream."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def checked_proxy(proxy: str) -> URL:
+    """`proxy` as a URL; ValueError unless it is one both clients carry out."""
+    url = URL(proxy)
+    if url.scheme not in PROXY_SCHEMES:
+        raise ValueError(f"the provider's proxy must be http:// or https://: {proxy!r}")
+    return url
+
+
+def upstream_client(environ: Mapping[str, str] = os.environ) -> UpstreamClient:
+    """The client UPSTREAM_CLIENT_SETTING names (aiohttp when it is unset); ValueError for any
+    other value."""
+    given = environ.get(UPSTREAM_CLIENT_SETTING, "").strip().lower()
+    try:
+        return UpstreamClient(given or UpstreamClient.AIOHTTP)
+    except ValueError:
+        raise ValueError(f"{UPSTREAM_CLIENT_SETTING} must be one of "
+                         f"{', '.join(UpstreamClient)}, not {given!r}") from None
+
+
+def upstream_transport(*, connections_max: int, proxy: str | None = None,
+                       verify: ssl.SSLContext | bool = True,
+                       client: UpstreamClient | None = None) -> UpstreamTransport[Any]:
+    """The transport of one provider's calls: `client`'s, or the one the environment names
+    (upstream_client). ValueError for a proxy neither client can use, or an unknown client."""
+    chosen = client or upstream_client()
+    if chosen is UpstreamClient.HTTPX:
+        return HttpxTransport(connections_max=connections_max, proxy=proxy, verify=verify)
+    return AiohttpTransport(connections_max=connections_max, proxy=proxy, verify=verify)
 
 
 @dataclass(frozen=True)
@@ -72,9 +146,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self._proxy: URL | None = None
         self._proxy_auth: aiohttp.BasicAuth | None = None
         if proxy is not None:
-            url = URL(proxy)
-            if url.scheme not in PROXY_SCHEMES:
-                raise ValueError(f"the provider's proxy must be http:// or https://: {proxy!r}")
+            url = checked_proxy(proxy)
             self._proxy_auth = aiohttp.BasicAuth.from_url(url)
             self._proxy = url.with_user(None)
         self._verify = verify
@@ -167,12 +239,19 @@ class AiohttpStream(httpx.AsyncByteStream):
         self._response = response
         self._request = request
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        # Its own iterator, read once: an async generator over aiohttp's iter_any() made two
+        # iterators and a generator's steps for every answer.
+        return self
+
+    async def __anext__(self) -> bytes:
         try:
-            async for chunk in self._response.content.iter_any():
-                yield chunk
+            chunk = await self._response.content.readany()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise unanswered(exc, self._request) from exc
+        if not chunk:  # readany's end of the body
+            raise StopAsyncIteration
+        return chunk
 
     def unencoded(self) -> bool:
         """Whether the body has no content-encoding: its chunks, as they come, are then the
@@ -181,6 +260,58 @@ class AiohttpStream(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         self._response.release()
+
+
+@dataclass(frozen=True)
+class HttpxPrepared:
+    """What a request sent many times keeps, for HttpxTransport: all but its body."""
+
+    method: str
+    url: httpx.URL
+    headers: tuple[tuple[bytes, bytes], ...]
+    timeout: dict[str, float | None]
+
+
+class HttpxTransport(httpx.AsyncBaseTransport):
+    """Sends through httpx's own pooled transport (httpcore), without httpx's client: the
+    client's per-request machinery (cookie jar, auth and redirect flows, event hooks, URL and
+    header merging) is nothing the gateway wants; see the module docstring."""
+
+    def __init__(self, *, connections_max: int, proxy: str | None = None,
+                 verify: ssl.SSLContext | bool = True) -> None:
+        if proxy is not None:
+            checked_proxy(proxy)
+        self._pool = httpx.AsyncHTTPTransport(
+            verify=verify, proxy=proxy, retries=0,
+            limits=httpx.Limits(max_connections=connections_max,
+                                max_keepalive_connections=connections_max,
+                                keepalive_expiry=KEEPALIVE_S))
+
+    def prepare(self, method: str, url: str, headers: Iterable[tuple[str, str]],
+                timeout: Mapping[str, float | None] | None = None) -> HttpxPrepared:
+        made = httpx.Request(method, url, headers=list(headers))
+        # httpx adds Host and a Content-Length for an empty body: each send gives its own length.
+        return HttpxPrepared(made.method, made.url,
+                             tuple((k, v) for k, v in made.headers.raw
+                                   if k.lower() != b"content-length"),
+                             dict(timeout or {}))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._pool.handle_async_request(request)
+
+    async def send(self, prepared: HttpxPrepared, content: bytes,
+                   headers: Iterable[tuple[str, str]] = (),
+                   request: httpx.Request | None = None) -> httpx.Response:
+        sent_headers = [*prepared.headers, *((k.encode(), v.encode()) for k, v in headers),
+                        (b"content-length", str(len(content)).encode())]
+        request = httpx.Request(prepared.method, prepared.url, headers=sent_headers,
+                                content=content, extensions={"timeout": prepared.timeout})
+        response = await self._pool.handle_async_request(request)
+        response.request = request
+        return response
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
 
 
 def not_sent(exc: Exception, request: httpx.Request | None) -> httpx.TransportError:

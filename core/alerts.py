@@ -89,7 +89,7 @@ class VelocityAlarm:
 
     @property
     def ledger_form(self) -> str:
-        """As the ledger keeps it (lua/put_alerts.lua): integers, ',' between."""
+        """As the ledger keeps it (lua/put_budget.lua): integers, ',' between."""
         return (f"{self.window_s},{self.max_micros},{self.max_rate_multiple_milli},"
                 f"{int(self.pause)}")
 
@@ -154,11 +154,10 @@ class AlertConfig:
         }
 
 
-def config_from_ledger(thresholds: str | None, velocity: str | None) -> AlertConfig:
-    """A definition put before alerts has neither field: the defaults."""
-    pcts = THRESHOLDS_PCT_DEFAULT if thresholds is None else tuple(
-        int(p) for p in thresholds.split())
-    return AlertConfig(pcts, VelocityAlarm.from_ledger(velocity or ""))
+def config_from_ledger(thresholds: str, velocity: str) -> AlertConfig:
+    """A definition's alert fields as lua/put_budget.lua writes them ('' for none of each)."""
+    return AlertConfig(tuple(int(p) for p in thresholds.split()),
+                       VelocityAlarm.from_ledger(velocity))
 
 
 @dataclass(frozen=True)

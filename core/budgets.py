@@ -239,8 +239,8 @@ def outage_policy_of(ledger_allowance_micros: int) -> tuple[OutagePolicy, int]:
 
 @dataclass(frozen=True)
 class BudgetDef:
-    """`outage_policy` None: `allowance` when an allowance is given (what a budget with one did
-    before policies existed), else `closed`."""
+    """`outage_policy` None: `allowance` when an allowance is given (a body that names an
+    allowance and no policy means it to be spent in an outage), else `closed`."""
 
     budget_id: BudgetId
     limits: tuple[Limit, ...]

@@ -27,7 +27,14 @@ from typing import NamedTuple, Protocol
 
 from core.alerts import AlertEvent
 from core.budgets import USER_SCOPE_KIND, BudgetDef, BudgetId, Period, period_of
-from core.errors import BudgetBusy, BudgetExceeded, BudgetRefused, ReservationResolved, ensure
+from core.errors import (
+    BudgetBusy,
+    BudgetExceeded,
+    BudgetRefused,
+    InvalidRequest,
+    ReservationResolved,
+    ensure,
+)
 from core.limits import IDEMPOTENCY_WINDOW_MS, RESEND_WINDOW_MS
 
 # A busy budget frees up when an open call settles, which takes seconds, not a lease's length.
@@ -61,10 +68,6 @@ class Role(StrEnum):
 # A key made without roles gets the gateway's: the one role whose charges the key holder cannot
 # report for itself.
 ROLES_DEFAULT = frozenset({Role.GATEWAY})
-# A key record stored before keys had roles could do both; it keeps both. The sidecar role no
-# longer reaches the gateway's reservations (GATEWAY_OWNER_PREFIX), so this grants nothing that
-# lowers what a gateway call is charged, and it keeps deployed sidecar integrations working.
-ROLES_OF_KEYS_BEFORE_ROLES = frozenset({Role.GATEWAY, Role.SIDECAR})
 
 
 @lru_cache(maxsize=TAG_DIGEST_CACHE_MAX)
@@ -79,7 +82,8 @@ def mint_reservation_id(tag: str, unique_hex: str) -> str:
 
 
 def tag_digest_of(reservation_id: str) -> str | None:
-    """The tag digest an id was minted with; None for an id minted before ids carried one."""
+    """The tag digest an id was minted with (mint_reservation_id); None for an id of another
+    shape, which names no tag."""
     found = _MINTED_ID.fullmatch(reservation_id)
     return found.group(1) if found else None
 
@@ -90,6 +94,7 @@ class Upstream(StrEnum):
 
     OPENAI = "openai"  # the OpenAI-compatible routes: chat completions and Responses
     ANTHROPIC = "anthropic"  # Messages
+    GOOGLE = "google"  # the Gemini API (genai-prices' provider id for it)
 
 
 class ExpirePolicy(StrEnum):
@@ -540,6 +545,29 @@ class KeyStore(Protocol):
         """Revoke a key: in one step, no secret of it is taken any more, and its id is never
         made again. False if there was no such key."""
         ...
+
+
+def invalid_export(why: str) -> InvalidRequest:
+    """A ledger export refused whole, before a restore wrote anything of it."""
+    return InvalidRequest(f"not a valid ledger export: {why}; nothing was written",
+                          field="export")
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a restore wrote under its new ledger id (core/operations.py Catalogue.restore_body):
+    how many budgets, counters, end users and keys, and the open reservations of the export it
+    charged as unknown with the micro-dollars they held. `previous_ledger_id` is the id it
+    replaces (None: the ledger had been reset)."""
+
+    ledger_id: str
+    previous_ledger_id: str | None
+    budgets: int
+    counters: int
+    users: int
+    keys: int
+    charged_count: int
+    charged_micros: int
 
 
 class KeyListing(Protocol):

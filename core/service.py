@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from core.budgets import BudgetDef, BudgetId, check_micros, check_user
-from core.content import NO_MEDIA, Media, chat_input
+from core.content import NO_MEDIA, Media
 from core.errors import (
     Forbidden,
     InvalidRequest,
@@ -45,7 +45,6 @@ from core.ledger import (
     Settlement,
     Upstream,
     mint_reservation_id,
-    tag_digest,
     tag_digest_of,
 )
 from core.limits import (
@@ -217,7 +216,8 @@ def _fingerprint(model: str, spec: CallSpec, ttl_ms: int, run_id: str | None,
     words: list[object] = [model, spec.input_tokens, spec.messages, spec.output_tokens_max,
                            spec.choices, spec.amount_micros, ttl_ms, run_id]
     if spec.media is not NO_MEDIA or spec.service_tier is not None or user is not None:
-        # Only then: a text-only call keeps the fingerprint it had before these existed.
+        # Only then: a text-only call's fingerprint stays the one its open records carry, so a
+        # replay served by another instance of another version still matches it.
         words += [spec.media, spec.service_tier]
     if user is not None:
         words.append(user)
@@ -269,6 +269,10 @@ class CeilingService:
             raise InvalidRequest("give exactly one of input_tokens and messages")
         tokens, media = spec.input_tokens, spec.media
         if tokens is None:
+            # Imported here, not above: the formats build a CallSpec (core/formats/base.py), so
+            # core.formats imports this module.
+            from core.formats.chat import chat_input
+
             bound = chat_input(spec.messages)
             tokens, media = bound.text_tokens, bound.media
         amount = self.prices.worst_case_micros(
@@ -507,40 +511,38 @@ class CeilingService:
 
     # -- operators' corrections -------------------------------------------------------------
 
-    async def locate(self, reservation_id: str, budget_id: BudgetId | None = None) -> str:
-        """The tag a reservation lives under, from its id alone (its digest prefix and the tag
-        map put_budget writes), or from `budget_id` for an id minted before ids named their tag.
-        ReservationNotFound when neither finds it."""
+    async def locate(self, reservation_id: str) -> str:
+        """The tag a reservation lives under, from its id alone: its digest prefix and the tag
+        map put_budget writes. ReservationNotFound when they find none."""
         reservation_id = _checked_id(reservation_id)
         digest = tag_digest_of(reservation_id)
-        if budget_id is not None:
-            if digest is not None and digest != tag_digest(budget_id.tag):
-                raise ReservationNotFound(
-                    f"reservation {reservation_id} was not made under {budget_id.tag}",
-                    reservation_id=reservation_id,
-                )
-            return budget_id.tag
-        tag = None if digest is None else await self.store.tag_of(digest)
+        if digest is None:
+            # Not an id this ledger format mints: `ceiling ledger migrate` counts those a ledger
+            # still holds (reservations_without_tag); each ends as its lease and policy say.
+            raise ReservationNotFound(
+                f"reservation {reservation_id} names no organisation (an id is a tag digest, "
+                "'_', then 32 hex digits); `ceiling ledger migrate` counts the ones a ledger "
+                "holds as reservations_without_tag, and each expires as its policy says when "
+                "its lease ends",
+                reservation_id=reservation_id,
+            )
+        tag = await self.store.tag_of(digest)
         if tag is None:
             raise ReservationNotFound(
-                f"reservation {reservation_id} cannot be found from its id alone (made before "
-                "ids named their budget, or its budget was not put since): give budget_id",
+                f"reservation {reservation_id}: no budget of its organisation is put",
                 reservation_id=reservation_id,
             )
         return tag
 
-    async def inspect(
-        self, reservation_id: str, budget_id: BudgetId | None = None
-    ) -> ReservationView:
-        tag = await self.locate(reservation_id, budget_id)
+    async def inspect(self, reservation_id: str) -> ReservationView:
+        tag = await self.locate(reservation_id)
         view = await self.store.inspect(tag, reservation_id)
         if view is None:
             raise ReservationNotFound("no such reservation", reservation_id=reservation_id)
         return view
 
     async def correct(
-        self, reservation_id: str, actual_micros: object, reason: object, corrected_by: str,
-        budget_id: BudgetId | None = None,
+        self, reservation_id: str, actual_micros: object, reason: object, corrected_by: str
     ) -> Settlement:
         """An operator's settle of a reservation no key may settle (a gateway call of unknown
         outcome), recorded on it: see Ledger.correct."""
@@ -551,7 +553,7 @@ class CeilingService:
                 f"reason must be 1 to {CORRECTION_REASON_LEN_MAX} printable characters: why the "
                 "charge is corrected (the provider's bill, a ticket)", field="reason",
             )
-        tag = await self.locate(reservation_id, budget_id)
+        tag = await self.locate(reservation_id)
         return await self.store.correct(
             tag, reservation_id, actual, Correction(corrected_by, reason)
         )

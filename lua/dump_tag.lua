@@ -5,8 +5,9 @@
 -- Returns {next_cursor, entry...}, each entry {'hash', suffix, pttl_ms, field, value, ...}: the
 -- meta hash, a definition or a counter (an end user's too); or {'users' | 'pending_users',
 -- suffix, pttl_ms}: a budget's users set or pending users set, whose members the caller reads
--- apart. suffix is the key after
--- 'sc:{TAG}:'. Next cursor '0': done.
+-- apart; or {'unknown', suffix, pttl_ms, record}: a reservation an expiry charged as unknown,
+-- packed (wire.py RECORD_FIELDS), which a late settle or an operator's correction may still
+-- lower. suffix is the key after 'sc:{TAG}:'. Next cursor '0': done.
 -- Why: an export must find every period window a budget has counters in, and the scripts keep
 -- no list of them; SCAN with the tag's prefix reads them where they are, on the node that holds
 -- the tag's slot (this script runs there), a bounded page per call. A users set can hold as many
@@ -31,6 +32,12 @@ for _, key in ipairs(page[2]) do
     out[#out + 1] = entry
   elseif string.sub(suffix, 1, #USERS_KEY) == USERS_KEY then
     out[#out + 1] = {'users', suffix, redis.call('PTTL', key)}
+  elseif string.sub(suffix, 1, #RECORD_KEY) == RECORD_KEY then
+    local packed = redis.call('GET', key)
+    local r = packed and unpack_record(packed)
+    if r and r.state == 'expired' and r.outcome == 'unknown' then
+      out[#out + 1] = {'unknown', suffix, redis.call('PTTL', key), packed}
+    end
   elseif string.sub(suffix, 1, #PENDING_USERS_KEY) == PENDING_USERS_KEY then
     -- users with a call open and none charged: a restore charges their calls as unknown, so
     -- each takes its place among the budget's users there

@@ -1,31 +1,23 @@
-"""Alerts and spend: the alert log and the scheduler's delivery trigger (admin), a
-budget's resume after a velocity pause (admin), and a key holder's own spend series."""
+"""Alerts: the alert log and the scheduler's delivery trigger (admin), and a budget's resume
+after a velocity pause (admin). A key holder's own spend series is a hot route
+(api/routes/sidecar.py usage_me)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from api.alerts import deliver_once
-from api.routes.admin import Admin, Operator, Ops, Service
-from api.routes.sidecar import authenticated
+from api.auth import admin
+from api.routing import HotRoute
 from api.runtime import runtime
-from api.views import leg_json
 from core import spend
 from core.budgets import BudgetId
-from core.errors import InvalidRequest
-
-router = APIRouter()
-
-# The only query parameter GET /v1/usage/me reads: anything else (a budget id, a key, a run)
-# is refused, so a caller cannot believe it asked for someone else's series and got it.
-USAGE_QUERY = frozenset({"hours"})
 
 
-@router.get("/v1/admin/alerts")
-async def alerts(_: Admin, svc: Service) -> JSONResponse:
+async def alerts(request: Request) -> JSONResponse:
+    admin(request)
+    runtime().enforcing()  # the ledger is required, as on every admin route
     config = runtime().config
     return JSONResponse({
         "webhook_configured": bool(config and config.alert_webhook_url),
@@ -33,20 +25,10 @@ async def alerts(_: Admin, svc: Service) -> JSONResponse:
     })
 
 
-@router.post("/v1/admin/alerts/deliver")
-async def deliver(_: Admin, svc: Service) -> JSONResponse:
+async def deliver(request: Request) -> JSONResponse:
     """One delivery pass over every outbox: what a scheduler triggers."""
-    return await _deliver()
-
-
-# GET as well: Vercel's crons call their path with GET (and the bearer CRON_SECRET, which the
-# deployment sets to the admin token).
-@router.get("/v1/admin/alerts/deliver")
-async def deliver_from_cron(_: Admin, svc: Service) -> JSONResponse:
-    return await _deliver()
-
-
-async def _deliver() -> JSONResponse:
+    admin(request)
+    runtime().enforcing()
     report = await deliver_once()
     if report is None:
         return JSONResponse({"webhook_configured": False, "delivered": 0, "retried": 0,
@@ -54,33 +36,22 @@ async def _deliver() -> JSONResponse:
     return JSONResponse({"webhook_configured": True, **report.json()})
 
 
-@router.post("/v1/admin/budgets/{budget_id:path}/resume")
-async def resume(budget_id: str, by: Operator, ops: Ops) -> JSONResponse:
+async def deliver_from_cron(request: Request) -> JSONResponse:
+    return await deliver(request)
+
+
+async def resume(request: Request) -> JSONResponse:
     """Lift the pause a velocity alarm put on a budget (recorded in the audit log)."""
-    return JSONResponse(await ops.resume(BudgetId.parse(budget_id), by))
+    by = admin(request)
+    ops = runtime().operations()
+    return JSONResponse(await ops.resume(BudgetId.parse(request.path_params["budget_id"]), by))
 
 
-def report_json(r: spend.BudgetReport) -> dict[str, Any]:
-    return {
-        "budget_id": r.budget_id,
-        "paused": bool(r.definition and r.definition.paused_at_ms is not None),
-        "periods": [leg_json(x) for x in r.legs],
-        "series": [{"hour_start_ms": p.hour_start_ms, "committed_micros": p.committed_micros}
-                   for p in r.series],
-    }
-
-
-@router.get("/v1/usage/me")
-async def usage_me(request: Request) -> JSONResponse:
-    """The caller's own budgets (its key's budget and the scopes above it), each with its
-    periods and hourly spend: the key decides whose, never a parameter."""
-    _, who = await authenticated(request, None)
-    asked = set(request.query_params) - USAGE_QUERY
-    if asked:
-        raise InvalidRequest(
-            f"GET /v1/usage/me shows the calling key's own budgets; it takes only 'hours', not "
-            f"{sorted(asked)}", field=sorted(asked)[0])
-    hours = spend.check_hours(request.query_params.get("hours"))
-    reports = await spend.usage(runtime().store(), who.key.budget_id, hours)
-    return JSONResponse({"budget_id": who.key.budget_id.path, "hours": hours,
-                         "budgets": [report_json(r) for r in reports]})
+ROUTES = (
+    HotRoute("/v1/admin/alerts", alerts, ("GET",), admin=True),
+    HotRoute("/v1/admin/alerts/deliver", deliver, admin=True),
+    # GET as well: Vercel's crons call their path with GET (and the bearer CRON_SECRET, which
+    # the deployment sets to the admin token).
+    HotRoute("/v1/admin/alerts/deliver", deliver_from_cron, ("GET",), admin=True),
+    HotRoute("/v1/admin/budgets/{budget_id:path}/resume", resume, admin=True),
+)

@@ -18,13 +18,13 @@ import time
 from collections.abc import Sequence
 from decimal import Decimal
 from html import escape
-from typing import Annotated
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Header, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from api.routes.sidecar import bearer
+from api.auth import bearer
+from api.routing import HotRoute, header_of
 from api.runtime import admin_token, is_admin_token, runtime
 from api.views import made_by
 from core import spend
@@ -33,8 +33,6 @@ from core.budgets import RUN_SCOPE_KIND, period_of
 from core.ledger import LegStatus, OpenHold, RunSpend
 from core.limits import SPEND_BUCKET_MS
 from core.text import whole_number
-
-router = APIRouter(include_in_schema=False)
 
 COOKIE = "ceiling_session"
 # A sign-in lasts a working day; the cookie's own signed expiry enforces it, not the browser.
@@ -66,11 +64,11 @@ def session_valid(token: str, cookie: str | None, now_s: int) -> bool:
     return expires_s > now_s and hmac.compare_digest(parts[2], _session_mac(token, expires_s))
 
 
-def _signed_in(request: Request, authorization: str | None) -> bool:
+def _signed_in(request: Request) -> bool:
     token = admin_token()
     if not token:
         return False
-    given = bearer(authorization)
+    given = bearer(header_of(request, b"authorization"))
     if given is not None:
         return is_admin_token(given)
     return session_valid(token, request.cookies.get(COOKIE), int(time.time()))
@@ -120,10 +118,8 @@ def _same_origin(request: Request) -> bool:
     return origin.split("://", 1)[-1] == host
 
 
-@router.get("/dashboard")
-async def dashboard(request: Request,
-                    authorization: Annotated[str | None, Header()] = None) -> Response:
-    if not _signed_in(request, authorization):
+async def dashboard(request: Request) -> Response:
+    if not _signed_in(request):
         return _sign_in_page(status=401)
     rt = runtime()
     hours = spend.check_hours(request.query_params.get("hours"))
@@ -131,7 +127,6 @@ async def dashboard(request: Request,
     return _page(render(view))
 
 
-@router.post("/dashboard/sign-in")
 async def sign_in(request: Request) -> Response:
     if not _same_origin(request):
         return _sign_in_page("Sign-in is accepted from this page only.", 403)
@@ -149,7 +144,6 @@ async def sign_in(request: Request) -> Response:
     return answer
 
 
-@router.post("/dashboard/sign-out")
 async def sign_out(request: Request) -> Response:
     if not _same_origin(request):
         return _sign_in_page("Sign-out is accepted from this page only.", 403)
@@ -157,6 +151,14 @@ async def sign_out(request: Request) -> Response:
     answer.delete_cookie(COOKIE, path="/dashboard", httponly=True, samesite="strict",
                          secure=_https(request))
     return answer
+
+
+# The HTML pages are no part of the API's document.
+ROUTES = (
+    HotRoute("/dashboard", dashboard, ("GET",), keyed=False, in_schema=False),
+    HotRoute("/dashboard/sign-in", sign_in, keyed=False, in_schema=False),
+    HotRoute("/dashboard/sign-out", sign_out, keyed=False, in_schema=False),
+)
 
 
 # -- rendering ----------------------------------------------------------------------------------

@@ -14,22 +14,20 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from api.openai_schemas import CHAT_COMPLETIONS_BODY, MESSAGES_BODY, RESPONSES_BODY
+from api.auth import authenticated
 from api.refusals import error_event, refusal_response, refusals_in
-from api.routes.sidecar import authenticated
 from api.routing import HotRoute, format_route
 from api.runtime import runtime
 from api.upstream import upstream
 from core.errors import CeilingError, ensure
-from core.formats import FORMATS, Api, WireFormat
+from core.formats import FORMATS, WireFormat
 from core.gateway import Answer, Gateway, Refused
 from core.ledger import ReplyStore, Role, StoredReply
 
 # Headers the gateway reads beyond the key and the run (api/routing.py HEADERS_COMMON).
 HEADERS = ("Idempotency-Key", "X-Ceiling-Clamp")
 # The request bodies the OpenAPI document shows (documentation only), by format.
-BODIES = {Api.CHAT: CHAT_COMPLETIONS_BODY, Api.RESPONSES: RESPONSES_BODY,
-          Api.MESSAGES: MESSAGES_BODY}
+BODIES = {api: wire.body_schema for api, wire in FORMATS.items()}
 
 
 class Shapes:
@@ -90,9 +88,9 @@ async def count(request: Request, wire: WireFormat) -> Response:
 
 def route(wire: WireFormat) -> HotRoute:
     """`wire`'s hot route (api/routing.py), its refusals in its shape."""
-    # authenticated() (api/routes/sidecar.py) knows one key header besides Authorization.
+    # authenticated() (api/auth.py) knows one key header besides Authorization.
     ensure(wire.key_header in (None, "x-api-key"),
-           f"{wire.route}: api/routes/sidecar.py reads no key from {wire.key_header}")
+           f"{wire.route}: api/auth.py reads no key from {wire.key_header}")
     return format_route(wire, serve, headers=HEADERS, body=BODIES.get(wire.api),
                         middleware=(refusals_in(wire),))
 

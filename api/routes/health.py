@@ -11,7 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from api.routes.sidecar import bearer
+from api.auth import bearer
 from api.routing import HotRoute
 from api.runtime import VERSION, is_admin_token, runtime
 

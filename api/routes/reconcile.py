@@ -1,17 +1,17 @@
 """Reconciliation with the providers' cost reports (core/reconcile.py): the admin route, and the
 HTTP request that reads a report, which `ceiling reconcile` and the schedules use too.
 
-    GET /v1/admin/reconcile?provider=openai|anthropic&from=YYYY-MM-DD&to=YYYY-MM-DD
-        [&tolerance_pct=P]
+    GET /v1/admin/reconcile?provider=<name>&from=YYYY-MM-DD&to=YYYY-MM-DD[&tolerance_pct=P]
 
-answers `{"provider", "tolerance_pct", "days": [...], "within"}` with 200 whether or not every
-day is within the tolerance (the answer says which are not; each such day has put one
+(`provider`: a name in core/reconcile.py COST_REPORTS, openai or anthropic) answers
+`{"provider", "tolerance_pct", "days": [...], "within"}` with 200 whether or not every day is
+within the tolerance (the answer says which are not; each such day has put one
 `ledger.drift` alert event in the outbox). A report that cannot be read is an error answer.
 
 `GET /v1/admin/reconcile` with no parameter at all is the daily schedule's run (vercel.json's
 cron, which calls a path with GET): every provider with an admin key set, over the default
 range, one provider's failure apart from the other's, answered as `{"providers": {name:
-{"within", "days_beyond"} or {"error"}}, "within"}`. One cron for both providers: Vercel's Hobby
+{"within", "days_beyond"} or {"error"}}, "within"}`. One cron for every provider: Vercel's Hobby
 plan allows two, and alert delivery has the other.
 """
 
@@ -20,17 +20,19 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Any
 
 import httpx
-from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
-from api.routes.admin import Admin, Service
+from api.auth import admin
+from api.routing import HotRoute, Query, query_of
 from api.runtime import runtime
 from core.errors import CeilingError
 from core.ledger import Upstream
 from core.reconcile import (
+    COST_REPORTS,
     REPORT_PAGE_BYTES_MAX,
     REPORT_TIMEOUT_S,
     Fetch,
@@ -43,7 +45,8 @@ from core.reconcile import (
     tolerance_of,
 )
 
-router = APIRouter()
+PROVIDER, FIRST, LAST, TOLERANCE = Query("provider"), Query("from"), Query("to"), Query(
+    "tolerance_pct")
 
 
 def http_fetch(client: httpx.AsyncClient, provider: Upstream) -> Fetch:
@@ -85,7 +88,7 @@ async def reconcile_configured(env: Mapping[str, str] | None = None) -> dict[str
     run. What a schedule without HTTP (Lambda's) calls."""
     env = os.environ if env is None else env
     outcomes: dict[str, Any] = {}
-    for provider in Upstream:
+    for provider in COST_REPORTS:
         if not configured(provider, env):
             continue
         try:
@@ -97,19 +100,21 @@ async def reconcile_configured(env: Mapping[str, str] | None = None) -> dict[str
     return outcomes
 
 
-@router.get("/v1/admin/reconcile")
-async def reconcile_route(
-    _: Admin, svc: Service, provider: str | None = None,
-    first: Annotated[str | None, Query(alias="from")] = None,
-    last: Annotated[str | None, Query(alias="to")] = None,
-    tolerance_pct: str | None = None,
-) -> JSONResponse:
+async def reconcile_route(request: Request) -> JSONResponse:
     """The ledger's gateway spend per UTC day against `provider`'s cost report; by default the
     week up to yesterday, at a tolerance of 1%. Without `provider`, the schedule's run
     (reconcile_configured): every provider with an admin key, over the default range."""
+    admin(request)
+    runtime().enforcing()  # the ledger is required, as on every admin route
+    provider, first, last, tolerance_pct = (
+        query_of(request, q) for q in (PROVIDER, FIRST, LAST, TOLERANCE))
     if provider is None and first is None and last is None and tolerance_pct is None:
         outcomes = await reconcile_configured()
         return JSONResponse({"providers": outcomes, "within": all(
             o.get("within") is True for o in outcomes.values())})
     done = await run_reconcile(provider_of(provider), first, last, tolerance_of(tolerance_pct))
     return JSONResponse(done.json())
+
+
+ROUTES = (HotRoute("/v1/admin/reconcile", reconcile_route, ("GET",), admin=True,
+                   query=(PROVIDER, FIRST, LAST, TOLERANCE)),)

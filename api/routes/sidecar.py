@@ -1,62 +1,33 @@
 """Reserve / settle / release for callers that make the model call themselves: keys with the
 sidecar role. A key reaches only the reservations it made through these routes, never the ones
-the gateway made for it (core/ledger.py GATEWAY_OWNER_PREFIX)."""
+the gateway made for it (core/ledger.py GATEWAY_OWNER_PREFIX). And a key holder's own reads,
+in either role: its budgets, and its spend series."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from api.errors import InvalidBody
+from api.auth import authenticated as authenticated  # api/routes/gateway.py imports it here
 from api.models import ReserveBody, SettleBody
-from api.routing import HotRoute
+from api.routing import HotRoute, header_of, parsed
 from api.runtime import runtime
 from api.views import leg_json, reservation_json, settlement_json, user_headers
-from core.jsonbody import check_depth
+from core import spend
+from core.errors import InvalidRequest
 from core.ledger import Role
-from core.service import Caller, CeilingService
 
-B = TypeVar("B", bound=BaseModel)
-
-
-def bearer(authorization: str | None) -> str | None:
-    if authorization and authorization[:7].lower() == "bearer ":
-        return authorization[7:].strip()
-    return None
-
-
-async def authenticated(
-    request: Request, role: Role | None, *, x_api_key: bool = False
-) -> tuple[CeilingService, Caller]:
-    """The service and the caller acting in `role`, or the reason to refuse: no ledger, then no
-    valid key, then a key without the role (None: either role will do). With `x_api_key` the key
-    may come as Anthropic's clients send theirs, in `x-api-key`, when no bearer key is given."""
-    svc = runtime().enforcing()
-    headers = request.headers
-    key = bearer(headers.get("authorization"))
-    if key is None and x_api_key:
-        key = headers.get("x-api-key")
-    who = await svc.authenticate(key, headers.get("x-ceiling-run-id"), role,
-                                 headers.get("x-ceiling-user"))
-    return svc, who
-
-
-async def parsed(model: type[B], request: Request) -> B:
-    raw = await request.body()
-    check_depth(raw)  # the gateway's limit, on every route
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        raise InvalidBody(exc.errors(include_url=False, include_context=False)) from exc
+# The only query parameter GET /v1/usage/me reads: anything else (a budget id, a key, a run)
+# is refused, so a caller cannot believe it asked for someone else's series and got it.
+USAGE_QUERY = frozenset({"hours"})
 
 
 async def reserve(request: Request) -> JSONResponse:
     svc, who = await authenticated(request, Role.SIDECAR)
     body = await parsed(ReserveBody, request)
-    r = await svc.reserve(who, body.spec(), request.headers.get("idempotency-key"))
+    r = await svc.reserve(who, body.spec(), header_of(request, b"idempotency-key"))
     return JSONResponse(reservation_json(r), status_code=200 if r.replayed else 201,
                         headers=user_headers(who, r.legs))
 
@@ -85,6 +56,31 @@ async def my_budgets(request: Request) -> JSONResponse:
                         headers=user_headers(who, legs))
 
 
+def report_json(r: spend.BudgetReport) -> dict[str, Any]:
+    return {
+        "budget_id": r.budget_id,
+        "paused": bool(r.definition and r.definition.paused_at_ms is not None),
+        "periods": [leg_json(x) for x in r.legs],
+        "series": [{"hour_start_ms": p.hour_start_ms, "committed_micros": p.committed_micros}
+                   for p in r.series],
+    }
+
+
+async def usage_me(request: Request) -> JSONResponse:
+    """The caller's own budgets (its key's budget and the scopes above it), each with its
+    periods and hourly spend: the key decides whose, never a parameter."""
+    _, who = await authenticated(request, None)
+    asked = set(request.query_params) - USAGE_QUERY
+    if asked:
+        raise InvalidRequest(
+            f"GET /v1/usage/me shows the calling key's own budgets; it takes only 'hours', not "
+            f"{sorted(asked)}", field=sorted(asked)[0])
+    hours = spend.check_hours(request.query_params.get("hours"))
+    reports = await spend.usage(runtime().store(), who.key.budget_id, hours)
+    return JSONResponse({"budget_id": who.key.budget_id.path, "hours": hours,
+                         "budgets": [report_json(r) for r in reports]})
+
+
 # The hot routes (api/routing.py) of this module.
 ROUTES = (
     HotRoute("/v1/reservations", reserve, body=ReserveBody.model_json_schema(),
@@ -93,4 +89,5 @@ ROUTES = (
              body=SettleBody.model_json_schema()),
     HotRoute("/v1/reservations/{reservation_id}/release", release),
     HotRoute("/v1/budgets/me", my_budgets, methods=("GET",)),
+    HotRoute("/v1/usage/me", usage_me, methods=("GET",)),
 )

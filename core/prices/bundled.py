@@ -35,6 +35,29 @@ BUNDLED_WINDOW_S = 3_600
 # a date as providers write them (`-20251001`, `-2024-08-06`).
 _SNAPSHOT_SUFFIX = re.compile(r"(-\d{8}|-\d{4}-\d{2}-\d{2})?")
 
+# Google's documented limits of Gemini models whose genai-prices entry names no context window
+# (or no output limit): the input token limit ("Input token limit") and the output token limit
+# ("Output token limit") of each model's card, https://ai.google.dev/gemini-api/docs/models.
+# The window holds input a request only refers to (cached content, files, fetched URLs); the
+# output limit, the most one thought signature sent back can carry. A dated or preview name of
+# a family (gemini-2.5-pro-preview-06-05) takes its family's limits by the longest prefix.
+GEMINI_LIMITS_TOKENS: dict[str, tuple[int, int]] = {
+    "gemini-2.0-flash": (1_048_576, 8_192),
+    "gemini-2.0-flash-lite": (1_048_576, 8_192),
+    "gemini-2.5-pro": (1_048_576, 65_536),
+    "gemini-2.5-flash": (1_048_576, 65_536),
+    "gemini-2.5-flash-lite": (1_048_576, 65_536),
+    "gemini-3-pro-preview": (1_048_576, 65_536),
+    "gemini-3-flash-preview": (1_048_576, 65_536),
+}
+
+
+def gemini_limits(model: str) -> tuple[int, int] | None:
+    """(input, output) token limits of a Gemini model's family, by the longest prefix."""
+    found = [name for name in GEMINI_LIMITS_TOKENS if model.startswith(name)]
+    return GEMINI_LIMITS_TOKENS[max(found, key=len)] if found else None
+
+
 _units: dict[str, tuple[int, Mapping[str, str]]] | None = None
 
 
@@ -210,6 +233,9 @@ def _bundled_rates(model: str, window: int, provider: str | None = None) -> Rate
     context_window = getattr(info, "context_window", None)
     extra["context_window_tokens"] = context_window if (
         type(context_window) is int and context_window > 0) else None
+    limits = gemini_limits(model)
+    if limits is not None and extra["context_window_tokens"] is None:
+        extra["context_window_tokens"] = limits[0]
     start = datetime.fromtimestamp(window * BUNDLED_WINDOW_S, UTC)
     instants = (start, start + timedelta(seconds=BUNDLED_WINDOW_S,
                                          milliseconds=RESERVATION_TTL_MS_MAX))
@@ -227,5 +253,6 @@ def _bundled_rates(model: str, window: int, provider: str | None = None) -> Rate
                             model=model) from exc
     return _rates_from_keys(model, prices, service_tiers=tiers, **extra,
                             image_tokens_max=image_bound(model),
-                            output_tokens_max=output_tokens_max(model),
+                            output_tokens_max=output_tokens_max(model) or (
+                                limits[1] if limits is not None else None),
                             audio_input_tokens_per_s=audio_input_tokens_per_s(model))

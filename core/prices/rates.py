@@ -147,18 +147,24 @@ class Rates:
                 max(t[0][1] for t in schedules[4:] if t is not None))
 
     def worst_case_exact(self, text_tokens: int, audio_tokens: int, input_tokens_max: int,
-                         output_tokens: int, *, cache_1h: bool = True) -> Decimal:
+                         output_tokens: int, *, cache_1h: bool = True,
+                         any_modality: bool = False) -> Decimal:
         """Every input token at the dearest input-side rate it can reach (input, a cache read
-        or either cache write; a 1-hour write only with `cache_1h`), audio at the dearest of
-        those and the audio rates, every output token at the dearest output-side rate, plus the
-        fee. The caller checks that the rates it needs exist."""
+        or either cache write; a 1-hour write only with `cache_1h`; with `any_modality`, input
+        the request only refers to, of a kind it cannot show, the audio rates too), audio at
+        the dearest of those and the audio rates, every output token at the dearest
+        output-side rate, plus the fee. The caller checks that the rates it needs exist."""
         text_rate = max(peak(t, input_tokens_max) for t in (
             self.input, self.cached_input, self.cache_write,
-            self.cache_write_1h if cache_1h else None) if t is not None)
+            self.cache_write_1h if cache_1h else None,
+            *((self.input_audio, self.cached_input_audio) if any_modality else ()))
+            if t is not None)
         exact = text_tokens * text_rate + self.call_fee_micros
         if audio_tokens:
             exact += audio_tokens * max(text_rate, *(peak(t, input_tokens_max) for t in (
                 self.input_audio, self.cached_input_audio) if t is not None))
+        if not output_tokens:
+            return exact  # a call that writes nothing (an embedding) may have no output rate
         output_rate = max(peak(t, input_tokens_max) for t in (
             self.output, self.output_audio) if t is not None)
         return exact + output_tokens * output_rate

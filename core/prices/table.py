@@ -222,10 +222,13 @@ class PriceTable:
         documented, so each of the searches + 1 steps is held as if it billed all of it: the
         prompt, every search's results and the output so far."""
         check_tokens(input_tokens, "input_tokens", minimum=0)
-        check_tokens(output_tokens_max, "max_output_tokens", minimum=1)
+        # 0 only for a model that writes nothing (an embedding model: no output rate), below.
+        check_tokens(output_tokens_max, "max_output_tokens", minimum=0)
         if type(choices) is not int or not 1 <= choices <= CHOICES_MAX:
             raise InvalidRequest(f"n must be an integer from 1 to {CHOICES_MAX}", field="n")
         r = self.rates(model, provider)
+        if not output_tokens_max and (r.output is not None or r.output_audio is not None):
+            check_tokens(output_tokens_max, "max_output_tokens", minimum=1)
         candidates = self._tiers(model, r, service_tier)
         searches = self._searches(model, r, media)
         if media is NO_MEDIA and not searches:
@@ -264,7 +267,7 @@ class PriceTable:
         total = check_tokens(text_tokens + audio_tokens, "input_tokens", minimum=0)
         exact = ZERO
         for tier in candidates:
-            if tier.output is None and tier.output_audio is None:
+            if output_tokens_max and tier.output is None and tier.output_audio is None:
                 raise ModelUnpriced(f"model {model!r} has no output price", model=model)
             if audio_tokens and tier.input_audio is None:
                 raise ModelUnpriced(f"model {model!r} has no audio input price", model=model,
@@ -278,7 +281,7 @@ class PriceTable:
                 fees = searches * tier.web_search_micros
             exact = max(exact, fees + tier.worst_case_exact(
                 text_tokens, audio_tokens, total, output_tokens_max * choices,
-                cache_1h=media.cache_1h))
+                cache_1h=media.cache_1h, any_modality=bool(referred)))
         return _bounded(charge_micros(exact))
 
     @staticmethod
@@ -302,7 +305,16 @@ class PriceTable:
     @staticmethod
     def _searches(model: str, rates: Rates, media: Media) -> int:
         """The web searches a call may run beyond a search model's own: the request's bound
-        (`media.web_searches`), or for a model that searches as it chooses, the prices file's."""
+        (`media.web_searches`), or for a model that searches as it chooses (or a search tool
+        the request gives no bound: `web_search_field` with no searches), the prices file's."""
+        if media.web_search_field and not media.web_searches:
+            if rates.web_searches_max is None:
+                raise ModelUnbounded(
+                    f"{media.web_search_field} lets model {model!r} run as many web searches as "
+                    "it chooses, each billed a fee, and nothing in the request bounds how many: "
+                    "set web_searches_max for it in the prices file", model=model,
+                    component="web_search", field=media.web_search_field)
+            return rates.web_searches_max
         if not rates.searches_on_its_own or media.web_searches:
             return media.web_searches
         if rates.web_searches_max is None:

@@ -1,7 +1,13 @@
 """The operators' catalogue on a Redis-speaking ledger: lists, deletion, the audit stream, and
-the raw reads and writes of an export and a restore (core/operations.py says what they mean).
+the body of an export and its restore (core/operations.py says what they mean to an operator).
 Keys are made, rotated and revoked by the store itself (core/ledger.py KeyStore), each in one
 script on the key's record.
+
+The body of an export (core/stores/export_body.py: a document by the domain's names, format
+/2) is read here from the ledger's layout and written back into it: a restore checks all of it
+before it writes anything, then writes each organisation in one script (lua/restore_tag.lua)
+and each key in the key's own. A body of format /1 is read as the /2 body it means
+(core/stores/export_v1.py).
 
 Nothing here runs on a call's path. The catalogue's keys (core/stores/keys.py CATALOGUE) share
 the ledger id's slot, so on Redis Cluster every command below that names one of them goes to one
@@ -10,45 +16,51 @@ master; what belongs to an organisation is read and written under its own hash t
 
 from __future__ import annotations
 
-import re
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.budgets import RUN_SCOPE_KIND
-from core.errors import BudgetInUse, ensure
-from core.ledger import ROLES_OF_KEYS_BEFORE_ROLES, ExpirePolicy, KeyInfo, ReservationState
-from core.lifecycle import Event, effects
-from core.limits import COUNTER_RETENTION_MS, DAY_MS, UNKNOWN_OUTCOME_RETENTION_MS
+from core.audit import audit_json, stream_position
+from core.errors import BudgetInUse, CeilingError, LedgerNotEmpty, ensure
+from core.ledger import (
+    KeyInfo,
+    ReservationState,
+    Restored,
+    tag_digest,
+)
+from core.limits import COUNTER_RETENTION_MS, DAY_MS
+from core.stores import export_body as document
 from core.stores import keys, wire
+from core.stores.export_v1 import EXPORT_FORMAT_1, body_of_format_1
 from core.stores.scripted import ScriptedStore
+from core.stores.scripted_catalogue import definition_of
 from core.stores.scripts import script
 
 # Keys one dump_tag page scans: enough that a tag of a few hundred budgets takes a few pages,
 # small enough that one page holds the server for well under a millisecond.
 DUMP_PAGE_KEYS = 1_000
-# A counter's key: 'sc:{TAG}:' then 'p:' budget id '|' window key (core/stores/keys.py counter).
-_COUNTER = re.compile(r"(sc:\{[^}]+\}:)(" + re.escape(keys.COUNTER) + r"([^|]+)\|([^|]+))")
 # The longest period window (a month), a bound on how far from now a window still open ends.
 WINDOW_MS_MAX = 31 * DAY_MS
 # Pages one tag's dump may take before it is refused as runaway (a scan that never ends).
 DUMP_PAGES_MAX = 100_000
 
-KEY_FIELDS = ("key_id", "budget_id", "run_ceiling_micros", "run", "roles", "created_ms",
-              "last_used_ms", "rotated_at_ms")
-# A key's record (lua/key_put.lua): KEY_FIELDS but 'run', and the secrets it takes.
-KEY_RECORD_FIELDS = (*(f for f in KEY_FIELDS if f != "run"), "key_hash", "previous_key_hash",
+# A key's record (lua/key_put.lua): who it is, what it may do, and the secrets it takes.
+KEY_RECORD_FIELDS = ("key_id", "budget_id", "run_ceiling_micros", "roles", "created_ms",
+                     "last_used_ms", "rotated_at_ms", "key_hash", "previous_key_hash",
                      "grace_ends_at_ms")
 
 
 @dataclass(frozen=True)
 class TagDump:
     """One tag as kept: its hashes (meta, definitions, counters) by key suffix with their time to
-    live (None: kept for ever), its open reservations' records, and the end users of each
-    budget that counts them (its users set, core/stores/keys.py USERS), by budget id."""
+    live (None: kept for ever), its open reservations' records and those an expiry charged as
+    unknown, and the end users of each budget that counts them (its users set,
+    core/stores/keys.py USERS), by budget id."""
 
     hashes: dict[str, tuple[int | None, dict[str, str]]]
     open_records: dict[str, wire.StoredRecord]
+    unknown_records: dict[str, wire.StoredRecord] = field(default_factory=dict)
     users: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
@@ -72,10 +84,6 @@ class ScriptedCatalogue:
     def now_estimate(self) -> int:
         """The ledger's time as this instance last learnt it, advanced by its own clock."""
         return self.store.now_estimate()
-
-    def use_ledger(self, ledger_id: str) -> None:
-        """Write and read under `ledger_id` from now on (a restore's new ledger)."""
-        self.store.use_ledger(ledger_id)
 
     # -- lists ---------------------------------------------------------------------------
 
@@ -104,33 +112,15 @@ class ScriptedCatalogue:
     async def key_info(self, key_id: str) -> KeyInfo | None:
         values = await self._t.execute("HMGET", keys.api_key_record(key_id), *KEY_RECORD_FIELDS)
         f = dict(zip(KEY_RECORD_FIELDS, values, strict=True))
-        if f["key_hash"] is not None:
-            grace_ends_at_ms = _number(f["grace_ends_at_ms"])
-            left_ms = None if grace_ends_at_ms is None or not f["previous_key_hash"] \
-                else grace_ends_at_ms - self.store.now_estimate()
-            return KeyInfo(key_id, str(f["budget_id"]), tuple(sorted(str(f["roles"]).split(","))),
-                           _number(f["run_ceiling_micros"]), _number(f["created_ms"]),
-                           _number(f["last_used_ms"]), _number(f["rotated_at_ms"]),
-                           left_ms if left_ms is not None and left_ms > 0 else None)
-        # A key of the layout before records were by id, which no rotation moved into one yet.
-        key_hash = await self._t.execute("GET", keys.api_key_id(key_id))
-        if key_hash is None:
+        if f["key_hash"] is None:
             return None
-        values = await self._t.execute("HMGET", keys.api_key(str(key_hash)), *KEY_FIELDS)
-        f = dict(zip(KEY_FIELDS, values, strict=True))
-        if f["key_id"] is None:
-            return None
-        run = f["run_ceiling_micros"] if f["run_ceiling_micros"] is not None else f["run"]
-        previous_ms = None
-        previous = await self._t.execute("GET", keys.api_key_previous(key_id))
-        if previous is not None:
-            ttl = int(await self._t.execute("PTTL", keys.api_key(str(previous))))
-            previous_ms = ttl if ttl > 0 else None
-        roles = tuple(sorted(str(f["roles"]).split(","))) if f["roles"] is not None \
-            else ("gateway", "sidecar")  # core.ledger.ROLES_OF_KEYS_BEFORE_ROLES
-        return KeyInfo(key_id, str(f["budget_id"]), roles, _number(run),
-                       _number(f["created_ms"]), _number(f["last_used_ms"]),
-                       _number(f["rotated_at_ms"]), previous_ms)
+        grace_ends_at_ms = _number(f["grace_ends_at_ms"])
+        left_ms = None if grace_ends_at_ms is None or not f["previous_key_hash"] \
+            else grace_ends_at_ms - self.store.now_estimate()
+        return KeyInfo(key_id, str(f["budget_id"]), tuple(sorted(str(f["roles"]).split(","))),
+                       _number(f["run_ceiling_micros"]), _number(f["created_ms"]),
+                       _number(f["last_used_ms"]), _number(f["rotated_at_ms"]),
+                       left_ms if left_ms is not None and left_ms > 0 else None)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -177,14 +167,51 @@ class ScriptedCatalogue:
 
     # -- export ------------------------------------------------------------------------------
 
-    async def tags(self) -> list[str]:
-        """Every organisation the ledger knows: the catalogue's, and the tag map's (budgets
-        put before the catalogue existed)."""
-        orgs = _pairs(await self._t.execute("HGETALL", keys.ORGS_KEY))
-        mapped = _pairs(await self._t.execute("HGETALL", keys.TAG_MAP_KEY))
-        return sorted(set(orgs) | set(mapped.values()))
+    async def export_body(self) -> dict[str, Any]:
+        """The body of an export (core/stores/export_body.py says what it holds)."""
+        organisations = []
+        for tag in await self._tags():
+            dump = await self._dump_tag(tag)
+            meta: dict[str, str] = {}
+            definitions, counters = {}, []
+            for suffix, (_, stored) in dump.hashes.items():
+                if suffix == keys.META:
+                    meta = stored
+                elif suffix.startswith(keys.DEFINITION):
+                    budget_id = suffix[len(keys.DEFINITION):]
+                    definitions[budget_id] = definition_of(budget_id, stored)
+                else:
+                    budget_id, _, window = suffix[len(keys.COUNTER):].rpartition("|")
+                    counters.append(document.counter_entry(budget_id, window, stored))
+            reservations = [document.reservation_entry(rid, record) for rid, record in
+                            (*dump.open_records.items(), *dump.unknown_records.items())]
+            # Each budget's end users (their counters are among the counters): who counts
+            # against users_max, which a restore keeps.
+            if definitions or counters or reservations or dump.users:
+                organisations.append(document.organisation(
+                    tag, meta, definitions, counters, reservations, dump.users))
+        return {"organisations": organisations,
+                "keys": [document.key_entry(k) for k in await self._key_records()],
+                "audit": [audit_json(entry_id, f) for entry_id, f in await self._audit_all()]}
 
-    async def dump_tag(self, tag: str) -> TagDump:
+    async def _audit_all(self) -> list[tuple[str, dict[str, str]]]:
+        """The whole audit stream, oldest first, DUMP_PAGE_KEYS entries a read."""
+        entries: list[tuple[str, dict[str, str]]] = []
+        for _ in range(DUMP_PAGES_MAX):
+            low = f"({entries[-1][0]}" if entries else "-"
+            found = await self._t.execute("XRANGE", keys.AUDIT_KEY, low, "+", "COUNT",
+                                          str(DUMP_PAGE_KEYS))
+            entries += [(str(entry_id), _pairs(fields)) for entry_id, fields in found]
+            if len(found) < DUMP_PAGE_KEYS:
+                return entries
+        ensure(False, "the read of the audit stream did not end")
+        return entries
+
+    async def _tags(self) -> list[str]:
+        """Every organisation the ledger knows: the catalogue's."""
+        return sorted(_pairs(await self._t.execute("HGETALL", keys.ORGS_KEY)))
+
+    async def _dump_tag(self, tag: str) -> TagDump:
         """Not one snapshot (a tag's keys are read a page at a time, under load): the open
         reservations are read first, then the counters. A call that settles in between is then
         in the committed it settled to and still in the open holds, which a restore charges: an
@@ -198,6 +225,7 @@ class ScriptedCatalogue:
                 records[rid] = found
         hashes: dict[str, tuple[int | None, dict[str, str]]] = {}
         users: dict[str, tuple[str, ...]] = {}
+        unknown: dict[str, wire.StoredRecord] = {}
         cursor = "0"
         for _ in range(DUMP_PAGES_MAX):
             page = await self._t.run(script("dump_tag"), (keys.meta(tag),),
@@ -212,13 +240,19 @@ class ScriptedCatalogue:
                         keys.USERS if kind == "users" else keys.PENDING_USERS)
                     members = await self._members(keys.prefix(tag) + suffix)
                     users[budget_id] = tuple(sorted({*users.get(budget_id, ()), *members}))
+                elif kind == "unknown":
+                    # One that expired since it was read open is exported open: a restore
+                    # charges it as its expiry did.
+                    rid = suffix.removeprefix(keys.RECORD)
+                    if rid not in records:
+                        unknown[rid] = wire.StoredRecord.unpacked(str(values[0]))
                 else:
                     hashes[suffix] = (pttl if pttl > 0 else None, _pairs(list(values)))
             if cursor == "0":
                 break
         else:
             ensure(False, f"the dump of {tag} did not end")
-        return TagDump(hashes, records, users)
+        return TagDump(hashes, records, unknown, users)
 
     async def _members(self, key: str) -> tuple[str, ...]:
         """A users set's members in byte order, DUMP_PAGE_KEYS at a time (ZRANGEBYLEX after the
@@ -237,49 +271,95 @@ class ScriptedCatalogue:
             ensure(False, f"the dump of the users set {key} did not end")
         return tuple(members)
 
-    async def index_unlisted_keys(self) -> int:
-        """Put keys made before the catalogue existed into it; how many. On one Redis (and
-        Upstash) a SCAN finds them; on a Cluster a SCAN sees one node, so there a key made
-        before the catalogue is listed once it is rotated or made again."""
-        if self._t.backend == "redis-cluster":
-            return 0
-        added, cursor = 0, "0"
-        for _ in range(DUMP_PAGES_MAX):
-            cursor, found = await self._t.execute(
-                "SCAN", cursor, "MATCH", keys.api_key_id("*"), "COUNT", str(DUMP_PAGE_KEYS))
-            for name in found:
-                key_id = str(name).removeprefix(keys.api_key_id(""))
-                key_hash = await self._t.execute("GET", str(name))
-                budget_id = None if key_hash is None else await self._t.execute(
-                    "HGET", keys.api_key(str(key_hash)), "budget_id")
-                if budget_id is not None:
-                    added += int(await self._t.execute(
-                        "ZADD", keys.KEYS_KEY, "NX", "0", f"{budget_id} {key_id}"))
-            if str(cursor) == "0":
-                break
-        return added
-
-    async def key_records(self) -> list[dict[str, str]]:
+    async def _key_records(self) -> list[dict[str, str]]:
         """Every indexed key's record: its secrets' hashes, never a secret."""
         members = await self._t.execute("ZRANGE", keys.KEYS_KEY, "0", "-1")
         out = []
         for member in members:
             key_id = str(member).rpartition(" ")[2]
             found = _pairs(await self._t.execute("HGETALL", keys.api_key_record(key_id)))
-            if "key_hash" in found:
+            if "key_hash" in found:  # one revoked since the index was read holds no secret
                 out.append(found)
-                continue
-            key_hash = await self._t.execute("GET", keys.api_key_id(key_id))
-            if key_hash is None:
-                continue
-            record = _pairs(await self._t.execute("HGETALL", keys.api_key(str(key_hash))))
-            if record:
-                out.append({**record, "key_hash": str(key_hash)})
         return out
 
     # -- restore -----------------------------------------------------------------------------
 
-    async def has_data(self, tags: Iterable[str]) -> list[str]:
+    async def restore_body(self, body: object, force: bool, document_format: str) -> Restored:
+        """core/operations.py Catalogue.restore_body: checked whole first (a /1 body read as
+        the /2 body it means: core/stores/export_v1.py), then each organisation in one script,
+        then the keys."""
+        if document_format == EXPORT_FORMAT_1:
+            body = body_of_format_1(body)
+        orgs, key_records, audit = document.checked(body)
+        tags = [o.tag for o in orgs]
+        live_tags = await self._tags()
+        found = await self._has_data(tags)
+        if found and not force:
+            raise LedgerNotEmpty(
+                "the ledger is not empty (" + ", ".join(found[:10]) + "); restore into an "
+                "empty or wiped ledger, or give --force, which keeps the larger committed spend "
+                "of every counter (never refills)", found=found[:10])
+        try:
+            previous: str | None = await self.store.open()
+        except CeilingError:  # a reset ledger: its id is what is being replaced
+            previous = None
+        ledger_id = uuid.uuid4().hex
+        # No confirmation given for an earlier restore applies to this one.
+        await self._t.execute("DEL", keys.ADOPTED_KEY)
+        self.store.use_ledger(ledger_id)
+        now_ms = self.store.now_estimate()
+        counters = charged_count = charged_micros = 0
+        for org in orgs:
+            written, charged, micros = await self._restore_tag(
+                org.tag, [b.budget_id.path for b in org.budgets],
+                document.sections(org, now_ms), ledger_id, now_ms, force, "restore")
+            counters, charged_count = counters + written, charged_count + charged
+            charged_micros += micros
+        if force:
+            # Organisations the ledger has and the export does not: under the new id too.
+            for tag in sorted(set(live_tags) - set(tags)):
+                dump = await self._dump_tag(tag)
+                ids = [s.removeprefix(keys.DEFINITION) for s in sorted(dump.hashes)
+                       if s.startswith(keys.DEFINITION)]
+                sections = [str(len(ids)), *(x for i in ids for x in (i, "0")), "0", "0", "0"]
+                await self._restore_tag(tag, ids, sections, ledger_id, now_ms, force, "restamp")
+        for k in key_records:
+            await self._write_key(k)
+        await self._restore_audit(audit)
+        return Restored(
+            ledger_id, previous, sum(len(o.budgets) for o in orgs), counters,
+            sum(len(members) for o in orgs for _, members in o.users), len(key_records),
+            charged_count, charged_micros)
+
+    async def _restore_tag(self, tag: str, budget_ids: Sequence[str], sections: Sequence[str],
+                           ledger_id: str, now_ms: int, force: bool, mode: str
+                           ) -> tuple[int, int, int]:
+        """One organisation in one script (lua/restore_tag.lua: `sections` and `mode` are its),
+        then its entries in the catalogue, in the ledger id's slot: each writes a value that is
+        the same every time, and nothing serves the restored ledger before its stamp, which
+        comes after them all."""
+        reply = await self._t.run(
+            script("restore_tag"), (keys.meta(tag),),
+            [ledger_id, str(now_ms), "1" if force else "0",
+             str(COUNTER_RETENTION_MS + WINDOW_MS_MAX), mode, *sections])
+        await self._t.execute("HSET", keys.TAG_MAP_KEY, tag_digest(tag), tag)
+        await self._t.execute("HSET", keys.ORGS_KEY, tag, ledger_id)
+        for at in range(0, len(budget_ids), DUMP_PAGE_KEYS):
+            pairs = [x for b in budget_ids[at:at + DUMP_PAGE_KEYS] for x in ("0", b)]
+            await self._t.execute("ZADD", keys.BUDGETS_KEY, *pairs)
+        return int(reply[0]), int(reply[1]), int(reply[2])
+
+    async def _restore_audit(self, entries: Sequence[tuple[str, dict[str, str]]]) -> None:
+        """The exported audit entries after the last one the stream holds, under their own ids:
+        a restore run again adds none twice, and a ledger's own later entries stay its word."""
+        last = await self._t.execute("XREVRANGE", keys.AUDIT_KEY, "+", "-", "COUNT", "1")
+        after = stream_position(str(last[0][0])) if last else (0, 0)
+        for entry_id, fields in entries:
+            if stream_position(entry_id) > after:
+                await self._t.execute("XADD", keys.AUDIT_KEY, entry_id,
+                                      *(x for kv in fields.items() for x in kv))
+
+    async def _has_data(self, tags: Iterable[str]) -> list[str]:
         """What makes the ledger not empty: catalogue entries and organisations with data."""
         found = []
         if int(await self._t.execute("HLEN", keys.ORGS_KEY)):
@@ -293,11 +373,7 @@ class ScriptedCatalogue:
                 found.append(tag)
         return found
 
-    async def begin_restore(self) -> None:
-        """No confirmation given for an earlier restore applies to this one."""
-        await self._t.execute("DEL", keys.ADOPTED_KEY)
-
-    async def stamp_ledger(self, ledger_id: str) -> None:
+    async def stamp_restored(self, ledger_id: str) -> None:
         """The restored ledger's id, written last: instances that find theirs gone wait for the
         operator's adoption (`ceiling ledger adopt`) before they enforce against it. With it, the
         format version its records were written in: this version's."""
@@ -305,87 +381,24 @@ class ScriptedCatalogue:
         await self._t.execute("SET", keys.LEDGER_FORMAT_KEY, str(wire.LEDGER_FORMAT_VERSION))
         await self._t.execute("SET", keys.LEDGER_ID_KEY, ledger_id)
 
-    async def write_hash(self, key: str, fields: dict[str, str], ttl_ms: int | None) -> None:
-        """Write a hash whole. A counter of spend gets no expiry (an evicting Redis must find
-        none to drop: core/stores/keys.py WINDOWS) but goes into its tag's sweep index: a run's
-        as written now, a window's by the end of the expiry it had (an export made before
-        counters were swept) or else COUNTER_RETENTION_MS and the longest window from now, a
-        bound on when its own retention ends."""
-        await self._t.execute("DEL", key)
-        await self._t.execute("HSET", key, *[x for kv in fields.items() for x in kv])
-        counter = _COUNTER.fullmatch(key)
-        if counter is None:
-            if ttl_ms is not None:
-                await self._t.execute("PEXPIRE", key, str(ttl_ms))
-            return
-        prefix, suffix, budget_id, window_key = counter.group(1, 2, 3, 4)
-        now_ms = self.store.now_estimate()
-        if window_key != "total":
-            due_ms = now_ms + (ttl_ms if ttl_ms is not None
-                               else COUNTER_RETENTION_MS + WINDOW_MS_MAX)
-            await self._t.execute("ZADD", prefix + keys.WINDOWS, str(due_ms), suffix)
-        elif f"/{RUN_SCOPE_KIND}:" in budget_id:
-            await self._t.execute("ZADD", prefix + keys.RUNS, str(now_ms), suffix)
-
-    async def read_hash(self, key: str) -> dict[str, str]:
-        return _pairs(await self._t.execute("HGETALL", key))
-
-    async def has_record(self, tag: str, reservation_id: str) -> bool:
-        return bool(await self._t.execute("EXISTS", keys.reservation(tag, reservation_id)))
-
-    async def write_unknown(self, tag: str, reservation_id: str, record: wire.StoredRecord,
-                            now_ms: int) -> bool:
-        """An open reservation of the export, as expiry under 'charge' leaves it: committed in
-        its legs (the caller books that), outcome 'unknown', so a late settle or an operator's
-        correction still corrects it. Not over a record the ledger already has."""
-        held = int(record.reserved_micros)
-        fx = effects(Event.EXPIRE, ReservationState.OPEN, ExpirePolicy.CHARGE, held)
-        fields = record._replace(
-            state=fx.to.value, expire_policy=ExpirePolicy.CHARGE.value, outcome=fx.outcome,
-            resolved_ms=str(now_ms), released_micros=str(fx.released_micros),
-            overshoot_micros=str(fx.overshoot_micros), late="1" if fx.late else "0",
-            actual_micros="")
-        packed = wire.SEPARATOR.join(fields)
-        return bool(await self._t.execute(
-            "SET", keys.reservation(tag, reservation_id), packed, "PX",
-            str(UNKNOWN_OUTCOME_RETENTION_MS), "NX"))
-
-    async def catalogue_tag(self, tag: str, ledger_id: str, digest: str) -> None:
-        await self._t.execute("HSET", keys.TAG_MAP_KEY, digest, tag)
-        await self._t.execute("HSET", keys.ORGS_KEY, tag, ledger_id)
-
-    async def catalogue_budget(self, budget_id: str) -> None:
-        await self._t.execute("ZADD", keys.BUDGETS_KEY, "0", budget_id)
-
-    async def write_users(self, tag: str, budget_id: str, users: Sequence[str]) -> None:
-        """Add `users` to the budget's users set (score 0: byte order), DUMP_PAGE_KEYS a
-        command; members it holds already stay as they are."""
-        key = keys.prefix(tag) + keys.USERS + budget_id
-        for at in range(0, len(users), DUMP_PAGE_KEYS):
-            pairs = [x for user in users[at:at + DUMP_PAGE_KEYS] for x in ("0", user)]
-            await self._t.execute("ZADD", key, *pairs)
-
-    async def write_key(self, record: dict[str, str]) -> None:
-        """An exported key (a record, or an entry of the layout before records were by id) as a
-        record (lua/key_put.lua), its previous secret with what is left of its grace. A key the
-        ledger holds already, or revoked, stays as it is: the ledger's is the later word. Each
-        secret's hash gets an entry that leads to the record, for a secret made before secrets
-        carried their key id (one made since has no use for it)."""
-        key_id, key_hash, budget_id = record["key_id"], record["key_hash"], record["budget_id"]
-        grace_ends_at_ms = _number(record.get("grace_ends_at_ms"))
-        previous = record.get("previous_key_hash", "")
+    async def _write_key(self, key: document.Key) -> None:
+        """An exported key as a record (lua/key_put.lua), its previous secret with what is left
+        of its grace. A key the ledger holds already, or revoked, stays as it is: the ledger's is
+        the later word. Each secret's hash gets an entry that leads to the record, for a secret
+        made before secrets carried their key id (one made since has no use for it)."""
+        record = document.key_record(key)
+        grace_ends_at_ms = key.previous_secret_valid_until_ms
+        previous = key.previous_key_hash or ""
         previous_valid_ms = 0 if not previous or grace_ends_at_ms is None \
             else max(0, grace_ends_at_ms - self.store.now_estimate())
-        roles = record.get("roles", ",".join(sorted(ROLES_OF_KEYS_BEFORE_ROLES)))
-        await self._t.execute("ZADD", keys.KEYS_KEY, "0", f"{budget_id} {key_id}")
+        await self._t.execute("ZADD", keys.KEYS_KEY, "0", f"{key.budget_id} {key.key_id}")
         await self.store.put_key_record(
-            key_id, key_hash, budget_id, record.get("run_ceiling_micros", record.get("run", "")),
-            roles, previous_key_hash=previous if previous_valid_ms else "",
-            previous_valid_ms=previous_valid_ms, created_ms=record.get("created_ms", ""),
-            rotated_at_ms=record.get("rotated_at_ms", ""),
-            last_used_ms=record.get("last_used_ms", ""))
-        for secret_hash in filter(None, [key_hash, previous if previous_valid_ms else ""]):
-            await self._t.execute("HSET", keys.api_key(secret_hash), "key_id", key_id,
+            key.key_id, key.key_hash, key.budget_id, record["run_ceiling_micros"],
+            record["roles"], previous_key_hash=previous if previous_valid_ms else "",
+            previous_valid_ms=previous_valid_ms, created_ms=record["created_ms"],
+            rotated_at_ms=record["rotated_at_ms"], last_used_ms=record["last_used_ms"])
+        for secret_hash in filter(None, [key.key_hash, previous if previous_valid_ms else ""]):
+            await self._t.execute("HSET", keys.api_key(secret_hash), "key_id", key.key_id,
                                   "index_only", "1")
 
     async def adopt(self) -> tuple[str | None, str | None]:
@@ -404,22 +417,3 @@ class ScriptedCatalogue:
             await self._t.execute("SET", keys.ADOPTED_KEY, str(current))
         return (None if current is None else str(current),
                 None if restored is None else str(restored))
-
-
-def unknown_effects(held_micros: int) -> tuple[int, int]:
-    """(reserved delta, committed delta) of charging an open hold as unknown (core/lifecycle.py's
-    expiry under 'charge')."""
-    fx = effects(Event.EXPIRE, ReservationState.OPEN, ExpirePolicy.CHARGE, held_micros)
-    return fx.reserved_delta, fx.committed_delta
-
-
-def legs_of(record: wire.StoredRecord) -> Sequence[tuple[str, str, bool]]:
-    """(budget id, window key, is a run's) of each leg a record holds money in."""
-    out = []
-    for item in record.legs.split(wire.ITEM_SEPARATOR):
-        if item:
-            parts = item.split(wire.PART_SEPARATOR)
-            out.append((parts[0], parts[1], parts[-1] == "run"))
-    return out
-
-

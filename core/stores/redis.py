@@ -1,19 +1,28 @@
 """RedisStore: the ledger on one Redis (or a managed Redis) through redis-py's asyncio client.
 
-The scripts, two or more on every call the service serves, go out on a connection of the
-transport's own (`RedisTransport.run`, core/stores/redis_resp.py: hiredis over an asyncio
-protocol, to where redis-py's client connects), one per event loop, carrying its calls
-pipelined: redis-py's command path costs several times what sending the command does, and a
-connection per call in flight costs the server and the service a wake-up and a system call per
-command. Everything else (key records, health, budgets, loading the scripts) goes through the
-client, where its response callbacks shape the replies.
+The scripts, two or more on every call the service serves, go out on the client the store's
+`script_client` names (ScriptClient; CEILING_REDIS_SCRIPT_CLIENT when it is not given), the one
+place where the ledger bypasses redis-py:
+
+- `resp` (the default): a connection of the transport's own (`RedisTransport.run`,
+  core/stores/redis_resp.py: hiredis over an asyncio protocol, to where redis-py's client
+  connects), one per event loop, carrying its calls pipelined: redis-py's command path costs
+  several times what sending the command does, and a connection per call in flight costs the
+  server and the service a wake-up and a system call per command (docs/measured.md).
+- `redis-py`: redis-py's client, like everything else; also what `resp` falls back to for a
+  connection setting redis_resp.py does not carry out (a Unix socket, a credential provider).
+
+Everything else (key records, health, budgets, loading the scripts) goes through the client,
+where its response callbacks shape the replies.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+import os
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from enum import StrEnum
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -51,6 +60,26 @@ RETRIES_MAX = 2
 RETRY_BACKOFF_S_MAX = 0.05
 RETRY_BACKOFF_S_BASE = 0.01
 T = TypeVar("T")
+# The setting that picks the scripts' client when a store is not given one (ScriptClient).
+SCRIPT_CLIENT_SETTING = "CEILING_REDIS_SCRIPT_CLIENT"
+
+
+class ScriptClient(StrEnum):
+    """What the ledger's scripts go out on; see the module docstring."""
+
+    RESP = "resp"
+    REDIS_PY = "redis-py"
+
+
+def script_client(environ: Mapping[str, str] = os.environ) -> ScriptClient:
+    """The client SCRIPT_CLIENT_SETTING names (resp when it is unset); InvariantBroken for any
+    other value, as for any other argument a store is built with that it cannot carry out."""
+    given = environ.get(SCRIPT_CLIENT_SETTING, "").strip().lower()
+    try:
+        return ScriptClient(given or ScriptClient.RESP)
+    except ValueError:
+        raise InvariantBroken(f"{SCRIPT_CLIENT_SETTING} must be one of "
+                              f"{', '.join(ScriptClient)}, not {given!r}") from None
 
 
 class ConnectionTornDown(rex.ConnectionError):
@@ -137,15 +166,17 @@ class RedisTransport:
     backend = "redis"
 
     def __init__(self, client: Redis, *, call_timeout_s: float = LEDGER_CALL_TIMEOUT_S,
-                 functions: bool = True) -> None:
+                 functions: bool = True, scripts_on: ScriptClient | None = None) -> None:
         self._client = client
         self._call_timeout_s = call_timeout_s
         # Whether to call the library's functions: a server without them (before Redis 7.0)
         # says so at the first call, and each call then runs as a script of its own.
         self._functions = functions
         # The scripts' connection (core/stores/redis_resp.py), to where the client connects;
-        # None: a setting only the client carries out, and the scripts go through it.
-        self._endpoint = Endpoint.of(client)
+        # None: the scripts go through the client, as chosen or for a setting only it carries
+        # out.
+        self.scripts_on = scripts_on or script_client()
+        self._endpoint = Endpoint.of(client) if self.scripts_on is ScriptClient.RESP else None
         # Made per event loop, as is the lock that lets one call at a time open it: a serverless
         # runtime may run each invocation on a loop of its own.
         self._connection: RespConnection | None = None
@@ -158,50 +189,66 @@ class RedisTransport:
         # redis-py's Script object does, without its per-call import and its isinstance()
         # through typing.Protocol. What translated() does, written out: every call of the
         # gateway runs two scripts, and a context manager made of a generator costs each of
-        # them a generator and its steps.
+        # them a generator and its steps. The whole of it, retries included, is bounded by one
+        # instant (`deadline_s`), which the scripts' connection watches without a timer of
+        # the call's own (core/stores/redis_resp.py).
+        deadline_s = asyncio.get_running_loop().time() + self._call_timeout_s
         try:
-            async with asyncio.timeout(self._call_timeout_s):
-                if self._functions and script.function:
-                    command: Command = ("FCALL", script.function, len(keys), *keys, *args)
-                    try:
-                        return await self._send(command)
-                    except rex.ResponseError as exc:
-                        if function_missing(str(exc)):
-                            await self._load_library()
-                            return await self._send(command)
-                        if not functions_unknown(str(exc)):
-                            raise
-                        self._functions = False
-                command = ("EVALSHA", script.sha1, len(keys), *keys, *args)
+            if self._functions and script.function:
+                command: Command = ("FCALL", script.function, len(keys), *keys, *args)
                 try:
-                    return await self._send(command)
-                except rex.NoScriptError:
+                    return await self._send(command, deadline_s)
+                except rex.ResponseError as exc:
+                    if function_missing(str(exc)):
+                        async with asyncio.timeout_at(deadline_s):
+                            await self._load_library()
+                        return await self._send(command, deadline_s)
+                    if not functions_unknown(str(exc)):
+                        raise
+                    self._functions = False
+            command = ("EVALSHA", script.sha1, len(keys), *keys, *args)
+            try:
+                return await self._send(command, deadline_s)
+            except rex.NoScriptError:
+                async with asyncio.timeout_at(deadline_s):
                     await client_call(self._client.script_load(script.source))
-                    return await self._send(command)
+                return await self._send(command, deadline_s)
         except CLIENT_ERRORS as exc:
             raise translate(exc) from exc
 
-    async def _send(self, command: Command) -> Any:
+    async def _send(self, command: Command, deadline_s: float) -> Any:
         """One command on the scripts' connection, and its reply (an error reply raised as
-        redis-py's exception for it). A call whose connection breaks is retried on a fresh one,
-        RETRIES_MAX times: every script is safe to run twice."""
+        redis-py's exception for it), by `deadline_s` (TimeoutError after it). A call whose
+        connection breaks is retried on a fresh one, RETRIES_MAX times: every script is safe
+        to run twice."""
         if self._endpoint is None:
-            return await client_call(
-                self._client.execute_command(*command))  # type: ignore[no-untyped-call]
+            async with asyncio.timeout_at(deadline_s):
+                return await client_call(
+                    self._client.execute_command(*command))  # type: ignore[no-untyped-call]
         packed = pack(command)
+        loop = asyncio.get_running_loop()
         for attempt in range(RETRIES_MAX + 1):
             try:
-                return await (await self._connected()).call(packed)
+                # This loop's open connection, else one opened (`_connected`, a coroutine that
+                # every call would otherwise make and step).
+                connection = self._connection
+                if connection is None or self._loop is not loop or not connection.usable:
+                    connection = await self._connected(deadline_s)
+                return await connection.call(packed, deadline_s)
             except rex.AuthenticationError:
                 raise  # a refused password is refused again on a fresh connection
             except (rex.ConnectionError, rex.TimeoutError, OSError):
-                if attempt == RETRIES_MAX:
+                # TimeoutError is an OSError: past the deadline, nothing is retried.
+                if attempt == RETRIES_MAX or loop.time() >= deadline_s:
                     raise
-            await asyncio.sleep(min(RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_BASE * 2**attempt))
+            # Never past the deadline: the next attempt then fails at once, as TimeoutError.
+            await asyncio.sleep(min(RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_BASE * 2**attempt,
+                                    max(0.0, deadline_s - loop.time())))
         raise InvariantBroken("the retry loop returns or raises")
 
-    async def _connected(self) -> RespConnection:
-        """This loop's connection for the scripts, opened if it is not open (or broke)."""
+    async def _connected(self, deadline_s: float) -> RespConnection:
+        """This loop's connection for the scripts, opened by `deadline_s` if it is not open (or
+        broke)."""
         assert self._endpoint is not None
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
@@ -209,7 +256,7 @@ class RedisTransport:
         connection = self._connection
         if connection is not None and connection.usable:
             return connection
-        async with self._connecting:
+        async with asyncio.timeout_at(deadline_s), self._connecting:
             # Calls that waited here take the connection the first of them opened.
             if self._connection is None or not self._connection.usable:
                 self._connection = await self._endpoint.connect()
@@ -246,7 +293,8 @@ class RedisTransport:
             if self._endpoint is None:
                 return await self._pipelined_acknowledged(script, keys, args, replicas,
                                                           timeout_ms)
-            connection = await self._connected()
+            connection = await self._connected(
+                asyncio.get_running_loop().time() + self._call_timeout_s)
         reply = await self.run(script, keys, args)
         with translated():
             async with asyncio.timeout(self._call_timeout_s + timeout_ms / 1000):
@@ -311,10 +359,13 @@ class RedisStore(ScriptedStore):
     def __init__(
         self, url: str, *, clock: Clock | None = None,
         call_timeout_s: float = LEDGER_CALL_TIMEOUT_S, functions: bool = True,
-        wait_replicas: int = 0, wait_timeout_ms: int = 0,
+        wait_replicas: int = 0, wait_timeout_ms: int = 0, scripts_on: ScriptClient | None = None,
     ) -> None:
+        """`scripts_on`: the scripts' client (ScriptClient); None: the one the environment
+        names (script_client)."""
         transport = RedisTransport(redis_client(url, call_timeout_s),
-                                   call_timeout_s=call_timeout_s, functions=functions)
+                                   call_timeout_s=call_timeout_s, functions=functions,
+                                   scripts_on=scripts_on)
 
         async def acknowledging(script: Script, keys: Sequence[str], args: Sequence[str]
                                 ) -> tuple[Any, bool]:

@@ -20,6 +20,11 @@ breaks the connection: its reply, if it came, would be taken for the next comman
 still in flight on a connection that breaks fails with redis-py's ConnectionError, which the
 transport retries on a fresh connection (core/stores/redis.py): every script is safe to run
 twice.
+
+A call's time bound is an instant (`deadline_s`, on the event loop's clock) that the connection
+watches for all its calls with one timer, re-armed for the earliest call still waiting when it
+fires: a timer per call (asyncio.timeout), made and cancelled around every command, was a
+share of every call's CPU, and nearly every call is answered long before its bound.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ ERRORS_BY_CODE: dict[str, type[rex.RedisError]] = {
 }
 
 Command = tuple[str | int, ...]
+# A call without a time bound of its own: its caller bounds it (RespConnection.acknowledged).
+UNBOUNDED_S = float("inf")
 
 
 def pack(command: Command) -> bytes:
@@ -129,8 +136,12 @@ class RespConnection(asyncio.Protocol):
     def __init__(self, encoding: str | None = "utf-8") -> None:
         self._reader = hiredis.Reader(encoding=encoding, replyError=reply_error)
         self._transport: asyncio.Transport | None = None
-        # The calls sent and not yet answered, in the order their commands were written.
-        self._waiting: deque[asyncio.Future[Any]] = deque()
+        # The calls sent and not yet answered, in the order their commands were written, each
+        # with the instant it stops waiting (UNBOUNDED_S: its caller bounds it).
+        self._waiting: deque[tuple[asyncio.Future[Any], float]] = deque()
+        # The timer that fails the calls waiting past their bound (`_overdue`), and its instant.
+        self._watch: asyncio.TimerHandle | None = None
+        self._watch_at_s = UNBOUNDED_S
         # Commands of this pass of the event loop, written together at its end (`_flush`).
         self._unsent: list[bytes] = []
         self._broken: str | None = None
@@ -153,7 +164,7 @@ class RespConnection(asyncio.Protocol):
                 if not self._waiting:
                     self._break("the ledger sent a reply no command asked for")
                     return
-                waiting = self._waiting.popleft()
+                waiting, _ = self._waiting.popleft()
                 if not waiting.done():
                     waiting.set_result(reply)
         except hiredis.ProtocolError as exc:
@@ -166,10 +177,37 @@ class RespConnection(asyncio.Protocol):
         self._broken = self._broken or why
         waiting, self._waiting = self._waiting, deque()
         self._unsent.clear()
-        for call in waiting:
+        for call, _ in waiting:
             if not call.done():
                 call.set_exception(rex.ConnectionError(self._broken))
+        if self._watch is not None:
+            self._watch.cancel()
+        self._watch, self._watch_at_s = None, UNBOUNDED_S
         self.close()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, deadline_s: float) -> None:
+        """The watch fires by `deadline_s` at the latest (no watch is armed at UNBOUNDED_S)."""
+        if deadline_s < self._watch_at_s:
+            if self._watch is not None:
+                self._watch.cancel()
+            self._watch = loop.call_at(deadline_s, self._overdue)
+            self._watch_at_s = deadline_s
+
+    def _overdue(self) -> None:
+        """Fail the calls waiting past their bound with TimeoutError, which breaks the
+        connection (see the module docstring); else watch for the earliest bound left."""
+        self._watch, self._watch_at_s = None, UNBOUNDED_S
+        loop = asyncio.get_running_loop()
+        now_s = loop.time()
+        late = [call for call, deadline_s in self._waiting if deadline_s <= now_s]
+        if late:
+            for call in late:
+                if not call.done():
+                    # No message, as asyncio.timeout's: the transport says what it means.
+                    call.set_exception(TimeoutError())
+            self._break("a command's reply did not come within its time limit")
+        elif self._waiting:
+            self._arm(loop, min(deadline_s for _, deadline_s in self._waiting))
 
     def close(self) -> None:
         if self._transport is not None:
@@ -181,12 +219,14 @@ class RespConnection(asyncio.Protocol):
         if unsent and self._broken is None and self._transport is not None:
             self._transport.write(b"".join(unsent))
 
-    def _queue(self, packed: bytes) -> asyncio.Future[Any]:
+    def _queue(self, packed: bytes, deadline_s: float = UNBOUNDED_S) -> asyncio.Future[Any]:
         if self._broken is not None or self._transport is None:
             raise rex.ConnectionError(self._broken or "not connected")
         loop = asyncio.get_running_loop()
         waiting = loop.create_future()
-        self._waiting.append(waiting)
+        self._waiting.append((waiting, deadline_s))
+        if deadline_s < self._watch_at_s:  # else the watch fires before this call's bound
+            self._arm(loop, deadline_s)
         if not self._unsent:
             # Runs once the loop's callbacks ready now have run, and sent what they sent.
             loop.call_soon(self._flush)
@@ -209,9 +249,10 @@ class RespConnection(asyncio.Protocol):
             raise reply
         return int(reply)
 
-    async def call(self, packed: bytes) -> Any:
-        """Send one packed command and return its reply; an error reply is raised."""
-        waiting = self._queue(packed)
+    async def call(self, packed: bytes, deadline_s: float = UNBOUNDED_S) -> Any:
+        """Send one packed command and return its reply; an error reply is raised, and
+        TimeoutError once the event loop's clock passes `deadline_s` without it."""
+        waiting = self._queue(packed, deadline_s)
         try:
             reply = await waiting
         except BaseException:

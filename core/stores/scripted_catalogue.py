@@ -4,8 +4,9 @@ budget's status."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
-from core import alerts
+from core.alerts import config_from_ledger
 from core.budgets import USER_SCOPE_KIND, BudgetDef, BudgetId, Limit
 from core.errors import ensure
 from core.ledger import LegStatus, RunLimit, UsersPage, UserSpend, tag_digest
@@ -18,6 +19,8 @@ from core.stores.scripts import script
 # one round trip after another, and the calls the instance serves meanwhile are not queued
 # behind all of the page's reads.
 USER_READS_IN_FLIGHT_MAX = 16
+# The backend whose scripts reach one hash slot each (core/stores/redis_cluster.py).
+CLUSTER_BACKEND = "redis-cluster"
 
 
 class ScriptedCatalogue(ScriptedCore):
@@ -25,12 +28,25 @@ class ScriptedCatalogue(ScriptedCore):
     budget's status."""
 
     async def put_budget(self, budget: BudgetDef) -> None:
+        """One script puts the budget whole (lua/put_budget.lua): its definition, its alert
+        settings and, where one script may reach the catalogue's slot, its catalogue entries.
+
+        On a Redis Cluster the catalogue (core/stores/keys.py CATALOGUE) is in the ledger id's
+        slot and the budget in its tag's, which no script spans: there the script puts the
+        budget, and the organisation's entry and the budget's id follow it, each a write of a
+        value that is the same every time. A put cut between the two leaves the budget whole and
+        enforced, not yet listed; the caller, answered with an error, puts it again, which lists
+        it. The entries never come first: an organisation named in the catalogue with no stamp
+        in its meta hash reads as a shard that lost its data (scripted_core.py _org_lost)."""
         ledger_id = await self.open()
         bid = budget.budget_id
         if await self._org_lost(bid.tag):
             raise _ledger_reset(bid.tag)  # putting it again would refill what the shard lost
         await self._map_tag(bid.tag)
-        args = [ledger_id, budget.timezone, str(budget.ledger_allowance_micros)]
+        alerts = budget.alerts
+        args = [ledger_id, bid.path, budget.timezone, str(budget.ledger_allowance_micros),
+                alerts.thresholds_ledger_form,
+                alerts.velocity.ledger_form if alerts.velocity else ""]
         for lim in budget.limits:
             args += [lim.period.value, str(lim.ceiling_micros)]
         if budget.rate is not None:
@@ -39,16 +55,17 @@ class ScriptedCatalogue(ScriptedCore):
             args += ["per_user", wire.per_user_field(budget.per_user)]
         if budget.clamp:
             args += [wire.CLAMP_DEFINITION_FIELD, "1"]
+        one_slot = self._t.backend == CLUSTER_BACKEND
+        catalogue = () if one_slot else (keys.ORGS_KEY, keys.BUDGETS_KEY)
         reply = await self._t.run(
-            script("put_budget"), (keys.meta(bid.tag), keys.definition(bid.tag, bid.path)), args
-        )
+            script("put_budget"),
+            (keys.meta(bid.tag), keys.definition(bid.tag, bid.path), *catalogue), args)
         if reply[0] != "ok":
             self._reset = True
             raise _ledger_reset()
-        # After the stamp: an organisation named here has data under this ledger id to lose.
-        await self._t.execute("HSET", keys.ORGS_KEY, bid.tag, ledger_id)
-        await self._t.execute("ZADD", keys.BUDGETS_KEY, "0", bid.path)
-        await self._put_alerts(budget)
+        if one_slot:
+            await self._t.execute("HSET", keys.ORGS_KEY, bid.tag, ledger_id)
+            await self._t.execute("ZADD", keys.BUDGETS_KEY, "0", bid.path)
         self._remember_tz(bid.path, budget.timezone)
 
     async def _map_tag(self, tag: str) -> None:
@@ -61,36 +78,16 @@ class ScriptedCatalogue(ScriptedCore):
             found = await self._t.execute("HGET", keys.TAG_MAP_KEY, digest)
             ensure(found == tag, f"the tags {found!r} and {tag!r} share a reservation-id digest")
 
-    async def _put_alerts(self, budget: BudgetDef) -> None:
-        bid, config = budget.budget_id, budget.alerts
-        await self._t.run(
-            script("put_alerts"),
-            (keys.meta(bid.tag), keys.definition(bid.tag, bid.path)),
-            [bid.path, config.thresholds_ledger_form,
-             config.velocity.ledger_form if config.velocity else ""])
-
     async def get_budget(self, budget_id: BudgetId) -> BudgetDef | None:
         await self.open()
-        found = dict(zip(wire.DEFINITION_FIELDS, await self._t.execute(
-            "HMGET", keys.definition(budget_id.tag, budget_id.path), *wire.DEFINITION_FIELDS),
-            strict=True))
-        tz = found["timezone"]
-        if tz is None:
+        found = {name: str(value) for name, value in zip(_STORED_FIELDS, await self._t.execute(
+            "HMGET", keys.definition(budget_id.tag, budget_id.path), *_STORED_FIELDS),
+            strict=True) if value is not None}
+        if "timezone" not in found:
             if await self._org_lost(budget_id.tag):
                 raise _ledger_reset(budget_id.tag)
             return None
-        limits = tuple(Limit(p, int(c)) for p, field in wire.CEILING_DEFINITION_FIELDS.items()
-                       if (c := found[field]) is not None)
-        thresholds, velocity, paused_at, clamp = await self._t.execute(
-            "HMGET", keys.definition(budget_id.tag, budget_id.path),
-            *wire.ALERT_DEFINITION_FIELDS, wire.CLAMP_DEFINITION_FIELD)
-        paused = found["paused"] is not None
-        return BudgetDef.from_ledger(budget_id, limits, str(tz),
-                                     int(found["outage_allowance_micros"]),
-                                     alerts.config_from_ledger(thresholds, velocity),
-                                     int(paused_at or 0) if paused else None,
-                                     wire.rate_of(found["rate"]),
-                                     wire.per_user_of(found["per_user"]), clamp == "1")
+        return definition_of(budget_id.path, found)
 
     async def status(
         self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None,
@@ -155,3 +152,46 @@ class ScriptedCatalogue(ScriptedCore):
 
         page = await asyncio.gather(*(spend_of(u) for u in found[:count]))
         return UsersPage(tuple(page), users_count, len(found) > count)
+
+
+# Every field of a definition's hash that a definition is read from (definition_of).
+_STORED_FIELDS = (*wire.DEFINITION_FIELDS, *wire.ALERT_DEFINITION_FIELDS,
+                  wire.CLAMP_DEFINITION_FIELD)
+
+
+def definition_of(budget_id: str, fields: Mapping[str, str]) -> BudgetDef:
+    """A definition's hash (wire.py DEFINITION_FIELDS, ALERT_DEFINITION_FIELDS, what
+    definition_fields gives) as a definition: how get_budget and an export read one."""
+    limits = tuple(Limit(p, int(fields[name])) for p, name in
+                   wire.CEILING_DEFINITION_FIELDS.items() if name in fields)
+    paused = "paused" in fields
+    return BudgetDef.from_ledger(
+        BudgetId(budget_id), limits, fields["timezone"], int(fields["outage_allowance_micros"]),
+        config_from_ledger(fields["alert_thresholds_pct"],
+                           fields[wire.VELOCITY_DEFINITION_FIELD]),
+        int(fields.get("paused_at_ms") or 0) if paused else None,
+        wire.rate_of(fields.get("rate")), wire.per_user_of(fields.get("per_user")),
+        fields.get(wire.CLAMP_DEFINITION_FIELD) == "1")
+
+
+def definition_fields(definition: BudgetDef) -> dict[str, str]:
+    """A definition's hash as lua/put_budget.lua writes it (but the ledger id, which a restore
+    stamps), with the pause a velocity alarm put on it: what a restore writes
+    (core/stores/export_body.py)."""
+    alerts = definition.alerts
+    fields = {"timezone": definition.timezone,
+              "outage_allowance_micros": str(definition.ledger_allowance_micros),
+              "alert_thresholds_pct": alerts.thresholds_ledger_form,
+              wire.VELOCITY_DEFINITION_FIELD: alerts.velocity.ledger_form
+              if alerts.velocity else ""}
+    for lim in definition.limits:
+        fields[wire.CEILING_DEFINITION_FIELDS[lim.period]] = str(lim.ceiling_micros)
+    if definition.rate is not None:
+        fields["rate"] = wire.rate_field(definition.rate)
+    if definition.per_user is not None:
+        fields["per_user"] = wire.per_user_field(definition.per_user)
+    if definition.clamp:
+        fields[wire.CLAMP_DEFINITION_FIELD] = "1"
+    if definition.paused_at_ms is not None:
+        fields.update(paused="1", paused_at_ms=str(definition.paused_at_ms))
+    return fields

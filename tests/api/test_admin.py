@@ -233,13 +233,13 @@ def test_an_operator_cannot_correct_what_its_caller_settled(http: Client) -> Non
 
 @pytest.mark.parametrize(("rid", "body", "status"), [
     ("0123456789abcdef_" + "0" * 32, {}, 404),  # a well-formed id nobody minted
-    ("0123456789abcdef0123456789abcdef", {}, 404),  # an id from before ids named their tag
+    ("0123456789abcdef0123456789abcdef", {}, 404),  # an id that names no tag
     ("{x}", {}, 404),
     ("VALID", {"reason": ""}, 422),
     ("VALID", {"reason": "x" * 501}, 422),
     ("VALID", {"actual_micros": -1}, 422),
     ("VALID", {"actual_micros": "30"}, 422),
-    ("VALID", {"budget_id": "org:somebody-else"}, 404),
+    ("VALID", {"budget_id": "org:somebody-else"}, 422),  # the id alone names its budget
     ("VALID", {"unknown": 1}, 422),
 ])
 def test_bad_corrections_are_refused_and_change_nothing(

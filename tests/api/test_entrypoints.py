@@ -136,7 +136,8 @@ def test_an_instance_imports_the_admin_surface_on_its_first_request_for_it() -> 
     done = subprocess.run([sys.executable, "-c", COLD_IMPORT], capture_output=True, text=True,
                           timeout=60, check=True)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["before"] == ["api.routes.gateway", "api.routes.health", "api.routes.sidecar"]
+    assert seen["before"] == ["api.routes.gateway", "api.routes.health", "api.routes.metrics",
+                              "api.routes.sidecar"]
     assert seen["fastapi_before"] is False  # not even for its exceptions or route classes
     assert seen["fastapi_after_health"] is False  # a monitor's check is a hot route
     assert seen["after"] is True

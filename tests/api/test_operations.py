@@ -148,7 +148,7 @@ def test_recovery_from_a_wipe_is_one_command_and_a_confirmation(tmp_path: Path) 
 
             tampered = tmp_path / "tampered.json"
             doc = json.loads(export.read_text())
-            doc["body"]["organisations"][0]["counters"][0]["fields"]["committed"] = "0"
+            doc["body"]["organisations"][0]["counters"][0]["committed_micros"] = 0
             tampered.write_text(json.dumps(doc))
             bad = ceiling(server, "ledger", "restore", str(tampered), env=env)
             assert bad.returncode == 1

@@ -21,21 +21,25 @@ from core.config import ConfigError
 from core.errors import CeilingError, InvalidRequest
 from core.ledger import DriftEvent, Upstream
 from core.reconcile import (
+    COST_REPORTS,
     RECONCILE_DAYS_MAX,
     REPORT_PAGES_MAX,
+    AnthropicCosts,
     CostReportFailed,
     Fetch,
+    OpenAICosts,
     ReportSource,
     compare,
     day_range,
-    parse_anthropic_page,
-    parse_openai_page,
+    provider_of,
     provider_spend_by_day,
     reconcile,
     tolerance_of,
     within,
 )
 
+parse_openai_page = OpenAICosts().parse_page
+parse_anthropic_page = AnthropicCosts().parse_page
 DAY = date(2026, 3, 14)
 DAY_S = 1_773_446_400  # 2026-03-14T00:00:00Z
 SOURCES = {
@@ -147,7 +151,7 @@ async def test_the_first_query_is_the_documented_one() -> None:
     assert fetch.headers[0]["anthropic-version"] == "2023-06-01"
 
 
-@pytest.mark.parametrize("provider", list(Upstream))
+@pytest.mark.parametrize("provider", list(COST_REPORTS))
 async def test_every_page_is_read_through_next_page(provider: Upstream) -> None:
     bucket = openai_bucket if provider is Upstream.OPENAI else anthropic_bucket
     amount = (lambda m: m / 1_000_000) if provider is Upstream.OPENAI else (
@@ -165,7 +169,7 @@ async def test_every_page_is_read_through_next_page(provider: Upstream) -> None:
 # -- a report that fails is an error, never a zero -------------------------------------------
 
 
-@pytest.mark.parametrize("provider", list(Upstream))
+@pytest.mark.parametrize("provider", list(COST_REPORTS))
 @pytest.mark.parametrize("status", [401, 429, 500, 503])
 async def test_an_error_answer_is_an_error(provider: Upstream, status: int) -> None:
     body = json.dumps({"error": {"message": "the admin key is not valid: sk-admin",
@@ -317,6 +321,16 @@ def test_a_range_the_ledger_cannot_answer_is_refused(first: str | None,
                                                      last: str | None) -> None:
     with pytest.raises(InvalidRequest):
         day_range(first, last, DAY)
+
+
+def test_a_provider_is_picked_by_name_from_the_registry() -> None:
+    for provider, report in COST_REPORTS.items():
+        assert report.provider is provider
+        assert provider_of(str(provider)) is provider
+    with pytest.raises(InvalidRequest, match="'openai' or 'anthropic'"):
+        provider_of("gemini")
+    with pytest.raises(InvalidRequest):
+        provider_of(None)
 
 
 def test_a_report_source_needs_its_admin_key() -> None:

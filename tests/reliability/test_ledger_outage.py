@@ -335,12 +335,12 @@ class Wiped:
     @property
     def exported_open_ids(self) -> set[str]:
         return {r["reservation_id"] for org in self.export["body"]["organisations"]
-                for r in org["open_reservations"]}
+                for r in org["reservations"] if r["state"] == "open"}
 
     @property
     def exported_open_micros(self) -> int:
         return sum(r["reserved_micros"] for org in self.export["body"]["organisations"]
-                   for r in org["open_reservations"])
+                   for r in org["reservations"] if r["state"] == "open")
 
     @property
     def committed_on_restore_micros(self) -> int:

@@ -19,7 +19,7 @@ from redis.crc import key_slot
 
 from core.budgets import BudgetId, Period
 from core.errors import InvariantBroken, LedgerUnavailable, ReservationResolved
-from core.ledger import Reservation, ReservationRef, ReservationState, RunLimit
+from core.ledger import LedgerStore, Reservation, ReservationRef, ReservationState, RunLimit
 from core.stores import keys
 from core.stores.redis import ConnectionTornDown
 from core.stores.redis_cluster import (
@@ -353,3 +353,34 @@ async def test_a_wiped_shard_reads_as_reset_for_its_organisations_and_restore_br
         got = await leg(cluster_store, t)
         assert (got.committed_micros, got.reserved_micros) == (committed, reserved), t
     assert (await cluster_store.reserve(request(lost, lost, 100))).legs[0].committed_micros == 100
+
+
+async def test_export_restore_export_on_a_cluster_is_the_document_it_restored(
+        redis_cluster: LocalCluster) -> None:
+    """Organisations on every master, the catalogue on one: what a wiped cluster takes back."""
+    from core.operations import Operations
+    from core.prices import PriceTable
+    from core.service import CeilingService
+    from core.stores.operations import ScriptedCatalogue
+    from tests.core.stores.test_restore_atomic import assert_export_restore_export
+
+    stores: list[RedisClusterStore] = []
+
+    async def opened() -> tuple[LedgerStore, Operations]:
+        store = RedisClusterStore(redis_cluster.url, clock=ManualClock())
+        await store.open()
+        stores.append(store)
+        return store, Operations(CeilingService(store, PriceTable.from_file(None)),
+                                 ScriptedCatalogue(store))
+
+    async def wipe() -> None:
+        for master in redis_cluster.masters():
+            direct = aioredis.Redis(host="127.0.0.1", port=master.port)
+            await direct.flushall()
+            await direct.aclose()
+
+    try:
+        await assert_export_restore_export(opened, wipe)
+    finally:
+        for s in stores:
+            await s.close()

@@ -4,11 +4,13 @@ go where the URL says as the URL says, and no reply is ever taken for another co
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
 import ssl
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -19,7 +21,15 @@ from core.budgets import Period
 from core.errors import InvariantBroken, LedgerUnavailable
 from core.ledger import ReservationRef
 from core.stores import keys, wire
-from core.stores.redis import LEDGER_CALL_TIMEOUT_S, RedisStore, RedisTransport, redis_client
+from core.stores.redis import (
+    LEDGER_CALL_TIMEOUT_S,
+    SCRIPT_CLIENT_SETTING,
+    RedisStore,
+    RedisTransport,
+    ScriptClient,
+    redis_client,
+    script_client,
+)
 from core.stores.redis_resp import (
     ERRORS_BY_CODE,
     ArgumentRefused,
@@ -32,7 +42,9 @@ from core.stores.scripted import ScriptedStore
 from core.stores.scripts import script
 from infra.processes import free_port, stop, wait_ready
 from infra.redis_server import RedisServer, redis_server_binary
+from tests.core.stores import test_conformance as conformance
 from tests.core.stores.test_conformance import OWNER, leg, put, request
+from tests.support import ManualClock
 
 PASSWORD = "s3cret-for-the-test"
 # redis-server answers a TLS handshake within seconds of starting.
@@ -210,6 +222,41 @@ async def test_a_reply_that_came_too_late_is_never_read_as_the_next_ones(
     await asyncio.sleep(0.4)
 
 
+async def test_a_call_past_its_deadline_times_out_and_breaks_the_connection(
+    connection: RespConnection, raw: aioredis.Redis
+) -> None:
+    loop = asyncio.get_running_loop()
+    assert await connection.call(pack(("ECHO", "first")), loop.time() + 1) == "first"
+    await raw.execute_command("CLIENT", "PAUSE", "300", "ALL")  # type: ignore[no-untyped-call]
+    started_s = loop.time()
+    late = asyncio.ensure_future(connection.call(pack(("ECHO", "late")), started_s + 0.05))
+    patient = asyncio.ensure_future(connection.call(pack(("ECHO", "patient")), started_s + 5))
+    with pytest.raises(TimeoutError):
+        await late
+    assert loop.time() - started_s < 0.25  # by its own deadline, not the pause's end
+    # The other call's reply could be taken for the late one's: it fails, to be retried.
+    with pytest.raises(rex.ConnectionError):
+        await patient
+    assert not connection.usable
+    await asyncio.sleep(0.4)
+
+
+async def test_calls_answered_in_time_leave_one_watch_for_the_earliest_still_waiting(
+    connection: RespConnection,
+) -> None:
+    loop = asyncio.get_running_loop()
+    first = loop.time() + 30
+    replies = await asyncio.gather(*(connection.call(pack(("ECHO", str(i))), first + i)
+                                     for i in range(5)))
+    assert replies == [str(i) for i in range(5)]
+    # One timer, armed once by the first call; it fails nobody once it fires.
+    assert connection._watch is not None
+    assert connection._watch_at_s == first
+    connection._overdue()
+    assert connection.usable
+    assert connection._watch is None
+
+
 async def test_a_call_timed_out_on_the_transport_leaves_the_next_call_its_own_reply(
     redis_server: RedisServer, raw: aioredis.Redis, tag: str
 ) -> None:
@@ -299,3 +346,57 @@ async def test_every_call_in_flight_on_a_connection_that_breaks_is_retried_on_a_
     # Each held once, though its first try may have run before its connection broke.
     assert (await leg(store, tag)).reserved_micros == 9
     await store.close()
+
+
+# -- the switch: the scripts on either client, held to the same answers ---------------------------
+
+# The conformance suite's tests that run the ledger's scripts (reserve, settle, release, expiry,
+# replays, runs): run here on each script client, with everything else left to redis-py.
+CONFORMANCE_SUBSET = (
+    conformance.test_reserve_holds_in_every_budget_and_period_on_the_path,
+    conformance.test_refusal_is_all_or_nothing,
+    conformance.test_exceeded_and_busy_are_told_apart,
+    conformance.test_settle_replays_its_first_answer_and_refuses_another_amount,
+    conformance.test_reserve_replay_returns_the_first_answer_and_holds_once,
+    conformance.test_release_returns_the_hold_once,
+    conformance.test_another_owner_cannot_see_settle_or_release,
+    conformance.test_expiry_charges_the_hold_and_marks_the_outcome_unknown,
+    conformance.test_a_run_budget_is_checked_with_the_others,
+)
+
+
+def test_the_environment_picks_the_script_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SCRIPT_CLIENT_SETTING, raising=False)
+    assert script_client() is ScriptClient.RESP
+    monkeypatch.setenv(SCRIPT_CLIENT_SETTING, "redis-py")
+    assert script_client() is ScriptClient.REDIS_PY
+    assert RedisTransport(redis_client("redis://127.0.0.1:1")).scripts_on is ScriptClient.REDIS_PY
+    monkeypatch.setenv(SCRIPT_CLIENT_SETTING, "hiredis")
+    with pytest.raises(InvariantBroken, match=SCRIPT_CLIENT_SETTING):
+        script_client()
+
+
+@pytest.mark.parametrize("scripts_on", list(ScriptClient), ids=str)
+@pytest.mark.parametrize("case", CONFORMANCE_SUBSET, ids=lambda case: case.__name__[5:])
+async def test_the_scripts_keep_the_ledger_alike_on_either_client(
+    case: Callable[..., Awaitable[None]], scripts_on: ScriptClient, redis_server: RedisServer,
+    tag: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent_on_resp: list[int] = []
+    original = RespConnection.call
+
+    async def counted(self: RespConnection, packed: bytes, *rest: float) -> Any:
+        sent_on_resp.append(1)
+        return await original(self, packed, *rest)
+
+    monkeypatch.setattr(RespConnection, "call", counted)
+    clock = ManualClock()
+    store = RedisStore(redis_server.url, clock=clock, scripts_on=scripts_on)
+    await store.open()
+    try:
+        given = {"store": store, "tag": tag, "clock": clock}
+        await case(**{name: given[name] for name in inspect.signature(case).parameters})
+    finally:
+        await store.close()
+    # The scripts went out where they were sent, and only there.
+    assert bool(sent_on_resp) == (scripts_on is ScriptClient.RESP)
