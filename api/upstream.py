@@ -116,7 +116,7 @@ class Upstream:
         """`auth`: the header that carries the provider's key, as (name, value)."""
         import httpx  # deferred: see the module docstring
 
-        from api.transport import AiohttpStream, AiohttpTransport
+        from api.transport import AiohttpStream, upstream_transport
 
         self.timeout_s = timeout_s
         self.answer_bytes_max = answer_bytes_max
@@ -129,7 +129,7 @@ class Upstream:
                                 pool=min(POOL_TIMEOUT_S, timeout_s)).as_dict()
         proxy = environment_proxy(httpx.URL(base))
         try:
-            self._transport = AiohttpTransport(connections_max=connections_max, proxy=proxy)
+            self._transport = upstream_transport(connections_max=connections_max, proxy=proxy)
         except ValueError as exc:
             raise ConfigError(f"the proxy the environment names cannot be used: {exc}") from exc
         # Every call of a route is the same request but for its body (and the few headers of

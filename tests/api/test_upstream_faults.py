@@ -117,8 +117,12 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[tuple[HostileProvider
         await server.wait_closed()
 
 
-@pytest.fixture
-async def clients() -> AsyncIterator[Callable[..., Upstream]]:
+@pytest.fixture(params=["aiohttp", "httpx"])
+async def clients(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+                  ) -> AsyncIterator[Callable[..., Upstream]]:
+    """Each fault on both upstream clients (CEILING_UPSTREAM_CLIENT): the money rules hold
+    whichever carries the call."""
+    monkeypatch.setenv("CEILING_UPSTREAM_CLIENT", request.param)
     made: list[Upstream] = []
 
     def make(url: str, *, connections_max: int = CONNECTIONS_MAX) -> Upstream:
