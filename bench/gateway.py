@@ -89,9 +89,11 @@ WRK_MARGIN_S = 30.0
 START_TIMEOUT_S = 60.0
 # A gateway under an instrumenting wrapper (`rig(under=...)`: callgrind) runs many times slower.
 UNDER_START_TIMEOUT_S = 600.0
-# Goals of issue 18, printed against the run's figures (a benchmark reports; it does not fail).
-CALLS_RATIO_MIN = 1.0
-P99_RATIO_MAX = 2.0
+# Goals printed against the run's figures (a benchmark reports; it does not fail): a gateway
+# that does more per call than hardcap (users, rates, idempotency, streams read to the end) is
+# still a tenth faster, and its tail no longer.
+CALLS_RATIO_MIN = 1.1
+P99_RATIO_MAX = 1.0
 BYTES_PER_CALL_MAX = 200
 
 ADMIN_TOKEN = secrets.token_hex(16)
@@ -750,7 +752,7 @@ def verdict(results: Results, summary: dict[str, dict[str, Any]]) -> str:
          f"{us(a['gateway'])} vs {us(b['gateway'])} us"),
         ("Redis CPU per call <= hardcap's", a["redis"] <= b["redis"],
          f"{us(a['redis'])} vs {us(b['redis'])} us"),
-        (f"p99 within {P99_RATIO_MAX:.0f}x hardcap's", a["p99_s"] <= P99_RATIO_MAX * b["p99_s"],
+        (f"p99 <= {P99_RATIO_MAX:.1f}x hardcap's", a["p99_s"] <= P99_RATIO_MAX * b["p99_s"],
          f"{ms(a['p99_s'])} vs {ms(b['p99_s'])} ms"),
         (f"<= {BYTES_PER_CALL_MAX} bytes kept per call", kept <= BYTES_PER_CALL_MAX,
          f"{kept:.0f} B"),

@@ -26,7 +26,7 @@ body); the bare route ignores them. Three loads, interleaved over rounds (the ma
 and noisy), medians reported:
 
   reserve  POST /v1/reservations to the service: requests/s and its latency.
-  bare     the same request to the bare endpoint: requests/s. Target: reserve >= 0.9 x bare,
+  bare     the same request to the bare endpoint: requests/s. Target: reserve >= 1.0 x bare,
            the median of the ratios of the two loads of each round.
   cycle    reserve, then settle the returned id (a Lua script in wrk reads each answer):
            cycles/s, for context against bare.
@@ -89,9 +89,10 @@ from infra.service import ServiceProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-# The reserve route serves at least this share of the bare endpoint's rate: what the service
-# does beyond its one EVALSHA (the key check, pricing, its HTTP layer) costs at most a tenth.
-TARGET_RATIO = 0.9
+# The reserve route serves at least the bare endpoint's rate: what the service does beyond its
+# one script call (the key check, pricing, its HTTP layer) costs no more than the naive route's
+# framework and client overhead it avoids.
+TARGET_RATIO = 1.0
 # Below this share of a core under load, a server was mostly waiting for the machine, and its
 # rate says more about the machine's other work than about the server.
 CORE_SHARE_BOUND = 0.9
