@@ -377,8 +377,10 @@ class Call:
             return self.leave_open()
         if usage is None:
             return self.bill(settled.charged_micros, Outcome.ESTIMATED)
-        self.lengths.record(self.svc.store, call_plan.model,
-                            math.ceil(usage.output_tokens / call_plan.choices))
+        # A call that writes nothing (an embedding) has no output length to learn.
+        if call_plan.output_tokens_max:
+            self.lengths.record(self.svc.store, call_plan.model,
+                                math.ceil(usage.output_tokens / call_plan.choices))
         return self.bill(settled.charged_micros, Outcome.BILLED)
 
 
