@@ -55,6 +55,9 @@ def embeddings_input(given: object) -> InputBound:
     if _is_tokens(given):
         assert isinstance(given, list)
         return InputBound(len(given))
+    if isinstance(given, list) and given and all(type(t) is int for t in given):
+        raise InvalidRequest(f"input's token ids must be from 0 to {TOKEN_ID_MAX - 1}",
+                             field="input")
     if not isinstance(given, list) or not 0 < len(given) <= EMBEDDING_INPUTS_MAX:
         raise InvalidRequest(
             f"input must be a string, a token array, or a list of 1 to {EMBEDDING_INPUTS_MAX} "
@@ -65,6 +68,9 @@ def embeddings_input(given: object) -> InputBound:
             tokens += json_bytes(item)
         elif _is_tokens(item):
             tokens += len(item)
+        elif isinstance(item, list) and item and all(type(t) is int for t in item):
+            raise InvalidRequest(f"input[{i}]'s token ids must be from 0 to {TOKEN_ID_MAX - 1}",
+                                 field=f"input[{i}]")
         else:
             raise InvalidRequest(f"input[{i}] must be a string or a token array",
                                  field=f"input[{i}]")

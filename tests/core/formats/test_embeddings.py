@@ -63,6 +63,7 @@ def test_input_is_held_by_its_bytes_or_its_tokens_and_no_output(given_input: Any
     ([[]], "input[0]"),
     ([[-1]], "input[0]"),
     ([1.5], "input[0]"),
+    ([1, 2, TOKEN_ID_MAX], "input"),
     ([[TOKEN_ID_MAX]], "input[0]"),
     ([[7, 10**30]], "input[0]"),
     (["a", {"text": "b"}], "input[1]"),
