@@ -149,6 +149,10 @@ def test_a_budget_too_small_is_refused_402_and_the_provider_sees_nothing(
     assert {"message", "type", "param", "code"} <= set(error)  # OpenAI's, and the budget's
     assert (error["code"], error["type"], error["ceiling_micros"]) == (
         "budget_exceeded", "budget_error", TINY_MICROS)
+    # A clamp finds no output to lower: still refused.
+    clamped = admin.post(ROUTE, headers={**as_key(key), "X-Ceiling-Clamp": "1"},
+                         json={"model": ONE, "input": "x" * 400})
+    assert clamped.status_code == 402, clamped.text
     assert billed_requests(stub) == before
     assert ledger(admin, tag)["committed_micros"] == 0
 
