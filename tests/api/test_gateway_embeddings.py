@@ -268,3 +268,18 @@ def test_a_base64_answer_is_relayed_byte_for_byte(admin: Client) -> None:
     assert r.status_code == 200, r.text
     # Four little-endian float32s: what the stub encoded, unchanged by the gateway.
     assert len(base64.b64decode(r.json()["data"][0]["embedding"])) == 16
+
+
+def test_a_retry_with_its_idempotency_key_is_replayed_not_called_again(
+        admin: Client, stub: StubProvider) -> None:
+    tag, key = account(admin, ROOMY_MICROS)
+    before = billed_requests(stub)
+    headers = {**as_key(key), "Idempotency-Key": uuid.uuid4().hex}
+    body = {"model": ONE, "input": ["one", "two"]}
+    first = admin.post(ROUTE, headers=headers, json=body)
+    again = admin.post(ROUTE, headers=headers, json=body)
+    assert (first.status_code, again.status_code) == (200, 200), again.text
+    assert again.headers["x-ceiling-replayed"] == "true"
+    assert again.json() == first.json()
+    assert billed_requests(stub) == before + 1
+    assert ledger(admin, tag)["committed_micros"] == header(first, "x-ceiling-charged-micros") == 2
