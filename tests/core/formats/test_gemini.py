@@ -31,9 +31,8 @@ from core.formats.gemini import (
     GOOGLE_STATUSES,
     Gemini,
     check_model_id,
-    image_size,
-    image_tokens,
 )
+from core.formats.gemini_tokens import image_size, image_tokens
 from core.prices import PriceTable, Usage
 
 TABLE = PriceTable()
