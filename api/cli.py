@@ -21,6 +21,7 @@ from core.errors import CeilingError, InvalidRequest
 from core.ledger import ROLES_DEFAULT, Role
 from core.limits import CEILING_MICROS_MAX
 from core.money import usd_to_micros
+from core.reconcile import COST_REPORTS
 from core.service import CeilingService, operator_fingerprint
 from core.text import whole_number
 
@@ -295,6 +296,15 @@ def ledger_adopt(args: argparse.Namespace) -> int:
     return _run(lambda service: runtime().operations().adopt(cli_operator()))
 
 
+def ledger_migrate(args: argparse.Namespace) -> int:
+    from core.backends import migrate_ledger
+
+    async def work(service: CeilingService) -> Any:
+        return await migrate_ledger(runtime().store(), dry_run=args.dry_run)
+
+    return _run(work)
+
+
 # -- alerts ------------------------------------------------------------------------------------
 
 
@@ -443,6 +453,11 @@ def parser() -> argparse.ArgumentParser:
     lr.set_defaults(func=ledger_restore)
     la = lg.add_parser("adopt", help="confirm the restored ledger: running instances serve it")
     la.set_defaults(func=ledger_adopt)
+    lm = lg.add_parser("migrate", help="bring a ledger of an earlier format to this version's "
+                       "(once, before this version serves it); safe to run again")
+    lm.add_argument("--dry-run", action="store_true", help="count what would change; write "
+                    "nothing")
+    lm.set_defaults(func=ledger_migrate)
     r = sub.add_parser("reservations").add_subparsers(required=True)
     rs = r.add_parser("settle", help="correct a reservation's charge (an operator's settle)")
     rs.add_argument("reservation_id")
@@ -458,7 +473,7 @@ def parser() -> argparse.ArgumentParser:
     rw.set_defaults(func=reservations_show)
     rc = sub.add_parser("reconcile", help="compare the ledger's gateway spend per UTC day with "
                         "a provider's cost report; exit 0 within the tolerance, 3 beyond it")
-    rc.add_argument("provider", choices=["openai", "anthropic"])
+    rc.add_argument("provider", choices=[str(provider) for provider in COST_REPORTS])
     rc.add_argument("--from", dest="first", default=None, metavar="YYYY-MM-DD",
                     help="the first UTC day (default: a week before --to)")
     rc.add_argument("--to", dest="last", default=None, metavar="YYYY-MM-DD",

@@ -30,7 +30,6 @@ from starlette.types import ASGIApp, ExceptionHandler, Receive, Scope, Send
 from api import errors
 from core.errors import CeilingError
 from core.formats.base import WireFormat
-from core.formats.messages import MESSAGES
 
 # Codes a retry of the same request cannot fix. budget_busy, idempotency_in_flight,
 # ledger_unavailable and upstream_unreachable are left to the SDK's retries: each can pass later.
@@ -112,12 +111,3 @@ def refusals_in(wire: WireFormat) -> Middleware:
 
     return Middleware(RouteHandlers, handlers={**errors.HANDLERS, CeilingError: on_refusal})
 
-
-def anthropic_error_response(exc: CeilingError, headers: Mapping[str, str]) -> JSONResponse:
-    """A refusal on /v1/messages, as its route answers it."""
-    return refusal_response(MESSAGES, exc, headers)
-
-
-def anthropic_error_event(exc: CeilingError) -> bytes:
-    """The `error` event a Messages stream ends on, as its route sends it."""
-    return error_event(MESSAGES, exc)

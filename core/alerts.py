@@ -89,7 +89,7 @@ class VelocityAlarm:
 
     @property
     def ledger_form(self) -> str:
-        """As the ledger keeps it (lua/put_alerts.lua): integers, ',' between."""
+        """As the ledger keeps it (lua/put_budget.lua): integers, ',' between."""
         return (f"{self.window_s},{self.max_micros},{self.max_rate_multiple_milli},"
                 f"{int(self.pause)}")
 

@@ -9,7 +9,7 @@ caller has to find out what class a store is.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.config import Config
 from core.ledger import LedgerStore
@@ -54,3 +54,11 @@ def open_backend(config: Config) -> Backend | None:
 
         return scripted(MemoryStore())
     return None
+
+
+async def migrate_ledger(store: LedgerStore, *, dry_run: bool) -> dict[str, Any]:
+    """`ceiling ledger migrate`: the ledger `store` keeps brought to the current format
+    (core/stores/migrate.py); what it found and did."""
+    from core.stores.migrate import migrate  # the admin side: not imported on a call's path
+
+    return (await migrate(store, dry_run=dry_run)).json()

@@ -14,6 +14,11 @@
   call's input is then held at the model's context window (core/prices/), never at a guess
   below it. What no window bounds (a content part or item type this module does not know) is
   refused with InputUnbounded naming the field.
+
+What every provider API shares is here: the media rules, the bound by bytes, and the walk
+(Walk, messages_bound) that copies a request's messages with their media counted and blanked.
+Which messages, parts and items an API has, and what each bills, is its wire format's
+(core/formats/chat.py, responses.py, messages.py: each holds its walker).
 """
 
 from __future__ import annotations
@@ -329,7 +334,7 @@ class InputBound:
     media: Media = NO_MEDIA
 
 
-def _encodable(text: str) -> bool:
+def encodable(text: str) -> bool:
     """Whether `text` can be sent as UTF-8: a JSON body can carry lone surrogates it cannot."""
     try:
         text.encode()
@@ -351,28 +356,13 @@ def json_bytes(value: object) -> int:
         raise InvalidRequest("the request's text is not valid Unicode (a lone surrogate)") from exc
 
 
-# Parts that are text only: bounded by their bytes.
-CHAT_TEXT_PARTS = frozenset({"text", "refusal"})
-RESPONSES_TEXT_PARTS = frozenset({"input_text", "output_text", "refusal"})
-# Responses items that carry text only: calls of tools the client runs, and their outputs (by
-# their bytes; a function's or custom tool's output may hold content parts, walked as such).
-RESPONSES_CALL_ITEMS = frozenset({
-    "function_call", "custom_tool_call", "local_shell_call", "shell_call", "apply_patch_call",
-    "local_shell_call_output", "shell_call_output", "apply_patch_call_output",
-})
-RESPONSES_OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
-# Responses items whose billed size the request does not show: reasoning sent back (encrypted,
-# or looked up by id), a reference to a stored item, a compaction's encrypted summary, and
-# hosted tools' calls sent back (their results are the provider's). Held at the context window.
-RESPONSES_REFERRED_ITEMS = frozenset({
-    "reasoning", "item_reference", "compaction", "web_search_call", "file_search_call",
-    "image_generation_call", "code_interpreter_call", "computer_call", "computer_call_output",
-    "tool_search_call", "tool_search_output",
-})
+class Walk:
+    """One request's media, counted while its content is copied with their payloads blanked.
 
-
-class _Walk:
-    """One request's media, counted while its content is copied with their payloads blanked."""
+    A format's walker (core/formats/) copies each message or item with Walk's help: what every
+    API sends alike (a list of content parts, an image by URL, audio input, a reference to input
+    the request does not hold) is read here; what differs (which parts and items exist) is the
+    format's."""
 
     def __init__(self) -> None:
         self.images_low = self.images_high = self.audio_ms = self.thinking_blocks = 0
@@ -390,43 +380,28 @@ class _Walk:
         """Note input the request only refers to, at `field` (the first one is named)."""
         self.referred_field = self.referred_field or field
 
-    def content(self, content: object, field: str, role: object, chat: bool) -> object:
+    def content(self, content: object, field: str, role: object, walk_part: PartWalk) -> object:
+        """A message's content: a string as it is, or a list of content parts, each an object
+        with a type, copied by `walk_part`."""
         if content is None or isinstance(content, str):
             return content
         if not isinstance(content, list):
             raise InputUnbounded(f"{field} must be a string or a list of content parts",
                                  field=field)
-        return [self.part(part, f"{field}[{j}]", role, chat) for j, part in enumerate(content)]
-
-    def part(self, part: object, field: str, role: object, chat: bool) -> object:
-        if not isinstance(part, dict):
-            raise InputUnbounded(f"{field} must be a content part object", field=field)
-        kind = part.get("type")
-        if not isinstance(kind, str):
-            raise InputUnbounded(f"{field}.type must name the content part's type",
-                                 field=f"{field}.type")
-        if kind in (CHAT_TEXT_PARTS if chat else RESPONSES_TEXT_PARTS):
-            return part
-        if chat and kind == "image_url":
-            return self.chat_image(part, field)
-        if not chat and kind == "input_image":
-            return self.responses_image(part, field)
-        if kind == "input_audio":
-            return self.audio(part, field, role)
-        # A file (by id, data or URL; a PDF is billed its text and an image of each page) is
-        # input of a size its bytes do not show: held at the window, its payload not counted.
-        if chat and kind == "file":
-            self.refer(f"{field}.file")
-            return {"type": kind}
-        if not chat and kind == "input_file":
-            self.refer(field)
-            return {"type": kind}
-        raise InputUnbounded(
-            f"{field} is a content part of type {kind!r}, which the gateway cannot bound",
-            field=field)
+        parts = []
+        for j, part in enumerate(content):
+            where = f"{field}[{j}]"
+            if not isinstance(part, dict):
+                raise InputUnbounded(f"{where} must be a content part object", field=where)
+            kind = part.get("type")
+            if not isinstance(kind, str):
+                raise InputUnbounded(f"{where}.type must name the content part's type",
+                                     field=f"{where}.type")
+            parts.append(walk_part(self, part, kind, where, role))
+        return parts
 
     def image(self, url: object, url_field: str, detail: object, detail_field: str) -> None:
-        if not isinstance(url, str) or not url or not _encodable(url):
+        if not isinstance(url, str) or not url or not encodable(url):
             raise InvalidRequest(f"{url_field} must be an image URL", field=url_field)
         # A data URL of another type (a PDF, a video) would be billed by other rules.
         if url[:5].lower() == "data:" and url[5:11].lower() != "image/":
@@ -442,39 +417,8 @@ class _Walk:
                 field=detail_field)
         self.image_field = self.image_field or url_field
 
-    def chat_image(self, part: dict[str, Any], field: str) -> dict[str, Any]:
-        given = part.get("image_url")
-        if isinstance(given, str):
-            self.image(given, f"{field}.image_url", None, "")
-            return {**part, "image_url": ""}
-        if not isinstance(given, dict):
-            raise InputUnbounded(f"{field}.image_url must be an object with a url",
-                                 field=f"{field}.image_url")
-        for key in given:
-            if key not in ("url", "detail"):
-                raise InputUnbounded(f"{field}.image_url.{key} is not a field the gateway knows",
-                                     field=f"{field}.image_url.{key}")
-        self.image(given.get("url"), f"{field}.image_url.url", given.get("detail"),
-                   f"{field}.image_url.detail")
-        return {**part, "image_url": {**given, "url": ""}}
-
-    def responses_image(self, part: dict[str, Any], field: str) -> dict[str, Any]:
-        for key in part:
-            if key not in ("type", "image_url", "file_id", "detail"):
-                raise InputUnbounded(f"{field}.{key} is not a field the gateway knows",
-                                     field=f"{field}.{key}")
-        if part.get("file_id") is not None:
-            # An image stored with the provider is still billed by the per-image rule.
-            if not isinstance(part["file_id"], str) or not part["file_id"]:
-                raise InvalidRequest(f"{field}.file_id must be a file id",
-                                     field=f"{field}.file_id")
-            self.image("file", f"{field}.file_id", part.get("detail"), f"{field}.detail")
-            return {**part, "file_id": ""}
-        self.image(part.get("image_url"), f"{field}.image_url", part.get("detail"),
-                   f"{field}.detail")
-        return {**part, "image_url": ""}
-
     def audio(self, part: dict[str, Any], field: str, role: object) -> dict[str, Any]:
+        """An `input_audio` part (OpenAI's APIs), its duration bounded from its bytes."""
         # Audio in other roles' messages is billed at other rates (an assistant's, twice as
         # many tokens a second); chat takes audio input in user messages only.
         if role != "user":
@@ -490,209 +434,38 @@ class _Walk:
         return {**part, "input_audio": {**given, "data": ""}}
 
 
+def unknown_part(kind: str, field: str) -> InputUnbounded:
+    """A content part of a type the format does not know: input the gateway cannot bound."""
+    return InputUnbounded(
+        f"{field} is a content part of type {kind!r}, which the gateway cannot bound",
+        field=field)
+
+
+# Copies one content part (an object, its type, its JSON path, its message's role) with its media
+# counted into the walk and blanked.
+PartWalk = Callable[[Walk, dict[str, Any], str, str, object], object]
+# Copies a message (at its JSON path) with its media counted into the walk and blanked.
+MessageWalk = Callable[[Walk, dict[str, Any], str], dict[str, Any]]
+
+
 def _checked(tokens: int, field: str) -> int:
     if tokens > TOKENS_MAX:
         raise InvalidRequest(f"{field} is larger than any model's context", field=field)
     return tokens
 
 
-# Copies a message (at its JSON path) with its media counted into the walk and blanked.
-MessageWalk = Callable[[_Walk, dict[str, Any], str], dict[str, Any]]
-
-
-def _messages_bound(messages: Any, walk_message: MessageWalk, field: str = "messages",
-                    shape: str = f"a list of 1 to {MESSAGES_MAX} messages",
-                    item: str = "message", least: int = 1) -> InputBound:
+def messages_bound(messages: Any, walk_message: MessageWalk, field: str = "messages",
+                   shape: str = f"a list of 1 to {MESSAGES_MAX} messages",
+                   item: str = "message", least: int = 1) -> InputBound:
     """The input bound of a list of messages (or a Responses input's items, `field`): each by
     the JSON bytes of its copy without media (every string and structure the provider may
     tokenize), with the chat framing's tokens."""
     if not isinstance(messages, list) or not least <= len(messages) <= MESSAGES_MAX:
         raise InvalidRequest(f"{field} must be {shape}", field=field)
-    walk = _Walk()
+    walk = Walk()
     tokens = TOKENS_PER_REPLY
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidRequest(f"each {item} must be an object", field=field)
         tokens += TOKENS_PER_MESSAGE + json_bytes(walk_message(walk, message, f"{field}[{i}]"))
     return InputBound(_checked(tokens, field), walk.media())
-
-
-def _chat_message(walk: _Walk, message: dict[str, Any], field: str) -> dict[str, Any]:
-    if message.get("audio") is not None:
-        raise InputUnbounded(
-            f"{field}.audio refers to an earlier audio answer by id, of a size the request "
-            "cannot show", field=f"{field}.audio")
-    content = message.get("content")
-    if content is None or isinstance(content, str):
-        return message
-    return {**message, "content": walk.content(
-        content, f"{field}.content", message.get("role"), chat=True)}
-
-
-def chat_input(messages: Any) -> InputBound:
-    """The input bound of chat `messages`: their text by bytes, their media counted."""
-    return _messages_bound(messages, _chat_message)
-
-
-def _responses_item(walk: _Walk, item: dict[str, Any], field: str) -> dict[str, Any]:
-    kind = item.get("type", "message" if "role" in item else None)
-    if not isinstance(kind, str):
-        raise InputUnbounded(f"{field}.type must name the item's type", field=f"{field}.type")
-    if kind == "message":
-        return {**item, "content": walk.content(
-            item.get("content"), f"{field}.content", item.get("role"), chat=False)}
-    if kind in RESPONSES_OUTPUT_ITEMS:
-        return {**item, "output": walk.content(
-            item.get("output"), f"{field}.output", "tool", chat=False)}
-    if kind in RESPONSES_REFERRED_ITEMS:
-        walk.refer(field)
-        # Its payload (encrypted reasoning, a hosted tool's results) is not counted as text:
-        # the window holds it.
-        return {"type": kind}
-    if kind not in RESPONSES_CALL_ITEMS:
-        # Anything newer: input (or an action) the gateway cannot bound.
-        raise InputUnbounded(
-            f"{field} is an item of type {kind!r}, which the gateway does not know: what it "
-            "bills cannot be bounded", field=field)
-    return item
-
-
-def responses_input(given: Any) -> InputBound:
-    """The input bound of a Responses API `input`: a string, or a list of items."""
-    if isinstance(given, str):
-        given = [{"role": "user", "content": given}]
-    return _messages_bound(given, _responses_item, "input",
-                           f"a string or a list of at most {MESSAGES_MAX} items",
-                           "input item", least=0)
-
-
-# -- Anthropic's Messages API -------------------------------------------------------------------
-
-# Blocks that carry text only (the model's own turns sent back included: tool calls, web search
-# results): bounded by their bytes like any text.
-MESSAGES_TEXT_BLOCKS = frozenset({
-    "text", "tool_use", "server_tool_use", "web_search_tool_result", "search_result",
-})
-# Thinking sent back is billed as the thinking its signature carries (encrypted), not as the
-# text it shows: a summary, or nothing under `display: omitted` (Claude Code's). Redacted
-# thinking is encrypted whole. Neither's bytes are documented to bound its tokens; one block is
-# at most what one call writes (core/prices/ holds each at the model's output maximum, or the
-# context window where that is not known).
-MESSAGES_THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
-# Blocks of server tools' results sent back, and references to what the provider holds (a
-# container's file, a tool loaded by tool search): input whose billed size the request does not
-# show, held at the context window.
-MESSAGES_REFERRED_BLOCKS = frozenset({
-    "web_fetch_tool_result", "code_execution_tool_result", "bash_code_execution_tool_result",
-    "text_editor_code_execution_tool_result", "tool_search_tool_result", "tool_reference",
-    "mcp_tool_use", "mcp_tool_result", "container_upload",
-})
-IMAGE_MEDIA_TYPE_PREFIX = "image/"
-# Document sources whose billed size the request does not show (a PDF's pages, a file).
-MESSAGES_DOCUMENT_SOURCES = frozenset({"base64", "url", "file"})
-
-
-def _walk_messages_blocks(walk: _Walk, content: object, field: str) -> list[Any]:
-    if not isinstance(content, list):
-        raise InputUnbounded(f"{field} must be a string or a list of content blocks",
-                             field=field)
-    return [_messages_block(walk, block, f"{field}[{j}]") for j, block in enumerate(content)]
-
-
-def _messages_block(walk: _Walk, block: object, field: str) -> object:
-    """One content block, its media counted and blanked; what it only names is refused."""
-    if not isinstance(block, dict):
-        raise InputUnbounded(f"{field} must be a content block object", field=field)
-    kind = block.get("type")
-    if not isinstance(kind, str):
-        raise InputUnbounded(f"{field}.type must name the block's type", field=f"{field}.type")
-    if kind in MESSAGES_TEXT_BLOCKS:
-        return block
-    if kind == "image":
-        return _messages_image(walk, block, field)
-    if kind == "document":
-        return _messages_document(walk, block, field)
-    if kind == "tool_result":
-        content = block.get("content")
-        if content is None or isinstance(content, str):
-            return block
-        return {**block, "content": _walk_messages_blocks(walk, content, f"{field}.content")}
-    if kind in MESSAGES_REFERRED_BLOCKS:
-        walk.refer(field)
-        return {"type": kind}
-    if kind in MESSAGES_THINKING_BLOCKS:
-        walk.thinking_blocks += 1
-        walk.thinking_field = walk.thinking_field or field
-        return {"type": kind}
-    # Anything newer: input the gateway cannot bound.
-    raise InputUnbounded(
-        f"{field} is a content block of type {kind!r}, which the gateway cannot bound",
-        field=field)
-
-
-def _messages_image(walk: _Walk, block: dict[str, Any], field: str) -> dict[str, Any]:
-    """An image is billed by the model's per-image bound whatever its size, so its source (its
-    data, a URL or a file the provider holds) is not read, only checked to be an image's."""
-    source = block.get("source")
-    where = f"{field}.source"
-    if not isinstance(source, dict):
-        raise InputUnbounded(f"{where} must be an image source object", field=where)
-    kind = source.get("type")
-    if kind == "base64":
-        media_type = source.get("media_type")
-        if not isinstance(media_type, str) or not media_type.startswith(IMAGE_MEDIA_TYPE_PREFIX):
-            raise InputUnbounded(f"{where}.media_type must be an image's",
-                                 field=f"{where}.media_type")
-        payload = "data"
-    elif kind == "url":
-        payload = "url"
-    elif kind == "file":
-        payload = "file_id"
-    else:
-        raise InputUnbounded(f"{where}.type must be base64, url or file", field=f"{where}.type")
-    value = source.get(payload)
-    if not isinstance(value, str) or not value or not _encodable(value):
-        raise InvalidRequest(f"{where}.{payload} must be a non-empty string",
-                             field=f"{where}.{payload}")
-    walk.images_high += 1
-    walk.image_field = walk.image_field or where
-    return {**block, "source": {**source, payload: ""}}
-
-
-def _messages_document(walk: _Walk, block: dict[str, Any], field: str) -> dict[str, Any]:
-    """A document of text, or of text and image blocks, is bounded as they are. A PDF (sent or
-    by URL or file) is billed for text its bytes do not bound (its streams are compressed) and
-    an image of each page, and citations add a system prompt and chunking of an undocumented
-    size: held at the context window, like a file by URL or id."""
-    citations = block.get("citations")
-    if isinstance(citations, dict) and citations.get("enabled") not in (None, False):
-        walk.refer(f"{field}.citations")
-    source = block.get("source")
-    where = f"{field}.source"
-    kind = source.get("type") if isinstance(source, dict) else None
-    if kind == "text":
-        return block
-    if kind == "content" and isinstance(source, dict):
-        content = source.get("content")
-        if isinstance(content, str):
-            return block
-        return {**block, "source": {**source, "content": _walk_messages_blocks(
-            walk, content, f"{where}.content")}}
-    if kind in MESSAGES_DOCUMENT_SOURCES:
-        walk.refer(where)
-        return {"type": "document"}
-    raise InputUnbounded(f"{where}.type must be one of text, content, "
-                         f"{', '.join(sorted(MESSAGES_DOCUMENT_SOURCES))}", field=where)
-
-
-def _anthropic_message(walk: _Walk, message: dict[str, Any], field: str) -> dict[str, Any]:
-    content = message.get("content")
-    if content is None or isinstance(content, str):
-        return message
-    return {**message, "content": _walk_messages_blocks(walk, content, f"{field}.content")}
-
-
-def messages_input(messages: Any) -> InputBound:
-    """The input bound of Anthropic Messages API `messages`: their text by bytes, their images
-    counted; documents other than text, and blocks the gateway does not know, refused."""
-    return _messages_bound(messages, _anthropic_message)

@@ -27,7 +27,14 @@ from typing import NamedTuple, Protocol
 
 from core.alerts import AlertEvent
 from core.budgets import USER_SCOPE_KIND, BudgetDef, BudgetId, Period, period_of
-from core.errors import BudgetBusy, BudgetExceeded, BudgetRefused, ReservationResolved, ensure
+from core.errors import (
+    BudgetBusy,
+    BudgetExceeded,
+    BudgetRefused,
+    InvalidRequest,
+    ReservationResolved,
+    ensure,
+)
 from core.limits import IDEMPOTENCY_WINDOW_MS, RESEND_WINDOW_MS
 
 # A busy budget frees up when an open call settles, which takes seconds, not a lease's length.
@@ -540,6 +547,29 @@ class KeyStore(Protocol):
         """Revoke a key: in one step, no secret of it is taken any more, and its id is never
         made again. False if there was no such key."""
         ...
+
+
+def invalid_export(why: str) -> InvalidRequest:
+    """A ledger export refused whole, before a restore wrote anything of it."""
+    return InvalidRequest(f"not a valid ledger export: {why}; nothing was written",
+                          field="export")
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a restore wrote under its new ledger id (core/operations.py Catalogue.restore_body):
+    how many budgets, counters, end users and keys, and the open reservations of the export it
+    charged as unknown with the micro-dollars they held. `previous_ledger_id` is the id it
+    replaces (None: the ledger had been reset)."""
+
+    ledger_id: str
+    previous_ledger_id: str | None
+    budgets: int
+    counters: int
+    users: int
+    keys: int
+    charged_count: int
+    charged_micros: int
 
 
 class KeyListing(Protocol):

@@ -9,7 +9,9 @@ show a secret or a key's hash.
 Export and restore. An export is one JSON document: the ledger id, every
 organisation's budgets, every period window's counters (committed, reserved, overshoot), its open
 reservations, and the API keys' records (hashes only; the secrets were never stored), with a
-checksum over all of it. A restore writes it into an empty (or wiped) ledger under a new ledger
+checksum over all of it. Its body is the store's document, read and written beside the ledger's
+layout (Catalogue.export_body, restore_body); this module makes and checks the envelope around
+it, and books the bill. A restore writes it into an empty (or wiped) ledger under a new ledger
 id: committed spend comes back as it was, never refilled; an open reservation comes back charged
 as unknown (its hold committed, as expiry under 'charge' books it, so a late settle or an
 operator's correction still lowers it); keys keep working. With a provider's bill
@@ -26,28 +28,25 @@ import binascii
 import hashlib
 import json
 import re
-import uuid
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from core.budgets import USER_SCOPE_KIND, BudgetDef, BudgetId, Period, check_user
-from core.errors import BudgetNotFound, CeilingError, InvalidRequest, LedgerNotEmpty
+from core.budgets import BudgetDef, BudgetId, Period, check_user
+from core.errors import BudgetNotFound, InvalidRequest
 from core.ledger import (
     KeyInfo,
     KeyListing,
     LegStatus,
     ReservationRef,
     ReserveRequest,
+    Restored,
     Role,
     UsersPage,
+    invalid_export,
     mint_reservation_id,
-    tag_digest,
 )
-from core.limits import BUDGET_ID_LEN_MAX, CEILING_MICROS_MAX, INT_EXACT_MAX, RESERVATION_TTL_MS_MIN
+from core.limits import BUDGET_ID_LEN_MAX, CEILING_MICROS_MAX, RESERVATION_TTL_MS_MIN
 from core.service import CeilingService, NewKey
-from core.stores import keys, wire
-from core.stores.operations import TagDump, legs_of, unknown_effects
 
 EXPORT_FORMAT = "spend-ceiling/ledger-export/1"
 BILL_FORMAT = "spend-ceiling/bill/1"
@@ -66,23 +65,18 @@ KEY_ROTATION_GRACE_MS_MAX = 7 * 24 * 3_600_000
 # Characters of a cursor: an encoded budget id or stream id, with room.
 CURSOR_LEN_MAX = 4 * BUDGET_ID_LEN_MAX
 _KEY_ID = re.compile(r"key_[0-9a-f]{1,60}")
-# Any id a store was given (keys made before ids were minted, or by a test) survives an export.
-_STORED_KEY_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-_KEY_HASH = re.compile(r"[0-9A-Za-z]{1,128}")  # a SHA-256 in hex, as core.service makes them
 _STREAM_ID = re.compile(r"\d{1,16}-\d{1,16}")
-# A window key as core/budgets.py makes them: no separator of the key layout.
-_WINDOW = re.compile(r"[A-Za-z0-9_+@:/.-]{1,80}")
 
 
 class Catalogue(KeyListing, Protocol):
-    """The operators' catalogue beside a ledger: lists, deletion, the audit stream, and the raw
-    reads and writes of an export and a restore, in the ledger's own layout (core/stores/keys.py,
-    core/stores/wire.py). Optional: whoever makes the store passes it (core/backends.py), and
-    what needs it says so when there is none."""
+    """The operators' catalogue beside a ledger: lists, deletion, the audit stream, and the body
+    of an export and of its restore, a document the store writes and reads (JSON values only;
+    core/stores/operations.py says what it holds). Optional: whoever makes the store passes it
+    (core/backends.py), and what needs it says so when there is none."""
 
-    def now_estimate(self) -> int: ...
-
-    def use_ledger(self, ledger_id: str) -> None: ...
+    def now_estimate(self) -> int:
+        """The ledger's time as this instance last learnt it, advanced by its own clock."""
+        ...
 
     async def budget_ids(self, prefix: str, after: str | None, count: int) -> list[str]: ...
 
@@ -94,36 +88,22 @@ class Catalogue(KeyListing, Protocol):
     async def audit_read(self, before: str | None, count: int
                          ) -> list[tuple[str, dict[str, str]]]: ...
 
-    async def tags(self) -> list[str]: ...
+    async def export_body(self) -> dict[str, Any]:
+        """Every organisation's budgets, counters, open reservations and end users, and every
+        key's record (its secrets' hashes, never a secret): the body of an export."""
+        ...
 
-    async def dump_tag(self, tag: str) -> TagDump: ...
+    async def restore_body(self, body: object, force: bool) -> Restored:
+        """Check `body` whole (invalid_export: nothing written), refuse a ledger with data
+        unless `force` (LedgerNotEmpty), then write it under a new ledger id, each organisation
+        in one step, and use that id from then on. Not stamped (stamp_restored): until then an
+        instance reads the old (or a fresh) id, finds these budgets under another one and
+        refuses them (`ledger_reset`), so none serves a budget half restored."""
+        ...
 
-    async def index_unlisted_keys(self) -> int: ...
-
-    async def key_records(self) -> list[dict[str, str]]: ...
-
-    async def has_data(self, tags: Iterable[str]) -> list[str]: ...
-
-    async def begin_restore(self) -> None: ...
-
-    async def stamp_ledger(self, ledger_id: str) -> None: ...
-
-    async def write_hash(self, key: str, fields: dict[str, str], ttl_ms: int | None) -> None: ...
-
-    async def read_hash(self, key: str) -> dict[str, str]: ...
-
-    async def has_record(self, tag: str, reservation_id: str) -> bool: ...
-
-    async def write_unknown(self, tag: str, reservation_id: str, record: wire.StoredRecord,
-                            now_ms: int) -> bool: ...
-
-    async def catalogue_tag(self, tag: str, ledger_id: str, digest: str) -> None: ...
-
-    async def catalogue_budget(self, budget_id: str) -> None: ...
-
-    async def write_users(self, tag: str, budget_id: str, users: Sequence[str]) -> None: ...
-
-    async def write_key(self, record: dict[str, str]) -> None: ...
+    async def stamp_restored(self, ledger_id: str) -> None:
+        """Make `ledger_id`, which a restore wrote, the ledger's: the last step of a restore."""
+        ...
 
     async def adopt(self) -> tuple[str | None, str | None]: ...
 
@@ -182,97 +162,16 @@ def checksum(document: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def _invalid(why: str) -> InvalidRequest:
-    return InvalidRequest(f"not a valid ledger export: {why}; nothing was written",
-                          field="export")
-
-
-def _strings(value: object, why: str) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise _invalid(why)
-    return value
-
-
-def _amount(fields: dict[str, str], name: str) -> int:
-    text = fields.get(name, "0")
-    if not re.fullmatch(r"-?\d{1,16}", text) or abs(int(text)) > INT_EXACT_MAX:
-        raise _invalid(f"{name} is not an integer below 2**53")
-    return int(text)
-
-
-def _counter_owner(raw: object) -> BudgetId:
-    """The budget a counter of an export is kept for: a budget's id (a run's too), or an end
-    user's '<budget>/user:<id>', which BudgetId.parse refuses (a user id may hold ':' and '@',
-    be longer than a scope's name, and make a path one scope longer than an operator's)."""
-    if isinstance(raw, str):
-        budget, marker, user = raw.rpartition(f"/{USER_SCOPE_KIND}:")
-        if marker and "/" not in user:
-            try:
-                check_user(user)
-            except InvalidRequest as exc:
-                raise _invalid("an end user's counter") from exc
-            return BudgetId.parse(budget)
-    return BudgetId.parse(raw)
-
-
 def verify_export(document: object) -> dict[str, Any]:
-    """The export's body, once its format, checksum and every field are what an export writes."""
+    """The export's body, once its format and checksum are what an export writes; what the body
+    holds is the store's to check (Catalogue.restore_body)."""
     if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
-        raise _invalid(f"format is not {EXPORT_FORMAT}")
+        raise invalid_export(f"format is not {EXPORT_FORMAT}")
     if document.get("checksum") != checksum(document):
-        raise _invalid("its checksum does not match its content (changed or truncated)")
+        raise invalid_export("its checksum does not match its content (changed or truncated)")
     body = document.get("body")
-    if not isinstance(body, dict) or not isinstance(body.get("organisations"), list) \
-            or not isinstance(body.get("keys"), list):
-        raise _invalid("no organisations or keys")
-    for org in body["organisations"]:
-        if not isinstance(org, dict) or not isinstance(org.get("tag"), str):
-            raise _invalid("an organisation without a tag")
-        tag = BudgetId.parse(org["tag"]).path
-        if "/" in tag:
-            raise _invalid(f"{tag} is not a top scope")
-        _strings(org.get("meta", {}), "meta")
-        for b in org.get("budgets", []):
-            if BudgetId.parse(b.get("budget_id")).tag != tag:
-                raise _invalid(f"{b.get('budget_id')} is not under {tag}")
-            _strings(b.get("fields"), "a definition")
-        for c in org.get("counters", []):
-            if _counter_owner(c.get("budget_id")).tag != tag or not isinstance(
-                    c.get("window_key"), str) or not _WINDOW.fullmatch(c["window_key"]):
-                raise _invalid("a counter of another organisation or window")
-            fields = _strings(c.get("fields"), "a counter")
-            for name in ("committed", "reserved", "overshoot"):
-                _amount(fields, name)
-            ttl = c.get("ttl_ms")
-            if ttl is not None and (type(ttl) is not int or not 0 < ttl <= INT_EXACT_MAX):
-                raise _invalid("a counter's ttl_ms")
-        for r in org.get("open_reservations", []):
-            if not isinstance(r.get("reservation_id"), str) or not re.fullmatch(
-                    r"[A-Za-z0-9_.:-]{1,128}", r["reservation_id"]) \
-                    or not isinstance(r.get("record"), str):
-                raise _invalid("an open reservation")
-            record = wire.StoredRecord.unpacked(r["record"])
-            if record.state != "open" or not 0 < _amount(
-                    {"r": record.reserved_micros}, "r") <= CEILING_MICROS_MAX:
-                raise _invalid("an open reservation's record")
-        for u in org.get("users", []):
-            if not isinstance(u, dict) or BudgetId.parse(u.get("budget_id")).tag != tag:
-                raise _invalid("end users of another organisation")
-            members = u.get("users")
-            if not isinstance(members, list):
-                raise _invalid("a budget's end users are not a list")
-            for member in members:
-                try:
-                    check_user(member)
-                except InvalidRequest as exc:
-                    raise _invalid("an end user's id") from exc
-    for k in body["keys"]:
-        fields = _strings(k, "a key")
-        if not _KEY_HASH.fullmatch(fields.get("key_hash", "")) or not _STORED_KEY_ID.fullmatch(
-                fields.get("key_id", "")):
-            raise _invalid("a key's id or hash")
-        BudgetId.parse(fields.get("budget_id"))
+    if not isinstance(body, dict):
+        raise invalid_export("no body")
     return body
 
 
@@ -506,41 +405,14 @@ class Operations:
     async def export(self, by: str) -> dict[str, Any]:
         catalogue = self._needs()
         ledger_id = await self.service.store.open()
-        await catalogue.index_unlisted_keys()
-        organisations = []
-        for tag in await catalogue.tags():
-            dump = await catalogue.dump_tag(tag)
-            org: dict[str, Any] = {"tag": tag, "meta": {}, "budgets": [], "counters": [],
-                                   "open_reservations": [], "users": []}
-            for suffix, (ttl_ms, fields) in sorted(dump.hashes.items()):
-                if suffix == keys.META:
-                    org["meta"] = fields
-                elif suffix.startswith(keys.DEFINITION):
-                    org["budgets"].append({"budget_id": suffix[len(keys.DEFINITION):],
-                                           "fields": fields})
-                else:
-                    budget_id, _, window_key = suffix[len(keys.COUNTER):].rpartition("|")
-                    org["counters"].append({"budget_id": budget_id, "window_key": window_key,
-                                            "fields": fields, "ttl_ms": ttl_ms})
-            for rid, record in sorted(dump.open_records.items()):
-                org["open_reservations"].append({
-                    "reservation_id": rid, "record": wire.SEPARATOR.join(record),
-                    "reserved_micros": int(record.reserved_micros),
-                    "legs": [f"{b}|{w}" for b, w, _ in legs_of(record)]})
-            # Each budget's end users (their counters are among the counters): who counts
-            # against users_max, which a restore keeps.
-            org["users"] = [{"budget_id": budget_id, "users": list(members)}
-                            for budget_id, members in sorted(dump.users.items())]
-            if org["budgets"] or org["counters"] or org["open_reservations"] or org["users"]:
-                organisations.append(org)
+        body = await catalogue.export_body()
         document: dict[str, Any] = {
             "format": EXPORT_FORMAT, "ledger_id": ledger_id,
-            "exported_at_ms": catalogue.now_estimate(),
-            "body": {"organisations": organisations, "keys": await catalogue.key_records()},
+            "exported_at_ms": catalogue.now_estimate(), "body": body,
         }
         document["checksum"] = checksum(document)
-        await self.audit(by, "ledger.export", ledger_id, organisations=len(organisations),
-                         keys=len(document["body"]["keys"]))
+        await self.audit(by, "ledger.export", ledger_id, organisations=len(body["organisations"]),
+                         keys=len(body["keys"]))
         return document
 
     async def restore(self, document: object, bill: object | None, force: bool, by: str
@@ -549,111 +421,20 @@ class Operations:
         body = verify_export(document)
         entries = parse_bill(bill) if bill is not None else []
         assert isinstance(document, dict)
-        orgs = body["organisations"]
-        tags = [o["tag"] for o in orgs]
-        live_tags = await catalogue.tags()
-        found = await catalogue.has_data(tags)
-        if found and not force:
-            raise LedgerNotEmpty(
-                "the ledger is not empty (" + ", ".join(found[:10]) + "); restore into an "
-                "empty or wiped ledger, or give --force, which keeps the larger committed spend "
-                "of every counter (never refills)", found=found[:10])
-        try:
-            previous: str | None = await self.service.store.open()
-        except CeilingError:  # a reset ledger: its id is what is being replaced
-            previous = None
-        ledger_id = uuid.uuid4().hex
-        # Everything is written under the new id before the ledger id itself, last: until then
-        # an instance reads the old (or a fresh) id, finds these budgets under another one and
-        # refuses (`ledger_reset`), so none serves a budget half restored.
-        await catalogue.begin_restore()
-        catalogue.use_ledger(ledger_id)
-        now_ms = catalogue.now_estimate()
-        charged_count = charged_micros = counters = budgets = users = 0
-        for org in orgs:
-            tag = org["tag"]
-            deltas: dict[str, tuple[int, int]] = {}
-            runs: set[str] = set()
-            records = {r["reservation_id"]: wire.StoredRecord.unpacked(r["record"])
-                       for r in org.get("open_reservations", [])}
-            if force and tag in live_tags:
-                # A reservation the ledger still has is booked in its counters as it stands.
-                records = {rid: r for rid, r in records.items()
-                           if not await catalogue.has_record(tag, rid)}
-            for record in records.values():
-                reserved_d, committed_d = unknown_effects(int(record.reserved_micros))
-                for budget_id, window_key, run in legs_of(record):
-                    suffix = f"{budget_id}|{window_key}"
-                    if run:
-                        runs.add(suffix)
-                    r0, c0 = deltas.get(suffix, (0, 0))
-                    deltas[suffix] = (r0 + reserved_d, c0 + committed_d)
-            meta = {**org.get("meta", {}), "ledger": ledger_id}
-            await catalogue.write_hash(keys.meta(tag), meta, None)
-            for b in org.get("budgets", []):
-                fields = dict(b["fields"])
-                if "timezone" in fields:
-                    fields["ledger"] = wire.definition_ledger(ledger_id, fields)
-                await catalogue.write_hash(keys.definition(tag, b["budget_id"]), fields, None)
-                await catalogue.catalogue_budget(b["budget_id"])
-                budgets += 1
-            for u in org.get("users", []):
-                # Counted against users_max again, as before the export; their counters (a
-                # user's total is never refilled) come back with the counters below.
-                await catalogue.write_users(tag, u["budget_id"], u["users"])
-                users += len(u["users"])
-            exported = {f"{c['budget_id']}|{c['window_key']}": c for c in org.get("counters", [])}
-            for suffix in sorted(set(exported) | {s for s in deltas if s not in runs}):
-                c = exported.get(suffix)
-                fields = dict(c["fields"]) if c else {}
-                _, committed_d = deltas.get(suffix, (0, 0))
-                committed = _amount(fields, "committed") + committed_d
-                # Every hold the export recorded is charged above; any other the counter held
-                # was taken or resolved while the export read (core/stores/operations.py
-                # dump_tag), and nothing in the restored ledger holds it.
-                reserved = 0
-                overshoot = _amount(fields, "overshoot")
-                budget_id, _, window_key = suffix.rpartition("|")
-                key = keys.counter(tag, budget_id, window_key)
-                if force and tag in live_tags:
-                    live = await catalogue.read_hash(key)
-                    if live:
-                        committed = max(committed, _amount(live, "committed"))
-                        reserved = _amount(live, "reserved")  # the live ledger's own holds
-                        overshoot = max(overshoot, _amount(live, "overshoot"))
-                fields.update(committed=str(committed), reserved=str(reserved),
-                              overshoot=str(overshoot))
-                await catalogue.write_hash(key, fields, c.get("ttl_ms") if c else None)
-                counters += 1
-            for rid, record in records.items():
-                if await catalogue.write_unknown(tag, rid, record, now_ms):
-                    charged_count += 1
-                    charged_micros += int(record.reserved_micros)
-            await catalogue.catalogue_tag(tag, ledger_id, tag_digest(tag))
-        if force:
-            # Organisations the ledger has and the export does not: under the new id too.
-            for tag in sorted(set(live_tags) - set(tags)):
-                dump = await catalogue.dump_tag(tag)
-                for suffix, (ttl_ms, fields) in dump.hashes.items():
-                    if suffix == keys.META or (suffix.startswith(keys.DEFINITION)
-                                               and "timezone" in fields):
-                        await catalogue.write_hash(f"{keys.prefix(tag)}{suffix}",
-                                                   {**fields, "ledger": ledger_id}, ttl_ms)
-                await catalogue.catalogue_tag(tag, ledger_id, tag_digest(tag))
-        for k in body["keys"]:
-            await catalogue.write_key(k)
-        booked = [await self._book_from_bill(e, ledger_id, by) for e in entries]
-        await catalogue.stamp_ledger(ledger_id)
+        done = await catalogue.restore_body(body, force)
+        # Under the restored id, before its stamp: the spend between the export and the wipe.
+        booked = [await self._book_from_bill(e, done.ledger_id, by) for e in entries]
+        await catalogue.stamp_restored(done.ledger_id)
         result = {
-            "ledger_id": ledger_id, "previous_ledger_id": previous,
-            "exported_ledger_id": document.get("ledger_id"), "budgets": budgets,
-            "counters": counters, "users": users, "keys": len(body["keys"]),
-            "open_reservations_charged_as_unknown": charged_count,
-            "charged_micros": charged_micros, "booked_from_bill": booked,
+            "ledger_id": done.ledger_id, "previous_ledger_id": done.previous_ledger_id,
+            "exported_ledger_id": document.get("ledger_id"), "budgets": done.budgets,
+            "counters": done.counters, "users": done.users, "keys": done.keys,
+            "open_reservations_charged_as_unknown": done.charged_count,
+            "charged_micros": done.charged_micros, "booked_from_bill": booked,
             "next": "instances that reported ledger_reset serve again once you run "
                     "`ceiling ledger adopt` (or POST /v1/admin/ledger/adopt)",
         }
-        await self.audit(by, "ledger.restore", ledger_id, force=force,
+        await self.audit(by, "ledger.restore", done.ledger_id, force=force,
                          **{k: v for k, v in result.items() if k != "next"})
         return result
 

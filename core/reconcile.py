@@ -3,12 +3,12 @@ cost report.
 
 The ledger counts, per upstream and UTC day, what settles committed for gateway calls
 (core/ledger.py Reconciliation). A provider's cost report is the only witness of what it will
-invoice: OpenAI's `GET /v1/organization/costs` (daily buckets, `amount.value` a JSON number in
-dollars, optional `project_ids` filter) and Anthropic's `GET /v1/organizations/cost_report`
-(daily buckets, `amount` a decimal string in cents, Priority Tier costs not in it). Both are read
-with an admin key, a page at a time through `has_more` / `next_page`, and turned into integer
-micro-dollars exactly: JSON numbers are parsed as Decimal, never as binary floats, a day's
-results are summed exactly and rounded once, half up, to a micro-dollar.
+invoice. Each provider's is one CostReport (OpenAICosts: dollars as JSON numbers; AnthropicCosts:
+cents as decimal strings), registered by its name in COST_REPORTS; the rest of this module names
+no provider. Every report is daily buckets read with an admin key, a page at a time through
+`has_more` / `next_page`, and turned into integer micro-dollars exactly: JSON numbers are
+parsed as Decimal, never as binary floats, a day's results are summed exactly and rounded once,
+half up, to a micro-dollar.
 
 A report that cannot be read whole (the request failed or timed out, an error answer, a page
 that is not the documented shape, an amount that is not US dollars) is CostReportFailed, never
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -45,21 +46,11 @@ from core.money import MICROS_PER_USD, micros_to_usd
 
 __all__ = ["CostReportFailed", "DayDrift", "Reconciled", "ReportSource", "reconcile"]
 
-OPENAI_ADMIN_URL_DEFAULT = "https://api.openai.com"
-ANTHROPIC_ADMIN_URL_DEFAULT = "https://api.anthropic.com"
-OPENAI_COSTS_PATH = "/v1/organization/costs"
-ANTHROPIC_COSTS_PATH = "/v1/organizations/cost_report"
-# The Admin API version the report's format above is documented for.
-ANTHROPIC_VERSION = "2023-06-01"
-# Buckets one page may hold, as each provider documents its `limit` for daily buckets: asking for
-# the most there are takes the fewest pages.
-OPENAI_BUCKETS_PER_PAGE_MAX = 180
-ANTHROPIC_BUCKETS_PER_PAGE_MAX = 31
-# Anthropic's amounts are in cents.
+# A report that gives its amounts in cents (AnthropicCosts) is read at this many a cent.
 MICROS_PER_CENT = MICROS_PER_USD // 100
-# The longest range (DAILY_SPEND_DAYS_MAX days) takes a few times fewer pages of
-# ANTHROPIC_BUCKETS_PER_PAGE_MAX buckets; a report that still says `has_more` after this many
-# pages is not ending, and is refused rather than read for ever.
+# The longest range (DAILY_SPEND_DAYS_MAX days) takes a few times fewer pages than this even at
+# 31 buckets a page (the fewest a provider's report takes); a report that still says `has_more`
+# after this many pages is not ending, and is refused rather than read for ever.
 REPORT_PAGES_MAX = 64
 # The most a page of a report may hold. 180 daily buckets grouped by project and line item are
 # far below it; more is not a cost report, and is not read into memory.
@@ -78,96 +69,15 @@ RECONCILE_DAYS_DEFAULT = 7
 TOLERANCE_PCT_DEFAULT = Decimal(1)
 # drift_pct is shown to this many decimal places (the decision uses the exact ratio).
 DRIFT_PCT_PLACES = Decimal("0.0001")
-# OpenAI's projects, as CEILING_OPENAI_PROJECT_ID may list them (comma-separated).
+# The projects a report may be narrowed to (CostReport.project_ids), as a setting lists them.
 PROJECTS_MAX = 100
 _PROJECT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
-# A decimal as Anthropic writes an amount: digits, an optional fraction, an optional sign.
+# A decimal as a report may write an amount in a string: digits, an optional fraction, an
+# optional sign.
 _DECIMAL = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{1,20})?")
 _DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 SECONDS_PER_DAY = 86_400
 ONE_DAY = timedelta(days=1)
-
-
-# -- where a report is read from ------------------------------------------------------------------
-
-# Per provider: the variables naming its admin key and its base URL, and the URL's default.
-ADMIN_ENV: dict[Upstream, tuple[str, str, str]] = {
-    Upstream.OPENAI: ("CEILING_OPENAI_ADMIN_KEY", "CEILING_OPENAI_ADMIN_URL",
-                      OPENAI_ADMIN_URL_DEFAULT),
-    Upstream.ANTHROPIC: ("CEILING_ANTHROPIC_ADMIN_KEY", "CEILING_ANTHROPIC_ADMIN_URL",
-                         ANTHROPIC_ADMIN_URL_DEFAULT),
-}
-
-
-def configured(provider: Upstream, env: Mapping[str, str]) -> bool:
-    """Whether an admin key is set for `provider`'s cost report."""
-    return bool(env.get(ADMIN_ENV[provider][0], "").strip())
-
-
-@dataclass(frozen=True)
-class ReportSource:
-    """A provider's cost report: its base URL, the admin key it is read with, and for OpenAI
-    the projects it is filtered to (none: the whole organisation)."""
-
-    provider: Upstream
-    base_url: str
-    admin_key: str
-    project_ids: tuple[str, ...] = ()
-
-    @property
-    def url(self) -> str:
-        path = OPENAI_COSTS_PATH if self.provider is Upstream.OPENAI else ANTHROPIC_COSTS_PATH
-        return self.base_url + path
-
-    def headers(self) -> dict[str, str]:
-        if self.provider is Upstream.OPENAI:
-            return {"authorization": f"Bearer {self.admin_key}", "accept": "application/json"}
-        return {"x-api-key": self.admin_key, "anthropic-version": ANTHROPIC_VERSION,
-                "accept": "application/json"}
-
-    def params(self, first_day: date, last_day: date) -> list[tuple[str, str]]:
-        """The query of the first page; later pages add `page`."""
-        days = (last_day - first_day).days + 1
-        end = last_day + ONE_DAY
-        if self.provider is Upstream.OPENAI:
-            return [("start_time", str(_unix_s(first_day))), ("end_time", str(_unix_s(end))),
-                    ("bucket_width", "1d"),
-                    ("limit", str(min(days, OPENAI_BUCKETS_PER_PAGE_MAX))),
-                    *(("project_ids", p) for p in self.project_ids)]
-        return [("starting_at", _rfc3339(first_day)), ("ending_at", _rfc3339(end)),
-                ("bucket_width", "1d"), ("limit", str(min(days, ANTHROPIC_BUCKETS_PER_PAGE_MAX)))]
-
-    @classmethod
-    def from_env(cls, provider: Upstream, env: Mapping[str, str]) -> ReportSource:
-        """CEILING_OPENAI_ADMIN_KEY, CEILING_OPENAI_ADMIN_URL, CEILING_OPENAI_PROJECT_ID;
-        CEILING_ANTHROPIC_ADMIN_KEY, CEILING_ANTHROPIC_ADMIN_URL. ConfigError without a key."""
-        key_var, url_var, default = ADMIN_ENV[provider]
-        key = env.get(key_var, "").strip()
-        if not key:
-            raise ConfigError(f"{key_var} is not set: reconciling with {provider}'s cost report "
-                              "reads it with an admin key")
-        url = (env.get(url_var, "").strip() or default).rstrip("/")
-        if not url.startswith(("https://", "http://")):
-            raise ConfigError(f"{url_var} must be an http(s) URL, such as {default}")
-        if url.endswith("/v1"):
-            raise ConfigError(f"{url_var} is the base URL without /v1, such as {default}")
-        projects: tuple[str, ...] = ()
-        if provider is Upstream.OPENAI:
-            raw = env.get("CEILING_OPENAI_PROJECT_ID", "")
-            projects = tuple(p.strip() for p in raw.split(",") if p.strip())
-            if len(projects) > PROJECTS_MAX or not all(_PROJECT_ID.fullmatch(p)
-                                                       for p in projects):
-                raise ConfigError("CEILING_OPENAI_PROJECT_ID must be OpenAI project ids "
-                                  f"(proj_...), comma-separated, at most {PROJECTS_MAX}")
-        return cls(provider, url, key, projects)
-
-
-def _unix_s(day: date) -> int:
-    return int(datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp())
-
-
-def _rfc3339(day: date) -> str:
-    return f"{day.isoformat()}T00:00:00Z"
 
 
 # -- reading a report -----------------------------------------------------------------------------
@@ -222,7 +132,7 @@ def _pagination(provider: Upstream, doc: dict[str, Any]) -> tuple[list[Any], boo
     return data, has_more, next_page
 
 
-def _bucket_day(provider: Upstream, start: datetime, end: datetime) -> date:
+def bucket_day(provider: Upstream, start: datetime, end: datetime) -> date:
     """The UTC day a bucket covers: it starts at a midnight, UTC, and ends by the next one (the
     current day's bucket may end earlier). Any other bucket cannot be compared day by day."""
     if (start.hour, start.minute, start.second, start.microsecond) != (0, 0, 0, 0) or not (
@@ -232,7 +142,7 @@ def _bucket_day(provider: Upstream, start: datetime, end: datetime) -> date:
     return start.date()
 
 
-def _usd(provider: Upstream, currency: object) -> None:
+def check_usd(provider: Upstream, currency: object) -> None:
     if not isinstance(currency, str):
         raise failed(provider, "malformed", "an amount without a currency")
     if currency.lower() != "usd":
@@ -240,40 +150,8 @@ def _usd(provider: Upstream, currency: object) -> None:
                      currency=currency[:16])
 
 
-def parse_openai_page(body: bytes) -> ReportPage:
-    """A page of OpenAI's costs: `{"object": "page", "data": [{"object": "bucket", "start_time",
-    "end_time", "results": [{"amount": {"value": <dollars>, "currency": "usd"}, ...}]}],
-    "has_more", "next_page"}`."""
-    provider = Upstream.OPENAI
-    data, has_more, next_page = _pagination(provider, _document(provider, body))
-    by_day: dict[date, Decimal] = {}
-    for bucket in data:
-        if not isinstance(bucket, dict):
-            raise failed(provider, "malformed", "a bucket is not an object")
-        start_s, end_s, results = (bucket.get("start_time"), bucket.get("end_time"),
-                                   bucket.get("results"))
-        if type(start_s) is not int or type(end_s) is not int or not isinstance(results, list):
-            raise failed(provider, "malformed",
-                         "a bucket without integer start_time, end_time and a results list")
-        if not 0 <= start_s < end_s <= INT_EXACT_MAX:
-            raise failed(provider, "malformed", "a bucket's times are out of range")
-        day = _bucket_day(provider, datetime.fromtimestamp(start_s, UTC),
-                          datetime.fromtimestamp(end_s, UTC))
-        total = by_day.get(day, Decimal(0))
-        for result in results:
-            amount = result.get("amount") if isinstance(result, dict) else None
-            if not isinstance(amount, dict):
-                raise failed(provider, "malformed", f"a result of {day} has no amount")
-            _usd(provider, amount.get("currency"))
-            value = amount.get("value")
-            if isinstance(value, bool) or not isinstance(value, int | Decimal):
-                raise failed(provider, "malformed", f"an amount of {day} is not a number")
-            total += Decimal(value) * MICROS_PER_USD
-        by_day[day] = total
-    return ReportPage(by_day, has_more, next_page)
-
-
-def _instant(provider: Upstream, text: object) -> datetime:
+def instant(provider: Upstream, text: object) -> datetime:
+    """An RFC 3339 time with its offset, in UTC."""
     if not isinstance(text, str) or len(text) > 40:
         raise failed(provider, "malformed", "a bucket without RFC 3339 starting_at and ending_at")
     try:
@@ -285,38 +163,227 @@ def _instant(provider: Upstream, text: object) -> datetime:
     return found.astimezone(UTC)
 
 
-def parse_anthropic_page(body: bytes) -> ReportPage:
-    """A page of Anthropic's cost report: `{"data": [{"starting_at", "ending_at", "results":
-    [{"currency": "USD", "amount": "<cents, a decimal string>", ...}]}], "has_more",
-    "next_page"}`."""
+def unix_s(day: date) -> int:
+    return int(datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp())
+
+
+def rfc3339(day: date) -> str:
+    return f"{day.isoformat()}T00:00:00Z"
+
+
+class CostReport(ABC):
+    """One provider's cost report: where it is read and with which admin key, the query of a
+    range of days, and how a page's buckets and amounts are read, in the report's own unit.
+
+    Every report is daily buckets of results, a page at a time through `has_more` /
+    `next_page`; what differs is here. A new provider's report is one subclass, and its entry in
+    COST_REPORTS."""
+
+    provider: Upstream
+    key_setting: str  # the variable naming its admin key
+    url_setting: str  # the variable naming its base URL (without /v1)
+    url_default: str  # the provider's own base URL
+    path: str  # the report's path below the base URL
+    # Buckets one page may hold, as the provider documents its `limit` for daily buckets: asking
+    # for the most there are takes the fewest pages.
+    buckets_per_page_max: int
+
+    @abstractmethod
+    def headers(self, admin_key: str) -> dict[str, str]:
+        """The headers that carry the admin key (and what else the report asks for)."""
+
+    @abstractmethod
+    def params(self, first_day: date, end: date, limit: int,
+               project_ids: tuple[str, ...]) -> list[tuple[str, str]]:
+        """The query of the first page: the days from `first_day` to `end` (excluded), `limit`
+        buckets a page; later pages add `page`."""
+
+    def project_ids(self, env: Mapping[str, str]) -> tuple[str, ...]:
+        """The projects the report is narrowed to, as the environment names them: none (the
+        whole organisation) unless the provider's report takes such a filter."""
+        del env
+        return ()
+
+    @abstractmethod
+    def bucket(self, bucket: object) -> tuple[date, list[Any]]:
+        """A bucket's UTC day (bucket_day) and its results."""
+
+    @abstractmethod
+    def result_micros(self, result: object, day: date) -> Decimal:
+        """One result's amount, in exact micro-dollars, once its currency is checked."""
+
+    def parse_page(self, body: bytes) -> ReportPage:
+        """One page: every bucket's results summed exactly per day."""
+        data, has_more, next_page = _pagination(self.provider, _document(self.provider, body))
+        by_day: dict[date, Decimal] = {}
+        for given in data:
+            day, results = self.bucket(given)
+            total = by_day.get(day, Decimal(0))
+            for result in results:
+                total += self.result_micros(result, day)
+            by_day[day] = total
+        return ReportPage(by_day, has_more, next_page)
+
+
+# -- the providers' reports -----------------------------------------------------------------------
+
+
+class OpenAICosts(CostReport):
+    """OpenAI's `GET /v1/organization/costs`: `{"object": "page", "data": [{"object": "bucket",
+    "start_time", "end_time", "results": [{"amount": {"value": <dollars>, "currency": "usd"},
+    ...}]}], "has_more", "next_page"}`, amounts JSON numbers in dollars, filtered by
+    `project_ids` if CEILING_OPENAI_PROJECT_ID lists any."""
+
+    provider = Upstream.OPENAI
+    key_setting = "CEILING_OPENAI_ADMIN_KEY"
+    url_setting = "CEILING_OPENAI_ADMIN_URL"
+    url_default = "https://api.openai.com"
+    path = "/v1/organization/costs"
+    buckets_per_page_max = 180
+    projects_setting = "CEILING_OPENAI_PROJECT_ID"
+
+    def headers(self, admin_key: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {admin_key}", "accept": "application/json"}
+
+    def params(self, first_day: date, end: date, limit: int,
+               project_ids: tuple[str, ...]) -> list[tuple[str, str]]:
+        return [("start_time", str(unix_s(first_day))), ("end_time", str(unix_s(end))),
+                ("bucket_width", "1d"), ("limit", str(limit)),
+                *(("project_ids", p) for p in project_ids)]
+
+    def project_ids(self, env: Mapping[str, str]) -> tuple[str, ...]:
+        raw = env.get(self.projects_setting, "")
+        projects = tuple(p.strip() for p in raw.split(",") if p.strip())
+        if len(projects) > PROJECTS_MAX or not all(_PROJECT_ID.fullmatch(p) for p in projects):
+            raise ConfigError(f"{self.projects_setting} must be OpenAI project ids (proj_...), "
+                              f"comma-separated, at most {PROJECTS_MAX}")
+        return projects
+
+    def bucket(self, bucket: object) -> tuple[date, list[Any]]:
+        provider = self.provider
+        if not isinstance(bucket, dict):
+            raise failed(provider, "malformed", "a bucket is not an object")
+        start_s, end_s, results = (bucket.get("start_time"), bucket.get("end_time"),
+                                   bucket.get("results"))
+        if type(start_s) is not int or type(end_s) is not int or not isinstance(results, list):
+            raise failed(provider, "malformed",
+                         "a bucket without integer start_time, end_time and a results list")
+        if not 0 <= start_s < end_s <= INT_EXACT_MAX:
+            raise failed(provider, "malformed", "a bucket's times are out of range")
+        return bucket_day(provider, datetime.fromtimestamp(start_s, UTC),
+                          datetime.fromtimestamp(end_s, UTC)), results
+
+    def result_micros(self, result: object, day: date) -> Decimal:
+        amount = result.get("amount") if isinstance(result, dict) else None
+        if not isinstance(amount, dict):
+            raise failed(self.provider, "malformed", f"a result of {day} has no amount")
+        check_usd(self.provider, amount.get("currency"))
+        value = amount.get("value")
+        if isinstance(value, bool) or not isinstance(value, int | Decimal):
+            raise failed(self.provider, "malformed", f"an amount of {day} is not a number")
+        return Decimal(value) * MICROS_PER_USD
+
+
+class AnthropicCosts(CostReport):
+    """Anthropic's `GET /v1/organizations/cost_report`: `{"data": [{"starting_at", "ending_at",
+    "results": [{"currency": "USD", "amount": "<cents, a decimal string>", ...}]}], "has_more",
+    "next_page"}`, Priority Tier costs not in it."""
+
     provider = Upstream.ANTHROPIC
-    data, has_more, next_page = _pagination(provider, _document(provider, body))
-    by_day: dict[date, Decimal] = {}
-    for bucket in data:
+    key_setting = "CEILING_ANTHROPIC_ADMIN_KEY"
+    url_setting = "CEILING_ANTHROPIC_ADMIN_URL"
+    url_default = "https://api.anthropic.com"
+    path = "/v1/organizations/cost_report"
+    buckets_per_page_max = 31
+    # The Admin API version the report's format above is documented for.
+    version = "2023-06-01"
+
+    def headers(self, admin_key: str) -> dict[str, str]:
+        return {"x-api-key": admin_key, "anthropic-version": self.version,
+                "accept": "application/json"}
+
+    def params(self, first_day: date, end: date, limit: int,
+               project_ids: tuple[str, ...]) -> list[tuple[str, str]]:
+        return [("starting_at", rfc3339(first_day)), ("ending_at", rfc3339(end)),
+                ("bucket_width", "1d"), ("limit", str(limit))]
+
+    def bucket(self, bucket: object) -> tuple[date, list[Any]]:
+        provider = self.provider
         if not isinstance(bucket, dict) or not isinstance(bucket.get("results"), list):
             raise failed(provider, "malformed", "a bucket without a results list")
-        day = _bucket_day(provider, _instant(provider, bucket.get("starting_at")),
-                          _instant(provider, bucket.get("ending_at")))
-        total = by_day.get(day, Decimal(0))
-        for result in bucket["results"]:
-            if not isinstance(result, dict):
-                raise failed(provider, "malformed", f"a result of {day} is not an object")
-            _usd(provider, result.get("currency"))
-            cents = result.get("amount")
-            # A string, as documented: a JSON number here would be a format this does not know.
-            if not isinstance(cents, str) or not _DECIMAL.fullmatch(cents):
-                raise failed(provider, "malformed",
-                             f"an amount of {day} is not a decimal string of cents")
-            total += Decimal(cents) * MICROS_PER_CENT
-        by_day[day] = total
-    return ReportPage(by_day, has_more, next_page)
+        return bucket_day(provider, instant(provider, bucket.get("starting_at")),
+                          instant(provider, bucket.get("ending_at"))), bucket["results"]
+
+    def result_micros(self, result: object, day: date) -> Decimal:
+        if not isinstance(result, dict):
+            raise failed(self.provider, "malformed", f"a result of {day} is not an object")
+        check_usd(self.provider, result.get("currency"))
+        cents = result.get("amount")
+        # A string, as documented: a JSON number here would be a format this does not know.
+        if not isinstance(cents, str) or not _DECIMAL.fullmatch(cents):
+            raise failed(self.provider, "malformed",
+                         f"an amount of {day} is not a decimal string of cents")
+        return Decimal(cents) * MICROS_PER_CENT
 
 
-PARSERS: dict[Upstream, Callable[[bytes], ReportPage]] = {
-    Upstream.OPENAI: parse_openai_page,
-    Upstream.ANTHROPIC: parse_anthropic_page,
-}
+# The cost report of each provider reconciliation can read, by its name (`ceiling reconcile
+# <name>`, the admin route's `provider`), in the order the schedule reads them.
+COST_REPORTS: dict[Upstream, CostReport] = {
+    report.provider: report for report in (OpenAICosts(), AnthropicCosts())}
 
+
+# -- where a report is read from ------------------------------------------------------------------
+
+
+def configured(provider: Upstream, env: Mapping[str, str]) -> bool:
+    """Whether an admin key is set for `provider`'s cost report."""
+    return bool(env.get(COST_REPORTS[provider].key_setting, "").strip())
+
+
+@dataclass(frozen=True)
+class ReportSource:
+    """A provider's cost report as configured: its base URL, the admin key it is read with, and
+    the projects it is narrowed to (none: the whole organisation)."""
+
+    provider: Upstream
+    base_url: str
+    admin_key: str
+    project_ids: tuple[str, ...] = ()
+
+    @property
+    def report(self) -> CostReport:
+        return COST_REPORTS[self.provider]
+
+    @property
+    def url(self) -> str:
+        return self.base_url + self.report.path
+
+    def headers(self) -> dict[str, str]:
+        return self.report.headers(self.admin_key)
+
+    def params(self, first_day: date, last_day: date) -> list[tuple[str, str]]:
+        """The query of the first page; later pages add `page`."""
+        days = (last_day - first_day).days + 1
+        report = self.report
+        return report.params(first_day, last_day + ONE_DAY,
+                             min(days, report.buckets_per_page_max), self.project_ids)
+
+    @classmethod
+    def from_env(cls, provider: Upstream, env: Mapping[str, str]) -> ReportSource:
+        """The report's admin key and base URL from the variables its CostReport names (and
+        its projects, where it takes them). ConfigError without a key."""
+        report = COST_REPORTS[provider]
+        key_var, url_var, default = report.key_setting, report.url_setting, report.url_default
+        key = env.get(key_var, "").strip()
+        if not key:
+            raise ConfigError(f"{key_var} is not set: reconciling with {provider}'s cost report "
+                              "reads it with an admin key")
+        url = (env.get(url_var, "").strip() or default).rstrip("/")
+        if not url.startswith(("https://", "http://")):
+            raise ConfigError(f"{url_var} must be an http(s) URL, such as {default}")
+        if url.endswith("/v1"):
+            raise ConfigError(f"{url_var} is the base URL without /v1, such as {default}")
+        return cls(provider, url, key, report.project_ids(env))
 
 def _error_message(body: bytes) -> str:
     """A provider's error message (both put it at error.message), else the start of the body."""
@@ -347,7 +414,7 @@ async def provider_spend_by_day(source: ReportSource, first_day: date, last_day:
     """What the provider's report says it billed, in micro-dollars, for each day in
     [first_day, last_day] that it has a bucket for, every page read."""
     provider = source.provider
-    parse = PARSERS[provider]
+    parse = source.report.parse_page
     base = source.params(first_day, last_day)
     exact: dict[date, Decimal] = {}
     seen: set[str] = set()
@@ -463,10 +530,12 @@ def compare(provider: Upstream, ledger: Mapping[date, int], report: Mapping[date
 
 
 def provider_of(text: str | None) -> Upstream:
-    for provider in Upstream:
+    """The provider whose cost report `text` names (COST_REPORTS)."""
+    for provider in COST_REPORTS:
         if text == provider:
             return provider
-    raise InvalidRequest("provider must be 'openai' or 'anthropic'", field="provider")
+    names = " or ".join(f"'{provider}'" for provider in COST_REPORTS)
+    raise InvalidRequest(f"provider must be {names}", field="provider")
 
 
 def tolerance_of(text: str | None) -> Decimal:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from core.budgets import BudgetDef, BudgetId, check_micros, check_user
-from core.content import NO_MEDIA, Media, chat_input
+from core.content import NO_MEDIA, Media
 from core.errors import (
     Forbidden,
     InvalidRequest,
@@ -269,6 +269,10 @@ class CeilingService:
             raise InvalidRequest("give exactly one of input_tokens and messages")
         tokens, media = spec.input_tokens, spec.media
         if tokens is None:
+            # Imported here, not above: the formats build a CallSpec (core/formats/base.py), so
+            # core.formats imports this module.
+            from core.formats.chat import chat_input
+
             bound = chat_input(spec.messages)
             tokens, media = bound.text_tokens, bound.media
         amount = self.prices.worst_case_micros(

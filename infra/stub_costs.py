@@ -47,7 +47,8 @@ from starlette.routing import Route
 from infra.processes import tls_context
 
 # Which provider's report a call's cost goes in, by the API that billed it (CallRecord.api).
-PROVIDER_OF_API = {"chat.completions": "openai", "responses": "openai", "messages": "anthropic"}
+PROVIDER_OF_API = {"chat.completions": "openai", "responses": "openai", "messages": "anthropic",
+                   "embeddings": "openai"}
 # Anthropic's cost report leaves out Priority Tier costs, as its documentation says.
 ANTHROPIC_UNREPORTED_TIERS = frozenset({"priority"})
 MICROS_PER_USD = 1_000_000

@@ -270,12 +270,25 @@ class Api(Generic[D]):
 
     name: str  # as the bill logs it
     request_bytes_max: int | None = None
+    # What a stream is sent as: SSE, but for an API with a framing of its own (Bedrock's).
+    stream_media_type = "text/event-stream"
 
     def headers(self) -> dict[str, str]:
         return {}
 
     def check(self, request: Request) -> set[str]:
         raise NotImplementedError
+
+    def model_of(self, body: dict[str, Any], request: Request) -> str | None:
+        """The model the call names, as the bill logs it if refused: the body's by default (an
+        API that names it in the path reads it there)."""
+        model = body.get("model")
+        return model if isinstance(model, str) else None
+
+    def streams(self, body: dict[str, Any], request: Request) -> bool:
+        """Whether the call is answered as a stream: the body's `stream` by default (an API
+        that streams by route reads the route)."""
+        return body.get("stream") is True
 
     def decide(self, body: dict[str, Any], request: Request, fault: Fault,
                betas: set[str]) -> D:
@@ -289,6 +302,10 @@ class Api(Generic[D]):
 
     def error(self, error: ApiError, headers: dict[str, str]) -> Response:
         raise NotImplementedError
+
+    def answer_headers(self, decided: D) -> dict[str, str]:
+        """Headers of a decided call's answer beyond `headers` (Bedrock's token counts)."""
+        return {}
 
     def body(self, decided: D) -> dict[str, Any]:
         raise NotImplementedError

@@ -1510,9 +1510,7 @@ class MessagesApi(Api[Reply]):
             self.check(request)
             body = await read_body(request, REQUEST_BYTES_MAX)
             model = body.get("model") if isinstance(body.get("model"), str) else None
-            prices = self._model(body)
-            _check_fields(body, COUNT_FIELDS)
-            managed = self._managed(body, prices, _output_config(body)[1], compacts=False)
+            managed = self.counted(body)
         except ApiError as exc:
             self.app.log(API_COUNT_TOKENS, model, exc.status, False, Fault())
             return self.error(exc, headers)
@@ -1522,6 +1520,13 @@ class MessagesApi(Api[Reply]):
             answer["context_management"] = {
                 "original_input_tokens": managed.original_input_tokens}
         return JSONResponse(answer, headers=headers)
+
+    def counted(self, body: dict[str, Any], served: frozenset[str] = COUNT_FIELDS) -> Managed:
+        """The input of a call whose fields are among `served`, as count_tokens counts it
+        (Bedrock's CountTokens too, which takes a whole call's body). ApiError if refused."""
+        prices = self._model(body)
+        _check_fields(body, served)
+        return self._managed(body, prices, _output_config(body)[1], compacts=False)
 
     def _model(self, body: dict[str, Any]) -> ModelPrices:
         name = body.get("model")

@@ -510,8 +510,9 @@ class OpenAIApi(Api[Answer]):
         if not isinstance(name, str):
             raise invalid("model is required", "model")
         prices = self.app.prices.model(name)
-        # An unpriced model cannot be billed, so it is not served; nor is Anthropic's model here.
-        if prices is None or prices.messages is not None:
+        # An unpriced model cannot be billed, so it is not served; nor is Anthropic's model here,
+        # nor an embedding model.
+        if prices is None or prices.messages is not None or prices.embedding is not None:
             raise ApiError(404, f"the model {name!r} does not exist", "model_not_found",
                            param="model")
         tier = self._tier(body, prices)

@@ -41,6 +41,18 @@ exactly micro-dollars per token):
                                                             served by the Messages API (and only
                                                             there); a model without it is served
                                                             by the OpenAI routes only
+    gemini: {"output_tokens_max": N, "thinking": "budget" | "level" | "none",
+             "thinking_budget_min": N, "thinking_budget_max": N, "thinks_by_default": BOOL,
+             "grounding_usd_per_1k": "35", "grounding_per": "prompt" | "query",
+             "media_tokens": {"low": N, "medium": N, "high": N} (optional)}
+                                                            served by the Gemini API and Vertex
+                                                            AI (infra/stub_gemini.py); its input
+                                                            window is `context_window_tokens`,
+                                                            its long-context tier `long_context`
+                                                            (no beta, any prompt above N);
+                                                            `media_tokens`: an image's (a PDF
+                                                            page's) tokens by media resolution
+                                                            (Gemini 3), else Gemini 2's tiles
     aliases: ["dated-snapshot-name", ...]                   other names of the same model
     context_window_tokens: N                                OpenAI: the most input a call may
                                                             hold; more is refused (400
@@ -49,6 +61,13 @@ exactly micro-dollars per token):
     web_search_content_tokens: N                            OpenAI: the web search tool bills
                                                             this fixed block of input a search
                                                             instead of the content's own tokens
+    embedding: {"dimensions": N, "dimensions_settable": B, "input_tokens_max": N}
+                                                            an embedding model (served by the
+                                                            embeddings routes only,
+                                                            infra/stub_embeddings.py): its
+                                                            vectors' length, whether
+                                                            `dimensions` may shorten them, the
+                                                            most tokens one input may hold
 
 Besides "models", a table may give "openrouter", the fees OpenRouter adds to a model's (billed
 when the stub serves OpenRouter's fields, infra/stub_openai.py); a caller's replaces the default:
@@ -103,9 +122,9 @@ RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cached_input_usd_pe
                "cache_write_usd_per_mtok", "cache_write_1h_usd_per_mtok",
                "audio_input_usd_per_mtok", "audio_output_usd_per_mtok")
 MODEL_FIELDS = frozenset({*RATE_FIELDS, "request_usd", "service_tiers", "reasoning", "image",
-                          "audio_input_tokens_per_s", "web_search_usd_per_1k",
+                          "audio_input_tokens_per_s", "web_search_usd_per_1k", "gemini",
                           "web_search_usd_per_call", "long_context", "anthropic", "aliases",
-                          "context_window_tokens", "web_search_content_tokens"})
+                          "context_window_tokens", "web_search_content_tokens", "embedding"})
 OPENAI_TOOLS_FIELDS = frozenset({"web_search_usd_per_1k_calls",
                                  "web_search_preview_usd_per_1k_calls"})
 OPENROUTER_FIELDS = frozenset({"web_plugin_usd_per_1k_results", "web_plugin_results_default"})
@@ -114,6 +133,7 @@ MESSAGES_FIELDS = frozenset({"context_window_tokens", "output_tokens_max", "cach
 LONG_CONTEXT_FIELDS = frozenset({"above_input_tokens", "beta", "context_window_tokens"})
 # OpenAI's long context needs no beta: a call above the threshold is billed at its rates.
 OPENAI_LONG_CONTEXT_FIELDS = LONG_CONTEXT_FIELDS - {"beta"}
+EMBEDDING_FIELDS = frozenset({"dimensions", "dimensions_settable", "input_tokens_max"})
 
 
 @dataclass(frozen=True)
@@ -172,6 +192,26 @@ class LongContext:
 
 
 @dataclass(frozen=True)
+class GeminiModel:
+    """What Google documents of a Gemini model besides its rates. `thinking`: how a call sets
+    its thinking (`budget`: thinkingConfig.thinkingBudget within [min, max], Gemini 2.5;
+    `level`: thinkingLevel, Gemini 3; `none`: it does not think). Grounding with Google Search
+    costs `grounding_micros` a grounded prompt (`grounding_per` "prompt", Gemini 2.5) or a
+    search query ("query", Gemini 3)."""
+
+    output_tokens_max: int
+    thinking: str
+    thinking_budget_min: int
+    thinking_budget_max: int
+    thinks_by_default: bool
+    grounding_micros: Fraction
+    grounding_per: str
+    # Tokens of an image or a PDF page by mediaResolution (low, medium, high; Gemini 3); None:
+    # 258 a 768 px tile (Gemini 2).
+    media_tokens: Mapping[str, int] | None = None
+
+
+@dataclass(frozen=True)
 class MessagesModel:
     """What Anthropic documents of a model besides its rates, as the Messages API needs it.
 
@@ -189,6 +229,16 @@ class MessagesModel:
 
 
 @dataclass(frozen=True)
+class EmbeddingModel:
+    """An embedding model: vectors of `dimensions` floats (fewer when `dimensions_settable` and
+    a call asks), and at most `input_tokens_max` tokens an input."""
+
+    dimensions: int
+    dimensions_settable: bool
+    input_tokens_max: int
+
+
+@dataclass(frozen=True)
 class ModelPrices:
     name: str
     standard: TierRates
@@ -201,8 +251,10 @@ class ModelPrices:
     web_search_call_micros: Fraction | None = None  # a search model's fee per call
     long_context: LongContext | None = None
     messages: MessagesModel | None = None  # None: not an Anthropic model
+    gemini: GeminiModel | None = None  # None: not served by the Gemini API
     context_window_tokens: int | None = None  # OpenAI's input limit; None: none
     web_search_content_tokens: int | None = None  # a fixed block a search, instead of its own
+    embedding: EmbeddingModel | None = None  # None: not an embedding model
 
     def rates(self, tier: str) -> TierRates:
         if tier == TIER_STANDARD:
@@ -376,6 +428,45 @@ def _messages_model(name: str, doc: object) -> MessagesModel | None:
     )
 
 
+GEMINI_FIELDS = frozenset({"output_tokens_max", "thinking", "thinking_budget_min",
+                           "thinking_budget_max", "thinks_by_default", "grounding_usd_per_1k",
+                           "grounding_per"})
+GEMINI_THINKING = ("budget", "level", "none")
+GEMINI_GROUNDING_PER = ("prompt", "query")
+GEMINI_MEDIA_RESOLUTIONS = ("low", "medium", "high")
+
+
+def _gemini_model(name: str, doc: object) -> GeminiModel | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping) or set(doc) - {"media_tokens"} != GEMINI_FIELDS:
+        raise ValueError(f"{name}.gemini must have exactly {sorted(GEMINI_FIELDS)} and may "
+                         "have media_tokens")
+    media = doc.get("media_tokens")
+    if media is not None and (not isinstance(media, Mapping) or set(media) != set(
+            GEMINI_MEDIA_RESOLUTIONS) or any(type(v) is not int or v < 1
+                                             for v in media.values())):
+        raise ValueError(f"{name}.gemini.media_tokens gives tokens for "
+                         f"{', '.join(GEMINI_MEDIA_RESOLUTIONS)}")
+    if doc["thinking"] not in GEMINI_THINKING or doc["grounding_per"] not in GEMINI_GROUNDING_PER \
+            or type(doc["thinks_by_default"]) is not bool:
+        raise ValueError(f"{name}.gemini: thinking is one of {GEMINI_THINKING}, grounding_per "
+                         f"one of {GEMINI_GROUNDING_PER}, thinks_by_default a boolean")
+    budget_min, budget_max = doc["thinking_budget_min"], doc["thinking_budget_max"]
+    if type(budget_min) is not int or type(budget_max) is not int or not 0 <= budget_min <= \
+            budget_max:
+        raise ValueError(f"{name}.gemini: need 0 <= thinking_budget_min <= thinking_budget_max")
+    return GeminiModel(
+        output_tokens_max=_positive(name, "gemini.output_tokens_max", doc["output_tokens_max"]),
+        thinking=str(doc["thinking"]), thinking_budget_min=budget_min,
+        thinking_budget_max=budget_max, thinks_by_default=doc["thinks_by_default"],
+        grounding_micros=_rate(name, "gemini.grounding_usd_per_1k", doc["grounding_usd_per_1k"])
+        * MICROS_PER_USD / 1_000,
+        grounding_per=str(doc["grounding_per"]),
+        media_tokens=None if media is None else dict(media),
+    )
+
+
 def _long_context(name: str, doc: object, *, anthropic: bool = True) -> LongContext | None:
     if doc is None:
         return None
@@ -419,6 +510,18 @@ def _image_rule(name: str, doc: object) -> ImageRule | None:
                      "rule (multiplier) or an area rule")
 
 
+def _embedding(name: str, doc: object) -> EmbeddingModel | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping) or set(doc) != EMBEDDING_FIELDS:
+        raise ValueError(f"{name}.embedding must have exactly {sorted(EMBEDDING_FIELDS)}")
+    if type(doc["dimensions_settable"]) is not bool:
+        raise ValueError(f"{name}.embedding.dimensions_settable must be a boolean")
+    return EmbeddingModel(_positive(name, "embedding.dimensions", doc["dimensions"]),
+                          doc["dimensions_settable"],
+                          _positive(name, "embedding.input_tokens_max", doc["input_tokens_max"]))
+
+
 def _model(name: str, entry: object) -> ModelPrices:
     if not isinstance(entry, Mapping):
         raise ValueError(f"{name} must be an object")
@@ -458,12 +561,14 @@ def _model(name: str, entry: object) -> ModelPrices:
         long_context=_long_context(name, entry.get("long_context"),
                                    anthropic=messages is not None),
         messages=messages,
+        gemini=_gemini_model(name, entry.get("gemini")),
         context_window_tokens=(_positive(name, "context_window_tokens",
                                          entry["context_window_tokens"])
                                if "context_window_tokens" in entry else None),
         web_search_content_tokens=(_positive(name, "web_search_content_tokens",
                                              entry["web_search_content_tokens"])
                                    if "web_search_content_tokens" in entry else None),
+        embedding=_embedding(name, entry.get("embedding")),
     )
 
 

@@ -26,6 +26,23 @@ counting (stub_tokens.py), the bill (stub_bill.py), faults and control (stub_fau
                               each one's format (infra/stub_costs.py; `/costs/control` sets them).
   GET  /health/live           200 while it answers.
 
+Google (infra/stub_gemini.py, infra/stub_vertex.py; billed from the table's `gemini` entries):
+  POST /{v1beta|v1}/models/{model}:generateContent, :streamGenerateContent?alt=sse, :countTokens
+                              the Gemini API, key in x-goog-api-key or ?key= (--api-key)
+  POST /{v1|v1beta1}/projects/{p}/locations/{r}/publishers/google/models/{model}:<same three>
+                              Vertex AI's Gemini; bills as `vertex.gemini`
+  POST /{v1|v1beta1}/projects/{p}/locations/{r}/publishers/anthropic/models/{model}:rawPredict,
+       :streamRawPredict      Claude on Vertex, by the Messages API's code; `vertex.messages`;
+                              +10% at a regional endpoint from Sonnet 4.5 on
+  POST /token, GET /vertex/service_account
+                              Vertex's OAuth token endpoint (JWT-bearer grant) and the service
+                              account it knows; every Vertex call needs its bearer token
+/control: `cached_contents` {name: {"model", "tokens"}} (Gemini's cachedContent), and
+`thinking_outside_output_cap` (false: thinking counts inside maxOutputTokens, as Google serves
+it). On Gemini routes `X-Stub-Web-Searches` (`web_searches`) is the Google Search queries a
+grounded call runs, `X-Stub-Tool-Call: 1` calls the first declared function, and errors are in
+Google's shape {"error": {"code", "message", "status"}}.
+
 Output is at most the call's cap, drawn at random with mean `--output-tokens-mean` after a
 latency in [`--latency-ms-min`, `--latency-ms-max`], from one random.Random(seed): calls made
 one after another are reproducible.
@@ -34,6 +51,32 @@ When a call is billed: in full, once its answer is decided, before the first byt
 whether or not the client is still there to read it. A call the stub refuses (bad request,
 unknown model, wrong key, a fault that fails before serving) is not billed. Every request is
 counted in `requests` and logged all the same.
+
+Amazon Bedrock, Azure OpenAI and embeddings, each in its module and billed by the API it wraps:
+  POST /v1/embeddings         OpenAI's embeddings: input tokens only, at an embedding model's
+                              rate (a table entry with `embedding`; infra/stub_embeddings.py)
+  POST /model/{modelId}/invoke, /model/{modelId}/invoke-with-response-stream,
+       /model/{modelId}/count-tokens
+                              Bedrock's runtime for Claude (infra/stub_bedrock.py): Messages
+                              bodies, billed by infra/stub_messages.py at the table's entry of
+                              the Bedrock model id (a geographic profile us., eu., ... at its
+                              base id's in-region rates, `global.` at its own); SigV4 verified
+                              with botocore (403 in AWS's shape, unbilled); the stream in AWS's
+                              event-stream framing, `amazon-bedrock-invocationMetrics` on its
+                              message_stop; errors `{"message"}` named in `x-amzn-ErrorType`
+  POST /openai/v1/chat/completions, /openai/v1/responses, /openai/v1/embeddings, and the dated
+       /openai/deployments/{name}/chat/completions, .../embeddings, /openai/responses
+                              Azure OpenAI (infra/stub_azure.py): the OpenAI routes' own
+                              billing, the key in `api-key` (or a bearer token), the body's
+                              `model` (or the dated path's) a deployment; unknown: 404
+                              `DeploymentNotFound`, unbilled
+Their /control settings: `bedrock_credentials` {"access_key_id", "secret_access_key", "region",
+"session_token", "api_key" (both optional)}, the one identity SigV4 is verified against (AWS's
+documented example key pair in us-east-1 until set; GET shows it without the secrets) and the
+Bedrock API key a bearer token must be (none until set); `deployments` {deployment:
+model the table prices}, Azure's (none until set). The X-Stub-* faults and per-call headers work
+on every one of them; a fault Bedrock reports in its stream after billing is an exception event
+(infra/stub_bedrock.py).
 
 OpenAI's stored prompts are registered by POST /control `prompts` {prompt id: {"tokens": N}}
 (infra/stub_responses.py); `tool_calls` (below) script the OpenAI routes' tool calls too: the
@@ -95,9 +138,14 @@ from starlette.routing import Route
 
 from infra.processes import free_port, tls_context, wait_ready
 from infra.processes import stop as stop_process
+from infra.stub_azure import CONTROL_FIELDS as AZURE_CONTROL_FIELDS
+from infra.stub_azure import Azure, deployments_from
+from infra.stub_bedrock import CONTROL_FIELDS as BEDROCK_CONTROL_FIELDS
+from infra.stub_bedrock import Bedrock
 from infra.stub_bill import Bill, CallRecord, Tally, Usage, usd
 from infra.stub_chat import ChatApi
 from infra.stub_costs import CostReports
+from infra.stub_embeddings import EmbeddingsApi
 from infra.stub_faults import (
     FAULT_HEADERS,
     SETTINGS,
@@ -119,6 +167,8 @@ from infra.stub_prices import StubPrices
 from infra.stub_responses import CONTROL_FIELDS as RESPONSES_CONTROL_FIELDS
 from infra.stub_responses import ResponsesApi, registry_prompts
 from infra.stub_tokens import Registry
+from infra.stub_vertex import CONTROL_FIELDS as GEMINI_CONTROL_FIELDS
+from infra.stub_vertex import GoogleRoutes
 
 __all__ = ["Bill", "CallRecord", "StubProvider", "StubProviderApp", "StubProviderProcess",
            "Tally", "Usage", "fetch_bill", "reset_bill", "stub_control", "usd"]
@@ -137,6 +187,8 @@ BILL_FETCH_TIMEOUT_S = 10.0
 STATUS_NO_ANSWER = 0
 # The setting `answer_padding_bytes` pads answers in pieces of this size, made as they are sent.
 PADDING_PIECE_BYTES = 1024 * 1024
+# What /control sets of Bedrock's (its credentials) and Azure's (its deployments).
+CLOUD_CONTROL_FIELDS = BEDROCK_CONTROL_FIELDS | AZURE_CONTROL_FIELDS
 
 D = TypeVar("D", bound=Decided)
 
@@ -170,15 +222,26 @@ class StubProviderApp:
         self.fault = Fault()
         self.settings = Settings()
         self.registry = Registry()
+        # Google's Gemini API and Vertex AI (Gemini, and Claude by self.messages), with Vertex's
+        # token endpoint (infra/stub_gemini.py, infra/stub_vertex.py).
+        self.gemini = GoogleRoutes(self)
         openai_cache: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self.chat = ChatApi(self, openai_cache)
         self.responses = ResponsesApi(self, openai_cache)
+        # Bedrock, Azure OpenAI and embeddings (infra/stub_bedrock.py, stub_azure.py,
+        # stub_embeddings.py): Azure wraps the OpenAI routes, Bedrock the Messages API.
+        self.embeddings = EmbeddingsApi(self)
+        self.bedrock = Bedrock(self)
+        self.azure = Azure(self)
         self.messages = MessagesApi(self)
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", partial(self.serve, self.chat), methods=["POST"]),
             Route("/v1/responses", partial(self.serve, self.responses), methods=["POST"]),
             Route("/v1/messages", partial(self.serve, self.messages), methods=["POST"]),
             Route("/v1/messages/count_tokens", self.messages.count_tokens, methods=["POST"]),
+            Route("/v1/embeddings", partial(self.serve, self.embeddings), methods=["POST"]),
+            *self.bedrock.routes(),
+            *self.azure.routes(),
             *(Route(path, endpoint, methods=methods)
               for path, endpoint, methods in self.responses.routes_conversations()),
             Route("/billing", self.get_billing, methods=["GET"]),
@@ -186,6 +249,7 @@ class StubProviderApp:
             Route("/control", self.control, methods=["GET", "POST"]),
             Route("/health/live", self.live, methods=["GET"]),
             *self.costs.routes(),
+            *self.gemini.routes(),
         ])
 
     # -- routes ------------------------------------------------------------------------------
@@ -198,6 +262,7 @@ class StubProviderApp:
         self.costs.reset()
         for api in (self.chat, self.responses, self.messages):
             api.reset()
+        self.bedrock.reset()
         return JSONResponse(self.bill.to_json())
 
     async def control(self, request: Request) -> Response:
@@ -206,24 +271,35 @@ class StubProviderApp:
                 doc = await request.json()
                 if not isinstance(doc, dict):
                     raise ValueError("the control body is an object")
-                unknown = (set(doc) - SETTINGS - RESPONSES_CONTROL_FIELDS
+                unknown = (set(doc) - SETTINGS - RESPONSES_CONTROL_FIELDS - CLOUD_CONTROL_FIELDS
                            - {*FAULT_HEADERS.values(), "calls"})
+                unknown -= GEMINI_CONTROL_FIELDS
                 if unknown:
                     raise ValueError(f"unknown control fields {sorted(unknown)}")
                 fault = fault_from({k: v for k, v in doc.items() if k not in SETTINGS})
                 images = registry_images(doc["images"]) if "images" in doc else None
                 files = registry_files(doc["files"]) if "files" in doc else None
                 prompts = registry_prompts(doc["prompts"]) if "prompts" in doc else None
+                credentials = self.bedrock.control(doc)
+                deployments = (deployments_from(doc["deployments"], self.prices)
+                               if "deployments" in doc else None)
                 settings = self.settings.updated(doc)
+                gemini = self.gemini.controlled(doc)
             except (ValueError, TypeError) as exc:
                 return self.chat.error(ApiError(400, f"control body: {exc}"), {})
             # Checked whole before anything changes: a refused body changes nothing.
             self.fault, self.settings = fault, settings
+            self.gemini.apply(gemini)
             self.registry.images = self.registry.images if images is None else images
+            self.bedrock.credentials = credentials or self.bedrock.credentials
+            self.azure.deployments = (self.azure.deployments if deployments is None
+                                      else deployments)
             self.registry.files = self.registry.files if files is None else files
             self.registry.prompts = self.registry.prompts if prompts is None else prompts
-        return JSONResponse({**self.fault.to_json(), **vars(self.settings),
+        return JSONResponse({**self.fault.to_json(), **vars(self.settings), **self.gemini.to_json(),
                              "images": {u: list(s) for u, s in self.registry.images.items()},
+                             "bedrock_credentials": self.bedrock.credentials.to_json(),
+                             "deployments": dict(self.azure.deployments),
                              "files": sorted(self.registry.files),
                              "prompts": dict(self.registry.prompts)})
 
@@ -282,12 +358,13 @@ class StubProviderApp:
             if fault.fail_status is not None:
                 raise stub_failure(fault.fail_status, "on request")
             body = await read_body(request, api.request_bytes_max)
-            model = body.get("model") if isinstance(body.get("model"), str) else None
-            stream = body.get("stream") is True
+            model = api.model_of(body, request)
+            stream = api.streams(body, request)
             decided = api.decide(body, request, fault, betas)
         except ApiError as exc:
             self.log(api.name, model, exc.status, stream, fault)
             return api.error(exc, headers)
+        headers.update(api.answer_headers(decided))
         await asyncio.sleep(self.latency_s())
         # Billed here, before the first byte, whether or not the client is still there.
         status = fault.fail_after_billing or (STATUS_NO_ANSWER if fault.hang_after_billing
@@ -309,14 +386,14 @@ class StubProviderApp:
             if events is None:
                 return api.error(failure, headers)
             return StreamingResponse(sent(events, broken=False), headers=headers,
-                                     media_type="text/event-stream")
+                                     media_type=api.stream_media_type)
         broken = fault.break_after_events is not None
         if stream:
             events = api.events(decided, fault)
             if fault.break_after_events is not None:
                 events = events[:min(fault.break_after_events, len(events) - 1)]
             return StreamingResponse(sent(events, broken=broken), headers=headers,
-                                     media_type="text/event-stream")
+                                     media_type=api.stream_media_type)
         doc = api.body(decided)
         if broken:
             raw = json.dumps(doc).encode()

@@ -11,10 +11,9 @@
 --   key was revoked (key_revoke.lua).
 -- Why: the record under the key id is what authentication reads (key_check.lua) and what a
 -- rotation and a revoke rewrite (key_rotate.lua, key_revoke.lua), each in one step; a key is made
--- in one step too, so there is never half a key. A new key has no previous secret; a key of the
--- layout before records were by id (core/stores/scripted.py moves it into one) or of an export
--- may. A revoked id is never made again: whatever read a key before it was revoked cannot bring
--- it back.
+-- in one step too, so there is never half a key. A new key has no previous secret; a key of an
+-- export (or one `ceiling ledger migrate` moves into its record) may. A revoked id is never
+-- made again: whatever read a key before it was revoked cannot bring it back.
 local key_id, key_hash, budget_id, run_ceiling, roles =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local previous_hash, created, rotated, last_used = ARGV[6], ARGV[8], ARGV[9], ARGV[10]

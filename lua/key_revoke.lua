@@ -3,14 +3,13 @@
 -- KEYS[1] the key's record 'sc:key:{<key_id>}' (a hash; key_put.lua)
 -- ARGV: [now_ms]
 -- Returns {'revoked', key_hash, previous_key_hash ('' for none), budget_id}: the hashes of the
---   secrets it took (core/stores/scripted.py deletes their entries of the layout before
---   records were by id) and the budget it was listed under; {'absent'} when there was no key
---   to revoke: none, one revoked before (a repeat), or one of that older layout.
+--   secrets it took (core/stores/scripted_keys.py deletes the entries under them that name the
+--   key, core/stores/keys.py api_key) and the budget it was listed under; {'absent'} when
+--   there was no key to revoke: none, or one revoked before (a repeat).
 -- Why: one write ends every secret of the key at once, whatever rotation ran before it; one
 -- after it answers 'revoked'. The record keeps revoked_at_ms alone, for ever (a key is made by
--- an operator, and so is this): a key of the older layout that a rotation read just before
--- this ran cannot be moved into a record again (key_put.lua refuses a revoked id), and a
--- secret of that layout whose key has a record is judged by the record. Safe to run twice.
+-- an operator, and so is this): whatever read the key before this ran cannot make it again
+-- (key_put.lua refuses a revoked id). Safe to run twice.
 local f = redis.call('HMGET', KEYS[1], 'key_hash', 'previous_key_hash', 'budget_id',
                      'revoked_at_ms')
 if f[4] then

@@ -6,8 +6,7 @@
 -- Returns {'rotated', grace_ends_at_ms, dropped_key_hash (the previous secret before this
 --   rotation, taken no more; '' for none)}; {'exists'} when the record names key_hash already,
 --   as its current or previous secret (a repeat, or a rotation a later one overtook: nothing
---   written); {'revoked'}; {'absent'} (no record: no key, or one of the layout before records
---   were by id, which core/stores/scripted.py moves into one first).
+--   written); {'revoked'}; {'absent'} (no key).
 -- Why: the secrets a key takes are what its one record names, so a rotation is one write here.
 -- Of rotations racing on one key each replaces the one before it whole, and after the last
 -- exactly its secret is current and one other previous, until grace_ends_at_ms (the ledger's

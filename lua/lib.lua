@@ -142,8 +142,8 @@ end
 -- A budget's concurrency slots are its open reservations' ids, scored by their lease ends (a
 -- sorted set: Redis drops it when its last member goes). A reservation leaving the open state
 -- gives back the slot of each budget it held one in (flag 'c'): removing an id twice removes it
--- once. A slot whose lease ended counts no more (rate_refusal trims it), so one that a step never
--- gave back (a script of an earlier version resolving the reservation) frees itself.
+-- once. A slot whose lease ended counts no more (rate_refusal trims it), so one that no step gave
+-- back frees itself.
 local function free_slot(prefix, budget_id, rid)
   redis.call('ZREM', prefix .. CONCURRENCY_KEY .. budget_id, rid)
 end
@@ -225,8 +225,7 @@ end
 -- RUN_COUNTER_IDLE_MS after). sweep_counters deletes a bounded batch of each whose time has
 -- come; a hold runs it when it opens a window's counter or a run's, so a tag sweeps as often as
 -- it makes counters, and expire.lua (the sweeper's) runs it for tags that see no calls. The
--- indexes carry no expiry either and hold one member per counter. (A counter written before
--- counters were swept keeps the expiry it was given.)
+-- indexes carry no expiry either and hold one member per counter.
 local function keep_window(prefix, ck, resets_at_ms)
   redis.call('ZADD', prefix .. WINDOWS_KEY, istr(tonumber(resets_at_ms) + COUNTER_RETENTION_MS),
              string.sub(ck, #prefix + 1))
@@ -251,8 +250,8 @@ end
 
 -- A run's counter lives while its run is active. Every write to it stamps the ledger's time in
 -- its 'seen' field and in the runs index, so the sweep drops it RUN_COUNTER_IDLE_MS without a
--- call, and a counter 'seen' that long ago counts as gone even before the sweep comes. A
--- counter written before runs expired has no 'seen' and lives until its next write stamps it.
+-- call, and a counter 'seen' that long ago counts as gone even before the sweep comes. One with
+-- no 'seen' (restored from an export that kept none) lives until its next write stamps it.
 local function run_stale(ck, now)
   local seen = redis.call('HGET', ck, 'seen')
   return seen and tonumber(seen) + RUN_COUNTER_IDLE_MS <= now
@@ -292,7 +291,7 @@ end
 -- step reads nothing more unless its spend moved a whole percent of a ceiling or its tag has a
 -- velocity alarm; an event is written only on a crossing.
 
--- Thresholds of a budget defined before alerts, or put without them.
+-- Thresholds of a definition that names none.
 local ALERT_THRESHOLDS_DEFAULT = '50 80 100'
 
 -- One event into the tag's outbox: a hash under its id, which delivery reads; the id in the
@@ -819,7 +818,7 @@ local function resolve_legs(prefix, a, now)
       read_definition(key)
     paused_id = paused_id or (paused and budget_id)
     if timezone then
-      if ledger ~= a.ledger_id and ledger ~= a.ledger_id .. EXTENDED_DEFINITION_SUFFIX then
+      if ledger ~= a.ledger_id then
         return nil, {'ledger_reset'}
       end
       allowance = allowance or '0'

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.content import MESSAGES_MAX, TOKENS_PER_MESSAGE, TOKENS_PER_REPLY, chat_input
+from core.content import MESSAGES_MAX, TOKENS_PER_MESSAGE, TOKENS_PER_REPLY
 from core.errors import InputUnbounded
+from core.formats.chat import chat_input
 
 __all__ = ["MESSAGES_MAX", "TOKENS_PER_MESSAGE", "TOKENS_PER_REPLY", "input_tokens_upper_bound"]
 

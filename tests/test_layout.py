@@ -2,8 +2,8 @@
 
     api/          may import core (not core/stores: it gets a store from core/backends.py)
     core/         the domain: imports no api/, no web framework, no HTTP client, and the
-                  stores only where they are composed (COMPOSITION) or their layout is
-                  read (LAYOUT_READERS)
+                  stores only where they are composed (COMPOSITION): none reads their
+                  layout (an export's body is the store's, core/stores/operations.py)
     core/stores/  adapters: may import core and its backends' clients (STORE_CLIENTS)
     lua/          data: read with importlib.resources, never imported as code
     infra/, tests/, bench/, locustfiles/   may import anything; nothing but bench/ imports bench/
@@ -33,11 +33,6 @@ STORES = "core.stores"
 # Where core makes stores: the one module that picks a backend and builds its store and
 # catalogue (core/backends.py); every other caller takes the protocols of core/ledger.py.
 COMPOSITION = {"core/backends.py": frozenset({STORES})}
-# Modules that read and write the scripted ledger's own layout rather than compose a store:
-# an export is that layout (key suffixes, packed reservation records), and a restore writes it
-# back through the catalogue. Only these modules of core/stores, nothing that makes a store.
-LAYOUT_READERS = {"core/operations.py": frozenset({
-    "core.stores.keys", "core.stores.wire", "core.stores.operations"})}
 
 
 def imported_modules(tree: ast.Module) -> set[str]:
@@ -115,7 +110,7 @@ def test_backend_clients_are_spoken_only_in_core_stores() -> None:
 
 def test_core_imports_the_stores_only_where_it_composes_them() -> None:
     """A caller takes the store protocols it uses (core/ledger.py), so no caller depends on an
-    adapter: only the composition points make stores, and the layout readers read theirs."""
+    adapter: only the composition points make stores."""
     found = []
     for path, mods in sources("core"):
         if path.startswith("core/stores/"):
@@ -123,13 +118,13 @@ def test_core_imports_the_stores_only_where_it_composes_them() -> None:
         for m in sorted(mods):
             if not _under(m, STORES) or m == STORES:
                 continue
-            allowed = COMPOSITION.get(path, frozenset()) | LAYOUT_READERS.get(path, frozenset())
+            allowed = COMPOSITION.get(path, frozenset())
             if not any(_under(m, a) for a in allowed):
                 found.append((path, m))
     assert found == []
 
 
-@pytest.mark.parametrize("path", sorted({*COMPOSITION, *LAYOUT_READERS}))
+@pytest.mark.parametrize("path", sorted(COMPOSITION))
 def test_every_listed_composition_point_exists_and_imports_the_stores(path: str) -> None:
     """The lists above name what is there, not what once was."""
     mods = dict(sources("core"))[path]

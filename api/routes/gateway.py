@@ -14,7 +14,6 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from api.openai_schemas import CHAT_COMPLETIONS_BODY, MESSAGES_BODY, RESPONSES_BODY
 from api.refusals import error_event, refusal_response, refusals_in
 from api.routes.sidecar import authenticated
 from api.routing import HotRoute, format_route
@@ -28,8 +27,7 @@ from core.ledger import ReplyStore, Role, StoredReply
 # Headers the gateway reads beyond the key and the run (api/routing.py HEADERS_COMMON).
 HEADERS = ("Idempotency-Key", "X-Ceiling-Clamp")
 # The request bodies the OpenAPI document shows (documentation only), by format.
-BODIES = {Api.CHAT: CHAT_COMPLETIONS_BODY, Api.RESPONSES: RESPONSES_BODY,
-          Api.MESSAGES: MESSAGES_BODY}
+BODIES = {api: wire.body_schema for api, wire in FORMATS.items()}
 
 
 class Shapes:

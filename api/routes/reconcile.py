@@ -1,17 +1,17 @@
 """Reconciliation with the providers' cost reports (core/reconcile.py): the admin route, and the
 HTTP request that reads a report, which `ceiling reconcile` and the schedules use too.
 
-    GET /v1/admin/reconcile?provider=openai|anthropic&from=YYYY-MM-DD&to=YYYY-MM-DD
-        [&tolerance_pct=P]
+    GET /v1/admin/reconcile?provider=<name>&from=YYYY-MM-DD&to=YYYY-MM-DD[&tolerance_pct=P]
 
-answers `{"provider", "tolerance_pct", "days": [...], "within"}` with 200 whether or not every
-day is within the tolerance (the answer says which are not; each such day has put one
+(`provider`: a name in core/reconcile.py COST_REPORTS, openai or anthropic) answers
+`{"provider", "tolerance_pct", "days": [...], "within"}` with 200 whether or not every day is
+within the tolerance (the answer says which are not; each such day has put one
 `ledger.drift` alert event in the outbox). A report that cannot be read is an error answer.
 
 `GET /v1/admin/reconcile` with no parameter at all is the daily schedule's run (vercel.json's
 cron, which calls a path with GET): every provider with an admin key set, over the default
 range, one provider's failure apart from the other's, answered as `{"providers": {name:
-{"within", "days_beyond"} or {"error"}}, "within"}`. One cron for both providers: Vercel's Hobby
+{"within", "days_beyond"} or {"error"}}, "within"}`. One cron for every provider: Vercel's Hobby
 plan allows two, and alert delivery has the other.
 """
 
@@ -31,6 +31,7 @@ from api.runtime import runtime
 from core.errors import CeilingError
 from core.ledger import Upstream
 from core.reconcile import (
+    COST_REPORTS,
     REPORT_PAGE_BYTES_MAX,
     REPORT_TIMEOUT_S,
     Fetch,
@@ -85,7 +86,7 @@ async def reconcile_configured(env: Mapping[str, str] | None = None) -> dict[str
     run. What a schedule without HTTP (Lambda's) calls."""
     env = os.environ if env is None else env
     outcomes: dict[str, Any] = {}
-    for provider in Upstream:
+    for provider in COST_REPORTS:
         if not configured(provider, env):
             continue
         try:

@@ -2,9 +2,11 @@
 holds): OpenAI's chat completions (chat.py) and Responses (responses.py), which share
 openai.py, and Anthropic's Messages (messages.py).
 
-Each format is served at its own route (api/routes/gateway.py makes one per entry of FORMATS)
-and sent to its provider (api/upstream.py). Adding a provider API is a module with its
-WireFormat, its name in Api (base.py) and its entry here.
+Each format is served at its own route (api/routes/gateway.py makes one per entry of FORMATS,
+its OpenAPI body from WireFormat.body_schema), sent to its provider (api/upstream.py), and its
+refusals answered in its shape (api/refusals.py). Adding a provider API is a module with its
+WireFormat (its walker, body schema and error shape included), its name in Api (base.py) and
+its entry here: docs/gateway.md, "Adding a provider API".
 """
 
 from __future__ import annotations

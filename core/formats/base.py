@@ -4,8 +4,10 @@ A wire format is one provider API as the gateway reads it (core/formats/chat.py,
 messages.py). It holds everything that differs between APIs: its paths, the provider its calls go
 to and how that provider takes its key, its output-cap fields, the top-level fields it forwards
 (its allow-list) and the ones it refuses with a reason, the client headers it forwards, how it
-prices a request (plan), how it reads the usage an answer reports, where its stream ends, and the
-shape of its errors. What every format shares is here: the priced request (Plan), the stream's
+prices a request (plan, with its own walker of the prompt's messages or items over the shared
+core/content.py Walk), its request body's schema for the OpenAPI document, how it reads the
+usage an answer reports, where its stream ends, and the shape of its errors (a refusal's body and
+a stream's error event). What every format shares is here: the priced request (Plan), the stream's
 event splitter (StreamTally), the allow-list check, the output cap, and the usage reading that
 takes, wherever providers differ, the reading that costs more. core/gateway.py decides the money
 from these and never asks which format a call is in.
@@ -25,6 +27,7 @@ from core.budgets import user_of_value
 from core.config import Config
 from core.content import NO_MEDIA, InputBound, Media, json_bytes
 from core.errors import CeilingError, FieldUnsupported, InvalidRequest, InvariantBroken
+from core.formats.schema import Schema as Schema  # the type of the schemas a format carries
 from core.jsonbody import loads_answer
 from core.ledger import Upstream
 from core.prices import TIER_AUTO, Usage
@@ -33,8 +36,6 @@ from core.service import CallSpec
 # One encoder for every forwarded body: json.dumps with options builds a new one per call.
 _BODY_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
-# A JSON Schema, as the OpenAPI document takes it.
-Schema = dict[str, Any]
 # Bounds the gateway set on a call that gave none: (field, value), in the order set.
 Bounds = tuple[tuple[str, int], ...]
 
@@ -86,6 +87,9 @@ class WireFormat(ABC):
     route: str  # the gateway's path for it
     name: str  # its route's endpoint: the OpenAPI document's operation and summary
     provider: Provider
+    # Its request body as the OpenAPI document shows it (core/formats/schema.py): what the
+    # gateway reads to bound a call, for the people who write its clients.
+    body_schema: Schema
     # The output cap's field names, the one the gateway sets (when the caller sets none) last.
     cap_fields: tuple[str, ...]
     # The top-level fields forwarded, each because its billing effect is known; any other is

@@ -13,18 +13,30 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from core.content import messages_input
+from core.content import InputBound, Walk, encodable, messages_bound
 from core.errors import CeilingError, InputUnbounded, InvalidRequest
 from core.formats.base import (
     Api,
     Bounds,
     Plan,
     Provider,
-    Schema,
     StreamTally,
     WireFormat,
     read_usage,
     text_tokens,
+)
+from core.formats.schema import (
+    BOOLEAN,
+    IMAGE_URL,
+    JSON_SCHEMA,
+    MODEL,
+    STRING,
+    TOKENS,
+    Schema,
+    any_of,
+    array,
+    const,
+    object_of,
 )
 from core.ledger import Upstream
 from core.prices import TIER_AUTO, TIER_DEFAULT, Usage, check_service_tier
@@ -182,6 +194,225 @@ def merged_usage(start: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]
     return usage
 
 
+# -- its input ----------------------------------------------------------------------------------
+
+# Blocks that carry text only (the model's own turns sent back included: tool calls, web search
+# results): bounded by their bytes like any text.
+MESSAGES_TEXT_BLOCKS = frozenset({
+    "text", "tool_use", "server_tool_use", "web_search_tool_result", "search_result",
+})
+# Thinking sent back is billed as the thinking its signature carries (encrypted), not as the
+# text it shows: a summary, or nothing under `display: omitted` (Claude Code's). Redacted
+# thinking is encrypted whole. Neither's bytes are documented to bound its tokens; one block is
+# at most what one call writes (core/prices/ holds each at the model's output maximum, or the
+# context window where that is not known).
+MESSAGES_THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+# Blocks of server tools' results sent back, and references to what the provider holds (a
+# container's file, a tool loaded by tool search): input whose billed size the request does not
+# show, held at the context window.
+MESSAGES_REFERRED_BLOCKS = frozenset({
+    "web_fetch_tool_result", "code_execution_tool_result", "bash_code_execution_tool_result",
+    "text_editor_code_execution_tool_result", "tool_search_tool_result", "tool_reference",
+    "mcp_tool_use", "mcp_tool_result", "container_upload",
+})
+IMAGE_MEDIA_TYPE_PREFIX = "image/"
+# Document sources whose billed size the request does not show (a PDF's pages, a file).
+MESSAGES_DOCUMENT_SOURCES = frozenset({"base64", "url", "file"})
+
+
+def _blocks(walk: Walk, content: object, field: str) -> list[Any]:
+    if not isinstance(content, list):
+        raise InputUnbounded(f"{field} must be a string or a list of content blocks",
+                             field=field)
+    return [_block(walk, block, f"{field}[{j}]") for j, block in enumerate(content)]
+
+
+def _block(walk: Walk, block: object, field: str) -> object:
+    """One content block, its media counted and blanked; what it only names is refused."""
+    if not isinstance(block, dict):
+        raise InputUnbounded(f"{field} must be a content block object", field=field)
+    kind = block.get("type")
+    if not isinstance(kind, str):
+        raise InputUnbounded(f"{field}.type must name the block's type", field=f"{field}.type")
+    if kind in MESSAGES_TEXT_BLOCKS:
+        return block
+    if kind == "image":
+        return _image(walk, block, field)
+    if kind == "document":
+        return _document(walk, block, field)
+    if kind == "tool_result":
+        content = block.get("content")
+        if content is None or isinstance(content, str):
+            return block
+        return {**block, "content": _blocks(walk, content, f"{field}.content")}
+    if kind in MESSAGES_REFERRED_BLOCKS:
+        walk.refer(field)
+        return {"type": kind}
+    if kind in MESSAGES_THINKING_BLOCKS:
+        walk.thinking_blocks += 1
+        walk.thinking_field = walk.thinking_field or field
+        return {"type": kind}
+    # Anything newer: input the gateway cannot bound.
+    raise InputUnbounded(
+        f"{field} is a content block of type {kind!r}, which the gateway cannot bound",
+        field=field)
+
+
+def _image(walk: Walk, block: dict[str, Any], field: str) -> dict[str, Any]:
+    """An image is billed by the model's per-image bound whatever its size, so its source (its
+    data, a URL or a file the provider holds) is not read, only checked to be an image's."""
+    source = block.get("source")
+    where = f"{field}.source"
+    if not isinstance(source, dict):
+        raise InputUnbounded(f"{where} must be an image source object", field=where)
+    kind = source.get("type")
+    if kind == "base64":
+        media_type = source.get("media_type")
+        if not isinstance(media_type, str) or not media_type.startswith(IMAGE_MEDIA_TYPE_PREFIX):
+            raise InputUnbounded(f"{where}.media_type must be an image's",
+                                 field=f"{where}.media_type")
+        payload = "data"
+    elif kind == "url":
+        payload = "url"
+    elif kind == "file":
+        payload = "file_id"
+    else:
+        raise InputUnbounded(f"{where}.type must be base64, url or file", field=f"{where}.type")
+    value = source.get(payload)
+    if not isinstance(value, str) or not value or not encodable(value):
+        raise InvalidRequest(f"{where}.{payload} must be a non-empty string",
+                             field=f"{where}.{payload}")
+    walk.images_high += 1
+    walk.image_field = walk.image_field or where
+    return {**block, "source": {**source, payload: ""}}
+
+
+def _document(walk: Walk, block: dict[str, Any], field: str) -> dict[str, Any]:
+    """A document of text, or of text and image blocks, is bounded as they are. A PDF (sent or
+    by URL or file) is billed for text its bytes do not bound (its streams are compressed) and
+    an image of each page, and citations add a system prompt and chunking of an undocumented
+    size: held at the context window, like a file by URL or id."""
+    citations = block.get("citations")
+    if isinstance(citations, dict) and citations.get("enabled") not in (None, False):
+        walk.refer(f"{field}.citations")
+    source = block.get("source")
+    where = f"{field}.source"
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "text":
+        return block
+    if kind == "content" and isinstance(source, dict):
+        content = source.get("content")
+        if isinstance(content, str):
+            return block
+        return {**block, "source": {**source, "content": _blocks(
+            walk, content, f"{where}.content")}}
+    if kind in MESSAGES_DOCUMENT_SOURCES:
+        walk.refer(where)
+        return {"type": "document"}
+    raise InputUnbounded(f"{where}.type must be one of text, content, "
+                         f"{', '.join(sorted(MESSAGES_DOCUMENT_SOURCES))}", field=where)
+
+
+def _message(walk: Walk, message: dict[str, Any], field: str) -> dict[str, Any]:
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return message
+    return {**message, "content": _blocks(walk, content, f"{field}.content")}
+
+
+def messages_input(messages: Any) -> InputBound:
+    """The input bound of Anthropic Messages API `messages`: their text by bytes, their images
+    counted; documents other than text, and blocks the gateway does not know, refused."""
+    return messages_bound(messages, _message)
+
+
+# -- its body, for the OpenAPI document (core/formats/schema.py) ----------------------------------
+
+CACHE_CONTROL = object_of({"type": const("ephemeral"),
+                           "ttl": {"type": "string", "enum": ["5m", "1h"]}}, ("type",),
+                          more=False)
+TEXT = {"type": "string", "minLength": 1}
+TEXT_BLOCK = object_of({"type": const("text"), "text": TEXT, "cache_control": CACHE_CONTROL},
+                       ("type", "text"))
+IMAGE_SOURCE = any_of(
+    object_of({"type": const("base64"),
+               "media_type": {"type": "string",
+                              "enum": ["image/jpeg", "image/png", "image/gif", "image/webp"]},
+               "data": {"type": "string", "description": "the image, base64-encoded"}},
+              ("type", "media_type", "data"), more=False),
+    object_of({"type": const("url"), "url": IMAGE_URL}, ("type", "url"), more=False),
+    object_of({"type": const("file"), "file_id": STRING}, ("type", "file_id"), more=False),
+)
+IMAGE_BLOCK = object_of({"type": const("image"), "source": IMAGE_SOURCE,
+                         "cache_control": CACHE_CONTROL}, ("type", "source"))
+# Documents of text only: a PDF, or a file by URL or id, is held at the context window and not
+# documented as accepted.
+TEXT_DOCUMENT_BLOCK = object_of({
+    "type": const("document"),
+    "source": object_of({"type": const("text"), "media_type": const("text/plain"),
+                         "data": STRING}, ("type", "media_type", "data"), more=False),
+    "title": STRING, "context": STRING, "cache_control": CACHE_CONTROL,
+}, ("type", "source"))
+TOOL_USE_BLOCK = object_of({"type": const("tool_use"), "id": STRING, "name": STRING,
+                            "input": {"type": "object"}}, ("type", "id", "name", "input"))
+TOOL_RESULT_BLOCK = object_of({
+    "type": const("tool_result"), "tool_use_id": STRING,
+    "content": any_of(STRING, array(any_of(TEXT_BLOCK, IMAGE_BLOCK))), "is_error": BOOLEAN,
+    "cache_control": CACHE_CONTROL,
+}, ("type", "tool_use_id"))
+THINKING_BLOCK = object_of({"type": const("thinking"), "thinking": STRING, "signature": STRING},
+                           ("type", "thinking", "signature"))
+# Turns take the blocks of their role, and are not empty (but for a last assistant turn, which
+# the model continues).
+USER_TURN = object_of({
+    "role": const("user"),
+    "content": any_of(TEXT, array(any_of(
+        TEXT_BLOCK, IMAGE_BLOCK, TEXT_DOCUMENT_BLOCK, TOOL_RESULT_BLOCK), min_items=1)),
+}, ("role", "content"), more=False)
+ASSISTANT_TURN = object_of({
+    "role": const("assistant"),
+    "content": any_of(STRING, array(any_of(TEXT_BLOCK, TOOL_USE_BLOCK, THINKING_BLOCK))),
+}, ("role", "content"), more=False)
+CUSTOM_TOOL = object_of({"type": const("custom"), "name": STRING, "description": STRING,
+                         "input_schema": JSON_SCHEMA, "cache_control": CACHE_CONTROL},
+                        ("name", "input_schema"))
+# Web search only with max_uses, which bounds its fees; its results need the model's bound
+# (web_search_result_tokens_max) in the prices file.
+WEB_SEARCH_TOOL = object_of({"type": const("web_search_20250305"), "name": const("web_search"),
+                             "max_uses": {"type": "integer", "minimum": 1}},
+                            ("type", "name", "max_uses"))
+
+# No other top-level field: the gateway refuses the ones whose cost it does not know
+# (MESSAGES_FIELDS).
+MESSAGES_BODY = object_of({
+    "model": MODEL,
+    "messages": array(any_of(USER_TURN, ASSISTANT_TURN), min_items=1),
+    "max_tokens": {**TOKENS, "description": "caps all output, thinking included; with none, "
+                   "the gateway sends its default cap"},
+    "system": any_of(STRING, array(TEXT_BLOCK)),
+    "stream": BOOLEAN,
+    "tools": array(any_of(CUSTOM_TOOL, WEB_SEARCH_TOOL)),
+    "tool_choice": object_of({"type": {"type": "string",
+                                       "enum": ["auto", "any", "tool", "none"]},
+                              "name": STRING, "disable_parallel_tool_use": BOOLEAN}, ("type",)),
+    "thinking": any_of(
+        object_of({"type": const("enabled"),
+                   "budget_tokens": {**TOKENS, "description": "at most max_tokens"}},
+                  ("type", "budget_tokens"), more=False),
+        object_of({"type": const("disabled")}, ("type",), more=False)),
+    "service_tier": {"type": "string", "enum": ["auto", "standard_only"]},
+    "metadata": object_of({"user_id": STRING}, more=False),
+    "stop_sequences": array(STRING),
+    "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+    "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "top_k": {"type": "integer", "minimum": 0},
+    "cache_control": CACHE_CONTROL,
+}, ("model", "messages"), more=False)
+
+
+# -- the format ---------------------------------------------------------------------------------
+
+
 def _betas(headers: tuple[tuple[str, str], ...], allowed: frozenset[str]) -> bool:
     """Check the anthropic-beta flags (`allowed`: the operator's, CEILING_GATEWAY_BETAS_ALLOWED);
     whether they open the 1M-token context window."""
@@ -295,6 +526,7 @@ class Messages(WireFormat):
     api = Api.MESSAGES
     route = "/v1/messages"
     name = "messages"
+    body_schema = MESSAGES_BODY
     provider = ANTHROPIC
     cap_fields = ("max_tokens",)
     allowed_fields = MESSAGES_FIELDS

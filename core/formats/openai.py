@@ -12,6 +12,7 @@ from typing import Any
 from core.content import InputBound
 from core.errors import InputUnbounded, InvalidRequest
 from core.formats.base import Plan, Provider, WireFormat, positive_int, text_tokens
+from core.formats.schema import Schema
 from core.ledger import Upstream
 from core.prices import TIER_AUTO, check_service_tier
 
@@ -48,6 +49,11 @@ WEB_SEARCH_TOOL_TYPES = frozenset({
 # call, and the agent's next call may search again.
 HOSTED_TOOL_CALLS_DEFAULT = 2
 MAX_TOOL_CALLS_FIELD = "max_tool_calls"
+
+# What both bodies' schemas (core/formats/schema.py) say alike: an image's detail, and OpenAI's
+# tiers (a request that names none is `auto`).
+DETAIL: Schema = {"type": "string", "enum": ["auto", "low", "high"]}
+SERVICE_TIER: Schema = {"type": "string", "enum": ["auto", "default", "flex", "scale", "priority"]}
 
 
 def _tools(tools: object, hosted: bool) -> str:

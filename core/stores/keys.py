@@ -145,22 +145,22 @@ def api_key_record(key_id: str) -> str:
     return f"sc:key:{{{key_id}}}"
 
 
-# The layout before records were by key id, read for keys made then (core/stores/scripted_keys.py).
 def api_key(key_hash: str) -> str:
-    """Under a secret's hash: a key made before records were by id (its fields, the key
-    itself until a rotation moves it into api_key_record), or, with the field 'index_only',
-    only the id of the record that decides whether the secret is taken. Secrets made since
-    carry their key id and have no entry here."""
+    """Under a secret's hash: the id of the key whose record decides whether the secret is taken
+    (field 'key_id'), for a secret that does not carry its key id (one minted before secrets
+    did). Secrets minted since carry it and have no entry here."""
     return f"sc:key:{key_hash}"
 
 
+# The layout before records were by id (a key's fields under its secret's hash, with these two
+# pointers from its id), which `ceiling ledger migrate` moves into records (core/stores/migrate.py).
 def api_key_id(key_id: str) -> str:
-    """A key made before records were by id: the hash of its current secret."""
+    """A key of that layout: the hash of its current secret."""
     return f"sc:keyid:{key_id}"
 
 
 def api_key_previous(key_id: str) -> str:
-    """A key made before records were by id: its previous secret's hash, during its grace."""
+    """A key of that layout: its previous secret's hash, during its grace."""
     return f"sc:keyprev:{key_id}"
 
 

@@ -150,6 +150,14 @@ class RedisClusterTransport:
         with translated(translate_cluster, CLIENT_ERRORS):
             return await self._bounded(lambda: client_call(self._client.execute_command(*args)))
 
+    async def scan(self, pattern: str, count: int) -> list[str]:
+        """The keys of every master that match `pattern`, `count` a page: for `ceiling ledger
+        migrate` (core/stores/migrate.py), never on a call's path. (A SCAN sent through
+        `execute` reads one node.)"""
+        with translated(translate_cluster, CLIENT_ERRORS):
+            return sorted({str(k) async for k in self._client.scan_iter(match=pattern,
+                                                                        count=count)})
+
     async def durability(self) -> Durability:
         """Every master's INFO, the weakest of them: each holds the only copy of its slots'
         data that the ledger trusts (its replica may lag). A rollback on one shard shows in

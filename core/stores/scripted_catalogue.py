@@ -18,6 +18,8 @@ from core.stores.scripts import script
 # one round trip after another, and the calls the instance serves meanwhile are not queued
 # behind all of the page's reads.
 USER_READS_IN_FLIGHT_MAX = 16
+# The backend whose scripts reach one hash slot each (core/stores/redis_cluster.py).
+CLUSTER_BACKEND = "redis-cluster"
 
 
 class ScriptedCatalogue(ScriptedCore):
@@ -25,12 +27,25 @@ class ScriptedCatalogue(ScriptedCore):
     budget's status."""
 
     async def put_budget(self, budget: BudgetDef) -> None:
+        """One script puts the budget whole (lua/put_budget.lua): its definition, its alert
+        settings and, where one script may reach the catalogue's slot, its catalogue entries.
+
+        On a Redis Cluster the catalogue (core/stores/keys.py CATALOGUE) is in the ledger id's
+        slot and the budget in its tag's, which no script spans: there the script puts the
+        budget, and the organisation's entry and the budget's id follow it, each a write of a
+        value that is the same every time. A put cut between the two leaves the budget whole and
+        enforced, not yet listed; the caller, answered with an error, puts it again, which lists
+        it. The entries never come first: an organisation named in the catalogue with no stamp
+        in its meta hash reads as a shard that lost its data (scripted_core.py _org_lost)."""
         ledger_id = await self.open()
         bid = budget.budget_id
         if await self._org_lost(bid.tag):
             raise _ledger_reset(bid.tag)  # putting it again would refill what the shard lost
         await self._map_tag(bid.tag)
-        args = [ledger_id, budget.timezone, str(budget.ledger_allowance_micros)]
+        alerts = budget.alerts
+        args = [ledger_id, bid.path, budget.timezone, str(budget.ledger_allowance_micros),
+                alerts.thresholds_ledger_form,
+                alerts.velocity.ledger_form if alerts.velocity else ""]
         for lim in budget.limits:
             args += [lim.period.value, str(lim.ceiling_micros)]
         if budget.rate is not None:
@@ -39,16 +54,17 @@ class ScriptedCatalogue(ScriptedCore):
             args += ["per_user", wire.per_user_field(budget.per_user)]
         if budget.clamp:
             args += [wire.CLAMP_DEFINITION_FIELD, "1"]
+        one_slot = self._t.backend == CLUSTER_BACKEND
+        catalogue = () if one_slot else (keys.ORGS_KEY, keys.BUDGETS_KEY)
         reply = await self._t.run(
-            script("put_budget"), (keys.meta(bid.tag), keys.definition(bid.tag, bid.path)), args
-        )
+            script("put_budget"),
+            (keys.meta(bid.tag), keys.definition(bid.tag, bid.path), *catalogue), args)
         if reply[0] != "ok":
             self._reset = True
             raise _ledger_reset()
-        # After the stamp: an organisation named here has data under this ledger id to lose.
-        await self._t.execute("HSET", keys.ORGS_KEY, bid.tag, ledger_id)
-        await self._t.execute("ZADD", keys.BUDGETS_KEY, "0", bid.path)
-        await self._put_alerts(budget)
+        if one_slot:
+            await self._t.execute("HSET", keys.ORGS_KEY, bid.tag, ledger_id)
+            await self._t.execute("ZADD", keys.BUDGETS_KEY, "0", bid.path)
         self._remember_tz(bid.path, budget.timezone)
 
     async def _map_tag(self, tag: str) -> None:
@@ -60,14 +76,6 @@ class ScriptedCatalogue(ScriptedCore):
         if not await self._t.execute("HSETNX", keys.TAG_MAP_KEY, digest, tag):
             found = await self._t.execute("HGET", keys.TAG_MAP_KEY, digest)
             ensure(found == tag, f"the tags {found!r} and {tag!r} share a reservation-id digest")
-
-    async def _put_alerts(self, budget: BudgetDef) -> None:
-        bid, config = budget.budget_id, budget.alerts
-        await self._t.run(
-            script("put_alerts"),
-            (keys.meta(bid.tag), keys.definition(bid.tag, bid.path)),
-            [bid.path, config.thresholds_ledger_form,
-             config.velocity.ledger_form if config.velocity else ""])
 
     async def get_budget(self, budget_id: BudgetId) -> BudgetDef | None:
         await self.open()

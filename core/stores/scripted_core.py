@@ -103,6 +103,15 @@ def _rolled_back(token: str) -> LedgerUnavailable:
 
 
 def _format_unknown(version: str) -> LedgerUnavailable:
+    """The refusal of a ledger of format `version` ('': not stamped)."""
+    if not version or (version.isdigit() and int(version) < wire.LEDGER_FORMAT_VERSION):
+        found = f"version {version}" if version else "not stamped"
+        return LedgerUnavailable(
+            f"the ledger is of an earlier format ({found}; this instance reads version "
+            f"{wire.LEDGER_FORMAT_VERSION}); enforcement is refused until an operator migrates "
+            "it (`ceiling ledger migrate`)",
+            reason="ledger_reset",
+        )
     return LedgerUnavailable(
         f"the ledger was written by another format version ({version}; this instance reads "
         f"version {wire.LEDGER_FORMAT_VERSION}); enforcement is refused until it is served by "
@@ -111,14 +120,15 @@ def _format_unknown(version: str) -> LedgerUnavailable:
     )
 
 
-def _readable(version: Any) -> bool:
-    """Whether this version's scripts read a ledger stamped with format `version`.
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
-    A ledger with no stamp was made before ledgers were stamped, by code that wrote exactly what
-    version 1 is (the stamp is all this version added): it is version 1. It is not stamped when
-    opened either, since that would tell a later version nothing: a later version may meet a
-    ledger no instance of this one opened, and must read a missing stamp as 1 all the same."""
-    return version is None or str(version) == str(wire.LEDGER_FORMAT_VERSION)
+
+def _readable(version: Any) -> bool:
+    """Whether this version's scripts read a ledger stamped with format `version` (None: no
+    stamp). They read their own format only: `ceiling ledger migrate` (core/stores/migrate.py)
+    brings an earlier one to it."""
+    return version is not None and str(version) == str(wire.LEDGER_FORMAT_VERSION)
 
 
 class ScriptedCore:
@@ -137,8 +147,10 @@ class ScriptedCore:
         self._ledger_id: str | None = None
         self._reset = False
         # The format version of the ledger found when this instance stopped enforcing because it
-        # cannot read that format (`_readable`); None for a reset of any other kind.
+        # cannot read that format (`_readable`; '' for none), and that ledger's id; None for a
+        # reset of any other kind.
         self._format_refused: str | None = None
+        self._format_refused_id: str | None = None
         self._tz: dict[str, str] = {}
         self._offset_ms = 0
         # Per set of zones: the zones field, and the span [from_ms, until_ms) it holds for (the
@@ -186,7 +198,8 @@ class ScriptedCore:
                 found, version = await self._stamp()
             ensure(isinstance(found, str), "the ledger id is a string")
             if not _readable(version):
-                self._reset, self._format_refused = True, str(version)
+                self._reset = True
+                self._refuse_format(found, version)
                 raise self._refusal()
             self._ledger_id = str(found)
             if self.backend in LIBRARY_BACKENDS:
@@ -257,10 +270,16 @@ class ScriptedCore:
             return False
         self._adopt_checked_s = now_s
         found, version, adopted = await self._stamp(keys.ADOPTED_KEY)
+        if (self._format_refused is not None and found is not None
+                and str(found) == self._format_refused_id and _readable(version)):
+            # The ledger refused for its format, migrated since (`ceiling ledger migrate`): the
+            # same ledger, now in this version's format.
+            self._ledger_id, self._reset, self._format_refused = str(found), False, None
+            return True
         if found is None or found != adopted or found == self._ledger_id:
             return False
         if not _readable(version):
-            self._format_refused = str(version)
+            self._refuse_format(found, version)
             return False
         self._sequences = {}  # of the ledger before the restore
         self._ledger_id, self._reset, self._format_refused = str(found), False, None
@@ -279,10 +298,13 @@ class ScriptedCore:
         is the whole ledger gone (or stamped with a format version this one cannot read)?"""
         found, version = await self._stamp()
         if not _readable(version):
-            self._format_refused = str(version)
+            self._refuse_format(found, version)
         if found != self._ledger_id or not _readable(version):
             self._reset = True
         return self._reset
+
+    def _refuse_format(self, found: Any, version: Any) -> None:
+        self._format_refused, self._format_refused_id = _text(version) or "", _text(found)
 
     def now_arg(self) -> str:
         """now_ms for a script: '' (Redis TIME) unless a test injected a clock."""
@@ -415,7 +437,7 @@ class ScriptedCore:
             found, version = await self._stamp()
             latency_ms = round((time.perf_counter() - started) * 1000, 3)
             if not _readable(version):
-                self._format_refused = str(version)
+                self._refuse_format(found, version)
             if found != ledger_id or not _readable(version):
                 self._reset = True
                 raise self._refusal()

@@ -23,7 +23,7 @@ pattern match that costs more per character than the server's own parsing of an 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from core.budgets import Limit, Period, PerUser, Rate, Window
@@ -113,11 +113,11 @@ ZONE_PARTS = (
 
 # The version of what this module and the scripts store: the records, definitions, counters and
 # keys of a ledger. Stamped beside the ledger id when a ledger is made (keys.LEDGER_FORMAT_KEY);
-# an instance refuses to enforce on a ledger of a version it does not know
-# (core/stores/scripted_core.py), since its scripts would misread that ledger's records and
-# counters. Raised only by a change those scripts cannot read: a new field with a default is
-# not one.
-LEDGER_FORMAT_VERSION = 1
+# an instance enforces only on a ledger of its own version (core/stores/scripted_core.py), since
+# its scripts would misread another's records and counters, and `ceiling ledger migrate`
+# (core/stores/migrate.py) brings an earlier one to it. Raised only by a change those scripts
+# cannot read (a new field with a default is not one), and then with a migration.
+LEDGER_FORMAT_VERSION = 2
 
 # One reservation, under keys.RECORD + its id. `legs`: its legs, ITEM_SEPARATOR between them,
 # each 'budget_id|window_key|ceiling_micros|resets_at_ms|outage_allowance_micros', then '|run'
@@ -141,24 +141,12 @@ RESOLVED_FIELDS = (
     "state", "reserved_micros", "expire_policy", "retention_ms", "owner", "actual_micros",
     "released_micros", "overshoot_micros", "late", "outcome", "fingerprint",
 )
-# A budget's definition hash, by Python names, with the ledger id it was put under ('ledger').
+# A budget's definition hash, by Python names, with the ledger id it was put under ('ledger'):
+# a reserve refuses a definition of another ledger (`ledger_reset`).
 # `rate` and `per_user` as rate_field and per_user_field write them.
 DEFINITION_FIELDS = ("ledger", "timezone", "outage_allowance_micros", "ceiling_micros:day",
                      "ceiling_micros:month", "ceiling_micros:total", "paused",
                      "ceiling_micros:week", "rate", "per_user")
-# A definition that uses what scripts before end users, weeks and rates cannot read (a week, a
-# rate, per_user limits) carries its ledger id with this after it: those scripts compare the id
-# and refuse the budget (a reserve answers budget_not_found) instead of admitting calls without
-# the limits they do not know, during a rolling deploy or after a rollback.
-EXTENDED_DEFINITION_SUFFIX = "+2"
-EXTENDED_DEFINITION_FIELDS = ("ceiling_micros:week", "rate", "per_user")
-
-
-def definition_ledger(ledger_id: str, fields: Mapping[str, str]) -> str:
-    """The ledger id a definition of `fields` carries (EXTENDED_DEFINITION_SUFFIX)."""
-    extended = any(fields.get(f) for f in EXTENDED_DEFINITION_FIELDS)
-    return ledger_id + EXTENDED_DEFINITION_SUFFIX if extended else ledger_id
-
 
 CEILING_DEFINITION_FIELDS = {Period.DAY: "ceiling_micros:day", Period.WEEK: "ceiling_micros:week",
                              Period.MONTH: "ceiling_micros:month",
@@ -454,7 +442,6 @@ KEY_PARTS = {
     "PENDING_USERS_KEY": keys.PENDING_USERS,
     "WINDOWS_KEY": keys.WINDOWS, "RUNS_KEY": keys.RUNS,
     "RATE_KEY": keys.RATE, "CONCURRENCY_KEY": keys.CONCURRENCY,
-    "EXTENDED_DEFINITION_SUFFIX": EXTENDED_DEFINITION_SUFFIX,
 }
 
 

@@ -22,7 +22,7 @@ from starlette.types import Message
 from api.routes.gateway import Shapes, answered
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.config import OUTPUT_TOKENS_DEFAULT
-from core.content import Media, responses_input
+from core.content import Media
 from core.errors import (
     FieldUnsupported,
     IdempotencyConflict,
@@ -31,6 +31,7 @@ from core.errors import (
     StateQuota,
 )
 from core.formats import FORMATS, Api, StreamTally
+from core.formats.responses import responses_input
 from core.gateway import (
     Bill,
     Call,

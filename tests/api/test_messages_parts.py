@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from api import errors
-from api.refusals import anthropic_error_event, anthropic_error_response
+from api.refusals import error_event, refusal_response
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.content import CLAUDE_IMAGE_TOKENS_MAX
 from core.errors import BudgetExceeded, FieldUnsupported, InputUnbounded, InvalidRequest
@@ -22,6 +22,7 @@ from core.formats import Api, StreamTally
 from core.formats.messages import (
     ANTHROPIC_TYPES,
     CONTEXT_1M_BETA,
+    MESSAGES,
     MESSAGES_FIELDS,
     TOOL_USE_SYSTEM_PROMPT_TOKENS_MAX,
     WEB_SEARCH_MAX_USES_DEFAULT,
@@ -301,7 +302,7 @@ def test_every_error_code_has_an_anthropic_type() -> None:
 def test_a_spent_budget_is_a_402_billing_error_the_sdk_is_told_not_to_retry() -> None:
     refusal = BudgetExceeded("no room left", budget_id="org:a", period="total",
                              remaining_micros=5)
-    response = anthropic_error_response(refusal, {"x-ceiling-reserved-micros": "0"})
+    response = refusal_response(MESSAGES, refusal, {"x-ceiling-reserved-micros": "0"})
     assert response.status_code == 402
     assert json.loads(bytes(response.body)) == {"type": "error", "error": {
         "type": "billing_error", "message": "no room left", "code": "budget_exceeded",
@@ -311,7 +312,7 @@ def test_a_spent_budget_is_a_402_billing_error_the_sdk_is_told_not_to_retry() ->
 
 
 def test_a_broken_stream_ends_on_an_error_event_in_anthropics_shape(tmp_path: Path) -> None:
-    event = anthropic_error_event(InvalidRequest("gone", field="x"))
+    event = error_event(MESSAGES, InvalidRequest("gone", field="x"))
     kind, data = event.decode().strip().split("\n")
     assert kind == "event: error"
     assert json.loads(data.removeprefix("data: ")) == {"type": "error", "error": {

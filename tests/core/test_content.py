@@ -20,12 +20,12 @@ from core.content import (
     Media,
     audio_input_tokens_per_s,
     audio_ms_max,
-    chat_input,
     image_bound,
-    messages_input,
-    responses_input,
 )
 from core.errors import InputUnbounded, InvalidRequest
+from core.formats.chat import chat_input
+from core.formats.messages import messages_input
+from core.formats.responses import responses_input
 from tests.support import examples
 
 # 1 MB of base64 "image": as text it would be ~1.3 million tokens.

@@ -1,9 +1,13 @@
-"""The end user a gateway request names in its body: the first field given; a value that is
-not an id names its user by a digest."""
+"""What every wire format carries (its body schema, its error shape), and the end user a
+gateway request names in its body: the first field given; a value that is not an id names its
+user by a digest."""
 
 from __future__ import annotations
 
+import json
+
 from core.budgets import HASHED_USER_PREFIX, check_user
+from core.formats import FORMATS
 from core.formats.chat import CHAT
 from core.formats.messages import MESSAGES
 
@@ -28,3 +32,18 @@ def test_a_value_that_is_no_id_names_its_user_by_a_digest() -> None:
     others = {CHAT.end_user({"user": v}) for v in (5, "a" * 129, "x/team:y", "", [1], "5")}
     assert len(others) == 6  # "5" is an id; 5 is not, and hashes apart
     assert "5" in others
+
+
+def test_every_format_carries_its_body_schema_and_its_error_shape() -> None:
+    """What the routes and refusals read of a format, without asking which one it is."""
+    error = {"type": "invalid_request_error", "code": "invalid_request", "message": "no",
+             "field": "model"}
+    for wire in FORMATS.values():
+        schema = wire.body_schema
+        assert schema["type"] == "object"
+        assert {"model", *wire.cap_fields} <= set(schema["properties"]), wire.api
+        body = wire.error_body(dict(error))
+        assert json.loads(json.dumps(body))  # an answer's body: plain JSON
+        event = wire.error_event(dict(error))
+        assert event.endswith(b"\n\n"), wire.api
+        assert b"data: " in event, wire.api

@@ -21,21 +21,25 @@ from core.config import ConfigError
 from core.errors import CeilingError, InvalidRequest
 from core.ledger import DriftEvent, Upstream
 from core.reconcile import (
+    COST_REPORTS,
     RECONCILE_DAYS_MAX,
     REPORT_PAGES_MAX,
+    AnthropicCosts,
     CostReportFailed,
     Fetch,
+    OpenAICosts,
     ReportSource,
     compare,
     day_range,
-    parse_anthropic_page,
-    parse_openai_page,
+    provider_of,
     provider_spend_by_day,
     reconcile,
     tolerance_of,
     within,
 )
 
+parse_openai_page = OpenAICosts().parse_page
+parse_anthropic_page = AnthropicCosts().parse_page
 DAY = date(2026, 3, 14)
 DAY_S = 1_773_446_400  # 2026-03-14T00:00:00Z
 SOURCES = {
@@ -317,6 +321,16 @@ def test_a_range_the_ledger_cannot_answer_is_refused(first: str | None,
                                                      last: str | None) -> None:
     with pytest.raises(InvalidRequest):
         day_range(first, last, DAY)
+
+
+def test_a_provider_is_picked_by_name_from_the_registry() -> None:
+    for provider, report in COST_REPORTS.items():
+        assert report.provider is provider
+        assert provider_of(str(provider)) is provider
+    with pytest.raises(InvalidRequest, match="'openai' or 'anthropic'"):
+        provider_of("gemini")
+    with pytest.raises(InvalidRequest):
+        provider_of(None)
 
 
 def test_a_report_source_needs_its_admin_key() -> None:

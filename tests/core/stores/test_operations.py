@@ -31,6 +31,7 @@ from core.prices import PriceTable
 from core.service import CeilingService, hash_api_key, key_id_of, new_key_id
 from core.stores import keys
 from core.stores.durability import Durability
+from core.stores.migrate import migrate
 from core.stores.operations import ScriptedCatalogue
 from core.stores.redis import RedisStore, RedisTransport, redis_client
 from core.stores.scripted import ScriptedStore
@@ -292,7 +293,7 @@ async def _secrets_taken(store: ScriptedStore, key_id: str, *hashes: str) -> lis
     return out
 
 
-async def test_a_key_of_the_layout_before_records_is_moved_into_one_when_rotated(
+async def test_a_key_of_the_layout_before_records_migrated_is_its_record(
         server: RedisServer) -> None:
     raw = aioredis.Redis.from_url(server.url, decode_responses=True)
     async with _instance(server.url) as (svc, ops):
@@ -308,6 +309,7 @@ async def test_a_key_of_the_layout_before_records_is_moved_into_one_when_rotated
             if ttl:
                 await raw.pexpire(keys.api_key(hash_api_key(old)), ttl)
         await raw.set(keys.api_key_previous(key_id), hash_api_key(previous), px=GRACE_MS)
+        await migrate(svc.store)
         assert await _taken(svc, secret, previous, orphan) == [True, True, False]
         rotated = (await ops.rotate_key(key_id, GRACE_MS, BY))["api_key"]
         assert key_id_of(rotated) == key_id
@@ -327,9 +329,11 @@ async def test_a_key_of_the_layout_before_records_is_moved_into_one_when_rotated
         assert await _taken(svc, again, rotated, secret, previous, orphan) == [False] * 5
         assert not await ops.revoke_key(key_id, BY)
 
-        # Revoked in that layout: nothing of it is taken, and no rotation brings it back.
+        # Revoked before it was migrated: nothing of it is taken, and neither the migration nor
+        # a rotation brings it back.
         key_id, secret = await _hash_only_key(raw, bid)
-        assert await ops.revoke_key(key_id, BY)
+        assert not await ops.revoke_key(key_id, BY)  # no record of it to revoke, but its id
+        await migrate(svc.store)
         assert await _taken(svc, secret) == [False]
         with pytest.raises(BudgetNotFound):
             await ops.rotate_key(key_id, 0, BY)
@@ -378,29 +382,18 @@ class LosingTransport:
 
 
 @pytest.mark.parametrize("reply_lost", [False, True], ids=["before", "after"])
-@pytest.mark.parametrize("layout", ["record", "before_records"])
 async def test_a_rotation_cut_short_anywhere_leaves_no_secret_taken_that_should_not_be(
-        server: RedisServer, reply_lost: bool, layout: str) -> None:
+        server: RedisServer, reply_lost: bool) -> None:
     """At every command of a rotation the connection is lost once. Afterwards either the
     rotation happened (the new secret and, for its grace, the old one) or it did not (the old
     secrets, as before); a rotation retried then leaves exactly its secret; a revoke, none."""
     clock = ManualClock()
     healthy = RedisStore(server.url, clock=clock)
-    raw = aioredis.Redis.from_url(server.url, decode_responses=True)
     bid = BudgetId("org:cut")
     points = 0
     for lose_after in itertools.count(1):
-        if layout == "record":
-            key_id, old = new_key_id(), "h" + uuid.uuid4().hex
-            await healthy.put_key(KeyRecord(key_id, old, bid, None))
-            older = []
-        else:
-            key_id, secret = await _hash_only_key(raw, bid)
-            old, prev = hash_api_key(secret), "h" + uuid.uuid4().hex
-            await raw.hset(keys.api_key(prev), mapping={"key_id": key_id, "budget_id": bid.path})
-            await raw.pexpire(keys.api_key(prev), GRACE_MS)
-            await raw.set(keys.api_key_previous(key_id), prev, px=GRACE_MS)
-            older = [prev]  # in its grace: taken until a rotation drops it
+        key_id, old = new_key_id(), "h" + uuid.uuid4().hex
+        await healthy.put_key(KeyRecord(key_id, old, bid, None))
         transport = LosingTransport(RedisTransport(redis_client(server.url)),
                                     reply_lost=reply_lost)
         store = ScriptedStore(transport, clock=clock)
@@ -413,20 +406,18 @@ async def test_a_rotation_cut_short_anywhere_leaves_no_secret_taken_that_should_
             pass
         finally:
             await store.close()
-        taken = await _secrets_taken(healthy, key_id, new, old, *older)
-        assert taken in ([old, *older], [new, old]), (lose_after, taken)
+        taken = await _secrets_taken(healthy, key_id, new, old)
+        assert taken in ([old], [new, old]), (lose_after, taken)
         if taken == [new, old]:
             clock.advance(GRACE_MS)  # the old secret's grace ends by the ledger's clock
-            assert await _secrets_taken(healthy, key_id, new, old, *older) == [new]
+            assert await _secrets_taken(healthy, key_id, new, old) == [new]
         assert await healthy.rotate_key(key_id, retried, 0)
-        assert await _secrets_taken(healthy, key_id, retried, new, old, *older) == [retried]
+        assert await _secrets_taken(healthy, key_id, retried, new, old) == [retried]
         assert await healthy.delete_key(key_id)
-        assert await _secrets_taken(healthy, key_id, retried, new, old, *older) == []
+        assert await _secrets_taken(healthy, key_id, retried, new, old) == []
         if not transport.lost:
             break
         points += 1
-    # Every command of the step was cut once: one script on a record; the move of a key of the
-    # older layout into one first, a command at a time, then the same script.
-    assert points >= (1 if layout == "record" else 8)
+    # Every command of the step was cut once: one script on the record.
+    assert points >= 1
     await healthy.close()
-    await raw.aclose()

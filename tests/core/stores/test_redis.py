@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 
 from core.budgets import BudgetId, Period
 from core.errors import BudgetNotFound, InvariantBroken, LedgerUnavailable
-from core.ledger import ROLES_OF_KEYS_BEFORE_ROLES, KeyRecord, ReservationRef, Role
+from core.ledger import KeyRecord, ReservationRef, Role
 from core.limits import IDEMPOTENCY_WINDOW_MS, REPLAY_WINDOW_MS, RESEND_WINDOW_MS
 from core.stores import keys, wire
 from core.stores.redis import (
@@ -260,38 +260,17 @@ async def test_a_call_writes_its_tags_keys_and_no_other(
     await store.close()
 
 
-async def test_a_key_stored_before_roles_keeps_both_and_a_role_unknown_here_grants_nothing(
-    redis_server: RedisServer, raw: aioredis.Redis, tag: str
+async def test_a_role_unknown_here_grants_nothing(
+    redis_server: RedisServer, tag: str
 ) -> None:
     store = RedisStore(redis_server.url)
     await store.open()
-    # As an earlier version wrote it: no roles field.
-    await raw.hset(keys.api_key("hash_before_roles" + tag), mapping={
-        "key_id": "key_before_roles", "budget_id": tag, "run": ""})
-    before_roles = await store.get_key("hash_before_roles" + tag)
-    assert before_roles is not None
-    assert before_roles.roles == ROLES_OF_KEYS_BEFORE_ROLES == {Role.GATEWAY, Role.SIDECAR}
-    # As a later version might write it: a role this one does not know is ignored.
-    await raw.hset(keys.api_key("hash_later" + tag), mapping={
-        "key_id": "key_later", "budget_id": tag, "run": "", "roles": "auditor,sidecar"})
-    later = await store.get_key("hash_later" + tag)
+    # As a later version might write a key: a role this one does not know is ignored.
+    key_id = "key_later" + tag.removeprefix("org:t")
+    await store.put_key_record(key_id, "hash_later" + tag, tag, "", "auditor,sidecar")
+    later = await store.get_key("hash_later" + tag, key_id)
     assert later is not None
     assert later.roles == {Role.SIDECAR}
-    await store.close()
-
-
-async def test_a_key_stored_under_short_names_keeps_its_run_ceiling(
-    redis_server: RedisServer, raw: aioredis.Redis, tag: str
-) -> None:
-    # API keys were given to users: a key whose entry an earlier version wrote, its run ceiling
-    # under 'run', is taken as it was made.
-    store = RedisStore(redis_server.url)
-    await store.open()
-    await raw.hset(keys.api_key("hash_old" + tag), mapping={
-        "key_id": "key_old", "budget_id": tag, "run": "250", "roles": "gateway"})
-    record = await store.get_key("hash_old" + tag)
-    assert record is not None
-    assert (record.run_ceiling_micros, record.roles) == (250, {Role.GATEWAY})
     await store.close()
 
 
@@ -379,7 +358,7 @@ async def test_a_new_ledger_is_stamped_with_its_format_version(own_redis: RedisS
     store = RedisStore(own_redis.url)
     await store.open()
     raw = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
-    assert await raw.get(keys.LEDGER_FORMAT_KEY) == str(wire.LEDGER_FORMAT_VERSION) == "1"
+    assert await raw.get(keys.LEDGER_FORMAT_KEY) == str(wire.LEDGER_FORMAT_VERSION) == "2"
     await raw.aclose()
     await store.close()
 
@@ -392,14 +371,14 @@ async def test_a_ledger_of_another_format_version_fails_closed_and_health_says_s
     await store.reserve(request(tag, tag, 10))
     raw = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
     # As a later version would stamp a ledger it made or moved to a format this one cannot read.
-    await raw.set(keys.LEDGER_FORMAT_KEY, "2")
+    await raw.set(keys.LEDGER_FORMAT_KEY, "3")
 
     fresh = RedisStore(own_redis.url)  # an instance that opens the ledger now
     for _ in range(2):  # refused at the open, then by the reset it found
         with pytest.raises(LedgerUnavailable) as info:
             await fresh.reserve(request(tag, tag, 10))
         assert info.value.reason == "ledger_reset"
-        assert "written by another format version (2; this instance reads version 1)" in (
+        assert "written by another format version (3; this instance reads version 2)" in (
             info.value.message)
     probe = await fresh.probe("i1")
     assert (probe.reachable, probe.ledger_id, probe.reasons) == (True, None, ("ledger_reset",))
@@ -409,26 +388,10 @@ async def test_a_ledger_of_another_format_version_fails_closed_and_health_says_s
         await store.reserve(request(tag, tag, 10))
     assert (info.value.reason, "another format version" in info.value.message) == (
         "ledger_reset", True)
-    await raw.set(keys.LEDGER_FORMAT_KEY, "1")
+    await raw.set(keys.LEDGER_FORMAT_KEY, "2")
     again = RedisStore(own_redis.url)
     assert (await leg(again, tag)).reserved_micros == 10  # only the first reserve held
     for s in (store, fresh, again):
-        await s.close()
-    await raw.aclose()
-
-
-async def test_a_ledger_made_before_versions_were_stamped_is_version_1(
-    own_redis: RedisServer, tag: str
-) -> None:
-    store = RedisStore(own_redis.url)
-    await put(store, tag, (Period.TOTAL, 1_000))
-    raw = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
-    await raw.delete(keys.LEDGER_FORMAT_KEY)  # as the code before the stamp left it
-    later = RedisStore(own_redis.url)
-    assert (await later.reserve(request(tag, tag, 10))).reserved_micros == 10
-    assert "ledger_reset" not in (await later.probe("i1")).reasons
-    assert await raw.get(keys.LEDGER_FORMAT_KEY) is None  # read as 1, not written
-    for s in (store, later):
         await s.close()
     await raw.aclose()
 
