@@ -10,6 +10,7 @@ turned into what the gateway's format reads.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -39,13 +40,43 @@ SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 
 
 class CloudUpstream(Upstream):
-    """An Upstream whose calls go to a path made per call (per model), with headers made per
-    call. Subclasses give `url(call)` and `auth_headers(url, content)`."""
+    """An api.upstream.Upstream whose answers a subclass may relay more headers of
+    (`headers_relayed`) and turn into its format's shapes (`finished`), and whose calls may go
+    to a path made per call (`prepared_at`, `post`) with headers made per call."""
 
-    def __init__(self, base_url: str, timeout_s: float, **kwargs: Any) -> None:
-        super().__init__(base_url, None, timeout_s, **kwargs)
+    # The answer's headers the client gets beside api/upstream.py's, by prefix.
+    headers_relayed: tuple[str, ...] = ()
+
+    def __init__(self, base_url: str, auth: tuple[str, str] | None, timeout_s: float,
+                 **kwargs: Any) -> None:
+        super().__init__(base_url, auth, timeout_s, **kwargs)
         self.base_url = base_url.rstrip("/")
         self._paths: dict[str, Prepared] = {}
+
+    async def send(self, call_plan: Plan, deadline_s: float) -> Sent:
+        """core.upstream.Upstream.send as api/upstream.py's, the answer then `finished`."""
+        try:
+            async with asyncio.timeout_at(deadline_s):
+                response = await self.open(call_plan)
+                if response.status_code < 400 and not call_plan.stream:
+                    return self.finished(call_plan, await self.answer(call_plan, response))
+        except TimeoutError as exc:
+            raise Unanswered(f"no complete answer within {self.timeout_s} s") from exc
+        return self.finished(call_plan, await self.answer(call_plan, response))
+
+    def finished(self, call_plan: Plan, sent: Sent) -> Sent:
+        """The answer as the client and the gateway's format read it; as it came, by default."""
+        del call_plan
+        return sent
+
+    def relayed(self, response: httpx.Response) -> dict[str, str]:
+        """The answer's headers the client gets."""
+        headers = relayed_headers(response)
+        if self.headers_relayed:
+            for name, value in response.headers.items():
+                if name.startswith(self.headers_relayed):
+                    headers[name] = value
+        return headers
 
     def prepared_at(self, url: str) -> Prepared:
         """The request to `url`: the client's own headers and timeouts, at that URL."""
@@ -69,11 +100,10 @@ class CloudUpstream(Upstream):
         except self._failed as exc:
             raise Unanswered(_why(exc)) from exc
 
-    async def answer(self, call_plan: Plan, response: httpx.Response,
-                     headers: dict[str, str] | None = None) -> Sent:
+    async def answer(self, call_plan: Plan, response: httpx.Response) -> Sent:
         """The Sent of `response` as api/upstream.py reads it (the caller holds the deadline
-        for a complete answer), with `headers` for the relayed ones."""
-        headers = relayed_headers(response) if headers is None else headers
+        for a complete answer)."""
+        headers = self.relayed(response)
         if response.status_code >= 400:
             return Sent(response.status_code, headers, await self.error_body(response))
         if call_plan.stream:

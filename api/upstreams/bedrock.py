@@ -27,7 +27,6 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from api.upstream import relayed_headers
 from api.upstreams.base import (
     SSE_CONTENT_TYPE,
     CloudUpstream,
@@ -48,7 +47,7 @@ SIGNING_SERVICE = "bedrock"  # SigV4's service name for bedrock-runtime
 HEADERS_NOT_FORWARDED = frozenset({"anthropic-version", "anthropic-beta"})
 # Bedrock's answer headers the client gets beside the common ones: its token counts and its
 # error's name (x-amzn-requestid is relayed as Anthropic's request-id, which the SDK reads).
-BEDROCK_HEADER_PREFIXES = ("x-amzn-bedrock-", "x-amzn-errortype")
+BEDROCK_HEADERS_RELAYED = ("x-amzn-bedrock-", "x-amzn-errortype")
 # A count's body: CountTokens takes an InvokeModel body, which needs an output cap; a count
 # generates nothing, so any cap counts the same.
 COUNT_MAX_TOKENS = 1
@@ -63,6 +62,8 @@ class BedrockUpstream(CloudUpstream):
     """A `bedrock` upstream (core/upstreams.py): Claude through InvokeModel and
     InvokeModelWithResponseStream, SigV4-signed."""
 
+    headers_relayed = BEDROCK_HEADERS_RELAYED
+
     def __init__(self, definition: UpstreamDef, timeout_s: float, **kwargs: Any) -> None:
         if definition.aws_credentials is None or definition.region is None:
             raise ConfigError(f"upstream {definition.name!r}: a bedrock upstream needs a region "
@@ -70,7 +71,7 @@ class BedrockUpstream(CloudUpstream):
         from botocore.auth import SigV4Auth  # deferred: botocore is a cold start's share
         from botocore.credentials import Credentials
 
-        super().__init__(endpoint(definition), timeout_s, **kwargs)
+        super().__init__(endpoint(definition), None, timeout_s, **kwargs)
         self.name = definition.name
         self._signer = SigV4Auth(Credentials(*definition.aws_credentials), SIGNING_SERVICE,
                                  definition.region)
@@ -99,24 +100,22 @@ class BedrockUpstream(CloudUpstream):
                      if k.lower() not in HEADERS_NOT_FORWARDED))
         return await self.post(self.prepared_at(url), content, headers)
 
-    async def send(self, call_plan: Plan, deadline_s: float) -> Sent:
-        """core.upstream.Upstream.send, the answer in Anthropic's Messages shapes."""
-        import asyncio
-
-        try:
-            async with asyncio.timeout_at(deadline_s):
-                response = await self.open(call_plan)
-                headers = bedrock_headers(response)
-                if response.status_code < 400 and not call_plan.stream:
-                    return await self.answer(call_plan, response, headers)
-        except TimeoutError as exc:
-            raise Unanswered(f"no complete answer within {self.timeout_s} s") from exc
-        sent = await self.answer(call_plan, response, headers)
+    def finished(self, call_plan: Plan, sent: Sent) -> Sent:
+        """An error in Anthropic's shape, a stream as Anthropic's events."""
         if sent.status >= 400:
             return error_as_anthropic(sent)
-        assert not isinstance(sent.body, bytes)
-        return Sent(sent.status, {**headers, "content-type": SSE_CONTENT_TYPE},
+        if isinstance(sent.body, bytes):
+            return sent  # InvokeModel's answer is a Messages answer
+        return Sent(sent.status, {**sent.headers, "content-type": SSE_CONTENT_TYPE},
                     anthropic_events(sent.body))
+
+    def relayed(self, response: httpx.Response) -> dict[str, str]:
+        """Also Bedrock's request id as Anthropic's `request-id`, which the SDK reads."""
+        headers = super().relayed(response)
+        request_id = response.headers.get("x-amzn-requestid")
+        if request_id is not None:
+            headers["request-id"] = request_id
+        return headers
 
     async def count(self, api: Api, content: bytes, headers: Headers) -> Sent:
         """Bedrock's CountTokens for a Messages count_tokens body: {"input_tokens": N} as
@@ -139,7 +138,7 @@ class BedrockUpstream(CloudUpstream):
             response = await self.post(self.prepared_at(url), counted, self.signed(url, counted))
         except NotSent as exc:  # a count holds no money: no failure is more than Unanswered
             raise Unanswered(str(exc)) from exc
-        sent = Sent(response.status_code, bedrock_headers(response),
+        sent = Sent(response.status_code, self.relayed(response),
                     await self.error_body(response))
         if sent.status >= 400:
             return error_as_anthropic(sent)
@@ -149,19 +148,6 @@ class BedrockUpstream(CloudUpstream):
             raise Unanswered("CountTokens answered no inputTokens") from exc
         return Sent(sent.status, {**sent.headers, "content-type": "application/json"},
                     json.dumps({"input_tokens": tokens}).encode())
-
-
-def bedrock_headers(response: httpx.Response) -> dict[str, str]:
-    """The answer's headers the client gets: the common ones, Bedrock's own, and its request id
-    as Anthropic's `request-id`."""
-    headers = relayed_headers(response)
-    for name, value in response.headers.items():
-        if name.startswith(BEDROCK_HEADER_PREFIXES):
-            headers[name] = value
-    request_id = response.headers.get("x-amzn-requestid")
-    if request_id is not None:
-        headers["request-id"] = request_id
-    return headers
 
 
 async def anthropic_events(chunks: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
