@@ -143,6 +143,11 @@ def anthropic_error(status: int, message: str) -> bytes:
         "message": message}}).encode()
 
 
+def gemini_action(stream: bool) -> str:
+    """A Gemini call's method in its path: its stream as server-sent events, as the SDKs ask."""
+    return "streamGenerateContent?alt=sse" if stream else "generateContent"
+
+
 def error_message(body: bytes) -> str | None:
     """The message of a cloud's error body: AWS's {"message"} ({"Message"} on some), Google's
     {"error": {"message"}}; None for one of neither shape, Anthropic's included."""

@@ -26,7 +26,12 @@ import time
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
-from api.upstreams.base import CloudUpstream, cloud_messages_body, error_as_anthropic
+from api.upstreams.base import (
+    CloudUpstream,
+    cloud_messages_body,
+    error_as_anthropic,
+    gemini_action,
+)
 from core.config import ConfigError
 from core.formats import Api, Plan
 from core.upstream import Headers, NotSent, Sent, Unanswered
@@ -131,8 +136,8 @@ class VertexUpstream(CloudUpstream):
             headers = (auth, *((k, v) for k, v in call_plan.headers
                                if k.lower() not in CLAUDE_HEADERS_NOT_FORWARDED))
         else:
-            action = "streamGenerateContent?alt=sse" if call_plan.stream else "generateContent"
-            url = f"{self.publishers_url}/google/models/{call_plan.model}:{action}"
+            url = (f"{self.publishers_url}/google/models/{call_plan.model}:"
+                   f"{gemini_action(call_plan.stream)}")
             content = call_plan.content()
             headers = (auth, *call_plan.headers)
         return await self.post(self.prepared_at(url), content, headers)

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from core.formats import Plan, StreamTally
+from core.formats import FORMATS, Api, Plan, StreamTally
 from core.prices.rates import Usage
 from core.upstream import Sent
 from infra.stub_bill import Bill, CallRecord
@@ -86,3 +86,24 @@ def same_tokens(usage: Usage | None, call: CallRecord) -> bool:
             usage.cache_write_tokens) == (call.usage.input_tokens, call.usage.output_tokens,
                                           call.usage.cached_input_tokens,
                                           call.usage.cache_write_tokens)
+
+
+def gemini_plan(model: str, *, stream: bool = False) -> Plan:
+    """A Gemini call as the Gemini format will plan it: the model its route's path names, the
+    body as the client sent it, 10 tokens of output and no thinking forced on the stub. The
+    format is not in core/formats yet: a stand-in wire, of which the upstreams read only that
+    its api is not Messages."""
+    body = {"contents": [{"role": "user", "parts": [{"text": "hello"}]}],
+            "generationConfig": {"maxOutputTokens": 100}}
+    return Plan(wire=FORMATS[Api.CHAT], model=model, body=body, stream=stream,
+                text_tokens_max=9, output_tokens_max=100, choices=1, usage_wanted=False,
+                headers=(("X-Stub-Output-Tokens", "10"), ("X-Stub-Reasoning-Tokens", "0")))
+
+
+def gemini_usage_is_billed(usage: dict[str, Any], call: CallRecord) -> bool:
+    """A Gemini answer's usageMetadata is what the stub billed: its prompt, and its
+    candidates and thoughts as output."""
+    assert call.usage is not None
+    return (usage["promptTokenCount"],
+            usage["candidatesTokenCount"] + usage.get("thoughtsTokenCount", 0)) == (
+        call.usage.input_tokens, call.usage.output_tokens)

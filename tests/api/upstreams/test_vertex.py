@@ -18,11 +18,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from api.upstreams.vertex import VertexUpstream, endpoint
-from core.formats import FORMATS, Api, Plan
+from core.formats import Api, Plan
 from core.gateway import plan
 from core.upstream import NotSent, Sent, Unanswered
 from core.upstreams import UpstreamApi, UpstreamDef
-from infra.stub_bill import CallRecord
 from infra.stub_provider import StubProvider
 from tests.api.upstreams.conftest import (
     HANG_TIMEOUT_S,
@@ -30,6 +29,8 @@ from tests.api.upstreams.conftest import (
     bill_of,
     closed_port_url,
     deadline,
+    gemini_plan,
+    gemini_usage_is_billed,
     only_call,
     same_tokens,
     start_fresh,
@@ -42,7 +43,6 @@ FLASH = "gemini-2.5-flash"
 CLAUDE = "claude-sonnet-4-5@20250929"
 HELLO_TOKENS = 9
 FORCED = (("X-Stub-Output-Tokens", "10"),)
-GEMINI_FORCED = (*FORCED, ("X-Stub-Reasoning-Tokens", "0"))  # 2.5 Flash thinks unless told
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +72,7 @@ def fresh_bill(http: httpx.Client) -> None:
 
 
 def gemini(*, stream: bool = False) -> Plan:
-    """A Gemini call as the Gemini format will plan it: the model its route's path names, the
-    body as the client sent it (a stand-in wire: only its api, not Messages, is read)."""
-    body = {"contents": [{"role": "user", "parts": [{"text": "hello"}]}],
-            "generationConfig": {"maxOutputTokens": 100}}
-    return Plan(wire=FORMATS[Api.CHAT], model=FLASH, body=body, stream=stream,
-                text_tokens_max=HELLO_TOKENS, output_tokens_max=100, choices=1,
-                usage_wanted=False, headers=GEMINI_FORCED)
+    return gemini_plan(FLASH, stream=stream)
 
 
 def claude(*, stream: bool = False) -> Plan:
@@ -86,13 +80,6 @@ def claude(*, stream: bool = False) -> Plan:
                       "messages": [{"role": "user", "content": "hello"}]}).encode()
     forwarded = (("anthropic-version", "2023-06-01"),)
     return replace(plan(Api.MESSAGES, raw, headers=forwarded), headers=(*forwarded, *FORCED))
-
-
-def gemini_usage_is_billed(usage: dict[str, Any], call: CallRecord) -> bool:
-    assert call.usage is not None
-    return (usage["promptTokenCount"],
-            usage["candidatesTokenCount"] + usage.get("thoughtsTokenCount", 0)) == (
-        call.usage.input_tokens, call.usage.output_tokens)
 
 
 def test_the_endpoint_is_the_regions_or_the_global_one(service_account: Path) -> None:
