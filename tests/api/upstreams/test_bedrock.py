@@ -268,3 +268,28 @@ async def test_a_count_to_nowhere_is_unanswered() -> None:
             await upstream.count(Api.MESSAGES, b'{"model": "m", "messages": []}', ())
     finally:
         await upstream.aclose()
+
+
+@pytest.mark.parametrize(("status", "raised"), [(403, "PermissionDeniedError"),
+                                                (429, "RateLimitError"),
+                                                (503, "ServiceUnavailableError")])
+async def test_the_anthropic_sdk_raises_a_translated_error_as_anthropics(
+        bedrock: BedrockUpstream, http: httpx.Client, status: int, raised: str) -> None:
+    import anthropic
+    import httpx2
+
+    start_fresh(http, {"fail_status": status})
+    sent = await bedrock.send(messages(), deadline())
+    assert isinstance(sent.body, bytes)
+    body = sent.body
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(status, content=body, headers={"content-type": "application/json"})
+
+    client = anthropic.Anthropic(api_key="x", base_url="http://stub.invalid", max_retries=0,
+                                 http_client=httpx2.Client(transport=httpx2.MockTransport(handler)))
+    with pytest.raises(anthropic.APIStatusError) as failed:
+        client.messages.create(model="claude-sonnet-4-5", max_tokens=10,
+                               messages=[{"role": "user", "content": "hello"}])
+    assert type(failed.value).__name__ == raised
+    assert failed.value.status_code == status
