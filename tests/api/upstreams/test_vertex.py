@@ -6,6 +6,7 @@ format is not in core/formats yet: its calls are planned here by hand)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -213,3 +214,24 @@ async def test_gemini_counts_free(vertex: VertexUpstream, http: httpx.Client) ->
     assert isinstance(sent.body, bytes)
     assert json.loads(sent.body)["totalTokens"] == HELLO_TOKENS
     assert [c.billed for c in bill_of(http).log] == [False]
+
+
+async def test_calls_waiting_for_a_token_share_one_refresh(
+        provider: StubProvider, service_account: Path, monkeypatch: pytest.MonkeyPatch,
+        http: httpx.Client) -> None:
+    upstream = VertexUpstream(definition(provider.url, service_account), 10.0)
+    refreshes = []
+    refresh = upstream._refresh
+
+    def counted() -> None:
+        refreshes.append(1)
+        refresh()
+
+    monkeypatch.setattr(upstream, "_refresh", counted)
+    try:
+        sent = await asyncio.gather(*(upstream.send(gemini(), deadline()) for _ in range(5)))
+    finally:
+        await upstream.aclose()
+    assert [s.status for s in sent] == [200] * 5
+    assert len(refreshes) == 1
+    assert bill_of(http).total.calls == 5
