@@ -148,14 +148,10 @@ def gemini_action(stream: bool) -> str:
     return "streamGenerateContent?alt=sse" if stream else "generateContent"
 
 
-def error_message(body: bytes) -> str | None:
-    """The message of a cloud's error body: AWS's {"message"} ({"Message"} on some), Google's
-    {"error": {"message"}}; None for one of neither shape, Anthropic's included."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(doc, dict) or doc.get("type") == "error":
+def error_message(doc: object) -> str | None:
+    """The message of a cloud's error body, parsed: AWS's {"message"} ({"Message"} on some),
+    Google's {"error": {"message"}}; None for one of neither shape."""
+    if not isinstance(doc, dict):
         return None
     inner = doc.get("error")
     if isinstance(inner, dict) and isinstance(inner.get("message"), str):
@@ -166,18 +162,17 @@ def error_message(body: bytes) -> str | None:
     return None
 
 
-def error_as_anthropic(sent: Sent, prefix: str = "") -> Sent:
+def error_as_anthropic(sent: Sent) -> Sent:
     """An error's Sent with its body in Anthropic's shape (unless it is already), so that the
     anthropic SDK raises it as it would Anthropic's own."""
     assert isinstance(sent.body, bytes)
-    message = error_message(sent.body)
-    if message is None:
-        try:
-            doc = json.loads(sent.body)
-        except ValueError:
-            doc = None
-        if isinstance(doc, dict) and doc.get("type") == "error":
-            return sent
-        message = sent.body.decode(errors="replace") or f"status {sent.status}"
+    try:
+        doc = json.loads(sent.body)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and doc.get("type") == "error":
+        return sent
+    message = (error_message(doc) or sent.body.decode(errors="replace").strip()
+               or f"the provider answered {sent.status}")
     headers = {**sent.headers, "content-type": "application/json"}
-    return Sent(sent.status, headers, anthropic_error(sent.status, prefix + message))
+    return Sent(sent.status, headers, anthropic_error(sent.status, message))

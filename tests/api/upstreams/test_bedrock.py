@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-from api.upstreams.base import cloud_messages_body
+from api.upstreams.base import cloud_messages_body, error_as_anthropic
 from api.upstreams.bedrock import BedrockUpstream, sse_event
 from core.formats import Api, Plan
 from core.gateway import plan
-from core.upstream import NotSent, Unanswered
+from core.upstream import NotSent, Sent, Unanswered
 from core.upstreams import UpstreamApi, UpstreamDef
 from infra.stub_provider import StubProvider
 from tests.api.upstreams.conftest import (
@@ -293,3 +293,16 @@ async def test_the_anthropic_sdk_raises_a_translated_error_as_anthropics(
                                messages=[{"role": "user", "content": "hello"}])
     assert type(failed.value).__name__ == raised
     assert failed.value.status_code == status
+
+
+def test_an_error_of_no_known_shape_still_gets_anthropics() -> None:
+    anthropics = Sent(400, {}, b'{"type": "error", "error": {"type": "x", "message": "m"}}')
+    assert error_as_anthropic(anthropics) is anthropics
+    for body, message in ((b"<html>bad gateway</html>", "<html>bad gateway</html>"),
+                          (b"", "the provider answered 502"),
+                          (b'{"Message": "from a proxy"}', "from a proxy")):
+        translated = error_as_anthropic(Sent(502, {"x-amzn-requestid": "r"}, body))
+        assert isinstance(translated.body, bytes)
+        assert json.loads(translated.body) == {"type": "error", "error": {
+            "type": "api_error", "message": message}}
+        assert translated.headers["content-type"] == "application/json"
