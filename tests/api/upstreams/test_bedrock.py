@@ -306,3 +306,12 @@ def test_an_error_of_no_known_shape_still_gets_anthropics() -> None:
         assert json.loads(translated.body) == {"type": "error", "error": {
             "type": "api_error", "message": message}}
         assert translated.headers["content-type"] == "application/json"
+
+
+async def test_an_arn_is_sent_escaped_and_signed_as_sent(bedrock: BedrockUpstream,
+                                                          http: httpx.Client) -> None:
+    arn = f"arn:aws:bedrock:{REGION}:123456789012:inference-profile/{GLOBAL_SONNET}"
+    sent = await bedrock.send(messages(arn, output_tokens=1), deadline())
+    assert sent.status == 200, sent.body
+    call = only_call(http)
+    assert (call.model, call.model_requested) == (GLOBAL_SONNET, arn)
