@@ -105,10 +105,10 @@ class CloudUpstream(Upstream):
         for a complete answer)."""
         headers = self.relayed(response)
         if response.status_code >= 400:
-            return Sent(response.status_code, headers, await self.error_body(response))
+            return (response.status_code, headers, await self.error_body(response))
         if call_plan.stream:
-            return Sent(response.status_code, headers, self.chunks(response))
-        return Sent(response.status_code, headers, await self.read(response))
+            return (response.status_code, headers, self.chunks(response))
+        return (response.status_code, headers, await self.read(response))
 
 
 def _why(exc: Exception) -> str:
@@ -165,14 +165,14 @@ def error_message(doc: object) -> str | None:
 def error_as_anthropic(sent: Sent) -> Sent:
     """An error's Sent with its body in Anthropic's shape (unless it is already), so that the
     anthropic SDK raises it as it would Anthropic's own."""
-    assert isinstance(sent.body, bytes)
+    assert isinstance(sent[2], bytes)
     try:
-        doc = json.loads(sent.body)
+        doc = json.loads(sent[2])
     except ValueError:
         doc = None
     if isinstance(doc, dict) and doc.get("type") == "error":
         return sent
-    message = (error_message(doc) or sent.body.decode(errors="replace").strip()
-               or f"the provider answered {sent.status}")
-    headers = {**sent.headers, "content-type": "application/json"}
-    return Sent(sent.status, headers, anthropic_error(sent.status, message))
+    message = (error_message(doc) or sent[2].decode(errors="replace").strip()
+               or f"the provider answered {sent[0]}")
+    headers = {**sent[1], "content-type": "application/json"}
+    return (sent[0], headers, anthropic_error(sent[0], message))

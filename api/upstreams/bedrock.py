@@ -102,12 +102,12 @@ class BedrockUpstream(CloudUpstream):
 
     def finished(self, call_plan: Plan, sent: Sent) -> Sent:
         """An error in Anthropic's shape, a stream as Anthropic's events."""
-        if sent.status >= 400:
+        if sent[0] >= 400:
             return error_as_anthropic(sent)
-        if isinstance(sent.body, bytes):
+        if isinstance(sent[2], bytes):
             return sent  # InvokeModel's answer is a Messages answer
-        return Sent(sent.status, {**sent.headers, "content-type": SSE_CONTENT_TYPE},
-                    anthropic_events(sent.body))
+        return (sent[0], {**sent[1], "content-type": SSE_CONTENT_TYPE},
+                anthropic_events(sent[2]))
 
     def relayed(self, response: httpx.Response) -> dict[str, str]:
         """Also Bedrock's request id as Anthropic's `request-id`, which the SDK reads."""
@@ -138,16 +138,16 @@ class BedrockUpstream(CloudUpstream):
             response = await self.post(self.prepared_at(url), counted, self.signed(url, counted))
         except NotSent as exc:  # a count holds no money: no failure is more than Unanswered
             raise Unanswered(str(exc)) from exc
-        sent = Sent(response.status_code, self.relayed(response),
-                    await self.error_body(response))
-        if sent.status >= 400:
+        sent = (response.status_code, self.relayed(response),
+                await self.error_body(response))
+        if sent[0] >= 400:
             return error_as_anthropic(sent)
         try:
-            tokens = json.loads(sent.body)["inputTokens"]  # type: ignore[arg-type]
+            tokens = json.loads(sent[2])["inputTokens"]
         except (ValueError, KeyError, TypeError) as exc:
             raise Unanswered("CountTokens answered no inputTokens") from exc
-        return Sent(sent.status, {**sent.headers, "content-type": "application/json"},
-                    json.dumps({"input_tokens": tokens}).encode())
+        return (sent[0], {**sent[1], "content-type": "application/json"},
+                json.dumps({"input_tokens": tokens}).encode())
 
 
 async def anthropic_events(chunks: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:

@@ -53,5 +53,5 @@ class GeminiUpstream(CloudUpstream):
                                        content, ())
         except NotSent as exc:  # a count holds no money: no failure is more than Unanswered
             raise Unanswered(str(exc)) from exc
-        return Sent(response.status_code, self.relayed(response),
-                    await self.error_body(response))
+        return (response.status_code, self.relayed(response),
+                await self.error_body(response))

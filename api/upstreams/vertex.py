@@ -144,9 +144,9 @@ class VertexUpstream(CloudUpstream):
 
     def finished(self, call_plan: Plan, sent: Sent) -> Sent:
         """A refused token is dropped; Claude's errors get Anthropic's shape."""
-        if sent.status == 401:
+        if sent[0] == 401:
             self._token = None
-        if sent.status >= 400 and call_plan.api is Api.MESSAGES:
+        if sent[0] >= 400 and call_plan.api is Api.MESSAGES:
             return error_as_anthropic(sent)
         return sent
 
@@ -170,8 +170,8 @@ class VertexUpstream(CloudUpstream):
                 ("authorization", f"Bearer {token}"), *headers))
         except NotSent as exc:  # a count holds no money: no failure is more than Unanswered
             raise Unanswered(str(exc)) from exc
-        sent = Sent(response.status_code, self.relayed(response),
-                    await self.error_body(response))
-        if sent.status == 401:
+        sent = (response.status_code, self.relayed(response),
+                await self.error_body(response))
+        if sent[0] == 401:
             self._token = None
         return sent

@@ -63,8 +63,8 @@ def deadline(timeout_s: float = CALL_TIMEOUT_S) -> float:
 
 
 async def streamed(sent: Sent) -> bytes:
-    assert not isinstance(sent.body, bytes)
-    return b"".join([chunk async for chunk in sent.body])
+    assert not isinstance(sent[2], bytes)
+    return b"".join([chunk async for chunk in sent[2]])
 
 
 def tallied(call_plan: Plan, raw: bytes) -> StreamTally:

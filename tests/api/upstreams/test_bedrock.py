@@ -79,8 +79,8 @@ async def test_invoke_answers_what_the_messages_format_settles(
         bedrock: BedrockUpstream, http: httpx.Client) -> None:
     call_plan = messages()
     sent = await bedrock.send(call_plan, deadline())
-    assert sent.status == 200
-    usage = answer_usage(call_plan, sent.body)
+    assert sent[0] == 200
+    usage = answer_usage(call_plan, sent[2])
     call = only_call(http)
     assert (call.api, call.model, call.stream, call.billed) == ("bedrock.invoke", GLOBAL_SONNET,
                                                                  False, True)
@@ -89,16 +89,16 @@ async def test_invoke_answers_what_the_messages_format_settles(
     assert (usage.input_tokens, usage.output_tokens) == (HELLO_TOKENS, 10)
     # Global Sonnet 4.5: $3 in, $15 out a million.
     assert call.cost_micros == HELLO_TOKENS * 3 + 10 * 15
-    assert sent.headers["x-amzn-bedrock-output-token-count"] == "10"
-    assert "request-id" in sent.headers
+    assert sent[1]["x-amzn-bedrock-output-token-count"] == "10"
+    assert "request-id" in sent[1]
 
 
 async def test_the_stream_becomes_anthropics_events_and_tallies_to_the_bill(
         bedrock: BedrockUpstream, http: httpx.Client) -> None:
     call_plan = messages(US_SONNET, stream=True, output_tokens=40)
     sent = await bedrock.send(call_plan, deadline())
-    assert sent.status == 200
-    assert sent.headers["content-type"].startswith("text/event-stream")
+    assert sent[0] == 200
+    assert sent[1]["content-type"].startswith("text/event-stream")
     raw = await streamed(sent)
     events = [event.split(b"\n") for event in raw.split(b"\n\n") if event]
     kinds = [lines[0].removeprefix(b"event: ").decode() for lines in events]
@@ -155,7 +155,7 @@ async def test_a_beta_reaches_bedrock_in_the_body(bedrock: BedrockUpstream,
     call_plan = messages(max_tokens=2_048, thinking={"type": "enabled", "budget_tokens": 2_048},
                          headers=(("anthropic-beta", "interleaved-thinking-2025-05-14"),))
     sent = await bedrock.send(call_plan, deadline())
-    assert sent.status == 200, sent.body
+    assert sent[0] == 200, sent[2]
     assert only_call(http).billed
 
 
@@ -166,12 +166,12 @@ async def test_a_wrong_secret_is_refused_unbilled_in_anthropics_shape(
         sent = await upstream.send(messages(), deadline())
     finally:
         await upstream.aclose()
-    assert sent.status == 403
-    assert isinstance(sent.body, bytes)
-    error = json.loads(sent.body)
+    assert sent[0] == 403
+    assert isinstance(sent[2], bytes)
+    error = json.loads(sent[2])
     assert (error["type"], error["error"]["type"]) == ("error", "permission_error")
     assert "signature" in error["error"]["message"]
-    assert sent.headers["x-amzn-errortype"].startswith("InvalidSignatureException")
+    assert sent[1]["x-amzn-errortype"].startswith("InvalidSignatureException")
     assert bill_of(http).total.calls == 0
 
 
@@ -184,7 +184,7 @@ async def test_a_session_token_is_signed(provider: StubProvider, http: httpx.Cli
         sent = await upstream.send(messages(), deadline())
     finally:
         await upstream.aclose()
-    assert sent.status == 200
+    assert sent[0] == 200
     assert only_call(http).billed
 
 
@@ -195,18 +195,18 @@ async def test_an_error_keeps_its_status_unbilled(bedrock: BedrockUpstream, http
     start_fresh(http, {"fail_status": status})
     for stream in (False, True):
         sent = await bedrock.send(messages(stream=stream), deadline())
-        assert sent.status == status
-        assert isinstance(sent.body, bytes)
-        assert json.loads(sent.body)["error"]["type"] == kind
+        assert sent[0] == status
+        assert isinstance(sent[2], bytes)
+        assert json.loads(sent[2])["error"]["type"] == kind
     assert bill_of(http).total.calls == 0
 
 
 async def test_an_unknown_model_is_refused_400(bedrock: BedrockUpstream,
                                                http: httpx.Client) -> None:
     sent = await bedrock.send(messages("anthropic.claude-nothing-v1:0"), deadline())
-    assert sent.status == 400
-    assert isinstance(sent.body, bytes)
-    assert json.loads(sent.body)["error"] == {
+    assert sent[0] == 400
+    assert isinstance(sent[2], bytes)
+    assert json.loads(sent[2])["error"] == {
         "type": "invalid_request_error", "message": "The provided model identifier is invalid."}
     assert bill_of(http).total.calls == 0
 
@@ -230,7 +230,7 @@ async def test_a_stream_broken_off_is_unanswered(bedrock: BedrockUpstream,
                                                  http: httpx.Client) -> None:
     start_fresh(http, {"break_after_events": 2})
     sent = await bedrock.send(messages(stream=True, output_tokens=20), deadline())
-    assert sent.status == 200
+    assert sent[0] == 200
     with pytest.raises(Unanswered):
         await streamed(sent)
     assert only_call(http).billed
@@ -240,7 +240,7 @@ async def test_an_exception_frame_after_billing_is_unanswered(bedrock: BedrockUp
                                                               http: httpx.Client) -> None:
     start_fresh(http, {"fail_after_billing": 529})
     sent = await bedrock.send(messages(stream=True), deadline())
-    assert sent.status == 200
+    assert sent[0] == 200
     with pytest.raises(Unanswered, match="modelStreamErrorException"):
         await streamed(sent)
     assert only_call(http).billed
@@ -256,7 +256,7 @@ async def test_count_tokens_counts_free(bedrock: BedrockUpstream, http: httpx.Cl
     content = json.dumps({"model": US_SONNET,
                           "messages": [{"role": "user", "content": "hello"}]}).encode()
     sent = await bedrock.count(Api.MESSAGES, content, ())
-    assert (sent.status, sent.body) == (200, json.dumps({"input_tokens": HELLO_TOKENS}).encode())
+    assert (sent[0], sent[2]) == (200, json.dumps({"input_tokens": HELLO_TOKENS}).encode())
     bill = bill_of(http)
     assert [(c.api, c.billed) for c in bill.log] == [("bedrock.count_tokens", False)]
 
@@ -280,8 +280,8 @@ async def test_the_anthropic_sdk_raises_a_translated_error_as_anthropics(
 
     start_fresh(http, {"fail_status": status})
     sent = await bedrock.send(messages(), deadline())
-    assert isinstance(sent.body, bytes)
-    body = sent.body
+    assert isinstance(sent[2], bytes)
+    body = sent[2]
 
     def handler(request: httpx2.Request) -> httpx2.Response:
         return httpx2.Response(status, content=body, headers={"content-type": "application/json"})
@@ -296,22 +296,22 @@ async def test_the_anthropic_sdk_raises_a_translated_error_as_anthropics(
 
 
 def test_an_error_of_no_known_shape_still_gets_anthropics() -> None:
-    anthropics = Sent(400, {}, b'{"type": "error", "error": {"type": "x", "message": "m"}}')
+    anthropics: Sent = (400, {}, b'{"type": "error", "error": {"type": "x", "message": "m"}}')
     assert error_as_anthropic(anthropics) is anthropics
     for body, message in ((b"<html>bad gateway</html>", "<html>bad gateway</html>"),
                           (b"", "the provider answered 502"),
                           (b'{"Message": "from a proxy"}', "from a proxy")):
-        translated = error_as_anthropic(Sent(502, {"x-amzn-requestid": "r"}, body))
-        assert isinstance(translated.body, bytes)
-        assert json.loads(translated.body) == {"type": "error", "error": {
+        translated = error_as_anthropic((502, {"x-amzn-requestid": "r"}, body))
+        assert isinstance(translated[2], bytes)
+        assert json.loads(translated[2]) == {"type": "error", "error": {
             "type": "api_error", "message": message}}
-        assert translated.headers["content-type"] == "application/json"
+        assert translated[1]["content-type"] == "application/json"
 
 
 async def test_an_arn_is_sent_escaped_and_signed_as_sent(bedrock: BedrockUpstream,
                                                           http: httpx.Client) -> None:
     arn = f"arn:aws:bedrock:{REGION}:123456789012:inference-profile/{GLOBAL_SONNET}"
     sent = await bedrock.send(messages(arn, output_tokens=1), deadline())
-    assert sent.status == 200, sent.body
+    assert sent[0] == 200, sent[2]
     call = only_call(http)
     assert (call.model, call.model_requested) == (GLOBAL_SONNET, arn)

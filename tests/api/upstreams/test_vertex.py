@@ -92,9 +92,9 @@ def test_the_endpoint_is_the_regions_or_the_global_one(service_account: Path) ->
 async def test_gemini_answers_its_usage_as_billed(vertex: VertexUpstream,
                                                   http: httpx.Client) -> None:
     sent = await vertex.send(gemini(), deadline())
-    assert sent.status == 200
-    assert isinstance(sent.body, bytes)
-    usage = json.loads(sent.body)["usageMetadata"]
+    assert sent[0] == 200
+    assert isinstance(sent[2], bytes)
+    usage = json.loads(sent[2])["usageMetadata"]
     call = only_call(http)
     assert (call.api, call.model, call.billed) == ("vertex.gemini", FLASH, True)
     assert gemini_usage_is_billed(usage, call)
@@ -104,7 +104,7 @@ async def test_gemini_answers_its_usage_as_billed(vertex: VertexUpstream,
 async def test_a_gemini_stream_ends_on_the_billed_usage(vertex: VertexUpstream,
                                                         http: httpx.Client) -> None:
     sent = await vertex.send(gemini(stream=True), deadline())
-    assert sent.status == 200
+    assert sent[0] == 200
     raw = await streamed(sent)
     chunks = [json.loads(line[len(b"data: "):]) for line in raw.split(b"\n")
               if line.startswith(b"data: ")]
@@ -117,10 +117,10 @@ async def test_claude_answers_what_the_messages_format_settles(vertex: VertexUps
                                                                http: httpx.Client) -> None:
     call_plan = claude()
     sent = await vertex.send(call_plan, deadline())
-    assert sent.status == 200
+    assert sent[0] == 200
     call = only_call(http)
     assert (call.api, call.stream) == ("vertex.messages", False)
-    assert same_tokens(answer_usage(call_plan, sent.body), call)
+    assert same_tokens(answer_usage(call_plan, sent[2]), call)
     # Sonnet 4.5 at a regional endpoint: 10% above 9 x 3 + 10 x 15 = 177: 194.7 -> 195.
     assert call.cost_micros == 195
 
@@ -129,7 +129,7 @@ async def test_a_claude_stream_tallies_to_the_bill(vertex: VertexUpstream,
                                                    http: httpx.Client) -> None:
     call_plan = claude(stream=True)
     sent = await vertex.send(call_plan, deadline())
-    assert sent.status == 200
+    assert sent[0] == 200
     tally = tallied(call_plan, await streamed(sent))
     call = only_call(http)
     assert tally.finished
@@ -139,19 +139,19 @@ async def test_a_claude_stream_tallies_to_the_bill(vertex: VertexUpstream,
 
 async def test_a_refused_token_is_401_unbilled_and_dropped(vertex: VertexUpstream,
                                                            http: httpx.Client) -> None:
-    assert (await vertex.send(claude(), deadline())).status == 200
+    assert (await vertex.send(claude(), deadline()))[0] == 200
     start_fresh(http, {"clock_offset_s": 3_601})  # the token's hour has passed, for the stub
     refused = await vertex.send(gemini(), deadline())
-    assert refused.status == 401
-    assert isinstance(refused.body, bytes)
-    assert json.loads(refused.body)["error"]["status"] == "UNAUTHENTICATED"  # Google's shape
+    assert refused[0] == 401
+    assert isinstance(refused[2], bytes)
+    assert json.loads(refused[2])["error"]["status"] == "UNAUTHENTICATED"  # Google's shape
     assert bill_of(http).total.calls == 0
-    assert (await vertex.send(gemini(), deadline())).status == 200  # a new token
+    assert (await vertex.send(gemini(), deadline()))[0] == 200  # a new token
     start_fresh(http, {"clock_offset_s": 7_202})  # and its hour too
     refused = await vertex.send(claude(), deadline())
-    assert refused.status == 401
-    assert isinstance(refused.body, bytes)
-    assert json.loads(refused.body)["error"]["type"] == "authentication_error"  # Anthropic's
+    assert refused[0] == 401
+    assert isinstance(refused[2], bytes)
+    assert json.loads(refused[2])["error"]["type"] == "authentication_error"  # Anthropic's
     assert bill_of(http).total.calls == 0
 
 
@@ -201,7 +201,7 @@ async def test_a_stream_broken_off_is_unanswered(vertex: VertexUpstream, http: h
                                                  make: Any) -> None:
     start_fresh(http, {"break_after_events": 2})
     sent: Sent = await vertex.send(make(stream=True), deadline())
-    assert sent.status == 200
+    assert sent[0] == 200
     with pytest.raises(Unanswered):
         await streamed(sent)
     assert only_call(http).billed
@@ -210,9 +210,9 @@ async def test_a_stream_broken_off_is_unanswered(vertex: VertexUpstream, http: h
 async def test_gemini_counts_free(vertex: VertexUpstream, http: httpx.Client) -> None:
     content = json.dumps({"contents": [{"role": "user", "parts": [{"text": "hello"}]}]})
     sent = await vertex.count_gemini(FLASH, content.encode())
-    assert sent.status == 200
-    assert isinstance(sent.body, bytes)
-    assert json.loads(sent.body)["totalTokens"] == HELLO_TOKENS
+    assert sent[0] == 200
+    assert isinstance(sent[2], bytes)
+    assert json.loads(sent[2])["totalTokens"] == HELLO_TOKENS
     assert [c.billed for c in bill_of(http).log] == [False]
 
 
@@ -232,6 +232,6 @@ async def test_calls_waiting_for_a_token_share_one_refresh(
         sent = await asyncio.gather(*(upstream.send(gemini(), deadline()) for _ in range(5)))
     finally:
         await upstream.aclose()
-    assert [s.status for s in sent] == [200] * 5
+    assert [s[0] for s in sent] == [200] * 5
     assert len(refreshes) == 1
     assert bill_of(http).total.calls == 5
