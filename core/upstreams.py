@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
 from core.errors import InvalidRequest
+from core.prices import bedrock_price_key
 
 # An operator's file, read once at startup: a bound on what a mistyped path can make us parse.
 UPSTREAMS_FILE_BYTES_MAX = 1_000_000
@@ -82,6 +83,11 @@ KIND_FIELDS: Mapping[UpstreamApi, frozenset[str]] = {
     UpstreamApi.BEDROCK: frozenset({"region", "model_ids"}),
     UpstreamApi.VERTEX: frozenset({"project", "region", "credentials_file"}),
 }
+# Vertex's location that serves a model from any region, at the model's base price; and the
+# prefix of the name regional Vertex Claude is priced by (price_key).
+VERTEX_GLOBAL_REGION = "global"
+VERTEX_REGIONAL_PREFIX = "regional."
+CLAUDE_PREFIX = "claude-"
 # Kinds with a default endpoint (derived from region/project); the others need base_url.
 BASE_URL_OPTIONAL = frozenset({UpstreamApi.BEDROCK, UpstreamApi.VERTEX})
 # Kinds that authenticate with an API key from the environment.
@@ -100,6 +106,9 @@ class UpstreamDef:
     priced: Mapping[str, str]
     # What a call names -> what is sent upstream: a Bedrock model's priced name -> its id.
     sent: Mapping[str, str] = field(default_factory=dict)
+    # A priced name -> the name `prices_provider`'s table prices it by, where they differ
+    # (price_key): made once at load, so a call only looks it up.
+    price_keys: Mapping[str, str] = field(default_factory=dict)
     api_key: str | None = field(default=None, repr=False)
     region: str | None = None
     project: str | None = None
@@ -115,6 +124,9 @@ class Routed:
     upstream: UpstreamDef
     priced_model: str
     sent_model: str
+    # The name the call is held, settled and recorded in the ledger by, in the upstream's
+    # prices table: the priced model's, but for Bedrock's and regional Vertex Claude (price_key).
+    price_model: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,7 +160,31 @@ class Upstreams:
                 f"model {model!r} is served by upstream {upstream.name!r}, a {upstream.api} "
                 f"upstream, which serves the {', '.join(sorted(ROUTES_SERVED[upstream.api]))} "
                 f"route(s), not {route}: nothing was held or forwarded")
-        return Routed(upstream, upstream.priced[model], upstream.sent.get(model, model))
+        priced = upstream.priced[model]
+        return Routed(upstream, priced, upstream.sent.get(model, model),
+                      upstream.price_keys.get(priced, priced))
+
+
+def price_key(upstream: UpstreamDef, priced_model: str, sent_model: str) -> str:
+    """The name a model is priced by in the upstream's table, where it is not its priced name.
+
+    Bedrock: the 'aws' table prices Claude by where the call runs, which the model id sent says
+    (core/prices bedrock_price_key: a global profile at its rates, anything else at the regional
+    ones). Vertex: Claude by the dated name the tables use (`@` as `-`). At a regional
+    endpoint (any `region` but `global`) Claude costs 10% more than at the global one from
+    Claude 4.5 on, and Google's table has only the global rates: so there it is priced as
+    `regional.<model>`, a name no bundled table has, and refused (model_unpriced, nothing held)
+    until the prices file names it at what the region bills. Refused rather than held at a
+    guessed premium: which models carry it is Anthropic's to change, and a wrong guess
+    under-holds silently."""
+    if upstream.api is UpstreamApi.BEDROCK:
+        return bedrock_price_key(sent_model)
+    if upstream.api is UpstreamApi.VERTEX and priced_model.startswith(CLAUDE_PREFIX):
+        # Vertex dates Claude with `@` (claude-sonnet-4-5@20250929); the tables, with `-`.
+        dated = priced_model.replace("@", "-")
+        regional = upstream.region != VERTEX_GLOBAL_REGION
+        return VERTEX_REGIONAL_PREFIX + dated if regional else dated
+    return priced_model
 
 
 def load(path: str, env: Mapping[str, str]) -> Upstreams:
@@ -218,7 +254,7 @@ def _upstream(index: int, entry: object, env: Mapping[str, str]) -> UpstreamDef:
         raise UpstreamsError(f"{where} serves no model: list them in `models`"
                              + {UpstreamApi.AZURE: " or `deployments`",
                                 UpstreamApi.BEDROCK: " or `model_ids`"}.get(api, ""))
-    return UpstreamDef(
+    definition = UpstreamDef(
         name=name, api=api, base_url=base_url, prices_provider=prices_provider, priced=priced,
         sent=sent, api_key=_api_key(where, entry.get("api_key_env"), api, env),
         region=_text(where, "region", entry.get("region"), required=api is UpstreamApi.BEDROCK
@@ -228,6 +264,9 @@ def _upstream(index: int, entry: object, env: Mapping[str, str]) -> UpstreamDef:
         credentials_file=_credentials_file(where, entry.get("credentials_file"), api),
         aws_credentials=_aws_credentials(where, env) if api is UpstreamApi.BEDROCK else None,
     )
+    keys = {model: key for model in set(priced.values())
+            if (key := price_key(definition, model, sent.get(model, model))) != model}
+    return replace(definition, price_keys=keys) if keys else definition
 
 
 def _aws_credentials(where: str, env: Mapping[str, str]) -> tuple[str, str, str | None]:

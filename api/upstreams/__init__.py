@@ -19,7 +19,9 @@ never pays.
 
 from __future__ import annotations
 
+from api.runtime import runtime
 from api.upstream import Upstream
+from core.config import UPSTREAM_TIMEOUT_S_DEFAULT
 from core.formats import FORMATS, Api
 from core.upstream import Upstream as UpstreamPort
 from core.upstreams import UpstreamApi, UpstreamDef
@@ -33,6 +35,14 @@ def client_of(definition: UpstreamDef, timeout_s: float) -> UpstreamPort:
     if found is None:
         found = _clients.setdefault(definition.name, made(definition, timeout_s))
     return found
+
+
+def routed_client(definition: UpstreamDef) -> UpstreamPort:
+    """The client of a named upstream a gateway call was routed to (core/gateway.py Gateway's
+    `client_of`), awaited as long as any upstream call (CEILING_UPSTREAM_TIMEOUT_S)."""
+    config = runtime().config
+    return client_of(definition, UPSTREAM_TIMEOUT_S_DEFAULT if config is None
+                     else config.upstream_timeout_s)
 
 
 def made(definition: UpstreamDef, timeout_s: float) -> UpstreamPort:
