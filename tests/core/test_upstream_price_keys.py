@@ -36,8 +36,8 @@ def test_a_bedrock_model_id_is_priced_by_where_it_runs(model_id: str, key: str) 
 def test_the_regional_entry_is_found_and_is_ten_percent_above_global() -> None:
     table = PriceTable()
     regional, global_ = table.rates(REGIONAL, "aws"), table.rates(GLOBAL, "aws")
-    assert (regional.input[0][1], regional.output[0][1]) == (Decimal("3.3"), Decimal("16.5"))
-    assert (global_.input[0][1], global_.output[0][1]) == (Decimal("3"), Decimal("15"))
+    assert (regional.input, regional.output) == (((0, Decimal("3.3")),), ((0, Decimal("16.5")),))
+    assert (global_.input, global_.output) == (((0, Decimal("3")),), ((0, Decimal("15")),))
 
 
 def test_a_bedrock_upstream_holds_by_the_entry_of_its_model_id() -> None:
