@@ -608,7 +608,10 @@ class Gateway:
             self.replies_of(),
             replies.reply_ref(who, idempotency_key),
             fingerprint(call_plan.wire.api.value, call_plan.body, who.run_id, clamp,
-                        call_plan.headers, *(() if who.user is None else (who.user,))),
+                        call_plan.headers, *(() if who.user is None else (who.user,)),
+                        # Two upstreams may be sent the same body (`a/m` and `b/m` send `m`).
+                        *(() if call_plan.routed_to is None else (
+                            "upstream:" + call_plan.routed_to.name,))),
             wait=not call_plan.stream,
             in_flight_ttl_ms=svc.lease_ttl_ms,
         )

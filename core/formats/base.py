@@ -266,7 +266,9 @@ class Plan:
             model=self.model, input_tokens=self.text_tokens_max,
             output_tokens_max=output_tokens_max or self.output_tokens_max, choices=self.choices,
             media=self.media, service_tier=self.service_tier,
-            provider=self.prices_provider,
+            # As prices_provider says, inline: spec() prices every call, at least once.
+            provider=self.wire.provider.upstream.value if self.routed_to is None else (
+                self.routed_to.prices_provider),
         )
 
     @property
