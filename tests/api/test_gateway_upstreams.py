@@ -274,3 +274,35 @@ def test_claude_on_vertex_through_the_anthropic_sdk_is_charged_the_bill(
     [call] = fetch_bill(stub.url).log
     assert call.cost_micros == charged > 0
     assert settled(admin, tag)["committed_micros"] == call.cost_micros
+
+
+def test_a_token_count_goes_to_the_models_upstream_and_holds_nothing(
+        gw: ServiceProcess, admin: Client, stub: StubProvider) -> None:
+    tag, key = account(admin, 1_000_000)
+    counted = anthropic_sdk(gw, key).messages.count_tokens(model="claude-sonnet-4-5",
+                                                           messages=HELLO)
+    assert counted.input_tokens > 0
+    assert not any(c.billed for c in fetch_bill(stub.url).log)
+    assert (ledger(admin, tag)["committed_micros"], ledger(admin, tag)["reserved_micros"]) == (
+        0, 0)
+    with pytest.raises(anthropic.BadRequestError):
+        anthropic_sdk(gw, key).messages.count_tokens(model="gpt-4o", messages=HELLO)
+
+
+def test_a_retry_with_the_same_key_names_the_same_upstream_or_conflicts(
+        gw: ServiceProcess, admin: Client, stub: StubProvider) -> None:
+    """`router/m` and `router2/m` send the same body to two upstreams: one Idempotency-Key
+    cannot stand for both."""
+    _, key = account(admin, 1_000_000)
+    headers = {**as_key(key), "Idempotency-Key": "routed-once"}
+    body = {"max_tokens": 50, "messages": HELLO}
+    first = admin.post("/v1/chat/completions", headers=headers,
+                       json={"model": "router/gpt-4o-mini", **body})
+    again = admin.post("/v1/chat/completions", headers=headers,
+                       json={"model": "router/gpt-4o-mini", **body})
+    other = admin.post("/v1/chat/completions", headers=headers,
+                       json={"model": "router2/gpt-4o-mini", **body})
+    assert (first.status_code, again.status_code) == (200, 200)
+    assert again.headers["x-ceiling-replayed"] == "true"
+    assert (other.status_code, other.json()["error"]["code"]) == (409, "idempotency_conflict")
+    assert len(fetch_bill(stub.url).log) == 1
