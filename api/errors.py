@@ -24,6 +24,9 @@ STATUS: dict[str, tuple[int, str]] = {
     "input_unbounded": (422, "invalid_request_error"),
     "model_unbounded": (422, "invalid_request_error"),
     "field_unsupported": (422, "invalid_request_error"),
+    # No upstream of CEILING_UPSTREAMS serves the model (or two do): the request names what
+    # the gateway does not route, as a model the provider does not know (its 400).
+    "model_not_routed": (400, "invalid_request_error"),
     "unauthorized": (401, "authentication_error"),
     "forbidden": (403, "permission_error"),
     "budget_not_found": (404, "invalid_request_error"),

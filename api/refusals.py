@@ -36,7 +36,8 @@ from core.formats.base import WireFormat
 RETRY_CANNOT_HELP = frozenset({
     "budget_exceeded", "budget_not_found", "budget_paused", "field_unsupported", "forbidden",
     "idempotency_conflict", "input_unbounded", "invalid_configuration", "invalid_request",
-    "ledger_not_shared", "model_unbounded", "model_unpriced", "payload_too_large",
+    "ledger_not_shared", "model_not_routed", "model_unbounded", "model_unpriced",
+    "payload_too_large",
     # The call was made and charged; its answer is gone: a retry with the same key cannot help.
     "reply_not_kept",
     # A key's quota window ends hours later: no retry within an SDK's backoff can pass it.

@@ -12,9 +12,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from core import upstreams
 from core.errors import InvalidRequest
 from core.ledger import ExpirePolicy
 from core.limits import RESERVATION_TTL_MS_MAX, RESERVATION_TTL_MS_MIN, TOKENS_MAX
+from core.upstreams import Upstreams
 
 # Upstream calls longer than ten minutes are not LLM calls we can hold a lease for.
 UPSTREAM_TIMEOUT_S_DEFAULT = 600.0
@@ -85,6 +87,10 @@ class Config:
     # Where the outage journal is kept so that a restarted instance books it (core/outage.py);
     # None: in memory only.
     outage_journal_dir: str | None = None
+    # Named upstreams (CEILING_UPSTREAMS, core/upstreams.py): where each model's calls go and
+    # whose prices hold them. None: the one-upstream shorthands (CEILING_UPSTREAM_URL,
+    # CEILING_ANTHROPIC_URL) carry every call, as they name no models.
+    upstreams: Upstreams | None = None
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -197,7 +203,15 @@ def load(env: Mapping[str, str]) -> Config:
         accept_not_durable=_flag(env, "CEILING_ACCEPT_NOT_DURABLE"),
         accept_eviction=_flag(env, "CEILING_ACCEPT_EVICTION"),
         outage_journal_dir=env.get("CEILING_OUTAGE_JOURNAL_DIR", "").strip() or None,
+        upstreams=_upstreams(env),
     )
+
+
+def _upstreams(env: Mapping[str, str]) -> Upstreams | None:
+    """CEILING_UPSTREAMS' file, read once at load; its errors are UpstreamsError (a ConfigError
+    to every caller of load: both are invalid_configuration)."""
+    path = env.get("CEILING_UPSTREAMS", "").strip()
+    return upstreams.load(path, env) if path else None
 
 
 def _whole(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:

@@ -40,7 +40,7 @@ from typing import Any, Protocol, TypeAlias
 
 from core import output_stats, replies
 from core.config import OUTPUT_TOKENS_DEFAULT, Config
-from core.errors import BudgetRefused, CeilingError, InvalidRequest
+from core.errors import BudgetRefused, CeilingError, InvalidRequest, InvariantBroken
 from core.formats import FORMATS, Plan, StreamTally, WireFormat
 from core.formats import Api as Api  # plan() and usage_of() take a format by its name
 from core.idempotency import fingerprint
@@ -50,6 +50,7 @@ from core.prices import TIER_AUTO, Usage
 from core.replies import REPLY_BYTES_MAX, ReplyNotKept, Ticket
 from core.service import Caller, CallSpec, CeilingService, SettleSpec
 from core.upstream import AnswerTooLarge, Headers, NotSent, Unanswered, Upstream
+from core.upstreams import Routed, UpstreamDef, Upstreams
 
 # With X-Ceiling-Clamp, a call that does not fit is sent with a smaller output cap only if at
 # least this many tokens still fit: fewer would cut most answers off mid-sentence.
@@ -75,6 +76,9 @@ _COUNT_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 # 520-524 while the origin kept working): every one of those keeps its hold as unknown.
 REFUSAL_STATUSES = range(400, 500)
 BILLING_UNKNOWN_4XX = frozenset({408, 499})
+# The routes whose calls CEILING_UPSTREAMS routes, by the route names core/upstreams.py serves;
+# any other format goes to its provider's one-upstream shorthand.
+ROUTES: dict[Api, str] = {Api.CHAT: "chat", Api.RESPONSES: "responses", Api.MESSAGES: "messages"}
 
 
 class UpstreamUnreachable(CeilingError):
@@ -116,7 +120,8 @@ class Outcome(StrEnum):
 def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAULT,
          headers: Sequence[tuple[str, str]] = (),
          fields_allowed: frozenset[str] = frozenset(),
-         betas_allowed: frozenset[str] = frozenset()) -> Plan:
+         betas_allowed: frozenset[str] = frozenset(),
+         upstreams: Upstreams | None = None) -> Plan:
     """Price a request body in `api`'s format; InvalidRequest before anything is reserved if it
     cannot be.
 
@@ -125,10 +130,28 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
     its format forwards (WireFormat.forwarded_headers), which are forwarded with it.
     `fields_allowed`: the operator's fields forwarded besides the format's own
     (CEILING_GATEWAY_FIELDS_ALLOWED); `betas_allowed`: the operator's cost-neutral betas
-    (CEILING_GATEWAY_BETAS_ALLOWED)."""
+    (CEILING_GATEWAY_BETAS_ALLOWED). `upstreams`: CEILING_UPSTREAMS, which the model is
+    resolved by (routed)."""
     wire = FORMATS[api]
     body, model = _checked(wire, raw, fields_allowed)
+    if upstreams is not None and (route := ROUTES.get(api)) is not None:
+        return routed(wire, body, upstreams.resolve(model, route), tuple(headers),
+                      output_tokens_default, betas_allowed)
     return wire.plan(body, model, tuple(headers), output_tokens_default, betas_allowed)
+
+
+def routed(wire: WireFormat, body: dict[str, Any], to: Routed,
+           headers: tuple[tuple[str, str], ...], output_tokens_default: int,
+           betas_allowed: frozenset[str]) -> Plan:
+    """A call to a named upstream, priced as the model `to` resolved it to: by the upstream's
+    prices table (Plan.routed_to), as the name that table prices it by (Routed.price_model,
+    which the ledger records), and sent as the name the upstream knows it by (an Azure
+    deployment, a Bedrock model id). The body is the one just parsed, so the name is set in
+    it; Plan.content encodes it anew in any case."""
+    if to.sent_model != body["model"]:
+        body["model"] = to.sent_model
+    return replace(wire.plan(body, to.price_model, headers, output_tokens_default,
+                             betas_allowed), routed_to=to.upstream)
 
 
 def _checked(wire: WireFormat, raw: bytes,
@@ -145,13 +168,20 @@ def _checked(wire: WireFormat, raw: bytes,
 
 def count_request(api: Api, raw: bytes, headers: Sequence[tuple[str, str]] = (),
                   fields_allowed: frozenset[str] = frozenset(),
-                  betas_allowed: frozenset[str] = frozenset()) -> bytes:
+                  betas_allowed: frozenset[str] = frozenset(),
+                  upstreams: Upstreams | None = None) -> tuple[bytes, UpstreamDef | None]:
     """A token counting request in `api`'s format, checked as a call's fields and headers are
-    (nothing unnamed is forwarded), re-encoded for the provider; InvalidRequest if it is not."""
+    (nothing unnamed is forwarded), re-encoded for the provider; InvalidRequest if it is not.
+    With `upstreams`, its model is resolved as a call's is (ModelNotRouted), named as its
+    upstream knows it, and the upstream is returned beside it."""
     wire = FORMATS[api]
-    body, _ = _checked(wire, raw, fields_allowed)
+    body, model = _checked(wire, raw, fields_allowed)
     wire.count_checked(body, tuple(headers), betas_allowed)
-    return _COUNT_ENCODER.encode(body).encode()
+    to = None
+    if upstreams is not None and (route := ROUTES.get(api)) is not None:
+        found = upstreams.resolve(model, route)
+        body["model"], to = found.sent_model, found.upstream
+    return _COUNT_ENCODER.encode(body).encode(), to
 
 
 async def admit_count(svc: CeilingService, who: Caller) -> None:
@@ -264,7 +294,7 @@ async def hold(
     CLAMP_OUTPUT_TOKENS_MIN; else it is refused.
     """
     if call_plan.long_context and len(svc.prices.rates(
-            call_plan.model, call_plan.wire.provider.upstream.value).input) < 2:
+            call_plan.model, call_plan.prices_provider).input) < 2:
         # Priced by input size only where the rates have a tier by it (the long-context one).
         raise call_plan.wire.long_context_refusal(call_plan.model)
     p95_tokens = await lengths.p95_tokens(svc.store, call_plan.model) if p95 else None
@@ -363,8 +393,14 @@ class Call:
             # The answer names no tier: it was served at the one the request named, if any.
             usage = replace(usage, service_tier=call_plan.service_tier)
         try:
+            # A routed call's spend counts in its format's provider's day too: the clouds'
+            # bills (Bedrock, Vertex, Azure) are not in the cost reports reconcile reads.
             upstream = call_plan.wire.provider.upstream
-            spec = SettleSpec(usage, upstream=upstream) if usage is not None else SettleSpec(
+            prices_provider = None if call_plan.routed_to is None else (
+                call_plan.routed_to.prices_provider)
+            spec = SettleSpec(
+                usage, upstream=upstream, prices_provider=prices_provider,
+            ) if usage is not None else SettleSpec(
                 actual_micros=max(self.hold.reservation.reserved_micros,
                                   self.svc.worst_case_micros(call_plan.spec())[0]),
                 upstream=upstream)
@@ -528,14 +564,17 @@ class Gateway:
     request and sends what this answers.
 
     `upstream_of`: the provider's client for a format (ConfigError when none is configured,
-    before anything is held). `replies_of`: the store of idempotency keys, asked for only by a
+    before anything is held); `client_of`: a named upstream's (CEILING_UPSTREAMS), for a call
+    routed to one (Plan.routed_to). `replies_of`: the store of idempotency keys, asked for only by a
     call that names one. `shapes`: the route's rendering of refusals that go into a kept answer
     or a stream."""
 
     def __init__(self, upstream_of: Callable[[WireFormat], Upstream],
                  replies_of: Callable[[], ReplyStore], shapes: Shapes,
-                 lengths: OutputLengths | None = None) -> None:
+                 lengths: OutputLengths | None = None,
+                 client_of: Callable[[UpstreamDef], Upstream] | None = None) -> None:
         self.upstream_of, self.replies_of, self.shapes = upstream_of, replies_of, shapes
+        self.client_of = client_of
         self.lengths = OutputLengths() if lengths is None else lengths
 
     def serve(self, svc: CeilingService, who: Caller, wire: WireFormat, raw: bytes,
@@ -552,7 +591,7 @@ class Gateway:
         through is resumed too."""
         call_plan = (
             plan(wire.api, raw, config.output_tokens_default, headers,
-                 config.gateway_fields_allowed, config.gateway_betas_allowed)
+                 config.gateway_fields_allowed, config.gateway_betas_allowed, config.upstreams)
             if config else plan(wire.api, raw, headers=headers)
         )
         # The body's user field is checked whether or not the header names the user; the
@@ -571,7 +610,10 @@ class Gateway:
             self.replies_of(),
             replies.reply_ref(who, idempotency_key),
             fingerprint(call_plan.wire.api.value, call_plan.body, who.run_id, clamp,
-                        call_plan.headers, *(() if who.user is None else (who.user,))),
+                        call_plan.headers, *(() if who.user is None else (who.user,)),
+                        # Two upstreams may be sent the same body (`a/m` and `b/m` send `m`).
+                        *(() if call_plan.routed_to is None else (
+                            "upstream:" + call_plan.routed_to.name,))),
             wait=not call_plan.stream,
             in_flight_ttl_ms=svc.lease_ttl_ms,
         )
@@ -587,7 +629,9 @@ class Gateway:
     async def forward(self, svc: CeilingService, who: Caller, call_plan: Plan, clamp: bool,
                       p95: bool, ticket: Ticket | None) -> Answer | Refused:
         """Hold for the call, send it, and decide its money by what came back."""
-        up = self.upstream_of(call_plan.wire)  # no provider: refused before anything is held
+        # No provider: refused before anything is held.
+        routed_to = call_plan.routed_to
+        up = self.upstream_of(call_plan.wire) if routed_to is None else self._client(routed_to)
         lengths = self.lengths
         call = Call(svc, who, await hold(svc, who, call_plan, lengths, clamp=clamp, p95=p95),
                     lengths)
@@ -625,6 +669,12 @@ class Gateway:
             return status, relayed, body, None
         return kept_while_sent(body, status, relayed, ticket, bill, call_plan.wire, self.shapes)
 
+    def _client(self, definition: UpstreamDef) -> Upstream:
+        if self.client_of is None:
+            raise InvariantBroken("a call was routed to a named upstream, and this gateway was "
+                                  "made without a client for one")
+        return self.client_of(definition)
+
     async def _too_large(self, call: Call, up: Upstream, ticket: Ticket | None) -> Refused:
         """An answer larger than the gateway holds (Upstream.answer_bytes_max): the provider
         ran the call and billed it, and the usage it reported was left unread, so the outcome
@@ -644,10 +694,11 @@ class Gateway:
         """A token count (POST /v1/messages/count_tokens): checked as a call's body and headers
         are, admitted against the key's rate and concurrency limits, forwarded; nothing is held
         for it, as the provider bills nothing."""
-        content = count_request(
+        content, routed_to = count_request(
             wire.api, raw, headers, config.gateway_fields_allowed if config else frozenset(),
-            config.gateway_betas_allowed if config else frozenset())
-        up = self.upstream_of(wire)
+            config.gateway_betas_allowed if config else frozenset(),
+            config.upstreams if config else None)
+        up = self.upstream_of(wire) if routed_to is None else self._client(routed_to)
         await admit_count(svc, who)
         try:
             status, relayed, body = await up.count(wire.api, content, headers)

@@ -153,6 +153,9 @@ class SettleSpec:
     usage: Usage | None = None
     actual_micros: int | None = None
     upstream: Upstream | None = None  # a gateway call's: its spend counts in that provider's day
+    # The genai-prices provider whose table prices the usage; None: `upstream`'s own (a call
+    # routed to a named upstream, CEILING_UPSTREAMS, is priced by that upstream's table).
+    prices_provider: str | None = None
 
 
 @dataclass(frozen=True)
@@ -383,8 +386,9 @@ class CeilingService:
                     "this reservation was made for an amount; settle it with actual_micros",
                     field="actual_micros",
                 )
-            actual = self.prices.cost_micros(
-                model, spec.usage, None if spec.upstream is None else spec.upstream.value)
+            provider = spec.prices_provider or (
+                None if spec.upstream is None else spec.upstream.value)
+            actual = self.prices.cost_micros(model, spec.usage, provider)
         journaled = self.outage.settle(ref, actual)
         if journaled is not None:
             await self.flush_journal()

@@ -20,6 +20,7 @@ from api.refusals import error_event, refusal_response, refusals_in
 from api.routing import HotRoute, format_route
 from api.runtime import runtime
 from api.upstream import upstream
+from api.upstreams import routed_client
 from core.errors import CeilingError, ensure
 from core.formats import FORMATS, WireFormat
 from core.gateway import Answer, Gateway, Refused
@@ -51,7 +52,7 @@ def replies() -> ReplyStore:
     return runtime().store().replies
 
 
-GATEWAY = Gateway(upstream, replies, Shapes())
+GATEWAY = Gateway(upstream, replies, Shapes(), client_of=routed_client)
 
 
 def forwarded(request: Request, wire: WireFormat) -> tuple[tuple[str, str], ...]:

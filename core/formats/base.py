@@ -32,6 +32,7 @@ from core.jsonbody import loads_answer
 from core.ledger import Upstream
 from core.prices import TIER_AUTO, Usage
 from core.service import CallSpec
+from core.upstreams import UpstreamDef
 
 # One encoder for every forwarded body: json.dumps with options builds a new one per call.
 _BODY_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
@@ -253,6 +254,9 @@ class Plan:
     headers: tuple[tuple[str, str], ...] = ()  # the client's headers forwarded with the body
     long_context: bool = False  # priced at long-context rates (a Messages beta opened them)
     bounds_added: Bounds = ()  # what the gateway set where the client gave no bound
+    # The named upstream (CEILING_UPSTREAMS) the call goes to, whose prices table holds and
+    # settles it; None: the format's provider (the one-upstream shorthands) and its table.
+    routed_to: UpstreamDef | None = None
 
     @property
     def api(self) -> Api:
@@ -263,8 +267,17 @@ class Plan:
             model=self.model, input_tokens=self.text_tokens_max,
             output_tokens_max=output_tokens_max or self.output_tokens_max, choices=self.choices,
             media=self.media, service_tier=self.service_tier,
-            provider=self.wire.provider.upstream.value,
+            # As prices_provider says, inline: spec() prices every call, at least once.
+            provider=self.wire.provider.upstream.value if self.routed_to is None else (
+                self.routed_to.prices_provider),
         )
+
+    @property
+    def prices_provider(self) -> str:
+        """The genai-prices provider whose table prices the call."""
+        routed_to = self.routed_to
+        return self.wire.provider.upstream.value if routed_to is None else (
+            routed_to.prices_provider)
 
     def clamped(self, output_tokens_max: int) -> Plan:
         return replace(self, body=self.wire.clamped_body(self.body, output_tokens_max),

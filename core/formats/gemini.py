@@ -437,6 +437,7 @@ GOOGLE_STATUSES: dict[str, tuple[str, int]] = {
     "input_unbounded": ("INVALID_ARGUMENT", 400),
     "model_unbounded": ("INVALID_ARGUMENT", 400),
     "field_unsupported": ("INVALID_ARGUMENT", 400),
+    "model_not_routed": ("INVALID_ARGUMENT", 400),
     "unauthorized": ("UNAUTHENTICATED", 401),
     "forbidden": ("PERMISSION_DENIED", 403),
     "budget_not_found": ("NOT_FOUND", 404),

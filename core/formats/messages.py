@@ -131,6 +131,7 @@ ANTHROPIC_TYPES = {
     "input_unbounded": "invalid_request_error",
     "model_unbounded": "invalid_request_error",
     "field_unsupported": "invalid_request_error",
+    "model_not_routed": "invalid_request_error",
     "unauthorized": "authentication_error",
     "forbidden": "permission_error",
     "budget_not_found": "not_found_error",

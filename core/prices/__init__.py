@@ -5,7 +5,7 @@ table.py the PriceTable that looks a model up, keeps the prices fresh and prices
 case and its cost; prices_file.py reads CEILING_PRICES_FILE; bundled.py reads genai-prices.
 """
 
-from core.prices.bundled import BUNDLED_WINDOW_S
+from core.prices.bundled import BUNDLED_WINDOW_S, bedrock_price_key
 from core.prices.prices_file import load_prices_file
 from core.prices.rates import (
     SEARCH_EVERY_CALL_FAMILY,
@@ -28,6 +28,7 @@ __all__ = [
     "Rates",
     "Tiers",
     "Usage",
+    "bedrock_price_key",
     "check_service_tier",
     "load_prices_file",
     "max_tiers",

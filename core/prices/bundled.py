@@ -52,6 +52,26 @@ GEMINI_LIMITS_TOKENS: dict[str, tuple[int, int]] = {
 }
 
 
+# Bedrock's inference profiles by geography (`us.anthropic...`): billed in-region, as the model's
+# base id is. genai-prices' 'aws' table keys Claude by `global.anthropic.<id>` (a global profile,
+# its own, lower, rates) and `regional.anthropic.<id>` (everything else: from Claude 4.5 on, 10%
+# above global).
+BEDROCK_GEO_PREFIXES = frozenset({"us", "eu", "apac", "jp", "au", "us-gov", "ca"})
+
+
+def bedrock_price_key(model_id: str) -> str:
+    """The 'aws' table's name for the Claude a Bedrock model id calls: an ARN by its last part,
+    a global profile as it is, a geographic profile or a base id as the regional entry.
+    Anything not Claude is its own name."""
+    name = model_id.rsplit("/", 1)[-1] if model_id.startswith("arn:") else model_id
+    prefix, _, rest = name.partition(".")
+    if prefix in BEDROCK_GEO_PREFIXES and rest.startswith("anthropic."):
+        return "regional." + rest
+    if prefix == "anthropic":
+        return "regional." + name
+    return name
+
+
 def gemini_limits(model: str) -> tuple[int, int] | None:
     """(input, output) token limits of a Gemini model's family, by the longest prefix."""
     found = [name for name in GEMINI_LIMITS_TOKENS if model.startswith(name)]
@@ -213,7 +233,11 @@ def _model_info(model: str, provider: str | None) -> Any:
         try:
             _, info = snapshot.find_provider_model(model, None, provider_id, None)
         except LookupError:
-            continue
+            # genai-prices matches an entry by its clauses, which need not name its own id (the
+            # 'aws' table's `regional.anthropic.<id>`): the provider's entry of that exact id.
+            info = _entry_of(snapshot, model, provider_id)
+            if info is None:
+                continue
         if model == info.id.lower() or _named(info.match, model):
             return info
         # genai-prices also matches by prefix, pattern and date normalisation, across
@@ -225,6 +249,16 @@ def _model_info(model: str, provider: str | None) -> Any:
     raise ModelUnpriced(
         f"no price for model {model!r}: the price table has no entry of that exact name "
         f"(it resembles {resembled!r}); name it in the prices file", model=model)
+
+
+def _entry_of(snapshot: Any, model: str, provider: str | None) -> Any:
+    """`provider`'s entry whose id is `model` exactly, or None."""
+    if provider is None:
+        return None
+    for candidate in snapshot.providers:
+        if candidate.id == provider:
+            return next((m for m in candidate.models if m.id.lower() == model), None)
+    return None
 
 
 def _bundled_rates(model: str, window: int, provider: str | None = None) -> Rates:

@@ -1,6 +1,10 @@
+import json
+import pathlib
+
 import pytest
 
 from core.config import ConfigError, load
+from core.errors import InvalidRequest
 from core.ledger import ExpirePolicy
 
 
@@ -51,3 +55,21 @@ def test_an_operator_names_the_fields_it_allows() -> None:
     config = load({"CEILING_GATEWAY_FIELDS_ALLOWED": "transforms, route ,"})
     assert config.gateway_fields_allowed == frozenset({"transforms", "route"})
     assert load({}).gateway_fields_allowed == frozenset()
+
+
+def test_upstreams_are_read_at_load_and_their_errors_are_configuration_errors(
+        tmp_path: pathlib.Path) -> None:
+    assert load({}).upstreams is None  # the one-upstream shorthands carry every call
+    path = tmp_path / "upstreams.json"
+    path.write_text(json.dumps({"upstreams": [{
+        "name": "router", "api": "openai", "base_url": "https://openrouter.ai/api/v1",
+        "api_key_env": "ROUTER_KEY", "models": ["openai/gpt-5"]}]}))
+    config = load({"CEILING_UPSTREAMS": str(path), "ROUTER_KEY": "k"})
+    assert config.upstreams is not None
+    assert config.upstreams.resolve("router/openai/gpt-5", "chat").upstream.api_key == "k"
+    with pytest.raises(InvalidRequest, match="ROUTER_KEY") as unset:
+        load({"CEILING_UPSTREAMS": str(path)})
+    assert unset.value.code == "invalid_configuration"
+    with pytest.raises(InvalidRequest, match="cannot read") as missing:
+        load({"CEILING_UPSTREAMS": str(tmp_path / "nowhere.json")})
+    assert missing.value.code == "invalid_configuration"
