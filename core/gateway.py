@@ -1,9 +1,9 @@
 """The gateway's money: what a request may cost, what to hold, what it cost.
 
 Every call goes price -> reserve -> call -> settle, in one of the provider APIs' wire formats
-(core/formats/: OpenAI's chat completions and Responses, Anthropic's Messages). This module
-runs the call (Gateway) and decides everything that touches money, from the request (its body,
-and the headers its format forwards) and from the provider's answer, which comes through the
+(core/formats/: OpenAI's chat completions, Responses and embeddings, Anthropic's Messages). This
+module runs the call (Gateway) and decides everything that touches money, from the request (its
+body, and the headers its format forwards) and from the provider's answer, which comes through the
 Upstream port (core/upstream.py, whose failure kinds decide what a failure does to the hold).
 api/routes/gateway.py only parses the request and sends the Answer. What differs between the
 formats is each format's own: the request's fields (WireFormat.plan), the usage an answer
@@ -413,8 +413,10 @@ class Call:
             return self.leave_open()
         if usage is None:
             return self.bill(settled.charged_micros, Outcome.ESTIMATED)
-        self.lengths.record(self.svc.store, call_plan.model,
-                            math.ceil(usage.output_tokens / call_plan.choices))
+        # A call that writes nothing (an embedding) has no output length to learn.
+        if call_plan.output_tokens_max:
+            self.lengths.record(self.svc.store, call_plan.model,
+                                math.ceil(usage.output_tokens / call_plan.choices))
         return self.bill(settled.charged_micros, Outcome.BILLED)
 
 

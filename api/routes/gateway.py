@@ -1,5 +1,6 @@
-"""The gateway: one route per wire format (core/formats FORMATS): POST /v1/chat/completions and
-/v1/responses (OpenAI's) and /v1/messages (Anthropic's), enforced, and Messages' token counting.
+"""The gateway: one route per wire format (core/formats FORMATS): POST /v1/chat/completions,
+/v1/responses and /v1/embeddings (OpenAI's) and /v1/messages (Anthropic's), enforced, and
+Messages' token counting.
 
 Each route parses its request and sends the answer core/gateway.py Gateway decides: price ->
 reserve -> call -> settle, and what the answer's headers say the call held and cost (the list

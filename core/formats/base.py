@@ -49,11 +49,12 @@ class Api(StrEnum):
     RESPONSES = "responses"
     # Anthropic's: its base URL (CEILING_ANTHROPIC_URL) is the SDK's, without /v1.
     MESSAGES = "v1/messages"
+    # OpenAI's embeddings, on CEILING_UPSTREAM_URL as chat's and Responses' are.
+    EMBEDDINGS = "embeddings"
     # Served once their upstreams are (core/formats UNROUTED): Google's Gemini API, whose path
-    # names the model and, for a stream, asks for server-sent events; OpenAI's embeddings.
+    # names the model and, for a stream, asks for server-sent events.
     GEMINI = "v1beta/models/{model}:generateContent"
     GEMINI_STREAM = "v1beta/models/{model}:streamGenerateContent?alt=sse"
-    EMBEDDINGS = "embeddings"
 
 
 @dataclass(frozen=True)

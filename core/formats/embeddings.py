@@ -26,7 +26,12 @@ EMBEDDINGS_FIELDS = frozenset({"model", "input", "dimensions", "encoding_format"
 # list is refused before it is walked.
 EMBEDDING_INPUTS_MAX = 2_048
 
-_TOKEN: Schema = {"type": "integer", "minimum": 0}
+# A token id is below this, the size of OpenAI's largest vocabulary (o200k_base's 200,019,
+# rounded up; the embedding models' cl100k_base has about 100,000): a larger number is no
+# token, and the provider refuses it after the gateway has held for it.
+TOKEN_ID_MAX = 200_100
+
+_TOKEN: Schema = {"type": "integer", "minimum": 0, "maximum": TOKEN_ID_MAX - 1}
 EMBEDDINGS_BODY: Schema = object_of({
     "model": MODEL,
     "input": any_of(STRING, array(STRING, min_items=1), array(_TOKEN, min_items=1),
@@ -39,7 +44,7 @@ EMBEDDINGS_BODY: Schema = object_of({
 
 def _is_tokens(value: object) -> bool:
     return isinstance(value, list) and bool(value) and all(
-        type(t) is int and t >= 0 for t in value)
+        type(t) is int and 0 <= t < TOKEN_ID_MAX for t in value)
 
 
 def embeddings_input(given: object) -> InputBound:
@@ -50,6 +55,9 @@ def embeddings_input(given: object) -> InputBound:
     if _is_tokens(given):
         assert isinstance(given, list)
         return InputBound(len(given))
+    if isinstance(given, list) and given and all(type(t) is int for t in given):
+        raise InvalidRequest(f"input's token ids must be from 0 to {TOKEN_ID_MAX - 1}",
+                             field="input")
     if not isinstance(given, list) or not 0 < len(given) <= EMBEDDING_INPUTS_MAX:
         raise InvalidRequest(
             f"input must be a string, a token array, or a list of 1 to {EMBEDDING_INPUTS_MAX} "
@@ -60,6 +68,9 @@ def embeddings_input(given: object) -> InputBound:
             tokens += json_bytes(item)
         elif _is_tokens(item):
             tokens += len(item)
+        elif isinstance(item, list) and item and all(type(t) is int for t in item):
+            raise InvalidRequest(f"input[{i}]'s token ids must be from 0 to {TOKEN_ID_MAX - 1}",
+                                 field=f"input[{i}]")
         else:
             raise InvalidRequest(f"input[{i}] must be a string or a token array",
                                  field=f"input[{i}]")
@@ -93,14 +104,15 @@ class Embeddings(WireFormat):
         return dict(body)
 
     def usage_of(self, usage: object, service_tier: object = None) -> Usage | None:
-        """{prompt_tokens, total_tokens}: all input; a total above the prompt is read as
-        output, the reading that costs more (priced where the model has an output rate)."""
+        """{prompt_tokens, total_tokens}: all input; a total above the prompt, or completion
+        tokens a compatible provider reports, are read as output, the reading that costs more
+        (priced where the model has an output rate)."""
         if not isinstance(usage, dict):
             return None
         try:
             prompt = count(usage["prompt_tokens"])
             total = count(usage.get("total_tokens"))
-            return Usage(prompt, max(total - prompt, 0))
+            return Usage(prompt, max(total - prompt, count(usage.get("completion_tokens"))))
         except (KeyError, ValueError, InvalidRequest):
             return None
 

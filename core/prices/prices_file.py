@@ -125,6 +125,9 @@ def _rates_from_json(name: str, entry: Any) -> Rates:
     values = _rate_values(name, entry, MODEL_FIELDS)
     if "input" not in values:
         raise ValueError(f"{name}.input_usd_per_mtok is required")
+    # A model without an output rate writes nothing (an embedding model): a call with any
+    # output cap, or a usage with output, is refused for it (ModelUnpriced), never priced at 0.
+    values.setdefault("output", None)
     values.update(_search_family(name))
     if SEARCHES_PER_CALL_FIELD in entry:
         values["web_searches_per_call"] = _count(name, SEARCHES_PER_CALL_FIELD,

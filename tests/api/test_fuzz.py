@@ -28,13 +28,19 @@ from tests.api.conftest import ADMIN_TOKEN, client_for
 
 # Enough cases per operation to reach every validation branch, few enough for CI's budget.
 CASES_PER_OPERATION = 40
-GATEWAY_PATHS = frozenset({"/v1/chat/completions", "/v1/responses", "/v1/messages"})
+GATEWAY_PATHS = frozenset({"/v1/chat/completions", "/v1/responses", "/v1/messages",
+                           "/v1/embeddings"})
 # The models the fuzzed gateway calls are sent with (when a case's own random name is not kept),
 # one for OpenAI's routes and one for Anthropic's, priced the same by the service and the stub:
 # one micro-dollar an input token, four an output.
 MODEL = "fuzz-m1"
 CLAUDE_MODEL = "fuzz-c1"
+EMBEDDING_MODEL = "fuzz-e1"  # the embeddings route's: an input rate only
 RATES = {"input_usd_per_mtok": "1.00", "output_usd_per_mtok": "4.00"}
+EMBEDDING_RATES = {"input_usd_per_mtok": "1.00"}
+# The stub serves a model by the embeddings API when its entry says how.
+STUB_EMBEDDING = {**EMBEDDING_RATES, "output_usd_per_mtok": "0", "embedding": {
+    "dimensions": 64, "dimensions_settable": True, "input_tokens_max": 8_192}}
 # The stub serves a model by Anthropic's API when its entry says how (infra/stub_prices.py).
 STUB_CLAUDE = {**RATES, "anthropic": {
     "context_window_tokens": 200_000, "output_tokens_max": 64_000, "cache_tokens_min": 1_024,
@@ -51,7 +57,8 @@ BILLED_CALLS_MIN = 5
 @pytest.fixture(scope="module")
 def stub() -> Iterator[StubProvider]:
     with StubProvider(seed=13, latency_ms_min=0, latency_ms_max=2, output_tokens_mean=20,
-                      prices={"models": {MODEL: RATES, CLAUDE_MODEL: STUB_CLAUDE}}) as provider:
+                      prices={"models": {MODEL: RATES, CLAUDE_MODEL: STUB_CLAUDE,
+                                                EMBEDDING_MODEL: STUB_EMBEDDING}}) as provider:
         yield provider
 
 
@@ -59,7 +66,8 @@ def stub() -> Iterator[StubProvider]:
 def gateway(redis_server: RedisServer, stub: StubProvider,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     prices = Path(tmp_path_factory.mktemp("fuzz")) / "prices.json"
-    prices.write_text(json.dumps({"models": {MODEL: RATES, CLAUDE_MODEL: RATES}}))
+    prices.write_text(json.dumps({"models": {MODEL: RATES, CLAUDE_MODEL: RATES,
+                                             EMBEDDING_MODEL: EMBEDDING_RATES}}))
     with ServiceProcess({
         "REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
         "CEILING_PRICES_FILE": str(prices), "CEILING_UPSTREAM_URL": f"{stub.url}/v1",
@@ -77,7 +85,8 @@ def served_model(case: Any, keep_own: bool) -> Any:
     (which the gateway refuses unless it knows it)."""
     if case.path in GATEWAY_PATHS and isinstance(case.body, dict) and not keep_own:
         messages = case.path == "/v1/messages"
-        case.body["model"] = CLAUDE_MODEL if messages else MODEL
+        case.body["model"] = (CLAUDE_MODEL if messages else EMBEDDING_MODEL
+                              if case.path == "/v1/embeddings" else MODEL)
         if "Idempotency-Key" in (case.headers or {}):
             case.headers["Idempotency-Key"] = uuid.uuid4().hex
         if messages:
@@ -145,8 +154,9 @@ def test_no_route_answers_5xx_and_the_books_hold(gateway: ServiceProcess,
                     else gateway_auth if operation.path in GATEWAY_PATHS else sidecar_auth)
             fuzz(operation, auth, witness, (sidecar_auth, gateway_auth))
         bill = fetch_bill(stub.url)
-        billed = [c for c in bill.log if c.model in (MODEL, CLAUDE_MODEL) and c.billed]
-        for api in ("chat.completions", "responses", "messages"):
+        billed = [c for c in bill.log
+                  if c.model in (MODEL, CLAUDE_MODEL, EMBEDDING_MODEL) and c.billed]
+        for api in ("chat.completions", "responses", "messages", "embeddings"):
             assert sum(c.api == api for c in billed) >= BILLED_CALLS_MIN, (api, len(billed))
         assert witness.held_micros(gateway_auth) >= sum(c.cost_micros for c in billed) > 0
 

@@ -1,7 +1,7 @@
 """Parsers never 500: every hot route's body, headers and reservation id, fed what Hypothesis makes
 of them, over real HTTP to a real instance in front of Redis and the stub provider.
 
-The three gateway routes and the sidecar's (reserve, settle, release, the caller's budgets and
+The four gateway routes and the sidecar's (reserve, settle, release, the caller's budgets and
 usage) get arbitrary JSON values, objects of random fields, bodies nested around and far past
 core.jsonbody.JSON_DEPTH_MAX, bytes that are not UTF-8, numbers no int64 or float holds, top
 levels that are not objects, duplicated keys, random header values and random reservation ids.
@@ -47,7 +47,12 @@ CASES_PER_ROUTE = 120
 # one micro-dollar an input token, four an output.
 MODEL = "fuzzb-m1"
 CLAUDE_MODEL = "fuzzb-c1"
+EMBEDDING_MODEL = "fuzzb-e1"  # the embeddings route's: an input rate only
 RATES = {"input_usd_per_mtok": "1.00", "output_usd_per_mtok": "4.00"}
+EMBEDDING_RATES = {"input_usd_per_mtok": "1.00"}
+# The stub serves a model by the embeddings API when its entry says how.
+STUB_EMBEDDING = {**EMBEDDING_RATES, "output_usd_per_mtok": "0", "embedding": {
+    "dimensions": 64, "dimensions_settable": True, "input_tokens_max": 8_192}}
 # The stub serves a model by Anthropic's API when its entry says how (infra/stub_prices.py).
 STUB_CLAUDE = {**RATES, "anthropic": {
     "context_window_tokens": 200_000, "output_tokens_max": 64_000, "cache_tokens_min": 1_024,
@@ -141,6 +146,9 @@ ROUTES = (
     Route("messages", "POST", "/v1/messages", False,
           {"model": CLAUDE_MODEL, "max_tokens": 16, "messages": HI},
           tuple(sorted(ALLOWED_FIELDS[Api.MESSAGES]))),
+    Route("embeddings", "POST", "/v1/embeddings", False,
+          {"model": EMBEDDING_MODEL, "input": "hi"},
+          tuple(sorted(ALLOWED_FIELDS[Api.EMBEDDINGS]))),
     Route("reserve", "POST", "/v1/reservations", True,
           {"model": MODEL, "input_tokens": 10, "max_output_tokens": 16},
           tuple(ReserveBody.model_fields)),
@@ -347,7 +355,8 @@ def cases(route: Route) -> st.SearchStrategy[Case]:
 @pytest.fixture(scope="module")
 def stub() -> Iterator[StubProvider]:
     with StubProvider(seed=17, latency_ms_min=0, latency_ms_max=2, output_tokens_mean=12,
-                      prices={"models": {MODEL: RATES, CLAUDE_MODEL: STUB_CLAUDE}}) as provider:
+                      prices={"models": {MODEL: RATES, CLAUDE_MODEL: STUB_CLAUDE,
+                                         EMBEDDING_MODEL: STUB_EMBEDDING}}) as provider:
         yield provider
 
 
@@ -355,7 +364,8 @@ def stub() -> Iterator[StubProvider]:
 def fuzzed(redis_server: RedisServer, stub: StubProvider,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     prices = Path(tmp_path_factory.mktemp("fuzz_bodies")) / "prices.json"
-    prices.write_text(json.dumps({"models": {MODEL: RATES, CLAUDE_MODEL: RATES}}))
+    prices.write_text(json.dumps({"models": {MODEL: RATES, CLAUDE_MODEL: RATES,
+                                             EMBEDDING_MODEL: EMBEDDING_RATES}}))
     with ServiceProcess({
         "REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
         "CEILING_PRICES_FILE": str(prices), "CEILING_UPSTREAM_URL": f"{stub.url}/v1",

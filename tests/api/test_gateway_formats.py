@@ -4,6 +4,7 @@ definition a new format is checked against before its own tests."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -17,11 +18,14 @@ from core.gateway import plan
 
 WIRES = list(FORMATS.values())
 # The smallest body each format prices: the model, and its prompt.
-PROMPTS = {
+PROMPTS: dict[Api, dict[str, Any]] = {
     Api.CHAT: {"messages": [{"role": "user", "content": "hi"}]},
     Api.RESPONSES: {"input": "hi"},
     Api.MESSAGES: {"messages": [{"role": "user", "content": "hi"}]},
+    Api.EMBEDDINGS: {"input": "hi"},
 }
+# The formats whose calls write output: each has an output cap and streams.
+WRITING = [w for w in WIRES if w.cap_fields]
 
 
 def test_every_name_has_one_format_and_one_route() -> None:
@@ -36,7 +40,9 @@ def test_every_name_has_one_format_and_one_route() -> None:
 @pytest.mark.parametrize("wire", WIRES, ids=[w.name for w in WIRES])
 def test_its_fields_headers_and_usage_are_declared_consistently(wire: WireFormat) -> None:
     assert set(wire.cap_fields) <= wire.allowed_fields
-    assert {"model", "stream"} <= wire.allowed_fields
+    assert "model" in wire.allowed_fields
+    # A format streams what it writes: one that writes nothing (embeddings) has neither.
+    assert ("stream" in wire.allowed_fields) == bool(wire.cap_fields)
     refused = {*wire.unbounded_fields, *wire.unbounded_input_fields}
     assert not refused & wire.allowed_fields
     assert wire.known_fields == wire.allowed_fields | refused
@@ -47,7 +53,7 @@ def test_its_fields_headers_and_usage_are_declared_consistently(wire: WireFormat
     assert wire.provider.url_setting.startswith("CEILING_")
 
 
-@pytest.mark.parametrize("wire", WIRES, ids=[w.name for w in WIRES])
+@pytest.mark.parametrize("wire", WRITING, ids=[w.name for w in WRITING])
 def test_a_body_without_a_cap_is_sent_with_the_default_in_its_last_cap_field(
         wire: WireFormat) -> None:
     body = {"model": "gpt-4o", **PROMPTS[wire.api]}
@@ -55,7 +61,17 @@ def test_a_body_without_a_cap_is_sent_with_the_default_in_its_last_cap_field(
     assert isinstance(priced, Plan)
     assert (priced.wire, priced.api, priced.output_tokens_max) == (wire, wire.api, 77)
     assert priced.body[wire.cap_fields[-1]] == 77
+    assert priced.bounds_added == ((wire.cap_fields[-1], 77),)
     assert priced.clamped(40).body[wire.cap_fields[-1]] == 40
+
+
+@pytest.mark.parametrize("wire", [w for w in WIRES if w not in WRITING])
+def test_a_format_that_writes_nothing_is_sent_without_a_cap(wire: WireFormat) -> None:
+    body = {"model": "text-embedding-3-small", **PROMPTS[wire.api]}
+    priced = plan(wire.api, json.dumps(body).encode(), output_tokens_default=77)
+    assert (priced.wire, priced.output_tokens_max, priced.bounds_added) == (wire, 0, ())
+    assert (priced.body, priced.clamped(40).body, priced.stream) == (body, body, False)
+    assert wire.cap_added(dict(body), 77) == ()
 
 
 @pytest.mark.parametrize("wire", WIRES, ids=[w.name for w in WIRES])

@@ -14,7 +14,7 @@ import pytest
 from core.content import json_bytes
 from core.errors import FieldUnsupported, InvalidRequest
 from core.formats import FORMATS, UNROUTED, Api
-from core.formats.embeddings import EMBEDDING_INPUTS_MAX, EMBEDDINGS
+from core.formats.embeddings import EMBEDDING_INPUTS_MAX, EMBEDDINGS, TOKEN_ID_MAX
 from core.prices import PriceTable, Usage
 
 TABLE = PriceTable()
@@ -63,6 +63,9 @@ def test_input_is_held_by_its_bytes_or_its_tokens_and_no_output(given_input: Any
     ([[]], "input[0]"),
     ([[-1]], "input[0]"),
     ([1.5], "input[0]"),
+    ([1, 2, TOKEN_ID_MAX], "input"),
+    ([[TOKEN_ID_MAX]], "input[0]"),
+    ([[7, 10**30]], "input[0]"),
     (["a", {"text": "b"}], "input[1]"),
     (["a"] * (EMBEDDING_INPUTS_MAX + 1), "input"),
 ])
@@ -88,19 +91,24 @@ def test_its_usage_is_all_input() -> None:
         Usage(5, 0))
     # A total above the prompt is read as output, the reading that costs more.
     assert EMBEDDINGS.usage_of({"prompt_tokens": 5, "total_tokens": 9}) == Usage(5, 4)
+    # So are completion tokens a compatible provider reports, whichever is more.
+    assert EMBEDDINGS.usage_of({"prompt_tokens": 5, "total_tokens": 5,
+                                "completion_tokens": 3}) == Usage(5, 3)
+    assert EMBEDDINGS.usage_of({"prompt_tokens": 5, "total_tokens": 12,
+                                "completion_tokens": 3}) == Usage(5, 7)
     for bad in (None, {}, {"prompt_tokens": -1}, {"prompt_tokens": "5"}):
         assert EMBEDDINGS.usage_of(bad) is None
 
 
-def test_its_errors_are_openais_and_it_is_registered_but_not_routed() -> None:
+def test_its_errors_are_openais_and_it_is_routed() -> None:
     shaped = EMBEDDINGS.error_body({"type": "invalid_request_error", "code": "invalid_request",
                                     "message": "no", "field": "input"})
     assert shaped == {"error": {"message": "no", "type": "invalid_request_error",
                                 "param": "input", "code": "invalid_request"}}
     assert EMBEDDINGS.error_event({"type": "t", "code": "c", "message": "m"}).startswith(
         b"data: ")
-    assert UNROUTED[Api.EMBEDDINGS] is EMBEDDINGS
-    assert Api.EMBEDDINGS not in FORMATS
+    assert FORMATS[Api.EMBEDDINGS] is EMBEDDINGS
+    assert Api.EMBEDDINGS not in UNROUTED
     assert EMBEDDINGS.route == "/v1/embeddings"
     assert EMBEDDINGS.clamped_body({"model": SMALL, "input": "x"}, 300) == {
         "model": SMALL, "input": "x"}
