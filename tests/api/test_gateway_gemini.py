@@ -30,6 +30,7 @@ from tests.api.conftest import (
     FaultProxy,
     account,
     as_key,
+    client_for,
     ledger,
     settled,
     trailer,
@@ -325,3 +326,19 @@ def test_a_wrong_key_is_refused_in_googles_shape(gw: ServiceProcess, admin: Clie
     r = httpx.post(f"{gw.url}/v1beta/models/{LITE}:generateContent", json=body(),
                    headers=as_key("nope"), timeout=30)
     assert r.status_code == 401, r.text
+
+
+def test_without_named_upstreams_a_gemini_call_is_refused_and_held_nowhere(
+        redis_server: RedisServer, stub: StubProvider) -> None:
+    with ServiceProcess({"REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
+                         "CEILING_UPSTREAM_URL": f"{stub.url}/v1"}) as bare, \
+            client_for(bare) as admin:
+        tag, key = account(admin, 1_000_000)
+        r = admin.post(f"/v1beta/models/{LITE}:generateContent",
+                       headers={"x-goog-api-key": key}, json=body())
+        error = r.json()["error"]
+        assert (r.status_code, error["status"], error["details"][0]["reason"]) == (
+            503, "UNAVAILABLE", "invalid_configuration"), r.text
+        assert "CEILING_UPSTREAMS" in error["message"]
+        nothing_reached(stub)
+        nothing_held(admin, tag)
