@@ -38,6 +38,7 @@ from tests.api.conftest import (
 
 STUB_KEY = "gemini-stub-key"
 LITE, FLASH, PRO = "gemini-2.5-flash-lite", "gemini-2.5-flash", "gemini-2.5-pro"
+GEMINI_3 = "gemini-3-pro-preview"  # served by the Vertex upstream
 NO_RETRY = types.HttpRetryOptions(attempts=1)
 LONG = "x" * 4_000  # 1,000 tokens by the stub's rule
 
@@ -73,6 +74,11 @@ def gw(redis_server: RedisServer, stub: StubProvider, spy: FaultProxy,
         {"name": "google-spied", "api": "gemini", "base_url": spy.url,
          "api_key_env": "GEMINI_KEY", "models": [PRO]},
     ]}
+    account_file = Path(directory) / "service-account.json"
+    account_file.write_text(httpx.get(f"{stub.url}/vertex/service_account").text)
+    doc["upstreams"].append({
+        "name": "vertex", "api": "vertex", "base_url": stub.url, "project": "stub-project",
+        "region": "us-central1", "credentials_file": str(account_file), "models": [GEMINI_3]})
     path = Path(directory) / "upstreams.json"
     path.write_text(json.dumps(doc))
     with ServiceProcess({
@@ -286,6 +292,25 @@ def test_v1_is_served_as_v1beta(gw: ServiceProcess, admin: Client, stub: StubPro
     assert answer.text
     [cost] = costs(stub)
     assert settled(admin, tag)["committed_micros"] == cost > 0
+
+
+def test_gemini_on_vertex_through_the_same_sdk_is_charged_the_bill(
+        gw: ServiceProcess, admin: Client, stub: StubProvider) -> None:
+    """The client speaks the Gemini API to the gateway; the upstream is Vertex AI, reached as a
+    service account: streamed and not, and counted."""
+    tag, key = account(admin, 10_000_000)
+    client = google(gw, key)
+    config = types.GenerateContentConfig(
+        max_output_tokens=100, thinking_config=types.ThinkingConfig(thinking_budget=200))
+    answer = client.models.generate_content(model=GEMINI_3, contents="hello", config=config)
+    assert answer.usage_metadata is not None
+    chunks = list(client.models.generate_content_stream(model=GEMINI_3, contents="hello",
+                                                        config=config))
+    assert chunks[-1].usage_metadata is not None
+    assert client.models.count_tokens(model=GEMINI_3, contents=LONG).total_tokens == 1_007
+    log = fetch_bill(stub.url).log
+    assert [c.billed for c in log] == [True, True, False], log
+    assert settled(admin, tag)["committed_micros"] == sum(costs(stub)) > 0
 
 
 def test_count_tokens_holds_nothing_and_bills_nothing(
