@@ -367,3 +367,21 @@ def test_without_named_upstreams_a_gemini_call_is_refused_and_held_nowhere(
         assert "CEILING_UPSTREAMS" in error["message"]
         nothing_reached(stub)
         nothing_held(admin, tag)
+
+
+def test_a_stream_cut_off_keeps_its_hold_and_the_sdk_raises_googles_error(
+        gw: ServiceProcess, admin: Client, stub: StubProvider, spy: FaultProxy) -> None:
+    """The provider's stream breaks before its end: the call may have been billed, so its hold
+    stays (outcome unknown) and the stream ends on an error event in Google's shape."""
+    tag, key = account(admin, 10_000_000)
+    spy.output_tokens, spy.cut_after_bytes = 300, 600
+    try:
+        config = types.GenerateContentConfig(
+            max_output_tokens=400, thinking_config=types.ThinkingConfig(thinking_budget=128))
+        with pytest.raises(errors.APIError) as raised:
+            list(google(gw, key).models.generate_content_stream(model=PRO, contents="hello",
+                                                                config=config))
+    finally:
+        spy.disarm()
+    assert "upstream_timeout" in str(raised.value.details), raised.value.details
+    assert ledger(admin, tag)["reserved_micros"] > 0  # left held: expiry charges it
