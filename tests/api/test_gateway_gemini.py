@@ -385,3 +385,16 @@ def test_a_stream_cut_off_keeps_its_hold_and_the_sdk_raises_googles_error(
         spy.disarm()
     assert "upstream_timeout" in str(raised.value.details), raised.value.details
     assert ledger(admin, tag)["reserved_micros"] > 0  # left held: expiry charges it
+
+
+def test_a_retry_with_its_idempotency_key_is_replayed_the_stub_called_once(
+        gw: ServiceProcess, admin: Client, stub: StubProvider) -> None:
+    tag, key = account(admin, 10_000_000)
+    headers = {"x-goog-api-key": key, "Idempotency-Key": "gemini-retry-1"}
+    first, again = (admin.post(f"/v1/models/{LITE}:generateContent", headers=headers,
+                               json=body(maxOutputTokens=50)) for _ in range(2))
+    assert (first.status_code, again.status_code) == (200, 200), again.text
+    assert again.headers["x-ceiling-replayed"] == "true"
+    assert again.json() == first.json()
+    [cost] = costs(stub)
+    assert settled(admin, tag)["committed_micros"] == cost > 0
