@@ -35,11 +35,13 @@ def admin(request: Request) -> str:
 
 
 async def authenticated(
-    request: Request, role: Role | None, *, x_api_key: bool = False
+    request: Request, role: Role | None, *, x_api_key: bool = False, key_sent: str | None = None
 ) -> tuple[CeilingService, Caller]:
     """The service and the caller acting in `role`, or the reason to refuse: no ledger, then no
     valid key, then a key without the role (None: either role will do). With `x_api_key` the key
-    may come as Anthropic's clients send theirs, in `x-api-key`, when no bearer key is given."""
+    may come as Anthropic's clients send theirs, in `x-api-key`, when no bearer key is given;
+    `key_sent`: the key as the route read it where its format's clients send it (Google's
+    x-goog-api-key or ?key=), taken when no bearer key is given."""
     svc = runtime().enforcing()
     # The headers by name, the first of each, as Starlette's Headers.get reads them (names as
     # the ASGI server gives them: lower case). One dict, made in C: Headers.get scans every
@@ -49,6 +51,8 @@ async def authenticated(
     key = bearer(_text(headers.get(b"authorization")))
     if key is None and x_api_key:
         key = _text(headers.get(b"x-api-key"))
+    if key is None:
+        key = key_sent
     who = await svc.authenticate(key, _text(headers.get(b"x-ceiling-run-id")), role,
                                  _text(headers.get(b"x-ceiling-user")))
     return svc, who

@@ -59,7 +59,8 @@ def refusal_response(wire: WireFormat, exc: CeilingError,
     advice."""
     plain, error = _plain(exc)
     code = error["code"]
-    response = JSONResponse(wire.error_body(error), status_code=plain.status_code,
+    shaped = wire.error_body(error)
+    response = JSONResponse(shaped, status_code=wire.error_status(shaped, plain.status_code),
                             headers=dict(headers))
     if "retry-after" in plain.headers:
         response.headers["retry-after"] = plain.headers["retry-after"]

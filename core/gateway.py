@@ -49,7 +49,14 @@ from core.ledger import LegStatus, OutputStats, ReplyStore, Reservation, StoredR
 from core.prices import TIER_AUTO, Usage
 from core.replies import REPLY_BYTES_MAX, ReplyNotKept, Ticket
 from core.service import Caller, CallSpec, CeilingService, SettleSpec
-from core.upstream import AnswerTooLarge, Headers, NotSent, Unanswered, Upstream
+from core.upstream import (
+    AnswerTooLarge,
+    CountsByModel,
+    Headers,
+    NotSent,
+    Unanswered,
+    Upstream,
+)
 from core.upstreams import Routed, UpstreamDef, Upstreams
 
 # With X-Ceiling-Clamp, a call that does not fit is sent with a smaller output cap only if at
@@ -78,7 +85,8 @@ REFUSAL_STATUSES = range(400, 500)
 BILLING_UNKNOWN_4XX = frozenset({408, 499})
 # The routes whose calls CEILING_UPSTREAMS routes, by the route names core/upstreams.py serves;
 # any other format goes to its provider's one-upstream shorthand.
-ROUTES: dict[Api, str] = {Api.CHAT: "chat", Api.RESPONSES: "responses", Api.MESSAGES: "messages"}
+ROUTES: dict[Api, str] = {Api.CHAT: "chat", Api.RESPONSES: "responses", Api.MESSAGES: "messages",
+                          Api.GEMINI: "gemini", Api.GEMINI_STREAM: "gemini"}
 
 
 class UpstreamUnreachable(CeilingError):
@@ -121,7 +129,7 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
          headers: Sequence[tuple[str, str]] = (),
          fields_allowed: frozenset[str] = frozenset(),
          betas_allowed: frozenset[str] = frozenset(),
-         upstreams: Upstreams | None = None) -> Plan:
+         upstreams: Upstreams | None = None, path_model: str | None = None) -> Plan:
     """Price a request body in `api`'s format; InvalidRequest before anything is reserved if it
     cannot be.
 
@@ -131,9 +139,10 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
     `fields_allowed`: the operator's fields forwarded besides the format's own
     (CEILING_GATEWAY_FIELDS_ALLOWED); `betas_allowed`: the operator's cost-neutral betas
     (CEILING_GATEWAY_BETAS_ALLOWED). `upstreams`: CEILING_UPSTREAMS, which the model is
-    resolved by (routed)."""
+    resolved by (routed). `path_model`: the model a format that names it in its path
+    (WireFormat.model_in_path: Gemini's) was called with."""
     wire = FORMATS[api]
-    body, model = _checked(wire, raw, fields_allowed)
+    body, model = _checked(wire, raw, fields_allowed, path_model)
     if upstreams is not None and (route := ROUTES.get(api)) is not None:
         return routed(wire, body, upstreams.resolve(model, route), tuple(headers),
                       output_tokens_default, betas_allowed)
@@ -148,19 +157,21 @@ def routed(wire: WireFormat, body: dict[str, Any], to: Routed,
     which the ledger records), and sent as the name the upstream knows it by (an Azure
     deployment, a Bedrock model id). The body is the one just parsed, so the name is set in
     it; Plan.content encodes it anew in any case."""
-    if to.sent_model != body["model"]:
+    # A model named in the path is sent as Plan.model (the upstream's client puts it there).
+    if not wire.model_in_path and to.sent_model != body["model"]:
         body["model"] = to.sent_model
     return replace(wire.plan(body, to.price_model, headers, output_tokens_default,
                              betas_allowed), routed_to=to.upstream)
 
 
-def _checked(wire: WireFormat, raw: bytes,
-             fields_allowed: frozenset[str]) -> tuple[dict[str, Any], str]:
+def _checked(wire: WireFormat, raw: bytes, fields_allowed: frozenset[str],
+             path_model: str | None = None) -> tuple[dict[str, Any], str]:
     """A request body in `wire`'s format, its top-level fields checked, and the model it
-    names."""
+    names: in its body, or for a format that names it in its path, `path_model` (a body
+    `model` is then a field the format does not know, refused by check_fields)."""
     body = loads_object(raw)
     wire.check_fields(body, fields_allowed)
-    model = body.get("model")
+    model = path_model if wire.model_in_path else body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model is required", field="model")
     return body, model
@@ -169,18 +180,23 @@ def _checked(wire: WireFormat, raw: bytes,
 def count_request(api: Api, raw: bytes, headers: Sequence[tuple[str, str]] = (),
                   fields_allowed: frozenset[str] = frozenset(),
                   betas_allowed: frozenset[str] = frozenset(),
-                  upstreams: Upstreams | None = None) -> tuple[bytes, UpstreamDef | None]:
+                  upstreams: Upstreams | None = None,
+                  path_model: str | None = None) -> tuple[bytes, UpstreamDef | None]:
     """A token counting request in `api`'s format, checked as a call's fields and headers are
     (nothing unnamed is forwarded), re-encoded for the provider; InvalidRequest if it is not.
     With `upstreams`, its model is resolved as a call's is (ModelNotRouted), named as its
-    upstream knows it, and the upstream is returned beside it."""
+    upstream knows it, and the upstream is returned beside it. `path_model`: as plan's (a
+    model named in the path is counted by its upstream's client under that name:
+    CountsByModel)."""
     wire = FORMATS[api]
-    body, model = _checked(wire, raw, fields_allowed)
+    body, model = _checked(wire, raw, fields_allowed, path_model)
     wire.count_checked(body, tuple(headers), betas_allowed)
     to = None
     if upstreams is not None and (route := ROUTES.get(api)) is not None:
         found = upstreams.resolve(model, route)
-        body["model"], to = found.sent_model, found.upstream
+        to = found.upstream
+        if not wire.model_in_path:
+            body["model"] = found.sent_model
     return _COUNT_ENCODER.encode(body).encode(), to
 
 
@@ -579,9 +595,11 @@ class Gateway:
 
     def serve(self, svc: CeilingService, who: Caller, wire: WireFormat, raw: bytes,
               headers: Headers, config: Config | None, *, clamp: bool,
-              idempotency_key: str | None) -> Awaitable[Answer | Refused]:
+              idempotency_key: str | None,
+              path_model: str | None = None) -> Awaitable[Answer | Refused]:
         """One call of `wire`'s route, to be awaited: `raw` its body, `headers` the client's its
-        format forwards, `clamp` X-Ceiling-Clamp: 1. With an idempotency key, at most one
+        format forwards, `clamp` X-Ceiling-Clamp: 1, `path_model` the model named in the
+        route's path (WireFormat.model_in_path). With an idempotency key, at most one
         provider call is made for it (core/replies.py): a retry of a settled call gets its kept
         answer.
 
@@ -591,8 +609,9 @@ class Gateway:
         through is resumed too."""
         call_plan = (
             plan(wire.api, raw, config.output_tokens_default, headers,
-                 config.gateway_fields_allowed, config.gateway_betas_allowed, config.upstreams)
-            if config else plan(wire.api, raw, headers=headers)
+                 config.gateway_fields_allowed, config.gateway_betas_allowed, config.upstreams,
+                 path_model)
+            if config else plan(wire.api, raw, headers=headers, path_model=path_model)
         )
         # The body's user field is checked whether or not the header names the user; the
         # header wins.
@@ -690,18 +709,23 @@ class Gateway:
             "answer", answer_bytes_max=up.answer_bytes_max), bill_headers(bill, call))
 
     async def count(self, svc: CeilingService, who: Caller, wire: WireFormat, raw: bytes,
-                    headers: Headers, config: Config | None) -> Answer:
-        """A token count (POST /v1/messages/count_tokens): checked as a call's body and headers
-        are, admitted against the key's rate and concurrency limits, forwarded; nothing is held
-        for it, as the provider bills nothing."""
+                    headers: Headers, config: Config | None,
+                    path_model: str | None = None) -> Answer:
+        """A token count (POST /v1/messages/count_tokens, Gemini's :countTokens): checked as a
+        call's body and headers are, admitted against the key's rate and concurrency limits,
+        forwarded; nothing is held for it, as the provider bills nothing. `path_model`: as
+        serve's."""
         content, routed_to = count_request(
             wire.api, raw, headers, config.gateway_fields_allowed if config else frozenset(),
             config.gateway_betas_allowed if config else frozenset(),
-            config.upstreams if config else None)
+            config.upstreams if config else None, path_model)
         up = self.upstream_of(wire) if routed_to is None else self._client(routed_to)
         await admit_count(svc, who)
         try:
-            status, relayed, body = await up.count(wire.api, content, headers)
+            if path_model is not None and isinstance(up, CountsByModel):
+                status, relayed, body = await up.count_gemini(path_model, content)
+            else:
+                status, relayed, body = await up.count(wire.api, content, headers)
         except Unanswered as exc:
             raise UpstreamUnreachable(f"the provider did not answer the token count ({exc}); "
                                       "nothing was held or billed") from exc
@@ -781,8 +805,9 @@ class Relay:
                 "the provider's stream broke off before its end; the call may have been billed, "
                 f"so its reservation {bill.reservation_id} stays held: it expires charged unless "
                 "an operator corrects it from the provider's bill")))
-        self._emit(b"".join(f": {k}: {v}\n".encode()
-                            for k, v in bill_headers(bill, self.call).items()) + b"\n")
+        if wire.stream_trailer:
+            self._emit(b"".join(f": {k}: {v}\n".encode()
+                                for k, v in bill_headers(bill, self.call).items()) + b"\n")
         if complete:
             self._emit(wire.stream_end)
         recorded = None if self._recorded is None else b"".join(self._recorded)

@@ -18,7 +18,7 @@ began billing; only one before it is NotSent.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Protocol, TypeAlias
+from typing import Protocol, TypeAlias, runtime_checkable
 
 from core.formats import Api, Plan
 
@@ -68,4 +68,14 @@ class Upstream(Protocol):
     async def count(self, api: Api, content: bytes, headers: Headers) -> Sent:
         """A token count from the provider, its body whole; Unanswered for any failure: nothing
         is billed for a count, so no failure is more than the provider's or the network's."""
+        ...
+
+
+@runtime_checkable
+class CountsByModel(Protocol):
+    """A client whose API names the model in the path (Gemini's, on Google's API or Vertex):
+    its token count is asked for by the model the route's path named."""
+
+    async def count_gemini(self, model: str, content: bytes) -> Sent:
+        """:countTokens for `model`, free; Unanswered for any failure."""
         ...

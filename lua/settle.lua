@@ -21,7 +21,8 @@ local a = settle_args(ARGV)
 local actual = int(a.actual_micros, 'actual_micros')
 local now = a.now_ms and ledger_now(a.now_ms)
 local prefix = prefix_of(KEYS[1])
-if a.upstream ~= '' and a.upstream ~= 'openai' and a.upstream ~= 'anthropic' then
+if a.upstream ~= '' and a.upstream ~= 'openai' and a.upstream ~= 'anthropic'
+    and a.upstream ~= 'google' then
   fail('BADARG', 'upstream')
 end
 

@@ -1,11 +1,13 @@
 """The gateway: one route per wire format (core/formats FORMATS): POST /v1/chat/completions,
-/v1/responses and /v1/embeddings (OpenAI's) and /v1/messages (Anthropic's), enforced, and
-Messages' token counting.
+/v1/responses and /v1/embeddings (OpenAI's), /v1/messages (Anthropic's) and Gemini's
+/{v1beta,v1}/models/{model}:generateContent and :streamGenerateContent, enforced, and
+Messages' and Gemini's token counting.
 
 Each route parses its request and sends the answer core/gateway.py Gateway decides: price ->
 reserve -> call -> settle, and what the answer's headers say the call held and cost (the list
 is at core/gateway.py bill_headers; docs/gateway.md). API keys need the `gateway` role, sent as
-a bearer token or as the format's own clients send theirs (`x-api-key` on /v1/messages).
+a bearer token or as the format's own clients send theirs (`x-api-key` on /v1/messages;
+`x-goog-api-key` or `?key=` on Gemini's).
 Refusals come in the route's format's error shape (api/refusals.py).
 """
 
@@ -17,17 +19,20 @@ from starlette.responses import Response, StreamingResponse
 
 from api.auth import authenticated
 from api.refusals import error_event, refusal_response, refusals_in
-from api.routing import HotRoute, format_route
+from api.routing import HotRoute, format_route, header_of
 from api.runtime import runtime
 from api.upstream import upstream
 from api.upstreams import routed_client
 from core.errors import CeilingError, ensure
-from core.formats import FORMATS, WireFormat
+from core.formats import FORMATS, Api, WireFormat
 from core.gateway import Answer, Gateway, Refused
 from core.ledger import ReplyStore, Role, StoredReply
 
 # Headers the gateway reads beyond the key and the run (api/routing.py HEADERS_COMMON).
 HEADERS = ("Idempotency-Key", "X-Ceiling-Clamp")
+# The Gemini API's versions its clients call: the google-genai SDK's default v1beta, and v1.
+# Each is served alike; the upstream is called at its own (api/upstreams/gemini.py).
+GEMINI_VERSIONS = ("v1beta", "v1")
 # The request bodies the OpenAPI document shows (documentation only), by format.
 BODIES = {api: wire.body_schema for api, wire in FORMATS.items()}
 
@@ -88,6 +93,71 @@ async def count(request: Request, wire: WireFormat) -> Response:
                                               forwarded(request, wire), runtime().config))
 
 
+def key_sent(request: Request, wire: WireFormat) -> str | None:
+    """The key where `wire`'s clients send it besides Authorization: its key header, else its
+    key query parameter (Google's x-goog-api-key, ?key=). The query's key goes no further: the
+    upstream's client makes its own URL, its own key in it."""
+    if wire.key_header is not None:
+        found = header_of(request, wire.key_header.encode())
+        if found is not None:
+            return found
+    return None if wire.key_query is None else request.query_params.get(wire.key_query)
+
+
+async def serve_in_path(request: Request, wire: WireFormat) -> Response:
+    """A call of a format that names its model in its path (Gemini's
+    /{version}/models/{model}:generateContent): as serve's, the model the path's."""
+    svc, who = await authenticated(request, Role.GATEWAY, key_sent=key_sent(request, wire))
+    headers = request.headers
+    return answered(wire, await GATEWAY.serve(
+        svc, who, wire, await request.body(), forwarded(request, wire), runtime().config,
+        clamp=headers.get("x-ceiling-clamp") == "1",
+        idempotency_key=headers.get("idempotency-key"),
+        path_model=request.path_params["model"]))
+
+
+async def count_in_path(request: Request, wire: WireFormat) -> Response:
+    """A token count of a format that names its model in its path (Gemini's :countTokens)."""
+    svc, who = await authenticated(request, Role.GATEWAY, key_sent=key_sent(request, wire))
+    return answered(wire, await GATEWAY.count(svc, who, wire, await request.body(),
+                                              forwarded(request, wire), runtime().config,
+                                              path_model=request.path_params["model"]))
+
+
+def versioned(path: str, version: str) -> str:
+    """A Gemini path (`/v1beta/models/...`) under another of the API's versions."""
+    return f"/{version}/" + path.removeprefix(f"/{GEMINI_VERSIONS[0]}/")
+
+
+def in_path_routes(wire: WireFormat) -> tuple[HotRoute, ...]:
+    """The routes of a format that names its model in its path, one per API version its
+    clients call (GEMINI_VERSIONS), and its token counting route's (made with the non-streamed
+    format: both formats of the API share it). Each version's endpoint has a name of its own,
+    the OpenAPI document's operation id."""
+    middleware = (refusals_in(wire),)
+    counts = wire.count_route is not None and wire.api is not Api.GEMINI_STREAM
+    routes: list[HotRoute] = []
+    for version in GEMINI_VERSIONS:
+        suffix = "" if version == GEMINI_VERSIONS[0] else f"_{version}"
+
+        async def call(request: Request) -> Response:
+            return await serve_in_path(request, wire)
+
+        call.__name__ = call.__qualname__ = wire.name + suffix
+        routes.append(HotRoute(versioned(wire.route, version), call, body=BODIES[wire.api],
+                               headers=(*wire.headers, *HEADERS), middleware=middleware))
+        if counts:
+
+            async def counted(request: Request) -> Response:
+                return await count_in_path(request, wire)
+
+            counted.__name__ = counted.__qualname__ = "gemini_count_tokens" + suffix
+            routes.append(HotRoute(versioned(str(wire.count_route), version), counted,
+                                   body=BODIES[wire.api], headers=wire.headers,
+                                   middleware=middleware))
+    return tuple(routes)
+
+
 def route(wire: WireFormat) -> HotRoute:
     """`wire`'s hot route (api/routing.py), its refusals in its shape."""
     # authenticated() (api/auth.py) knows one key header besides Authorization.
@@ -110,5 +180,9 @@ def count_route(wire: WireFormat) -> HotRoute:
 
 
 # The hot routes of this module: one per wire format, and one per token counting endpoint.
-ROUTES = (*(route(wire) for wire in FORMATS.values()),
-          *(count_route(wire) for wire in FORMATS.values() if wire.count_route))
+# Formats that name their model in their path (Gemini's) come last: their paths are matched by
+# pattern (api/routing.py HotRouter), after every other route's.
+ROUTES = (*(route(wire) for wire in FORMATS.values() if not wire.model_in_path),
+          *(count_route(wire) for wire in FORMATS.values()
+            if wire.count_route and not wire.model_in_path),
+          *(r for wire in FORMATS.values() if wire.model_in_path for r in in_path_routes(wire)))

@@ -1,7 +1,7 @@
 """The gateway's wire formats, one module per provider API (core/formats/base.py says what one
 holds): OpenAI's chat completions (chat.py) and Responses (responses.py), which share
-openai.py, Anthropic's Messages (messages.py), OpenAI's embeddings (embeddings.py); and, not yet
-routed (UNROUTED), Google's Gemini API (gemini.py).
+openai.py, Anthropic's Messages (messages.py), OpenAI's embeddings (embeddings.py), and
+Google's Gemini API (gemini.py), whose calls go only to named upstreams (CEILING_UPSTREAMS).
 
 Each format is served at its own route (api/routes/gateway.py makes one per entry of FORMATS,
 its OpenAPI body from WireFormat.body_schema), sent to its provider (api/upstream.py), and its
@@ -23,11 +23,10 @@ from core.formats.responses import RESPONSES
 __all__ = ["ALLOWED_FIELDS", "FORMATS", "UNROUTED", "Api", "Plan", "StreamTally", "WireFormat"]
 
 FORMATS: dict[Api, WireFormat] = {
-    wire.api: wire for wire in (CHAT, RESPONSES, MESSAGES, EMBEDDINGS)}
-# Formats whose routes come with their named upstreams (CEILING_UPSTREAMS): Google's Gemini
-# API, its model in its path. Kept out of FORMATS, whose every entry api/routes/gateway.py
-# serves; a route that serves them moves them there.
-UNROUTED: dict[Api, WireFormat] = {wire.api: wire for wire in (GEMINI, GEMINI_STREAM)}
+    wire.api: wire for wire in (CHAT, RESPONSES, MESSAGES, EMBEDDINGS, GEMINI, GEMINI_STREAM)}
+# Formats no route serves yet: none. api/routes/gateway.py serves every entry of FORMATS; a
+# format added before its route waits here.
+UNROUTED: dict[Api, WireFormat] = {}
 ensure(list(FORMATS) + list(UNROUTED) == list(Api), "every Api has one format, in Api's order")
 # Each format's allow-list (WireFormat.allowed_fields).
 ALLOWED_FIELDS = {api: wire.allowed_fields for api, wire in FORMATS.items()}

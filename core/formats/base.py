@@ -128,6 +128,9 @@ class WireFormat(ABC):
     # the bill's trailer of a complete stream (the same marker, for chat completions).
     done_data: str | None = None
     stream_end: bytes = b""
+    # Whether a stream's bill follows its last event as SSE comment lines (core/gateway.py
+    # Relay): not where the format's SDK parses every line of the stream as an event.
+    stream_trailer: bool = True
 
     def __init__(self) -> None:
         # Every field this format knows, allowed or refused with its own reason.
@@ -235,6 +238,12 @@ class WireFormat(ABC):
     @abstractmethod
     def error_event(self, error: dict[str, Any]) -> bytes:
         """The event a stream already answered 200 ends on with `error`: its clients raise it."""
+
+    def error_status(self, shaped: dict[str, Any], status: int) -> int:
+        """The HTTP status a refusal of body `shaped` (error_body's) is sent with: api/errors.py's
+        `status`, unless the format's shape names its own."""
+        del shaped
+        return status
 
 
 @dataclass(frozen=True)

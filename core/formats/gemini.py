@@ -300,6 +300,7 @@ def thinking_tokens(config: dict[str, Any], model: str) -> int:
     if not isinstance(thinking, dict):
         raise InvalidRequest("generationConfig.thinkingConfig must be an object",
                              field="generationConfig.thinkingConfig")
+    _camel_case(thinking, "generationConfig.thinkingConfig")
     for key in thinking:
         if key not in THINKING_FIELDS:
             raise InputUnbounded(f"generationConfig.thinkingConfig.{key} is not a field the "
@@ -330,6 +331,20 @@ def thinking_tokens(config: dict[str, Any], model: str) -> int:
     if budget is None and not asked and not thinks_by_default:
         return 0
     return most
+
+
+def _camel_case(fields: dict[str, Any], where: str) -> None:
+    """`fields` (an object the body forwards) with its snake_case names in the camelCase read
+    here, in place: Google's API takes both (proto JSON), and google-genai sends a
+    thinkingConfig as snake_case. The body is forwarded as read, so the provider bills what
+    was priced; a field given in both spellings is refused."""
+    for key in [k for k in fields if "_" in k]:
+        head, *rest = key.split("_")
+        camel = head + "".join(word.capitalize() for word in rest)
+        if camel in fields:
+            raise InvalidRequest(f"{where}: give {camel} or {key}, not both",
+                                 field=f"{where}.{camel}")
+        fields[camel] = fields.pop(key)
 
 
 def _tools(tools: object) -> tuple[str, str]:
@@ -565,6 +580,8 @@ class Gemini(WireFormat):
     count_path = "v1beta/models/{model}:countTokens"
     count_route = "/v1beta/models/{model}:countTokens"
     header_schemas = HEADER_SCHEMAS
+    # google-genai parses every non-empty line of a stream as an event: a comment breaks it.
+    stream_trailer = False
     usage_fields = ("promptTokenCount", "candidatesTokenCount", "promptTokensDetails",
                     "candidatesTokensDetails")
 
@@ -712,6 +729,11 @@ class Gemini(WireFormat):
 
     def error_event(self, error: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps(google_shape(error)).encode() + b"\n\n"
+
+    def error_status(self, shaped: dict[str, Any], status: int) -> int:
+        # Google's clients read the status and the body's `code` as one: the body's is sent.
+        code = shaped["error"]["code"]
+        return code if type(code) is int else status
 
 
 GEMINI = Gemini(stream=False)

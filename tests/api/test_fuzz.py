@@ -28,14 +28,19 @@ from tests.api.conftest import ADMIN_TOKEN, client_for
 
 # Enough cases per operation to reach every validation branch, few enough for CI's budget.
 CASES_PER_OPERATION = 40
+# Gemini's routes name their model in the path, under either version.
+GEMINI_PATHS = frozenset(f"/{version}/models/{{model}}:{method}" for version in ("v1beta", "v1")
+                         for method in ("generateContent", "streamGenerateContent",
+                                        "countTokens"))
 GATEWAY_PATHS = frozenset({"/v1/chat/completions", "/v1/responses", "/v1/messages",
-                           "/v1/embeddings"})
+                           "/v1/embeddings", *GEMINI_PATHS})
 # The models the fuzzed gateway calls are sent with (when a case's own random name is not kept),
 # one for OpenAI's routes and one for Anthropic's, priced the same by the service and the stub:
 # one micro-dollar an input token, four an output.
 MODEL = "fuzz-m1"
 CLAUDE_MODEL = "fuzz-c1"
 EMBEDDING_MODEL = "fuzz-e1"  # the embeddings route's: an input rate only
+GEMINI_MODEL = "fuzz-g1"  # Gemini's, on a `gemini` upstream of CEILING_UPSTREAMS
 RATES = {"input_usd_per_mtok": "1.00", "output_usd_per_mtok": "4.00"}
 EMBEDDING_RATES = {"input_usd_per_mtok": "1.00"}
 # The stub serves a model by the embeddings API when its entry says how.
@@ -45,6 +50,12 @@ STUB_EMBEDDING = {**EMBEDDING_RATES, "output_usd_per_mtok": "0", "embedding": {
 STUB_CLAUDE = {**RATES, "anthropic": {
     "context_window_tokens": 200_000, "output_tokens_max": 64_000, "cache_tokens_min": 1_024,
     "tool_prompt_tokens": {"auto": 346, "any": 313}, "keeps_thinking": False}}
+# The stub serves a model by the Gemini API when its entry says how; it thinks not at all, so
+# the gateway holds no thinking for a call whose thinkingBudget is 0.
+STUB_GEMINI = {**RATES, "context_window_tokens": 100_000, "gemini": {
+    "output_tokens_max": 8_192, "thinking": "none", "thinking_budget_min": 0,
+    "thinking_budget_max": 0, "thinks_by_default": False, "grounding_usd_per_1k": "35",
+    "grounding_per": "prompt"}}
 API_VERSION = "2023-06-01"
 # The gateway's cap for a call that sets none, and the stub's short answers: many calls fit.
 OUTPUT_TOKENS_DEFAULT = 64
@@ -58,7 +69,8 @@ BILLED_CALLS_MIN = 5
 def stub() -> Iterator[StubProvider]:
     with StubProvider(seed=13, latency_ms_min=0, latency_ms_max=2, output_tokens_mean=20,
                       prices={"models": {MODEL: RATES, CLAUDE_MODEL: STUB_CLAUDE,
-                                                EMBEDDING_MODEL: STUB_EMBEDDING}}) as provider:
+                                         EMBEDDING_MODEL: STUB_EMBEDDING,
+                                         GEMINI_MODEL: STUB_GEMINI}}) as provider:
         yield provider
 
 
@@ -67,12 +79,21 @@ def gateway(redis_server: RedisServer, stub: StubProvider,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     prices = Path(tmp_path_factory.mktemp("fuzz")) / "prices.json"
     prices.write_text(json.dumps({"models": {MODEL: RATES, CLAUDE_MODEL: RATES,
-                                             EMBEDDING_MODEL: EMBEDDING_RATES}}))
+                                             EMBEDDING_MODEL: EMBEDDING_RATES,
+                                             GEMINI_MODEL: RATES}}))
+    upstreams = prices.parent / "upstreams.json"
+    # With named upstreams, the chat, Responses and Messages routes go only to them too.
+    upstreams.write_text(json.dumps({"upstreams": [
+        {"name": "openai", "api": "openai", "base_url": f"{stub.url}/v1", "models": [MODEL]},
+        {"name": "anthropic", "api": "anthropic", "base_url": stub.url,
+         "models": [CLAUDE_MODEL]},
+        {"name": "google", "api": "gemini", "base_url": stub.url,
+         "api_key_env": "FUZZ_GEMINI_KEY", "models": [GEMINI_MODEL]}]}))
     with ServiceProcess({
         "REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
         "CEILING_PRICES_FILE": str(prices), "CEILING_UPSTREAM_URL": f"{stub.url}/v1",
-        "CEILING_ANTHROPIC_URL": stub.url,
-        "CEILING_UPSTREAM_TIMEOUT_S": "30",
+        "CEILING_ANTHROPIC_URL": stub.url, "CEILING_UPSTREAMS": str(upstreams),
+        "FUZZ_GEMINI_KEY": "fuzz", "CEILING_UPSTREAM_TIMEOUT_S": "30",
         "CEILING_DEFAULT_MAX_OUTPUT_TOKENS": str(OUTPUT_TOKENS_DEFAULT),
     }) as service:
         yield service
@@ -83,7 +104,20 @@ def served_model(case: Any, keep_own: bool) -> Any:
     generated ones repeat, and a repeat is refused as a conflict), unless it keeps its own; a
     Messages case also with the version header the provider requires, and no generated beta
     (which the gateway refuses unless it knows it)."""
-    if case.path in GATEWAY_PATHS and isinstance(case.body, dict) and not keep_own:
+    if case.path in GEMINI_PATHS and isinstance(case.body, dict) and not keep_own:
+        case.path_parameters = {**(case.path_parameters or {}), "model": GEMINI_MODEL}
+        if case.path.endswith(":streamGenerateContent"):
+            case.query = {**(case.query or {}), "alt": "sse"}
+        config = case.body.get("generationConfig")
+        if isinstance(config, dict):
+            thinking = config.get("thinkingConfig")
+            config["thinkingConfig"] = {**(thinking if isinstance(thinking, dict) else {}),
+                                        "thinkingBudget": 0}
+        else:
+            case.body["generationConfig"] = {"thinkingConfig": {"thinkingBudget": 0}}
+        if "Idempotency-Key" in (case.headers or {}):
+            case.headers["Idempotency-Key"] = uuid.uuid4().hex
+    elif case.path in GATEWAY_PATHS and isinstance(case.body, dict) and not keep_own:
         messages = case.path == "/v1/messages"
         case.body["model"] = (CLAUDE_MODEL if messages else EMBEDDING_MODEL
                               if case.path == "/v1/embeddings" else MODEL)
@@ -155,8 +189,8 @@ def test_no_route_answers_5xx_and_the_books_hold(gateway: ServiceProcess,
             fuzz(operation, auth, witness, (sidecar_auth, gateway_auth))
         bill = fetch_bill(stub.url)
         billed = [c for c in bill.log
-                  if c.model in (MODEL, CLAUDE_MODEL, EMBEDDING_MODEL) and c.billed]
-        for api in ("chat.completions", "responses", "messages", "embeddings"):
+                  if c.model in (MODEL, CLAUDE_MODEL, EMBEDDING_MODEL, GEMINI_MODEL) and c.billed]
+        for api in ("chat.completions", "responses", "messages", "embeddings", "gemini"):
             assert sum(c.api == api for c in billed) >= BILLED_CALLS_MIN, (api, len(billed))
         assert witness.held_micros(gateway_auth) >= sum(c.cost_micros for c in billed) > 0
 

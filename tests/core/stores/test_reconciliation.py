@@ -56,9 +56,12 @@ async def test_a_gateway_settle_counts_in_its_upstream_day(
     await gateway_call(store, tag, 500, 300, Upstream.OPENAI, general=general)
     await gateway_call(store, tag, 500, 450, Upstream.OPENAI, general=general)
     await gateway_call(store, tag, 500, 70, Upstream.ANTHROPIC, general=general)
+    # A Gemini call's, though no cost report is read for it (settle.lua took only the two).
+    await gateway_call(store, tag, 500, 9, Upstream.GOOGLE, general=general)
     await gateway_call(store, tag, 500, 99, None, general=general)  # a sidecar's: no upstream
     assert await store.gateway_spend_by_day(Upstream.OPENAI, day, day) == {day: 750}
     assert await store.gateway_spend_by_day(Upstream.ANTHROPIC, day, day) == {day: 70}
+    assert await store.gateway_spend_by_day(Upstream.GOOGLE, day, day) == {day: 9}
     # A call counts on the day it began, though it settles the next.
     r = await store.reserve(request(tag, tag, 500, fingerprint="", retention_ms=RESEND_WINDOW_MS))
     clock.now_ms = (clock.now_ms // DAY_MS + 1) * DAY_MS + 5
