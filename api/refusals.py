@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, ExceptionHandler, Receive, Scope, Send
 from api import errors
 from core.errors import CeilingError
 from core.formats.base import WireFormat
+from core.ledger import StoredReply
 
 # Codes a retry of the same request cannot fix. budget_busy, idempotency_in_flight,
 # ledger_unavailable and upstream_unreachable are left to the SDK's retries: each can pass later.
@@ -113,3 +114,17 @@ def refusals_in(wire: WireFormat) -> Middleware:
 
     return Middleware(RouteHandlers, handlers={**errors.HANDLERS, CeilingError: on_refusal})
 
+
+class Shapes:
+    """core.gateway.Shapes: refusals in api/refusals.py's shapes."""
+
+    @staticmethod
+    def kept(wire: WireFormat, error: CeilingError) -> StoredReply:
+        note = refusal_response(wire, error, {})
+        return StoredReply(note.status_code, tuple(
+            (k, v) for k, v in note.headers.items() if k != "content-length"),
+            bytes(note.body).decode())
+
+    @staticmethod
+    def event(wire: WireFormat, error: CeilingError) -> bytes:
+        return error_event(wire, error)

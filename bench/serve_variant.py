@@ -346,7 +346,7 @@ def use_httpcore_transport() -> None:
     import httpx
 
     from api import upstream
-    from core.gateway import Api
+    from core.formats import Api
 
     made = upstream.Upstream.__init__
 

@@ -30,21 +30,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol, TypeAlias
 
 from core import output_stats, replies
-from core.config import OUTPUT_TOKENS_DEFAULT, Config
-from core.errors import BudgetRefused, CeilingError, InvalidRequest, InvariantBroken
-from core.formats import FORMATS, Plan, StreamTally, WireFormat
-from core.formats import Api as Api  # plan() and usage_of() take a format by its name
+from core.config import Config
+from core.errors import BudgetRefused, CeilingError, InvariantBroken
+from core.formats import Plan, StreamTally, WireFormat
+from core.gateway_request import body_outcome, count_request, plan
 from core.idempotency import fingerprint
-from core.jsonbody import loads_answer, loads_object
 from core.ledger import LegStatus, OutputStats, ReplyStore, Reservation, StoredReply, is_user_leg
 from core.prices import TIER_AUTO, Usage
 from core.replies import REPLY_BYTES_MAX, ReplyNotKept, Ticket
@@ -57,7 +55,7 @@ from core.upstream import (
     Unanswered,
     Upstream,
 )
-from core.upstreams import Routed, UpstreamDef, Upstreams
+from core.upstreams import UpstreamDef
 
 # With X-Ceiling-Clamp, a call that does not fit is sent with a smaller output cap only if at
 # least this many tokens still fit: fewer would cut most answers off mid-sentence.
@@ -75,7 +73,6 @@ OBSERVE_INTERVAL_S = 0.1
 # A token count is admitted by a hold of this much, released at once: the ledger holds no less,
 # and a count costs nothing.
 COUNT_HOLD_MICROS = 1
-_COUNT_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 # An error answer proves nothing was billed only when it is the provider refusing the request
 # itself: a 4xx. Not 408 (the server gave up waiting, maybe while the model ran) nor 499 (the
 # client closed, reported by a proxy while the call went on behind it). A 5xx can come after the
@@ -83,10 +80,6 @@ _COUNT_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 # 520-524 while the origin kept working): every one of those keeps its hold as unknown.
 REFUSAL_STATUSES = range(400, 500)
 BILLING_UNKNOWN_4XX = frozenset({408, 499})
-# The routes whose calls CEILING_UPSTREAMS routes, by the route names core/upstreams.py serves;
-# any other format goes to its provider's one-upstream shorthand.
-ROUTES: dict[Api, str] = {Api.CHAT: "chat", Api.RESPONSES: "responses", Api.MESSAGES: "messages",
-                          Api.GEMINI: "gemini", Api.GEMINI_STREAM: "gemini"}
 
 
 class UpstreamUnreachable(CeilingError):
@@ -125,81 +118,6 @@ class Outcome(StrEnum):
     RELEASED = "released"  # the provider billed nothing; the reservation was released
 
 
-def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAULT,
-         headers: Sequence[tuple[str, str]] = (),
-         fields_allowed: frozenset[str] = frozenset(),
-         betas_allowed: frozenset[str] = frozenset(),
-         upstreams: Upstreams | None = None, path_model: str | None = None) -> Plan:
-    """Price a request body in `api`'s format; InvalidRequest before anything is reserved if it
-    cannot be.
-
-    A call that sets no output cap is sent with `output_tokens_default` (CEILING_DEFAULT_MAX_
-    OUTPUT_TOKENS): without a cap there is no worst case. `headers`: the request's headers that
-    its format forwards (WireFormat.forwarded_headers), which are forwarded with it.
-    `fields_allowed`: the operator's fields forwarded besides the format's own
-    (CEILING_GATEWAY_FIELDS_ALLOWED); `betas_allowed`: the operator's cost-neutral betas
-    (CEILING_GATEWAY_BETAS_ALLOWED). `upstreams`: CEILING_UPSTREAMS, which the model is
-    resolved by (routed). `path_model`: the model a format that names it in its path
-    (WireFormat.model_in_path: Gemini's) was called with."""
-    wire = FORMATS[api]
-    body, model = _checked(wire, raw, fields_allowed, path_model)
-    if upstreams is not None and (route := ROUTES.get(api)) is not None:
-        return routed(wire, body, upstreams.resolve(model, route), tuple(headers),
-                      output_tokens_default, betas_allowed)
-    return wire.plan(body, model, tuple(headers), output_tokens_default, betas_allowed)
-
-
-def routed(wire: WireFormat, body: dict[str, Any], to: Routed,
-           headers: tuple[tuple[str, str], ...], output_tokens_default: int,
-           betas_allowed: frozenset[str]) -> Plan:
-    """A call to a named upstream, priced as the model `to` resolved it to: by the upstream's
-    prices table (Plan.routed_to), as the name that table prices it by (Routed.price_model,
-    which the ledger records), and sent as the name the upstream knows it by (an Azure
-    deployment, a Bedrock model id). The body is the one just parsed, so the name is set in
-    it; Plan.content encodes it anew in any case."""
-    # A model named in the path is sent as Plan.model (the upstream's client puts it there).
-    if not wire.model_in_path and to.sent_model != body["model"]:
-        body["model"] = to.sent_model
-    return replace(wire.plan(body, to.price_model, headers, output_tokens_default,
-                             betas_allowed), routed_to=to.upstream)
-
-
-def _checked(wire: WireFormat, raw: bytes, fields_allowed: frozenset[str],
-             path_model: str | None = None) -> tuple[dict[str, Any], str]:
-    """A request body in `wire`'s format, its top-level fields checked, and the model it
-    names: in its body, or for a format that names it in its path, `path_model` (a body
-    `model` is then a field the format does not know, refused by check_fields)."""
-    body = loads_object(raw)
-    wire.check_fields(body, fields_allowed)
-    model = path_model if wire.model_in_path else body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("model is required", field="model")
-    return body, model
-
-
-def count_request(api: Api, raw: bytes, headers: Sequence[tuple[str, str]] = (),
-                  fields_allowed: frozenset[str] = frozenset(),
-                  betas_allowed: frozenset[str] = frozenset(),
-                  upstreams: Upstreams | None = None,
-                  path_model: str | None = None) -> tuple[bytes, UpstreamDef | None]:
-    """A token counting request in `api`'s format, checked as a call's fields and headers are
-    (nothing unnamed is forwarded), re-encoded for the provider; InvalidRequest if it is not.
-    With `upstreams`, its model is resolved as a call's is (ModelNotRouted), named as its
-    upstream knows it, and the upstream is returned beside it. `path_model`: as plan's (a
-    model named in the path is counted by its upstream's client under that name:
-    CountsByModel)."""
-    wire = FORMATS[api]
-    body, model = _checked(wire, raw, fields_allowed, path_model)
-    wire.count_checked(body, tuple(headers), betas_allowed)
-    to = None
-    if upstreams is not None and (route := ROUTES.get(api)) is not None:
-        found = upstreams.resolve(model, route)
-        to = found.upstream
-        if not wire.model_in_path:
-            body["model"] = found.sent_model
-    return _COUNT_ENCODER.encode(body).encode(), to
-
-
 async def admit_count(svc: CeilingService, who: Caller) -> None:
     """Count a token counting request against the caller's rate and concurrency limits: the
     provider bills nothing for it, so it holds the least amount the ledger takes (COUNT_HOLD_
@@ -207,20 +125,6 @@ async def admit_count(svc: CeilingService, who: Caller) -> None:
     the count is for."""
     reservation = await svc.reserve(who, CallSpec(amount_micros=COUNT_HOLD_MICROS))
     await svc.release(who, reservation.reservation_id)
-
-
-def usage_of(api: Api, usage: object, service_tier: object = None) -> Usage | None:
-    """The usage an answer in `api`'s format reports (WireFormat.usage_of)."""
-    return FORMATS[api].usage_of(usage, service_tier)
-
-
-def body_outcome(call_plan: Plan, raw: bytes) -> tuple[Usage | None] | None:
-    """A complete non-streaming answer's usage (None inside when it reports none); None if the
-    answer is not a JSON object, which leaves the call's outcome unknown."""
-    doc = loads_answer(raw)
-    if not isinstance(doc, dict):
-        return None
-    return (call_plan.wire.answer_usage(doc),)
 
 
 _background: set[asyncio.Task[None]] = set()

@@ -1,15 +1,8 @@
-"""The gateway: one route per wire format (core/formats FORMATS): POST /v1/chat/completions,
-/v1/responses and /v1/embeddings (OpenAI's), /v1/messages (Anthropic's) and Gemini's
-/{v1beta,v1}/models/{model}:generateContent and :streamGenerateContent, enforced, and
-Messages' and Gemini's token counting.
-
-Each route parses its request and sends the answer core/gateway.py Gateway decides: price ->
-reserve -> call -> settle, and what the answer's headers say the call held and cost (the list
-is at core/gateway.py bill_headers; docs/gateway.md). API keys need the `gateway` role, sent as
-a bearer token or as the format's own clients send theirs (`x-api-key` on /v1/messages;
-`x-goog-api-key` or `?key=` on Gemini's).
-Refusals come in the route's format's error shape (api/refusals.py).
-"""
+"""The gateway's routes: one per wire format (core/formats FORMATS), and each token counting
+route. Each parses its request and sends the answer core/gateway.py Gateway decides: price ->
+reserve -> call -> settle, and the bill's headers (core/gateway.py bill_headers). API keys need
+the `gateway` role, sent as a bearer token or where the format's own clients send theirs
+(`x-api-key`; `x-goog-api-key` or `?key=`). Refusals are in the format's error shape."""
 
 from __future__ import annotations
 
@@ -18,15 +11,15 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from api.auth import authenticated
-from api.refusals import error_event, refusal_response, refusals_in
+from api.refusals import Shapes, refusal_response, refusals_in
 from api.routing import HotRoute, format_route, header_of
 from api.runtime import runtime
 from api.upstream import upstream
 from api.upstreams import routed_client
-from core.errors import CeilingError, ensure
+from core.errors import ensure
 from core.formats import FORMATS, Api, WireFormat
 from core.gateway import Answer, Gateway, Refused
-from core.ledger import ReplyStore, Role, StoredReply
+from core.ledger import ReplyStore, Role
 
 # Headers the gateway reads beyond the key and the run (api/routing.py HEADERS_COMMON).
 HEADERS = ("Idempotency-Key", "X-Ceiling-Clamp")
@@ -35,21 +28,6 @@ HEADERS = ("Idempotency-Key", "X-Ceiling-Clamp")
 GEMINI_VERSIONS = ("v1beta", "v1")
 # The request bodies the OpenAPI document shows (documentation only), by format.
 BODIES = {api: wire.body_schema for api, wire in FORMATS.items()}
-
-
-class Shapes:
-    """core.gateway.Shapes: refusals in api/refusals.py's shapes."""
-
-    @staticmethod
-    def kept(wire: WireFormat, error: CeilingError) -> StoredReply:
-        note = refusal_response(wire, error, {})
-        return StoredReply(note.status_code, tuple(
-            (k, v) for k, v in note.headers.items() if k != "content-length"),
-            bytes(note.body).decode())
-
-    @staticmethod
-    def event(wire: WireFormat, error: CeilingError) -> bytes:
-        return error_event(wire, error)
 
 
 def replies() -> ReplyStore:
@@ -77,26 +55,10 @@ def answered(wire: WireFormat, answer: Answer | Refused) -> Response:
                     background=None if background is None else BackgroundTask(background))
 
 
-async def serve(request: Request, wire: WireFormat) -> Response:
-    svc, who = await authenticated(request, Role.GATEWAY, x_api_key=wire.key_header is not None)
-    headers = request.headers
-    return answered(wire, await GATEWAY.serve(
-        svc, who, wire, await request.body(), forwarded(request, wire), runtime().config,
-        clamp=headers.get("x-ceiling-clamp") == "1",
-        idempotency_key=headers.get("idempotency-key")))
-
-
-async def count(request: Request, wire: WireFormat) -> Response:
-    """A token count (POST /v1/messages/count_tokens; core/gateway.py Gateway.count)."""
-    svc, who = await authenticated(request, Role.GATEWAY, x_api_key=wire.key_header is not None)
-    return answered(wire, await GATEWAY.count(svc, who, wire, await request.body(),
-                                              forwarded(request, wire), runtime().config))
-
-
 def key_sent(request: Request, wire: WireFormat) -> str | None:
     """The key where `wire`'s clients send it besides Authorization: its key header, else its
-    key query parameter (Google's x-goog-api-key, ?key=). The query's key goes no further: the
-    upstream's client makes its own URL, its own key in it."""
+    key query parameter (Anthropic's x-api-key; Google's x-goog-api-key, ?key=). The query's key
+    goes no further: the upstream's client makes its own URL, its own key in it."""
     if wire.key_header is not None:
         found = header_of(request, wire.key_header.encode())
         if found is not None:
@@ -104,24 +66,23 @@ def key_sent(request: Request, wire: WireFormat) -> str | None:
     return None if wire.key_query is None else request.query_params.get(wire.key_query)
 
 
-async def serve_in_path(request: Request, wire: WireFormat) -> Response:
-    """A call of a format that names its model in its path (Gemini's
-    /{version}/models/{model}:generateContent): as serve's, the model the path's."""
+async def serve(request: Request, wire: WireFormat) -> Response:
+    """A call; a format that names its model in its path (Gemini's) has it from the path."""
     svc, who = await authenticated(request, Role.GATEWAY, key_sent=key_sent(request, wire))
     headers = request.headers
     return answered(wire, await GATEWAY.serve(
         svc, who, wire, await request.body(), forwarded(request, wire), runtime().config,
         clamp=headers.get("x-ceiling-clamp") == "1",
         idempotency_key=headers.get("idempotency-key"),
-        path_model=request.path_params["model"]))
+        path_model=request.path_params.get("model")))
 
 
-async def count_in_path(request: Request, wire: WireFormat) -> Response:
-    """A token count of a format that names its model in its path (Gemini's :countTokens)."""
+async def count(request: Request, wire: WireFormat) -> Response:
+    """A token count (Messages' count_tokens, Gemini's :countTokens; Gateway.count)."""
     svc, who = await authenticated(request, Role.GATEWAY, key_sent=key_sent(request, wire))
     return answered(wire, await GATEWAY.count(svc, who, wire, await request.body(),
                                               forwarded(request, wire), runtime().config,
-                                              path_model=request.path_params["model"]))
+                                              path_model=request.path_params.get("model")))
 
 
 def versioned(path: str, version: str) -> str:
@@ -141,7 +102,7 @@ def in_path_routes(wire: WireFormat) -> tuple[HotRoute, ...]:
         suffix = "" if version == GEMINI_VERSIONS[0] else f"_{version}"
 
         async def call(request: Request) -> Response:
-            return await serve_in_path(request, wire)
+            return await serve(request, wire)
 
         call.__name__ = call.__qualname__ = wire.name + suffix
         routes.append(HotRoute(versioned(wire.route, version), call, body=BODIES[wire.api],
@@ -149,7 +110,7 @@ def in_path_routes(wire: WireFormat) -> tuple[HotRoute, ...]:
         if counts:
 
             async def counted(request: Request) -> Response:
-                return await count_in_path(request, wire)
+                return await count(request, wire)
 
             counted.__name__ = counted.__qualname__ = "gemini_count_tokens" + suffix
             routes.append(HotRoute(versioned(str(wire.count_route), version), counted,
@@ -160,9 +121,6 @@ def in_path_routes(wire: WireFormat) -> tuple[HotRoute, ...]:
 
 def route(wire: WireFormat) -> HotRoute:
     """`wire`'s hot route (api/routing.py), its refusals in its shape."""
-    # authenticated() (api/auth.py) knows one key header besides Authorization.
-    ensure(wire.key_header in (None, "x-api-key"),
-           f"{wire.route}: api/auth.py reads no key from {wire.key_header}")
     return format_route(wire, serve, headers=HEADERS, body=BODIES.get(wire.api),
                         middleware=(refusals_in(wire),))
 

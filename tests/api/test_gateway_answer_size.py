@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse
 
 from api.upstream import UPSTREAM_ANSWER_BYTES_MAX, Upstream
 from core.formats import Api
-from core.gateway import plan
+from core.gateway_request import plan
 from core.replies import REPLY_BYTES_MAX
 from core.upstream import AnswerTooLarge
 from infra.redis_server import RedisServer

@@ -14,7 +14,7 @@ from api.routing import HEADER_SCHEMAS
 from core.errors import InvalidRequest
 from core.formats import FORMATS, UNROUTED, Api, WireFormat
 from core.formats.base import Plan
-from core.gateway import plan
+from core.gateway_request import plan
 
 WIRES = list(FORMATS.values())
 # The smallest body each format prices: the model, and its prompt.

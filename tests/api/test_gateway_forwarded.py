@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from core.formats import Api
-from core.gateway import plan
+from core.gateway_request import plan
 
 
 def test_a_key_given_twice_reaches_the_provider_once_as_priced() -> None:

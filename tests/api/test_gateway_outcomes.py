@@ -14,7 +14,8 @@ import pytest
 from core import gateway
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.formats import Api
-from core.gateway import Call, Hold, Outcome, OutputLengths, billed_nothing, hold, plan
+from core.gateway import Call, Hold, Outcome, OutputLengths, billed_nothing, hold
+from core.gateway_request import plan
 from core.ledger import LedgerStore, Role
 from core.prices import PriceTable, Usage
 from core.service import Caller, CeilingService

@@ -19,7 +19,8 @@ import pytest
 from starlette.responses import Response
 from starlette.types import Message
 
-from api.routes.gateway import Shapes, answered
+from api.refusals import Shapes
+from api.routes.gateway import answered
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.config import OUTPUT_TOKENS_DEFAULT
 from core.content import Media
@@ -32,17 +33,8 @@ from core.errors import (
 )
 from core.formats import FORMATS, Api, StreamTally
 from core.formats.responses import responses_input
-from core.gateway import (
-    Bill,
-    Call,
-    Outcome,
-    OutputLengths,
-    body_outcome,
-    hold,
-    kept_while_sent,
-    plan,
-    usage_of,
-)
+from core.gateway import Bill, Call, Outcome, OutputLengths, hold, kept_while_sent
+from core.gateway_request import body_outcome, plan, usage_of
 from core.jsonbody import JSON_DEPTH_MAX
 from core.ledger import GATEWAY_OWNER_PREFIX, ClaimKind, Kept, ReplyRef, ReplyStore, StoredReply
 from core.limits import REPLIES_PER_KEY_MAX, REPLY_BYTES_PER_KEY_MAX

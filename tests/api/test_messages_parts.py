@@ -28,7 +28,8 @@ from core.formats.messages import (
     WEB_SEARCH_MAX_USES_DEFAULT,
     merged_usage,
 )
-from core.gateway import OutputLengths, body_outcome, hold, plan, usage_of
+from core.gateway import OutputLengths, hold
+from core.gateway_request import body_outcome, plan, usage_of
 from core.prices import TIER_AUTO, TIER_DEFAULT, PriceTable, Usage
 from core.service import CeilingService
 from core.stores.memory import MemoryStore

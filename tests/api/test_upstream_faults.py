@@ -21,7 +21,7 @@ import pytest
 
 from api.upstream import CONNECTIONS_MAX, Upstream
 from core.formats import Api, Plan
-from core.gateway import plan
+from core.gateway_request import plan
 from core.upstream import NotSent, Unanswered
 from infra.processes import free_port
 

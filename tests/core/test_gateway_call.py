@@ -31,8 +31,8 @@ from core.gateway import (
     UpstreamAnswerTooLarge,
     UpstreamTimeout,
     UpstreamUnreachable,
-    plan,
 )
+from core.gateway_request import plan
 from core.ledger import LedgerStore, LegStatus, Role, StoredReply
 from core.prices import PriceTable, Usage
 from core.service import Caller, CeilingService

@@ -13,7 +13,7 @@ import pytest
 
 from api.upstreams.azure import AzureUpstream
 from core.formats import Api, Plan
-from core.gateway import plan
+from core.gateway_request import plan
 from core.upstream import NotSent, Unanswered
 from core.upstreams import UpstreamApi, UpstreamDef
 from infra.stub_provider import StubProvider

@@ -16,7 +16,7 @@ import pytest
 from api.upstreams.base import cloud_messages_body, error_as_anthropic
 from api.upstreams.bedrock import BedrockUpstream, sse_event
 from core.formats import Api, Plan
-from core.gateway import plan
+from core.gateway_request import plan
 from core.upstream import NotSent, Sent, Unanswered
 from core.upstreams import UpstreamApi, UpstreamDef
 from infra.stub_provider import StubProvider

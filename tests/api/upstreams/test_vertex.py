@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from api.upstreams.vertex import VertexUpstream, endpoint
 from core.formats import Api, Plan
-from core.gateway import plan
+from core.gateway_request import plan
 from core.upstream import NotSent, Sent, Unanswered
 from core.upstreams import UpstreamApi, UpstreamDef
 from infra.stub_provider import StubProvider
