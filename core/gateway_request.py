@@ -22,7 +22,8 @@ _COUNT_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 # The routes whose calls CEILING_UPSTREAMS routes, by the route names core/upstreams.py serves;
 # any other format goes to its provider's one-upstream shorthand.
 ROUTES: dict[Api, str] = {Api.CHAT: "chat", Api.RESPONSES: "responses", Api.MESSAGES: "messages",
-                          Api.GEMINI: "gemini", Api.GEMINI_STREAM: "gemini"}
+                          Api.EMBEDDINGS: "embeddings", Api.GEMINI: "gemini",
+                          Api.GEMINI_STREAM: "gemini"}
 
 
 def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAULT,

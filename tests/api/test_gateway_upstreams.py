@@ -62,11 +62,12 @@ def upstreams_file(stub: StubProvider, directory: Path) -> Path:
               "credentials_file": str(account_file)}
     doc = {"upstreams": [
         {"name": "router", "api": "openai", "base_url": f"{stub.url}/v1",
-         "api_key_env": "ROUTER_KEY", "models": ["gpt-4o-mini"]},
+         "api_key_env": "ROUTER_KEY", "models": ["gpt-4o-mini", "text-embedding-3-small"]},
         {"name": "router2", "api": "openai", "base_url": f"{stub.url}/v1",
          "api_key_env": "ROUTER_KEY", "models": ["gpt-4o-mini"]},
         {"name": "azure-east", "api": "azure", "base_url": f"{stub.url}/openai/v1",
-         "api_key_env": "AZURE_KEY", "deployments": {"prod-4o": "gpt-4o"}},
+         "api_key_env": "AZURE_KEY",
+         "deployments": {"prod-4o": "gpt-4o", "prod-embed": "text-embedding-3-large"}},
         {"name": "bedrock", "api": "bedrock", "region": REGION, "base_url": stub.url,
          "model_ids": {"claude-sonnet-4-5": US_SONNET, "claude-haiku-4-5": GLOBAL_HAIKU}},
         {"name": "vertex", **vertex, "region": "global", "models": [VERTEX_SONNET]},
@@ -96,7 +97,8 @@ def gw(redis_server: RedisServer, stub: StubProvider,
 
 @pytest.fixture(autouse=True)
 def fresh_bill(stub: StubProvider) -> None:
-    stub_control(stub.url, {"clock_offset_s": 0, "deployments": {"prod-4o": "gpt-4o"},
+    stub_control(stub.url, {"clock_offset_s": 0, "deployments": {
+        "prod-4o": "gpt-4o", "prod-embed": "text-embedding-3-large"},
                             "bedrock_credentials": {"access_key_id": ACCESS_KEY,
                                                     "secret_access_key": SECRET_KEY,
                                                     "region": REGION}})
@@ -306,3 +308,19 @@ def test_a_retry_with_the_same_key_names_the_same_upstream_or_conflicts(
     assert again.headers["x-ceiling-replayed"] == "true"
     assert (other.status_code, other.json()["error"]["code"]) == (409, "idempotency_conflict")
     assert len(fetch_bill(stub.url).log) == 1
+
+
+@pytest.mark.parametrize(("model", "billed_as"), [("text-embedding-3-small",
+                                                  "text-embedding-3-small"),
+                                                 ("prod-embed", "text-embedding-3-large")])
+def test_embeddings_go_to_the_upstream_that_names_the_model_and_are_charged_the_bill(
+        gw: ServiceProcess, admin: Client, stub: StubProvider, model: str,
+        billed_as: str) -> None:
+    tag, key = account(admin, 1_000_000)
+    answer = sdk(gw, key).embeddings.with_raw_response.create(
+        model=model, input=["hello", "a second, longer input to embed"])
+    charged = header(answer, "x-ceiling-charged-micros")
+    bill = fetch_bill(stub.url).log
+    assert [c.model for c in bill] == [billed_as]
+    assert [c.cost_micros for c in bill] == [charged]
+    assert settled(admin, tag)["committed_micros"] == charged > 0
