@@ -55,7 +55,7 @@ from core.upstream import (
     Unanswered,
     Upstream,
 )
-from core.upstreams import UpstreamDef
+from core.upstreams import UpstreamDef, bill_of
 
 # With X-Ceiling-Clamp, a call that does not fit is sent with a smaller output cap only if at
 # least this many tokens still fit: fewer would cut most answers off mid-sentence.
@@ -313,11 +313,13 @@ class Call:
             # The answer names no tier: it was served at the one the request named, if any.
             usage = replace(usage, service_tier=call_plan.service_tier)
         try:
-            # A routed call's spend counts in its format's provider's day too: the clouds'
-            # bills (Bedrock, Vertex, Azure) are not in the cost reports reconcile reads.
-            upstream = call_plan.wire.provider.upstream
-            prices_provider = None if call_plan.routed_to is None else (
-                call_plan.routed_to.prices_provider)
+            # A routed call's spend counts on its upstream's own bill (core/upstreams.py
+            # bill_of): Bedrock's, Vertex's or Azure's spend is in no report reconcile reads,
+            # and counted as OpenAI's or Anthropic's it would hide their unseen spend.
+            routed_to = call_plan.routed_to
+            upstream = call_plan.wire.provider.upstream if routed_to is None else bill_of(
+                routed_to)
+            prices_provider = None if routed_to is None else routed_to.prices_provider
             spec = SettleSpec(
                 usage, upstream=upstream, prices_provider=prices_provider,
             ) if usage is not None else SettleSpec(

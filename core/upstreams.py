@@ -21,6 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from core.errors import InvalidRequest
+from core.ledger import Upstream
 from core.prices import bedrock_price_key
 
 # An operator's file, read once at startup: a bound on what a mistyped path can make us parse.
@@ -72,6 +73,25 @@ PRICES_PROVIDER_DEFAULT: Mapping[UpstreamApi, str] = {
     UpstreamApi.VERTEX: "google",
     UpstreamApi.GEMINI: "google",
 }
+# Whose bill a kind of upstream's calls are on, the day counter reconciliation reads
+# (core/ledger.py Upstream). An OpenAI-compatible upstream priced by OpenAI's table is taken to
+# be OpenAI; priced by any other, it is another provider's bill, which OpenAI's report lacks.
+BILLS: Mapping[UpstreamApi, Upstream] = {
+    UpstreamApi.ANTHROPIC: Upstream.ANTHROPIC,
+    UpstreamApi.BEDROCK: Upstream.AWS,
+    UpstreamApi.AZURE: Upstream.AZURE,
+    UpstreamApi.VERTEX: Upstream.GOOGLE,
+    UpstreamApi.GEMINI: Upstream.GOOGLE,
+}
+
+
+def bill_of(upstream: UpstreamDef) -> Upstream:
+    """The bill a call to `upstream` is on (BILLS)."""
+    if upstream.api is UpstreamApi.OPENAI:
+        return Upstream.OPENAI if upstream.prices_provider == "openai" else Upstream.OTHER
+    return BILLS[upstream.api]
+
+
 # The fields each kind takes beyond the common ones; any other field is refused, so that a
 # misspelt setting is not silently ignored.
 COMMON_FIELDS = frozenset({"name", "api", "base_url", "api_key_env", "models", "prices_provider"})

@@ -21,8 +21,10 @@ local a = settle_args(ARGV)
 local actual = int(a.actual_micros, 'actual_micros')
 local now = a.now_ms and ledger_now(a.now_ms)
 local prefix = prefix_of(KEYS[1])
-if a.upstream ~= '' and a.upstream ~= 'openai' and a.upstream ~= 'anthropic'
-    and a.upstream ~= 'google' then
+-- The bills a gateway call can be on (core/ledger.py Upstream).
+local UPSTREAMS = {openai = true, anthropic = true, google = true, aws = true, azure = true,
+                   other = true}
+if a.upstream ~= '' and not UPSTREAMS[a.upstream] then
   fail('BADARG', 'upstream')
 end
 

@@ -9,8 +9,10 @@ serve, a budget too small; each is refused before the stub sees anything.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ import httpx
 import openai
 import pytest
 
+from core.ledger import Upstream
+from core.stores.redis import RedisStore
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill, stub_control
@@ -324,3 +328,34 @@ def test_embeddings_go_to_the_upstream_that_names_the_model_and_are_charged_the_
     assert [c.model for c in bill] == [billed_as]
     assert [c.cost_micros for c in bill] == [charged]
     assert settled(admin, tag)["committed_micros"] == charged > 0
+
+
+def day_spend(redis_server: RedisServer) -> dict[Upstream, int]:
+    """What each bill's day counter holds today (UTC): what reconciliation compares."""
+
+    async def read() -> dict[Upstream, int]:
+        store = RedisStore(redis_server.url)
+        today = datetime.now(UTC).date()
+        try:
+            return {u: (await store.gateway_spend_by_day(u, today, today)).get(today, 0)
+                    for u in Upstream}
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def test_a_routed_call_is_counted_on_its_upstreams_own_bill_not_the_routes_provider(
+        gw: ServiceProcess, admin: Client, stub: StubProvider,
+        redis_server: RedisServer) -> None:
+    """Bedrock's spend counted as Anthropic's would pass for Anthropic's own in reconciliation
+    and hide spend made with Anthropic's key directly; each cloud's is its own."""
+    _, key = account(admin, 1_000_000)
+    before = day_spend(redis_server)
+    anthropic_sdk(gw, key).messages.create(model="claude-sonnet-4-5", max_tokens=50,
+                                           messages=HELLO)
+    sdk(gw, key).chat.completions.create(model="prod-4o", max_tokens=50, messages=HELLO)
+    bedrock_cost, azure_cost = costs(stub)
+    after = day_spend(redis_server)
+    grew = {u: after[u] - before[u] for u in Upstream if after[u] != before[u]}
+    assert grew == {Upstream.AWS: bedrock_cost, Upstream.AZURE: azure_cost}

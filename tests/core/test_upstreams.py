@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from core.upstreams import ModelNotRouted, UpstreamApi, UpstreamsError, load, parse
+from core.ledger import Upstream
+from core.upstreams import ModelNotRouted, UpstreamApi, UpstreamsError, bill_of, load, parse
 
 ENV = {"OPENAI_KEY": "sk-1", "ROUTER_KEY": "sk-2", "AZ_KEY": "az", "AWS_ACCESS_KEY_ID": "AKIA",
        "AWS_SECRET_ACCESS_KEY": "secret"}
@@ -130,3 +131,10 @@ def test_load_reads_the_file_and_refuses_what_is_not_json(tmp_path: Path) -> Non
         load(str(bad), ENV)
     with pytest.raises(UpstreamsError, match="cannot read"):
         load(str(tmp_path / "none.json"), ENV)
+
+
+def test_each_upstream_is_on_its_own_bill() -> None:
+    ups = parse(doc(OPENAI, ROUTER, AZURE, BEDROCK), ENV).by_name
+    assert {name: bill_of(u) for name, u in ups.items()} == {
+        "openai": Upstream.OPENAI, "router": Upstream.OTHER, "azure": Upstream.AZURE,
+        "bedrock": Upstream.AWS}
