@@ -5,7 +5,9 @@
    instance's health says `degraded`.
 2. The same 25 instances on one shared Redis ledger: the same scenario, then a larger budget
    spent to exhaustion, then Anthropic's Messages API through the gateway (25 workers in the
-   anthropic SDK's wire format, every other call streamed). The provider's bill stays within
+   anthropic SDK's wire format, every other call streamed), then Google's Gemini API through
+   the gateway (generateContent with a thinking budget; the instances route both by
+   CEILING_UPSTREAMS to named upstreams at the stub). The provider's bill stays within
    the ceiling and equals the ledger's committed spend to the micro-dollar. The instances
    deliver the alert events the runs produced to a receiver on loopback (each once, signed),
    and the spend page after the runs is saved (and screenshotted with chromium when it is
@@ -35,7 +37,16 @@ from core.money import micros_to_usd
 from infra import baselines
 from infra.alert_receiver import AlertReceiver
 from infra.figures import table
-from infra.fleet import EXHAUSTION, HANDFUL, INSTANCES, MESSAGES, Fleet, LedgerMode, LoadResult
+from infra.fleet import (
+    EXHAUSTION,
+    GEMINI,
+    HANDFUL,
+    INSTANCES,
+    MESSAGES,
+    Fleet,
+    LedgerMode,
+    LoadResult,
+)
 from infra.stub_provider import StubProvider
 
 
@@ -56,14 +67,15 @@ def run_fleet(mode: LedgerMode, instances: int, seed: int, workloads: tuple[str,
               receiver: AlertReceiver | None = None) -> FleetRun:
     print(f"\n== {instances} instances, {mode.value} ledger ==", flush=True)
     with Fleet(mode=mode, instances=instances, provider=StubProvider(seed=seed),
-               alert_webhook_url=receiver.url if receiver else None) as fleet:
+               alert_webhook_url=receiver.url if receiver else None,
+               upstreams=GEMINI.user_class in workloads) as fleet:
         print(f"started {instances} instance processes in {fleet.start_s:.1f} s", flush=True)
         bodies = fleet.health()
         health = Counter(b["status"] for b in bodies)
         reasons = tuple(sorted({r for b in bodies for r in b["reasons"]}))
         print(f"health: {dict(health)}; reasons: {', '.join(reasons) or 'none'}", flush=True)
         results, committed = [], []
-        for workload in (HANDFUL, EXHAUSTION, MESSAGES):
+        for workload in (HANDFUL, EXHAUSTION, MESSAGES, GEMINI):
             if workload.user_class not in workloads:
                 continue
             result = fleet.run_load(workload)
@@ -173,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     memory = run_fleet(LedgerMode.MEMORY, args.instances, args.seed, (HANDFUL.user_class,))
     with AlertReceiver() as receiver:
         shared = run_fleet(LedgerMode.SHARED, args.instances, args.seed,
-                           (HANDFUL.user_class, EXHAUSTION.user_class, MESSAGES.user_class),
-                           receiver)
+                           (HANDFUL.user_class, EXHAUSTION.user_class, MESSAGES.user_class,
+                            GEMINI.user_class), receiver)
     print("\n== the spend limits people ship, against the same provider ==", flush=True)
     rows = baselines.run(args.seed)
     print(baselines.report(rows))

@@ -3,7 +3,8 @@
 Each instance is `ceiling serve` in its own process with its own memory, as each serverless
 instance is. In `shared` mode every instance is given REDIS_URL; in `memory` mode each runs the
 per-instance ledger (CEILING_SINGLE_REPLICA=1), so the fleet holds N ceilings instead of one.
-Every instance's gateway forwards Anthropic's Messages API to the stub (CEILING_ANTHROPIC_URL).
+Every instance's gateway forwards Anthropic's Messages API to the stub (CEILING_ANTHROPIC_URL),
+or with `upstreams` routes it and Google's Gemini API to the stub by CEILING_UPSTREAMS.
 The provider's bill (infra.stub_provider) is the witness of what was spent.
 
 `run_load` drives a fleet with a Locust scenario (locustfiles/ceiling.py) in a child process
@@ -81,6 +82,9 @@ class Workload:
     # route: workers call the provider through it (gateway keys), streaming every other call
     # when `stream`.
     gateway_route: str | None = None
+    # Gemini's thinkingBudget: thinking tokens are billed as output beside the cap, and the
+    # gateway holds them on top of it; 0 for a scenario whose model does not think.
+    thinking_budget_tokens: int = 0
 
 
 # A budget with room for a handful of calls: four worst cases at once ($0.0101 each: gpt-4o,
@@ -106,7 +110,33 @@ MESSAGES = Workload(
     prompt="Summarise this support ticket in two sentences.", stream=True,
     calls_per_worker_max=100, run_time_s=60, gateway_route="/v1/messages",
 )
-WORKLOADS = {w.user_class: w for w in (HANDFUL, EXHAUSTION, MESSAGES)}
+# Google's Gemini API through the gateway (generateContent, the key in x-goog-api-key), routed by
+# CEILING_UPSTREAMS to a `gemini` upstream at the stub: the same $0.05 ceiling, gemini-2.5-flash
+# (a worst case of ~$0.0030: 1,000 output and 200 thinking tokens at $2.50 a million), every
+# call answered whole (a Gemini stream ends on Google's last event: no trailer with its charge).
+GEMINI = Workload(
+    user_class="GeminiThroughGateway", ceiling_micros=usd_to_micros("0.05"),
+    model="gemini-2.5-flash", max_output_tokens=1_000,
+    prompt="Summarise this support ticket in two sentences.", stream=False,
+    calls_per_worker_max=100, run_time_s=60,
+    gateway_route="/v1beta/models/gemini-2.5-flash:generateContent", thinking_budget_tokens=200,
+)
+WORKLOADS = {w.user_class: w for w in (HANDFUL, EXHAUSTION, MESSAGES, GEMINI)}
+# The key the instances send the stub as each upstream's; the stub checks none (StubProvider's
+# api_key None), so any value serves, named only because an upstream reads its key from the env.
+STUB_KEY_ENV = "CEILING_STUB_KEY"
+
+
+def stub_upstreams(provider_url: str) -> dict[str, Any]:
+    """CEILING_UPSTREAMS for a fleet whose gateway routes by named upstreams, all at the stub: the
+    Messages scenario's model at an `anthropic` upstream, the Gemini scenario's at a `gemini` one.
+    A model neither names is refused, so a fleet with them runs no chat-completions scenario."""
+    return {"upstreams": [
+        {"name": "anthropic", "api": "anthropic", "base_url": provider_url,
+         "api_key_env": STUB_KEY_ENV, "models": [MESSAGES.model]},
+        {"name": "google", "api": "gemini", "base_url": provider_url,
+         "api_key_env": STUB_KEY_ENV, "models": [GEMINI.model]},
+    ]}
 
 
 @dataclass(frozen=True)
@@ -194,6 +224,9 @@ class Fleet:
     # Issue 16: where the instances post alert events (and the secret), or None for no webhook.
     alert_webhook_url: str | None = None
     alert_webhook_secret: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    # Route the gateway by CEILING_UPSTREAMS (stub_upstreams: what the Gemini scenario needs)
+    # instead of the one-upstream shorthand (CEILING_ANTHROPIC_URL).
+    upstreams: bool = False
     # Wall time from the first instance's spawn until all answered /health/live.
     start_s: float = 0.0
     _http: httpx.Client | None = field(default=None, init=False, repr=False)
@@ -216,6 +249,11 @@ class Fleet:
         else:
             env["CEILING_SINGLE_REPLICA"] = "1"
         env["CEILING_ANTHROPIC_URL"] = self.provider.url
+        if self.upstreams:
+            path = self.workdir / "upstreams.json"
+            path.write_text(json.dumps(stub_upstreams(self.provider.url)))
+            env["CEILING_UPSTREAMS"] = str(path)
+            env[STUB_KEY_ENV] = "stub-key"
         if self.alert_webhook_url:
             env["CEILING_ALERT_WEBHOOK_URL"] = self.alert_webhook_url
             env["CEILING_ALERT_WEBHOOK_SECRET"] = self.alert_webhook_secret

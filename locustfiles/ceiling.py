@@ -12,6 +12,9 @@ worker has stopped, the run ends on its own; --run-time only bounds a broken one
                             realistic length; also reports utilization (infra.fleet.EXHAUSTION)
     MessagesThroughGateway  Anthropic's Messages API through the gateway, in the wire format the
                             anthropic SDK sends, every other call streamed (infra.fleet.MESSAGES)
+    GeminiThroughGateway    Google's Gemini API through the gateway (generateContent, the key in
+                            x-goog-api-key), a thinking budget beside the output cap: the fleet
+                            routes it by CEILING_UPSTREAMS (infra.fleet.GEMINI)
     EndUsersThroughGateway  100 end users behind one key whose budget holds each of them to
                             per_user limits (END_USERS below): chat completions through the
                             gateway, each call naming its user in the body (`user`, or
@@ -45,7 +48,7 @@ from locust import HttpUser, constant, events, task
 from locust.env import Environment
 
 from core.money import micros_to_usd
-from infra.fleet import EXHAUSTION, HANDFUL, MESSAGES, LoadPlan, LoadResult, Workload
+from infra.fleet import EXHAUSTION, GEMINI, HANDFUL, MESSAGES, LoadPlan, LoadResult, Workload
 from infra.stub_provider import Bill, fetch_bill
 
 # The Messages API version the anthropic SDK sends as anthropic-version.
@@ -214,7 +217,8 @@ class Worker(HttpUser):
         stops the worker, 429 budget_busy waits until open reservations should have settled."""
         run = run_state()
         code = _error_code(r)
-        if r.status_code == 402 and code == "budget_exceeded":
+        # Google's error shape carries budget_exceeded as a 400 FAILED_PRECONDITION.
+        if r.status_code in (402, 400) and code == "budget_exceeded":
             r.success()
             run.refused_exceeded += 1
             # Utilization when refusals began: the provider's bill at the first refusal.
@@ -359,6 +363,36 @@ class GatewayWorker(Worker):
         self.count_error()
 
 
+class GeminiWorker(Worker):
+    """A gateway worker speaking Google's Gemini API: generateContent on the model's path, the
+    key in x-goog-api-key, an output cap and a thinking budget, until the ledger says no."""
+
+    abstract = True
+
+    @task
+    def call(self) -> None:
+        if self.calls >= self.workload.calls_per_worker_max:
+            self.finish(refused=False)
+            return
+        body = {"contents": [{"role": "user", "parts": [{"text": m["content"]}]}
+                             for m in self.messages()],
+                "generationConfig": {
+                    "maxOutputTokens": self.workload.max_output_tokens,
+                    "thinkingConfig": {"thinkingBudget": self.workload.thinking_budget_tokens}}}
+        url = f"{self.service_url}{self.workload.gateway_route}"
+        with self.client.post(url, json=body, headers={"x-goog-api-key": self.api_key},
+                              name="gateway: gemini", catch_response=True) as r:
+            if r.status_code == 200:
+                if _billed(r, False, self.instance):
+                    self.calls += 1
+                    return
+            elif self.refused(r):
+                return
+            else:
+                r.failure(f"gateway: {r.status_code} {r.text[:200]}")
+        self.count_error()
+
+
 class EndUserWorker(Worker):
     """A gateway worker calling for many end users behind the one key: first one call for each
     of its own users (so every user calls), then users drawn with weights 1/(index+1) (user 0 is
@@ -420,7 +454,8 @@ class EndUserWorker(Worker):
         if _error_field(r, "budget_id") != f"{run.plan.budget_id}/user:{end_user(user)}":
             return False
         code = _error_code(r)
-        if r.status_code == 402 and code == "budget_exceeded":
+        # Google's error shape carries budget_exceeded as a 400 FAILED_PRECONDITION.
+        if r.status_code in (402, 400) and code == "budget_exceeded":
             run.users_refused.add(user)
         elif r.status_code == 429 and code == "budget_busy":
             run.user_busy_skips += 1
@@ -442,6 +477,10 @@ class MessagesThroughGateway(GatewayWorker):
     workload = MESSAGES
 
 
+class GeminiThroughGateway(GeminiWorker):
+    workload = GEMINI
+
+
 class EndUsersThroughGateway(EndUserWorker):
     workload = END_USERS
 
@@ -451,9 +490,14 @@ def _error_code(response: Any) -> str | None:
 
 
 def _error_field(response: Any, name: str) -> str | None:
+    """A field of the gateway's error; in Google's shape (the Gemini routes) its code is the
+    first detail's (an ErrorInfo's) reason."""
     try:
-        return str(response.json()["error"][name])
-    except (ValueError, KeyError, TypeError):
+        error = response.json()["error"]
+        if "details" in error:
+            return str(error["details"][0]["reason"]) if name == "code" else None
+        return str(error[name])
+    except (ValueError, KeyError, TypeError, IndexError):
         return None
 
 

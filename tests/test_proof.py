@@ -2,11 +2,12 @@
 
 Judged by the stub provider's bill, never by what the service says it spent. The shared ledger
 must hold the ceiling exactly (0% overrun) with books that equal the bill to the micro-dollar,
-for workers that reserve and settle themselves and for workers that call Anthropic's Messages
-API through the gateway; the alert events those runs set off reach a receiver once each, across
-the 25 instances that deliver them (issue 16); 25 per-instance memory ledgers must overrun it and
-say `degraded` on every instance; the patterns people ship must overrun it too. Locust's exit
-code carries the verdict of each run.
+for workers that reserve and settle themselves, for workers that call Anthropic's Messages API
+through the gateway, and for workers that call Google's Gemini API through it (on a fleet of its
+own, whose instances route by CEILING_UPSTREAMS); the alert events those runs set off reach a
+receiver once each, across the 25 instances that deliver them (issue 16); 25 per-instance memory
+ledgers must overrun it and say `degraded` on every instance; the patterns people ship must
+overrun it too. Locust's exit code carries the verdict of each run.
 
 End users: 100 end users behind one key, called by the 25 workers through the
 gateway's chat completions, each call naming its user in the body; the key's budget holds each
@@ -32,7 +33,16 @@ from core.ledger import LegStatus
 from core.stores.redis import RedisStore
 from infra import baselines
 from infra.alert_receiver import AlertReceiver, Post
-from infra.fleet import HANDFUL, INSTANCES, MESSAGES, Fleet, LedgerMode, LoadResult, Workload
+from infra.fleet import (
+    GEMINI,
+    HANDFUL,
+    INSTANCES,
+    MESSAGES,
+    Fleet,
+    LedgerMode,
+    LoadResult,
+    Workload,
+)
 from infra.stub_provider import Bill, StubProvider, fetch_bill
 
 pytestmark = pytest.mark.slow
@@ -162,13 +172,17 @@ async def user_legs(redis_url: str, budget_id: str) -> dict[str, LegStatus]:
 
 
 def observe(mode: LedgerMode, workloads: tuple[Workload, ...],
-            receiver: AlertReceiver | None = None) -> dict[str, Observed]:
+            receiver: AlertReceiver | None = None, *,
+            upstreams: bool = False) -> dict[str, Observed]:
     """Each workload's run on one fleet, each against a budget of its own; with `receiver`, the
-    instances post their alert events to it."""
+    instances post their alert events to it. `upstreams`: a plain Fleet routing by
+    CEILING_UPSTREAMS (which names none of the end users' models), else a ProofFleet."""
     found = {}
-    provider = StubProvider(prices=user_models_table())
-    with ProofFleet(mode=mode, provider=provider,
-                    alert_webhook_url=receiver.url if receiver else None) as fleet:
+    webhook = receiver.url if receiver else None
+    chosen = (Fleet(mode=mode, alert_webhook_url=webhook, upstreams=True) if upstreams else
+              ProofFleet(mode=mode, provider=StubProvider(prices=user_models_table()),
+                         alert_webhook_url=webhook))
+    with chosen as fleet:
         health = fleet.health()
         for workload in workloads:
             result = fleet.run_load(workload)
@@ -218,6 +232,14 @@ def messages(shared_runs: dict[str, Observed]) -> Observed:
 
 
 @pytest.fixture(scope="module")
+def gemini() -> Observed:
+    """Google's Gemini API through the gateway: its fleet routes by CEILING_UPSTREAMS, which
+    would refuse the end users' models, so it is a fleet of its own."""
+    with AlertReceiver() as receiver:
+        return observe(LedgerMode.SHARED, (GEMINI,), receiver, upstreams=True)[GEMINI.user_class]
+
+
+@pytest.fixture(scope="module")
 def end_users(shared_runs: dict[str, Observed]) -> Observed:
     return shared_runs[END_USERS.user_class]
 
@@ -227,12 +249,13 @@ def memory() -> Observed:
     return observe(LedgerMode.MEMORY, (HANDFUL,))[HANDFUL.user_class]
 
 
-@pytest.mark.parametrize("scenario", ["shared", "messages"])
+@pytest.mark.parametrize("scenario", ["shared", "messages", "gemini"])
 def test_the_shared_ledger_holds_the_ceiling_by_the_providers_bill(
     scenario: str, request: pytest.FixtureRequest
 ) -> None:
-    """Workers that reserve and settle themselves, and workers that call Anthropic's Messages
-    API through the gateway (streams among their calls)."""
+    """Workers that reserve and settle themselves, workers that call Anthropic's Messages API
+    through the gateway (streams among their calls), and workers that call Google's Gemini API
+    through it (a thinking budget beside the output cap)."""
     r = request.getfixturevalue(scenario).result
     assert r.exit_code == 0, r
     assert (r.workers, len(r.calls_by_instance)) == (INSTANCES, INSTANCES)
@@ -244,7 +267,7 @@ def test_the_shared_ledger_holds_the_ceiling_by_the_providers_bill(
     assert r.billed_calls == r.admitted == r.settled
 
 
-@pytest.mark.parametrize("scenario", ["shared", "messages"])
+@pytest.mark.parametrize("scenario", ["shared", "messages", "gemini"])
 def test_the_shared_books_equal_the_bill_to_the_micro_dollar(
     scenario: str, request: pytest.FixtureRequest
 ) -> None:
@@ -256,7 +279,7 @@ def test_the_shared_books_equal_the_bill_to_the_micro_dollar(
     assert r.charged_micros == r.billed_micros
 
 
-@pytest.mark.parametrize("scenario", ["shared", "messages"])
+@pytest.mark.parametrize("scenario", ["shared", "messages", "gemini"])
 def test_each_alert_event_reaches_the_receiver_once_across_the_instances(
     scenario: str, request: pytest.FixtureRequest
 ) -> None:
