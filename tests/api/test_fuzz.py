@@ -82,9 +82,10 @@ def gateway(redis_server: RedisServer, stub: StubProvider,
                                              EMBEDDING_MODEL: EMBEDDING_RATES,
                                              GEMINI_MODEL: RATES}}))
     upstreams = prices.parent / "upstreams.json"
-    # With named upstreams, the chat, Responses and Messages routes go only to them too.
+    # With named upstreams, the chat, Responses, embeddings and Messages routes go only to them.
     upstreams.write_text(json.dumps({"upstreams": [
-        {"name": "openai", "api": "openai", "base_url": f"{stub.url}/v1", "models": [MODEL]},
+        {"name": "openai", "api": "openai", "base_url": f"{stub.url}/v1",
+         "models": [MODEL, EMBEDDING_MODEL]},
         {"name": "anthropic", "api": "anthropic", "base_url": stub.url,
          "models": [CLAUDE_MODEL]},
         {"name": "google", "api": "gemini", "base_url": stub.url,
