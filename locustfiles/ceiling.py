@@ -38,6 +38,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,25 @@ class Worker(HttpUser):
             return True
         return False
 
+    def through_gateway(self, body: dict[str, Any], headers: dict[str, str], *, stream: bool,
+                        name: str | None = None,
+                        refused: Callable[[Any], bool] = lambda r: False) -> None:
+        """One call through the instance's gateway route, counted when its answer says what it
+        was charged; `refused`: a refusal of the worker's own to read before the ledger's."""
+        url = f"{self.service_url}{self.workload.gateway_route}"
+        with self.client.post(url, json=body, headers=headers, stream=stream,
+                              name=name or ("gateway: stream" if stream else "gateway"),
+                              catch_response=True) as r:
+            if r.status_code == 200:
+                if _billed(r, stream, self.instance):
+                    self.calls += 1
+                    return
+            elif refused(r) or self.refused(r):
+                return
+            else:
+                r.failure(f"gateway: {r.status_code} {r.text[:200]}")
+        self.count_error()
+
     def count_error(self) -> None:
         run_state().errors += 1
         self.finish(refused=False)
@@ -347,20 +367,8 @@ class GatewayWorker(Worker):
         stream = self.workload.stream and self.calls % 2 == 1
         body = {"model": self.workload.model, "max_tokens": self.workload.max_output_tokens,
                 "messages": self.messages(), "stream": stream}
-        headers = {"x-api-key": self.api_key, "anthropic-version": ANTHROPIC_VERSION}
-        url = f"{self.service_url}{self.workload.gateway_route}"
-        with self.client.post(url, json=body, headers=headers, stream=stream,
-                              name="gateway: stream" if stream else "gateway",
-                              catch_response=True) as r:
-            if r.status_code == 200:
-                if _billed(r, stream, self.instance):
-                    self.calls += 1
-                    return
-            elif self.refused(r):
-                return
-            else:
-                r.failure(f"gateway: {r.status_code} {r.text[:200]}")
-        self.count_error()
+        self.through_gateway(body, {"x-api-key": self.api_key,
+                                    "anthropic-version": ANTHROPIC_VERSION}, stream=stream)
 
 
 class GeminiWorker(Worker):
@@ -379,18 +387,8 @@ class GeminiWorker(Worker):
                 "generationConfig": {
                     "maxOutputTokens": self.workload.max_output_tokens,
                     "thinkingConfig": {"thinkingBudget": self.workload.thinking_budget_tokens}}}
-        url = f"{self.service_url}{self.workload.gateway_route}"
-        with self.client.post(url, json=body, headers={"x-goog-api-key": self.api_key},
-                              name="gateway: gemini", catch_response=True) as r:
-            if r.status_code == 200:
-                if _billed(r, False, self.instance):
-                    self.calls += 1
-                    return
-            elif self.refused(r):
-                return
-            else:
-                r.failure(f"gateway: {r.status_code} {r.text[:200]}")
-        self.count_error()
+        self.through_gateway(body, {"x-goog-api-key": self.api_key}, stream=False,
+                             name="gateway: gemini")
 
 
 class EndUserWorker(Worker):
@@ -433,19 +431,8 @@ class EndUserWorker(Worker):
         body = {"model": user_model(user), "max_tokens": self.workload.max_output_tokens,
                 "messages": self.messages(), "stream": stream,
                 "safety_identifier" if user % 2 else "user": end_user(user)}
-        url = f"{self.service_url}{self.workload.gateway_route}"
-        with self.client.post(url, json=body, headers=self.auth, stream=stream,
-                              name="gateway: stream" if stream else "gateway",
-                              catch_response=True) as r:
-            if r.status_code == 200:
-                if _billed(r, stream, self.instance):
-                    self.calls += 1
-                    return
-            elif self.users_own_refusal(r, user) or self.refused(r):
-                return
-            else:
-                r.failure(f"gateway: {r.status_code} {r.text[:200]}")
-        self.count_error()
+        self.through_gateway(body, self.auth, stream=stream,
+                             refused=lambda r: self.users_own_refusal(r, user))
 
     def users_own_refusal(self, r: Any, user: int) -> bool:
         """Whether the user's own budget said no: spent (the user is retired) or busy (another
