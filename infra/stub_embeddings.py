@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from infra.stub_bill import Usage
 from infra.stub_faults import Api, ApiError, Decided, Fault
+from infra.stub_openai import checked_bearer, error_response
 from infra.stub_prices import TIER_STANDARD, EmbeddingModel, cost_micros
 from infra.stub_tokens import text_tokens
 
@@ -94,15 +95,10 @@ class EmbeddingsApi(Api[Embedded]):
         self.app = app
 
     def check(self, request: Request) -> set[str]:
-        key = self.app.api_key
-        if key is not None and request.headers.get("authorization") != f"Bearer {key}":
-            raise ApiError(401, "incorrect API key", "invalid_api_key")
-        return set()
+        return checked_bearer(self.app.api_key, request)
 
     def error(self, error: ApiError, headers: dict[str, str]) -> Response:
-        body = {"error": {"message": error.message, "type": error.error_type,
-                          "param": error.param, "code": error.code}}
-        return JSONResponse(body, status_code=error.status, headers=headers)
+        return error_response(error, headers)
 
     def model(self, name: object) -> EmbeddingModel:
         """The embedding model of that name (404 when the table has none; 400 when it is not

@@ -297,6 +297,20 @@ class Answer(Decided):
     truncated_tokens: int = 0  # input dropped to fit the context window (`truncation: auto`)
 
 
+def checked_bearer(key: str | None, request: Request) -> set[str]:
+    """OpenAI's authentication: the key as a bearer token (any, when the stub has none)."""
+    if key is not None and request.headers.get("authorization") != f"Bearer {key}":
+        raise ApiError(401, "incorrect API key", "invalid_api_key")
+    return set()
+
+
+def error_response(error: ApiError, headers: dict[str, str] | None = None) -> Response:
+    """An error in OpenAI's shape."""
+    body = {"error": {"message": error.message, "type": error.error_type,
+                      "param": error.param, "code": error.code}}
+    return JSONResponse(body, status_code=error.status, headers=headers)
+
+
 def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
@@ -494,15 +508,10 @@ class OpenAIApi(Api[Answer]):
     # -- the call --------------------------------------------------------------------------------
 
     def check(self, request: Request) -> set[str]:
-        key = self.app.api_key
-        if key is not None and request.headers.get("authorization") != f"Bearer {key}":
-            raise ApiError(401, "incorrect API key", "invalid_api_key")
-        return set()
+        return checked_bearer(self.app.api_key, request)
 
     def error(self, error: ApiError, headers: dict[str, str]) -> Response:
-        body = {"error": {"message": error.message, "type": error.error_type,
-                          "param": error.param, "code": error.code}}
-        return JSONResponse(body, status_code=error.status)
+        return error_response(error)
 
     def decide(self, body: dict[str, Any], request: Request, fault: Fault,
                betas: set[str]) -> Answer:
