@@ -16,18 +16,22 @@ local ledger_id, write, thresholds = ARGV[1], ARGV[3] == '1', ARGV[4]
 local suffixed = ledger_id .. ARGV[2]
 local found = 0
 for _, key in ipairs(KEYS) do
-  local suffix = redis.call('HGET', key, DEFINITION_FIELDS[1]) == suffixed
-  local alerts = redis.call('HEXISTS', key, 'alert_thresholds_pct') == 0
-      or redis.call('HEXISTS', key, 'alert_velocity') == 0
-  if suffix or alerts then
-    found = found + 1
-  end
-  if write and suffix then
-    redis.call('HSET', key, DEFINITION_FIELDS[1], ledger_id)
-  end
-  if write and alerts then
-    redis.call('HSETNX', key, 'alert_thresholds_pct', thresholds)
-    redis.call('HSETNX', key, 'alert_velocity', '')
+  -- The budgets index may still name a budget deleted after its definition: nothing to
+  -- migrate there, and a write would leave a definition of alert fields alone.
+  if redis.call('HEXISTS', key, DEFINITION_FIELDS[2]) == 1 then
+    local suffix = redis.call('HGET', key, DEFINITION_FIELDS[1]) == suffixed
+    local alerts = redis.call('HEXISTS', key, 'alert_thresholds_pct') == 0
+        or redis.call('HEXISTS', key, 'alert_velocity') == 0
+    if suffix or alerts then
+      found = found + 1
+    end
+    if write and suffix then
+      redis.call('HSET', key, DEFINITION_FIELDS[1], ledger_id)
+    end
+    if write and alerts then
+      redis.call('HSETNX', key, 'alert_thresholds_pct', thresholds)
+      redis.call('HSETNX', key, 'alert_velocity', '')
+    end
   end
 end
 return found

@@ -353,3 +353,15 @@ async def test_upstash_is_migrated_through_its_rest_transport(
         assert await contents(raw) == migrated
         await store.close()
     assert_as_before(await reads(server, raw))
+
+
+async def test_a_budget_deleted_before_its_index_entry_is_not_half_made_again(
+    server: RedisServer, raw: aioredis.Redis
+) -> None:
+    """The budgets index may name a budget whose definition a delete removed first: the
+    migration writes nothing there, and every budget still reads."""
+    await load(raw)
+    gone = keys.definition("org:acme", "org:acme/team:runs")
+    await raw.delete(gone)
+    await migrate(server)
+    assert await raw.exists(gone) == 0
