@@ -307,7 +307,9 @@ class ScriptedCatalogue:
         # No confirmation given for an earlier restore applies to this one.
         await self._t.execute("DEL", keys.ADOPTED_KEY)
         self.store.use_ledger(ledger_id)
-        now_ms = self.store.now_estimate()
+        # The ledger's clock (Redis TIME), not this process's: a restore is often the first
+        # thing a fresh CLI does, before it has learned how far its clock is off.
+        now_ms = await self.store.ledger_time_ms()
         counters = charged_count = charged_micros = 0
         for org in orgs:
             written, charged, micros = await self._restore_tag(
