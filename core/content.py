@@ -309,6 +309,9 @@ class Media:
     audio_field: str = ""
     web_searches: int = 0
     web_search_field: str = ""
+    # The answers that each may run as many searches as the prices file's web_searches_max
+    # bounds (Gemini's candidateCount, billed per query across every candidate).
+    web_search_runs: int = 1
     # The first input the request only refers to (a JSON path): the call's input is then held
     # at the model's context window, or at `window_tokens` where the request opened a larger one.
     referred_field: str = ""

@@ -626,7 +626,8 @@ class Gemini(WireFormat):
             # web_searches_max (core/prices/ refuses the call without it).
             per_prompt = _family(model, SEARCH_PER_PROMPT_FAMILIES)
             media = replace(media, web_searches=1 if per_prompt else 0,
-                            web_search_field=search_field)
+                            web_search_field=search_field,
+                            web_search_runs=1 if per_prompt else choices)
         # Only where the request asks for them can Google bill 1-hour cache writes: it has none
         # (a cache is written by cachedContents.create, not by this call).
         media = replace(media, cache_1h=False)

@@ -314,7 +314,7 @@ class PriceTable:
                     "it chooses, each billed a fee, and nothing in the request bounds how many: "
                     "set web_searches_max for it in the prices file", model=model,
                     component="web_search", field=media.web_search_field)
-            return rates.web_searches_max
+            return rates.web_searches_max * media.web_search_runs
         if not rates.searches_on_its_own or media.web_searches:
             return media.web_searches
         if rates.web_searches_max is None:

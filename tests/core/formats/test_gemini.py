@@ -608,3 +608,30 @@ def test_the_gemini_formats_are_routed() -> None:
     assert GEMINI.body_schema["type"] == "object"
     assert "maxOutputTokens" in GEMINI.body_schema["properties"]["generationConfig"][
         "properties"]
+
+
+def test_grounding_per_query_is_held_for_every_candidate(tmp_path: Any) -> None:
+    """Google bills a query of any candidate: three candidates may run three times the
+    prices file's bound."""
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps({"models": {G3: {
+        "input_usd_per_mtok": "2", "output_usd_per_mtok": "12",
+        "usd_per_web_search": "0.014", "web_searches_max": 3,
+        "context_window_tokens": 100_000}}}))
+    table = PriceTable.from_file(str(path))
+
+    def searches_micros(candidates: int) -> int:
+        spec = plan(body(tools=[{"googleSearch": {}}], generationConfig={
+            "maxOutputTokens": 10, "candidateCount": candidates,
+            "thinkingConfig": {"thinkingLevel": "low"}}), G3).spec()
+        searched = table.worst_case_micros(spec.model, spec.input_tokens,
+                                           spec.output_tokens_max, media=spec.media,
+                                           provider=spec.provider)
+        spec = plan(body(generationConfig={
+            "maxOutputTokens": 10, "candidateCount": candidates,
+            "thinkingConfig": {"thinkingLevel": "low"}}), G3).spec()
+        return searched - table.worst_case_micros(spec.model, spec.input_tokens,
+                                                  spec.output_tokens_max, media=spec.media,
+                                                  provider=spec.provider)
+
+    assert searches_micros(3) - searches_micros(1) >= 2 * 3 * 14_000
