@@ -35,12 +35,11 @@ def admin(request: Request) -> str:
 
 
 async def authenticated(
-    request: Request, role: Role | None, *, x_api_key: bool = False, key_sent: str | None = None
+    request: Request, role: Role | None, *, key_sent: str | None = None
 ) -> tuple[CeilingService, Caller]:
     """The service and the caller acting in `role`, or the reason to refuse: no ledger, then no
-    valid key, then a key without the role (None: either role will do). With `x_api_key` the key
-    may come as Anthropic's clients send theirs, in `x-api-key`, when no bearer key is given;
-    `key_sent`: the key as the route read it where its format's clients send it (Google's
+    valid key, then a key without the role (None: either role will do). `key_sent`: the key as
+    the route read it where its format's clients send it (Anthropic's x-api-key, Google's
     x-goog-api-key or ?key=), taken when no bearer key is given."""
     svc = runtime().enforcing()
     # The headers by name, the first of each, as Starlette's Headers.get reads them (names as
@@ -49,8 +48,6 @@ async def authenticated(
     # which most requests do for the run and the end user.
     headers: dict[bytes, bytes] = dict(reversed(request.scope["headers"]))
     key = bearer(_text(headers.get(b"authorization")))
-    if key is None and x_api_key:
-        key = _text(headers.get(b"x-api-key"))
     if key is None:
         key = key_sent
     who = await svc.authenticate(key, _text(headers.get(b"x-ceiling-run-id")), role,

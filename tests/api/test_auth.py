@@ -42,23 +42,24 @@ def request_with(*headers: tuple[bytes, bytes]) -> Request:
     return Request({"type": "http", "method": "POST", "path": "/", "headers": list(headers)})
 
 
-@pytest.mark.parametrize(("headers", "x_api_key", "asked"), [
+@pytest.mark.parametrize(("headers", "key_sent", "asked"), [
     ([(b"authorization", b"Bearer sk-1"), (b"x-ceiling-run-id", b"r1"),
-      (b"x-ceiling-user", b"u\xe9")], False, ("sk-1", "r1", Role.SIDECAR, "u\u00e9")),
+      (b"x-ceiling-user", b"u\xe9")], None, ("sk-1", "r1", Role.SIDECAR, "u\u00e9")),
     # The first of a repeated header, as Starlette's Headers.get reads it.
-    ([(b"authorization", b"Bearer sk-1"), (b"authorization", b"Bearer sk-2")], False,
+    ([(b"authorization", b"Bearer sk-1"), (b"authorization", b"Bearer sk-2")], None,
      ("sk-1", None, Role.SIDECAR, None)),
-    ([(b"x-api-key", b"sk-3")], True, ("sk-3", None, Role.SIDECAR, None)),
-    ([(b"x-api-key", b"sk-3")], False, (None, None, Role.SIDECAR, None)),
-    ([(b"authorization", b"Bearer sk-1"), (b"x-api-key", b"sk-3")], True,
+    # A key where the route's format's clients send it (read by the route: x-api-key, ...).
+    ([(b"x-api-key", b"sk-3")], "sk-3", ("sk-3", None, Role.SIDECAR, None)),
+    ([(b"x-api-key", b"sk-3")], None, (None, None, Role.SIDECAR, None)),
+    ([(b"authorization", b"Bearer sk-1"), (b"x-api-key", b"sk-3")], "sk-3",
      ("sk-1", None, Role.SIDECAR, None)),
 ])
 async def test_authenticated_asks_the_service_about_the_requests_key_run_and_user(
-    monkeypatch: pytest.MonkeyPatch, headers: list[tuple[bytes, bytes]], x_api_key: bool,
+    monkeypatch: pytest.MonkeyPatch, headers: list[tuple[bytes, bytes]], key_sent: str | None,
     asked: tuple[object, ...],
 ) -> None:
     service = Recording()
     monkeypatch.setattr(api.auth, "runtime", lambda: service)
     assert await authenticated(request_with(*headers), Role.SIDECAR,
-                               x_api_key=x_api_key) == (service, "caller")
+                               key_sent=key_sent) == (service, "caller")
     assert service.asked == [asked]
