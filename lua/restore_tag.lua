@@ -38,9 +38,13 @@ local function take()
   return v
 end
 local function count() return int(take(), 'count') end
+local function bounded(n, name)
+  if n > INT_MAX or n < -INT_MAX then fail('BADARG', name) end
+  return n
+end
 local function signed(s, name)
   if #s > 17 or not string.find(s, '^%-?%d+$') then fail('BADARG', name) end
-  return tonumber(s)
+  return bounded(tonumber(s), name)
 end
 local KINDS = {window = true, run = true, total = true}
 local function kind_of(s)
@@ -118,7 +122,7 @@ for _, c in ipairs(counters) do
       rest[#rest + 1] = value
     end
   end
-  v.committed = v.committed + (deltas[c.suffix] or 0)
+  v.committed = bounded(v.committed + (deltas[c.suffix] or 0), 'committed')
   -- Every hold the export recorded is charged above; any other the counter held was taken or
   -- resolved while the export read, and nothing in the restored ledger holds it.
   v.reserved = 0
