@@ -177,6 +177,10 @@ LEDGER_EVENTS_TAG = "ledger"
 # + provider '|' day (YYYY-MM-DD): that day's drift was reported (lua/drift_alert.lua); kept as
 # long as a day's spend is.
 DRIFT_MARK = "drift:"
+# + provider '|' day (YYYY-MM-DD): what a provider billed that day beyond what the ledger saw that
+# is booked into a budget of this tag so far, micro-dollars (lua/book_unseen.lua); kept as long as
+# a day's spend is, from its last write.
+UNSEEN_BOOKED = "unseen:"
 
 
 def alert(tag: str, event_id: str) -> str:
@@ -197,6 +201,10 @@ def spend(tag: str, budget_id: str, hour_index: int) -> str:
 
 def daily_spend(tag: str, upstream: str, day_index: int) -> str:
     return f"{prefix(tag)}{DAILY_SPEND}{upstream}|{day_index}"
+
+
+def unseen_booked(tag: str, provider: str, day: str) -> str:
+    return f"{prefix(tag)}{UNSEEN_BOOKED}{provider}|{day}"
 
 
 def refused(tag: str) -> str:

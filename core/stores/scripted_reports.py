@@ -9,11 +9,11 @@ from typing import Any
 
 from core import alerts, output_stats
 from core.budgets import BudgetId
-from core.errors import InvalidRequest
-from core.ledger import DriftEvent, Upstream, day_index, day_of_index
+from core.errors import BudgetNotFound, InvalidRequest
+from core.ledger import DriftEvent, UnseenBooked, Upstream, day_index, day_of_index
 from core.limits import DAILY_SPEND_DAYS_MAX
 from core.stores import keys, wire
-from core.stores.scripted_core import ScriptedCore
+from core.stores.scripted_core import ScriptedCore, _ledger_reset
 from core.stores.scripts import script
 
 
@@ -116,6 +116,49 @@ class ScriptedReports(ScriptedCore):
                            provider_micros=str(event.provider_micros), now_ms=self._now_arg()),
         )
         return int(reply) == 1
+
+    async def unseen_booked_by_day(self, upstream: Upstream, first_day: date, last_day: date
+                                   ) -> dict[date, int]:
+        days = [day_of_index(d) for d in range(day_index(first_day), day_index(last_day) + 1)]
+        if len(days) > DAILY_SPEND_DAYS_MAX:
+            raise InvalidRequest(
+                f"at most {DAILY_SPEND_DAYS_MAX} days at a time: the ledger keeps a day's spend "
+                "that long", field="from")
+        total = dict.fromkeys(days, 0)
+        for tag in await self._budget_tags() if days else []:
+            found = await self._t.execute(
+                "MGET", *(keys.unseen_booked(tag, upstream.value, d.isoformat()) for d in days))
+            for d, value in zip(days, found, strict=True):
+                if value is not None:
+                    total[d] += int(value)
+        return {d: micros for d, micros in total.items() if micros}
+
+    async def book_unseen(self, budget_id: BudgetId, upstream: Upstream, day: date,
+                          unseen_micros: int) -> UnseenBooked:
+        ledger_id = await self.open()
+        tag, day_text = budget_id.tag, day.isoformat()
+        # What the tags other than this one booked for the day counts as booked here too: an
+        # operator who names a budget of another organisation later does not book the day again.
+        # Each tag's own total is decided in its script; two runs at once into budgets of two
+        # tags are one operator's two settings, which docs/operations.md says not to do.
+        elsewhere = 0
+        for other in await self._budget_tags():
+            if other != tag:
+                found = await self._t.execute(
+                    "GET", keys.unseen_booked(other, upstream.value, day_text))
+                elsewhere += int(found) if found is not None else 0
+        reply = await self._run_windowed(
+            script("book_unseen"),
+            (keys.meta(tag), keys.unseen_booked(tag, upstream.value, day_text)),
+            {"ledger_id": ledger_id, "user": "", "provider": upstream.value, "day": day_text,
+             "unseen_micros": str(max(0, unseen_micros - elsewhere))},
+            budget_id.lineage, None)
+        if reply[0] == "ok":
+            return UnseenBooked(int(reply[1]), int(reply[2]) + elsewhere)
+        if reply[0] == "ledger_reset":
+            raise _ledger_reset(tag)
+        raise BudgetNotFound(f"no budget {budget_id.path} to book {upstream}'s unseen spend into",
+                             budget_id=budget_id.path, field="book_into")
 
     async def refusal_counts(self) -> dict[str, int]:
         total: dict[str, int] = {}
