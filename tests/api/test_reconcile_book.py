@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -25,6 +25,7 @@ import pytest
 
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
+from infra.stub_costs import cost_control
 from infra.stub_provider import StubProvider, fetch_bill
 from tests.api.conftest import ADMIN_TOKEN, Client, account, as_key, client_for
 from tests.api.test_cli import ceiling
@@ -37,6 +38,8 @@ CEILING_MICROS = 40_000
 DIRECT_CALLS_MAX = 400
 SETTLE_WAIT_S_MAX = 10.0
 MODEL = {"openai": "gpt-4o", "anthropic": "claude-haiku-4-5"}
+# The budget the scheduled run books into (CEILING_RECONCILE_BOOK_INTO).
+SCHEDULE_BUDGET = "org:scheduled-bill"
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +65,8 @@ def gw(ledger_redis: RedisServer, stub: StubProvider) -> Iterator[ServiceProcess
     with ServiceProcess({
         "REDIS_URL": ledger_redis.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
         "CEILING_UPSTREAM_URL": f"{stub.url}/v1", "CEILING_ANTHROPIC_URL": stub.url,
-        "CEILING_UPSTREAM_TIMEOUT_S": "30", **report_env(stub),
+        "CEILING_UPSTREAM_TIMEOUT_S": "30", "CEILING_RECONCILE_BOOK_INTO": SCHEDULE_BUDGET,
+        **report_env(stub),
     }) as service:
         yield service
 
@@ -73,8 +77,19 @@ def admin(gw: ServiceProcess) -> Iterator[Client]:
         yield c
 
 
+@pytest.fixture(autouse=True)
+def agreeing_reports(stub: StubProvider) -> Iterator[None]:
+    cost_control(stub.url, {})
+    yield
+    cost_control(stub.url, {})
+
+
 def today() -> str:
     return datetime.now(UTC).date().isoformat()
+
+
+def yesterday() -> str:
+    return (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
 
 
 def gateway_call(gw: ServiceProcess, provider: str, key: str) -> httpx.Response:
@@ -98,7 +113,8 @@ def direct_calls(stub: StubProvider, provider: str, count: int) -> int:
                 "anthropic-version": "2023-06-01"})
             assert r.status_code == 200, r.text
     made = list(fetch_bill(stub.url).log)[before:]
-    assert len(made) == count and all(c.billed for c in made)
+    assert len(made) == count
+    assert all(c.billed for c in made)
     return sum(c.cost_micros for c in made)
 
 
@@ -209,3 +225,38 @@ def test_a_budget_that_is_not_one_to_book_into_is_refused(
     r = admin.admin("GET", "/v1/admin/reconcile", params={
         "provider": "anthropic", "from": today(), "to": today(), "book_into": book_into})
     assert (r.status_code, r.json()["error"]["code"]) == (status, code), r.text
+
+
+@pytest.mark.parametrize("mode", ["error", "non_usd", "malformed"])
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_report_that_cannot_be_read_books_nothing(
+    provider: str, mode: str, admin: Client, stub: StubProvider
+) -> None:
+    budget_id, _ = account(admin, CEILING_MICROS)
+    direct_calls(stub, provider, 1)
+    cost_control(stub.url, {"mode": mode})
+    r = admin.admin("GET", "/v1/admin/reconcile", params={
+        "provider": provider, "from": today(), "to": today(), "book_into": budget_id})
+    assert r.json()["error"]["code"] == "cost_report_failed", r.text
+    assert committed(admin, budget_id) == 0
+
+
+def test_the_scheduled_run_books_into_its_setting_once(
+    admin: Client, stub: StubProvider
+) -> None:
+    """GET /v1/admin/reconcile with no parameter is the daily schedule's run: the week up to
+    yesterday, booked into CEILING_RECONCILE_BOOK_INTO. Yesterday's bill is the stub's
+    `billed_elsewhere` (the stub started today), in dollars and in cents."""
+    admin.budget(SCHEDULE_BUDGET, 10_000_000)
+    billed = {"openai": 123_457, "anthropic": 7_891}
+    cost_control(stub.url, {"billed_elsewhere": [
+        {"provider": p, "day": yesterday(), "cost_micros": c} for p, c in billed.items()]})
+    for booked_now in (billed, {"openai": 0, "anthropic": 0}):
+        r = admin.admin("GET", "/v1/admin/reconcile")
+        assert r.status_code == 200, r.text
+        providers = r.json()["providers"]
+        for provider, micros in booked_now.items():
+            assert providers[provider] == {
+                "within": False, "days_beyond": [yesterday()], "book_into": SCHEDULE_BUDGET,
+                "booked_now_micros": micros}, providers
+    assert committed(admin, SCHEDULE_BUDGET) == sum(billed.values())

@@ -19,6 +19,7 @@ import pytest
 
 from core.alerts import UNSEEN_BOOKED
 from core.budgets import BudgetDef, BudgetId, Limit, Period
+from core.config import ConfigError
 from core.errors import BudgetNotFound, CostReportFailed, InvalidRequest
 from core.ledger import LedgerStore, ReservationRef, Upstream
 from core.limits import DAY_MS
@@ -30,7 +31,6 @@ from core.reconcile import (
     reconcile,
     scheduled_book_into,
 )
-from core.config import ConfigError
 from tests.core.stores.test_conformance import OWNER, request
 from tests.core.test_reconcile import Pages, anthropic_bucket, page
 from tests.support import ManualClock
@@ -99,7 +99,7 @@ async def run(store: LedgerStore, clock: ManualClock, provider: Upstream, body: 
               tolerance_pct: Decimal = TOLERANCE_PCT) -> Any:
     day = today(clock).isoformat()
     booking = None if team is None else Booking(team, "op:test", audit)
-    return await reconcile(store, SOURCES[provider], day, day, tolerance_pct,  # type: ignore[arg-type]
+    return await reconcile(store, SOURCES[provider], day, day, tolerance_pct,
                            Pages((status, body)), booking)
 
 
@@ -125,7 +125,7 @@ async def test_a_report_that_cannot_be_read_whole_books_nothing(
     ]
     for fetch in broken:
         with pytest.raises(CostReportFailed):
-            await reconcile(store, SOURCES[provider], day.isoformat(),  # type: ignore[arg-type]
+            await reconcile(store, SOURCES[provider], day.isoformat(),
                             day.isoformat(), TOLERANCE_PCT, fetch, Booking(team, "op:test"))
     assert await committed(store, team) == before
     assert await store.unseen_booked_by_day(provider, day, day) == {}
@@ -140,12 +140,14 @@ async def test_a_drift_below_zero_or_within_the_tolerance_books_nothing(
     before = await committed(store, team)
     # The provider billed less than the ledger saw: nothing is given back, nothing booked.
     below = await run(store, clock, Upstream.OPENAI, report(Upstream.OPENAI, day, 400_000), team)
-    assert below.days[0].within is False and below.days[0].drift_micros == -600_000
+    assert below.days[0].within is False
+    assert below.days[0].drift_micros == -600_000
     assert below.booked_now_micros == 0
     # 0.5% more than the ledger saw, at a tolerance of 1%: the two sides agree.
     close = await run(store, clock, Upstream.OPENAI, report(Upstream.OPENAI, day, 1_005_000),
                       team)
-    assert close.days[0].within is True and close.booked_now_micros == 0
+    assert close.days[0].within is True
+    assert close.booked_now_micros == 0
     assert await committed(store, team) == before
     assert await store.unseen_booked_by_day(Upstream.OPENAI, day, day) == {}
 
@@ -157,7 +159,7 @@ async def test_a_budget_that_does_not_exist_is_refused_before_the_report_is_read
     fetch = Pages((200, report(Upstream.OPENAI, today(clock), 5_000_000)))
     day = today(clock).isoformat()
     with pytest.raises(BudgetNotFound) as caught:
-        await reconcile(store, SOURCES[Upstream.OPENAI], day, day,  # type: ignore[arg-type]
+        await reconcile(store, SOURCES[Upstream.OPENAI], day, day,
                         TOLERANCE_PCT, fetch, Booking(BudgetId(f"{tag}/team:nobody"), "op"))
     assert caught.value.details["field"] == "book_into"
     assert fetch.queries == []
@@ -177,8 +179,10 @@ def test_a_budget_id_an_operator_cannot_name_is_refused(text: str) -> None:
 
 
 def test_no_budget_named_books_nowhere() -> None:
-    assert book_into_of(None) is None and book_into_of("") is None
-    assert scheduled_book_into({}) is None and scheduled_book_into({BOOK_INTO_SETTING: " "}) is None
+    assert book_into_of(None) is None
+    assert book_into_of("") is None
+    assert scheduled_book_into({}) is None
+    assert scheduled_book_into({BOOK_INTO_SETTING: " "}) is None
     assert scheduled_book_into({BOOK_INTO_SETTING: "org:a/team:b"}) == BudgetId("org:a/team:b")
 
 
@@ -253,7 +257,8 @@ async def test_without_book_into_nothing_is_booked_and_the_answer_is_as_before(
     team = await team_of(store, tag)
     done = await run(store, clock, Upstream.OPENAI,
                      report(Upstream.OPENAI, today(clock), 3_000_000), None)
-    assert done.book_into is None and "book_into" not in done.json()
+    assert done.book_into is None
+    assert "book_into" not in done.json()
     assert set(done.json()["days"][0]) == {"day", "ledger_micros", "provider_micros",
                                            "drift_micros", "drift_pct", "within"}
     assert set((await committed(store, team)).values()) == {0}
