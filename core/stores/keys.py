@@ -14,7 +14,8 @@ indexes (lua/lib.lua sweep_counters). What expires: reservation records (core/li
 long each kind is kept once resolved, and why), idempotency replies, quotas, output histograms,
 probes and the live-instance set, and everything alerts write (the events, the outbox and the
 log, hourly spend buckets, velocity slots and marks), a day's gateway spend per upstream and a
-day's drift mark (DAILY_SPEND_RETENTION_MS after the day). What an operator made stays: the
+day's drift mark (DAILY_SPEND_RETENTION_MS after the day), and what a tag booked of a provider's
+day unseen (DAILY_SPEND_RETENTION_MS after its last booking). What an operator made stays: the
 ledger id and its format version, budget definitions and their total counters, API key records
 (and a revoked key's record, which holds only when it was revoked: the id is never taken again),
 a tag's refusal counts (a field per error code), the tag map, a tag's set of budget ids, a tag's

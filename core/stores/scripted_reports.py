@@ -3,7 +3,7 @@ and reconciliation's reads and alerts."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date
 from typing import Any
 
@@ -91,22 +91,27 @@ class ScriptedReports(ScriptedCore):
         await self.open()
         return sorted({str(t) for t in await self._t.execute("HVALS", keys.TAG_MAP_KEY)})
 
-    async def gateway_spend_by_day(self, upstream: Upstream, first_day: date, last_day: date
-                                   ) -> dict[date, int]:
-        first, last = day_index(first_day), day_index(last_day)
-        if last - first + 1 > DAILY_SPEND_DAYS_MAX:
+    async def _by_day(self, first_day: date, last_day: date, key_of: Callable[[str, date], str]
+                      ) -> dict[date, int]:
+        """The sum over every tag of the integer under `key_of(tag, day)`, for each day in
+        [first_day, last_day] where it is not zero."""
+        days = [day_of_index(d) for d in range(day_index(first_day), day_index(last_day) + 1)]
+        if len(days) > DAILY_SPEND_DAYS_MAX:
             raise InvalidRequest(
                 f"at most {DAILY_SPEND_DAYS_MAX} days at a time: the ledger keeps a day's spend "
                 "that long", field="from")
-        days = list(range(first, last + 1))
         total = dict.fromkeys(days, 0)
         for tag in await self._budget_tags() if days else []:
-            found = await self._t.execute(
-                "MGET", *(keys.daily_spend(tag, upstream.value, d) for d in days))
+            found = await self._t.execute("MGET", *(key_of(tag, d) for d in days))
             for d, value in zip(days, found, strict=True):
                 if value is not None:
                     total[d] += int(value)
-        return {day_of_index(d): micros for d, micros in total.items() if micros}
+        return {d: micros for d, micros in total.items() if micros}
+
+    async def gateway_spend_by_day(self, upstream: Upstream, first_day: date, last_day: date
+                                   ) -> dict[date, int]:
+        return await self._by_day(first_day, last_day, lambda tag, day: keys.daily_spend(
+            tag, upstream.value, day_index(day)))
 
     async def emit_drift_alert(self, event: DriftEvent) -> bool:
         reply = await self._t.run(
@@ -119,19 +124,8 @@ class ScriptedReports(ScriptedCore):
 
     async def unseen_booked_by_day(self, upstream: Upstream, first_day: date, last_day: date
                                    ) -> dict[date, int]:
-        days = [day_of_index(d) for d in range(day_index(first_day), day_index(last_day) + 1)]
-        if len(days) > DAILY_SPEND_DAYS_MAX:
-            raise InvalidRequest(
-                f"at most {DAILY_SPEND_DAYS_MAX} days at a time: the ledger keeps a day's spend "
-                "that long", field="from")
-        total = dict.fromkeys(days, 0)
-        for tag in await self._budget_tags() if days else []:
-            found = await self._t.execute(
-                "MGET", *(keys.unseen_booked(tag, upstream.value, d.isoformat()) for d in days))
-            for d, value in zip(days, found, strict=True):
-                if value is not None:
-                    total[d] += int(value)
-        return {d: micros for d, micros in total.items() if micros}
+        return await self._by_day(first_day, last_day, lambda tag, day: keys.unseen_booked(
+            tag, upstream.value, day.isoformat()))
 
     async def book_unseen(self, budget_id: BudgetId, upstream: Upstream, day: date,
                           unseen_micros: int) -> UnseenBooked:
