@@ -46,11 +46,19 @@ local booked = unseen - tonumber(before)
 if booked <= 0 then
   return {'ok', '0', before}
 end
+-- Every counter's committed spend and overshoot stay within INT_MAX, as every other script's
+-- money does; checked for all legs before the first write.
+for _, leg in ipairs(legs) do
+  leg.key = counter_key(prefix, leg)
+  leg.committed, leg.reserved, leg.overshoot = counters(leg.key)
+  if tonumber(leg.committed) + booked > INT_MAX or tonumber(leg.overshoot) + booked > INT_MAX then
+    fail('BADARG', 'unseen_micros')
+  end
+end
 local booked_text, unseen_text = istr(booked), a.unseen_micros
 local seen
 for _, leg in ipairs(legs) do
-  local ck = counter_key(prefix, leg)
-  local was_committed, was_reserved = counters(ck)
+  local ck, was_committed, was_reserved = leg.key, leg.committed, leg.reserved
   local after = redis.call('HINCRBY', ck, 'committed', booked_text)
   redis.call('HINCRBY', ck, 'overshoot', booked_text)
   -- alerts: booked spend crosses thresholds and fills the hourly bucket like any other

@@ -13,9 +13,9 @@ import pytest
 
 from core.alerts import UNSEEN_BOOKED
 from core.budgets import BudgetDef, BudgetId, Limit, Period
-from core.errors import BudgetExceeded, BudgetNotFound
+from core.errors import BudgetExceeded, BudgetNotFound, CeilingError
 from core.ledger import LedgerStore, LegStatus, Upstream
-from core.limits import DAILY_SPEND_RETENTION_MS
+from core.limits import DAILY_SPEND_RETENTION_MS, INT_EXACT_MAX
 from core.stores import keys
 from tests.core.stores.test_conformance import request
 from tests.support import ManualClock
@@ -140,3 +140,16 @@ async def test_the_mark_is_kept_as_long_as_a_day_of_spend(
     left_ms = await store._t.execute(  # type: ignore[attr-defined]
         "PTTL", keys.unseen_booked(tag, "openai", day.isoformat()))
     assert DAILY_SPEND_RETENTION_MS - 60_000 < int(left_ms) <= DAILY_SPEND_RETENTION_MS
+
+
+async def test_a_booking_that_would_pass_what_a_counter_holds_exactly_books_nothing(
+    store: LedgerStore, tag: str
+) -> None:
+    team = await put_team(store, tag)
+    await store.book_unseen(BudgetId(team), Upstream.OPENAI, a_day(), INT_EXACT_MAX - 10)
+    before = await legs(store, team)
+    day = a_day()
+    with pytest.raises(CeilingError):
+        await store.book_unseen(BudgetId(team), Upstream.OPENAI, day, 11)
+    assert await legs(store, team) == before
+    assert await store.unseen_booked_by_day(Upstream.OPENAI, day, day) == {}
