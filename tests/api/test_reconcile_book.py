@@ -15,6 +15,9 @@ ledger-wide; another module's calls on a shared Redis would be in them, not on t
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -203,6 +206,29 @@ def test_unseen_spend_is_booked_once_then_the_difference_then_the_gateway_refuse
     audited = [e for e in r.json()["items"]
                if e["what"] == "ledger.unseen_booked" and e["target"] == budget_id]
     assert sorted(e["detail"]["booked_micros"] for e in audited) == sorted([unseen, more])
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_two_processes_at_once_book_a_day_once(
+    provider: str, admin: Client, stub: StubProvider, ledger_redis: RedisServer
+) -> None:
+    """After the test above booked every call of today around the gateway: two `ceiling
+    reconcile --book-into` at once, each its own process and connection, book the new calls'
+    cost once between them."""
+    budget_id, _ = account(admin, 10_000_000)
+    unseen = direct_calls(stub, provider, 2)
+    env = {**os.environ, "REDIS_URL": ledger_redis.url, **report_env(stub)}
+    runs = [subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "reconcile", provider, "--from", today(), "--to",
+         today(), "--book-into", budget_id, "--json"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    booked = []
+    for run in runs:
+        out, err = run.communicate(timeout=60)
+        assert run.returncode == 3, (out, err)
+        booked.append(json.loads(out)["booked_now_micros"])
+    assert sorted(booked) == [0, unseen]
+    assert committed(admin, budget_id) == unseen
 
 
 def test_a_key_cannot_book(gw: ServiceProcess, admin: Client) -> None:
