@@ -9,11 +9,20 @@ one class, GEMINI and GEMINI_STREAM. A client sends its key in x-goog-api-key or
 
 Besides what every format prices, a Gemini call is held at (https://ai.google.dev/gemini-api/
 docs/tokens, /pricing, /thinking, /grounding):
-- its thinking on top of maxOutputTokens: Google's reference does not say thoughts count inside
-  maxOutputTokens, and its thinking guide says the model "might overflow or underflow" its
-  budget; users observe thoughts spent from maxOutputTokens (googleapis/python-genai #782, #811,
-  #2062), which makes the sum a double bound in practice, never a short one. The budget is the
-  request's thinkingBudget, or where it is dynamic (-1), absent on a model that thinks by
+- its thinking on top of maxOutputTokens, for Gemini 2.5 and 3 alike. What Google documents:
+  thinking tokens are billed at the output rate ("response pricing is the sum of output tokens
+  and thinking tokens", https://ai.google.dev/gemini-api/docs/thinking#pricing), a budget is
+  guidance the model "might overflow or underflow" (ibid., and Vertex AI's
+  https://cloud.google.com/vertex-ai/generative-ai/docs/thinking), and maxOutputTokens is "the
+  maximum number of tokens to include in a response candidate"
+  (https://ai.google.dev/api/generate-content#generationconfig). Neither the Gemini API's nor
+  Vertex AI's documentation says thoughts count inside maxOutputTokens; users observe that they
+  do (googleapis/python-genai #782, #2062, the last noting the documentation describes them as
+  separate). Unknown means held: the cap and the budget are held side by side, which covers
+  both readings (within the cap the sum is a double bound, never a short one); a budget
+  overflowed beyond it is the one case neither reading bounds, settled above the hold and
+  recorded as overshoot. The budget is
+  the request's thinkingBudget, or where it is dynamic (-1), absent on a model that thinks by
   default, or set by thinkingLevel, the model's documented maximum (GEMINI_THINKING);
 - candidateCount answers;
 - media by Google's rules: an image by its tiles (read from its header), audio at 32 tokens a

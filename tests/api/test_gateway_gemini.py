@@ -12,7 +12,9 @@ before the stub sees anything.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
+from core.content import json_bytes
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill, stub_control
@@ -256,6 +259,43 @@ def test_thinking_is_held_on_top_of_the_cap_and_charged_the_bill(
                    json=body(maxOutputTokens=100, thinkingConfig={"thinkingBudget": 500}))
     assert r.status_code == 200, r.text
     assert int(r.headers["x-ceiling-reserved-micros"]) >= 600 * 2_500_000 // 1_000_000
+
+
+@pytest.mark.parametrize("outside", [False, True],
+                         ids=["thoughts-within-the-cap", "thoughts-beside-the-cap"])
+def test_the_hold_is_the_documented_worst_case_and_the_stubs_whole_spend_stays_within_it(
+        gw: ServiceProcess, admin: Client, stub: StubProvider, spy: FaultProxy,
+        outside: bool) -> None:
+    """Google documents thinking billed at the output rate and a budget the model may
+    overflow, not that thoughts count inside maxOutputTokens (docs/gateway.md, "The Gemini
+    API"): each candidate is held at its cap plus its budget. The stub, drawn far past both,
+    spends the whole cap on thoughts and answer together (as Google serves it), or, the other
+    reading, the whole cap on its answer and the whole budget on thoughts: its bill reaches the
+    hold's output and never passes the hold."""
+    stub_control(stub.url, {"thinking_outside_output_cap": outside})
+    tag, key = account(admin, 10_000_000)
+    cap, budget, candidates = 100, 500, 2
+    spy.output_tokens = 100_000
+    try:
+        r = admin.post(f"/v1beta/models/{PRO}:generateContent", headers={"x-goog-api-key": key},
+                       json=body(maxOutputTokens=cap, candidateCount=candidates,
+                                 thinkingConfig={"thinkingBudget": budget}))
+    finally:
+        spy.disarm()
+    assert r.status_code == 200, r.text
+    usage = r.json()["usageMetadata"]
+    written = usage.get("candidatesTokenCount", 0) + usage["thoughtsTokenCount"]
+    assert written == candidates * (cap + budget if outside else cap)
+    # The hold by hand: the forwarded body's text by its bytes (4 tokens a turn) at 2.5 Pro's
+    # $1.25 a million, and every candidate's cap and budget at its $10 output rate.
+    sent = spy.forwarded()
+    text = sum(4 + json_bytes(turn) for turn in sent["contents"]) + json_bytes(
+        {k: v for k, v in sent.items() if k != "contents"})
+    hold = math.ceil(Fraction(text * 125, 100) + candidates * (cap + budget) * 10)
+    assert int(r.headers["x-ceiling-reserved-micros"]) == hold
+    [cost] = costs(stub)
+    assert 0 < cost <= hold
+    assert settled(admin, tag)["committed_micros"] == cost
 
 
 def test_generate_content_stream_passes_unchanged_and_is_charged_the_bill(
