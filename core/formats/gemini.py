@@ -64,8 +64,9 @@ from core.formats.base import (
 )
 from core.formats.gemini_tokens import (
     AUDIO_FORMATS,
+    GEMINI_BEFORE_3,
     GEMINI_THINKING,
-    IMAGE_TILE_FAMILIES,
+    IMAGE_TILE_MODELS,
     REFERRED_IMAGE_TYPES,
     REFERRED_MIME_PREFIXES,
     TEXT_MIME_PREFIX,
@@ -85,6 +86,7 @@ from core.formats.schema import (
 from core.ledger import Upstream
 from core.limits import TOKENS_MAX
 from core.prices import Usage
+from core.prices.bundled import gemini_family
 
 # The key goes in x-goog-api-key, as the google-genai SDK sends it. Its URL is an upstream's
 # (CEILING_UPSTREAMS, api `gemini`), which names the key's setting too: until the routes read
@@ -134,9 +136,9 @@ CLIENT_TOOL_KEYS = frozenset({"functionDeclarations"})
 SEARCH_TOOL_KEYS = frozenset({"googleSearch", "googleSearchRetrieval"})
 REFERRING_TOOL_KEYS = frozenset({"codeExecution", "urlContext"})
 # Models billed a fee per grounded prompt (Google, "Gemini Developer API pricing": Gemini 2.5
-# and earlier, "$35 / 1,000 grounded prompts"); later ones a fee per search query ("$14 / 1,000
-# search queries"), of which Google documents no most per prompt.
-SEARCH_PER_PROMPT_FAMILIES = ("gemini-1.", "gemini-2.")
+# and earlier, "$35 / 1,000 grounded prompts"), and their versions; any other a fee per search
+# query ("$14 / 1,000 search queries"), of which Google documents no most per prompt.
+SEARCH_PER_PROMPT_MODELS = GEMINI_BEFORE_3
 
 # A model id as Google names them (gemini-2.5-pro, gemini-2.5-flash-preview-09-2025): it is put
 # into the provider's path, so nothing that could leave the path segment (a slash, `:`, `?`,
@@ -159,16 +161,6 @@ def check_model_id(model: str) -> str:
             f"model {model[:64]!r} is not a Gemini model id (lowercase letters, digits, '.', "
             "'-' and '_')", field="model")
     return model
-
-
-def _family(model: str, families: tuple[str, ...]) -> bool:
-    return model.lower().startswith(families)
-
-
-def _by_prefix(model: str, table: dict[str, Any]) -> Any:
-    name = model.lower()
-    found = [key for key in table if name.startswith(key)]
-    return table[max(found, key=len)] if found else None
 
 
 # -- its input ----------------------------------------------------------------------------------
@@ -226,7 +218,8 @@ class GeminiWalk(Walk):
             raise InvalidRequest(f"{field} must give a mimeType and base64 data", field=field)
         mime = mime.lower().split(";")[0].strip()
         if mime.startswith("image/"):
-            if _family(self.model, IMAGE_TILE_FAMILIES) and mime not in REFERRED_IMAGE_TYPES:
+            tiled = gemini_family(self.model, IMAGE_TILE_MODELS) is not None
+            if tiled and mime not in REFERRED_IMAGE_TYPES:
                 width, height = image_size(data, f"{field}.data")
                 self.media_tokens += image_tokens(width, height)
                 self.image_field = self.image_field or field
@@ -314,7 +307,8 @@ def thinking_tokens(config: dict[str, Any], model: str) -> int:
         if key not in THINKING_FIELDS:
             raise InputUnbounded(f"generationConfig.thinkingConfig.{key} is not a field the "
                                  "gateway knows", field=f"generationConfig.thinkingConfig.{key}")
-    rule: tuple[int, bool] | None = _by_prefix(model, GEMINI_THINKING)
+    family = gemini_family(model, GEMINI_THINKING)
+    rule = None if family is None else GEMINI_THINKING[family]
     budget = thinking.get("thinkingBudget")
     if budget is not None and thinking.get("thinkingLevel") is not None:
         raise InvalidRequest("give thinkingBudget or thinkingLevel, not both", field=BUDGET_PATH)
@@ -443,7 +437,9 @@ def searches_billed(model_version: object, grounded: bool, queries: int) -> int:
     read per query, the reading that costs more."""
     if not grounded:
         return 0
-    if isinstance(model_version, str) and _family(model_version, SEARCH_PER_PROMPT_FAMILIES):
+    # Google names the model as its path does, or as a resource (models/gemini-2.5-flash).
+    if isinstance(model_version, str) and gemini_family(
+            model_version.removeprefix("models/"), SEARCH_PER_PROMPT_MODELS):
         return 1
     return max(queries, 1)
 
@@ -633,7 +629,7 @@ class Gemini(WireFormat):
         if search_field:
             # Per grounded prompt: one fee a call. Per query: as many as the prices file's
             # web_searches_max (core/prices/ refuses the call without it).
-            per_prompt = _family(model, SEARCH_PER_PROMPT_FAMILIES)
+            per_prompt = gemini_family(model, SEARCH_PER_PROMPT_MODELS) is not None
             media = replace(media, web_searches=1 if per_prompt else 0,
                             web_search_field=search_field,
                             web_search_runs=1 if per_prompt else choices)

@@ -42,6 +42,9 @@ from tests.api.conftest import (
 STUB_KEY = "gemini-stub-key"
 LITE, FLASH, PRO = "gemini-2.5-flash-lite", "gemini-2.5-flash", "gemini-2.5-pro"
 GEMINI_3 = "gemini-3-pro-preview"  # served by the Vertex upstream
+# Names that begin as a known model's and are none of its versions: one no price table knows,
+# and one the operator's prices file prices as a private model. Both routed to the stub.
+IMPOSTOR, PRIVATE = "gemini-2.5-flash-evil", "gemini-2.5-pro-anything"
 NO_RETRY = types.HttpRetryOptions(attempts=1)
 LONG = "x" * 4_000  # 1,000 tokens by the stub's rule
 
@@ -73,7 +76,7 @@ def gw(redis_server: RedisServer, stub: StubProvider, spy: FaultProxy,
     directory = tmp_path_factory.mktemp("gateway_gemini")
     doc = {"upstreams": [
         {"name": "google", "api": "gemini", "base_url": stub.url, "api_key_env": "GEMINI_KEY",
-         "models": [LITE, FLASH]},
+         "models": [LITE, FLASH, IMPOSTOR, PRIVATE]},
         {"name": "google-spied", "api": "gemini", "base_url": spy.url,
          "api_key_env": "GEMINI_KEY", "models": [PRO]},
     ]}
@@ -84,7 +87,11 @@ def gw(redis_server: RedisServer, stub: StubProvider, spy: FaultProxy,
         "region": "us-central1", "credentials_file": str(account_file), "models": [GEMINI_3]})
     path = Path(directory) / "upstreams.json"
     path.write_text(json.dumps(doc))
+    prices = Path(directory) / "prices.json"
+    prices.write_text(json.dumps({"models": {PRIVATE: {
+        "input_usd_per_mtok": "1.25", "output_usd_per_mtok": "10"}}}))
     with ServiceProcess({
+        "CEILING_PRICES_FILE": str(prices),
         "REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
         "CEILING_UPSTREAM_TIMEOUT_S": "30", "CEILING_UPSTREAMS": str(path),
         "GEMINI_KEY": STUB_KEY,
@@ -202,6 +209,33 @@ def test_a_body_the_gateway_cannot_bound_is_refused_before_the_stub_sees_it(
     error = r.json()["error"]
     assert set(error) >= {"code", "message", "status"}, r.text
     assert error["details"][0]["reason"] == code, r.text
+    nothing_reached(stub)
+    nothing_held(admin, tag)
+
+
+@pytest.mark.parametrize(("model", "thinking", "code"), [
+    (IMPOSTOR, None, "input_unbounded"),
+    (IMPOSTOR, {"thinkingBudget": 100}, "model_unpriced"),
+    (PRIVATE, None, "input_unbounded"),
+    (PRIVATE, {"thinkingLevel": "low"}, "input_unbounded"),
+])
+def test_a_name_that_only_begins_as_a_known_models_is_held_as_any_unknown_model(
+        gw: ServiceProcess, admin: Client, stub: StubProvider, model: str,
+        thinking: dict[str, Any] | None, code: str) -> None:
+    """gemini-2.5-pro-anything is not gemini-2.5-pro: neither its thinking rule nor its limits
+    apply. Unpriced, it is refused as any unpriced model is; priced by the operator, its thinking
+    needs a budget (nothing documents its most), named in the refusal. Nothing is forwarded."""
+    tag, key = account(admin, 10_000_000)
+    config: dict[str, Any] = {"maxOutputTokens": 50}
+    if thinking is not None:
+        config["thinkingConfig"] = thinking
+    r = admin.post(f"/v1beta/models/{model}:generateContent", headers={"x-goog-api-key": key},
+                   json=body(**config))
+    error = r.json()["error"]
+    assert (r.status_code, error["details"][0]["reason"]) == (400, code), r.text
+    if code == "input_unbounded":
+        assert error["details"][0]["metadata"]["field"] == (
+            "generationConfig.thinkingConfig.thinkingBudget"), r.text
     nothing_reached(stub)
     nothing_held(admin, tag)
 

@@ -34,6 +34,7 @@ from core.formats.gemini import (
 )
 from core.formats.gemini_tokens import image_size, image_tokens
 from core.prices import PriceTable, Usage
+from core.prices.bundled import gemini_limits
 
 TABLE = PriceTable()
 WINDOW = 1_048_576
@@ -635,3 +636,59 @@ def test_grounding_per_query_is_held_for_every_candidate(tmp_path: Any) -> None:
                                                   provider=spec.provider)
 
     assert searches_micros(3) - searches_micros(1) >= 2 * 3 * 14_000
+
+
+# -- models by exact name or family: a family is a name and Google's version suffixes ---------
+
+IMPOSTORS = ["gemini-2.5-flash-evil", "gemini-2.5-pro-anything", "gemini-2.5-pro2",
+             "gemini-2.5-proevil", "gemini-2.5-flash-image-preview", "gemini-2.5-flash-001-x",
+             "gemini-2.5-flash-preview", "gemini-2.5-flash-preview-9-2025",
+             "gemini-3-pro-preview-evil", "gemini-2.0-flash-lite-preview-02-05x"]
+
+
+@pytest.mark.parametrize("model", IMPOSTORS)
+def test_a_name_that_only_begins_as_a_known_models_takes_none_of_its_rules(model: str) -> None:
+    """A name a family's name begins but Google's version suffixes do not end is a model of
+    its own: its thinking is held at the budget its request gives (refused without one), its
+    images at the window, its grounding per query, and it has no bundled limits."""
+    with pytest.raises(InputUnbounded) as refused:
+        plan(body(generationConfig={"maxOutputTokens": 10}), model)
+    assert refused.value.details["field"] == BUDGET_PATH
+    budgeted = {"maxOutputTokens": 10, "thinkingConfig": {"thinkingBudget": 40_000}}
+    assert plan(body(generationConfig=budgeted), model).output_tokens_max == 10 + 40_000
+    image = plan(body(inline("image/png", png(10, 10)), generationConfig=budgeted), model)
+    assert image.media.referred_field == "contents[0].parts[0].inlineData"
+    search = plan(body(tools=[{"googleSearch": {}}], generationConfig=budgeted), model)
+    assert search.media.web_searches == 0  # per query: web_searches_max bounds it
+    assert gemini_limits(model) is None
+    assert searches(grounded(model, ["a", "b"])) == 2
+
+
+@pytest.mark.parametrize(("model", "family"), [
+    ("gemini-2.5-flash", FLASH),
+    ("gemini-2.5-flash-preview-09-2025", FLASH),
+    ("gemini-2.5-flash-preview-05-20", FLASH),
+    ("gemini-2.5-flash-lite-preview-09-2025", LITE),
+    ("gemini-2.5-flash-latest", FLASH),
+    ("gemini-2.5-pro-preview-06-05", PRO),
+    ("gemini-2.5-pro-exp-03-25", PRO),
+    ("gemini-2.0-flash-001", "gemini-2.0-flash"),
+    ("gemini-2.0-flash-exp", "gemini-2.0-flash"),
+    ("gemini-2.0-flash-lite-preview-02-05", "gemini-2.0-flash-lite"),
+    ("gemini-3-pro-preview-11-2025", G3),
+])
+def test_a_documented_version_of_a_family_takes_its_rules(model: str, family: str) -> None:
+    config = {"maxOutputTokens": 10}
+    assert plan(body(generationConfig=config), model).output_tokens_max == plan(
+        body(generationConfig=config), family).output_tokens_max
+    assert gemini_limits(model) == gemini_limits(family) is not None
+
+
+def test_image_tiles_and_grounding_per_prompt_by_a_familys_versions() -> None:
+    tiled = plan(body(inline("image/png", png(10, 10)),
+                      generationConfig={"thinkingConfig": {"thinkingBudget": 0}}),
+                 "gemini-2.5-flash-preview-09-2025")
+    assert not tiled.media.referred_field
+    assert tiled.text_tokens_max > 258
+    assert searches(grounded("gemini-2.5-flash-001", ["a", "b"])) == 1
+    assert searches(grounded("models/gemini-2.5-flash", ["a", "b"])) == 1
