@@ -67,6 +67,8 @@ from core.formats.gemini_tokens import (
     GEMINI_BEFORE_3,
     GEMINI_THINKING,
     IMAGE_TILE_MODELS,
+    MEDIA_RESOLUTIONS,
+    MEDIA_RESOLUTIONS_BEYOND_TILES,
     REFERRED_IMAGE_TYPES,
     REFERRED_MIME_PREFIXES,
     TEXT_MIME_PREFIX,
@@ -106,8 +108,8 @@ GEMINI_FIELDS = frozenset({
 COUNT_REQUEST_FIELD = "generateContentRequest"
 # generationConfig's fields that change nothing the worst case leaves out (sampling, stops,
 # structured output's schema, which is text the body carries, logprobs, which lengthen only the
-# answer's body) or that it reads (the caps, candidateCount, thinking, media resolution: media
-# is held at its highest). responseModalities is read (text only); speechConfig and imageConfig
+# answer's body) or that it reads (the caps, candidateCount, thinking, media resolution: an image
+# is held by its tiles only at a resolution the tiles bound, gemini_tokens.py). responseModalities is read (text only); speechConfig and imageConfig
 # ask for audio or image output, billed at rates the request cannot bound: refused, as is any
 # field newer than this list.
 GENERATION_FIELDS = frozenset({
@@ -170,9 +172,12 @@ class GeminiWalk(Walk):
     """A Gemini request's media: Walk's, and the tokens of its images, text files and blobs
     counted here by Google's rules (added to its text's bound)."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, tiled: bool) -> None:
+        """`tiled`: whether an image is counted by its tiles (IMAGE_TILE_MODELS, at a media
+        resolution the tiles bound), else held at the window."""
         super().__init__()
         self.model = model
+        self.tiled = tiled
         self.media_tokens = 0
 
     def part(self, part: object, field: str) -> object:
@@ -184,6 +189,14 @@ class GeminiWalk(Walk):
                     f"{field}.{key} is not a part field the gateway knows: what it bills "
                     "cannot be bounded", field=f"{field}.{key}")
         copy = dict(part)
+        tiled = self.tiled
+        if part.get("mediaResolution") is not None:
+            level = part["mediaResolution"]
+            where = f"{field}.mediaResolution"
+            if not isinstance(level, dict) or set(level) != {"level"}:
+                raise InvalidRequest(f"{where} must be an object of its level", field=where)
+            tiled = tiled and media_resolution(level["level"], where) not in (
+                MEDIA_RESOLUTIONS_BEYOND_TILES)
         if part.get("thoughtSignature") is not None:
             # The thinking of an earlier turn, encrypted: billed as what it carries, which its
             # bytes do not bound; held at the model's output limit (core/prices/).
@@ -191,7 +204,7 @@ class GeminiWalk(Walk):
             self.thinking_field = self.thinking_field or f"{field}.thoughtSignature"
             copy["thoughtSignature"] = ""
         if "inlineData" in part:
-            copy["inlineData"] = self.inline(part["inlineData"], f"{field}.inlineData")
+            copy["inlineData"] = self.inline(part["inlineData"], f"{field}.inlineData", tiled)
         if "fileData" in part:
             # A file uploaded to Google or a URL: input of a size the request does not show.
             self.refer(f"{field}.fileData")
@@ -207,8 +220,9 @@ class GeminiWalk(Walk):
             raise InputUnbounded(f"{field} must be a list of parts", field=field)
         return [self.part(p, f"{field}[{j}]") for j, p in enumerate(parts)]
 
-    def inline(self, blob: object, field: str) -> dict[str, Any]:
-        """An inline blob: counted by its kind's rule, and blanked."""
+    def inline(self, blob: object, field: str, tiled: bool) -> dict[str, Any]:
+        """An inline blob: counted by its kind's rule (an image by its tiles where `tiled`),
+        and blanked."""
         if not isinstance(blob, dict) or set(blob) - {"mimeType", "data"}:
             raise InputUnbounded(f"{field} must be an object of mimeType and data", field=field)
         mime = blob.get("mimeType")
@@ -218,7 +232,6 @@ class GeminiWalk(Walk):
             raise InvalidRequest(f"{field} must give a mimeType and base64 data", field=field)
         mime = mime.lower().split(";")[0].strip()
         if mime.startswith("image/"):
-            tiled = gemini_family(self.model, IMAGE_TILE_MODELS) is not None
             if tiled and mime not in REFERRED_IMAGE_TYPES:
                 width, height = image_size(data, f"{field}.data")
                 self.media_tokens += image_tokens(width, height)
@@ -250,13 +263,25 @@ class GeminiWalk(Walk):
         return {**content, "parts": self.parts(content.get("parts"), f"{field}.parts")}
 
 
+def media_resolution(level: object, field: str) -> str | None:
+    """A media resolution Google names (MEDIA_RESOLUTIONS), or None where none is given."""
+    if level is not None and not (isinstance(level, str) and level in MEDIA_RESOLUTIONS):
+        raise InvalidRequest(f"{field} must be one of {', '.join(sorted(MEDIA_RESOLUTIONS))}",
+                             field=field)
+    return level
+
+
 def gemini_input(body: dict[str, Any], model: str) -> tuple[InputBound, GeminiWalk]:
     """The bound of a request's contents and system instruction: their text by bytes, a
     framing allowance a turn, their media by Google's rules."""
     contents = body.get("contents")
     if not isinstance(contents, list) or not contents:
         raise InvalidRequest("contents must be a list of at least one content", field="contents")
-    walk = GeminiWalk(model)
+    config = body.get("generationConfig")
+    level = media_resolution(config.get("mediaResolution") if isinstance(config, dict)
+                             else None, "generationConfig.mediaResolution")
+    walk = GeminiWalk(model, gemini_family(model, IMAGE_TILE_MODELS) is not None
+                      and level not in MEDIA_RESOLUTIONS_BEYOND_TILES)
     tokens = 0
     system = body.get("systemInstruction")
     if system is not None:

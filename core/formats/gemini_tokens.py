@@ -34,6 +34,18 @@ IMAGE_TOKENS_SMALL = 258
 IMAGE_SMALL_PX_MAX = 384
 IMAGE_TILE_TOKENS = 258
 IMAGE_TILE_PX_MIN, IMAGE_TILE_PX_MAX = 256, 768
+# Media resolution (generationConfig.mediaResolution, or a part's {"level": ...} on Gemini 3):
+# Google names these levels (GenerationConfig.mediaResolution, https://ai.google.dev/api/
+# generate-content#MediaResolution; https://ai.google.dev/gemini-api/docs/media-resolution). On
+# the tiled models low is 64 tokens an image and medium 256, each within a tile's 258, so the
+# tiles bound them; high is "zoomed reframing with 256 tokens" and ultra high Gemini 3's, counts
+# the tiles do not bound: an image asked for at either is held at the window.
+MEDIA_RESOLUTIONS = frozenset({
+    "MEDIA_RESOLUTION_UNSPECIFIED", "MEDIA_RESOLUTION_LOW", "MEDIA_RESOLUTION_MEDIUM",
+    "MEDIA_RESOLUTION_HIGH", "MEDIA_RESOLUTION_ULTRA_HIGH",
+})
+MEDIA_RESOLUTIONS_BEYOND_TILES = frozenset({"MEDIA_RESOLUTION_HIGH",
+                                            "MEDIA_RESOLUTION_ULTRA_HIGH"})
 # An image's header is looked for in its first bytes only (a JPEG's frame header may follow
 # metadata: EXIF thumbnails stay within 64 KiB).
 IMAGE_HEADER_BYTES_MAX = 256 * 1_024

@@ -11,8 +11,10 @@ before the stub sees anything.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import struct
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -240,6 +242,98 @@ def test_a_name_that_only_begins_as_a_known_models_is_held_as_any_unknown_model(
     nothing_held(admin, tag)
 
 
+@pytest.mark.parametrize(("model", "sent", "code", "field"), [
+    (FLASH, {**body(), "tools": [{"google_search": {}}]}, "input_unbounded",
+     "tools[0].google_search"),
+    (FLASH, {**body(), "tools": [{"googleMaps": {}}]}, "input_unbounded", "tools[0].googleMaps"),
+    (FLASH, {**body(), "labels": {"team": "a"}}, "field_unsupported", "labels"),
+    (FLASH, {**body(), "serviceTier": "flex"}, "field_unsupported", "serviceTier"),
+    (FLASH, {**body(), "cached_content": "cachedContents/x"}, "field_unsupported",
+     "cached_content"),
+    (FLASH, body(routingConfig={"autoMode": {}}), "input_unbounded",
+     "generationConfig.routingConfig"),
+    (FLASH, body(audioTimestamp=True), "input_unbounded", "generationConfig.audioTimestamp"),
+    (FLASH, body(imageConfig={"aspectRatio": "1:1"}), "input_unbounded",
+     "generationConfig.imageConfig"),
+    (FLASH, body(thinkingConfig={"thinkingBudget": 10, "depth": 9}), "input_unbounded",
+     "generationConfig.thinkingConfig.depth"),
+    (FLASH, body(responseModalities=["AUDIO"]), "invalid_request",
+     "generationConfig.responseModalities"),
+    (FLASH, body(responseModalities=["TEXT", "IMAGE"]), "invalid_request",
+     "generationConfig.responseModalities"),
+    (FLASH, body(mediaResolution="MEDIA_RESOLUTION_ENORMOUS"), "invalid_request",
+     "generationConfig.mediaResolution"),
+    (FLASH, body(candidateCount=0), "invalid_request", "generationConfig.candidateCount"),
+    (GEMINI_3, {**body(maxOutputTokens=10), "tools": [{"googleSearch": {}}]},
+     "model_unbounded", None),
+])
+def test_a_hostile_body_is_refused_naming_its_setting_before_the_stub_sees_it(
+        gw: ServiceProcess, admin: Client, stub: StubProvider, model: str,
+        sent: dict[str, Any], code: str, field: str | None) -> None:
+    """Grounding tools by another spelling, Vertex's billing labels, a service tier, answers in
+    audio or images, settings newer than the gateway, a resolution Google does not name, and
+    grounding billed per query with no bound: each refused by the setting that would bound
+    it, in Google's shape, with nothing held or forwarded."""
+    tag, key = account(admin, 10_000_000)
+    r = admin.post(f"/v1beta/models/{model}:generateContent", headers={"x-goog-api-key": key},
+                   json=sent)
+    error = r.json()["error"]
+    info = error["details"][0]
+    assert (r.status_code, info["reason"]) == (400, code), r.text
+    if field is None:  # a price component: named as one
+        assert info["metadata"]["component"] == "web_search", r.text
+        assert "web_searches_max" in error["message"], r.text
+    else:
+        assert info["metadata"]["field"] == field, r.text
+    nothing_reached(stub)
+    nothing_held(admin, tag)
+
+
+def png(width: int, height: int) -> str:
+    head = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + struct.pack(
+        ">II", width, height) + b"\x08\x02\x00\x00\x00" + b"\x00" * 4
+    return base64.b64encode(head + b"\x00" * 64).decode()
+
+
+# Each is held at a bound the stub's bill stays within: grounding per prompt (its fee once,
+# whatever the queries, and each step's input at the window), code execution and URL context
+# (their input at the window), an image at each media resolution, every candidate. Beside each,
+# the least the stub must bill for it to have served what was asked (Flash-Lite: $35 a grounded
+# prompt; $0.10 a million input tokens, so URL context's 101,774 tokens at least 10,177).
+HELD: dict[str, tuple[dict[str, Any], dict[str, Any], int]] = {
+    "googleSearchRetrieval": ({**body(maxOutputTokens=50, candidateCount=3),
+                               "tools": [{"googleSearchRetrieval": {}}]}, {"web_searches": 6},
+                              35_000),
+    "googleSearch": ({**body(maxOutputTokens=50, candidateCount=2),
+                      "tools": [{"googleSearch": {}}]}, {"web_searches": 4}, 35_000),
+    "codeExecution": ({**body(maxOutputTokens=50), "tools": [{"codeExecution": {}}]}, {}, 1),
+    "urlContext": ({**body("read https://example.com/a and https://example.com/b",
+                           maxOutputTokens=50), "tools": [{"urlContext": {}}]},
+                   {"files": {"https://example.com/a": {"bytes": 400_000, "pages": 0},
+                              "https://example.com/b": {"bytes": 4_000, "pages": 3}}}, 10_177),
+    **{f"mediaResolution-{level}": ({"contents": [{"role": "user", "parts": [
+        {"text": "what is it?"}, {"inlineData": {"mimeType": "image/png",
+                                                 "data": png(2_000, 1_000)}}]}],
+        "generationConfig": {"maxOutputTokens": 50,
+                             "mediaResolution": f"MEDIA_RESOLUTION_{level}"}}, {}, 155)
+       for level in ("LOW", "MEDIUM", "HIGH")},  # 1,548 image tokens by the stub's tiles
+}
+
+
+@pytest.mark.parametrize("case", HELD)
+def test_a_body_the_gateway_can_bound_is_held_there_and_billed_within_it(
+        gw: ServiceProcess, admin: Client, stub: StubProvider, case: str) -> None:
+    sent, control, least_micros = HELD[case]
+    stub_control(stub.url, control)
+    tag, key = account(admin, 10_000_000)
+    r = admin.post(f"/v1beta/models/{LITE}:generateContent", headers={"x-goog-api-key": key},
+                   json=sent)
+    assert r.status_code == 200, r.text
+    [cost] = costs(stub)
+    assert least_micros <= cost <= int(r.headers["x-ceiling-reserved-micros"])
+    assert settled(admin, tag)["committed_micros"] == cost
+
+
 def test_a_cached_content_is_held_at_the_models_window(
         gw: ServiceProcess, admin: Client, stub: StubProvider) -> None:
     """A cachedContent reference can feed the model up to its window: held there, so a budget
@@ -295,20 +389,21 @@ def test_thinking_is_held_on_top_of_the_cap_and_charged_the_bill(
     assert int(r.headers["x-ceiling-reserved-micros"]) >= 600 * 2_500_000 // 1_000_000
 
 
+@pytest.mark.parametrize("candidates", [1, 8])
 @pytest.mark.parametrize("outside", [False, True],
                          ids=["thoughts-within-the-cap", "thoughts-beside-the-cap"])
 def test_the_hold_is_the_documented_worst_case_and_the_stubs_whole_spend_stays_within_it(
         gw: ServiceProcess, admin: Client, stub: StubProvider, spy: FaultProxy,
-        outside: bool) -> None:
+        outside: bool, candidates: int) -> None:
     """Google documents thinking billed at the output rate and a budget the model may
     overflow, not that thoughts count inside maxOutputTokens (docs/gateway.md, "The Gemini
     API"): each candidate is held at its cap plus its budget. The stub, drawn far past both,
     spends the whole cap on thoughts and answer together (as Google serves it), or, the other
     reading, the whole cap on its answer and the whole budget on thoughts: its bill reaches the
-    hold's output and never passes the hold."""
+    hold's output and never passes the hold. Every candidate asked for is held and billed."""
     stub_control(stub.url, {"thinking_outside_output_cap": outside})
     tag, key = account(admin, 10_000_000)
-    cap, budget, candidates = 100, 500, 2
+    cap, budget = 100, 500
     spy.output_tokens = 100_000
     try:
         r = admin.post(f"/v1beta/models/{PRO}:generateContent", headers={"x-goog-api-key": key},

@@ -692,3 +692,54 @@ def test_image_tiles_and_grounding_per_prompt_by_a_familys_versions() -> None:
     assert tiled.text_tokens_max > 258
     assert searches(grounded("gemini-2.5-flash-001", ["a", "b"])) == 1
     assert searches(grounded("models/gemini-2.5-flash", ["a", "b"])) == 1
+
+
+# -- media resolution -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", [None, "MEDIA_RESOLUTION_UNSPECIFIED", "MEDIA_RESOLUTION_LOW",
+                                   "MEDIA_RESOLUTION_MEDIUM"])
+def test_a_resolution_at_most_medium_keeps_a_25_image_at_its_tiles(level: str | None) -> None:
+    """Google: low 64 tokens an image, medium 256 (GenerationConfig.mediaResolution), each
+    below the 258 of a tile."""
+    config: dict[str, Any] = {"thinkingConfig": {"thinkingBudget": 0}}
+    if level is not None:
+        config["mediaResolution"] = level
+    call = plan(body(inline("image/png", png(1_000, 500)), generationConfig=config), FLASH)
+    assert not call.media.referred_field
+    assert call.text_tokens_max > 8 * 258
+
+
+@pytest.mark.parametrize(("config", "part", "field"), [
+    ({"mediaResolution": "MEDIA_RESOLUTION_HIGH"}, {}, "contents[0].parts[0].inlineData"),
+    ({}, {"mediaResolution": {"level": "MEDIA_RESOLUTION_HIGH"}},
+     "contents[0].parts[0].inlineData"),
+    ({}, {"mediaResolution": {"level": "MEDIA_RESOLUTION_ULTRA_HIGH"}},
+     "contents[0].parts[0].inlineData"),
+])
+def test_a_high_resolution_holds_a_25_image_at_the_window(
+        config: dict[str, Any], part: dict[str, Any], field: str) -> None:
+    """High is "zoomed reframing with 256 tokens", a count Google does not bound by the
+    image's tiles: held at the window, as a Gemini 3 image is."""
+    given = body({**inline("image/png", png(100, 100)), **part},
+                 generationConfig={**config, "thinkingConfig": {"thinkingBudget": 0}})
+    assert plan(given, FLASH).media.referred_field == field
+
+
+@pytest.mark.parametrize(("config", "part", "field"), [
+    ({"mediaResolution": "MEDIA_RESOLUTION_ENORMOUS"}, {}, "generationConfig.mediaResolution"),
+    ({"mediaResolution": 3}, {}, "generationConfig.mediaResolution"),
+    ({}, {"mediaResolution": "MEDIA_RESOLUTION_LOW"}, "contents[0].parts[0].mediaResolution"),
+    ({}, {"mediaResolution": {"level": "x"}}, "contents[0].parts[0].mediaResolution"),
+    ({}, {"mediaResolution": {"level": ["x"]}}, "contents[0].parts[0].mediaResolution"),
+    ({"mediaResolution": {"level": "MEDIA_RESOLUTION_LOW"}}, {},
+     "generationConfig.mediaResolution"),
+    ({}, {"mediaResolution": {"level": "MEDIA_RESOLUTION_LOW", "more": 1}},
+     "contents[0].parts[0].mediaResolution"),
+])
+def test_a_resolution_google_does_not_name_is_refused(
+        config: dict[str, Any], part: dict[str, Any], field: str) -> None:
+    given = body({**inline("image/png", png(100, 100)), **part}, generationConfig=config)
+    with pytest.raises(InvalidRequest) as refused:
+        plan(given, FLASH)
+    assert refused.value.details["field"] == field
