@@ -296,8 +296,8 @@ def png(width: int, height: int) -> str:
 
 
 # Each is held at a bound the stub's bill stays within: grounding per prompt (its fee once,
-# whatever the queries, and each step's input at the window), code execution and URL context
-# (their input at the window), an image at each media resolution, every candidate. Beside each,
+# whatever the queries, and each step's input at the window), code execution, a cached content
+# and URL context (their input at the window), an image at each media resolution, every candidate. Beside each,
 # the least the stub must bill for it to have served what was asked (Flash-Lite: $35 a grounded
 # prompt; $0.10 a million input tokens, so URL context's 101,774 tokens at least 10,177).
 HELD: dict[str, tuple[dict[str, Any], dict[str, Any], int]] = {
@@ -307,6 +307,10 @@ HELD: dict[str, tuple[dict[str, Any], dict[str, Any], int]] = {
     "googleSearch": ({**body(maxOutputTokens=50, candidateCount=2),
                       "tools": [{"googleSearch": {}}]}, {"web_searches": 4}, 35_000),
     "codeExecution": ({**body(maxOutputTokens=50), "tools": [{"codeExecution": {}}]}, {}, 1),
+    # A cache as large as the window leaves: 1,048,000 tokens at the $0.01 cached rate.
+    "cachedContent": ({**body(maxOutputTokens=50), "cachedContent": "cachedContents/full"},
+                      {"cached_contents": {"cachedContents/full": {
+                          "model": LITE, "tokens": 1_048_000}}}, 10_480),
     "urlContext": ({**body("read https://example.com/a and https://example.com/b",
                            maxOutputTokens=50), "tools": [{"urlContext": {}}]},
                    {"files": {"https://example.com/a": {"bytes": 400_000, "pages": 0},
