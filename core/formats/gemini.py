@@ -109,9 +109,9 @@ COUNT_REQUEST_FIELD = "generateContentRequest"
 # generationConfig's fields that change nothing the worst case leaves out (sampling, stops,
 # structured output's schema, which is text the body carries, logprobs, which lengthen only the
 # answer's body) or that it reads (the caps, candidateCount, thinking, media resolution: an image
-# is held by its tiles only at a resolution the tiles bound, gemini_tokens.py). responseModalities is read (text only); speechConfig and imageConfig
-# ask for audio or image output, billed at rates the request cannot bound: refused, as is any
-# field newer than this list.
+# is held by its tiles only at a resolution the tiles bound, gemini_tokens.py). responseModalities
+# is read (text only); speechConfig and imageConfig ask for audio or image output, billed at rates
+# the request cannot bound: refused, as is any field newer than this list.
 GENERATION_FIELDS = frozenset({
     "stopSequences", "responseMimeType", "responseSchema", "responseJsonSchema",
     "candidateCount", "maxOutputTokens", "temperature", "topP", "topK", "seed",

@@ -296,10 +296,11 @@ def png(width: int, height: int) -> str:
 
 
 # Each is held at a bound the stub's bill stays within: grounding per prompt (its fee once,
-# whatever the queries, and each step's input at the window), code execution, a cached content
-# and URL context (their input at the window), an image at each media resolution, every candidate. Beside each,
-# the least the stub must bill for it to have served what was asked (Flash-Lite: $35 a grounded
-# prompt; $0.10 a million input tokens, so URL context's 101,774 tokens at least 10,177).
+# whatever the queries, and each step's input at the window), code execution, a cached content and
+# URL context (their input at the window), an image at each media resolution, every candidate.
+# Beside each, the least the stub must bill for it to have served what was asked (Flash-Lite: $35
+# a grounded prompt; $0.10 a million input tokens, so URL context's 101,774 tokens at least
+# 10,177).
 HELD: dict[str, tuple[dict[str, Any], dict[str, Any], int]] = {
     "googleSearchRetrieval": ({**body(maxOutputTokens=50, candidateCount=3),
                                "tools": [{"googleSearchRetrieval": {}}]}, {"web_searches": 6},
