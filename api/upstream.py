@@ -172,8 +172,10 @@ class Upstream:
         except self._failed as exc:
             raise Unanswered(_why(exc)) from exc
 
-    async def count(self, api: Api, content: bytes, headers: Headers) -> Sent:
-        """core.upstream.Upstream.count: a count is small, so it is read like an error body."""
+    async def count(self, api: Api, content: bytes, headers: Headers, model: str = "") -> Sent:
+        """core.upstream.Upstream.count: a count is small, so it is read like an error body.
+        The model is the body's (`model` is the same name)."""
+        del model
         try:
             response = await self._transport.send(self._counting[api], content, headers)
         except self._failed as exc:

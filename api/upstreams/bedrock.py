@@ -117,9 +117,9 @@ class BedrockUpstream(CloudUpstream):
             headers["request-id"] = request_id
         return headers
 
-    async def count(self, api: Api, content: bytes, headers: Headers) -> Sent:
+    async def count(self, api: Api, content: bytes, headers: Headers, model: str = "") -> Sent:
         """Bedrock's CountTokens for a Messages count_tokens body: {"input_tokens": N} as
-        Anthropic answers it; Unanswered for any failure."""
+        Anthropic answers it; Unanswered for any failure. The model id is the body's."""
         try:
             body = json.loads(content)
             model_id = str(body.pop("model"))

@@ -150,11 +150,12 @@ class VertexUpstream(CloudUpstream):
             return error_as_anthropic(sent)
         return sent
 
-    async def count(self, api: Api, content: bytes, headers: Headers) -> Sent:
+    async def count(self, api: Api, content: bytes, headers: Headers, model: str = "") -> Sent:
         """Claude's count: Vertex's count-tokens:rawPredict, the body (its `model` included)
-        as Anthropic's count_tokens takes it. Unanswered for any failure."""
+        as Anthropic's count_tokens takes it; Gemini's by `model` (count_gemini). Unanswered
+        for any failure."""
         if api is not Api.MESSAGES:
-            raise Unanswered(f"{api} counts by its model: count_gemini")
+            return await self.count_gemini(model, content)
         return await self._count(f"{self.publishers_url}/anthropic/models/count-tokens:rawPredict",
                                  content, headers)
 
