@@ -54,3 +54,6 @@ class GeminiUpstream(CloudUpstream):
             raise Unanswered(str(exc)) from exc
         return (response.status_code, self.relayed(response),
                 await self.error_body(response))
+
+
+client = GeminiUpstream  # the gemini kind's (core/upstream_kinds/gemini.py)

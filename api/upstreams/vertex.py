@@ -176,3 +176,6 @@ class VertexUpstream(CloudUpstream):
         if sent[0] == 401:
             self._token = None
         return sent
+
+
+client = VertexUpstream  # the vertex kind's (core/upstream_kinds/vertex.py)
