@@ -19,11 +19,6 @@ from core.prices import Usage
 from core.upstreams import Routed, UpstreamDef, Upstreams
 
 _COUNT_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-# The routes whose calls CEILING_UPSTREAMS routes, by the route names core/upstreams.py serves;
-# any other format goes to its provider's one-upstream shorthand.
-ROUTES: dict[Api, str] = {Api.CHAT: "chat", Api.RESPONSES: "responses", Api.MESSAGES: "messages",
-                          Api.EMBEDDINGS: "embeddings", Api.GEMINI: "gemini",
-                          Api.GEMINI_STREAM: "gemini"}
 
 
 def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAULT,
@@ -44,8 +39,8 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
     (WireFormat.model_in_path: Gemini's) was called with."""
     wire = FORMATS[api]
     body, model = _checked(wire, raw, fields_allowed, path_model)
-    if upstreams is not None and (route := ROUTES.get(api)) is not None:
-        return routed(wire, body, upstreams.resolve(model, route), tuple(headers),
+    if upstreams is not None:
+        return routed(wire, body, upstreams.resolve(model, wire.routed_as), tuple(headers),
                       output_tokens_default, betas_allowed)
     return wire.plan(body, model, tuple(headers), output_tokens_default, betas_allowed)
 
@@ -93,8 +88,8 @@ def count_request(api: Api, raw: bytes, headers: Sequence[tuple[str, str]] = (),
     body, model = _checked(wire, raw, fields_allowed, path_model)
     wire.count_checked(body, tuple(headers), betas_allowed)
     to = None
-    if upstreams is not None and (route := ROUTES.get(api)) is not None:
-        found = upstreams.resolve(model, route)
+    if upstreams is not None:
+        found = upstreams.resolve(model, wire.routed_as)
         to, model = found.upstream, found.sent_model
         if not wire.model_in_path:
             body["model"] = model
