@@ -27,9 +27,9 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from api.upstreams.base import (
+from api.upstreams.base import CloudUpstream
+from api.upstreams.cloud_messages import (
     SSE_CONTENT_TYPE,
-    CloudUpstream,
     cloud_messages_body,
     error_as_anthropic,
 )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from api.upstreams.base import CloudUpstream, gemini_action
+from api.upstreams.base import CloudUpstream
 from core.config import ConfigError
 from core.upstream import Headers, NotSent, Sent, Unanswered
 from core.upstreams import UpstreamDef
@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 
 KEY_HEADER = "x-goog-api-key"
 API_VERSION = "v1beta"  # the google-genai SDK's default, and the API's fullest
+
+
+def gemini_action(stream: bool) -> str:
+    """A Gemini call's method in its path: its stream as server-sent events, as the SDKs ask."""
+    return "streamGenerateContent?alt=sse" if stream else "generateContent"
 
 
 class GeminiUpstream(CloudUpstream):

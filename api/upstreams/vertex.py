@@ -26,12 +26,9 @@ import time
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
-from api.upstreams.base import (
-    CloudUpstream,
-    cloud_messages_body,
-    error_as_anthropic,
-    gemini_action,
-)
+from api.upstreams.base import CloudUpstream
+from api.upstreams.cloud_messages import cloud_messages_body, error_as_anthropic
+from api.upstreams.gemini import gemini_action
 from core.config import ConfigError
 from core.formats import Api, Plan
 from core.upstream import Headers, NotSent, Sent, Unanswered

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from api.upstreams.base import cloud_messages_body, error_as_anthropic
 from api.upstreams.bedrock import BedrockUpstream, sse_event
+from api.upstreams.cloud_messages import cloud_messages_body, error_as_anthropic
 from core.formats import Api, Plan
 from core.gateway_request import plan
 from core.upstream import NotSent, Sent, Unanswered
