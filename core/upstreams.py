@@ -185,7 +185,7 @@ def _base_url(where: str, value: object, kind: UpstreamKind) -> str | None:
 
 def _api_key(where: str, env_name: object, kind: UpstreamKind,
              env: Mapping[str, str]) -> str | None:
-    if kind.auth_header is None:
+    if not kind.keyed:
         if env_name is not None:
             raise UpstreamsError(f"{where}: a {kind.name} upstream authenticates without "
                                  "`api_key_env`")

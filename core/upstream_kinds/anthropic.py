@@ -7,4 +7,4 @@ from core.ledger import Upstream
 from core.upstream_kinds.kind import UpstreamKind
 
 KIND = UpstreamKind("anthropic", frozenset({"messages"}), "anthropic", Upstream.ANTHROPIC,
-                    "keyed", auth_header=("x-api-key", ""))
+                    "keyed")

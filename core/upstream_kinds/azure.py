@@ -20,5 +20,4 @@ def _deployments(where: str, entry: Mapping[str, object], env: Mapping[str, str]
 
 KIND = UpstreamKind("azure", frozenset({"chat", "responses", "embeddings"}), "azure",
                     Upstream.AZURE, "azure", fields=frozenset({"deployments"}),
-                    model_fields=("deployments",), auth_header=("api-key", ""),
-                    read=_deployments)
+                    model_fields=("deployments",), read=_deployments)

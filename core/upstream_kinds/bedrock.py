@@ -36,4 +36,5 @@ def _where_it_runs(upstream: UpstreamDef, priced_model: str, sent_model: str) ->
 
 KIND = UpstreamKind("bedrock", frozenset({"messages"}), "aws", Upstream.AWS, "bedrock",
                     fields=frozenset({"region", "model_ids"}), model_fields=("model_ids",),
-                    base_url_optional=True, read=_model_ids, price_key=_where_it_runs)
+                    keyed=False, base_url_optional=True, read=_model_ids,
+                    price_key=_where_it_runs)

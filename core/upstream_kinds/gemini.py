@@ -6,5 +6,4 @@ from __future__ import annotations
 from core.ledger import Upstream
 from core.upstream_kinds.kind import UpstreamKind
 
-KIND = UpstreamKind("gemini", frozenset({"gemini"}), "google", Upstream.GOOGLE, "gemini",
-                    auth_header=("x-goog-api-key", ""))
+KIND = UpstreamKind("gemini", frozenset({"gemini"}), "google", Upstream.GOOGLE, "gemini")

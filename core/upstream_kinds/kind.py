@@ -93,9 +93,10 @@ class UpstreamKind:
     fields: frozenset[str] = frozenset()
     # Its fields that name models besides `models`, for the message of one that names none.
     model_fields: tuple[str, ...] = ()
-    # The header its key goes in and what comes before the key (api_key_env); None: it
-    # authenticates otherwise and refuses api_key_env.
-    auth_header: tuple[str, str] | None = None
+    # Whether it authenticates with a key from the environment (api_key_env, optional: a local
+    # server may take none); if not, it authenticates otherwise and refuses api_key_env. Where
+    # the key goes is its client's.
+    keyed: bool = True
     # Whether it has a default endpoint (derived from its region or project).
     base_url_optional: bool = False
     read: Read = _as_declared

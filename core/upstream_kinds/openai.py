@@ -9,5 +9,4 @@ from core.upstream_kinds.kind import UpstreamKind
 # An OpenAI-compatible upstream priced by OpenAI's table is taken to be OpenAI; priced by any
 # other, it is another provider's bill, which OpenAI's report lacks.
 KIND = UpstreamKind("openai", frozenset({"chat", "responses", "embeddings"}), "openai",
-                    Upstream.OPENAI, "keyed", bill_own_prices_only=True,
-                    auth_header=("authorization", "Bearer "))
+                    Upstream.OPENAI, "keyed", bill_own_prices_only=True)

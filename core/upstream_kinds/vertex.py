@@ -45,4 +45,5 @@ def _dated_and_placed(upstream: UpstreamDef, priced_model: str, sent_model: str)
 
 KIND = UpstreamKind("vertex", frozenset({"messages", "gemini"}), "google", Upstream.GOOGLE,
                     "vertex", fields=frozenset({"project", "region", "credentials_file"}),
-                    base_url_optional=True, read=_credentials_file, price_key=_dated_and_placed)
+                    keyed=False, base_url_optional=True, read=_credentials_file,
+                    price_key=_dated_and_placed)
