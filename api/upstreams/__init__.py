@@ -13,9 +13,9 @@ whose `client(definition, timeout_s)` makes its clients (ClientFactory):
 A call's plan names the model it sends in its body's `model`, which the routing sets to
 Routed.sent_model (an Azure deployment, a Bedrock model id); the clouds that name the model in
 the path (Bedrock, Vertex's Claude) take it from there. A Gemini call's model is its route's
-(Plan.model), sent as the upstream knows it. Each module is imported with the first upstream of
-its kind, not with this one: botocore and google-auth are a cold start's share that a gateway
-without such an upstream never pays.
+(Plan.model). Each module is imported with the first upstream of its kind, not with this one:
+botocore and google-auth are a cold start's share that a gateway without such an upstream never
+pays.
 """
 
 from __future__ import annotations

@@ -49,8 +49,8 @@ class GeminiUpstream(CloudUpstream):
         return await self.post(self.prepared_at(url), call_plan.content(), call_plan.headers)
 
     async def count(self, api: Api, content: bytes, headers: Headers, model: str = "") -> Sent:
-        """:countTokens for `model` (the path names it), free; Unanswered for any failure. The
-        client's headers go with no count, as with none of the API's calls' counts before."""
+        """:countTokens for `model` (the path names it), free; Unanswered for any failure. It goes
+        with this client's own headers (its key) and none of the caller's."""
         del api, headers
         try:
             response = await self.post(self.prepared_at(f"{self.models_url}/{model}:countTokens"),
