@@ -95,8 +95,8 @@ class Upstream(StrEnum):
     OPENAI = "openai"  # the OpenAI-compatible routes: chat completions and Responses
     ANTHROPIC = "anthropic"  # Messages
     GOOGLE = "google"  # the Gemini API and Vertex AI (genai-prices' provider id for Gemini)
-    # Named upstreams' clouds (core/upstreams.py BILLS), which no cost report here reads: their
-    # spend is counted apart, so it never passes for OpenAI's or Anthropic's.
+    # Named upstreams' clouds (core/upstream_kinds, UpstreamKind.bill), which no cost report
+    # here reads: their spend is counted apart, so it never passes for OpenAI's or Anthropic's.
     AWS = "aws"  # Bedrock
     AZURE = "azure"  # Azure OpenAI
     OTHER = "other"  # any other OpenAI-compatible provider (OpenRouter, Groq, a local vLLM)

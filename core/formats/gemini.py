@@ -609,6 +609,11 @@ class Gemini(WireFormat):
     model_in_path = True
     count_path = "v1beta/models/{model}:countTokens"
     count_route = "/v1beta/models/{model}:countTokens"
+    count_name = "gemini_count_tokens"
+    routed_as = "gemini"
+    # The google-genai SDK's default v1beta, and v1 (the upstream is called at its own:
+    # api/upstreams/gemini.py).
+    path_versions = ("v1beta", "v1")
     header_schemas = HEADER_SCHEMAS
     # google-genai parses every non-empty line of a stream as an event: a comment breaks it.
     stream_trailer = False
