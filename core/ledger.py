@@ -100,6 +100,19 @@ class Upstream(StrEnum):
     AWS = "aws"  # Bedrock
     AZURE = "azure"  # Azure OpenAI
     OTHER = "other"  # any other OpenAI-compatible provider (OpenRouter, Groq, a local vLLM)
+    # A sidecar reservation of an amount: no provider is known, so its spend may be on any bill,
+    # and reconcile takes it off every provider's unseen spend (core/reconcile.py).
+    UNATTRIBUTED = "unattributed"
+
+
+def bill_of_prices(provider: str | None) -> Upstream:
+    """The bill of a call priced by genai-prices' `provider` and no upstream: that provider's
+    where it is one of the bills, else OTHER (no report here reads it)."""
+    try:
+        bill = Upstream(provider or Upstream.OTHER)
+    except ValueError:
+        return Upstream.OTHER
+    return Upstream.OTHER if bill is Upstream.UNATTRIBUTED else bill
 
 
 class ExpirePolicy(StrEnum):
@@ -145,6 +158,9 @@ class ReserveRequest:
     run: RunLimit | None = None
     retention_ms: int = IDEMPOTENCY_WINDOW_MS
     user: str | None = None  # the call's end user (core/budgets.py check_user)
+    # Whose bill the call is on, the day counter its charges are counted in (None: none, as a
+    # reservation made before reservations named one).
+    bill: Upstream | None = None
 
     def __post_init__(self) -> None:
         ensure(self.retention_ms > RESEND_WINDOW_MS or not self.fingerprint,

@@ -473,6 +473,10 @@ class DayDrift:
     # With `book_into`: what is booked for the day so far, and what this run booked of it.
     booked_micros: int = 0
     booked_now_micros: int = 0
+    # What the ledger counted that day for sidecar reservations of an amount, which name no
+    # provider (Upstream.UNATTRIBUTED): it may be on this provider's bill, so it is taken off
+    # what is booked (`unseen_micros`), never booked again.
+    unattributed_micros: int = 0
 
     @property
     def drift_micros(self) -> int:
@@ -489,13 +493,16 @@ class DayDrift:
     @property
     def unseen_micros(self) -> int:
         """What is to be booked for the day (module docstring): beyond the tolerance, all that
-        the provider billed beyond what the ledger saw; otherwise nothing."""
-        return 0 if self.within else max(0, self.drift_micros)
+        the provider billed beyond what the ledger saw, less the day's unattributed spend;
+        otherwise nothing."""
+        return 0 if self.within else max(0, self.drift_micros - self.unattributed_micros)
 
     def json(self, booking: bool = False) -> dict[str, Any]:
         found = {"day": self.day.isoformat(), "ledger_micros": self.ledger_micros,
                  "provider_micros": self.provider_micros, "drift_micros": self.drift_micros,
                  "drift_pct": float(self.drift_pct), "within": self.within}
+        if self.unattributed_micros:
+            found["unattributed_micros"] = self.unattributed_micros
         if booking:
             found.update(booked_micros=self.booked_micros,
                          booked_now_micros=self.booked_now_micros)
@@ -564,14 +571,16 @@ class Reconciled:
 
 
 def compare(provider: Upstream, ledger: Mapping[date, int], report: Mapping[date, int],
-            first_day: date, last_day: date, tolerance_pct: Decimal) -> Reconciled:
+            first_day: date, last_day: date, tolerance_pct: Decimal,
+            unattributed: Mapping[date, int] | None = None) -> Reconciled:
     """Every day of the range, in order; a day absent from either side is a zero there."""
     days = []
     day = first_day
     while day <= last_day:
         ledger_micros, provider_micros = ledger.get(day, 0), report.get(day, 0)
         days.append(DayDrift(day, ledger_micros, provider_micros,
-                             within(ledger_micros, provider_micros, tolerance_pct)))
+                             within(ledger_micros, provider_micros, tolerance_pct),
+                             unattributed_micros=(unattributed or {}).get(day, 0)))
         day += ONE_DAY
     return Reconciled(provider, tolerance_pct, tuple(days))
 
@@ -720,7 +729,9 @@ async def reconcile(store: ReconcileStore, source: ReportSource, first: str | No
                              budget_id=booking.budget_id.path, field="book_into")
     report = await provider_spend_by_day(source, first_day, last_day, fetch)
     ledger = await store.gateway_spend_by_day(source.provider, first_day, last_day)
-    result = compare(source.provider, ledger, report, first_day, last_day, tolerance_pct)
+    unattributed = await store.gateway_spend_by_day(Upstream.UNATTRIBUTED, first_day, last_day)
+    result = compare(source.provider, ledger, report, first_day, last_day, tolerance_pct,
+                     unattributed)
     for d in result.beyond:
         await store.emit_drift_alert(DriftEvent(source.provider, d.day, d.ledger_micros,
                                                 d.provider_micros))

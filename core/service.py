@@ -44,6 +44,7 @@ from core.ledger import (
     ServiceStore,
     Settlement,
     Upstream,
+    bill_of_prices,
     mint_reservation_id,
     tag_digest_of,
 )
@@ -146,6 +147,10 @@ class CallSpec:
     # The genai-prices provider whose prices the model is held at (a gateway call's upstream);
     # None: the first that names it.
     provider: str | None = None
+    # Whose bill the call is on (a gateway call's, core/formats/base.py Plan.billed); None: a
+    # sidecar's, the bill of the provider whose table prices its model, or UNATTRIBUTED for an
+    # amount (CeilingService.bill_of).
+    bill: Upstream | None = None
 
 
 @dataclass(frozen=True)
@@ -284,6 +289,14 @@ class CeilingService:
         )
         return max(amount, 1), spec.model
 
+    def bill_of(self, model: str) -> Upstream:
+        """The bill of a sidecar's call priced as `model` ('' for an amount): the provider's
+        whose table prices it (core/ledger.py bill_of_prices), or UNATTRIBUTED for an amount,
+        which names no provider."""
+        if not model:
+            return Upstream.UNATTRIBUTED
+        return bill_of_prices(self.prices.provider_of(model))
+
     def _ttl_ms(self, ttl_ms: int | None) -> int:
         if ttl_ms is None:
             return self.lease_ttl_ms
@@ -329,6 +342,7 @@ class CeilingService:
             retention_ms=IDEMPOTENCY_WINDOW_MS if idempotency_key is not None
             else RESEND_WINDOW_MS if gateway else REPLAY_WINDOW_MS,
             user=caller.user,
+            bill=spec.bill or self.bill_of(model),
         )
         try:
             reservation = await self.store.reserve(request)

@@ -32,6 +32,7 @@ from core.jsonbody import loads_answer
 from core.ledger import Upstream
 from core.prices import TIER_AUTO, Usage
 from core.service import CallSpec
+from core.upstream_kinds.kind import bill_at
 from core.upstreams import UpstreamDef
 
 # One encoder for every forwarded body: json.dumps with options builds a new one per call.
@@ -57,9 +58,16 @@ class Provider:
     # Its answers' headers the client gets besides the common ones (api/upstream.py
     # RELAYED_HEADERS): its request ids, rate limits and the like, by prefix.
     relayed_header_prefixes: tuple[str, ...] = ()
+    # The host of the provider's own API: its calls are on `upstream`'s bill only there
+    # (core/upstream_kinds/kind.py bill_at); None: wherever url_setting points.
+    bill_host: str | None = None
 
     def auth(self, key: str) -> tuple[str, str]:
         return self.auth_header[0], self.auth_header[1] + key
+
+    def bill(self, config: Config) -> Upstream:
+        """Whose bill its calls are on where `config` sends them."""
+        return bill_at(self.upstream, self.bill_host, self.url(config))
 
     @property
     def unset(self) -> str:
@@ -260,16 +268,24 @@ class Plan:
     # The named upstream (CEILING_UPSTREAMS) the call goes to, whose prices table holds and
     # settles it; None: the format's provider (the one-upstream shorthands) and its table.
     routed_to: UpstreamDef | None = None
+    # Whose bill the call is on where it is sent, where that is not its provider's (`billed`).
+    bill: Upstream | None = None
 
     @property
     def api(self) -> Api:
         return self.wire.api
 
+    @property
+    def billed(self) -> Upstream:
+        """Whose bill the call is on (core/reconcile.py): a routed call's upstream's
+        (core/upstreams.py bill_of), else its provider's where the gateway sends it."""
+        return self.bill or self.wire.provider.upstream
+
     def spec(self, output_tokens_max: int | None = None) -> CallSpec:
         return CallSpec(
             model=self.model, input_tokens=self.text_tokens_max,
             output_tokens_max=output_tokens_max or self.output_tokens_max, choices=self.choices,
-            media=self.media, service_tier=self.service_tier,
+            media=self.media, service_tier=self.service_tier, bill=self.billed,
             # As prices_provider says, inline: spec() prices every call, at least once.
             provider=self.wire.provider.upstream.value if self.routed_to is None else (
                 self.routed_to.prices_provider),

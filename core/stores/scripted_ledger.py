@@ -124,7 +124,7 @@ class ScriptedLedger(ScriptedCore):
                 "expire_policy": request.expire_policy,  # a StrEnum is its value
                 "retention_ms": str(request.retention_ms),
                 "record_tail": wire.record_tail(request.fingerprint, request.price_version,
-                                                request.model),
+                                                request.model, request.bill or ""),
                 "user": request.user or "",
             },
             request.budget_ids,
@@ -215,7 +215,7 @@ class ScriptedLedger(ScriptedCore):
                 "reserved_micros": str(request.amount_micros),
                 "actual_micros": str(actual_micros),
                 "record_tail": wire.record_tail(request.fingerprint, request.price_version,
-                                                request.model),
+                                                request.model, request.bill or ""),
                 "user": request.user or "",
             },
             request.budget_ids, request.run, now_ms=admitted_at_ms,

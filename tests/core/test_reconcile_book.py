@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from dataclasses import replace
 from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
@@ -262,3 +263,39 @@ async def test_without_book_into_nothing_is_booked_and_the_answer_is_as_before(
     assert set(done.json()["days"][0]) == {"day", "ledger_micros", "provider_micros",
                                            "drift_micros", "drift_pct", "within"}
     assert set((await committed(store, team)).values()) == {0}
+
+
+# -- spend the ledger counted that no gateway call settled ----------------------------------------
+
+
+@pytest.mark.parametrize("provider", [Upstream.OPENAI, Upstream.ANTHROPIC])
+async def test_a_sidecar_settle_priced_on_the_providers_bill_is_not_booked_again(
+    store: LedgerStore, tag: str, clock: ManualClock, provider: Upstream
+) -> None:
+    """The reviewer's probe: $1.00 reserved and settled through the sidecar (its bill recorded
+    at reserve, its settle naming no upstream), $1.00 on the report: nothing unseen."""
+    team = await team_of(store, tag)
+    r = await store.reserve(replace(request(tag, team.path, 1_000_000, fingerprint=""),
+                                    bill=provider))
+    await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 1_000_000)
+    done = await run(store, clock, provider, report(provider, today(clock), 1_000_000), team)
+    d = done.days[0]
+    assert (d.ledger_micros, d.within, d.booked_now_micros) == (1_000_000, True, 0)
+    assert set((await committed(store, team)).values()) == {1_000_000}
+
+
+@pytest.mark.parametrize("provider", [Upstream.OPENAI, Upstream.ANTHROPIC])
+async def test_unattributed_spend_is_taken_off_every_providers_unseen(
+    store: LedgerStore, tag: str, clock: ManualClock, provider: Upstream
+) -> None:
+    """A sidecar reservation of an amount names no provider: its $0.60 may be on this bill, so
+    of a $1.00 report only $0.40 is booked; the report shows the figure."""
+    team = await team_of(store, tag)
+    r = await store.reserve(replace(request(tag, team.path, 600_000, fingerprint=""),
+                                    bill=Upstream.UNATTRIBUTED))
+    await store.settle(ReservationRef(tag, r.reservation_id, OWNER), 600_000)
+    done = await run(store, clock, provider, report(provider, today(clock), 1_000_000), team)
+    d = done.days[0]
+    assert (d.ledger_micros, d.unattributed_micros, d.booked_now_micros) == (0, 600_000, 400_000)
+    assert done.json()["days"][0]["unattributed_micros"] == 600_000
+    assert set((await committed(store, team)).values()) == {1_000_000}
