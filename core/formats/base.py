@@ -66,8 +66,10 @@ class Provider:
         return self.auth_header[0], self.auth_header[1] + key
 
     def bill(self, config: Config) -> Upstream:
-        """Whose bill its calls are on where `config` sends them."""
-        return bill_at(self.upstream, self.bill_host, self.url(config))
+        """Whose bill its calls are on where `config` sends them: the one the operator names
+        for it (Config.shorthand_bills), else its own at its own host only."""
+        return config.shorthand_bills.get(self.url_setting) or bill_at(
+            self.upstream, self.bill_host, self.url(config))
 
     @property
     def unset(self) -> str:

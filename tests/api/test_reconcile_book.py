@@ -68,6 +68,8 @@ def gw(ledger_redis: RedisServer, stub: StubProvider) -> Iterator[ServiceProcess
     with ServiceProcess({
         "REDIS_URL": ledger_redis.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
         "CEILING_UPSTREAM_URL": f"{stub.url}/v1", "CEILING_ANTHROPIC_URL": stub.url,
+        # The stub stands in for the providers themselves: their bills.
+        "CEILING_UPSTREAM_BILL": "openai", "CEILING_ANTHROPIC_BILL": "anthropic",
         "CEILING_UPSTREAM_TIMEOUT_S": "30", "CEILING_RECONCILE_BOOK_INTO": SCHEDULE_BUDGET,
         **report_env(stub),
     }) as service:

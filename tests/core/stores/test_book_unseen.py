@@ -11,11 +11,10 @@ from datetime import date, timedelta
 
 import pytest
 
-from core.alerts import UNSEEN_BOOKED
+from core.alerts import UNSEEN_BOOKED, AlertConfig, VelocityAlarm
 from core.budgets import BudgetDef, BudgetId, Limit, Period
 from core.errors import BudgetExceeded, BudgetNotFound, CeilingError
 from core.ledger import LedgerStore, LegStatus, Upstream
-from core.alerts import AlertConfig, VelocityAlarm
 from core.limits import DAILY_SPEND_RETENTION_MS, DAY_MS, INT_EXACT_MAX
 from core.stores import keys
 from tests.core.stores.test_conformance import request
