@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
 from enum import StrEnum
@@ -684,10 +685,10 @@ class Reconciliation(LedgerTime, Protocol):
         """The refusals the ledger's scripts decided, by error code, over the whole ledger."""
         ...
 
-    async def unseen_booked_by_day(self, upstream: Upstream, first_day: date, last_day: date
-                                   ) -> dict[date, int]:
-        """What book_unseen booked so far for `upstream`, by UTC day, in every tag, for the
-        days in [first_day, last_day] that have any."""
+    async def unseen_booked_by_day(self, upstream: Upstream, first_day: date, last_day: date,
+                                   tag: str | None = None) -> dict[date, int]:
+        """What book_unseen booked so far for `upstream`, by UTC day, in every tag (or in
+        `tag`), for the days in [first_day, last_day] that have any."""
         ...
 
     async def book_unseen(self, budget_id: BudgetId, upstream: Upstream, day: date,
@@ -697,7 +698,29 @@ class Reconciliation(LedgerTime, Protocol):
         is booked for that day already, in one step that records the new total: once per
         provider and day, a later larger amount books only the difference, never less than
         nothing. A `ledger.unseen_booked` event goes with each booking. BudgetNotFound when the
-        budget has no definition."""
+        budget has no definition. What other tags booked is the caller's to subtract
+        (core/reconcile.py, under the booking lease)."""
+        ...
+
+    async def take_booking_lease(self, upstream: Upstream, token: str, ttl_ms: int) -> bool:
+        """Take the ledger's one lease for booking `upstream`'s unseen spend, for `ttl_ms`,
+        under `token`; False if another holds it."""
+        ...
+
+    async def end_booking_lease(self, upstream: Upstream, token: str) -> None:
+        """Give back the lease taken under `token` (nothing if it is no longer that)."""
+        ...
+
+    async def unseen_audited(self, tag: str, upstream: Upstream, days: Sequence[date]
+                             ) -> dict[date, int]:
+        """The booked total of `tag`'s day that the audit stream has an entry for, per day."""
+        ...
+
+    async def audit_unseen_booked(self, tag: str, upstream: Upstream, day: date, was_micros: int,
+                                  total_micros: int, fields: dict[str, str], retention_ms: int
+                                  ) -> bool:
+        """Append the audit entry `fields` for `tag`'s booked total of `day` reaching
+        `total_micros`, if the audited total is still `was_micros`: once per total."""
         ...
 
 

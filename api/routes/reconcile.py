@@ -91,7 +91,7 @@ async def run_reconcile(provider: Upstream, first: str | None, last: str | None,
     """One reconciliation against the shared ledger: the route's, the CLI's, the schedule's;
     with `book_into`, booking unseen spend there, audited as made `by`."""
     source = ReportSource.from_env(provider, os.environ if env is None else env)
-    booking = None if book_into is None else Booking(book_into, by, runtime().operations())
+    booking = None if book_into is None else Booking(book_into, by)
     async with httpx.AsyncClient(timeout=REPORT_TIMEOUT_S) as client:
         return await reconcile(runtime().store(), source, first, last, tolerance_pct,
                                http_fetch(client, provider), booking)

@@ -36,7 +36,7 @@ from core.ledger import (
 )
 from core.lifecycle import Event
 from core.stores import keys, wire
-from core.stores.scripted_core import ScriptedCore, _ledger_reset
+from core.stores.scripted_core import ScriptedCore, ledger_reset
 from core.stores.scripts import script
 
 
@@ -286,7 +286,7 @@ class ScriptedLedger(ScriptedCore):
         if await self._identity_lost():
             raise self._refusal()
         if await self._org_lost(tag):
-            raise _ledger_reset(tag)
+            raise ledger_reset(tag)
 
     async def _not_found(self, reservation_id: str, tag: str) -> NoReturn:
         await self._lost_check(tag)

@@ -132,19 +132,6 @@ async def test_nothing_unseen_books_nothing(store: LedgerStore, tag: str) -> Non
     assert [e for e in await store.alert_log(tag, 1_000) if e.type == UNSEEN_BOOKED] == []
 
 
-async def test_a_day_booked_into_another_organisation_is_not_booked_again(
-    store: LedgerStore, tag: str
-) -> None:
-    team = await put_team(store, tag)
-    other = tag + "x"
-    await store.put_budget(BudgetDef(BudgetId(other), (Limit(Period.TOTAL, 10_000_000),)))
-    day = a_day()
-    await store.book_unseen(BudgetId(team), Upstream.OPENAI, day, 400)
-    moved = await store.book_unseen(BudgetId(other), Upstream.OPENAI, day, 1_000)
-    assert (moved.booked_now_micros, moved.booked_micros) == (600, 1_000)
-    assert committed(await legs(store, other)) == {(other, "total"): 600}
-
-
 async def test_the_mark_is_kept_as_long_as_a_day_of_spend(
     store: LedgerStore, tag: str, clock: ManualClock
 ) -> None:
