@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -288,3 +289,30 @@ def test_the_scheduled_run_books_into_its_setting_once(
                 "within": False, "days_beyond": [yesterday()], "book_into": SCHEDULE_BUDGET,
                 "booked_now_micros": micros}, providers
     assert committed(admin, SCHEDULE_BUDGET) == sum(billed.values())
+
+
+@pytest.mark.parametrize(("setting", "code"), [
+    ("org:x/run:r1", "invalid_configuration"),  # no budget an operator can name
+    ("org:never-put", "budget_not_found"),  # deleted, or never put
+])
+def test_a_bad_booking_setting_fails_the_booking_loudly_not_the_drift_check(
+    ledger_redis: RedisServer, stub: StubProvider, setting: str, code: str, tmp_path: Path
+) -> None:
+    """The daily drift check runs (and says what it found) whatever CEILING_RECONCILE_BOOK_INTO
+    says; the booking fails, and says so in the answer and the log."""
+    cost_control(stub.url, {"billed_elsewhere": [
+        {"provider": p, "day": yesterday(), "cost_micros": 5_555} for p in MODEL]})
+    log = tmp_path / "service.log"
+    with ServiceProcess({
+        "REDIS_URL": ledger_redis.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
+        "CEILING_RECONCILE_BOOK_INTO": setting, **report_env(stub),
+    }, log_path=str(log)) as service, client_for(service) as c:
+        r = c.admin("GET", "/v1/admin/reconcile")
+    assert r.status_code == 200, r.text
+    assert r.json()["booking_failed"] is True
+    for provider in MODEL:
+        outcome = r.json()["providers"][provider]
+        assert (outcome["within"], outcome["days_beyond"]) == (False, [yesterday()]), outcome
+        assert outcome["booking_error"]["code"] == code, outcome
+        assert "book_into" not in outcome
+    assert "unseen spend was not booked" in log.read_text()
