@@ -161,9 +161,11 @@ async def reconcile_route(request: Request) -> JSONResponse:
     if (provider is None and first is None and last is None and tolerance_pct is None
             and book_into is None):
         outcomes = await reconcile_configured(by=by)
-        return JSONResponse({"providers": outcomes, "within": all(
-            o.get("within") is True for o in outcomes.values()), "booking_failed": any(
-            "booking_error" in o for o in outcomes.values())})
+        answer: dict[str, Any] = {"providers": outcomes, "within": all(
+            o.get("within") is True for o in outcomes.values())}
+        if any("booking_error" in o for o in outcomes.values()):
+            answer["booking_failed"] = True
+        return JSONResponse(answer)
     done = await run_reconcile(provider_of(provider), first, last, tolerance_of(tolerance_pct),
                                book_into=book_into_of(book_into), by=by)
     return JSONResponse(done.json())

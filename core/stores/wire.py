@@ -195,7 +195,9 @@ def arguments(shape: Sequence[str], **fields: str) -> list[str]:
 
 
 def record_tail(fingerprint: str, price_version: str, model: str, bill: str = "") -> str:
-    return SEPARATOR.join((fingerprint, escaped(price_version), escaped(model), bill))
+    """RECORD_TAIL packed; without a bill, as a record was packed before it had one."""
+    tail = (fingerprint, escaped(price_version), escaped(model), *((bill,) if bill else ()))
+    return SEPARATOR.join(tail)
 
 
 def run_field(budget_id: str, ceiling_micros: int) -> str:
@@ -377,6 +379,10 @@ class StoredRecord(NamedTuple):
     model: str
     bill: str = ""
 
+    def packed(self) -> str:
+        """As the scripts pack it (pack_record): an empty `bill` left out with its separator."""
+        return SEPARATOR.join(self if self.bill else self[:-1])
+
     @classmethod
     def unpacked(cls, packed_record: str) -> StoredRecord:
         fields = packed_record.split(SEPARATOR)
@@ -524,9 +530,14 @@ def _reader(name: str, fields: Sequence[str], separator: str = SEPARATOR, *,
     )
 
 
-def _writer(name: str, fields: Sequence[str]) -> str:
-    """A function that packs a table keyed by `fields` (strings; a missing one is empty)."""
-    parts = " .. '\\t' .. ".join(f"(t.{f} or '')" for f in fields)
+def _writer(name: str, fields: Sequence[str], *, last_optional: bool = False) -> str:
+    """A function that packs a table keyed by `fields` (strings; a missing one is empty);
+    `last_optional`: an empty last field is left out with its separator (_pattern's)."""
+    head = fields[:-1] if last_optional else fields
+    parts = " .. '\\t' .. ".join(f"(t.{f} or '')" for f in head)
+    if last_optional:
+        last = fields[-1]
+        parts += f" .. ((t.{last} or '') ~= '' and '\\t' .. t.{last} or '')"
     return f"local function {name}(t)\n  return {parts}\nend"
 
 
@@ -538,6 +549,8 @@ def _positional_writer(name: str, given: Sequence[str]) -> str:
     packed_tail = set(RECORD_TAIL) <= set(given)
     fields = [f for f in RECORD_FIELDS if not (packed_tail and f in RECORD_TAIL)]
     fields += ["record_tail"] if packed_tail else []
+    if fields[-1] == RECORD_FIELDS[-1] not in given:
+        fields.pop()  # the optional last field (`bill`), left out with its separator
     pieces: list[str] = []  # the names, and the separators between them as one literal each
     literal = ""
     for i, field in enumerate(fields):
@@ -636,7 +649,7 @@ def prelude() -> list[str]:
     out += [_argument_reader(name, shape) for name, shape in ARGUMENT_SHAPES.items()]
     out.append(_reader("unpack_record", RECORD_FIELDS, last_optional=True))
     out.append(_values_reader("record_head", RECORD_FIELDS[:RECORD_HEAD]))
-    out.append(_writer("pack_record", RECORD_FIELDS))
+    out.append(_writer("pack_record", RECORD_FIELDS, last_optional=True))
     out.append(_positional_writer("pack_opened", OPENED_FIELDS))
     out.append(_positional_writer("pack_resolved", RESOLVED_FIELDS))
     out.append(f"local RECORD_FIELDS = {_lua_list(RECORD_FIELDS)}")

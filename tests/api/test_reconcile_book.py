@@ -152,14 +152,18 @@ def test_unseen_spend_is_booked_once_then_the_difference_then_the_gateway_refuse
     ledger_redis: RedisServer
 ) -> None:
     budget_id, key = account(admin, CEILING_MICROS)
-    # A call through the gateway: the ledger sees it, and the provider bills it.
+    # A call through the gateway: the ledger sees it, and the provider bills it. The day's
+    # count is the whole ledger's (this module's other calls too): it grows by what the stub
+    # billed the call.
+    saw_before = route(admin, provider)["days"][0]["ledger_micros"]
     log_before = len(fetch_bill(stub.url).log)
     r = gateway_call(gw, provider, key)
     assert r.status_code == 200, r.text
     through = list(fetch_bill(stub.url).log)[log_before:]
     assert len(through) == 1
     settled(admin, provider, budget_id, through[0].cost_micros)
-    ledger_saw = route(admin, provider)["days"][0]["ledger_micros"]
+    ledger_saw = saw_before + through[0].cost_micros
+    assert route(admin, provider)["days"][0]["ledger_micros"] == ledger_saw
 
     # Spend the gateway never saw: booked, exactly as the stub billed it, once.
     unseen = direct_calls(stub, provider, 3)
