@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from core.budgets import BudgetDef, BudgetId, check_micros, check_user
+from core.budgets import BudgetDef, BudgetId, canonical_models, check_micros, check_user
 from core.content import NO_MEDIA, Media
 from core.errors import (
     Forbidden,
@@ -503,8 +503,13 @@ class CeilingService:
             if record.key_id == key_id:
                 del self._keys[key_hash]
 
-    async def put_budget(self, budget: BudgetDef) -> None:
+    async def put_budget(self, budget: BudgetDef) -> BudgetDef:
+        """Put `budget`, each model it names given its one name (core/budgets.py
+        canonical_models; InvalidRequest naming the field of a model no price table knows,
+        before anything is written); the definition put."""
+        budget = canonical_models(budget, self.prices.model_name)
         await self.store.put_budget(budget)
+        return budget
 
     async def budget(self, budget_id: BudgetId) -> tuple[BudgetDef, tuple[LegStatus, ...]] | None:
         definition = await self.store.get_budget(budget_id)

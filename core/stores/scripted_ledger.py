@@ -126,6 +126,7 @@ class ScriptedLedger(ScriptedCore):
                 "record_tail": wire.record_tail(request.fingerprint, request.price_version,
                                                 request.model),
                 "user": request.user or "",
+                "model": request.canonical_model,
             },
             request.budget_ids,
             request.run,
@@ -217,6 +218,7 @@ class ScriptedLedger(ScriptedCore):
                 "record_tail": wire.record_tail(request.fingerprint, request.price_version,
                                                 request.model),
                 "user": request.user or "",
+                "model": request.canonical_model,
             },
             request.budget_ids, request.run, now_ms=admitted_at_ms,
         )
