@@ -71,6 +71,11 @@ MODEL_NAME_LEN_MAX = 128
 # What a definition takes as a model's name before canonical_models gives it its one name: what
 # the price table takes (core/prices/rates.py MODEL_NAME_LEN_MAX).
 _MODEL_GIVEN_LEN_MAX = 200
+# What a call's model is sent to the ledger as when its one name is not one a budget can name:
+# no allow-list holds it, no per_model limit names it.
+UNLISTED_MODEL = "?"
+# What a status read names for the legs of every model a budget limits (core/ledger.py status).
+ALL_MODELS = "*"
 _MODEL_ALLOWED = re.compile(r"[a-z0-9._:@+/-]{1,128}")
 _MODEL_LIMITED = re.compile(r"[a-z0-9._:@+-]{1,128}")
 

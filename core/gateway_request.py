@@ -62,7 +62,7 @@ def routed(wire: WireFormat, body: dict[str, Any], to: Routed,
     if not wire.model_in_path and to.sent_model != body["model"]:
         body["model"] = to.sent_model
     return replace(wire.plan(body, to.price_model, headers, output_tokens_default,
-                             betas_allowed), routed_to=to.upstream)
+                             betas_allowed), routed_to=to.upstream, priced_model=to.priced_model)
 
 
 def _checked(wire: WireFormat, raw: bytes, fields_allowed: frozenset[str],

@@ -452,7 +452,7 @@ class Ledger(Protocol):
     ) -> tuple[LegStatus, ...]:
         """What the budgets of the path (with `user`, their end user's too; with `model`, a
         model's one name, the legs of their per_model limits of it, or of every model they
-        limit for core/stores/wire.py ALL_MODELS) hold now."""
+        limit for core/budgets.py ALL_MODELS) hold now."""
         ...
 
     async def reserve(self, request: ReserveRequest) -> Reservation: ...

@@ -92,7 +92,8 @@ def _request_json(request: ReserveRequest) -> dict[str, Any]:
             "fingerprint": request.fingerprint, "price_version": request.price_version,
             "model": request.model, "expire_policy": request.expire_policy.value,
             "run": [request.run.budget_id.path, request.run.ceiling_micros] if request.run
-            else None, "retention_ms": request.retention_ms, "user": request.user}
+            else None, "retention_ms": request.retention_ms, "user": request.user,
+            "canonical_model": request.canonical_model}
 
 
 def _request_of(doc: dict[str, Any]) -> ReserveRequest:
@@ -104,7 +105,9 @@ def _request_of(doc: dict[str, Any]) -> ReserveRequest:
         fingerprint=doc["fingerprint"], price_version=doc["price_version"], model=doc["model"],
         expire_policy=ExpirePolicy(doc["expire_policy"]),
         run=RunLimit(BudgetId(run[0]), int(run[1])) if run else None,
-        retention_ms=int(doc["retention_ms"]), user=doc["user"])
+        retention_ms=int(doc["retention_ms"]), user=doc["user"],
+        # A journal written before budgets named models: its calls are booked as amounts.
+        canonical_model=doc.get("canonical_model", ""))
 
 
 class JournalFile:

@@ -16,7 +16,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from core.budgets import BudgetDef, BudgetId, canonical_models, check_micros, check_user
+from core.budgets import (
+    UNLISTED_MODEL,
+    BudgetDef,
+    BudgetId,
+    canonical_models,
+    check_micros,
+    check_user,
+    is_model_name,
+)
 from core.content import NO_MEDIA, Media
 from core.errors import (
     Forbidden,
@@ -146,6 +154,11 @@ class CallSpec:
     # The genai-prices provider whose prices the model is held at (a gateway call's upstream);
     # None: the first that names it.
     provider: str | None = None
+    # The name the call's model is counted by in budgets' models.allow and per_model, before it
+    # is given its one name (PriceTable.model_name): a routed call's model as its upstream
+    # prices it (core/upstreams.py Routed.priced_model: an Azure deployment's model, a Bedrock
+    # id's), which `model` (the name its table's entry has) need not be. None: `model`.
+    model_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -329,6 +342,7 @@ class CeilingService:
             retention_ms=IDEMPOTENCY_WINDOW_MS if idempotency_key is not None
             else RESEND_WINDOW_MS if gateway else REPLAY_WINDOW_MS,
             user=caller.user,
+            canonical_model=self._canonical_model(spec, model),
         )
         try:
             reservation = await self.store.reserve(request)
@@ -342,6 +356,17 @@ class CeilingService:
         self.outage.learn(request.budget_ids, reservation.legs)
         await self.flush_journal()
         return reservation
+
+    def _canonical_model(self, spec: CallSpec, model: str) -> str:
+        """The call's model by its one name (PriceTable.model_name), as budgets name models: ''
+        for an amount; UNLISTED_MODEL for a name that prices and that no budget can name (a
+        prices file entry with a space in it), so that an allow-list refuses it."""
+        if not model:
+            return ""
+        name = self.prices.model_name(spec.model_name or model, spec.provider) or (
+            self.prices.model_name(model, spec.provider))
+        return name if name is not None and is_model_name(name, limited=False) else (
+            UNLISTED_MODEL)
 
     async def flush_journal(self) -> int:
         """Book what this instance admitted during an outage, once the ledger answers."""

@@ -266,6 +266,9 @@ class Plan:
     # The named upstream (CEILING_UPSTREAMS) the call goes to, whose prices table holds and
     # settles it; None: the format's provider (the one-upstream shorthands) and its table.
     routed_to: UpstreamDef | None = None
+    # A routed call's model as its upstream prices it (Routed.priced_model), which budgets count
+    # it by (CallSpec.model_name); None: `model`.
+    priced_model: str | None = None
 
     @property
     def api(self) -> Api:
@@ -279,6 +282,7 @@ class Plan:
             # As prices_provider says, inline: spec() prices every call, at least once.
             provider=self.wire.provider.upstream.value if self.routed_to is None else (
                 self.routed_to.prices_provider),
+            model_name=self.priced_model,
         )
 
     @property

@@ -26,7 +26,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from core.budgets import Limit, ModelLimits, Period, PerUser, Rate, Window, is_model_name
+from core.budgets import (
+    ALL_MODELS,
+    UNLISTED_MODEL,
+    Limit,
+    ModelLimits,
+    Period,
+    PerUser,
+    Rate,
+    Window,
+    is_model_name,
+)
 from core.errors import InvariantBroken, ensure
 from core.ledger import (
     ExpirePolicy,
@@ -97,8 +107,6 @@ BOOK_ARGS = (
     "zones", "owner", "record_tail", "user", "model", NOW,
 )
 STATUS_ARGS = ("ledger_id", "budget_ids", "run", "zones", "user", "model", NOW)
-UNLISTED_MODEL = "?"
-ALL_MODELS = "*"
 # `upstream`: a gateway call's (core/ledger.py Upstream), whose day it is counted in; else ''.
 SETTLE_ARGS = ("owner", "actual_micros", "upstream", NOW)
 RELEASE_ARGS = ("owner", NOW)
