@@ -466,6 +466,7 @@ GOOGLE_STATUSES: dict[str, tuple[str, int]] = {
     "rate_limited": ("RESOURCE_EXHAUSTED", 429),
     "concurrency_limited": ("RESOURCE_EXHAUSTED", 429),
     "users_exhausted": ("PERMISSION_DENIED", 403),
+    "model_not_allowed": ("PERMISSION_DENIED", 403),
     "user_required": ("INVALID_ARGUMENT", 400),
     "budget_paused": ("FAILED_PRECONDITION", 400),
     "idempotency_conflict": ("ABORTED", 409),
