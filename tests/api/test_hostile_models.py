@@ -207,8 +207,8 @@ def refused_as(answer: httpx.Response) -> str:
 def budget_refused(answer: httpx.Response) -> bool:
     """A budget's refusal (exceeded or busy) in the route's shape: 402/429, or Google's 400
     FAILED_PRECONDITION / 429 RESOURCE_EXHAUSTED."""
-    return answer.status_code in (402, 429) or answer.status_code == 400 and (
-        refused_as(answer) == "FAILED_PRECONDITION")
+    return answer.status_code in (402, 429) or (answer.status_code == 400 and (
+        refused_as(answer) == "FAILED_PRECONDITION"))
 
 
 def error_of(answer: httpx.Response) -> dict[str, Any]:
