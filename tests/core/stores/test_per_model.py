@@ -18,7 +18,13 @@ from core.budgets import (
     ModelLimits,
     Period,
 )
-from core.errors import BudgetExceeded, BudgetRefused, ModelNotAllowed
+from core.errors import (
+    BudgetExceeded,
+    BudgetRefused,
+    InvariantBroken,
+    LedgerUnavailable,
+    ModelNotAllowed,
+)
 from core.ledger import LedgerStore, ReservationRef, ReserveRequest
 from core.stores import keys, wire
 from core.stores.scripted import ScriptedStore
@@ -179,3 +185,19 @@ async def test_a_models_spend_raises_no_alert_of_its_own(
         hours = await store.transport.execute(
             "KEYS", keys.prefix(tag) + keys.SPEND + bid.model(GPT5).path + "*")
         assert list(hours) == []
+
+
+@pytest.mark.parametrize("model", ["a b", "a|b", "x" * 129, ALL_MODELS])
+async def test_a_model_no_budget_can_name_is_refused_before_anything_is_written(
+        store: LedgerStore, tag: str, model: str) -> None:
+    """The script checks the model where a budget with models reads it, before its first
+    write: a name that would break a leg's id or match across an allow-list's entries never
+    reaches them (the service sends UNLISTED_MODEL for those)."""
+    bid = await put(store, tag, allow=(GPT5,), per_model=(
+        ModelLimits(GPT5, (Limit(Period.DAY, 100),)),))
+    refused = call(tag, tag, 1, model)
+    # BADARG: InvariantBroken on a server; fakeredis (the memory store) loses the error's text.
+    with pytest.raises((InvariantBroken, LedgerUnavailable)):
+        await store.reserve(refused)
+    assert await store.reservation(refused.ref) is None
+    assert model_legs(await store.status((bid,), model=GPT5), GPT5) == {"day": (0, 0)}
