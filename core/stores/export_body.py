@@ -43,7 +43,15 @@ from typing import Any
 
 from core.audit import audit_entry_of_json, stream_position
 from core.budget_json import budget_json, definition_of_json
-from core.budgets import RUN_SCOPE_KIND, USER_SCOPE_KIND, BudgetDef, BudgetId, check_user
+from core.budgets import (
+    MODEL_SCOPE_KIND,
+    RUN_SCOPE_KIND,
+    USER_SCOPE_KIND,
+    BudgetDef,
+    BudgetId,
+    check_user,
+    is_model_name,
+)
 from core.errors import InvalidRequest
 from core.ledger import (
     ExpirePolicy,
@@ -369,8 +377,9 @@ def _budget(raw: object, why: str) -> BudgetId:
 
 def _counter_owner(raw: object) -> BudgetId:
     """The budget a counter is kept for: a budget's id (a run's too), or an end user's
-    '<budget>/user:<id>', which BudgetId.parse refuses (a user id may hold ':' and '@', be
-    longer than a scope's name, and make a path one scope longer than an operator's)."""
+    '<budget>/user:<id>' or a model's '<budget>/model:<name>', which BudgetId.parse refuses (a
+    user id or a model's name may hold ':' and '@', be longer than a scope's name, and make a
+    path one scope longer than an operator's)."""
     if isinstance(raw, str):
         budget, marker, user = raw.rpartition(f"/{USER_SCOPE_KIND}:")
         if marker and "/" not in user:
@@ -378,6 +387,11 @@ def _counter_owner(raw: object) -> BudgetId:
                 check_user(user)
             except InvalidRequest as exc:
                 raise invalid_export("an end user's counter") from exc
+            return _budget(budget, "a counter's budget id")
+        budget, marker, model = raw.rpartition(f"/{MODEL_SCOPE_KIND}:")
+        if marker:
+            if not is_model_name(model, limited=True):
+                raise invalid_export("a model's counter")
             return _budget(budget, "a counter's budget id")
     return _budget(raw, "a counter's budget id")
 
