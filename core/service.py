@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from core.budgets import (
+    ALL_MODELS,
     UNLISTED_MODEL,
     BudgetDef,
     BudgetId,
@@ -439,8 +440,10 @@ class CeilingService:
         return await self.store.release(ref)
 
     async def my_budgets(self, caller: Caller) -> tuple[LegStatus, ...]:
+        """What holds the caller's calls: its path's budgets, its run's, its end user's, and
+        every model's per_model limits on its path ('<budget>/model:<name>')."""
         budget_ids = caller.key.budget_id.lineage
-        legs = await self.store.status(budget_ids, caller.run_limit(), caller.user)
+        legs = await self.store.status(budget_ids, caller.run_limit(), caller.user, ALL_MODELS)
         self.outage.learn(budget_ids, legs)
         return legs
 
