@@ -86,8 +86,9 @@ end
 -- reservation as 'budget_id|window_key|ceiling_micros|resets_at_ms|outage_allowance_micros',
 -- then '|run' for a run's leg, or '|' and the flags of a budget's leg, in this order: 'e' an end
 -- user's budget (core/budgets.py BudgetId.user), whose spend raises no alerts; 'm' a budget's
--- calls of one model (BudgetId.model, its per_model limits), which raise none either; 'c' the leg that
--- holds one of its budget's concurrency slots (a budget's first leg, when it has concurrent_max);
+-- calls of one model (BudgetId.model, its per_model limits), which raise none either; 'c' the
+-- leg that holds one of its budget's concurrency slots (a budget's first leg, when it has
+-- concurrent_max);
 -- 'v' a velocity alarm watched it when it was held (a settle reads the tag's velocity alarms only
 -- for a watched leg: an alarm watches the calls held while it is set). Ids never contain '|' or
 -- ' ' (core/budgets.py enforces it). The numeric parts are kept as the strings they arrived as,
@@ -856,8 +857,9 @@ end
 -- read, a booking of what was admitted already). After a budget's own legs and its user's, its
 -- calls of the model's ('<budget>/model:<model>') when its per_model limits name the model. A
 -- budget with either setting says so in its rate (wire.py MODELS_FLAG), and only then are they
--- read. The run's ceiling is checked here, before anything is written. The third value is the first budget on the path a
--- velocity alarm paused, or nil; reserve refuses it, a status read shows it.
+-- read. The run's ceiling is checked here, before anything is written. The third value is the
+-- first budget on the path a velocity alarm paused, or nil; reserve refuses it, a status read
+-- shows it.
 -- legs.limits lists the budgets (a user's too) with a rate: {budget_id, rpm, cmax}; legs.users
 -- the users this call would make: {key (the budget's users set), user, users_max, budget_id};
 -- each nil when there are none.
@@ -932,15 +934,17 @@ local function resolve_legs(prefix, a, now)
                                          budget_id = budget_id}
         end
       end
-      for _, m in ipairs(models or {}) do
-        if z and outside(z, now, m.day, m.week, m.month) then
-          return nil, {'clock', now}
-        end
-        local first = #legs + 1
-        add_legs(legs, z, budget_id .. '/model:' .. m.model, allowance, m.day, m.week, m.month,
-                 m.total, nil, false, nil, nil)
-        for i = first, #legs do
-          legs[i].model = true
+      if models then
+        for _, m in ipairs(models) do
+          if z and outside(z, now, m.day, m.week, m.month) then
+            return nil, {'clock', now}
+          end
+          local first = #legs + 1
+          add_legs(legs, z, budget_id .. '/model:' .. m.model, allowance, m.day, m.week,
+                   m.month, m.total, nil, false, nil, nil)
+          for i = first, #legs do
+            legs[i].model = true
+          end
         end
       end
     end
