@@ -7,8 +7,9 @@
   Claude  POST .../publishers/anthropic/models/{model}:rawPredict | :streamRawPredict
           the Messages body without `model` (the path names it, `claude-sonnet-4-5@20250929`)
           or `stream`, `anthropic_version` "vertex-2023-10-16", betas in the `anthropic-beta`
-          header as Anthropic takes them; answers and streams are Anthropic's, and an error
-          in Google's shape (a refused token) is given Anthropic's, for the anthropic SDK
+          header as Anthropic takes them, those Vertex takes (api/upstreams/claude_betas.py);
+          answers and streams are Anthropic's, and an error in Google's shape (a refused
+          token) is given Anthropic's, for the anthropic SDK
 
 The endpoint is `https://{region}-aiplatform.googleapis.com` (`https://aiplatform.googleapis.com`
 for region `global`) unless the upstream's base_url overrides it. Each call carries
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +34,7 @@ from api.upstreams.base import (
     error_as_anthropic,
     gemini_action,
 )
+from api.upstreams.claude_betas import VERTEX_BETAS, headers_for
 from core.config import ConfigError
 from core.formats import Api, Plan
 from core.upstream import Headers, NotSent, Sent, Unanswered
@@ -130,6 +133,7 @@ class VertexUpstream(CloudUpstream):
         token = await self.token()
         auth = ("authorization", f"Bearer {token}")
         if call_plan.api is Api.MESSAGES:
+            call_plan = replace(call_plan, headers=headers_for(call_plan.headers, VERTEX_BETAS))
             model, content = cloud_messages_body(call_plan, VERTEX_VERSION, betas_in_body=False)
             action = "streamRawPredict" if call_plan.stream else "rawPredict"
             url = f"{self.publishers_url}/anthropic/models/{model}:{action}"
@@ -156,7 +160,7 @@ class VertexUpstream(CloudUpstream):
         if api is not Api.MESSAGES:
             raise Unanswered(f"{api} counts by its model: count_gemini")
         return await self._count(f"{self.publishers_url}/anthropic/models/count-tokens:rawPredict",
-                                 content, headers)
+                                 content, headers_for(headers, VERTEX_BETAS))
 
     async def count_gemini(self, model: str, content: bytes) -> Sent:
         """Gemini's :countTokens for `model`, free; Unanswered for any failure."""
