@@ -140,7 +140,7 @@ class VertexUpstream(CloudUpstream):
             headers = (auth, *((k, v) for k, v in call_plan.headers
                                if k.lower() not in CLAUDE_HEADERS_NOT_FORWARDED))
         else:
-            url = (f"{self.publishers_url}/google/models/{call_plan.model}:"
+            url = (f"{self.publishers_url}/google/models/{sent_model(call_plan)}:"
                    f"{gemini_action(call_plan.stream)}")
             content = call_plan.content()
             headers = (auth, *call_plan.headers)
@@ -179,3 +179,9 @@ class VertexUpstream(CloudUpstream):
         if sent[0] == 401:
             self._token = None
         return sent
+
+
+def sent_model(call_plan: Plan) -> str:
+    """The name Vertex knows a call's model by: the routing's (Plan.sent_model), not the name
+    it is priced by (Plan.model: regional Claude as `regional.<dated name>`)."""
+    return call_plan.sent_model or call_plan.model
