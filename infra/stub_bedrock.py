@@ -16,7 +16,8 @@ anthropic SDK's Bedrock client sends its own, 2026-10-21 in 2.17); the model is 
 field Bedrock's Claude body does not take (BODY_FIELDS: a body `model` or `stream`, Anthropic's
 `service_tier` or `speed`) is refused 400 as Bedrock refuses it; betas come as the body list
 `anthropic_beta` (a header names none), and one Bedrock does not take (BETAS) fails the call 400
-"invalid beta flag". The model id is a base id (`anthropic.claude-sonnet-4-5-20250929-v1:0`), a
+"invalid beta flag"; a server tool (web search, web fetch, code execution: Bedrock runs none of
+them) is refused 400. The model id is a base id (`anthropic.claude-sonnet-4-5-20250929-v1:0`), a
 geographic cross-region profile (`us.`, `eu.`, `apac.`, `jp.`, `au.`, `us-gov.` before it, billed as
 the base id: in-region prices), a global profile (`global.anthropic...`, its own, lower, prices), or
 an ARN whose last part is one of those; URL-encoded in the path as the SDKs send it. A call is
@@ -115,6 +116,9 @@ BODY_FIELDS = frozenset({"anthropic_version", "anthropic_beta", "max_tokens", "m
                          "system", "temperature", "top_p", "top_k", "stop_sequences", "tools",
                          "tool_choice", "thinking", "metadata", "context_management",
                          "output_config"})
+# Anthropic's server tools (run and billed by the provider), by their type's prefix: Bedrock runs
+# none of them and refuses a call that declares one.
+SERVER_TOOLS_REFUSED = ("web_search_", "web_fetch_", "code_execution_")
 # The `anthropic_beta` values Bedrock takes for Claude (the request-response page's list, and
 # Claude Code's identification, which Bedrock accepts); any other fails the call 400 "invalid
 # beta flag", as Bedrock fails it. Anthropic's advanced-tool-use beta is Bedrock's tool search
@@ -309,6 +313,17 @@ def exception_event(status: int, message: str) -> bytes:
     return event_message([(":exception-type", name), (":content-type", "application/json"),
                           (":message-type", "exception")],
                          json.dumps(doc, separators=(",", ":")).encode())
+
+
+def refuse_server_tools(body: dict[str, Any], refused: tuple[str, ...]) -> None:
+    """ApiError 400 for a declared tool whose type starts with one of `refused`: a server tool
+    the cloud does not run (and so never bills)."""
+    tools = body.get("tools")
+    for index, tool in enumerate(tools if isinstance(tools, list) else ()):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if isinstance(kind, str) and kind.startswith(refused):
+            raise ApiError(400, f"tools.{index}: the tool type {kind!r} is not supported on "
+                           "this platform")
 
 
 def invoke_body_of(raw: bytes) -> dict[str, Any]:
@@ -509,6 +524,7 @@ class BedrockApi(Api[Reply]):
                            "JSONArray of strings, please reformat your input and try again.")
         if any(beta.strip() not in BETAS for beta in beta_list):
             raise ApiError(400, "invalid beta flag")
+        refuse_server_tools(body, SERVER_TOOLS_REFUSED)
         entry, _ = self._model(model_id)
         messages_body = {k: v for k, v in body.items()
                          if k not in ("anthropic_version", "anthropic_beta")}

@@ -14,7 +14,8 @@ paths, its authentication and its Claude envelope.
       `model` (the path names it: `claude-sonnet-4-5@20250929`, billed as the table's
       `claude-sonnet-4-5-20250929` or `claude-sonnet-4-5`); betas by the `anthropic-beta`
       header only, each one Vertex takes (BETAS; any other refused 400, unbilled), and no body
-      field Vertex refuses (FIELDS_REFUSED: `anthropic_beta`, `speed`, `inference_geo`);
+      field Vertex refuses (FIELDS_REFUSED: `anthropic_beta`, `speed`, `inference_geo`) nor a
+      server tool it does not run (web fetch, code execution; web search it runs and bills);
       served, priced and answered by the Messages API's own
       code (its prompt cache, thinking, tools, faults), in Anthropic's error shape but for a
       refused token (Google's); a regional endpoint bills Sonnet 4.5 and later models 10% above
@@ -57,6 +58,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from infra.stub_bedrock import refuse_server_tools
 from infra.stub_faults import Api, ApiError, Fault, read_body
 from infra.stub_gemini import (
     CONTROL_FIELDS,
@@ -95,6 +97,9 @@ BETAS = frozenset({"computer-use-2024-10-22", "computer-use-2025-01-24",
 # Body fields of Anthropic's API that Vertex refuses: betas come as the header, and fast mode
 # and the inference geography are Anthropic's own API's.
 FIELDS_REFUSED = ("anthropic_beta", "speed", "inference_geo")
+# Anthropic's server tools Vertex does not run, by their type's prefix (it runs web search, billed
+# per search as Anthropic bills it): a call that declares one is refused.
+SERVER_TOOLS_REFUSED = ("web_fetch_", "code_execution_")
 # Vertex's API versions: v1, and v1beta1 (google-genai's default for Vertex).
 VERTEX_VERSIONS = ("v1", "v1beta1")
 # Claude on Vertex from Sonnet 4.5 on costs 10% more at a regional endpoint than at the global
@@ -284,6 +289,7 @@ class VertexClaudeApi(Api[Reply]):
         for key in FIELDS_REFUSED:
             if key in body:
                 raise invalid(f"{key}: Extra inputs are not permitted")
+        refuse_server_tools(body, SERVER_TOOLS_REFUSED)
         messages_body = {k: v for k, v in body.items() if k != "anthropic_version"}
         messages_body["model"] = self.priced_name(GeminiApi.target(request)[0])
         messages_body["stream"] = self.streams(body, request)
