@@ -322,8 +322,9 @@ def refuse_server_tools(body: dict[str, Any], refused: tuple[str, ...]) -> None:
     for index, tool in enumerate(tools if isinstance(tools, list) else ()):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if isinstance(kind, str) and kind.startswith(refused):
-            raise ApiError(400, f"tools.{index}: the tool type {kind!r} is not supported on "
-                           "this platform")
+            label = kind.rsplit("_", 1)[0].replace("_", " ")
+            raise ApiError(400, f"tools.{index}: {label} is not available on this platform "
+                           f"({kind})")
 
 
 def invoke_body_of(raw: bytes) -> dict[str, Any]:
