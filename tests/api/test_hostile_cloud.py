@@ -22,20 +22,18 @@ of the three. The stubs refuse what their cloud does not run.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
-import httpx
 import pytest
 
 from api.upstream import UPSTREAM_ANSWER_BYTES_MAX
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill
-from tests.api.conftest import ADMIN_TOKEN, Client, account, anthropic_sdk, ledger
+from tests.api.clouds import bedrock, cloud_gateway, trust_the_key_pair, vertex
+from tests.api.conftest import Client, account, anthropic_sdk, ledger
 from tests.api.hostile import Attack, control, judge, refusal_code, streamed
 from tests.support import write_prices
 
@@ -43,7 +41,6 @@ from tests.support import write_prices
 # passed several times over: outside the dev loop, as the other hostile batteries are.
 pytestmark = pytest.mark.slow
 
-ACCESS_KEY, SECRET_KEY, REGION = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMIEXAMPLEKEY", "us-east-1"
 US_SONNET = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
 EU_SONNET = "eu.anthropic.claude-sonnet-4-5-20250929-v1:0"
 GLOBAL_HAIKU = "global.anthropic.claude-haiku-4-5-20251001-v1:0"
@@ -75,47 +72,29 @@ def stub() -> Iterator[StubProvider]:
         yield provider
 
 
-def upstreams_file(stub: StubProvider, directory: Path) -> Path:
-    account_file = directory / "service-account.json"
-    account_file.write_text(httpx.get(f"{stub.url}/vertex/service_account").text)
-    bedrock = {"api": "bedrock", "region": REGION, "base_url": stub.url}
-    doc = {"upstreams": [
-        {"name": "bedrock", **bedrock, "model_ids": {
-            "claude-sonnet-4-5": US_SONNET, "claude-haiku-4-5": GLOBAL_HAIKU,
-            OPUS_55: GLOBAL_OPUS_55, "claude-opus-4-5": US_OPUS_45}},
-        {"name": "bedrock-eu", **bedrock, "model_ids": {"claude-sonnet-4-5": EU_SONNET}},
-        {"name": "vertex", "api": "vertex", "base_url": stub.url, "project": "stub-project",
-         "region": "global", "credentials_file": str(account_file),
-         "models": [VERTEX_SONNET, VERTEX_HAIKU, OPUS_55]},
-    ]}
-    path = directory / "upstreams.json"
-    path.write_text(json.dumps(doc))
-    return path
-
-
 @pytest.fixture(scope="module")
 def gw(redis_server: RedisServer, stub: StubProvider,
        tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     directory = tmp_path_factory.mktemp("hostile_cloud")
     prices = write_prices(tmp_path_factory, "hostile_cloud_prices", {"models": {}})
-    with ServiceProcess({
-        "REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
-        "CEILING_UPSTREAM_TIMEOUT_S": "30", "CEILING_PRICES_FILE": prices,
-        "CEILING_UPSTREAMS": str(upstreams_file(stub, directory)),
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, **HOSTILE_ENV,
-    }) as service:
+    upstreams = [
+        bedrock(stub, "bedrock", {"claude-sonnet-4-5": US_SONNET, "claude-haiku-4-5": GLOBAL_HAIKU,
+                                  OPUS_55: GLOBAL_OPUS_55, "claude-opus-4-5": US_OPUS_45}),
+        bedrock(stub, "bedrock-eu", {"claude-sonnet-4-5": EU_SONNET}),
+        vertex(stub, directory, "vertex", "global", [VERTEX_SONNET, VERTEX_HAIKU, OPUS_55]),
+    ]
+    env = {"CEILING_UPSTREAM_TIMEOUT_S": "30", **HOSTILE_ENV}
+    with cloud_gateway(redis_server, prices, directory, upstreams, env) as service:
         yield service
 
 
 @pytest.fixture(autouse=True)
 def fresh_provider(stub: StubProvider) -> Iterator[None]:
-    """Each attack is judged by its own bill: a new one, no faults; Bedrock's stub verifies
-    the gateway's signatures with the key pair above."""
-    control(stub, bedrock_credentials={"access_key_id": ACCESS_KEY,
-                                       "secret_access_key": SECRET_KEY, "region": REGION})
+    """Each attack is judged by its own bill: a new one, no faults."""
+    trust_the_key_pair(stub)
     reset_bill(stub.url)
     yield
-    control(stub)
+    trust_the_key_pair(stub)
 
 
 def nothing_reached_the_provider(stub: StubProvider) -> None:

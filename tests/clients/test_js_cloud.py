@@ -17,17 +17,16 @@ the gateway on loopback and nothing else (infra/clients.py keeps it off the netw
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill, stub_control
-from tests.api.conftest import ADMIN_TOKEN, Client
+from tests.api.clouds import bedrock, cloud_gateway, trust_the_key_pair, vertex
+from tests.api.conftest import Client
 from tests.clients.test_js_clients import (
     ANTHROPIC_MODEL,
     CLAUDE_MODELS,
@@ -43,8 +42,6 @@ from tests.clients.test_js_clients import (
 )
 from tests.support import write_prices
 
-# AWS's documented example key pair (infra/stub_bedrock.py): nobody's.
-ACCESS_KEY, SECRET_KEY, REGION = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMIEXAMPLEKEY", "us-east-1"
 # Claude Code's two models as each cloud names them. Bedrock: its default model by its global
 # profile (the global rates), claude-sonnet-4-5 by its US profile (billed at the regional ones).
 # Vertex: the names Claude Code sends, at the global endpoint (one price for every model).
@@ -57,22 +54,6 @@ CLOUD_API = {"bedrock": "bedrock.invoke", "vertex": "vertex.messages"}
 CLOUDS = tuple(CLOUD_API)
 
 
-def upstreams_file(stub: StubProvider, directory: Path, cloud: str) -> Path:
-    """CEILING_UPSTREAMS with one upstream, `cloud`, serving Claude Code's models."""
-    if cloud == "bedrock":
-        upstream = {"name": "bedrock", "api": "bedrock", "region": REGION, "base_url": stub.url,
-                    "model_ids": BEDROCK_MODEL_IDS}
-    else:
-        account_file = directory / "service-account.json"
-        account_file.write_text(httpx.get(f"{stub.url}/vertex/service_account").text)
-        upstream = {"name": "vertex", "api": "vertex", "base_url": stub.url,
-                    "project": "stub-project", "region": "global",
-                    "credentials_file": str(account_file), "models": VERTEX_MODELS}
-    path = directory / "upstreams.json"
-    path.write_text(json.dumps({"upstreams": [upstream]}))
-    return path
-
-
 @pytest.fixture(scope="module", params=CLOUDS)
 def cloud(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -81,24 +62,21 @@ def cloud(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="module")
 def gw(cloud: str, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory,
        stub: StubProvider) -> Iterator[ServiceProcess]:
+    """A gateway whose one upstream, `cloud`, serves Claude Code's models."""
     directory = tmp_path_factory.mktemp(f"js_{cloud}")
     prices_file = write_prices(tmp_path_factory, f"js_{cloud}_prices", {"models": {}})
-    with ServiceProcess({
-        "REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
-        "CEILING_PRICES_FILE": prices_file, "CEILING_UPSTREAM_TIMEOUT_S": "60",
-        "CEILING_UPSTREAMS": str(upstreams_file(stub, directory, cloud)),
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-    }) as service:
+    upstream = (bedrock(stub, "bedrock", BEDROCK_MODEL_IDS) if cloud == "bedrock"
+                else vertex(stub, directory, "vertex", "global", VERTEX_MODELS))
+    with cloud_gateway(redis_server, prices_file, directory, [upstream],
+                       {"CEILING_UPSTREAM_TIMEOUT_S": "60"}) as service:
         yield service
 
 
 @pytest.fixture(autouse=True)
 def fresh_provider(stub: StubProvider) -> None:
-    """Each test is judged by its own bill, with nothing scripted left over; Bedrock's stub
-    verifies the gateway's signatures with the key pair above."""
+    """Each test is judged by its own bill, with nothing scripted left over."""
     reset_bill(stub.url)
-    stub_control(stub.url, {"bedrock_credentials": {
-        "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY, "region": REGION}})
+    trust_the_key_pair(stub)
 
 
 @pytest.mark.parametrize("model", CLAUDE_MODELS.values(), ids=CLAUDE_MODELS.keys())
