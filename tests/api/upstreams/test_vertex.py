@@ -256,3 +256,32 @@ async def test_the_url_names_the_model_as_sent_not_as_priced(
                              deadline())
     assert sent[0] == 200, sent[2]
     assert only_call(http).model in (model, model.replace("@", "-"))
+
+
+@pytest.mark.parametrize(("extra", "headers", "words"), [
+    ({}, {"anthropic-beta": "prompt-caching-scope-2026-01-05"}, "Unexpected value(s)"),
+    ({}, {"anthropic-beta": "advanced-tool-use-2025-11-20"}, "Unexpected value(s)"),
+    ({"anthropic_beta": ["context-1m-2025-08-07"]}, {}, "anthropic_beta"),
+    ({"speed": "fast"}, {}, "speed"),
+    ({"model": CLAUDE}, {}, "model"),
+    ({"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]}, {}, "web fetch"),
+])
+async def test_the_stub_refuses_what_vertex_refuses_unbilled(
+        vertex: VertexUpstream, http: httpx.Client, extra: dict[str, Any],
+        headers: dict[str, str], words: str) -> None:
+    """The witness: betas Vertex does not take (Anthropic's names of them included), the
+    betas in the body, fields of Anthropic's own API, a body `model`, server tools Vertex does
+    not run: each refused 400, nothing billed; counts are served, free."""
+    url = f"{vertex.publishers_url}/anthropic/models/{CLAUDE}:rawPredict"
+    auth = {"authorization": f"Bearer {await vertex.token()}"}
+    body = {"anthropic_version": "vertex-2023-10-16", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hello"}], **extra}
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(url, json=body, headers={**auth, **headers})
+        counted = await client.post(
+            url.replace(f"{CLAUDE}:rawPredict", "count-tokens:rawPredict"),
+            json={"model": CLAUDE, "messages": body["messages"]}, headers=auth)
+    assert answer.status_code == 400, answer.text
+    assert words in answer.json()["error"]["message"]
+    assert counted.json() == {"input_tokens": HELLO_TOKENS}
+    assert [(c.status, c.billed) for c in bill_of(http).log] == [(400, False), (200, False)]
