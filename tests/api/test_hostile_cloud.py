@@ -234,7 +234,7 @@ def test_unknown_fields_and_betas_are_refused_and_nothing_is_forwarded(
     attack = Attack(f"{cloud}: betas the cloud does not take, beside those it does")
     betas = ("prompt-caching-scope-2026-01-05,interleaved-thinking-2025-05-14,"
              "thinking-token-count-2026-05-13,advanced-tool-use-2025-11-20")
-    for i in range(8):  # 400 out at $15-$16.50 a million: ~6,600 a call, ~15 calls' worth
+    for i in range(8):  # 2,000 out at $15-$16.50 a million: ~33,000 a call, ~3 calls' worth
         attack.send(messages.with_raw_response.create, model=SONNET[cloud], max_tokens=2_000,
                     messages=HELLO, extra_headers={"anthropic-beta": betas},
                     stream=i % 2 == 1)
