@@ -6,7 +6,7 @@ https://docs.aws.amazon.com/bedrock/latest/userguide/model-parameters-anthropic-
 no `model` (the path names it) or `stream` (the path says it), `anthropic_version`
 "bedrock-2023-05-31", and the `anthropic-beta` header's betas in the body's `anthropic_beta`
 list (Bedrock reads no beta header), each as Bedrock names it and only those it takes
-(api/upstreams/claude_betas.py). It goes to POST /model/{model id}/invoke, or
+(api/upstreams/cloud_messages.py). It goes to POST /model/{model id}/invoke, or
 /invoke-with-response-stream, signed with SigV4 by botocore (service `bedrock`).
 
 The answers are turned back into Anthropic's: InvokeModel's body is a Messages answer already,
@@ -29,13 +29,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from api.upstreams.base import (
+from api.upstreams.base import CloudUpstream
+from api.upstreams.cloud_messages import (
+    BEDROCK_BETAS,
     SSE_CONTENT_TYPE,
-    CloudUpstream,
+    betas_taken,
     cloud_messages_body,
     error_as_anthropic,
+    headers_for,
 )
-from api.upstreams.claude_betas import BEDROCK_BETAS, betas_taken, headers_for
 from core.config import ConfigError
 from core.formats import Api, Plan
 from core.upstream import Headers, NotSent, Sent, Unanswered
@@ -68,7 +70,7 @@ class BedrockUpstream(CloudUpstream):
     headers_relayed = BEDROCK_HEADERS_RELAYED
 
     def __init__(self, definition: UpstreamDef, timeout_s: float, **kwargs: Any) -> None:
-        if definition.aws_credentials is None or definition.region is None:
+        if definition.signing_credentials is None or definition.region is None:
             raise ConfigError(f"upstream {definition.name!r}: a bedrock upstream needs a region "
                               "and AWS credentials")
         from botocore.auth import SigV4Auth  # deferred: botocore is a cold start's share
@@ -76,7 +78,7 @@ class BedrockUpstream(CloudUpstream):
 
         super().__init__(endpoint(definition), None, timeout_s, **kwargs)
         self.name = definition.name
-        self._signer = SigV4Auth(Credentials(*definition.aws_credentials), SIGNING_SERVICE,
+        self._signer = SigV4Auth(Credentials(*definition.signing_credentials), SIGNING_SERVICE,
                                  definition.region)
 
     def signed(self, url: str, content: bytes) -> list[tuple[str, str]]:
@@ -121,9 +123,9 @@ class BedrockUpstream(CloudUpstream):
             headers["request-id"] = request_id
         return headers
 
-    async def count(self, api: Api, content: bytes, headers: Headers) -> Sent:
+    async def count(self, api: Api, content: bytes, headers: Headers, model: str = "") -> Sent:
         """Bedrock's CountTokens for a Messages count_tokens body: {"input_tokens": N} as
-        Anthropic answers it; Unanswered for any failure."""
+        Anthropic answers it; Unanswered for any failure. The model id is the body's."""
         try:
             body = json.loads(content)
             model_id = str(body.pop("model"))
@@ -195,3 +197,6 @@ def sse_event(headers: dict[str, Any], payload: bytes) -> bytes:
     if b"\n" in data or b"\r" in data:  # an event's data is one line
         data = json.dumps(doc).encode()
     return b"event: " + event_type.encode() + b"\ndata: " + data + b"\n\n"
+
+
+client = BedrockUpstream  # the bedrock kind's (core/upstream_kinds/bedrock.py)

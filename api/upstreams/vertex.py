@@ -7,7 +7,7 @@
   Claude  POST .../publishers/anthropic/models/{model}:rawPredict | :streamRawPredict
           the Messages body without `model` (the path names it, `claude-sonnet-4-5@20250929`)
           or `stream`, `anthropic_version` "vertex-2023-10-16", betas in the `anthropic-beta`
-          header as Anthropic takes them, those Vertex takes (api/upstreams/claude_betas.py);
+          header as Anthropic takes them, those Vertex takes (api/upstreams/cloud_messages.py);
           answers and streams are Anthropic's, and an error in Google's shape (a refused
           token) is given Anthropic's, for the anthropic SDK
 
@@ -28,13 +28,14 @@ from dataclasses import replace
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
-from api.upstreams.base import (
-    CloudUpstream,
+from api.upstreams.base import CloudUpstream
+from api.upstreams.cloud_messages import (
+    VERTEX_BETAS,
     cloud_messages_body,
     error_as_anthropic,
-    gemini_action,
+    headers_for,
 )
-from api.upstreams.claude_betas import VERTEX_BETAS, headers_for
+from api.upstreams.gemini import gemini_action
 from core.config import ConfigError
 from core.formats import Api, Plan
 from core.upstream import Headers, NotSent, Sent, Unanswered
@@ -154,11 +155,12 @@ class VertexUpstream(CloudUpstream):
             return error_as_anthropic(sent)
         return sent
 
-    async def count(self, api: Api, content: bytes, headers: Headers) -> Sent:
+    async def count(self, api: Api, content: bytes, headers: Headers, model: str = "") -> Sent:
         """Claude's count: Vertex's count-tokens:rawPredict, the body (its `model` included)
-        as Anthropic's count_tokens takes it. Unanswered for any failure."""
+        as Anthropic's count_tokens takes it; Gemini's by `model` (count_gemini). Unanswered
+        for any failure."""
         if api is not Api.MESSAGES:
-            raise Unanswered(f"{api} counts by its model: count_gemini")
+            return await self.count_gemini(model, content)
         return await self._count(f"{self.publishers_url}/anthropic/models/count-tokens:rawPredict",
                                  content, headers_for(headers, VERTEX_BETAS))
 
@@ -185,3 +187,6 @@ def sent_model(call_plan: Plan) -> str:
     """The name Vertex knows a call's model by: the routing's (Plan.sent_model), not the name
     it is priced by (Plan.model: regional Claude as `regional.<dated name>`)."""
     return call_plan.sent_model or call_plan.model
+
+
+client = VertexUpstream  # the vertex kind's (core/upstream_kinds/vertex.py)

@@ -212,7 +212,7 @@ def test_unknown_fields_and_betas_are_refused_and_nothing_is_forwarded(
     beta the gateway never checked), fields the gateway does not know, Anthropic's fast mode,
     and betas it does not know are refused by name before anything is held. A beta the gateway
     knows bills nothing beyond the hold but the cloud does not take is left out, and the call
-    is held and billed as any other (api/upstreams/claude_betas.py)."""
+    is held and billed as any other (api/upstreams/cloud_messages.py)."""
     ceiling = 100_000
     tag, key = account(admin, ceiling)
     messages = anthropic_sdk(gw, key).messages
