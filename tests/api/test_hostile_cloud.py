@@ -62,6 +62,14 @@ BILLED_APIS = {"bedrock": "bedrock.invoke", "vertex": "vertex.messages"}
 OUTPUT_TOKENS_MEAN = 1_000_000
 HOSTILE_ENV = {"CEILING_EXPIRE_POLICY": "release"}
 HELLO: list[Any] = [{"role": "user", "content": "hello"}]
+# An operator who prices web search for Claude Haiku 4.5's global Bedrock profile in the prices
+# file (the 'aws' table's rates, and a search's): the gateway then holds a search there, and
+# Bedrock, which runs none, refuses the call unbilled.
+OPERATOR_PRICED_SEARCH = "global.anthropic.claude-haiku-4-5-20251001-v1:0"
+OPERATOR_SEARCH_PRICES = {"input_usd_per_mtok": "1.00", "output_usd_per_mtok": "5.00",
+                          "cached_input_usd_per_mtok": "0.10", "cache_write_usd_per_mtok": "1.25",
+                          "cache_write_1h_usd_per_mtok": "2.00", "usd_per_web_search": "0.01",
+                          "web_search_result_tokens_max": 2_000}
 INTERLEAVED = {"anthropic-beta": "interleaved-thinking-2025-05-14"}
 
 
@@ -76,7 +84,8 @@ def stub() -> Iterator[StubProvider]:
 def gw(redis_server: RedisServer, stub: StubProvider,
        tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     directory = tmp_path_factory.mktemp("hostile_cloud")
-    prices = write_prices(tmp_path_factory, "hostile_cloud_prices", {"models": {}})
+    prices = write_prices(tmp_path_factory, "hostile_cloud_prices", {"models": {
+        OPERATOR_PRICED_SEARCH: OPERATOR_SEARCH_PRICES}})
     upstreams = [
         bedrock(stub, "bedrock", {"claude-sonnet-4-5": US_SONNET, "claude-haiku-4-5": GLOBAL_HAIKU,
                                   OPUS_55: GLOBAL_OPUS_55, "claude-opus-4-5": US_OPUS_45}),
@@ -166,8 +175,9 @@ def test_server_tools_are_held_at_max_uses_or_refused(
 ) -> None:
     """Web fetch and code execution feed the model input (or bill container time) nothing in
     the request bounds: refused on both clouds, naming the tool. Web search on Bedrock, which
-    the 'aws' table prices no search for, is refused naming the prices file's setting; on
-    Vertex, which runs it, a call is held at max_uses searches, or at the gateway's own
+    the 'aws' table prices no search for, is refused naming the prices file's setting (priced
+    there by an operator, it is held, and Bedrock refuses it unbilled: released); on Vertex,
+    which runs it, a call is held at max_uses searches, or at the gateway's own
     max_uses, which it sends (and says so), while the model would search 5 times a call."""
     ceiling = 30_000_000  # a search is held at the context window's input: ~$2.3 each
     tag, key = account(admin, ceiling)
@@ -182,6 +192,14 @@ def test_server_tools_are_held_at_max_uses_or_refused(
                             max_tokens=64, messages=HELLO, tools=[tool])
             assert "usd_per_web_search" in error["message"]
         nothing_reached_the_provider(stub)
+        attack = Attack(f"{cloud}: web search the operator priced, which Bedrock does not run")
+        for i in range(4):
+            attack.send(messages.with_raw_response.create, model="claude-haiku-4-5",
+                        max_tokens=64, messages=HELLO, tools=[{**WEB_SEARCH, "max_uses": 1}],
+                        stream=i % 2 == 1)
+        assert attack.refusals["400"] == 4  # Bedrock's refusal, relayed: released
+        verdict = judge(attack, stub, redis_server, tag, ceiling, exact=True)
+        assert [(c.status, c.billed) for c in verdict.bill.log] == [(400, False)] * 4
         return
     nothing_reached_the_provider(stub)
     control(stub, web_searches=5, web_search_result_tokens=SEARCH_RESULT_TOKENS)
