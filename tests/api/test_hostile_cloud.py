@@ -62,6 +62,11 @@ BILLED_APIS = {"bedrock": "bedrock.invoke", "vertex": "vertex.messages"}
 OUTPUT_TOKENS_MEAN = 1_000_000
 HOSTILE_ENV = {"CEILING_EXPIRE_POLICY": "release"}
 HELLO: list[Any] = [{"role": "user", "content": "hello"}]
+# Claude Haiku 4.5 at a regional Vertex endpoint: Anthropic's rates and 10%, which the operator
+# names in the prices file (no bundled table has them: core/upstreams.py price_key).
+REGIONAL_HAIKU_PRICES = {"input_usd_per_mtok": "1.10", "output_usd_per_mtok": "5.50",
+                         "cached_input_usd_per_mtok": "0.11", "cache_write_usd_per_mtok": "1.375",
+                         "cache_write_1h_usd_per_mtok": "2.20"}
 # An operator who prices web search for Claude Haiku 4.5's global Bedrock profile in the prices
 # file (the 'aws' table's rates, and a search's): the gateway then holds a search there, and
 # Bedrock, which runs none, refuses the call unbilled.
@@ -85,12 +90,14 @@ def gw(redis_server: RedisServer, stub: StubProvider,
        tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     directory = tmp_path_factory.mktemp("hostile_cloud")
     prices = write_prices(tmp_path_factory, "hostile_cloud_prices", {"models": {
-        OPERATOR_PRICED_SEARCH: OPERATOR_SEARCH_PRICES}})
+        OPERATOR_PRICED_SEARCH: OPERATOR_SEARCH_PRICES,
+        "regional.claude-haiku-4-5-20251001": REGIONAL_HAIKU_PRICES}})
     upstreams = [
         bedrock(stub, "bedrock", {"claude-sonnet-4-5": US_SONNET, "claude-haiku-4-5": GLOBAL_HAIKU,
                                   OPUS_55: GLOBAL_OPUS_55, "claude-opus-4-5": US_OPUS_45}),
         bedrock(stub, "bedrock-eu", {"claude-sonnet-4-5": EU_SONNET}),
         vertex(stub, directory, "vertex", "global", [VERTEX_SONNET, VERTEX_HAIKU, OPUS_55]),
+        vertex(stub, directory, "vertex-east", "us-east5", [VERTEX_HAIKU, OPUS_55]),
     ]
     env = {"CEILING_UPSTREAM_TIMEOUT_S": "30", **HOSTILE_ENV}
     with cloud_gateway(redis_server, prices, directory, upstreams, env) as service:
@@ -301,7 +308,7 @@ NAMES_NOT_ROUTED = (
     "apac.anthropic.claude-sonnet-4-5-20250929-v1:0",
     "anthropic.claude-sonnet-4-5-20250929-v1:0", "anthropic.claude-3-haiku-20240307-v1:0",
     "Claude-Sonnet-4-5", "bedrock/CLAUDE-SONNET-4-5", US_SONNET.upper(),
-    "Claude-Sonnet-4-5@20250929", "claude-opus-5-5", "claude-sonnet-4-5",
+    "Claude-Sonnet-4-5@20250929", "claude-opus-5-5", "claude-sonnet-4-5", VERTEX_HAIKU,
     "bedrock//claude-sonnet-4-5",
 )
 
@@ -310,25 +317,28 @@ def test_model_name_tricks_reach_no_cloud_unheld(
     gw: ServiceProcess, admin: Client, stub: StubProvider, redis_server: RedisServer,
 ) -> None:
     """Every name no upstream serves is refused, nothing held or forwarded (a name two
-    upstreams serve, claude-opus-5-5 and claude-sonnet-4-5, until the call says which). A
-    Bedrock id the 'aws' table does not price (Claude Opus 4.1, which the cloud bills $15 /
-    $75) is refused model_unpriced, whichever name it is called by. The names that do route,
-    by prefix, by the configured Bedrock id itself and by each configured profile (US, EU,
-    global), are held at their own rates and billed at most that."""
+    upstreams serve, claude-opus-5-5, claude-sonnet-4-5 and Vertex's Haiku, until the call says
+    which). A Bedrock id the 'aws' table does not price (Claude Opus 4.5's dated id, which the
+    cloud bills) is refused model_unpriced, whichever name it is called by; so is Claude Opus
+    5.5 at a regional Vertex endpoint, billed 10% above the global rate no bundled table has.
+    The names that do route, by prefix, by the configured Bedrock id itself, by each configured
+    profile (US, EU, global) and at a regional Vertex endpoint the prices file prices, are held
+    at their own rates and billed at most that."""
     ceiling = 60_000
     tag, key = account(admin, ceiling)
     messages = anthropic_sdk(gw, key).messages
     for name in NAMES_NOT_ROUTED:
         refused(messages.create, "model_not_routed", 400, model=name, max_tokens=64,
                 messages=HELLO)
-    for name in ("bedrock/claude-opus-4-5", US_OPUS_45):
+    for name, priced_as in (("bedrock/claude-opus-4-5", US_OPUS_45), (US_OPUS_45, US_OPUS_45),
+                            ("vertex-east/claude-opus-5-5", "regional.claude-opus-5-5")):
         error = refused(messages.create, "model_unpriced", 422, model=name, max_tokens=64,
                         messages=HELLO)
-        assert "claude-opus-4-5-20251101" in error["message"]
+        assert priced_as.removeprefix("us.anthropic.") in error["message"], error
     nothing_reached_the_provider(stub)
     routed = ("bedrock/claude-sonnet-4-5", US_SONNET, "bedrock-eu/claude-sonnet-4-5", EU_SONNET,
-              "claude-haiku-4-5", GLOBAL_HAIKU, "bedrock/claude-opus-5-5", VERTEX_HAIKU,
-              "vertex/claude-opus-5-5")
+              "claude-haiku-4-5", GLOBAL_HAIKU, "bedrock/claude-opus-5-5",
+              f"vertex/{VERTEX_HAIKU}", "vertex/claude-opus-5-5", f"vertex-east/{VERTEX_HAIKU}")
     attack = Attack("clouds: model names by prefix, by Bedrock id and by profile")
     for i in range(18):  # 500 out at up to $22 a million: ~11,000 a call, ~5 calls' worth
         attack.send(messages.with_raw_response.create, model=routed[i % len(routed)],
