@@ -336,9 +336,9 @@ def test_model_name_tricks_reach_no_cloud_unheld(
                         messages=HELLO)
         assert priced_as.removeprefix("us.anthropic.") in error["message"], error
     nothing_reached_the_provider(stub)
-    routed = ("bedrock/claude-sonnet-4-5", US_SONNET, "bedrock-eu/claude-sonnet-4-5", EU_SONNET,
-              "claude-haiku-4-5", GLOBAL_HAIKU, "bedrock/claude-opus-5-5",
-              f"vertex/{VERTEX_HAIKU}", "vertex/claude-opus-5-5", f"vertex-east/{VERTEX_HAIKU}")
+    routed = (f"vertex-east/{VERTEX_HAIKU}", "bedrock/claude-sonnet-4-5", US_SONNET,
+              "bedrock-eu/claude-sonnet-4-5", EU_SONNET, "claude-haiku-4-5", GLOBAL_HAIKU,
+              "bedrock/claude-opus-5-5", f"vertex/{VERTEX_HAIKU}", "vertex/claude-opus-5-5")
     attack = Attack("clouds: model names by prefix, by Bedrock id and by profile")
     for i in range(18):  # 500 out at up to $22 a million: ~11,000 a call, ~5 calls' worth
         attack.send(messages.with_raw_response.create, model=routed[i % len(routed)],
@@ -346,6 +346,8 @@ def test_model_name_tricks_reach_no_cloud_unheld(
     assert attack.refusals["budget_exceeded"] > 0
     verdict = judge(attack, stub, redis_server, tag, ceiling, exact=True, per_call=True)
     assert all(c.status == 200 for c in verdict.bill.log)
+    # The regional endpoint's call was billed its premium, inside the prices file's hold.
+    assert any("regional_premium_micros" in (c.beyond_body or {}) for c in verdict.bill.log)
 
 
 # -- streams and answers --------------------------------------------------------------------------
