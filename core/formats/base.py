@@ -263,6 +263,9 @@ class Plan:
     # A routed call's model as its upstream prices it (Routed.priced_model), which budgets count
     # it by (CallSpec.model_name); None: `model`.
     priced_model: str | None = None
+    # The name the upstream knows the model by (Routed.sent_model), where a format names it in
+    # its path (Gemini's) and `model` is the name it is priced by; None: `model`.
+    sent_model: str | None = None
 
     @property
     def api(self) -> Api:
