@@ -246,6 +246,35 @@ def chart(r: spend.BudgetReport, now_ms: int, hours: int) -> str:
             f"{_attr(r.budget_id)}'>{axis}{empty}{''.join(bars)}</svg>")
 
 
+def _models(r: spend.BudgetReport) -> str:
+    """The models a budget's calls may name (models.allow) and each model of its per_model
+    limits with its spend in its current windows: part of the budget's spend, not beside it."""
+    if r.definition is None or (r.definition.models_allow is None and not r.models):
+        return ""
+    allow = r.definition.models_allow
+    listed = ("<p class=muted data-models-allow='"
+              + ("*" if allow is None else _attr(" ".join(allow))) + "'>models: "
+              + ("any" if allow is None else ", ".join(f"<code>{escape(m)}</code>"
+                                                      for m in allow)) + "</p>")
+    rows = []
+    for m in r.models:
+        for leg in m.legs:
+            period = period_of(leg.window_key).value
+            cells = _money_cells((("ceiling_micros", leg.ceiling_micros),
+                                  ("committed_micros", leg.committed_micros),
+                                  ("reserved_micros", leg.reserved_micros),
+                                  ("remaining_micros", leg.remaining_micros)), titled=True)
+            rows.append(f"<tr data-model='{_attr(m.model)}' data-period='{_attr(period)}' "
+                        f"data-window='{_attr(leg.window_key)}'><td><code>{escape(m.model)}"
+                        f"</code></td><th scope=row>{escape(period)}"
+                        f"<small>{escape(leg.window_key)}</small></th>{cells}"
+                        f"<td class=barcell>{_bar(leg)}</td></tr>")
+    table = ("<table class=per-model><thead><tr><th>model</th><th>period</th><th>ceiling</th>"
+             "<th>committed</th><th>reserved</th><th>remaining</th><th></th></tr></thead>"
+             f"<tbody>{''.join(rows)}</tbody></table>") if rows else ""
+    return f"<div class=models>{listed}{table}</div>"
+
+
 def _budget_card(r: spend.BudgetReport, now_ms: int, hours: int) -> str:
     paused = r.definition is not None and r.definition.paused_at_ms is not None
     badge = (f"<span class='badge over'>paused {escape(_when(r.definition.paused_at_ms))}"
@@ -256,7 +285,8 @@ def _budget_card(r: spend.BudgetReport, now_ms: int, hours: int) -> str:
             f"{hours} h</span></header>"
             "<table class=periods><thead><tr><th>period</th><th>ceiling</th><th>committed</th>"
             "<th>reserved</th><th>remaining</th><th></th></tr></thead>"
-            f"<tbody>{_period_rows(r)}</tbody></table>{chart(r, now_ms, hours)}</section>")
+            f"<tbody>{_period_rows(r)}</tbody></table>{_models(r)}{chart(r, now_ms, hours)}"
+            "</section>")
 
 
 def _list_table(table_id: str, heads: Sequence[str], rows: str) -> str:
@@ -549,7 +579,8 @@ padding:14px 16px}.stat b{display:block;font-size:22px}.stat span{color:var(--mu
 table{width:100%;border-collapse:collapse}th,td{text-align:left;padding:6px 8px;
 border-bottom:1px solid var(--line);vertical-align:top}th{font-weight:600;color:var(--muted);
 font-size:12px}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.periods th[scope=row]{color:var(--ink);font-size:13px}.barcell{width:28%}
+.periods th[scope=row],.per-model th[scope=row]{color:var(--ink);font-size:13px}
+.barcell{width:28%}.models{margin-top:10px}.models p{margin:0 0 4px}
 svg.bar{width:100%;height:8px;display:block;margin-top:5px}
 svg.bar .ok{fill:var(--ok)}svg.bar .high{fill:var(--high)}svg.bar .over{fill:var(--over)}
 svg.chart{width:100%;height:auto;margin-top:10px}svg.chart text{font-size:10px;fill:#6b7482}
