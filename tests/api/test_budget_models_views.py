@@ -118,3 +118,27 @@ def test_the_command_line_puts_and_shows_a_budgets_models(
     bad = ceiling(redis_server, "budgets", "set", tag, "--limit", "day=$10",
                   "--model-limit", "day=$3")
     assert bad.returncode == 2  # argparse: no model named
+
+
+def test_the_schema_documents_a_budgets_models(http: Client) -> None:
+    schema = http.get("/openapi.json").json()
+    put = schema["paths"]["/v1/admin/budgets/{budget_id}"]["put"]
+    body = put["requestBody"]["content"]["application/json"]["schema"]
+    defs = schema.get("components", {}).get("schemas", {}) | body.get("$defs", {})
+
+    def resolved(node: dict[str, Any]) -> dict[str, Any]:
+        for option in node.get("anyOf", [node]):
+            if "$ref" in option:
+                return dict(defs[option["$ref"].rsplit("/", 1)[-1]])
+            if option.get("type") == "object":
+                return option
+        return node
+
+    body = resolved(body)
+    defs |= body.get("$defs", {})
+    models = resolved(body["properties"]["models"])
+    assert models["properties"]["allow"]["items"]["type"] == "string"
+    assert models["required"] == ["allow"]
+    per_model = resolved(body["properties"]["per_model"])
+    entry = resolved(per_model["additionalProperties"])
+    assert set(entry["properties"]) == {"limits"}
