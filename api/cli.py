@@ -356,15 +356,18 @@ DRIFT_EXIT = 3
 
 
 def reconcile(args: argparse.Namespace) -> int:
-    """Print each day's ledger, provider and drift; exit 0 within the tolerance, DRIFT_EXIT
-    beyond it, 1 when a report or the ledger could not be read (never a zero)."""
+    """Print each day's ledger, provider and drift (with --book-into, what was booked); exit 0
+    within the tolerance, DRIFT_EXIT beyond it, 1 when a report or the ledger could not be read
+    (never a zero), or the budget to book into is not one."""
     from api.routes.reconcile import run_reconcile
-    from core.reconcile import Reconciled, provider_of, tolerance_of
+    from core.reconcile import Reconciled, book_into_of, provider_of, tolerance_of
 
     async def go() -> Reconciled:
         try:
             return await run_reconcile(provider_of(args.provider), args.first, args.last,
-                                       tolerance_of(args.tolerance_pct))
+                                       tolerance_of(args.tolerance_pct),
+                                       book_into=book_into_of(args.book_into),
+                                       by=cli_operator())
         finally:
             if runtime().service is not None:
                 await runtime().store().close()
@@ -501,6 +504,9 @@ def parser() -> argparse.ArgumentParser:
                     help="the drift a day may have, percent of the larger side (default 1)")
     rc.add_argument("--json", action="store_true", help="print the document the admin route "
                     "answers instead of the table")
+    rc.add_argument("--book-into", default=None, metavar="BUDGET_ID",
+                    help="book each day's spend the provider billed beyond what the ledger saw "
+                    "(beyond the tolerance) into this budget as committed spend, once per day")
     rc.set_defaults(func=reconcile)
     h = sub.add_parser("health", help="print health; exit 0 only when ok")
     h.set_defaults(func=health)

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from api.runtime import VERSION, runtime
@@ -34,6 +35,8 @@ from core.upstream import AnswerTooLarge, Headers, NotSent, Sent, Unanswered
 
 if TYPE_CHECKING:
     import httpx
+
+    from api.transport import Prepared
 
 # Connecting to a provider takes milliseconds; ten seconds is a provider that is down.
 CONNECT_TIMEOUT_S = 10.0
@@ -54,6 +57,10 @@ ERROR_BODY_BYTES_MAX = 64 * 1024
 # token: 21 MB), and Anthropic's answers (one choice, no logprobs); a larger answer is streamed
 # (a stream is relayed as it comes, never held whole).
 UPSTREAM_ANSWER_BYTES_MAX = 32 * 1024 * 1024
+# A client whose paths are made per call (a cloud's name the model) prepares each path once, and
+# keeps no more of them than this (a call names a model its upstream serves, resolved before it
+# is sent, so an upstream's paths are few).
+PATHS_PREPARED_MAX = 256
 # Provider headers the client gets: request ids for support, rate limits and retry advice; and
 # every provider's own by prefix, on every route (an OpenAI-compatible proxy may front another
 # provider and pass its headers on).
@@ -144,6 +151,7 @@ class Upstream:
                             httpx.UnsupportedProtocol)
         self._failed = httpx.HTTPError
         self._aiohttp_stream = AiohttpStream
+        self._paths: dict[str, Prepared] = {}
 
     async def send(self, call_plan: Plan, deadline_s: float) -> Sent:
         """core.upstream.Upstream.send: the answer read whole (read()), unless it is an error's
@@ -163,17 +171,39 @@ class Upstream:
 
     async def open(self, call_plan: Plan) -> httpx.Response:
         """Send the call and return the provider's answer once its headers arrive."""
+        return await self.post(self._prepared[call_plan.wire.api], call_plan.content(),
+                               call_plan.headers)
+
+    # What a subclass that makes its own paths and headers (api/upstreams/base.py) sends
+    # through: the client's transport, prepared requests and failure sorting, and no more.
+
+    def prepared_at(self, url: str) -> Prepared:
+        """The request to `url`: this client's headers and timeouts, at that URL."""
+        found = self._paths.get(url)
+        if found is None:
+            from yarl import URL  # with aiohttp, the transport's own
+
+            # Every route's prepared request has the same headers and timeouts.
+            found = replace(next(iter(self._prepared.values())), url=URL(url))
+            if len(self._paths) < PATHS_PREPARED_MAX:
+                self._paths[url] = found
+        return found
+
+    async def post(self, prepared: Prepared, content: bytes,
+                   headers: Iterable[tuple[str, str]]) -> httpx.Response:
+        """Send `content` to `prepared` and return the answer once its headers arrive: NotSent
+        if it provably never left, Unanswered for any failure after."""
         try:
-            return await self._transport.send(self._prepared[call_plan.wire.api],
-                                              call_plan.content(),
-                                              call_plan.headers)
+            return await self._transport.send(prepared, content, headers)
         except self._never_sent as exc:
             raise NotSent(_why(exc)) from exc
         except self._failed as exc:
             raise Unanswered(_why(exc)) from exc
 
-    async def count(self, api: Api, content: bytes, headers: Headers) -> Sent:
-        """core.upstream.Upstream.count: a count is small, so it is read like an error body."""
+    async def count(self, api: Api, content: bytes, headers: Headers, model: str = "") -> Sent:
+        """core.upstream.Upstream.count: a count is small, so it is read like an error body.
+        The model is the body's (`model` is the same name)."""
+        del model
         try:
             response = await self._transport.send(self._counting[api], content, headers)
         except self._failed as exc:

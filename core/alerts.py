@@ -41,6 +41,9 @@ VELOCITY = "budget.velocity"
 # The ledger's gateway spend of a day and a provider's cost report disagree beyond the tolerance
 # (core/reconcile.py): an event about the ledger, under no budget.
 DRIFT = "ledger.drift"
+# Spend a provider's cost report shows beyond what the ledger saw, booked into a budget
+# (core/reconcile.py, `book_into`): an event of that budget's tag, once per amount reached.
+UNSEEN_BOOKED = "ledger.unseen_booked"
 SIGNATURE_HEADER = "x-ceiling-signature"
 # Attempts of one event before it is given up on and shown as failed: with ALERT_BACKOFF_MS the
 # last is some 40 minutes after the first, past a receiver's deploy or restart.
@@ -184,6 +187,8 @@ class AlertEvent:
     day: str | None = None
     ledger_micros: int | None = None
     provider_micros: int | None = None
+    # A ledger.unseen_booked's: what this booking added (provider and day as above).
+    booked_micros: int | None = None
 
     @property
     def period(self) -> str:
@@ -200,6 +205,8 @@ class AlertEvent:
         if self.type == DRIFT:
             body.update(provider=self.provider, day=self.day, ledger_micros=self.ledger_micros,
                         provider_micros=self.provider_micros)
+        elif self.type == UNSEEN_BOOKED:
+            body.update(provider=self.provider, day=self.day, booked_micros=self.booked_micros)
         return body
 
     def json(self) -> dict[str, Any]:
@@ -213,6 +220,7 @@ class AlertEvent:
         threshold = fields.get("threshold_pct", "")
         done = fields.get("done_ms", "")
         ledger, provider = fields.get("ledger_micros", ""), fields.get("provider_micros", "")
+        booked = fields.get("booked_micros", "")
         return cls(
             event_id=fields["event_id"], type=fields["type"], budget_id=fields["budget_id"],
             period_key=fields["period_key"], threshold_pct=int(threshold) if threshold else None,
@@ -223,6 +231,7 @@ class AlertEvent:
             provider=fields.get("provider") or None, day=fields.get("day") or None,
             ledger_micros=int(ledger) if ledger else None,
             provider_micros=int(provider) if provider else None,
+            booked_micros=int(booked) if booked else None,
         )
 
 
@@ -247,6 +256,10 @@ def slack_text(event: AlertEvent) -> str:
         return (f":rotating_light: The ledger's {event.provider} spend on {event.day} "
                 f"({usd(event.ledger_micros or 0)}) does not match {event.provider}'s cost report "
                 f"({usd(event.provider_micros or 0)}) within the tolerance.")
+    if event.type == UNSEEN_BOOKED:
+        return (f":receipt: {usd(event.booked_micros or 0)} of {event.provider}'s bill for "
+                f"{event.day} that no call through the gateway accounts for was booked into "
+                f"*{event.budget_id}*.")
     if event.type == THRESHOLD_CROSSED:
         what = (f"reached {event.threshold_pct}% of its {event.period} ceiling: "
                 f"{usd(event.committed_micros)} of {usd(event.ceiling_micros)}")

@@ -49,7 +49,6 @@ from core.replies import REPLY_BYTES_MAX, ReplyNotKept, Ticket
 from core.service import Caller, CallSpec, CeilingService, SettleSpec
 from core.upstream import (
     AnswerTooLarge,
-    CountsByModel,
     Headers,
     NotSent,
     Unanswered,
@@ -621,17 +620,14 @@ class Gateway:
         call's body and headers are, admitted against the key's rate and concurrency limits,
         forwarded; nothing is held for it, as the provider bills nothing. `path_model`: as
         serve's."""
-        content, routed_to = count_request(
+        content, routed_to, model = count_request(
             wire.api, raw, headers, config.gateway_fields_allowed if config else frozenset(),
             config.gateway_betas_allowed if config else frozenset(),
             config.upstreams if config else None, path_model)
         up = self.upstream_of(wire) if routed_to is None else self._client(routed_to)
         await admit_count(svc, who)
         try:
-            if path_model is not None and isinstance(up, CountsByModel):
-                status, relayed, body = await up.count_gemini(path_model, content)
-            else:
-                status, relayed, body = await up.count(wire.api, content, headers)
+            status, relayed, body = await up.count(wire.api, content, headers, model)
         except Unanswered as exc:
             raise UpstreamUnreachable(f"the provider did not answer the token count ({exc}); "
                                       "nothing was held or billed") from exc

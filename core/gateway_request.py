@@ -19,11 +19,6 @@ from core.prices import Usage
 from core.upstreams import Routed, UpstreamDef, Upstreams
 
 _COUNT_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-# The routes whose calls CEILING_UPSTREAMS routes, by the route names core/upstreams.py serves;
-# any other format goes to its provider's one-upstream shorthand.
-ROUTES: dict[Api, str] = {Api.CHAT: "chat", Api.RESPONSES: "responses", Api.MESSAGES: "messages",
-                          Api.EMBEDDINGS: "embeddings", Api.GEMINI: "gemini",
-                          Api.GEMINI_STREAM: "gemini"}
 
 
 def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAULT,
@@ -44,8 +39,8 @@ def plan(api: Api, raw: bytes, output_tokens_default: int = OUTPUT_TOKENS_DEFAUL
     (WireFormat.model_in_path: Gemini's) was called with."""
     wire = FORMATS[api]
     body, model = _checked(wire, raw, fields_allowed, path_model)
-    if upstreams is not None and (route := ROUTES.get(api)) is not None:
-        return routed(wire, body, upstreams.resolve(model, route), tuple(headers),
+    if upstreams is not None:
+        return routed(wire, body, upstreams.resolve(model, wire.routed_as), tuple(headers),
                       output_tokens_default, betas_allowed)
     return wire.plan(body, model, tuple(headers), output_tokens_default, betas_allowed)
 
@@ -82,23 +77,23 @@ def count_request(api: Api, raw: bytes, headers: Sequence[tuple[str, str]] = (),
                   fields_allowed: frozenset[str] = frozenset(),
                   betas_allowed: frozenset[str] = frozenset(),
                   upstreams: Upstreams | None = None,
-                  path_model: str | None = None) -> tuple[bytes, UpstreamDef | None]:
+                  path_model: str | None = None) -> tuple[bytes, UpstreamDef | None, str]:
     """A token counting request in `api`'s format, checked as a call's fields and headers are
     (nothing unnamed is forwarded), re-encoded for the provider; InvalidRequest if it is not.
     With `upstreams`, its model is resolved as a call's is (ModelNotRouted), named as its
-    upstream knows it, and the upstream is returned beside it. `path_model`: as plan's (a
-    model named in the path is counted by its upstream's client under that name:
-    CountsByModel)."""
+    upstream knows it (Routed.sent_model), and the upstream is returned beside it; last, the
+    model to count, by that name (core/upstream.py Upstream.count's `model`). `path_model`:
+    as plan's."""
     wire = FORMATS[api]
     body, model = _checked(wire, raw, fields_allowed, path_model)
     wire.count_checked(body, tuple(headers), betas_allowed)
     to = None
-    if upstreams is not None and (route := ROUTES.get(api)) is not None:
-        found = upstreams.resolve(model, route)
-        to = found.upstream
+    if upstreams is not None:
+        found = upstreams.resolve(model, wire.routed_as)
+        to, model = found.upstream, found.sent_model
         if not wire.model_in_path:
-            body["model"] = found.sent_model
-    return _COUNT_ENCODER.encode(body).encode(), to
+            body["model"] = model
+    return _COUNT_ENCODER.encode(body).encode(), to, model
 
 
 def usage_of(api: Api, usage: object, service_tier: object = None) -> Usage | None:

@@ -95,8 +95,8 @@ class Upstream(StrEnum):
     OPENAI = "openai"  # the OpenAI-compatible routes: chat completions and Responses
     ANTHROPIC = "anthropic"  # Messages
     GOOGLE = "google"  # the Gemini API and Vertex AI (genai-prices' provider id for Gemini)
-    # Named upstreams' clouds (core/upstreams.py BILLS), which no cost report here reads: their
-    # spend is counted apart, so it never passes for OpenAI's or Anthropic's.
+    # Named upstreams' clouds (core/upstream_kinds, UpstreamKind.bill), which no cost report
+    # here reads: their spend is counted apart, so it never passes for OpenAI's or Anthropic's.
     AWS = "aws"  # Bedrock
     AZURE = "azure"  # Azure OpenAI
     OTHER = "other"  # any other OpenAI-compatible provider (OpenRouter, Groq, a local vLLM)
@@ -634,6 +634,15 @@ class DriftEvent:
     provider_micros: int
 
 
+@dataclass(frozen=True)
+class UnseenBooked:
+    """A booking of a provider's day beyond what the ledger saw (Reconciliation.book_unseen):
+    what this call booked (0 when nothing was new), and what is booked for the day so far."""
+
+    booked_now_micros: int
+    booked_micros: int
+
+
 _EPOCH_DAY = date(1970, 1, 1)
 
 
@@ -662,6 +671,22 @@ class Reconciliation(LedgerTime, Protocol):
 
     async def refusal_counts(self) -> dict[str, int]:
         """The refusals the ledger's scripts decided, by error code, over the whole ledger."""
+        ...
+
+    async def unseen_booked_by_day(self, upstream: Upstream, first_day: date, last_day: date
+                                   ) -> dict[date, int]:
+        """What book_unseen booked so far for `upstream`, by UTC day, in every tag, for the
+        days in [first_day, last_day] that have any."""
+        ...
+
+    async def book_unseen(self, budget_id: BudgetId, upstream: Upstream, day: date,
+                          unseen_micros: int) -> UnseenBooked:
+        """Charge `budget_id` (and every budget on its path, in their current windows) with
+        `unseen_micros` (what `upstream` billed on `day` beyond what the ledger saw) less what
+        is booked for that day already, in one step that records the new total: once per
+        provider and day, a later larger amount books only the difference, never less than
+        nothing. A `ledger.unseen_booked` event goes with each booking. BudgetNotFound when the
+        budget has no definition."""
         ...
 
 

@@ -24,6 +24,25 @@ shown drift_pct is rounded). Each day beyond it puts one `ledger.drift` event in
 outbox, once per provider and day whoever reconciles it again (Reconciliation.emit_drift_alert):
 the webhook delivery posts it, signed, as it posts every alert.
 
+Booking unseen spend (`book_into`, a budget id): what a provider billed for a day beyond what the
+ledger saw is charged to that budget as committed spend, in its current windows and those of
+every budget on its path, as a settle would charge it, so that the next call that no longer fits
+is refused. The unseen amount of a day is `unseen_micros`: nothing while the day is within the
+tolerance or the ledger saw more than the provider billed (a drift below zero books nothing and
+gives nothing back), otherwise the whole of drift_micros, not only the part past the tolerance:
+the tolerance decides whether the two sides disagree, and once they do, all that the provider
+billed and no settle counted is spend the ceiling did not see. The ledger keeps what it booked
+per provider and day (lua/book_unseen.lua) and books only `unseen - booked so far`, in one step
+that records the new total: a repeat books nothing, two instances at once book the day once, a
+later report with more spend books the difference. Booked spend is not "what the ledger saw":
+the comparison stays the provider against the settles (so the drift still shows, and its alert
+still says so), and what was booked is subtracted only from what is booked next. A settle that
+lands after a booking (a call whose settle came late) makes the next run's unseen smaller;
+nothing booked is taken back, since unknown means held. Each booking is a `ledger.unseen_booked`
+event (the budget's tag's outbox, written in the step that books) and an audit entry. A report
+that cannot be read whole books nothing, as it compares nothing; a `book_into` that is not an
+operator's budget id, or names no budget, is refused before the report is read.
+
 The HTTP request itself is given (api/routes/reconcile.py): core imports no HTTP client.
 """
 
@@ -33,18 +52,20 @@ import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
-from typing import Any
+from typing import Any, Protocol
 
+from core.alerts import UNSEEN_BOOKED
+from core.budgets import BudgetId
 from core.config import ConfigError
-from core.errors import CostReportFailed, InvalidRequest
-from core.ledger import DriftEvent, Reconciliation, Upstream
+from core.errors import BudgetNotFound, CostReportFailed, InvalidRequest
+from core.ledger import BudgetCatalogue, DriftEvent, Reconciliation, Upstream
 from core.limits import DAILY_SPEND_DAYS_MAX, INT_EXACT_MAX
 from core.money import MICROS_PER_USD, micros_to_usd
 
-__all__ = ["CostReportFailed", "DayDrift", "Reconciled", "ReportSource", "reconcile"]
+__all__ = ["Booking", "CostReportFailed", "DayDrift", "Reconciled", "ReportSource", "reconcile"]
 
 # A report that gives its amounts in cents (AnthropicCosts) is read at this many a cent.
 MICROS_PER_CENT = MICROS_PER_USD // 100
@@ -449,6 +470,9 @@ class DayDrift:
     ledger_micros: int
     provider_micros: int
     within: bool
+    # With `book_into`: what is booked for the day so far, and what this run booked of it.
+    booked_micros: int = 0
+    booked_now_micros: int = 0
 
     @property
     def drift_micros(self) -> int:
@@ -462,10 +486,20 @@ class DayDrift:
         return (Decimal(abs(self.drift_micros)) * 100 / base).quantize(
             DRIFT_PCT_PLACES, rounding=ROUND_HALF_UP)
 
-    def json(self) -> dict[str, Any]:
-        return {"day": self.day.isoformat(), "ledger_micros": self.ledger_micros,
-                "provider_micros": self.provider_micros, "drift_micros": self.drift_micros,
-                "drift_pct": float(self.drift_pct), "within": self.within}
+    @property
+    def unseen_micros(self) -> int:
+        """What is to be booked for the day (module docstring): beyond the tolerance, all that
+        the provider billed beyond what the ledger saw; otherwise nothing."""
+        return 0 if self.within else max(0, self.drift_micros)
+
+    def json(self, booking: bool = False) -> dict[str, Any]:
+        found = {"day": self.day.isoformat(), "ledger_micros": self.ledger_micros,
+                 "provider_micros": self.provider_micros, "drift_micros": self.drift_micros,
+                 "drift_pct": float(self.drift_pct), "within": self.within}
+        if booking:
+            found.update(booked_micros=self.booked_micros,
+                         booked_now_micros=self.booked_now_micros)
+        return found
 
 
 def within(ledger_micros: int, provider_micros: int, tolerance_pct: Decimal) -> bool:
@@ -479,6 +513,7 @@ class Reconciled:
     provider: Upstream
     tolerance_pct: Decimal
     days: tuple[DayDrift, ...]
+    book_into: str | None = None  # the budget unseen spend was booked into, if any
 
     @property
     def within(self) -> bool:
@@ -488,9 +523,17 @@ class Reconciled:
     def beyond(self) -> tuple[DayDrift, ...]:
         return tuple(d for d in self.days if not d.within)
 
+    @property
+    def booked_now_micros(self) -> int:
+        return sum(d.booked_now_micros for d in self.days)
+
     def json(self) -> dict[str, Any]:
-        return {"provider": str(self.provider), "tolerance_pct": float(self.tolerance_pct),
-                "days": [d.json() for d in self.days], "within": self.within}
+        booking = self.book_into is not None
+        found = {"provider": str(self.provider), "tolerance_pct": float(self.tolerance_pct),
+                 "days": [d.json(booking) for d in self.days], "within": self.within}
+        if booking:
+            found.update(book_into=self.book_into, booked_now_micros=self.booked_now_micros)
+        return found
 
     def lines(self) -> list[str]:
         """The per-day table `ceiling reconcile` prints, then its verdict."""
@@ -510,6 +553,13 @@ class Reconciled:
                 f"beyond tolerance: {d.day.isoformat()} drift "
                 f"{'+' if d.drift_micros > 0 else ''}${micros_to_usd(d.drift_micros)} "
                 f"({d.drift_pct:.2f}%)" for d in self.beyond)
+        if self.book_into is not None:
+            rows.extend(
+                f"booked into {self.book_into}: {d.day.isoformat()} "
+                f"${micros_to_usd(d.booked_now_micros)} now, "
+                f"${micros_to_usd(d.booked_micros)} in all" for d in self.days if d.booked_micros)
+            rows.append(f"booked into {self.book_into} by this run: "
+                        f"${micros_to_usd(self.booked_now_micros)}")
         return rows
 
 
@@ -584,6 +634,31 @@ def day_range(first: str | None, last: str | None, today: date) -> tuple[date, d
     return first_day, last_day
 
 
+def book_into_of(text: str | None) -> BudgetId | None:
+    """The budget unseen spend is booked into: an operator's budget id (no scope of a reserved
+    kind: a run's, an end user's, a model's counters are the ledger's own), or None."""
+    if text is None or text == "":
+        return None
+    try:
+        return BudgetId.operator(text)
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"book_into: {exc.message}", field="book_into") from exc
+
+
+# The budget the scheduled run (api/routes/reconcile.py reconcile_configured) books unseen spend
+# into; unset: it books nothing.
+BOOK_INTO_SETTING = "CEILING_RECONCILE_BOOK_INTO"
+
+
+def scheduled_book_into(env: Mapping[str, str]) -> BudgetId | None:
+    """BOOK_INTO_SETTING's budget id, or None; ConfigError naming the setting if it is not an
+    operator's budget id."""
+    try:
+        return book_into_of(env.get(BOOK_INTO_SETTING, "").strip())
+    except InvalidRequest as exc:
+        raise ConfigError(f"{BOOK_INTO_SETTING}: {exc.message}") from exc
+
+
 def today_of(now_ms: int) -> date:
     return datetime.fromtimestamp(now_ms / 1000, UTC).date()
 
@@ -591,16 +666,64 @@ def today_of(now_ms: int) -> date:
 # -- the whole of it ------------------------------------------------------------------------------
 
 
-async def reconcile(store: Reconciliation, source: ReportSource, first: str | None,
-                    last: str | None, tolerance_pct: Decimal, fetch: Fetch) -> Reconciled:
+class Auditor(Protocol):
+    """Where a booking is recorded (core/operations.py Operations.audit)."""
+
+    async def audit(self, by: str, what: str, target: str, **detail: Any) -> None: ...
+
+
+class ReconcileStore(Reconciliation, BudgetCatalogue, Protocol):
+    """What a reconciliation reads and writes: the ledger's days, and the budget it books into."""
+
+
+@dataclass(frozen=True)
+class Booking:
+    """Book unseen spend into `budget_id`; each booking is audited as made `by` (an operator's
+    fingerprint, the CLI's user, the schedule)."""
+
+    budget_id: BudgetId
+    by: str
+    auditor: Auditor | None = None
+
+
+async def _book(store: ReconcileStore, booking: Booking, result: Reconciled, first_day: date,
+                last_day: date) -> Reconciled:
+    provider = result.provider
+    booked = await store.unseen_booked_by_day(provider, first_day, last_day)
+    days = []
+    for d in result.days:
+        so_far, now_micros = booked.get(d.day, 0), 0
+        # A day booked as far as its unseen spend goes has nothing new: no step to run.
+        if d.unseen_micros > so_far:
+            done = await store.book_unseen(booking.budget_id, provider, d.day, d.unseen_micros)
+            so_far, now_micros = done.booked_micros, done.booked_now_micros
+            if now_micros and booking.auditor is not None:
+                await booking.auditor.audit(
+                    booking.by, UNSEEN_BOOKED, booking.budget_id.path, provider=str(provider),
+                    day=d.day.isoformat(), booked_micros=now_micros, booked_total_micros=so_far,
+                    ledger_micros=d.ledger_micros, provider_micros=d.provider_micros)
+        days.append(replace(d, booked_micros=so_far, booked_now_micros=now_micros))
+    return replace(result, days=tuple(days), book_into=booking.budget_id.path)
+
+
+async def reconcile(store: ReconcileStore, source: ReportSource, first: str | None,
+                    last: str | None, tolerance_pct: Decimal, fetch: Fetch,
+                    booking: Booking | None = None) -> Reconciled:
     """Compare the ledger's gateway spend with the provider's report over the days asked (the
     ledger's clock says which day is today), and put a `ledger.drift` event in the alert
-    outbox for each day beyond the tolerance (once per provider and day, ever)."""
+    outbox for each day beyond the tolerance (once per provider and day, ever). With a
+    `booking`, book each day's unseen spend into its budget (module docstring); the budget must
+    exist, checked before the report is read, so a wrong name books nothing and says so."""
     first_day, last_day = day_range(first, last, today_of(await store.ledger_time_ms()))
+    if booking is not None and await store.get_budget(booking.budget_id) is None:
+        raise BudgetNotFound(f"book_into: no budget {booking.budget_id.path}",
+                             budget_id=booking.budget_id.path, field="book_into")
     report = await provider_spend_by_day(source, first_day, last_day, fetch)
     ledger = await store.gateway_spend_by_day(source.provider, first_day, last_day)
     result = compare(source.provider, ledger, report, first_day, last_day, tolerance_pct)
     for d in result.beyond:
         await store.emit_drift_alert(DriftEvent(source.provider, d.day, d.ledger_micros,
                                                 d.provider_micros))
-    return result
+    if booking is None:
+        return result
+    return await _book(store, booking, result, first_day, last_day)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from core.budgets import (
+    ALL_MODELS,
     UNLISTED_MODEL,
     BudgetDef,
     BudgetId,
@@ -96,6 +97,9 @@ KEY_TRUST_MS = 1_000
 # reads it once), and at most this many budgets' are remembered (paths come from keys).
 CLAMP_CACHE_MS = 10_000
 CLAMP_CACHE_BUDGETS_MAX = 10_000
+# Calls' models by their one names (_canonical_model), remembered per process: a name is looked
+# up once, not on every call; bounded, as model names come from callers.
+MODEL_NAMES_CACHE_MAX = 4_096
 
 
 @dataclass(frozen=True)
@@ -265,6 +269,8 @@ class CeilingService:
         self._monotonic_ms = monotonic_ms
         self.outage = OutageAllowance()
         self._clamps: dict[str, tuple[int, bool]] = {}  # budget path -> (until_ms, clamp)
+        # (name counted by, model, provider) -> the one name sent to the ledger
+        self._model_names: dict[tuple[str | None, str, str | None], str] = {}
 
     # -- pricing -------------------------------------------------------------------------
 
@@ -363,10 +369,16 @@ class CeilingService:
         prices file entry with a space in it), so that an allow-list refuses it."""
         if not model:
             return ""
-        name = self.prices.model_name(spec.model_name or model, spec.provider) or (
-            self.prices.model_name(model, spec.provider))
-        return name if name is not None and is_model_name(name, limited=False) else (
-            UNLISTED_MODEL)
+        key = (spec.model_name, model, spec.provider)
+        found = self._model_names.get(key)
+        if found is None:
+            name = self.prices.model_name(spec.model_name or model, spec.provider) or (
+                self.prices.model_name(model, spec.provider))
+            found = name if name is not None and is_model_name(name, limited=False) else (
+                UNLISTED_MODEL)
+            if len(self._model_names) < MODEL_NAMES_CACHE_MAX:
+                self._model_names[key] = found
+        return found
 
     async def flush_journal(self) -> int:
         """Book what this instance admitted during an outage, once the ledger answers."""
@@ -428,8 +440,10 @@ class CeilingService:
         return await self.store.release(ref)
 
     async def my_budgets(self, caller: Caller) -> tuple[LegStatus, ...]:
+        """What holds the caller's calls: its path's budgets, its run's, its end user's, and
+        every model's per_model limits on its path ('<budget>/model:<name>')."""
         budget_ids = caller.key.budget_id.lineage
-        legs = await self.store.status(budget_ids, caller.run_limit(), caller.user)
+        legs = await self.store.status(budget_ids, caller.run_limit(), caller.user, ALL_MODELS)
         self.outage.learn(budget_ids, legs)
         return legs
 

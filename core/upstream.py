@@ -18,7 +18,7 @@ began billing; only one before it is NotSent.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Protocol, TypeAlias, runtime_checkable
+from typing import Protocol, TypeAlias
 
 from core.formats import Api, Plan
 
@@ -65,17 +65,10 @@ class Upstream(Protocol):
         NotSent, Unanswered, AnswerTooLarge as the module docstring says."""
         ...
 
-    async def count(self, api: Api, content: bytes, headers: Headers) -> Sent:
+    async def count(self, api: Api, content: bytes, headers: Headers, model: str = "") -> Sent:
         """A token count from the provider, its body whole; Unanswered for any failure: nothing
-        is billed for a count, so no failure is more than the provider's or the network's."""
-        ...
-
-
-@runtime_checkable
-class CountsByModel(Protocol):
-    """A client whose API names the model in the path (Gemini's, on Google's API or Vertex):
-    its token count is asked for by the model the route's path named."""
-
-    async def count_gemini(self, model: str, content: bytes) -> Sent:
-        """:countTokens for `model`, free; Unanswered for any failure."""
+        is billed for a count, so no failure is more than the provider's or the network's.
+        `model`: the name the provider knows the counted model by (a routed call's
+        Routed.sent_model), for a client whose API names the model in its path (the body then
+        names none); a client whose body names it reads the body's, which is the same name."""
         ...

@@ -7,6 +7,10 @@ or its Bedrock id), or as `<upstream name>/<model>`. A model no upstream names i
 forwarded nowhere; a name two upstreams serve is refused until the caller says which, so that a
 call is never priced by one provider's table and billed by another's.
 
+What differs between kinds (the file's `api`: the routes each serves, its prices table and bill,
+the fields it takes and how it reads them, the name a model is priced by) is each kind's record,
+core/upstream_kinds; nothing here names a kind.
+
 The one-upstream settings (CEILING_UPSTREAM_URL, CEILING_ANTHROPIC_URL) stay a shorthand for a
 gateway that reaches one OpenAI-compatible provider and Anthropic; they are not upstreams here.
 """
@@ -16,27 +20,22 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core.errors import InvalidRequest
 from core.ledger import Upstream
-from core.prices import bedrock_price_key
+from core.upstream_kinds import KINDS
+from core.upstream_kinds.kind import PLACE_FIELDS, UpstreamKind, names, text
+from core.upstream_kinds.kind import UpstreamDef as UpstreamDef
+from core.upstream_kinds.kind import UpstreamsError as UpstreamsError
 
 # An operator's file, read once at startup: a bound on what a mistyped path can make us parse.
 UPSTREAMS_FILE_BYTES_MAX = 1_000_000
 # Names go into error messages and `<name>/<model>`; a slash would make the second ambiguous.
 UPSTREAM_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
-# Model names as providers spell them (OpenRouter's carry a slash, Bedrock's a colon).
-MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}")
-
-
-class UpstreamsError(InvalidRequest):
-    """CEILING_UPSTREAMS does not describe upstreams the gateway can route to; the message says
-    what to fix."""
-
-    code = "invalid_configuration"
+# The fields every kind takes (UpstreamKind.fields: those of one kind).
+COMMON_FIELDS = frozenset({"name", "api", "base_url", "api_key_env", "models", "prices_provider"})
 
 
 class ModelNotRouted(InvalidRequest):
@@ -45,96 +44,17 @@ class ModelNotRouted(InvalidRequest):
     code = "model_not_routed"
 
 
-class UpstreamApi(StrEnum):
-    OPENAI = "openai"  # OpenAI and any OpenAI-compatible provider (OpenRouter, Groq, vLLM)
-    ANTHROPIC = "anthropic"
-    GEMINI = "gemini"
-    VERTEX = "vertex"
-    BEDROCK = "bedrock"
-    AZURE = "azure"
-
-
-# The gateway routes (their wire formats' names, core/formats) each kind of upstream serves.
-ROUTES_SERVED: Mapping[UpstreamApi, frozenset[str]] = {
-    UpstreamApi.OPENAI: frozenset({"chat", "responses", "embeddings"}),
-    UpstreamApi.AZURE: frozenset({"chat", "responses", "embeddings"}),
-    UpstreamApi.ANTHROPIC: frozenset({"messages"}),
-    UpstreamApi.BEDROCK: frozenset({"messages"}),
-    UpstreamApi.VERTEX: frozenset({"messages", "gemini"}),
-    UpstreamApi.GEMINI: frozenset({"gemini"}),
-}
-# The genai-prices provider a kind of upstream is priced by when `prices_provider` is not given.
-# Azure and Bedrock have tables of their own; Vertex's Gemini prices are Google's.
-PRICES_PROVIDER_DEFAULT: Mapping[UpstreamApi, str] = {
-    UpstreamApi.OPENAI: "openai",
-    UpstreamApi.AZURE: "azure",
-    UpstreamApi.ANTHROPIC: "anthropic",
-    UpstreamApi.BEDROCK: "aws",
-    UpstreamApi.VERTEX: "google",
-    UpstreamApi.GEMINI: "google",
-}
-# Whose bill a kind of upstream's calls are on, the day counter reconciliation reads
-# (core/ledger.py Upstream). An OpenAI-compatible upstream priced by OpenAI's table is taken to
-# be OpenAI; priced by any other, it is another provider's bill, which OpenAI's report lacks.
-BILLS: Mapping[UpstreamApi, Upstream] = {
-    UpstreamApi.ANTHROPIC: Upstream.ANTHROPIC,
-    UpstreamApi.BEDROCK: Upstream.AWS,
-    UpstreamApi.AZURE: Upstream.AZURE,
-    UpstreamApi.VERTEX: Upstream.GOOGLE,
-    UpstreamApi.GEMINI: Upstream.GOOGLE,
-}
+def kind_of(upstream: UpstreamDef) -> UpstreamKind:
+    """The record of the upstream's kind (core/upstream_kinds)."""
+    return KINDS[upstream.api]
 
 
 def bill_of(upstream: UpstreamDef) -> Upstream:
-    """The bill a call to `upstream` is on (BILLS)."""
-    if upstream.api is UpstreamApi.OPENAI:
-        return Upstream.OPENAI if upstream.prices_provider == "openai" else Upstream.OTHER
-    return BILLS[upstream.api]
-
-
-# The fields each kind takes beyond the common ones; any other field is refused, so that a
-# misspelt setting is not silently ignored.
-COMMON_FIELDS = frozenset({"name", "api", "base_url", "api_key_env", "models", "prices_provider"})
-KIND_FIELDS: Mapping[UpstreamApi, frozenset[str]] = {
-    UpstreamApi.OPENAI: frozenset(),
-    UpstreamApi.ANTHROPIC: frozenset(),
-    UpstreamApi.GEMINI: frozenset(),
-    UpstreamApi.AZURE: frozenset({"deployments"}),
-    UpstreamApi.BEDROCK: frozenset({"region", "model_ids"}),
-    UpstreamApi.VERTEX: frozenset({"project", "region", "credentials_file"}),
-}
-# Vertex's location that serves a model from any region, at the model's base price; and the
-# prefix of the name regional Vertex Claude is priced by (price_key).
-VERTEX_GLOBAL_REGION = "global"
-VERTEX_REGIONAL_PREFIX = "regional."
-CLAUDE_PREFIX = "claude-"
-# Kinds with a default endpoint (derived from region/project); the others need base_url.
-BASE_URL_OPTIONAL = frozenset({UpstreamApi.BEDROCK, UpstreamApi.VERTEX})
-# Kinds that authenticate with an API key from the environment.
-KEYED = frozenset({UpstreamApi.OPENAI, UpstreamApi.AZURE, UpstreamApi.ANTHROPIC,
-                   UpstreamApi.GEMINI})
-
-
-@dataclass(frozen=True)
-class UpstreamDef:
-    name: str
-    api: UpstreamApi
-    base_url: str | None
-    prices_provider: str
-    # What a call names -> what is priced: a model is priced by its own name, an Azure deployment
-    # by the model it deploys, a Bedrock model id by the model it is.
-    priced: Mapping[str, str]
-    # What a call names -> what is sent upstream: a Bedrock model's priced name -> its id.
-    sent: Mapping[str, str] = field(default_factory=dict)
-    # A priced name -> the name `prices_provider`'s table prices it by, where they differ
-    # (price_key): made once at load, so a call only looks it up.
-    price_keys: Mapping[str, str] = field(default_factory=dict)
-    api_key: str | None = field(default=None, repr=False)
-    region: str | None = None
-    project: str | None = None
-    credentials_file: str | None = None
-    # Bedrock's: (access key id, secret access key, session token or None).
-    aws_credentials: tuple[str, str, str | None] | None = field(default=None, repr=False)
+    """The bill a call to `upstream` is on (UpstreamKind.bill)."""
+    kind = kind_of(upstream)
+    if kind.bill_own_prices_only and upstream.prices_provider != kind.prices_provider:
+        return Upstream.OTHER
+    return kind.bill
 
 
 @dataclass(frozen=True)
@@ -145,7 +65,8 @@ class Routed:
     priced_model: str
     sent_model: str
     # The name the call is held, settled and recorded in the ledger by, in the upstream's
-    # prices table: the priced model's, but for Bedrock's and regional Vertex Claude (price_key).
+    # prices table: the priced model's, but where its kind prices it by another name (Bedrock's
+    # by where it runs, regional Vertex Claude's: UpstreamKind.price_key).
     price_model: str = ""
 
 
@@ -175,36 +96,15 @@ class Upstreams:
 
     @staticmethod
     def _routed(upstream: UpstreamDef, model: str, route: str) -> Routed:
-        if route not in ROUTES_SERVED[upstream.api]:
+        served = kind_of(upstream).routes
+        if route not in served:
             raise ModelNotRouted(
                 f"model {model!r} is served by upstream {upstream.name!r}, a {upstream.api} "
-                f"upstream, which serves the {', '.join(sorted(ROUTES_SERVED[upstream.api]))} "
+                f"upstream, which serves the {', '.join(sorted(served))} "
                 f"route(s), not {route}: nothing was held or forwarded")
         priced = upstream.priced[model]
         return Routed(upstream, priced, upstream.sent.get(model, model),
                       upstream.price_keys.get(priced, priced))
-
-
-def price_key(upstream: UpstreamDef, priced_model: str, sent_model: str) -> str:
-    """The name a model is priced by in the upstream's table, where it is not its priced name.
-
-    Bedrock: the 'aws' table prices Claude by where the call runs, which the model id sent says
-    (core/prices bedrock_price_key: a global profile at its rates, anything else at the regional
-    ones). Vertex: Claude by the dated name the tables use (`@` as `-`). At a regional
-    endpoint (any `region` but `global`) Claude costs 10% more than at the global one from
-    Claude 4.5 on, and Google's table has only the global rates: so there it is priced as
-    `regional.<model>`, a name no bundled table has, and refused (model_unpriced, nothing held)
-    until the prices file names it at what the region bills. Refused rather than held at a
-    guessed premium: which models carry it is Anthropic's to change, and a wrong guess
-    under-holds silently."""
-    if upstream.api is UpstreamApi.BEDROCK:
-        return bedrock_price_key(sent_model)
-    if upstream.api is UpstreamApi.VERTEX and priced_model.startswith(CLAUDE_PREFIX):
-        # Vertex dates Claude with `@` (claude-sonnet-4-5@20250929); the tables, with `-`.
-        dated = priced_model.replace("@", "-")
-        regional = upstream.region != VERTEX_GLOBAL_REGION
-        return VERTEX_REGIONAL_PREFIX + dated if regional else dated
-    return priced_model
 
 
 def load(path: str, env: Mapping[str, str]) -> Upstreams:
@@ -247,94 +147,47 @@ def _upstream(index: int, entry: object, env: Mapping[str, str]) -> UpstreamDef:
     if not isinstance(name, str) or not UPSTREAM_NAME.fullmatch(name):
         raise UpstreamsError(f"{where}: `name` must match {UPSTREAM_NAME.pattern}")
     where = f"CEILING_UPSTREAMS: upstream {name!r}"
-    try:
-        api = UpstreamApi(str(entry.get("api")))
-    except ValueError:
-        raise UpstreamsError(f"{where}: `api` must be one of "
-                             f"{', '.join(a.value for a in UpstreamApi)}") from None
-    unknown = set(entry) - COMMON_FIELDS - KIND_FIELDS[api]
+    kind = KINDS.get(str(entry.get("api")))
+    if kind is None:
+        raise UpstreamsError(f"{where}: `api` must be one of {', '.join(KINDS)}")
+    unknown = set(entry) - COMMON_FIELDS - kind.fields
     if unknown:
         raise UpstreamsError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} for a "
-                             f"{api} upstream")
-    base_url = _base_url(where, entry.get("base_url"), api)
-    prices_provider = entry.get("prices_provider", PRICES_PROVIDER_DEFAULT[api])
+                             f"{kind.name} upstream")
+    base_url = _base_url(where, entry.get("base_url"), kind)
+    prices_provider = entry.get("prices_provider", kind.prices_provider)
     if not isinstance(prices_provider, str) or not prices_provider:
         raise UpstreamsError(f"{where}: `prices_provider` is a genai-prices provider id, such "
-                             f"as {PRICES_PROVIDER_DEFAULT[api]!r}")
-    priced = {m: m for m in _names(where, "models", entry.get("models", []))}
-    sent: dict[str, str] = {}
-    if api is UpstreamApi.AZURE:
-        for deployment, model in _mapping(where, "deployments", entry.get("deployments")).items():
-            priced[deployment] = model
-    if api is UpstreamApi.BEDROCK:
-        for model, model_id in _mapping(where, "model_ids", entry.get("model_ids")).items():
-            priced[model] = priced[model_id] = model
-            sent[model] = model_id
-    if not priced:
+                             f"as {kind.prices_provider!r}")
+    place = {key: text(where, key, entry.get(key), required=True)
+             for key in PLACE_FIELDS if key in kind.fields}
+    definition = kind.read(where, entry, env, UpstreamDef(
+        name=name, api=kind.name, base_url=base_url, prices_provider=prices_provider,
+        priced={m: m for m in names(where, "models", entry.get("models", []))},
+        api_key=_api_key(where, entry.get("api_key_env"), kind, env),
+        region=place.get("region"), project=place.get("project")))
+    if not definition.priced:
         raise UpstreamsError(f"{where} serves no model: list them in `models`"
-                             + {UpstreamApi.AZURE: " or `deployments`",
-                                UpstreamApi.BEDROCK: " or `model_ids`"}.get(api, ""))
-    definition = UpstreamDef(
-        name=name, api=api, base_url=base_url, prices_provider=prices_provider, priced=priced,
-        sent=sent, api_key=_api_key(where, entry.get("api_key_env"), api, env),
-        region=_text(where, "region", entry.get("region"), required=api is UpstreamApi.BEDROCK
-                     or api is UpstreamApi.VERTEX),
-        project=_text(where, "project", entry.get("project"),
-                      required=api is UpstreamApi.VERTEX),
-        credentials_file=_credentials_file(where, entry.get("credentials_file"), api),
-        aws_credentials=_aws_credentials(where, env) if api is UpstreamApi.BEDROCK else None,
-    )
-    keys = {model: key for model in set(priced.values())
-            if (key := price_key(definition, model, sent.get(model, model))) != model}
+                             + "".join(f" or `{key}`" for key in kind.model_fields))
+    keys = {model: key for model in set(definition.priced.values())
+            if (key := kind.price_key(definition, model, definition.sent.get(model, model)))
+            != model}
     return replace(definition, price_keys=keys) if keys else definition
 
 
-def _aws_credentials(where: str, env: Mapping[str, str]) -> tuple[str, str, str | None]:
-    key_id, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
-    if not key_id or not secret:
-        raise UpstreamsError(f"{where}: a bedrock upstream signs with AWS_ACCESS_KEY_ID and "
-                             "AWS_SECRET_ACCESS_KEY, which are not both set")
-    return key_id, secret, env.get("AWS_SESSION_TOKEN") or None
-
-
-def _base_url(where: str, value: object, api: UpstreamApi) -> str | None:
-    if value is None and api in BASE_URL_OPTIONAL:
+def _base_url(where: str, value: object, kind: UpstreamKind) -> str | None:
+    if value is None and kind.base_url_optional:
         return None
     if not isinstance(value, str) or not value.startswith(("https://", "http://")):
         raise UpstreamsError(f"{where}: `base_url` must be an http(s) URL")
     return value.rstrip("/")
 
 
-def _names(where: str, key: str, value: object) -> list[str]:
-    if not isinstance(value, list) or not all(
-            isinstance(m, str) and MODEL_NAME.fullmatch(m) for m in value):
-        raise UpstreamsError(f"{where}: `{key}` is a list of model names")
-    return value
-
-
-def _mapping(where: str, key: str, value: object) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and MODEL_NAME.fullmatch(k)
-            and MODEL_NAME.fullmatch(v) for k, v in value.items()):
-        raise UpstreamsError(f"{where}: `{key}` maps names to model names")
-    return value
-
-
-def _text(where: str, key: str, value: object, *, required: bool) -> str | None:
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or not value:
-        raise UpstreamsError(f"{where}: `{key}` is required")
-    return value
-
-
-def _api_key(where: str, env_name: object, api: UpstreamApi,
+def _api_key(where: str, env_name: object, kind: UpstreamKind,
              env: Mapping[str, str]) -> str | None:
-    if api not in KEYED:
+    if not kind.keyed:
         if env_name is not None:
-            raise UpstreamsError(f"{where}: a {api} upstream authenticates without "
+            raise UpstreamsError(f"{where}: a {kind.name} upstream authenticates without "
                                  "`api_key_env`")
         return None
     if env_name is None:
@@ -342,12 +195,3 @@ def _api_key(where: str, env_name: object, api: UpstreamApi,
     if not isinstance(env_name, str) or not env.get(env_name):
         raise UpstreamsError(f"{where}: `api_key_env` names {env_name!r}, which is not set")
     return env[env_name]
-
-
-def _credentials_file(where: str, value: object, api: UpstreamApi) -> str | None:
-    if api is not UpstreamApi.VERTEX:
-        return None
-    if not isinstance(value, str) or not Path(value).is_file():
-        raise UpstreamsError(f"{where}: `credentials_file` must name a service-account JSON "
-                             "file that exists")
-    return value

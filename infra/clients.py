@@ -121,9 +121,13 @@ def base_env(home: Path) -> dict[str, str]:
 def ai_sdk_env(home: Path, gateway_url: str, key: str) -> dict[str, str]:
     """The AI SDK's default providers read these: `@ai-sdk/openai` OPENAI_BASE_URL (with /v1)
     and OPENAI_API_KEY, `@ai-sdk/anthropic` ANTHROPIC_BASE_URL (with /v1) and
-    ANTHROPIC_API_KEY."""
+    ANTHROPIC_API_KEY, `@ai-sdk/google` GOOGLE_GENERATIVE_AI_API_KEY; its base URL (with
+    /v1beta), which it reads from no variable, ai_sdk.mjs passes to createGoogle from
+    GOOGLE_GENERATIVE_AI_BASE_URL."""
     return {**base_env(home), "OPENAI_BASE_URL": f"{gateway_url}/v1", "OPENAI_API_KEY": key,
-            "ANTHROPIC_BASE_URL": f"{gateway_url}/v1", "ANTHROPIC_API_KEY": key}
+            "ANTHROPIC_BASE_URL": f"{gateway_url}/v1", "ANTHROPIC_API_KEY": key,
+            "GOOGLE_GENERATIVE_AI_BASE_URL": f"{gateway_url}/v1beta",
+            "GOOGLE_GENERATIVE_AI_API_KEY": key}
 
 
 def claude_env(home: Path, gateway_url: str, key: str) -> dict[str, str]:

@@ -24,7 +24,10 @@ with no results. Reports follow `/control`'s settings: `scale` (a decimal string
 amount is the bill times it, a report that disagrees with the bill; `mode`: "ok", "error" (HTTP
 500 in the provider's error shape), "non_usd" (amounts in euros), "malformed" (OpenAI's amount
 as a string, Anthropic's as a number); `buckets_per_page_max` (none): pages shorter than the
-`limit` asked, so that a range takes several pages.
+`limit` asked, so that a range takes several pages; `billed_elsewhere` (none): a list of
+`{"provider", "day": "YYYY-MM-DD", "cost_micros"}`, spend the provider billed on a day that no
+call to this stub carried (its key used from elsewhere, its console), added to that day's bill:
+the only way a report can show a day before the stub started.
 """
 
 from __future__ import annotations
@@ -85,16 +88,34 @@ class CostBook:
         return self.micros.get((provider, day), 0)
 
 
+def _elsewhere(raw: object) -> tuple[tuple[str, date, int], ...]:
+    """`billed_elsewhere` as (provider, day, cost_micros) entries."""
+    if not isinstance(raw, list):
+        raise ValueError("billed_elsewhere is a list")
+    out = []
+    for entry in raw:
+        if not isinstance(entry, dict) or set(entry) != {"provider", "day", "cost_micros"} \
+                or entry["provider"] not in set(PROVIDER_OF_API.values()) \
+                or type(entry["cost_micros"]) is not int or entry["cost_micros"] < 0 \
+                or not isinstance(entry["day"], str):
+            raise ValueError("billed_elsewhere entries are {provider, day, cost_micros}")
+        out.append((entry["provider"], date.fromisoformat(entry["day"]), entry["cost_micros"]))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class CostSettings:
     scale: Decimal = Decimal(1)
     mode: str = "ok"
     buckets_per_page_max: int | None = None
+    billed_elsewhere: tuple[tuple[str, date, int], ...] = ()
 
     @classmethod
     def from_json(cls, doc: object) -> CostSettings:
-        if not isinstance(doc, dict) or set(doc) - {"scale", "mode", "buckets_per_page_max"}:
-            raise ValueError("cost control takes scale, mode and buckets_per_page_max")
+        fields = {"scale", "mode", "buckets_per_page_max", "billed_elsewhere"}
+        if not isinstance(doc, dict) or set(doc) - fields:
+            raise ValueError("cost control takes scale, mode, buckets_per_page_max and "
+                             "billed_elsewhere")
         try:
             scale = Decimal(str(doc.get("scale", "1")))
         except InvalidOperation as exc:
@@ -104,11 +125,13 @@ class CostSettings:
         if not scale.is_finite() or scale < 0 or mode not in MODES or not (
                 per_page is None or (type(per_page) is int and per_page >= 1)):
             raise ValueError(f"scale >= 0, mode one of {MODES}, buckets_per_page_max >= 1")
-        return cls(scale, mode, per_page)
+        return cls(scale, mode, per_page, _elsewhere(doc.get("billed_elsewhere", [])))
 
     def to_json(self) -> dict[str, Any]:
         return {"scale": str(self.scale), "mode": self.mode,
-                "buckets_per_page_max": self.buckets_per_page_max}
+                "buckets_per_page_max": self.buckets_per_page_max,
+                "billed_elsewhere": [{"provider": p, "day": d.isoformat(), "cost_micros": c}
+                                     for p, d, c in self.billed_elsewhere]}
 
 
 class BadQuery(Exception):
@@ -183,7 +206,10 @@ class CostReports:
 
     def _scaled(self, provider: str, day: date, per_unit: int) -> Decimal:
         """The day's bill times the scale, in dollars (per_unit: micros a dollar) or cents."""
-        return Decimal(self.book.of(provider, day)) * self.settings.scale / per_unit
+        elsewhere = sum(c for p, d, c in self.settings.billed_elsewhere
+                        if (p, d) == (provider, day))
+        return (Decimal(self.book.of(provider, day) + elsewhere) * self.settings.scale
+                / per_unit)
 
     def _days(self, first: date, end: datetime, token: str | None, limit: int
               ) -> tuple[list[date], str | None]:

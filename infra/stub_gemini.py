@@ -36,10 +36,13 @@ rate, and grounding with Google Search: once a grounded prompt (Gemini 2.5) or o
 query (Gemini 3), every one, as though the free allowance were spent. codeExecution is accepted
 and runs nothing.
 
-Thinking inside maxOutputTokens: thoughts and the answer together are at most
-`maxOutputTokens`, as Google's API serves it (finishReason MAX_TOKENS once thoughts + candidates
-reach it; /work/notes/stub-gemini.md has the sources). /control's `thinking_outside_output_cap`
-(false) puts thinking on top of the cap instead, the other reading, to test a gateway against.
+Thinking: `thoughtsTokenCount` is billed at the output rate, as Google documents ("response
+pricing is the sum of output tokens and thinking tokens",
+https://ai.google.dev/gemini-api/docs/thinking#pricing). Whether thoughts count inside
+`maxOutputTokens` Google does not document; its API serves them so (finishReason MAX_TOKENS
+once thoughts + candidates reach it: googleapis/python-genai #782, #2062), and so does the stub
+by default. /control's `thinking_outside_output_cap` (false) serves the other reading, the
+answer alone capped and thinking beside it up to the budget, to test a gateway against both.
 A call thinks half its answer (thinkingLevel: minimal 1/8, low 1/4, medium 1/2, high 3/4) at
 most its budget, or `X-Stub-Reasoning-Tokens: N` whatever the budget (Google documents that the
 model may overflow it); `includeThoughts` shows a summary (a word every four tokens); the first

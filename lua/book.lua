@@ -13,7 +13,6 @@
 -- once: its record is kept for the idempotency window.
 local a = book_args(ARGV)
 a.reading = true
-check_model(a.model)
 local at_ms = int(a.admitted_at_ms, 'admitted_at_ms')
 local held = int(a.reserved_micros, 'reserved_micros')
 local actual = int(a.actual_micros, 'actual_micros')

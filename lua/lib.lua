@@ -797,10 +797,12 @@ local function parse_rate(rpm, cmax)
 end
 
 -- A call's model as reserve and book take it: a model's one name (core/budgets.py
--- is_model_name), UNLISTED_MODEL, or '' (an amount). It becomes part of a leg's budget id.
-local function check_model(model)
-  if model ~= '' and model ~= UNLISTED_MODEL
-      and (#model > 128 or not string.find(model, '^[%w._:@+/-]+$')) then
+-- is_model_name) or UNLISTED_MODEL (a status read's may be ALL_MODELS). Checked where a budget
+-- with models reads it, before anything is written: a call under no such budget pays nothing
+-- for it.
+local function check_model(a)
+  if a.model ~= UNLISTED_MODEL and not (a.reading and a.model == ALL_MODELS)
+      and (#a.model > 128 or not string.find(a.model, '^[%w._:@+/-]+$')) then
     fail('BADARG', 'model')
   end
 end
@@ -883,6 +885,7 @@ local function resolve_legs(prefix, a, now)
         rpm, cmax, flag = string.match(rate, '^(%d+) (%d+)(.*)$')
         rpm, cmax = parse_rate(rpm, cmax)
         if flag ~= '' and a.model ~= '' then
+          check_model(a)
           local allow, per_model = unpack(redis.call('HMGET', key, MODEL_DEFINITION_FIELDS[1],
                                                      MODEL_DEFINITION_FIELDS[2]))
           if allow and not a.reading and a.model ~= ALL_MODELS

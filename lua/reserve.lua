@@ -58,7 +58,6 @@ local prefix = prefix_of(KEYS[1])
 if a.user ~= '' and (#a.user > 128 or not string.find(a.user, '^[%w._:@-]+$')) then
   fail('BADARG', 'user')
 end
-check_model(a.model)
 local legs, status, paused = resolve_legs(prefix, a, now)
 if status then
   if status[1] == 'user_required' or status[1] == 'model_not_allowed' then

@@ -9,15 +9,31 @@
     infra/, tests/, bench/, locustfiles/   may import anything; nothing but bench/ imports bench/
 
 Imports are read with `ast`, every one of them (inside functions and TYPE_CHECKING blocks too):
-a lazy import is still a dependency."""
+a lazy import is still a dependency.
+
+And the layout docs/gateway.md "Adding a provider API" promises: a provider API is its format's
+module and its kind of upstream's modules, each registered by one entry; every other module of
+core/ and api/ is general and names no provider in its code (read by `ast`, so comments and
+docstrings, which may say whom they are about, are not code; an identifier by its words:
+`count_gemini`, `GeminiUpstream`, `ANTHROPIC_ERROR_TYPES` each name one); the upstream clients
+reach api/upstream.py's client through its public methods only; and every registered format and
+kind of upstream is served."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from api.routes.gateway import ROUTES, count_name
+from api.upstreams import factory
+from core.formats import FORMATS, UNROUTED, WireFormat
+from core.upstream_kinds import KINDS
+from core.upstream_kinds.kind import UpstreamKind
 
 ROOT = Path(__file__).resolve().parents[1]
 # The repository's own Python outside bench/ (build outputs and venvs hold other projects').
@@ -146,3 +162,180 @@ def test_lua_is_data() -> None:
     found = [(path, m) for path, mods in sources(*SOURCE_DIRS, "bench") for m in mods
              if m.split(".")[0] == "lua"]
     assert found == []
+
+
+# -- the provider API layout ---------------------------------------------------------------
+
+# The words that name a provider, its cloud or its models' families.
+PROVIDER_WORDS = frozenset({
+    "openai", "gpt", "anthropic", "claude", "gemini", "google", "goog", "vertex", "bedrock",
+    "aws", "amazon", "azure", "microsoft"})
+# The modules whose job is one provider's (or whose data is each provider's), by path: every
+# other module of core/ and api/ is general, a new one included, until it is listed here.
+PROVIDER_MODULES = {
+    # A format's module is its provider API's; the registries list the formats and kinds.
+    "core/formats/chat.py", "core/formats/responses.py", "core/formats/openai.py",
+    "core/formats/messages.py", "core/formats/embeddings.py", "core/formats/gemini.py",
+    "core/formats/gemini_tokens.py", "core/formats/__init__.py", "core/formats/names.py",
+    # A kind of upstream's record, its client, and what the clouds that serve Claude share.
+    "core/upstream_kinds/__init__.py", "core/upstream_kinds/openai.py",
+    "core/upstream_kinds/anthropic.py", "core/upstream_kinds/gemini.py",
+    "core/upstream_kinds/vertex.py", "core/upstream_kinds/bedrock.py",
+    "core/upstream_kinds/azure.py", "api/upstreams/azure.py", "api/upstreams/bedrock.py",
+    "api/upstreams/vertex.py", "api/upstreams/gemini.py", "api/upstreams/cloud_messages.py",
+    # Data kept per provider: the media rules each bills by (named by whose rule each is), the
+    # prices tables, the bills reconciliation reads and the cost reports it reads them from.
+    "core/content.py", "core/prices/__init__.py", "core/prices/bundled.py", "core/ledger.py",
+    "core/reconcile.py",
+    # The one-upstream shorthand's settings (CEILING_ANTHROPIC_URL), read and shown.
+    "core/config.py", "api/cli.py",
+}
+
+
+def words(identifier: str) -> set[str]:
+    """An identifier's words, lower case: snake_case and CamelCase split."""
+    return {w.lower() for part in identifier.split("_")
+            for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+", part)}
+
+
+def identifiers(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Every name the code binds or reads, with its line: names, attributes, definitions,
+    parameters, keywords, imports (module paths included)."""
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Name):
+            yield line, node.id
+        elif isinstance(node, ast.Attribute):
+            yield line, node.attr
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            yield line, node.name
+        elif isinstance(node, ast.arg) or (isinstance(node, ast.keyword) and node.arg):
+            yield line, node.arg
+        elif isinstance(node, ast.alias):
+            yield line, node.asname or node.name
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield line, node.module
+
+
+def general_modules() -> list[str]:
+    found = sorted(str(p.relative_to(ROOT)) for layer in ("core", "api")
+                   for p in (ROOT / layer).rglob("*.py"))
+    return [path for path in found if path not in PROVIDER_MODULES]
+
+
+def provider_names(source: str) -> list[str]:
+    """The identifiers of `source` that name a provider, with their lines."""
+    return [f"{line}: {name}" for line, name in identifiers(ast.parse(source))
+            if any(words(part) & PROVIDER_WORDS for part in name.split("."))]
+
+
+def test_the_words_are_read_from_identifiers_not_prose() -> None:
+    """The reader itself: a provider in an identifier is found, in a comment, a docstring or a
+    string it is not."""
+    source = ('"""Gemini\'s."""\n# openai\nx = "azure"\nasync def count_gemini(): ...\n'
+              "GeminiUpstream.send\nfrom core.formats.gemini import GEMINI\n")
+    assert sorted(provider_names(source)) == ["4: count_gemini", "5: GeminiUpstream",
+                                              "6: GEMINI", "6: core.formats.gemini"]
+
+
+def test_the_general_list_holds_the_modules_the_layout_names() -> None:
+    general = set(general_modules())
+    assert {"core/gateway.py", "core/gateway_request.py", "core/upstream.py",
+            "core/upstreams.py", "core/upstream_kinds/kind.py", "core/formats/base.py",
+            "api/routes/gateway.py", "api/auth.py", "api/refusals.py", "api/upstream.py",
+            "api/upstreams/base.py", "api/upstreams/__init__.py",
+            "api/upstreams/keyed.py"} <= general
+    assert all((ROOT / path).is_file() for path in PROVIDER_MODULES), "a listed module is gone"
+
+
+@pytest.mark.parametrize("module", general_modules())
+def test_a_general_module_names_no_provider_in_its_code(module: str) -> None:
+    assert provider_names((ROOT / module).read_text()) == []
+
+
+def _defined_privately(tree: ast.AST) -> set[str]:
+    """The `_names` a module defines itself: its functions, classes, module-level names and
+    the attributes it assigns (on self or anything else)."""
+    defined: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            defined.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            defined.add(node.attr)
+    return {name for name in defined if name.startswith("_")}
+
+
+def private_reaches(source: str) -> list[str]:
+    """The private names of other modules `source` reads: a `._name` attribute it never
+    defines, or a `_name` imported from elsewhere (dunders are Python's, not a module's)."""
+    tree = ast.parse(source)
+    own = _defined_privately(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not (
+                node.attr.startswith("__") or node.attr in own):
+            found.append(f"{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom):
+            found += [f"{node.lineno}: import {alias.name}" for alias in node.names
+                      if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(
+    p.name for p in (ROOT / "api" / "upstreams").glob("*.py")))
+def test_an_upstream_client_touches_no_private_member_of_another_module(module: str) -> None:
+    assert private_reaches((ROOT / "api" / "upstreams" / module).read_text()) == []
+
+
+def test_the_private_reach_check_sees_a_reach() -> None:
+    """A subclass's own private attribute is its own; its base's is a reach."""
+    source = ("from a import _hidden\nclass C(Base):\n    def f(self):\n"
+              "        self._mine = 1\n        return self._mine, self._theirs, self.__class__\n")
+    assert private_reaches(source) == ["1: import _hidden", "5: ._theirs"]
+
+
+# -- every registered format and kind is served ----------------------------------------------
+
+
+def served_paths() -> set[str]:
+    return {route.path for route in ROUTES}
+
+
+@pytest.mark.parametrize("wire", list(FORMATS.values()), ids=lambda wire: wire.name)
+def test_every_registered_format_has_its_routes_and_an_upstream_kind(wire: WireFormat) -> None:
+    paths = served_paths()
+    versions = wire.path_versions or ("",)
+    for version in versions:
+        route = wire.route if not version else (
+            f"/{version}/" + wire.route.removeprefix(f"/{wire.path_versions[0]}/"))
+        assert route in paths, f"{wire.api}: no route serves {route}"
+    if wire.count_route is not None:
+        assert wire.count_route in paths, f"{wire.api}: no route counts at {wire.count_route}"
+        assert any(getattr(route.endpoint, "__name__", "") == count_name(wire)
+                   for route in ROUTES if route.path == wire.count_route)
+    assert any(wire.routed_as in kind.routes for kind in KINDS.values()), (
+        f"{wire.api}: no kind of upstream serves its route {wire.routed_as!r}")
+    assert not UNROUTED
+
+
+def kind_modules() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "core" / "upstream_kinds").glob("*.py")
+                  if p.stem not in ("__init__", "kind"))
+
+
+@pytest.mark.parametrize("module", kind_modules())
+def test_every_declared_kind_is_registered(module: str) -> None:
+    kind = importlib.import_module(f"core.upstream_kinds.{module}").KIND
+    assert isinstance(kind, UpstreamKind)
+    assert KINDS.get(kind.name) is kind, f"{module}.KIND is not in core/upstream_kinds KINDS"
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_every_registered_kind_is_served_and_has_a_client(name: str) -> None:
+    kind = KINDS[name]
+    routes = {wire.routed_as for wire in FORMATS.values()}
+    assert kind.routes, f"{name} serves no route"
+    assert kind.routes <= routes, f"{name} serves routes no format has: {kind.routes - routes}"
+    assert callable(factory(kind.client)), f"api/upstreams/{kind.client}.py has no client"

@@ -17,15 +17,12 @@ from api.runtime import runtime
 from api.upstream import upstream
 from api.upstreams import routed_client
 from core.errors import ensure
-from core.formats import FORMATS, Api, WireFormat
+from core.formats import FORMATS, WireFormat
 from core.gateway import Answer, Gateway, Refused
 from core.ledger import ReplyStore, Role
 
 # Headers the gateway reads beyond the key and the run (api/routing.py HEADERS_COMMON).
 HEADERS = ("Idempotency-Key", "X-Ceiling-Clamp")
-# The Gemini API's versions its clients call: the google-genai SDK's default v1beta, and v1.
-# Each is served alike; the upstream is called at its own (api/upstreams/gemini.py).
-GEMINI_VERSIONS = ("v1beta", "v1")
 # The request bodies the OpenAPI document shows (documentation only), by format.
 BODIES = {api: wire.body_schema for api, wire in FORMATS.items()}
 
@@ -85,35 +82,46 @@ async def count(request: Request, wire: WireFormat) -> Response:
                                               path_model=request.path_params.get("model")))
 
 
-def versioned(path: str, version: str) -> str:
-    """A Gemini path (`/v1beta/models/...`) under another of the API's versions."""
-    return f"/{version}/" + path.removeprefix(f"/{GEMINI_VERSIONS[0]}/")
+def versioned(wire: WireFormat, path: str, version: str) -> str:
+    """`wire`'s `path` (written with its first API version) under `version`."""
+    return f"/{version}/" + path.removeprefix(f"/{wire.path_versions[0]}/")
+
+
+def count_name(wire: WireFormat) -> str:
+    """`wire`'s token counting route's endpoint name (WireFormat.count_name)."""
+    return wire.count_name or f"{wire.name}_count_tokens"
+
+
+def counted_by(wire: WireFormat) -> bool:
+    """Whether `wire` makes its token counting route: two formats of one API (a call and its
+    stream) share one, made with the first of them in FORMATS."""
+    return wire.count_route is not None and wire is next(
+        w for w in FORMATS.values() if w.count_route == wire.count_route)
 
 
 def in_path_routes(wire: WireFormat) -> tuple[HotRoute, ...]:
     """The routes of a format that names its model in its path, one per API version its
-    clients call (GEMINI_VERSIONS), and its token counting route's (made with the non-streamed
-    format: both formats of the API share it). Each version's endpoint has a name of its own,
-    the OpenAPI document's operation id."""
+    clients call (WireFormat.path_versions), and its token counting route's (counted_by).
+    Each version's endpoint has a name of its own, the OpenAPI document's operation id."""
     middleware = (refusals_in(wire),)
-    counts = wire.count_route is not None and wire.api is not Api.GEMINI_STREAM
+    counts = counted_by(wire)
     routes: list[HotRoute] = []
-    for version in GEMINI_VERSIONS:
-        suffix = "" if version == GEMINI_VERSIONS[0] else f"_{version}"
+    for version in wire.path_versions:
+        suffix = "" if version == wire.path_versions[0] else f"_{version}"
 
         async def call(request: Request) -> Response:
             return await serve(request, wire)
 
         call.__name__ = call.__qualname__ = wire.name + suffix
-        routes.append(HotRoute(versioned(wire.route, version), call, body=BODIES[wire.api],
+        routes.append(HotRoute(versioned(wire, wire.route, version), call, body=BODIES[wire.api],
                                headers=(*wire.headers, *HEADERS), middleware=middleware))
         if counts:
 
             async def counted(request: Request) -> Response:
                 return await count(request, wire)
 
-            counted.__name__ = counted.__qualname__ = "gemini_count_tokens" + suffix
-            routes.append(HotRoute(versioned(str(wire.count_route), version), counted,
+            counted.__name__ = counted.__qualname__ = count_name(wire) + suffix
+            routes.append(HotRoute(versioned(wire, str(wire.count_route), version), counted,
                                    body=BODIES[wire.api], headers=wire.headers,
                                    middleware=middleware))
     return tuple(routes)
@@ -132,7 +140,7 @@ def count_route(wire: WireFormat) -> HotRoute:
     async def endpoint(request: Request) -> Response:
         return await count(request, wire)
 
-    endpoint.__name__ = endpoint.__qualname__ = f"{wire.name}_count_tokens"
+    endpoint.__name__ = endpoint.__qualname__ = count_name(wire)
     return HotRoute(str(wire.count_route), endpoint, body=BODIES.get(wire.api),
                     headers=wire.headers, middleware=(refusals_in(wire),))
 
@@ -142,5 +150,5 @@ def count_route(wire: WireFormat) -> HotRoute:
 # pattern (api/routing.py HotRouter), after every other route's.
 ROUTES = (*(route(wire) for wire in FORMATS.values() if not wire.model_in_path),
           *(count_route(wire) for wire in FORMATS.values()
-            if wire.count_route and not wire.model_in_path),
+            if counted_by(wire) and not wire.model_in_path),
           *(r for wire in FORMATS.values() if wire.model_in_path for r in in_path_routes(wire)))

@@ -1,9 +1,10 @@
 """The upstreams of CEILING_UPSTREAMS (core/upstreams.py): one client per upstream and process,
 each an implementation of the gateway's port (core/upstream.py Upstream) over api/upstream.py's
-pooled client, one class per transport.
+pooled client. A kind's record (core/upstream_kinds UpstreamKind.client) names the module here
+whose `client(definition, timeout_s)` makes its clients (ClientFactory):
 
-  openai     api.upstream.Upstream       any OpenAI-compatible API, a bearer key
-  anthropic  api.upstream.Upstream       Anthropic's Messages API, `x-api-key`
+  openai     keyed.py   api.upstream.Upstream  any OpenAI-compatible API, a bearer key
+  anthropic  keyed.py   api.upstream.Upstream  Anthropic's Messages API, `x-api-key`
   azure      azure.py   AzureUpstream    Azure OpenAI's v1 API (chat, Responses, embeddings)
   bedrock    bedrock.py BedrockUpstream  Claude on Amazon Bedrock (InvokeModel, its stream), SigV4
   vertex     vertex.py  VertexUpstream   Vertex AI: Gemini and Claude, a service account's token
@@ -13,18 +14,23 @@ A call's plan names the model it sends in its body's `model`, which the routing 
 Routed.sent_model (an Azure deployment, a Bedrock model id); the clouds that name the model in
 the path (Bedrock, Vertex's Claude) take it from there. A Gemini call's model is its route's
 (Plan.model). Each module is imported with the first upstream of its kind, not with this one:
-botocore and google-auth are a cold start's share that a gateway without such an upstream
-never pays.
+botocore and google-auth are a cold start's share that a gateway without such an upstream never
+pays.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from typing import cast
+
 from api.runtime import runtime
-from api.upstream import Upstream
 from core.config import UPSTREAM_TIMEOUT_S_DEFAULT
-from core.formats import FORMATS, Api
 from core.upstream import Upstream as UpstreamPort
-from core.upstreams import UpstreamApi, UpstreamDef
+from core.upstreams import UpstreamDef, kind_of
+
+# What a client module's `client` is: the upstream's definition and its timeout -> its client.
+ClientFactory = Callable[[UpstreamDef, float], UpstreamPort]
 
 _clients: dict[str, UpstreamPort] = {}  # by upstream name
 
@@ -45,25 +51,11 @@ def routed_client(definition: UpstreamDef) -> UpstreamPort:
                      else config.upstream_timeout_s)
 
 
+def factory(module: str) -> ClientFactory:
+    """The `client` of api/upstreams/<module>.py, the module imported now if it was not."""
+    return cast(ClientFactory, importlib.import_module(f"{__name__}.{module}").client)
+
+
 def made(definition: UpstreamDef, timeout_s: float) -> UpstreamPort:
     """A new client of the upstream; ConfigError when its definition cannot make one."""
-    api, key = definition.api, definition.api_key
-    if api is UpstreamApi.OPENAI or api is UpstreamApi.ANTHROPIC:
-        provider = FORMATS[Api.CHAT if api is UpstreamApi.OPENAI else Api.MESSAGES].provider
-        assert definition.base_url is not None  # core/upstreams.py requires it of these kinds
-        return Upstream(definition.base_url, provider.auth(key) if key else None, timeout_s)
-    if api is UpstreamApi.AZURE:
-        from api.upstreams.azure import AzureUpstream
-
-        return AzureUpstream(definition, timeout_s)
-    if api is UpstreamApi.BEDROCK:
-        from api.upstreams.bedrock import BedrockUpstream
-
-        return BedrockUpstream(definition, timeout_s)
-    if api is UpstreamApi.VERTEX:
-        from api.upstreams.vertex import VertexUpstream
-
-        return VertexUpstream(definition, timeout_s)
-    from api.upstreams.gemini import GeminiUpstream
-
-    return GeminiUpstream(definition, timeout_s)
+    return factory(kind_of(definition).client)(definition, timeout_s)

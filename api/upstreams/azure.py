@@ -35,3 +35,6 @@ class AzureUpstream(CloudUpstream):
         super().__init__(definition.base_url, (KEY_HEADER, definition.api_key), timeout_s,
                          **kwargs)
         self.name = definition.name
+
+
+client = AzureUpstream  # the azure kind's (core/upstream_kinds/azure.py)

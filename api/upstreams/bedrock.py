@@ -27,9 +27,9 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from api.upstreams.base import (
+from api.upstreams.base import CloudUpstream
+from api.upstreams.cloud_messages import (
     SSE_CONTENT_TYPE,
-    CloudUpstream,
     cloud_messages_body,
     error_as_anthropic,
 )
@@ -65,7 +65,7 @@ class BedrockUpstream(CloudUpstream):
     headers_relayed = BEDROCK_HEADERS_RELAYED
 
     def __init__(self, definition: UpstreamDef, timeout_s: float, **kwargs: Any) -> None:
-        if definition.aws_credentials is None or definition.region is None:
+        if definition.signing_credentials is None or definition.region is None:
             raise ConfigError(f"upstream {definition.name!r}: a bedrock upstream needs a region "
                               "and AWS credentials")
         from botocore.auth import SigV4Auth  # deferred: botocore is a cold start's share
@@ -73,7 +73,7 @@ class BedrockUpstream(CloudUpstream):
 
         super().__init__(endpoint(definition), None, timeout_s, **kwargs)
         self.name = definition.name
-        self._signer = SigV4Auth(Credentials(*definition.aws_credentials), SIGNING_SERVICE,
+        self._signer = SigV4Auth(Credentials(*definition.signing_credentials), SIGNING_SERVICE,
                                  definition.region)
 
     def signed(self, url: str, content: bytes) -> list[tuple[str, str]]:
@@ -117,9 +117,9 @@ class BedrockUpstream(CloudUpstream):
             headers["request-id"] = request_id
         return headers
 
-    async def count(self, api: Api, content: bytes, headers: Headers) -> Sent:
+    async def count(self, api: Api, content: bytes, headers: Headers, model: str = "") -> Sent:
         """Bedrock's CountTokens for a Messages count_tokens body: {"input_tokens": N} as
-        Anthropic answers it; Unanswered for any failure."""
+        Anthropic answers it; Unanswered for any failure. The model id is the body's."""
         try:
             body = json.loads(content)
             model_id = str(body.pop("model"))
@@ -191,3 +191,6 @@ def sse_event(headers: dict[str, Any], payload: bytes) -> bytes:
     if b"\n" in data or b"\r" in data:  # an event's data is one line
         data = json.dumps(doc).encode()
     return b"event: " + event_type.encode() + b"\ndata: " + data + b"\n\n"
+
+
+client = BedrockUpstream  # the bedrock kind's (core/upstream_kinds/bedrock.py)

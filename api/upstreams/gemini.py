@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from api.upstreams.base import CloudUpstream, gemini_action
+from api.upstreams.base import CloudUpstream
 from core.config import ConfigError
 from core.upstream import Headers, NotSent, Sent, Unanswered
 from core.upstreams import UpstreamDef
@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 
 KEY_HEADER = "x-goog-api-key"
 API_VERSION = "v1beta"  # the google-genai SDK's default, and the API's fullest
+
+
+def gemini_action(stream: bool) -> str:
+    """A Gemini call's method in its path: its stream as server-sent events, as the SDKs ask."""
+    return "streamGenerateContent?alt=sse" if stream else "generateContent"
 
 
 class GeminiUpstream(CloudUpstream):
@@ -43,11 +48,10 @@ class GeminiUpstream(CloudUpstream):
         url = f"{self.models_url}/{call_plan.model}:{gemini_action(call_plan.stream)}"
         return await self.post(self.prepared_at(url), call_plan.content(), call_plan.headers)
 
-    async def count(self, api: Api, content: bytes, headers: Headers) -> Sent:
-        raise Unanswered(f"{api} counts by its model: count_gemini")
-
-    async def count_gemini(self, model: str, content: bytes) -> Sent:
-        """:countTokens for `model`, free; Unanswered for any failure."""
+    async def count(self, api: Api, content: bytes, headers: Headers, model: str = "") -> Sent:
+        """:countTokens for `model` (the path names it), free; Unanswered for any failure. It goes
+        with this client's own headers (its key) and none of the caller's."""
+        del api, headers
         try:
             response = await self.post(self.prepared_at(f"{self.models_url}/{model}:countTokens"),
                                        content, ())
@@ -55,3 +59,6 @@ class GeminiUpstream(CloudUpstream):
             raise Unanswered(str(exc)) from exc
         return (response.status_code, self.relayed(response),
                 await self.error_body(response))
+
+
+client = GeminiUpstream  # the gemini kind's (core/upstream_kinds/gemini.py)

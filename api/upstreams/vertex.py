@@ -26,12 +26,9 @@ import time
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
-from api.upstreams.base import (
-    CloudUpstream,
-    cloud_messages_body,
-    error_as_anthropic,
-    gemini_action,
-)
+from api.upstreams.base import CloudUpstream
+from api.upstreams.cloud_messages import cloud_messages_body, error_as_anthropic
+from api.upstreams.gemini import gemini_action
 from core.config import ConfigError
 from core.formats import Api, Plan
 from core.upstream import Headers, NotSent, Sent, Unanswered
@@ -150,11 +147,12 @@ class VertexUpstream(CloudUpstream):
             return error_as_anthropic(sent)
         return sent
 
-    async def count(self, api: Api, content: bytes, headers: Headers) -> Sent:
+    async def count(self, api: Api, content: bytes, headers: Headers, model: str = "") -> Sent:
         """Claude's count: Vertex's count-tokens:rawPredict, the body (its `model` included)
-        as Anthropic's count_tokens takes it. Unanswered for any failure."""
+        as Anthropic's count_tokens takes it; Gemini's by `model` (count_gemini). Unanswered
+        for any failure."""
         if api is not Api.MESSAGES:
-            raise Unanswered(f"{api} counts by its model: count_gemini")
+            return await self.count_gemini(model, content)
         return await self._count(f"{self.publishers_url}/anthropic/models/count-tokens:rawPredict",
                                  content, headers)
 
@@ -175,3 +173,6 @@ class VertexUpstream(CloudUpstream):
         if sent[0] == 401:
             self._token = None
         return sent
+
+
+client = VertexUpstream  # the vertex kind's (core/upstream_kinds/vertex.py)

@@ -6,7 +6,7 @@ Google's Gemini API (gemini.py), whose calls go only to named upstreams (CEILING
 Each format is served at its own route (api/routes/gateway.py makes one per entry of FORMATS,
 its OpenAPI body from WireFormat.body_schema), sent to its provider (api/upstream.py), and its
 refusals answered in its shape (api/refusals.py). Adding a provider API is a module with its
-WireFormat (its walker, body schema and error shape included), its name in Api (base.py) and
+WireFormat (its walker, body schema and error shape included), its name in Api (names.py) and
 its entry here: docs/gateway.md, "Adding a provider API".
 """
 

@@ -19,7 +19,6 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
@@ -27,6 +26,7 @@ from core.budgets import user_of_value
 from core.config import Config
 from core.content import NO_MEDIA, InputBound, Media, json_bytes
 from core.errors import CeilingError, FieldUnsupported, InvalidRequest, InvariantBroken
+from core.formats.names import Api as Api  # a format's name (core/formats/names.py)
 from core.formats.schema import Schema as Schema  # the type of the schemas a format carries
 from core.jsonbody import loads_answer
 from core.ledger import Upstream
@@ -39,22 +39,6 @@ _BODY_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 # Bounds the gateway set on a call that gave none: (field, value), in the order set.
 Bounds = tuple[tuple[str, int], ...]
-
-
-class Api(StrEnum):
-    """A wire format's name: its path below its provider's base URL. core/formats FORMATS holds
-    the format of each."""
-
-    CHAT = "chat/completions"
-    RESPONSES = "responses"
-    # Anthropic's: its base URL (CEILING_ANTHROPIC_URL) is the SDK's, without /v1.
-    MESSAGES = "v1/messages"
-    # OpenAI's embeddings, on CEILING_UPSTREAM_URL as chat's and Responses' are.
-    EMBEDDINGS = "embeddings"
-    # Served once their upstreams are (core/formats UNROUTED): Google's Gemini API, whose path
-    # names the model and, for a stream, asks for server-sent events.
-    GEMINI = "v1beta/models/{model}:generateContent"
-    GEMINI_STREAM = "v1beta/models/{model}:streamGenerateContent?alt=sse"
 
 
 @dataclass(frozen=True)
@@ -91,6 +75,10 @@ class WireFormat(ABC):
     methods are the API's reading of a request, an answer and a stream, and its errors' shape."""
 
     api: Api  # its name, and its path below its provider's base URL
+    # The route CEILING_UPSTREAMS routes its calls on: the name the kinds of upstream list in
+    # their routes (core/upstream_kinds UpstreamKind.routes). Two formats of one API (a call
+    # and its stream) share one.
+    routed_as: str
     route: str  # the gateway's path for it
     name: str  # its route's endpoint: the OpenAPI document's operation and summary
     provider: Provider
@@ -112,6 +100,12 @@ class WireFormat(ABC):
     # below the provider's base URL, and the gateway's route for it (api/routes/gateway.py).
     count_path: str | None = None
     count_route: str | None = None
+    # Its token counting route's endpoint name (the OpenAPI operation): `<name>_count_tokens`
+    # unless it says otherwise.
+    count_name: str | None = None
+    # For a format whose model is in its path: the API versions its clients call, the first
+    # the one its paths (`route`, `count_route`) are written with; each is served alike.
+    path_versions: tuple[str, ...] = ()
     # The header its clients send their key in when they send no Authorization, if any; and
     # the query parameter they may send it in instead (Google's `?key=`).
     key_header: str | None = None

@@ -132,6 +132,7 @@ CHAT_COMPLETIONS_BODY = object_of({
 
 class Chat(OpenAIFormat):
     api = Api.CHAT
+    routed_as = "chat"
     route = "/v1/chat/completions"
     name = "chat_completions"
     body_schema = CHAT_COMPLETIONS_BODY

@@ -81,6 +81,7 @@ def embeddings_input(given: object) -> InputBound:
 
 class Embeddings(WireFormat):
     api = Api.EMBEDDINGS
+    routed_as = "embeddings"
     route = "/v1/embeddings"
     name = "embeddings"
     body_schema = EMBEDDINGS_BODY

@@ -9,11 +9,20 @@ one class, GEMINI and GEMINI_STREAM. A client sends its key in x-goog-api-key or
 
 Besides what every format prices, a Gemini call is held at (https://ai.google.dev/gemini-api/
 docs/tokens, /pricing, /thinking, /grounding):
-- its thinking on top of maxOutputTokens: Google's reference does not say thoughts count inside
-  maxOutputTokens, and its thinking guide says the model "might overflow or underflow" its
-  budget; users observe thoughts spent from maxOutputTokens (googleapis/python-genai #782, #811,
-  #2062), which makes the sum a double bound in practice, never a short one. The budget is the
-  request's thinkingBudget, or where it is dynamic (-1), absent on a model that thinks by
+- its thinking on top of maxOutputTokens, for Gemini 2.5 and 3 alike. What Google documents:
+  thinking tokens are billed at the output rate ("response pricing is the sum of output tokens
+  and thinking tokens", https://ai.google.dev/gemini-api/docs/thinking#pricing), a budget is
+  guidance the model "might overflow or underflow" (ibid., and Vertex AI's
+  https://cloud.google.com/vertex-ai/generative-ai/docs/thinking), and maxOutputTokens is "the
+  maximum number of tokens to include in a response candidate"
+  (https://ai.google.dev/api/generate-content#generationconfig). Neither the Gemini API's nor
+  Vertex AI's documentation says thoughts count inside maxOutputTokens; users observe that they
+  do (googleapis/python-genai #782, #2062, the last noting the documentation describes them as
+  separate). Unknown means held: the cap and the budget are held side by side, which covers
+  both readings (within the cap the sum is a double bound, never a short one); a budget
+  overflowed beyond it is the one case neither reading bounds, settled above the hold and
+  recorded as overshoot. The budget is
+  the request's thinkingBudget, or where it is dynamic (-1), absent on a model that thinks by
   default, or set by thinkingLevel, the model's documented maximum (GEMINI_THINKING);
 - candidateCount answers;
 - media by Google's rules: an image by its tiles (read from its header), audio at 32 tokens a
@@ -55,8 +64,11 @@ from core.formats.base import (
 )
 from core.formats.gemini_tokens import (
     AUDIO_FORMATS,
+    GEMINI_BEFORE_3,
     GEMINI_THINKING,
-    IMAGE_TILE_FAMILIES,
+    IMAGE_TILE_MODELS,
+    MEDIA_RESOLUTIONS,
+    MEDIA_RESOLUTIONS_BEYOND_TILES,
     REFERRED_IMAGE_TYPES,
     REFERRED_MIME_PREFIXES,
     TEXT_MIME_PREFIX,
@@ -76,6 +88,7 @@ from core.formats.schema import (
 from core.ledger import Upstream
 from core.limits import TOKENS_MAX
 from core.prices import Usage
+from core.prices.bundled import gemini_family
 
 # The key goes in x-goog-api-key, as the google-genai SDK sends it. Its URL is an upstream's
 # (CEILING_UPSTREAMS, api `gemini`), which names the key's setting too: until the routes read
@@ -95,10 +108,10 @@ GEMINI_FIELDS = frozenset({
 COUNT_REQUEST_FIELD = "generateContentRequest"
 # generationConfig's fields that change nothing the worst case leaves out (sampling, stops,
 # structured output's schema, which is text the body carries, logprobs, which lengthen only the
-# answer's body) or that it reads (the caps, candidateCount, thinking, media resolution: media
-# is held at its highest). responseModalities is read (text only); speechConfig and imageConfig
-# ask for audio or image output, billed at rates the request cannot bound: refused, as is any
-# field newer than this list.
+# answer's body) or that it reads (the caps, candidateCount, thinking, media resolution: an image
+# is held by its tiles only at a resolution the tiles bound, gemini_tokens.py). responseModalities
+# is read (text only); speechConfig and imageConfig ask for audio or image output, billed at rates
+# the request cannot bound: refused, as is any field newer than this list.
 GENERATION_FIELDS = frozenset({
     "stopSequences", "responseMimeType", "responseSchema", "responseJsonSchema",
     "candidateCount", "maxOutputTokens", "temperature", "topP", "topK", "seed",
@@ -125,9 +138,9 @@ CLIENT_TOOL_KEYS = frozenset({"functionDeclarations"})
 SEARCH_TOOL_KEYS = frozenset({"googleSearch", "googleSearchRetrieval"})
 REFERRING_TOOL_KEYS = frozenset({"codeExecution", "urlContext"})
 # Models billed a fee per grounded prompt (Google, "Gemini Developer API pricing": Gemini 2.5
-# and earlier, "$35 / 1,000 grounded prompts"); later ones a fee per search query ("$14 / 1,000
-# search queries"), of which Google documents no most per prompt.
-SEARCH_PER_PROMPT_FAMILIES = ("gemini-1.", "gemini-2.")
+# and earlier, "$35 / 1,000 grounded prompts"), and their versions; any other a fee per search
+# query ("$14 / 1,000 search queries"), of which Google documents no most per prompt.
+SEARCH_PER_PROMPT_MODELS = GEMINI_BEFORE_3
 
 # A model id as Google names them (gemini-2.5-pro, gemini-2.5-flash-preview-09-2025): it is put
 # into the provider's path, so nothing that could leave the path segment (a slash, `:`, `?`,
@@ -152,16 +165,6 @@ def check_model_id(model: str) -> str:
     return model
 
 
-def _family(model: str, families: tuple[str, ...]) -> bool:
-    return model.lower().startswith(families)
-
-
-def _by_prefix(model: str, table: dict[str, Any]) -> Any:
-    name = model.lower()
-    found = [key for key in table if name.startswith(key)]
-    return table[max(found, key=len)] if found else None
-
-
 # -- its input ----------------------------------------------------------------------------------
 
 
@@ -169,9 +172,12 @@ class GeminiWalk(Walk):
     """A Gemini request's media: Walk's, and the tokens of its images, text files and blobs
     counted here by Google's rules (added to its text's bound)."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, tiled: bool) -> None:
+        """`tiled`: whether an image is counted by its tiles (IMAGE_TILE_MODELS, at a media
+        resolution the tiles bound), else held at the window."""
         super().__init__()
         self.model = model
+        self.tiled = tiled
         self.media_tokens = 0
 
     def part(self, part: object, field: str) -> object:
@@ -183,6 +189,14 @@ class GeminiWalk(Walk):
                     f"{field}.{key} is not a part field the gateway knows: what it bills "
                     "cannot be bounded", field=f"{field}.{key}")
         copy = dict(part)
+        tiled = self.tiled
+        if part.get("mediaResolution") is not None:
+            level = part["mediaResolution"]
+            where = f"{field}.mediaResolution"
+            if not isinstance(level, dict) or set(level) != {"level"}:
+                raise InvalidRequest(f"{where} must be an object of its level", field=where)
+            tiled = tiled and media_resolution(level["level"], where) not in (
+                MEDIA_RESOLUTIONS_BEYOND_TILES)
         if part.get("thoughtSignature") is not None:
             # The thinking of an earlier turn, encrypted: billed as what it carries, which its
             # bytes do not bound; held at the model's output limit (core/prices/).
@@ -190,7 +204,7 @@ class GeminiWalk(Walk):
             self.thinking_field = self.thinking_field or f"{field}.thoughtSignature"
             copy["thoughtSignature"] = ""
         if "inlineData" in part:
-            copy["inlineData"] = self.inline(part["inlineData"], f"{field}.inlineData")
+            copy["inlineData"] = self.inline(part["inlineData"], f"{field}.inlineData", tiled)
         if "fileData" in part:
             # A file uploaded to Google or a URL: input of a size the request does not show.
             self.refer(f"{field}.fileData")
@@ -206,8 +220,9 @@ class GeminiWalk(Walk):
             raise InputUnbounded(f"{field} must be a list of parts", field=field)
         return [self.part(p, f"{field}[{j}]") for j, p in enumerate(parts)]
 
-    def inline(self, blob: object, field: str) -> dict[str, Any]:
-        """An inline blob: counted by its kind's rule, and blanked."""
+    def inline(self, blob: object, field: str, tiled: bool) -> dict[str, Any]:
+        """An inline blob: counted by its kind's rule (an image by its tiles where `tiled`),
+        and blanked."""
         if not isinstance(blob, dict) or set(blob) - {"mimeType", "data"}:
             raise InputUnbounded(f"{field} must be an object of mimeType and data", field=field)
         mime = blob.get("mimeType")
@@ -217,7 +232,7 @@ class GeminiWalk(Walk):
             raise InvalidRequest(f"{field} must give a mimeType and base64 data", field=field)
         mime = mime.lower().split(";")[0].strip()
         if mime.startswith("image/"):
-            if _family(self.model, IMAGE_TILE_FAMILIES) and mime not in REFERRED_IMAGE_TYPES:
+            if tiled and mime not in REFERRED_IMAGE_TYPES:
                 width, height = image_size(data, f"{field}.data")
                 self.media_tokens += image_tokens(width, height)
                 self.image_field = self.image_field or field
@@ -248,13 +263,25 @@ class GeminiWalk(Walk):
         return {**content, "parts": self.parts(content.get("parts"), f"{field}.parts")}
 
 
+def media_resolution(level: object, field: str) -> str | None:
+    """A media resolution Google names (MEDIA_RESOLUTIONS), or None where none is given."""
+    if level is not None and not (isinstance(level, str) and level in MEDIA_RESOLUTIONS):
+        raise InvalidRequest(f"{field} must be one of {', '.join(sorted(MEDIA_RESOLUTIONS))}",
+                             field=field)
+    return level
+
+
 def gemini_input(body: dict[str, Any], model: str) -> tuple[InputBound, GeminiWalk]:
     """The bound of a request's contents and system instruction: their text by bytes, a
     framing allowance a turn, their media by Google's rules."""
     contents = body.get("contents")
     if not isinstance(contents, list) or not contents:
         raise InvalidRequest("contents must be a list of at least one content", field="contents")
-    walk = GeminiWalk(model)
+    config = body.get("generationConfig")
+    level = media_resolution(config.get("mediaResolution") if isinstance(config, dict)
+                             else None, "generationConfig.mediaResolution")
+    walk = GeminiWalk(model, gemini_family(model, IMAGE_TILE_MODELS) is not None
+                      and level not in MEDIA_RESOLUTIONS_BEYOND_TILES)
     tokens = 0
     system = body.get("systemInstruction")
     if system is not None:
@@ -305,7 +332,8 @@ def thinking_tokens(config: dict[str, Any], model: str) -> int:
         if key not in THINKING_FIELDS:
             raise InputUnbounded(f"generationConfig.thinkingConfig.{key} is not a field the "
                                  "gateway knows", field=f"generationConfig.thinkingConfig.{key}")
-    rule: tuple[int, bool] | None = _by_prefix(model, GEMINI_THINKING)
+    family = gemini_family(model, GEMINI_THINKING)
+    rule = None if family is None else GEMINI_THINKING[family]
     budget = thinking.get("thinkingBudget")
     if budget is not None and thinking.get("thinkingLevel") is not None:
         raise InvalidRequest("give thinkingBudget or thinkingLevel, not both", field=BUDGET_PATH)
@@ -434,7 +462,9 @@ def searches_billed(model_version: object, grounded: bool, queries: int) -> int:
     read per query, the reading that costs more."""
     if not grounded:
         return 0
-    if isinstance(model_version, str) and _family(model_version, SEARCH_PER_PROMPT_FAMILIES):
+    # Google names the model as its path does, or as a resource (models/gemini-2.5-flash).
+    if isinstance(model_version, str) and gemini_family(
+            model_version.removeprefix("models/"), SEARCH_PER_PROMPT_MODELS):
         return 1
     return max(queries, 1)
 
@@ -466,6 +496,7 @@ GOOGLE_STATUSES: dict[str, tuple[str, int]] = {
     "rate_limited": ("RESOURCE_EXHAUSTED", 429),
     "concurrency_limited": ("RESOURCE_EXHAUSTED", 429),
     "users_exhausted": ("PERMISSION_DENIED", 403),
+    "model_not_allowed": ("PERMISSION_DENIED", 403),
     "user_required": ("INVALID_ARGUMENT", 400),
     "budget_paused": ("FAILED_PRECONDITION", 400),
     "idempotency_conflict": ("ABORTED", 409),
@@ -579,6 +610,11 @@ class Gemini(WireFormat):
     model_in_path = True
     count_path = "v1beta/models/{model}:countTokens"
     count_route = "/v1beta/models/{model}:countTokens"
+    count_name = "gemini_count_tokens"
+    routed_as = "gemini"
+    # The google-genai SDK's default v1beta, and v1 (the upstream is called at its own:
+    # api/upstreams/gemini.py).
+    path_versions = ("v1beta", "v1")
     header_schemas = HEADER_SCHEMAS
     # google-genai parses every non-empty line of a stream as an event: a comment breaks it.
     stream_trailer = False
@@ -624,7 +660,7 @@ class Gemini(WireFormat):
         if search_field:
             # Per grounded prompt: one fee a call. Per query: as many as the prices file's
             # web_searches_max (core/prices/ refuses the call without it).
-            per_prompt = _family(model, SEARCH_PER_PROMPT_FAMILIES)
+            per_prompt = gemini_family(model, SEARCH_PER_PROMPT_MODELS) is not None
             media = replace(media, web_searches=1 if per_prompt else 0,
                             web_search_field=search_field,
                             web_search_runs=1 if per_prompt else choices)

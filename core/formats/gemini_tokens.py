@@ -11,18 +11,41 @@ import struct
 
 from core.errors import InputUnbounded, InvalidRequest
 
+# -- models -----------------------------------------------------------------------------------
+
+# The Gemini models before Gemini 3, by name (https://ai.google.dev/gemini-api/docs/models); a
+# version of one (gemini-2.5-flash-preview-09-2025, gemini-2.0-flash-001) is matched by
+# core/prices/bundled.py's gemini_family, and no other name is.
+GEMINI_BEFORE_3 = frozenset({
+    "gemini-1.5-pro", "gemini-1.5-flash", "gemini-1.5-flash-8b", "gemini-2.0-flash",
+    "gemini-2.0-flash-lite", "gemini-2.0-pro", "gemini-2.5-pro", "gemini-2.5-flash",
+    "gemini-2.5-flash-lite",
+})
+
 # -- media ------------------------------------------------------------------------------------
 
 # Google, "Understand and count tokens" (https://ai.google.dev/gemini-api/docs/tokens) and
 # Vertex AI's "Image understanding": an image of at most 384 px a side is 258 tokens; a larger
 # one is cut into tiles of min(width, height) / 1.5 px, kept within 256 to 768 px, each scaled
-# to 768 x 768 and billed 258 tokens. The rule is documented for Gemini 1.5 to 2.5; a later
+# to 768 x 768 and billed 258 tokens. The rule is documented for Gemini 1.5 to 2.5; any other
 # model's image (Gemini 3 bills one by its media resolution) is held at the window.
-IMAGE_TILE_FAMILIES = ("gemini-1.5", "gemini-2.0", "gemini-2.5")
+IMAGE_TILE_MODELS = GEMINI_BEFORE_3
 IMAGE_TOKENS_SMALL = 258
 IMAGE_SMALL_PX_MAX = 384
 IMAGE_TILE_TOKENS = 258
 IMAGE_TILE_PX_MIN, IMAGE_TILE_PX_MAX = 256, 768
+# Media resolution (generationConfig.mediaResolution, or a part's {"level": ...} on Gemini 3):
+# Google names these levels (GenerationConfig.mediaResolution, https://ai.google.dev/api/
+# generate-content#MediaResolution; https://ai.google.dev/gemini-api/docs/media-resolution). On
+# the tiled models low is 64 tokens an image and medium 256, each within a tile's 258, so the
+# tiles bound them; high is "zoomed reframing with 256 tokens" and ultra high Gemini 3's, counts
+# the tiles do not bound: an image asked for at either is held at the window.
+MEDIA_RESOLUTIONS = frozenset({
+    "MEDIA_RESOLUTION_UNSPECIFIED", "MEDIA_RESOLUTION_LOW", "MEDIA_RESOLUTION_MEDIUM",
+    "MEDIA_RESOLUTION_HIGH", "MEDIA_RESOLUTION_ULTRA_HIGH",
+})
+MEDIA_RESOLUTIONS_BEYOND_TILES = frozenset({"MEDIA_RESOLUTION_HIGH",
+                                            "MEDIA_RESOLUTION_ULTRA_HIGH"})
 # An image's header is looked for in its first bytes only (a JPEG's frame header may follow
 # metadata: EXIF thumbnails stay within 64 KiB).
 IMAGE_HEADER_BYTES_MAX = 256 * 1_024
@@ -94,7 +117,7 @@ def image_size(data: str, field: str) -> tuple[int, int]:
 
 
 def image_tokens(width: int, height: int) -> int:
-    """What Gemini 1.5 to 2.5 bill an image of this size as (IMAGE_TILE_FAMILIES)."""
+    """What Gemini 1.5 to 2.5 bill an image of this size as (IMAGE_TILE_MODELS)."""
     if width <= IMAGE_SMALL_PX_MAX and height <= IMAGE_SMALL_PX_MAX:
         return IMAGE_TOKENS_SMALL
     tile = min(max(min(width, height) * 2 // 3, IMAGE_TILE_PX_MIN), IMAGE_TILE_PX_MAX)
@@ -108,11 +131,12 @@ def image_tokens(width: int, height: int) -> int:
 # 128 to 32,768, dynamic by default; 2.5 Flash: 0 to 24,576, dynamic by default; 2.5 Flash-Lite:
 # 512 to 24,576, no thinking by default. Gemini 3 takes thinkingLevel (high by default) and
 # publishes no token figure for a level: held at the model's output limit (65,536), the most one
-# call writes. 2.0 models do not think. A dated or preview name takes its family's rule by the
-# longest prefix; a model not here is held at the budget its request gives, and refused without
-# one.
+# call writes. 2.0 models do not think. A version of a model here (gemini-2.5-pro-preview-06-05)
+# takes its rule (gemini_family); any other model, whatever its name begins with, is held at the
+# budget its request gives, and refused without one.
 GEMINI_THINKING: dict[str, tuple[int, bool]] = {
     "gemini-2.0-flash": (0, False),
+    "gemini-2.0-flash-lite": (0, False),
     "gemini-2.5-pro": (32_768, True),
     "gemini-2.5-flash": (24_576, True),
     "gemini-2.5-flash-lite": (24_576, False),

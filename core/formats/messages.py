@@ -525,6 +525,7 @@ def _system(system: object) -> None:
 
 class Messages(WireFormat):
     api = Api.MESSAGES
+    routed_as = "messages"
     route = "/v1/messages"
     name = "messages"
     body_schema = MESSAGES_BODY

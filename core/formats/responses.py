@@ -156,6 +156,7 @@ RESPONSES_BODY = object_of({
 
 class Responses(OpenAIFormat):
     api = Api.RESPONSES
+    routed_as = "responses"
     route = "/v1/responses"
     name = "responses"
     body_schema = RESPONSES_BODY

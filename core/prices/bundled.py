@@ -35,12 +35,34 @@ BUNDLED_WINDOW_S = 3_600
 # a date as providers write them (`-20251001`, `-2024-08-06`).
 _SNAPSHOT_SUFFIX = re.compile(r"(-\d{8}|-\d{4}-\d{2}-\d{2})?")
 
+# Google's names for the versions of one Gemini model (https://ai.google.dev/gemini-api/docs/
+# models#model-versions; Vertex AI's https://cloud.google.com/vertex-ai/generative-ai/docs/learn/
+# model-versioning): the model's name alone (its latest stable version), a stable version by its
+# three digits (`-001`), `-latest`, a dated preview (`-preview-06-05`, `-preview-09-2025`) and an
+# experiment (`-exp`, `-exp-03-25`, `-exp-1206`). A model named as a preview
+# (gemini-3-pro-preview) takes its date directly (gemini-3-pro-preview-11-2025). Nothing else
+# makes a name a version of another: gemini-2.5-flash-image-preview is a model of its own.
+_GEMINI_VERSION = re.compile(
+    r"(-\d{3}|-latest|-preview-(\d{2}-\d{2}|\d{2}-\d{4})|-exp(-\d{2}-\d{2}|-\d{4})?)?")
+_GEMINI_PREVIEW_DATE = re.compile(r"(-\d{2}-\d{2}|-\d{2}-\d{4})?")
+
+
+def gemini_family(model: str, names: Iterable[str]) -> str | None:
+    """The name among `names` of which `model` is that name or one of its documented versions
+    (_GEMINI_VERSION); None for any other model, whatever it begins with."""
+    model = model.lower()
+    found = [name for name in names if model.startswith(name) and (
+        _GEMINI_PREVIEW_DATE if name.endswith("-preview") else _GEMINI_VERSION).fullmatch(
+            model[len(name):])]
+    return max(found, key=len) if found else None
+
+
 # Google's documented limits of Gemini models whose genai-prices entry names no context window
 # (or no output limit): the input token limit ("Input token limit") and the output token limit
 # ("Output token limit") of each model's card, https://ai.google.dev/gemini-api/docs/models.
 # The window holds input a request only refers to (cached content, files, fetched URLs); the
-# output limit, the most one thought signature sent back can carry. A dated or preview name of
-# a family (gemini-2.5-pro-preview-06-05) takes its family's limits by the longest prefix.
+# output limit, the most one thought signature sent back can carry. A version of a model
+# (gemini-2.5-pro-preview-06-05) takes its model's limits (gemini_family).
 GEMINI_LIMITS_TOKENS: dict[str, tuple[int, int]] = {
     "gemini-2.0-flash": (1_048_576, 8_192),
     "gemini-2.0-flash-lite": (1_048_576, 8_192),
@@ -73,9 +95,9 @@ def bedrock_price_key(model_id: str) -> str:
 
 
 def gemini_limits(model: str) -> tuple[int, int] | None:
-    """(input, output) token limits of a Gemini model's family, by the longest prefix."""
-    found = [name for name in GEMINI_LIMITS_TOKENS if model.startswith(name)]
-    return GEMINI_LIMITS_TOKENS[max(found, key=len)] if found else None
+    """(input, output) token limits of a Gemini model or of a version of it."""
+    family = gemini_family(model, GEMINI_LIMITS_TOKENS)
+    return None if family is None else GEMINI_LIMITS_TOKENS[family]
 
 
 _units: dict[str, tuple[int, Mapping[str, str]]] | None = None

@@ -14,7 +14,8 @@ indexes (lua/lib.lua sweep_counters). What expires: reservation records (core/li
 long each kind is kept once resolved, and why), idempotency replies, quotas, output histograms,
 probes and the live-instance set, and everything alerts write (the events, the outbox and the
 log, hourly spend buckets, velocity slots and marks), a day's gateway spend per upstream and a
-day's drift mark (DAILY_SPEND_RETENTION_MS after the day). What an operator made stays: the
+day's drift mark (DAILY_SPEND_RETENTION_MS after the day), and what a tag booked of a provider's
+day unseen (DAILY_SPEND_RETENTION_MS after its last booking). What an operator made stays: the
 ledger id and its format version, budget definitions and their total counters, API key records
 (and a revoked key's record, which holds only when it was revoked: the id is never taken again),
 a tag's refusal counts (a field per error code), the tag map, a tag's set of budget ids, a tag's
@@ -177,6 +178,10 @@ LEDGER_EVENTS_TAG = "ledger"
 # + provider '|' day (YYYY-MM-DD): that day's drift was reported (lua/drift_alert.lua); kept as
 # long as a day's spend is.
 DRIFT_MARK = "drift:"
+# + provider '|' day (YYYY-MM-DD): what a provider billed that day beyond what the ledger saw that
+# is booked into a budget of this tag so far, micro-dollars (lua/book_unseen.lua); kept as long as
+# a day's spend is, from its last write.
+UNSEEN_BOOKED = "unseen:"
 
 
 def alert(tag: str, event_id: str) -> str:
@@ -197,6 +202,10 @@ def spend(tag: str, budget_id: str, hour_index: int) -> str:
 
 def daily_spend(tag: str, upstream: str, day_index: int) -> str:
     return f"{prefix(tag)}{DAILY_SPEND}{upstream}|{day_index}"
+
+
+def unseen_booked(tag: str, provider: str, day: str) -> str:
+    return f"{prefix(tag)}{UNSEEN_BOOKED}{provider}|{day}"
 
 
 def refused(tag: str) -> str:

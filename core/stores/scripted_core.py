@@ -391,7 +391,7 @@ class ScriptedCore:
         fields["run"] = wire.run_field(run.budget_id.path, run.ceiling_micros) if run else ""
         fields[wire.NOW] = self._now_arg()
         shape = {"reserve": wire.RESERVE_ARGS, "book": wire.BOOK_ARGS,
-                 "status": wire.STATUS_ARGS}[op.name]
+                 "status": wire.STATUS_ARGS, "book_unseen": wire.BOOK_UNSEEN_ARGS}[op.name]
         for _ in range(WINDOW_RETRIES_MAX + 1):
             zones = tuple(sorted({self._tz.get(b.path, "UTC") for b in budget_ids}))
             fields["zones"] = self._zones_field(zones, now_ms)

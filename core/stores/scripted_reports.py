@@ -3,17 +3,17 @@ and reconciliation's reads and alerts."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date
 from typing import Any
 
 from core import alerts, output_stats
 from core.budgets import BudgetId
-from core.errors import InvalidRequest
-from core.ledger import DriftEvent, Upstream, day_index, day_of_index
+from core.errors import BudgetNotFound, InvalidRequest
+from core.ledger import DriftEvent, UnseenBooked, Upstream, day_index, day_of_index
 from core.limits import DAILY_SPEND_DAYS_MAX
 from core.stores import keys, wire
-from core.stores.scripted_core import ScriptedCore
+from core.stores.scripted_core import ScriptedCore, _ledger_reset
 from core.stores.scripts import script
 
 
@@ -91,22 +91,27 @@ class ScriptedReports(ScriptedCore):
         await self.open()
         return sorted({str(t) for t in await self._t.execute("HVALS", keys.TAG_MAP_KEY)})
 
-    async def gateway_spend_by_day(self, upstream: Upstream, first_day: date, last_day: date
-                                   ) -> dict[date, int]:
-        first, last = day_index(first_day), day_index(last_day)
-        if last - first + 1 > DAILY_SPEND_DAYS_MAX:
+    async def _by_day(self, first_day: date, last_day: date, key_of: Callable[[str, date], str]
+                      ) -> dict[date, int]:
+        """The sum over every tag of the integer under `key_of(tag, day)`, for each day in
+        [first_day, last_day] where it is not zero."""
+        days = [day_of_index(d) for d in range(day_index(first_day), day_index(last_day) + 1)]
+        if len(days) > DAILY_SPEND_DAYS_MAX:
             raise InvalidRequest(
                 f"at most {DAILY_SPEND_DAYS_MAX} days at a time: the ledger keeps a day's spend "
                 "that long", field="from")
-        days = list(range(first, last + 1))
         total = dict.fromkeys(days, 0)
         for tag in await self._budget_tags() if days else []:
-            found = await self._t.execute(
-                "MGET", *(keys.daily_spend(tag, upstream.value, d) for d in days))
+            found = await self._t.execute("MGET", *(key_of(tag, d) for d in days))
             for d, value in zip(days, found, strict=True):
                 if value is not None:
                     total[d] += int(value)
-        return {day_of_index(d): micros for d, micros in total.items() if micros}
+        return {d: micros for d, micros in total.items() if micros}
+
+    async def gateway_spend_by_day(self, upstream: Upstream, first_day: date, last_day: date
+                                   ) -> dict[date, int]:
+        return await self._by_day(first_day, last_day, lambda tag, day: keys.daily_spend(
+            tag, upstream.value, day_index(day)))
 
     async def emit_drift_alert(self, event: DriftEvent) -> bool:
         reply = await self._t.run(
@@ -116,6 +121,38 @@ class ScriptedReports(ScriptedCore):
                            provider_micros=str(event.provider_micros), now_ms=self._now_arg()),
         )
         return int(reply) == 1
+
+    async def unseen_booked_by_day(self, upstream: Upstream, first_day: date, last_day: date
+                                   ) -> dict[date, int]:
+        return await self._by_day(first_day, last_day, lambda tag, day: keys.unseen_booked(
+            tag, upstream.value, day.isoformat()))
+
+    async def book_unseen(self, budget_id: BudgetId, upstream: Upstream, day: date,
+                          unseen_micros: int) -> UnseenBooked:
+        ledger_id = await self.open()
+        tag, day_text = budget_id.tag, day.isoformat()
+        # What the tags other than this one booked for the day counts as booked here too: an
+        # operator who names a budget of another organisation later does not book the day again.
+        # Each tag's own total is decided in its script; two runs at once into budgets of two
+        # tags are one operator's two settings, which docs/operations.md says not to do.
+        elsewhere = 0
+        for other in await self._budget_tags():
+            if other != tag:
+                found = await self._t.execute(
+                    "GET", keys.unseen_booked(other, upstream.value, day_text))
+                elsewhere += int(found) if found is not None else 0
+        reply = await self._run_windowed(
+            script("book_unseen"),
+            (keys.meta(tag), keys.unseen_booked(tag, upstream.value, day_text)),
+            {"ledger_id": ledger_id, "user": "", "provider": upstream.value, "day": day_text,
+             "unseen_micros": str(max(0, unseen_micros - elsewhere))},
+            budget_id.lineage, None)
+        if reply[0] == "ok":
+            return UnseenBooked(int(reply[1]), int(reply[2]) + elsewhere)
+        if reply[0] == "ledger_reset":
+            raise _ledger_reset(tag)
+        raise BudgetNotFound(f"no budget {budget_id.path} to book {upstream}'s unseen spend into",
+                             budget_id=budget_id.path, field="book_into")
 
     async def refusal_counts(self) -> dict[str, int]:
         total: dict[str, int] = {}

@@ -115,6 +115,10 @@ EXPIRE_ARGS = ("ledger_id", "batch_max", NOW)
 READ_ARGS = (NOW,)
 # `day`: the UTC day as YYYY-MM-DD.
 DRIFT_ARGS = ("provider", "day", "ledger_micros", "provider_micros", NOW)
+# lua/book_unseen.lua: a budget's path and windows as a status read's, then what a provider's
+# cost report shows for `day` (YYYY-MM-DD) beyond what the ledger saw, in micro-dollars.
+BOOK_UNSEEN_ARGS = ("ledger_id", "budget_ids", "run", "zones", "user", "provider", "day",
+                    "unseen_micros", NOW)
 # One time zone's windows that hold the caller's estimate of the ledger's now: a script picks the
 # window of each period its budgets limit, and asks again if its own now is outside it.
 ZONE_PARTS = (
@@ -466,6 +470,7 @@ ARGUMENT_SHAPES = {
     "reserve_args": RESERVE_ARGS, "book_args": BOOK_ARGS, "status_args": STATUS_ARGS,
     "settle_args": SETTLE_ARGS, "release_args": RELEASE_ARGS, "correct_args": CORRECT_ARGS,
     "expire_args": EXPIRE_ARGS, "read_args": READ_ARGS, "drift_args": DRIFT_ARGS,
+    "book_unseen_args": BOOK_UNSEEN_ARGS,
 }
 CONSTANTS = {
     "INT_MAX": INT_EXACT_MAX,

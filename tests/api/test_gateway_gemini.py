@@ -11,8 +11,12 @@ before the stub sees anything.
 
 from __future__ import annotations
 
+import base64
 import json
+import math
+import struct
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
+from core.content import json_bytes
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill, stub_control
@@ -39,6 +44,9 @@ from tests.api.conftest import (
 STUB_KEY = "gemini-stub-key"
 LITE, FLASH, PRO = "gemini-2.5-flash-lite", "gemini-2.5-flash", "gemini-2.5-pro"
 GEMINI_3 = "gemini-3-pro-preview"  # served by the Vertex upstream
+# Names that begin as a known model's and are none of its versions: one no price table knows,
+# and one the operator's prices file prices as a private model. Both routed to the stub.
+IMPOSTOR, PRIVATE = "gemini-2.5-flash-evil", "gemini-2.5-pro-anything"
 NO_RETRY = types.HttpRetryOptions(attempts=1)
 LONG = "x" * 4_000  # 1,000 tokens by the stub's rule
 
@@ -70,7 +78,7 @@ def gw(redis_server: RedisServer, stub: StubProvider, spy: FaultProxy,
     directory = tmp_path_factory.mktemp("gateway_gemini")
     doc = {"upstreams": [
         {"name": "google", "api": "gemini", "base_url": stub.url, "api_key_env": "GEMINI_KEY",
-         "models": [LITE, FLASH]},
+         "models": [LITE, FLASH, IMPOSTOR, PRIVATE]},
         {"name": "google-spied", "api": "gemini", "base_url": spy.url,
          "api_key_env": "GEMINI_KEY", "models": [PRO]},
     ]}
@@ -81,7 +89,11 @@ def gw(redis_server: RedisServer, stub: StubProvider, spy: FaultProxy,
         "region": "us-central1", "credentials_file": str(account_file), "models": [GEMINI_3]})
     path = Path(directory) / "upstreams.json"
     path.write_text(json.dumps(doc))
+    prices = Path(directory) / "prices.json"
+    prices.write_text(json.dumps({"models": {PRIVATE: {
+        "input_usd_per_mtok": "1.25", "output_usd_per_mtok": "10"}}}))
     with ServiceProcess({
+        "CEILING_PRICES_FILE": str(prices),
         "REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
         "CEILING_UPSTREAM_TIMEOUT_S": "30", "CEILING_UPSTREAMS": str(path),
         "GEMINI_KEY": STUB_KEY,
@@ -203,6 +215,130 @@ def test_a_body_the_gateway_cannot_bound_is_refused_before_the_stub_sees_it(
     nothing_held(admin, tag)
 
 
+@pytest.mark.parametrize(("model", "thinking", "code"), [
+    (IMPOSTOR, None, "input_unbounded"),
+    (IMPOSTOR, {"thinkingBudget": 100}, "model_unpriced"),
+    (PRIVATE, None, "input_unbounded"),
+    (PRIVATE, {"thinkingLevel": "low"}, "input_unbounded"),
+])
+def test_a_name_that_only_begins_as_a_known_models_is_held_as_any_unknown_model(
+        gw: ServiceProcess, admin: Client, stub: StubProvider, model: str,
+        thinking: dict[str, Any] | None, code: str) -> None:
+    """gemini-2.5-pro-anything is not gemini-2.5-pro: neither its thinking rule nor its limits
+    apply. Unpriced, it is refused as any unpriced model is; priced by the operator, its thinking
+    needs a budget (nothing documents its most), named in the refusal. Nothing is forwarded."""
+    tag, key = account(admin, 10_000_000)
+    config: dict[str, Any] = {"maxOutputTokens": 50}
+    if thinking is not None:
+        config["thinkingConfig"] = thinking
+    r = admin.post(f"/v1beta/models/{model}:generateContent", headers={"x-goog-api-key": key},
+                   json=body(**config))
+    error = r.json()["error"]
+    assert (r.status_code, error["details"][0]["reason"]) == (400, code), r.text
+    if code == "input_unbounded":
+        assert error["details"][0]["metadata"]["field"] == (
+            "generationConfig.thinkingConfig.thinkingBudget"), r.text
+    nothing_reached(stub)
+    nothing_held(admin, tag)
+
+
+@pytest.mark.parametrize(("model", "sent", "code", "field"), [
+    (FLASH, {**body(), "tools": [{"google_search": {}}]}, "input_unbounded",
+     "tools[0].google_search"),
+    (FLASH, {**body(), "tools": [{"googleMaps": {}}]}, "input_unbounded", "tools[0].googleMaps"),
+    (FLASH, {**body(), "labels": {"team": "a"}}, "field_unsupported", "labels"),
+    (FLASH, {**body(), "serviceTier": "flex"}, "field_unsupported", "serviceTier"),
+    (FLASH, {**body(), "cached_content": "cachedContents/x"}, "field_unsupported",
+     "cached_content"),
+    (FLASH, body(routingConfig={"autoMode": {}}), "input_unbounded",
+     "generationConfig.routingConfig"),
+    (FLASH, body(audioTimestamp=True), "input_unbounded", "generationConfig.audioTimestamp"),
+    (FLASH, body(imageConfig={"aspectRatio": "1:1"}), "input_unbounded",
+     "generationConfig.imageConfig"),
+    (FLASH, body(thinkingConfig={"thinkingBudget": 10, "depth": 9}), "input_unbounded",
+     "generationConfig.thinkingConfig.depth"),
+    (FLASH, body(responseModalities=["AUDIO"]), "invalid_request",
+     "generationConfig.responseModalities"),
+    (FLASH, body(responseModalities=["TEXT", "IMAGE"]), "invalid_request",
+     "generationConfig.responseModalities"),
+    (FLASH, body(mediaResolution="MEDIA_RESOLUTION_ENORMOUS"), "invalid_request",
+     "generationConfig.mediaResolution"),
+    (FLASH, body(candidateCount=0), "invalid_request", "generationConfig.candidateCount"),
+    (GEMINI_3, {**body(maxOutputTokens=10), "tools": [{"googleSearch": {}}]},
+     "model_unbounded", None),
+])
+def test_a_hostile_body_is_refused_naming_its_setting_before_the_stub_sees_it(
+        gw: ServiceProcess, admin: Client, stub: StubProvider, model: str,
+        sent: dict[str, Any], code: str, field: str | None) -> None:
+    """Grounding tools by another spelling, Vertex's billing labels, a service tier, answers in
+    audio or images, settings newer than the gateway, a resolution Google does not name, and
+    grounding billed per query with no bound: each refused by the setting that would bound
+    it, in Google's shape, with nothing held or forwarded."""
+    tag, key = account(admin, 10_000_000)
+    r = admin.post(f"/v1beta/models/{model}:generateContent", headers={"x-goog-api-key": key},
+                   json=sent)
+    error = r.json()["error"]
+    info = error["details"][0]
+    assert (r.status_code, info["reason"]) == (400, code), r.text
+    if field is None:  # a price component: named as one
+        assert info["metadata"]["component"] == "web_search", r.text
+        assert "web_searches_max" in error["message"], r.text
+    else:
+        assert info["metadata"]["field"] == field, r.text
+    nothing_reached(stub)
+    nothing_held(admin, tag)
+
+
+def png(width: int, height: int) -> str:
+    head = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + struct.pack(
+        ">II", width, height) + b"\x08\x02\x00\x00\x00" + b"\x00" * 4
+    return base64.b64encode(head + b"\x00" * 64).decode()
+
+
+# Each is held at a bound the stub's bill stays within: grounding per prompt (its fee once,
+# whatever the queries, and each step's input at the window), code execution, a cached content and
+# URL context (their input at the window), an image at each media resolution, every candidate.
+# Beside each, the least the stub must bill for it to have served what was asked (Flash-Lite: $35
+# a grounded prompt; $0.10 a million input tokens, so URL context's 101,774 tokens at least
+# 10,177).
+HELD: dict[str, tuple[dict[str, Any], dict[str, Any], int]] = {
+    "googleSearchRetrieval": ({**body(maxOutputTokens=50, candidateCount=3),
+                               "tools": [{"googleSearchRetrieval": {}}]}, {"web_searches": 6},
+                              35_000),
+    "googleSearch": ({**body(maxOutputTokens=50, candidateCount=2),
+                      "tools": [{"googleSearch": {}}]}, {"web_searches": 4}, 35_000),
+    "codeExecution": ({**body(maxOutputTokens=50), "tools": [{"codeExecution": {}}]}, {}, 1),
+    # A cache as large as the window leaves: 1,048,000 tokens at the $0.01 cached rate.
+    "cachedContent": ({**body(maxOutputTokens=50), "cachedContent": "cachedContents/full"},
+                      {"cached_contents": {"cachedContents/full": {
+                          "model": LITE, "tokens": 1_048_000}}}, 10_480),
+    "urlContext": ({**body("read https://example.com/a and https://example.com/b",
+                           maxOutputTokens=50), "tools": [{"urlContext": {}}]},
+                   {"files": {"https://example.com/a": {"bytes": 400_000, "pages": 0},
+                              "https://example.com/b": {"bytes": 4_000, "pages": 3}}}, 10_177),
+    **{f"mediaResolution-{level}": ({"contents": [{"role": "user", "parts": [
+        {"text": "what is it?"}, {"inlineData": {"mimeType": "image/png",
+                                                 "data": png(2_000, 1_000)}}]}],
+        "generationConfig": {"maxOutputTokens": 50,
+                             "mediaResolution": f"MEDIA_RESOLUTION_{level}"}}, {}, 155)
+       for level in ("LOW", "MEDIUM", "HIGH")},  # 1,548 image tokens by the stub's tiles
+}
+
+
+@pytest.mark.parametrize("case", HELD)
+def test_a_body_the_gateway_can_bound_is_held_there_and_billed_within_it(
+        gw: ServiceProcess, admin: Client, stub: StubProvider, case: str) -> None:
+    sent, control, least_micros = HELD[case]
+    stub_control(stub.url, control)
+    tag, key = account(admin, 10_000_000)
+    r = admin.post(f"/v1beta/models/{LITE}:generateContent", headers={"x-goog-api-key": key},
+                   json=sent)
+    assert r.status_code == 200, r.text
+    [cost] = costs(stub)
+    assert least_micros <= cost <= int(r.headers["x-ceiling-reserved-micros"])
+    assert settled(admin, tag)["committed_micros"] == cost
+
+
 def test_a_cached_content_is_held_at_the_models_window(
         gw: ServiceProcess, admin: Client, stub: StubProvider) -> None:
     """A cachedContent reference can feed the model up to its window: held there, so a budget
@@ -256,6 +392,44 @@ def test_thinking_is_held_on_top_of_the_cap_and_charged_the_bill(
                    json=body(maxOutputTokens=100, thinkingConfig={"thinkingBudget": 500}))
     assert r.status_code == 200, r.text
     assert int(r.headers["x-ceiling-reserved-micros"]) >= 600 * 2_500_000 // 1_000_000
+
+
+@pytest.mark.parametrize("candidates", [1, 8])
+@pytest.mark.parametrize("outside", [False, True],
+                         ids=["thoughts-within-the-cap", "thoughts-beside-the-cap"])
+def test_the_hold_is_the_documented_worst_case_and_the_stubs_whole_spend_stays_within_it(
+        gw: ServiceProcess, admin: Client, stub: StubProvider, spy: FaultProxy,
+        outside: bool, candidates: int) -> None:
+    """Google documents thinking billed at the output rate and a budget the model may
+    overflow, not that thoughts count inside maxOutputTokens (docs/gateway.md, "The Gemini
+    API"): each candidate is held at its cap plus its budget. The stub, drawn far past both,
+    spends the whole cap on thoughts and answer together (as Google serves it), or, the other
+    reading, the whole cap on its answer and the whole budget on thoughts: its bill reaches the
+    hold's output and never passes the hold. Every candidate asked for is held and billed."""
+    stub_control(stub.url, {"thinking_outside_output_cap": outside})
+    tag, key = account(admin, 10_000_000)
+    cap, budget = 100, 500
+    spy.output_tokens = 100_000
+    try:
+        r = admin.post(f"/v1beta/models/{PRO}:generateContent", headers={"x-goog-api-key": key},
+                       json=body(maxOutputTokens=cap, candidateCount=candidates,
+                                 thinkingConfig={"thinkingBudget": budget}))
+    finally:
+        spy.disarm()
+    assert r.status_code == 200, r.text
+    usage = r.json()["usageMetadata"]
+    written = usage.get("candidatesTokenCount", 0) + usage["thoughtsTokenCount"]
+    assert written == candidates * (cap + budget if outside else cap)
+    # The hold by hand: the forwarded body's text by its bytes (4 tokens a turn) at 2.5 Pro's
+    # $1.25 a million, and every candidate's cap and budget at its $10 output rate.
+    sent = spy.forwarded()
+    text = sum(4 + json_bytes(turn) for turn in sent["contents"]) + json_bytes(
+        {k: v for k, v in sent.items() if k != "contents"})
+    hold = math.ceil(Fraction(text * 125, 100) + candidates * (cap + budget) * 10)
+    assert int(r.headers["x-ceiling-reserved-micros"]) == hold
+    [cost] = costs(stub)
+    assert 0 < cost <= hold
+    assert settled(admin, tag)["committed_micros"] == cost
 
 
 def test_generate_content_stream_passes_unchanged_and_is_charged_the_bill(

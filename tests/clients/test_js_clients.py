@@ -1,10 +1,12 @@
 """The real JavaScript clients through the gateway, unchanged, judged by the provider's bill.
 
 The Vercel AI SDK (OpenAI Responses, OpenAI chat, Anthropic: generateText, streamText,
-generateObject, multi-step tools with a reasoning model), Claude Code (`claude -p` with a tool
-turn) and Codex (`codex exec` with a tool turn), installed from their registry at the versions
-of tests/clients/js/package-lock.json (infra/clients.py), each pointed at a gateway with the
-base URL and a spend-ceiling key and nothing else that changes what it sends (docs/clients.md).
+generateObject, multi-step tools with a reasoning model; Google's provider on the Gemini API,
+routed by CEILING_UPSTREAMS: generateText, streamText, multi-step tools), Claude Code (`claude
+-p` with a tool turn) and Codex (`codex exec` with a tool turn), installed from their registry
+at the versions of tests/clients/js/package-lock.json (infra/clients.py), each pointed at a
+gateway with the base URL and a spend-ceiling key and nothing else that changes what it sends
+(docs/clients.md).
 
 Each case passes when the client finished without error and the ledger's committed spend equals
 the stub provider's bill to the micro-dollar; shown a budget too small for one call, each
@@ -32,7 +34,7 @@ from infra.clients import ai_sdk_env, claude_env, codex_env, ensure_js_clients, 
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill, stub_control
-from tests.api.conftest import Client, gateway_to_stub, settled
+from tests.api.conftest import ADMIN_TOKEN, Client, client_for, gateway_to_stub, settled
 from tests.support import write_prices
 
 # The AI SDK's OpenAI cases use a reasoning model, as the multi-step case must (step 2 sends
@@ -52,6 +54,10 @@ AI_SDK_FLAVOURS = {
     "openai-chat": OPENAI_MODEL,
     "anthropic": ANTHROPIC_MODEL,
 }
+# Google's provider: a thinking model (2.5 Flash thinks by default, so the tool turn sends its
+# thought signature back), in both price tables, reached through a `gemini` upstream.
+GOOGLE_MODEL = "gemini-2.5-flash"
+GOOGLE_CASES = ("generateText", "streamText", "tools")
 # Far above what a case holds: Claude Code on its default model holds about $3 for its first
 # call and over $4.90 for its second, whose thinking sent back is held at the model's context
 # window; the AI SDK asks Anthropic for 64,000 output tokens a call (~$0.96 on sonnet-4-5).
@@ -107,6 +113,27 @@ def gw(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory,
         yield service
 
 
+@pytest.fixture(scope="module")
+def gw_google(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory,
+              stub: StubProvider) -> Iterator[ServiceProcess]:
+    """A gateway whose one named upstream is the stub's Gemini API, as a team reaching Google
+    through the gateway configures it (CEILING_UPSTREAMS)."""
+    path = tmp_path_factory.mktemp("js_google") / "upstreams.json"
+    path.write_text(json.dumps({"upstreams": [{
+        "name": "google", "api": "gemini", "base_url": stub.url, "api_key_env": "GEMINI_KEY",
+        "models": [GOOGLE_MODEL]}]}))
+    with ServiceProcess({"REDIS_URL": redis_server.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
+                         "CEILING_UPSTREAM_TIMEOUT_S": "60", "CEILING_UPSTREAMS": str(path),
+                         "GEMINI_KEY": "stub-key-unchecked"}) as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def admin_google(gw_google: ServiceProcess) -> Iterator[Client]:
+    with client_for(gw_google) as client:
+        yield client
+
+
 @pytest.fixture(autouse=True)
 def fresh_provider(stub: StubProvider) -> None:
     """Each test is judged by its own bill, with nothing scripted left over."""
@@ -137,9 +164,10 @@ def run(argv: list[str], env: dict[str, str], cwd: Path, trace: Path | None = No
 
 
 def ai_sdk(scripts: Path, tmp_path: Path, gw: ServiceProcess, key: str, flavour: str,
-           cases: tuple[str, ...]) -> Run:
-    return run(["node", str(scripts / "ai_sdk.mjs"), flavour, AI_SDK_FLAVOURS[flavour], *cases],
-               ai_sdk_env(tmp_path / "home", gw.url, key), tmp_path / "work")
+           cases: tuple[str, ...], trace: Path | None = None) -> Run:
+    model = GOOGLE_MODEL if flavour == "google" else AI_SDK_FLAVOURS[flavour]
+    return run(["node", str(scripts / "ai_sdk.mjs"), flavour, model, *cases],
+               ai_sdk_env(tmp_path / "home", gw.url, key), tmp_path / "work", trace)
 
 
 def claude(node_modules: Path, tmp_path: Path, gw: ServiceProcess, key: str,
@@ -225,6 +253,40 @@ def test_ai_sdk_shows_the_budget_refusal(
     assert (case["outcome"], case["status"]) == ("error", 402), result.output
     assert_budget_refusal_shown(result, stub, tag)
     assert "budget_exceeded" in case["body"]
+
+
+def test_ai_sdk_google_cases_bill_what_the_ledger_books(
+        scripts: Path, tmp_path: Path, gw_google: ServiceProcess, admin_google: Client,
+        stub: StubProvider) -> None:
+    """Google's provider with a base URL and a key: each case finishes, the ledger books what
+    the stub billed for them all, and Node reached the gateway and nothing else."""
+    tag, key = account(admin_google, ROOMY_MICROS)
+    trace = tmp_path / "strace"
+    result = ai_sdk(scripts, tmp_path, gw_google, key, "google", GOOGLE_CASES, trace)
+    cases = result.cases()
+    outcomes = {name: case["outcome"] for name, case in cases.items()}
+    assert outcomes == dict.fromkeys(GOOGLE_CASES, "ok"), result.output
+    # The function's result went back to the model: a second step.
+    assert cases["tools"]["steps"] >= 2, result.output
+    assert_ledger_is_bill(admin_google, stub, tag)
+    assert_only_the_gateway_reached(trace, gw_google)
+
+
+def test_ai_sdk_google_shows_the_budget_refusal(
+        scripts: Path, tmp_path: Path, gw_google: ServiceProcess, admin_google: Client,
+        stub: StubProvider) -> None:
+    """Google's shape: 400 FAILED_PRECONDITION, the gateway's code as the ErrorInfo's reason
+    and its message naming the budget, which the SDK raises unretried; nothing forwarded."""
+    tag, key = account(admin_google, TOO_SMALL_MICROS)
+    result = ai_sdk(scripts, tmp_path, gw_google, key, "google", ("generateText",))
+    [case] = result.cases().values()
+    assert (case["outcome"], case["status"]) == ("error", 400), result.output
+    error = json.loads(case["body"])["error"]
+    assert (error["status"], error["details"][0]["reason"]) == (
+        "FAILED_PRECONDITION", "budget_exceeded"), result.output
+    assert f"budget {tag} " in error["message"], result.output
+    assert fetch_bill(stub.url, with_log=False).total.calls == 0
+    assert settled(admin_google, tag)["committed_micros"] == 0
 
 
 @pytest.mark.parametrize("model", CLAUDE_MODELS.values(), ids=CLAUDE_MODELS.keys())

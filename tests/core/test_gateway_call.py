@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import pytest
 
 from core import gateway
 from core.budgets import BudgetDef, BudgetId, Limit, Period
+from core.config import load as load_config
 from core.errors import CeilingError
 from core.formats import FORMATS, Api, Plan, WireFormat
 from core.gateway import (
@@ -37,6 +38,7 @@ from core.ledger import LedgerStore, LegStatus, Role, StoredReply
 from core.prices import PriceTable, Usage
 from core.service import Caller, CeilingService
 from core.upstream import AnswerTooLarge, NotSent, Sent, Unanswered, Upstream
+from core.upstreams import parse as parse_upstreams
 from tests.support import STORE_FACTORIES, ManualClock
 
 CHAT = FORMATS[Api.CHAT]
@@ -93,7 +95,8 @@ class FakeUpstream:
         self.calls += 1
         return await self.reply(call_plan)
 
-    async def count(self, api: Api, content: bytes, headers: tuple[tuple[str, str], ...]) -> Sent:
+    async def count(self, api: Api, content: bytes, headers: tuple[tuple[str, str], ...],
+                    model: str = "") -> Sent:
         return 200, JSON, b'{"input_tokens": 3}'
 
 
@@ -400,4 +403,39 @@ async def test_a_token_count_holds_nothing(ledger: Ledger) -> None:
             "model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}],
         }).encode(), (), None))
     assert (answer.status, answer.body) == (200, b'{"input_tokens": 3}')
+    assert await ledger.books() == (0, 0)
+
+
+class CountingUpstream(FakeUpstream):
+    """A named upstream's client that answers a token count only for the model it knows."""
+
+    def __init__(self, known: str) -> None:
+        super().__init__(answering(200))
+        self.known = known
+        self.asked: list[str] = []
+
+    async def count(self, api: Api, content: bytes, headers: tuple[tuple[str, str], ...],
+                    model: str = "") -> Sent:
+        self.asked.append(model)
+        if model != self.known:
+            return 404, JSON, b'{"error": {"code": 404, "message": "no such model"}}'
+        return 200, JSON, b'{"totalTokens": 3}'
+
+
+async def test_a_routed_count_asks_its_upstream_for_the_model_by_the_upstreams_name(
+        ledger: Ledger) -> None:
+    """A count routed as `<upstream>/<model>` (or to any upstream that knows the model by
+    another name) is counted for the model the upstream knows, not the path's name."""
+    config = replace(load_config({}), upstreams=parse_upstreams({"upstreams": [
+        {"name": "g", "api": "gemini", "base_url": "https://example.test", "api_key_env": "K",
+         "models": ["gemini-2.5-flash"]}]}, {"K": "k"}))
+    up = CountingUpstream("gemini-2.5-flash")
+    gw = Gateway(lambda wire: up, lambda: ledger.store.replies, Shapes(),
+                 client_of=lambda definition: up)
+    answer = Answered(*await gw.count(
+        ledger.service, ledger.who, FORMATS[Api.GEMINI],
+        json.dumps({"contents": [{"parts": [{"text": "hi"}]}]}).encode(), (), config,
+        path_model="g/gemini-2.5-flash"))
+    assert up.asked == ["gemini-2.5-flash"]
+    assert (answer.status, answer.body) == (200, b'{"totalTokens": 3}')
     assert await ledger.books() == (0, 0)

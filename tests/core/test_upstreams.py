@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from core.ledger import Upstream
-from core.upstreams import ModelNotRouted, UpstreamApi, UpstreamsError, bill_of, load, parse
+from core.upstreams import ModelNotRouted, UpstreamsError, bill_of, load, parse
 
 ENV = {"OPENAI_KEY": "sk-1", "ROUTER_KEY": "sk-2", "AZ_KEY": "az", "AWS_ACCESS_KEY_ID": "AKIA",
        "AWS_SECRET_ACCESS_KEY": "secret"}
@@ -90,7 +90,7 @@ def test_a_bedrock_model_is_sent_by_its_id_and_its_id_is_priced_as_the_model() -
     assert routed.upstream.prices_provider == "aws"
     by_id = ups.resolve("us.anthropic.claude-sonnet-4-5-20250929-v1:0", "messages")
     assert by_id.priced_model == "claude-sonnet-4-5"
-    assert routed.upstream.aws_credentials == ("AKIA", "secret", None)
+    assert routed.upstream.signing_credentials == ("AKIA", "secret", None)
 
 
 @pytest.mark.parametrize(("entry", "message"), [
@@ -124,7 +124,7 @@ def test_bedrock_needs_aws_credentials_and_names_are_unique() -> None:
 def test_load_reads_the_file_and_refuses_what_is_not_json(tmp_path: Path) -> None:
     good = tmp_path / "up.json"
     good.write_text(json.dumps(doc(OPENAI)))
-    assert load(str(good), ENV).by_name["openai"].api is UpstreamApi.OPENAI
+    assert load(str(good), ENV).by_name["openai"].api == "openai"
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     with pytest.raises(UpstreamsError, match="not JSON"):

@@ -15,7 +15,7 @@ from api.upstreams.azure import AzureUpstream
 from core.formats import Api, Plan
 from core.gateway_request import plan
 from core.upstream import NotSent, Unanswered
-from core.upstreams import UpstreamApi, UpstreamDef
+from core.upstreams import UpstreamDef
 from infra.stub_provider import StubProvider
 from tests.api.upstreams.conftest import (
     HANG_TIMEOUT_S,
@@ -44,7 +44,7 @@ def provider() -> Iterator[StubProvider]:
 
 
 def definition(base_url: str, key: str = KEY) -> UpstreamDef:
-    return UpstreamDef(name="azure-east", api=UpstreamApi.AZURE, base_url=base_url,
+    return UpstreamDef(name="azure-east", api="azure", base_url=base_url,
                        prices_provider="azure", priced={"prod-4o": "gpt-4o"}, api_key=key)
 
 

@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
-from api.upstreams.base import cloud_messages_body, error_as_anthropic
 from api.upstreams.bedrock import BedrockUpstream, sse_event
+from api.upstreams.cloud_messages import cloud_messages_body, error_as_anthropic
 from core.formats import Api, Plan
 from core.gateway_request import plan
 from core.upstream import NotSent, Sent, Unanswered
-from core.upstreams import UpstreamApi, UpstreamDef
+from core.upstreams import UpstreamDef
 from infra.stub_provider import StubProvider
 from tests.api.upstreams.conftest import (
     HANG_TIMEOUT_S,
@@ -44,10 +44,10 @@ HELLO_TOKENS = 9  # "hello" as the stub counts it: 2 + 4 for the message + 3 for
 def definition(base_url: str, *, secret: str = SECRET_KEY,
                token: str | None = None) -> UpstreamDef:
     return UpstreamDef(
-        name="bedrock-east", api=UpstreamApi.BEDROCK, base_url=base_url, prices_provider="aws",
+        name="bedrock-east", api="bedrock", base_url=base_url, prices_provider="aws",
         priced={"claude-sonnet-4-5": "claude-sonnet-4-5", GLOBAL_SONNET: "claude-sonnet-4-5"},
         sent={"claude-sonnet-4-5": GLOBAL_SONNET}, region=REGION,
-        aws_credentials=(ACCESS_KEY, secret, token))
+        signing_credentials=(ACCESS_KEY, secret, token))
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from api.upstreams import client_of, made
 from api.upstreams.azure import AzureUpstream
 from api.upstreams.bedrock import BedrockUpstream
 from api.upstreams.gemini import GeminiUpstream
+from core.formats import Api
 from core.upstream import NotSent, Unanswered
 from core.upstreams import parse
 from infra.stub_provider import StubProvider
@@ -113,7 +114,7 @@ async def test_failures_are_sorted_by_what_they_prove(google: GeminiUpstream,
 
 async def test_count_tokens_is_free(google: GeminiUpstream, http: httpx.Client) -> None:
     content = json.dumps({"contents": [{"role": "user", "parts": [{"text": "hello"}]}]})
-    sent = await google.count_gemini(FLASH, content.encode())
+    sent = await google.count(Api.GEMINI, content.encode(), (), FLASH)
     assert sent[0] == 200
     assert isinstance(sent[2], bytes)
     assert json.loads(sent[2])["totalTokens"] == 9

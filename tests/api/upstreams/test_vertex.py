@@ -22,7 +22,7 @@ from api.upstreams.vertex import VertexUpstream, endpoint
 from core.formats import Api, Plan
 from core.gateway_request import plan
 from core.upstream import NotSent, Sent, Unanswered
-from core.upstreams import UpstreamApi, UpstreamDef
+from core.upstreams import UpstreamDef
 from infra.stub_provider import StubProvider
 from tests.api.upstreams.conftest import (
     HANG_TIMEOUT_S,
@@ -55,7 +55,7 @@ def service_account(provider: StubProvider, tmp_path_factory: pytest.TempPathFac
 
 
 def definition(base_url: str, credentials_file: Path, region: str = REGION) -> UpstreamDef:
-    return UpstreamDef(name="vertex-east", api=UpstreamApi.VERTEX, base_url=base_url,
+    return UpstreamDef(name="vertex-east", api="vertex", base_url=base_url,
                        prices_provider="google", priced={FLASH: FLASH, CLAUDE: CLAUDE},
                        project=PROJECT, region=region, credentials_file=str(credentials_file))
 

@@ -1,14 +1,18 @@
 // The Vercel AI SDK as an application uses it: the default `openai` and `anthropic` providers,
 // pointed at the gateway only by OPENAI_BASE_URL / OPENAI_API_KEY and ANTHROPIC_BASE_URL /
-// ANTHROPIC_API_KEY, with no other setting. Runs the named cases of one provider in one process
+// ANTHROPIC_API_KEY, with no other setting; Google's provider, which reads its key from
+// GOOGLE_GENERATIVE_AI_API_KEY but its base URL from no variable, made by createGoogle with the
+// base URL this script is given in GOOGLE_GENERATIVE_AI_BASE_URL (as an application passes its
+// own setting). Runs the named cases of one provider in one process
 // (one Node start-up, not one a case) and prints one line a case:
 //   CASE <name> ok <json>          what the call returned (text length, steps, usage)
 //   CASE <name> error <json>       the error as the SDK raised it: name, message, status, body
 //
-//   node ai_sdk.mjs <openai-responses|openai-chat|anthropic> <model> <case> [<case>...]
+//   node ai_sdk.mjs <openai-responses|openai-chat|anthropic|google> <model> <case> [<case>...]
 // Cases: generateText, streamText, generateObject, tools (multi-step, stopWhen stepCountIs(3)).
 import { generateObject, generateText, stepCountIs, streamText, tool } from "ai";
 import { anthropic } from "@ai-sdk/anthropic";
+import { createGoogle } from "@ai-sdk/google";
 import { openai } from "@ai-sdk/openai";
 import { z } from "zod";
 
@@ -20,9 +24,10 @@ const MODELS = {
   "openai-responses": () => openai(modelName),
   "openai-chat": () => openai.chat(modelName),
   anthropic: () => anthropic(modelName),
+  google: () => createGoogle({ baseURL: process.env.GOOGLE_GENERATIVE_AI_BASE_URL })(modelName),
 };
 if (!MODELS[flavour] || !modelName || cases.length === 0) {
-  console.error("usage: node ai_sdk.mjs <openai-responses|openai-chat|anthropic> <model> <case>...");
+  console.error("usage: node ai_sdk.mjs <openai-responses|openai-chat|anthropic|google> <model> <case>...");
   process.exit(2);
 }
 const model = MODELS[flavour]();

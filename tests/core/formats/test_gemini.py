@@ -34,6 +34,7 @@ from core.formats.gemini import (
 )
 from core.formats.gemini_tokens import image_size, image_tokens
 from core.prices import PriceTable, Usage
+from core.prices.bundled import gemini_limits
 
 TABLE = PriceTable()
 WINDOW = 1_048_576
@@ -635,3 +636,110 @@ def test_grounding_per_query_is_held_for_every_candidate(tmp_path: Any) -> None:
                                                   provider=spec.provider)
 
     assert searches_micros(3) - searches_micros(1) >= 2 * 3 * 14_000
+
+
+# -- models by exact name or family: a family is a name and Google's version suffixes ---------
+
+IMPOSTORS = ["gemini-2.5-flash-evil", "gemini-2.5-pro-anything", "gemini-2.5-pro2",
+             "gemini-2.5-proevil", "gemini-2.5-flash-image-preview", "gemini-2.5-flash-001-x",
+             "gemini-2.5-flash-preview", "gemini-2.5-flash-preview-9-2025",
+             "gemini-3-pro-preview-evil", "gemini-2.0-flash-lite-preview-02-05x"]
+
+
+@pytest.mark.parametrize("model", IMPOSTORS)
+def test_a_name_that_only_begins_as_a_known_models_takes_none_of_its_rules(model: str) -> None:
+    """A name a family's name begins but Google's version suffixes do not end is a model of
+    its own: its thinking is held at the budget its request gives (refused without one), its
+    images at the window, its grounding per query, and it has no bundled limits."""
+    with pytest.raises(InputUnbounded) as refused:
+        plan(body(generationConfig={"maxOutputTokens": 10}), model)
+    assert refused.value.details["field"] == BUDGET_PATH
+    budgeted = {"maxOutputTokens": 10, "thinkingConfig": {"thinkingBudget": 40_000}}
+    assert plan(body(generationConfig=budgeted), model).output_tokens_max == 10 + 40_000
+    image = plan(body(inline("image/png", png(10, 10)), generationConfig=budgeted), model)
+    assert image.media.referred_field == "contents[0].parts[0].inlineData"
+    search = plan(body(tools=[{"googleSearch": {}}], generationConfig=budgeted), model)
+    assert search.media.web_searches == 0  # per query: web_searches_max bounds it
+    assert gemini_limits(model) is None
+    assert searches(grounded(model, ["a", "b"])) == 2
+
+
+@pytest.mark.parametrize(("model", "family"), [
+    ("gemini-2.5-flash", FLASH),
+    ("gemini-2.5-flash-preview-09-2025", FLASH),
+    ("gemini-2.5-flash-preview-05-20", FLASH),
+    ("gemini-2.5-flash-lite-preview-09-2025", LITE),
+    ("gemini-2.5-flash-latest", FLASH),
+    ("gemini-2.5-pro-preview-06-05", PRO),
+    ("gemini-2.5-pro-exp-03-25", PRO),
+    ("gemini-2.0-flash-001", "gemini-2.0-flash"),
+    ("gemini-2.0-flash-exp", "gemini-2.0-flash"),
+    ("gemini-2.0-flash-lite-preview-02-05", "gemini-2.0-flash-lite"),
+    ("gemini-3-pro-preview-11-2025", G3),
+])
+def test_a_documented_version_of_a_family_takes_its_rules(model: str, family: str) -> None:
+    config = {"maxOutputTokens": 10}
+    assert plan(body(generationConfig=config), model).output_tokens_max == plan(
+        body(generationConfig=config), family).output_tokens_max
+    assert gemini_limits(model) == gemini_limits(family) is not None
+
+
+def test_image_tiles_and_grounding_per_prompt_by_a_familys_versions() -> None:
+    tiled = plan(body(inline("image/png", png(10, 10)),
+                      generationConfig={"thinkingConfig": {"thinkingBudget": 0}}),
+                 "gemini-2.5-flash-preview-09-2025")
+    assert not tiled.media.referred_field
+    assert tiled.text_tokens_max > 258
+    assert searches(grounded("gemini-2.5-flash-001", ["a", "b"])) == 1
+    assert searches(grounded("models/gemini-2.5-flash", ["a", "b"])) == 1
+
+
+# -- media resolution -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", [None, "MEDIA_RESOLUTION_UNSPECIFIED", "MEDIA_RESOLUTION_LOW",
+                                   "MEDIA_RESOLUTION_MEDIUM"])
+def test_a_resolution_at_most_medium_keeps_a_25_image_at_its_tiles(level: str | None) -> None:
+    """Google: low 64 tokens an image, medium 256 (GenerationConfig.mediaResolution), each
+    below the 258 of a tile."""
+    config: dict[str, Any] = {"thinkingConfig": {"thinkingBudget": 0}}
+    if level is not None:
+        config["mediaResolution"] = level
+    call = plan(body(inline("image/png", png(1_000, 500)), generationConfig=config), FLASH)
+    assert not call.media.referred_field
+    assert call.text_tokens_max > 8 * 258
+
+
+@pytest.mark.parametrize(("config", "part", "field"), [
+    ({"mediaResolution": "MEDIA_RESOLUTION_HIGH"}, {}, "contents[0].parts[0].inlineData"),
+    ({}, {"mediaResolution": {"level": "MEDIA_RESOLUTION_HIGH"}},
+     "contents[0].parts[0].inlineData"),
+    ({}, {"mediaResolution": {"level": "MEDIA_RESOLUTION_ULTRA_HIGH"}},
+     "contents[0].parts[0].inlineData"),
+])
+def test_a_high_resolution_holds_a_25_image_at_the_window(
+        config: dict[str, Any], part: dict[str, Any], field: str) -> None:
+    """High is "zoomed reframing with 256 tokens", a count Google does not bound by the
+    image's tiles: held at the window, as a Gemini 3 image is."""
+    given = body({**inline("image/png", png(100, 100)), **part},
+                 generationConfig={**config, "thinkingConfig": {"thinkingBudget": 0}})
+    assert plan(given, FLASH).media.referred_field == field
+
+
+@pytest.mark.parametrize(("config", "part", "field"), [
+    ({"mediaResolution": "MEDIA_RESOLUTION_ENORMOUS"}, {}, "generationConfig.mediaResolution"),
+    ({"mediaResolution": 3}, {}, "generationConfig.mediaResolution"),
+    ({}, {"mediaResolution": "MEDIA_RESOLUTION_LOW"}, "contents[0].parts[0].mediaResolution"),
+    ({}, {"mediaResolution": {"level": "x"}}, "contents[0].parts[0].mediaResolution"),
+    ({}, {"mediaResolution": {"level": ["x"]}}, "contents[0].parts[0].mediaResolution"),
+    ({"mediaResolution": {"level": "MEDIA_RESOLUTION_LOW"}}, {},
+     "generationConfig.mediaResolution"),
+    ({}, {"mediaResolution": {"level": "MEDIA_RESOLUTION_LOW", "more": 1}},
+     "contents[0].parts[0].mediaResolution"),
+])
+def test_a_resolution_google_does_not_name_is_refused(
+        config: dict[str, Any], part: dict[str, Any], field: str) -> None:
+    given = body({**inline("image/png", png(100, 100)), **part}, generationConfig=config)
+    with pytest.raises(InvalidRequest) as refused:
+        plan(given, FLASH)
+    assert refused.value.details["field"] == field

@@ -1,0 +1,10 @@
+"""`anthropic`: Anthropic's Messages API, the key in `x-api-key`; its client is api/upstream.py's
+(api/upstreams/keyed.py)."""
+
+from __future__ import annotations
+
+from core.ledger import Upstream
+from core.upstream_kinds.kind import UpstreamKind
+
+KIND = UpstreamKind("anthropic", frozenset({"messages"}), "anthropic", Upstream.ANTHROPIC,
+                    "keyed")
