@@ -204,16 +204,21 @@ def _money_cells(amounts: Sequence[tuple[str, int]], *, titled: bool = False) ->
         for name, micros in amounts)
 
 
-def _period_rows(r: spend.BudgetReport) -> str:
+def _period_rows(legs: Sequence[LegStatus], model: str | None = None) -> str:
+    """A row per period window, with its figures and a bar of how much is spent; with `model`,
+    the rows of a budget's calls of that model (per_model), which name it first."""
+    named = "" if model is None else f"data-model='{_attr(model)}' "
+    first = "" if model is None else f"<td><code>{escape(model)}</code></td>"
     rows = []
-    for leg in r.legs:
+    for leg in legs:
         period = period_of(leg.window_key).value
         cells = _money_cells((("ceiling_micros", leg.ceiling_micros),
                               ("committed_micros", leg.committed_micros),
                               ("reserved_micros", leg.reserved_micros),
                               ("remaining_micros", leg.remaining_micros)), titled=True)
         resets = "never" if leg.resets_at_ms is None else _when(leg.resets_at_ms)
-        rows.append(f"<tr data-period='{_attr(period)}' data-window='{_attr(leg.window_key)}'>"
+        rows.append(f"<tr {named}data-period='{_attr(period)}' "
+                    f"data-window='{_attr(leg.window_key)}'>{first}"
                     f"<th scope=row>{escape(period)}<small>{escape(leg.window_key)}</small></th>"
                     f"{cells}<td class=barcell>{_bar(leg)}<small>resets {resets}</small></td></tr>")
     return "".join(rows)
@@ -256,22 +261,10 @@ def _models(r: spend.BudgetReport) -> str:
               + ("*" if allow is None else _attr(" ".join(allow))) + "'>models: "
               + ("any" if allow is None else ", ".join(f"<code>{escape(m)}</code>"
                                                       for m in allow)) + "</p>")
-    rows = []
-    for m in r.models:
-        for leg in m.legs:
-            period = period_of(leg.window_key).value
-            cells = _money_cells((("ceiling_micros", leg.ceiling_micros),
-                                  ("committed_micros", leg.committed_micros),
-                                  ("reserved_micros", leg.reserved_micros),
-                                  ("remaining_micros", leg.remaining_micros)), titled=True)
-            rows.append(f"<tr data-model='{_attr(m.model)}' data-period='{_attr(period)}' "
-                        f"data-window='{_attr(leg.window_key)}'><td><code>{escape(m.model)}"
-                        f"</code></td><th scope=row>{escape(period)}"
-                        f"<small>{escape(leg.window_key)}</small></th>{cells}"
-                        f"<td class=barcell>{_bar(leg)}</td></tr>")
+    rows = "".join(_period_rows(m.legs, m.model) for m in r.models)
     table = ("<table class=per-model><thead><tr><th>model</th><th>period</th><th>ceiling</th>"
              "<th>committed</th><th>reserved</th><th>remaining</th><th></th></tr></thead>"
-             f"<tbody>{''.join(rows)}</tbody></table>") if rows else ""
+             f"<tbody>{rows}</tbody></table>") if rows else ""
     return f"<div class=models>{listed}{table}</div>"
 
 
@@ -285,7 +278,7 @@ def _budget_card(r: spend.BudgetReport, now_ms: int, hours: int) -> str:
             f"{hours} h</span></header>"
             "<table class=periods><thead><tr><th>period</th><th>ceiling</th><th>committed</th>"
             "<th>reserved</th><th>remaining</th><th></th></tr></thead>"
-            f"<tbody>{_period_rows(r)}</tbody></table>{_models(r)}{chart(r, now_ms, hours)}"
+            f"<tbody>{_period_rows(r.legs)}</tbody></table>{_models(r)}{chart(r, now_ms, hours)}"
             "</section>")
 
 
