@@ -21,9 +21,10 @@ docs/tokens, /pricing, /thinking, /grounding):
   separate). Unknown means held: the cap and the budget are held side by side, which covers
   both readings (within the cap the sum is a double bound, never a short one); a budget
   overflowed beyond it is the one case neither reading bounds, settled above the hold and
-  recorded as overshoot. The budget is
-  the request's thinkingBudget, or where it is dynamic (-1), absent on a model that thinks by
-  default, or set by thinkingLevel, the model's documented maximum (GEMINI_THINKING);
+  recorded as overshoot. The budget is the request's thinkingBudget (a positive one at least
+  the least of the model's documented range, to which Google may raise one below it), or where
+  it is dynamic (-1), absent on a model that thinks by default, or set by thinkingLevel, the
+  model's documented maximum (GEMINI_THINKING);
 - candidateCount answers;
 - media by Google's rules: an image by its tiles (read from its header), audio at 32 tokens a
   second of the duration its bytes bound, text files by their bytes; a video, a PDF, other audio,
@@ -341,24 +342,26 @@ def thinking_tokens(config: dict[str, Any], model: str) -> int:
         raise InvalidRequest(f"{BUDGET_PATH} must be -1 (dynamic), 0 or a token count",
                              field=BUDGET_PATH)
     if type(budget) is int and budget != DYNAMIC_BUDGET:
-        if rule is not None and budget > rule[0]:
+        if rule is None or budget == 0:
+            return budget
+        if budget > rule.most:
             raise InputUnbounded(
                 f"{BUDGET_PATH} ({budget}) is above model {model!r}'s documented most "
-                f"({rule[0]}): the gateway holds the thinking a model can bill, and this one "
+                f"({rule.most}): the gateway holds the thinking a model can bill, and this one "
                 "is not documented to stop there", field=BUDGET_PATH, model=model)
-        return budget
+        # Below the model's range, Google may raise it to the range's least.
+        return max(budget, rule.least)
     if rule is None:
         raise InputUnbounded(
             f"model {model!r} has no documented most thinking tokens the gateway knows, and "
             f"the request sets no {BUDGET_PATH}: send a budget (0 turns thinking off on models "
             "that allow it)", field=BUDGET_PATH, model=model)
-    most, thinks_by_default = rule
     # A model that does not think by default thinks when the request asks: by a level, a
     # dynamic budget, or for its thoughts (includeThoughts), which a model may take as asking.
     asked = thinking.get("thinkingLevel") is not None or thinking.get("includeThoughts") is True
-    if budget is None and not asked and not thinks_by_default:
+    if budget is None and not asked and not rule.by_default:
         return 0
-    return most
+    return rule.most
 
 
 def _camel_case(fields: dict[str, Any], where: str) -> None:
@@ -579,7 +582,8 @@ GEMINI_BODY: Schema = object_of({
         "thinkingConfig": object_of({
             "thinkingBudget": {"type": "integer", "minimum": DYNAMIC_BUDGET,
                                "description": "held on top of maxOutputTokens; -1 (dynamic) "
-                               "and none are held at the model's documented most"},
+                               "and none are held at the model's documented most, a budget "
+                               "below its documented range at the range's least"},
             "thinkingLevel": {"type": "string", "enum": ["minimal", "low", "medium", "high"]},
             "includeThoughts": BOOLEAN,
         }, more=False),

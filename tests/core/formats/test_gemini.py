@@ -290,6 +290,27 @@ def test_thinking_is_held_on_top_of_the_cap(model: str, thinking: dict[str, Any]
     assert plan(body(generationConfig=config), model).output_tokens_max == 100 + tokens
 
 
+@pytest.mark.parametrize(("model", "budget", "tokens"), [
+    (PRO, 1, 128),  # 2.5 Pro: 128 to 32,768
+    (PRO, 127, 128),
+    (PRO, 128, 128),
+    (PRO, 129, 129),
+    (LITE, 1, 512),  # 2.5 Flash-Lite: 512 to 24,576
+    (LITE, 511, 512),
+    (LITE, 513, 513),
+    ("gemini-2.5-flash-lite-preview-09-2025", 100, 512),  # a version: its family's least
+    (FLASH, 1, 1),  # 2.5 Flash: 0 to 24,576
+    (LITE, 0, 0),  # 0 turns thinking off where Google documents it
+])
+def test_a_budget_below_the_models_least_is_held_at_that_least(model: str, budget: int,
+                                                              tokens: int) -> None:
+    """A thinkingBudget Google documents a model as not taking (below its range) may be raised
+    to the range's least: held there, so the bill of a raised budget stays within the hold."""
+    given = body(generationConfig={"maxOutputTokens": 100,
+                                   "thinkingConfig": {"thinkingBudget": budget}})
+    assert plan(given, model).output_tokens_max == 100 + tokens
+
+
 def test_thinking_without_a_documented_bound_or_given_twice_is_refused() -> None:
     with pytest.raises(InputUnbounded) as refused:
         plan(body(), "gemini-9-ultra")
