@@ -39,8 +39,9 @@ IMAGE_TILE_PX_MIN, IMAGE_TILE_PX_MAX = 256, 768
 # Google names these levels (GenerationConfig.mediaResolution, https://ai.google.dev/api/
 # generate-content#MediaResolution; https://ai.google.dev/gemini-api/docs/media-resolution). On
 # the tiled models low is 64 tokens an image and medium 256, each within a tile's 258, so the
-# tiles bound them; high is "zoomed reframing with 256 tokens" and ultra high Gemini 3's, counts
-# the tiles do not bound: an image asked for at either is held at the window.
+# tiles bound them; high is "256 + Pan & Scan (~2048)" (the media resolution page's "Token
+# counts") and ultra high Gemini 3's, counts the tiles do not bound: an image asked for at
+# either is held at the window.
 MEDIA_RESOLUTIONS = frozenset({
     "MEDIA_RESOLUTION_UNSPECIFIED", "MEDIA_RESOLUTION_LOW", "MEDIA_RESOLUTION_MEDIUM",
     "MEDIA_RESOLUTION_HIGH", "MEDIA_RESOLUTION_ULTRA_HIGH",
