@@ -470,10 +470,17 @@ def test_a_budget_below_the_models_range_is_held_at_its_least_which_the_stub_thi
 
 
 def test_generate_content_stream_passes_unchanged_and_is_charged_the_bill(
-        gw: ServiceProcess, admin: Client, stub: StubProvider) -> None:
+        gw: ServiceProcess, admin: Client, stub: StubProvider, spy: FaultProxy) -> None:
     tag, key = account(admin, 10_000_000)
-    chunks = list(google(gw, key).models.generate_content_stream(
-        model=LITE, contents=LONG, config=types.GenerateContentConfig(max_output_tokens=200)))
+    # 64 tokens written, whatever the stub's draw: 32 thought and 32 answered, two text chunks.
+    spy.output_tokens = 64
+    try:
+        chunks = list(google(gw, key).models.generate_content_stream(
+            model=PRO, contents=LONG, config=types.GenerateContentConfig(
+                max_output_tokens=200, thinking_config=types.ThinkingConfig(
+                    thinking_budget=128))))
+    finally:
+        spy.disarm()
     assert len(chunks) > 1
     last = chunks[-1].usage_metadata
     assert last is not None
