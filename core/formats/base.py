@@ -260,6 +260,9 @@ class Plan:
     # The named upstream (CEILING_UPSTREAMS) the call goes to, whose prices table holds and
     # settles it; None: the format's provider (the one-upstream shorthands) and its table.
     routed_to: UpstreamDef | None = None
+    # The name the upstream knows the model by (Routed.sent_model), where a format names it in
+    # its path (Gemini's) and `model` is the name it is priced by; None: `model`.
+    sent_model: str | None = None
 
     @property
     def api(self) -> Api:
