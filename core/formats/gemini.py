@@ -73,6 +73,7 @@ from core.formats.gemini_tokens import (
     REFERRED_IMAGE_TYPES,
     REFERRED_MIME_PREFIXES,
     TEXT_MIME_PREFIX,
+    THINKING_LEAST_MAX,
     image_size,
     image_tokens,
 )
@@ -708,8 +709,9 @@ class Gemini(WireFormat):
 
     def clamped_body(self, body: dict[str, Any], output_tokens_max: int) -> dict[str, Any]:
         """maxOutputTokens and the thinking together within `output_tokens_max`: thinking,
-        where the body lets the model think, set to a budget of at most half of it (a level
-        replaced by that budget, which Gemini 3 takes too), the answer's cap the rest. A body
+        where the body lets the model think, set to a budget of half of it or the body's own if
+        smaller, yet at least THINKING_LEAST_MAX (0 where that leaves no cap; a level replaced
+        by that budget, which Gemini 3 takes too), the answer's cap the rest. A body
         without thinkingConfig gets that budget too, since a model may think by default: on a
         model that thinks only when asked (Flash-Lite) it then thinks within it; one that cannot
         think (2.0) refuses it, unbilled, and the hold is released."""
@@ -721,6 +723,12 @@ class Gemini(WireFormat):
         else:
             half = output_tokens_max // 2
             new_budget = min(budget, half) if type(budget) is int and budget > 0 else half
+            # Not below any model's least (a model may raise it there, past the clamp); where
+            # that leaves no cap, thinking off: 0, which a model that cannot stop thinking
+            # (2.5 Pro) refuses unbilled.
+            new_budget = max(new_budget, THINKING_LEAST_MAX)
+            if new_budget >= output_tokens_max:
+                new_budget = 0
             thinking.pop("thinkingLevel", None)
             config["thinkingConfig"] = {**thinking, "thinkingBudget": new_budget}
             config[CAP_FIELD] = output_tokens_max - new_budget

@@ -156,3 +156,6 @@ GEMINI_THINKING: dict[str, ThinkingRange] = {
     "gemini-3-pro-preview": ThinkingRange(65_536, 0, True),
     "gemini-3-flash-preview": ThinkingRange(65_536, 0, True),
 }
+# The largest least any known model has (Flash-Lite's 512): a clamp splits its cap without the
+# model at hand, so a budget it sets is 0 or at least this, never one a model may raise.
+THINKING_LEAST_MAX = max(rule.least for rule in GEMINI_THINKING.values())

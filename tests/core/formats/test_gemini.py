@@ -433,6 +433,23 @@ def test_a_clamped_body_keeps_the_cap_and_thinking_within_the_clamp() -> None:
     assert off.clamped(300).body["generationConfig"]["maxOutputTokens"] == 300
 
 
+@pytest.mark.parametrize("clamp", [256, 400, 512, 513, 700, 1_023, 1_024, 5_000])
+@pytest.mark.parametrize("thinking", [None, {"thinkingBudget": 2_000}, {"thinkingBudget": -1}])
+def test_a_clamped_budget_is_off_or_at_least_any_known_models_least(
+        clamp: int, thinking: dict[str, Any] | None) -> None:
+    """The clamp splits its cap without knowing the model: a budget below Flash-Lite's least
+    (512) may be raised there, past the clamp. So the budget is 0 (thinking off, or refused
+    unbilled by a model that cannot turn it off) or at least 512, the cap the rest."""
+    config: dict[str, Any] = {"maxOutputTokens": 5_000}
+    if thinking is not None:
+        config["thinkingConfig"] = thinking
+    clamped = plan(body(generationConfig=config), LITE).clamped(clamp).body["generationConfig"]
+    budget = clamped["thinkingConfig"]["thinkingBudget"]
+    assert budget == 0 or budget >= 512
+    assert clamped["maxOutputTokens"] >= 1
+    assert clamped["maxOutputTokens"] + budget == clamp
+
+
 def test_a_count_request_names_only_known_fields() -> None:
     GEMINI.count_checked({"generateContentRequest": {"model": "models/x", "contents": []}},
                          (), frozenset())
