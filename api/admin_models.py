@@ -34,6 +34,18 @@ class PerUserBody(Strict):
     rate: RateBody | None = None
 
 
+class ModelsBody(Strict):
+    """The models a budget's calls may name; any other is refused (model_not_allowed)."""
+
+    allow: list[str]
+
+
+class ModelLimitsBody(Strict):
+    """One model's own limits under a budget, as '<budget>/model:<model>'."""
+
+    limits: list[LimitBody]
+
+
 class VelocityBody(Strict):
     """A velocity alarm: spend over window_s above max_micros, or above max_rate_multiple times the
     trailing hourly rate; pause stops the budget until an operator resumes it."""
@@ -63,6 +75,8 @@ class BudgetBody(Strict):
     rate: RateBody | None = None
     per_user: PerUserBody | None = None
     clamp: bool = False
+    models: ModelsBody | None = None
+    per_model: dict[str, ModelLimitsBody] | None = None
 
     def definition(self, budget_id: str) -> BudgetDef:
         # An operator names it: no reserved scope kind.

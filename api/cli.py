@@ -11,18 +11,24 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from api.runtime import Runtime, runtime, serving_as
-from api.views import correction_json, leg_json, stored_reservation_json, users_json
-from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period
+from api.views import (
+    budget_view_json,
+    correction_json,
+    stored_reservation_json,
+    users_json,
+)
+from core.budgets import BudgetDef, BudgetId, Limit, ModelLimits, OutagePolicy, Period
 from core.errors import CeilingError, InvalidRequest
 from core.ledger import ROLES_DEFAULT, Role
 from core.limits import CEILING_MICROS_MAX
 from core.money import usd_to_micros
 from core.reconcile import COST_REPORTS
 from core.service import CeilingService, operator_fingerprint
+from core.spend import budget_reading
 from core.text import whole_number
 
 if TYPE_CHECKING:
@@ -50,6 +56,24 @@ def _limit(text: str) -> Limit:
     if period not in Period.__members__.values() or not amount:
         raise argparse.ArgumentTypeError(f"{text!r}: give PERIOD=AMOUNT, PERIOD day|month|total")
     return Limit(Period(period), _amount(amount))
+
+
+def _model_limit(text: str) -> tuple[str, Limit]:
+    """'MODEL:PERIOD=AMOUNT' (the last ':' before the period: a model's name may hold ':')."""
+    model, _, limit = text.rpartition(":")
+    if not model:
+        raise argparse.ArgumentTypeError(f"{text!r}: give MODEL:PERIOD=AMOUNT, e.g. "
+                                         "gpt-5:day=$50")
+    return model, _limit(limit)
+
+
+def _per_model(given: Sequence[tuple[str, Limit]]) -> tuple[ModelLimits, ...]:
+    """--model-limit's, each model's limits together, in the order first given (the service
+    gives each its one name and refuses two names of one model)."""
+    limits: dict[str, list[Limit]] = {}
+    for model, limit in given:
+        limits.setdefault(model, []).append(limit)
+    return tuple(ModelLimits(m, tuple(x)) for m, x in limits.items())
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -132,14 +156,9 @@ def _run(work: Callable[[CeilingService], Awaitable[Any]]) -> int:
 
 
 async def _budget_json(service: CeilingService, budget_id: BudgetId) -> Any:
-    found = await service.budget(budget_id)
-    if found is None:
-        return None
-    definition, legs = found
-    return {"budget_id": budget_id.path, "timezone": definition.timezone,
-            "outage_policy": definition.policy.value,
-            "outage_allowance_micros": definition.outage_allowance_micros,
-            "periods": [leg_json(x) for x in legs]}
+    """The budget as GET /v1/admin/budgets/{id} shows it (api/views.py budget_view_json)."""
+    found = await budget_reading(service.store, budget_id)
+    return None if found is None else budget_view_json(*found)
 
 
 def budgets_set(args: argparse.Namespace) -> int:
@@ -147,7 +166,9 @@ def budgets_set(args: argparse.Namespace) -> int:
         bid = BudgetId.operator(args.budget_id)  # as PUT /v1/admin/budgets: no reserved kind
         policy = None if args.outage_policy is None else OutagePolicy(args.outage_policy)
         await runtime().operations().put_budget(
-            BudgetDef(bid, tuple(args.limit), args.timezone, args.allowance, policy),
+            BudgetDef(bid, tuple(args.limit), args.timezone, args.allowance, policy,
+                      models_allow=tuple(args.model) if args.model else None,
+                      per_model=_per_model(args.model_limit or ())),
             cli_operator())
         return await _budget_json(service, bid)
 
@@ -384,6 +405,12 @@ def parser() -> argparse.ArgumentParser:
     bs.add_argument("--outage-policy", choices=[p.value for p in OutagePolicy], default=None,
                     help="while the ledger is unreachable: closed (refuse), allowance (admit "
                          "up to --allowance per instance), open (admit, journal, book later)")
+    bs.add_argument("--model", action="append", default=None,
+                    help="a model its calls may name (models.allow; repeatable): any other is "
+                         "refused")
+    bs.add_argument("--model-limit", type=_model_limit, action="append", default=None,
+                    help="MODEL:PERIOD=AMOUNT, a limit of its calls of one model (per_model; "
+                         "repeatable), e.g. gpt-5:day=$50")
     bs.set_defaults(func=budgets_set)
     bl = b.add_parser("list", help="budgets in id order, a page at a time")
     bl.add_argument("--prefix", default=None)

@@ -40,6 +40,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "rate_limited": (429, "rate_limit_error"),
     "concurrency_limited": (429, "rate_limit_error"),
     "users_exhausted": (403, "permission_error"),
+    "model_not_allowed": (403, "permission_error"),
     "user_required": (400, "invalid_request_error"),
     "budget_paused": (402, "budget_error"),
     "idempotency_conflict": (409, "idempotency_error"),

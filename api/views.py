@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.budget_json import budget_json
+from core.budgets import BudgetDef
 from core.ledger import (
     GATEWAY_OWNER_PREFIX,
     LegStatus,
@@ -20,6 +22,7 @@ from core.ledger import (
 from core.money import micros_to_usd
 from core.operations import UsersListing
 from core.service import Caller
+from core.spend import ModelSpend
 
 
 def users_json(found: UsersListing) -> dict[str, Any]:
@@ -33,6 +36,18 @@ def users_json(found: UsersListing) -> dict[str, Any]:
         "users_max": per_user.users_max if per_user else None,
         "next_cursor": found.next_cursor,
     }
+
+
+def budget_view_json(definition: BudgetDef, legs: tuple[LegStatus, ...],
+                     models: tuple[ModelSpend, ...]) -> dict[str, Any]:
+    """A budget as GET /v1/admin/budgets/{id} and `ceiling budgets show` answer: its definition
+    (core/budget_json.py), its current windows (`periods`), and those of each model its
+    per_model limits name (`per_model_periods`: {model: periods}, null for none), each in the
+    periods' shape, read at one instant (core/spend.py budget_now): a model's committed spend is
+    also its budget's."""
+    return {**budget_json(definition), "periods": [leg_json(x) for x in legs],
+            "per_model_periods": {m.model: [leg_json(x) for x in m.legs] for m in models}
+            or None}
 
 
 def user_headers(who: Caller, legs: tuple[LegStatus, ...]) -> dict[str, str]:

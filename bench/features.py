@@ -1,18 +1,22 @@
-"""What end users and rates cost the ledger when a budget uses them, against the same call
-without them, in the same run.
+"""What end users, rates and per-model limits cost the ledger when a budget uses them, against
+the same call without them, in the same run.
 
     .venv/bin/python -m bench.features      # about 1 min; --help for rounds and durations
 
 One redis-server (started here on a free loopback port, stopped by pid) and RedisStore's
 reserve then settle in 50 asyncio tasks, as bench/ledger.py's store loop runs them, on the same
-path of 3 scopes (4 legs). Four shapes of the key's budget, interleaved over rounds:
+path of 3 scopes (4 legs). Every call names its model by its one name, as the gateway's do.
+The shapes of the key's budget, interleaved over rounds:
 
-  plain     the path as it is: no end user, no rate (what every call costs with neither used)
+  plain     the path as it is: no end user, no rate, no models (what every call costs with none
+            of them used)
   users     the key's budget has per_user limits (day and total), and each call names one of
             USERS end users: 2 more legs, the users set read
   rate      the key's budget has a rate (requests_per_minute and concurrent_max): its call log
             and its open-call count
   both      per_user with its own rate, and the budget's rate: all of the above
+  per_model the key's budget allows a list of models and limits the call's (day and total):
+            the definition's models read, 2 more legs
   wait      plain, with CEILING_REDIS_WAIT_REPLICAS=1: every reserve acknowledged by the
             primary's one replica (a second redis-server) before it returns (Redis WAIT)
 
@@ -35,8 +39,8 @@ from dataclasses import replace
 import redis
 
 from bench.common import Cycle, Phase, run_phase
-from bench.ledger import ACTUAL_MICROS, LIMITS_BY_SCOPE, reserve_request
-from core.budgets import BudgetDef, BudgetId, Limit, Period, PerUser, Rate
+from bench.ledger import ACTUAL_MICROS, LIMITS_BY_SCOPE, MODEL, reserve_request
+from core.budgets import BudgetDef, BudgetId, Limit, ModelLimits, Period, PerUser, Rate
 from core.limits import CEILING_MICROS_MAX, REQUESTS_PER_MINUTE_MAX
 from core.stores.redis import RedisStore
 from infra.figures import median, table
@@ -52,12 +56,20 @@ USERS = 100
 PER_USER_LIMITS = (Limit(Period.DAY, CEILING_MICROS_MAX), Limit(Period.TOTAL, CEILING_MICROS_MAX))
 # The most a rate may allow: a shape's calls over all its rounds stay below it.
 RATE = Rate(requests_per_minute=REQUESTS_PER_MINUTE_MAX, concurrent_max=TASKS * 2)
-SHAPES = {
-    "plain": (None, None),
-    "users": (None, PerUser(PER_USER_LIMITS, users_max=USERS)),
-    "rate": (RATE, None),
-    "both": (RATE, PerUser(PER_USER_LIMITS, users_max=USERS, rate=RATE)),
-    "wait": (None, None),
+# The per_model shape's models: the call's, limited day and total, in an allow-list of as many
+# models as a budget may limit (the list a reserve searches is that long).
+MODELS_ALLOWED = (MODEL, *(f"model-{i}" for i in range(31)))
+PER_MODEL = (ModelLimits(MODEL, (Limit(Period.DAY, CEILING_MICROS_MAX),
+                                 Limit(Period.TOTAL, CEILING_MICROS_MAX))),)
+# shape -> (rate, per_user, (models_allow, per_model) or None)
+SHAPES: dict[str, tuple[Rate | None, PerUser | None,
+                        tuple[tuple[str, ...], tuple[ModelLimits, ...]] | None]] = {
+    "plain": (None, None, None),
+    "users": (None, PerUser(PER_USER_LIMITS, users_max=USERS), None),
+    "rate": (RATE, None, None),
+    "both": (RATE, PerUser(PER_USER_LIMITS, users_max=USERS, rate=RATE), None),
+    "per_model": (None, None, (MODELS_ALLOWED, PER_MODEL)),
+    "wait": (None, None, None),
 }
 # The shapes whose reserves wait for a replica, and how long they may.
 WAITING = frozenset({"wait"})
@@ -75,12 +87,14 @@ async def redis_cpu_s(store: RedisStore) -> float:
 
 async def put_shape(store: RedisStore, shape: str) -> tuple[BudgetId, ...]:
     """The path of `shape`: its own organisation, so the shapes share no counter."""
-    rate, per_user = SHAPES[shape]
+    rate, per_user, models = SHAPES[shape]
     lineage = BudgetId.parse(f"org:{shape}/team:search/key:k1").lineage
     for budget_id, limits in zip(lineage, LIMITS_BY_SCOPE, strict=True):
         last = budget_id == lineage[-1]
+        allow, per_model = models if models and last else (None, ())
         await store.put_budget(BudgetDef(budget_id, limits, rate=rate if last else None,
-                                         per_user=per_user if last else None))
+                                         per_user=per_user if last else None,
+                                         models_allow=allow, per_model=per_model))
     return lineage
 
 
@@ -90,7 +104,7 @@ def cycle_of(store: RedisStore, shape: str, budget_ids: tuple[BudgetId, ...]) ->
 
     async def cycle() -> float:
         request = replace(reserve_request(budget_ids[0].tag, budget_ids),
-                          user=next(users) if named else None)
+                          user=next(users) if named else None, canonical_model=MODEL)
         await store.reserve(request)
         await store.settle(request.ref, ACTUAL_MICROS)
         return 0.0

@@ -10,7 +10,12 @@ way the admin API does, without the web layer; api/admin_models.py keeps the HTT
                              "pause": false}},
      "rate": {"requests_per_minute": 60, "concurrent_max": 4},
      "per_user": {"limits": [...], "users_max": 100, "required": false, "rate": null},
-     "clamp": false}
+     "clamp": false,
+     "models": {"allow": ["gpt-5", "claude-haiku-4-5"]},
+     "per_model": {"gpt-5": {"limits": [{"period": "day", "ceiling_micros": 50000000}]}}}
+
+Model names are taken as given here; the service gives each its one name before a put
+(core/budgets.py canonical_models), and GET shows those.
 
 Every field but `limits` is optional; null is the same as left out. What GET shows beside these,
 `budget_id` and `paused_at_ms` (the pause a velocity alarm put on it: state, not definition), is
@@ -23,13 +28,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from core.alerts import THRESHOLDS_PCT_DEFAULT, AlertConfig, VelocityAlarm, multiple_milli
-from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period, PerUser, Rate
+from core.budgets import (
+    BudgetDef,
+    BudgetId,
+    Limit,
+    ModelLimits,
+    OutagePolicy,
+    Period,
+    PerUser,
+    Rate,
+)
 from core.errors import InvalidRequest
 from core.limits import INT_EXACT_MAX, USERS_MAX_DEFAULT
 
 VELOCITY_WINDOW_S_DEFAULT = 300
 _BUDGET_FIELDS = frozenset({"limits", "timezone", "outage_allowance_micros", "outage_policy",
-                            "alerts", "rate", "per_user", "clamp"})
+                            "alerts", "rate", "per_user", "clamp", "models", "per_model"})
 # What GET shows of a budget beside its definition.
 _KEPT_FIELDS = frozenset({"budget_id", "paused_at_ms"})
 
@@ -47,6 +61,9 @@ def budget_json(definition: BudgetDef) -> dict[str, Any]:
         "rate": definition.rate.json() if definition.rate else None,
         "per_user": definition.per_user.json() if definition.per_user else None,
         "clamp": definition.clamp,
+        "models": None if definition.models_allow is None else {
+            "allow": list(definition.models_allow)},
+        "per_model": {m.model: m.json() for m in definition.per_model} or None,
     }
 
 
@@ -76,6 +93,8 @@ def definition_of_json(budget_id: BudgetId, raw: object, *, kept: bool = False) 
         _rate(body.get("rate"), "rate"),
         _per_user(body.get("per_user")),
         _boolean(body.get("clamp", False), "clamp"),
+        _models_allow(body.get("models")),
+        _per_model(body.get("per_model")),
     )
 
 
@@ -146,6 +165,32 @@ def _per_user(raw: object) -> PerUser | None:
                             0, INT_EXACT_MAX),
                    _boolean(per_user.get("required", False), "per_user.required"),
                    _rate(per_user.get("rate"), "per_user.rate"))
+
+
+def _models_allow(raw: object) -> tuple[str, ...] | None:
+    if raw is None:
+        return None
+    models = _object(raw, "models", frozenset({"allow"}))
+    allow = models.get("allow")
+    if not isinstance(allow, list):
+        raise InvalidRequest("models.allow must be a list of model names", field="models.allow")
+    for i, model in enumerate(allow):
+        _string(model, f"models.allow[{i}]")
+    return tuple(allow)
+
+
+def _per_model(raw: object) -> tuple[ModelLimits, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise InvalidRequest("per_model must be an object of {model: {limits}}",
+                             field="per_model")
+    out = []
+    for model, entry in raw.items():
+        field = f"per_model.{model}"
+        limits = _object(entry, field, frozenset({"limits"}))
+        out.append(ModelLimits(model, _limits(limits.get("limits"), f"{field}.limits")))
+    return tuple(out)
 
 
 def _alerts(raw: object) -> AlertConfig:

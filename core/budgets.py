@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property, lru_cache
@@ -25,6 +25,8 @@ from core.limits import (
     CEILING_MICROS_MAX,
     CONCURRENT_MAX_MAX,
     INT_EXACT_MAX,
+    MODELS_ALLOW_MAX,
+    PER_MODEL_MAX,
     REQUESTS_PER_MINUTE_MAX,
     SCOPES_MAX,
     USERS_MAX_DEFAULT,
@@ -37,6 +39,7 @@ _SCOPE = re.compile(r"[a-z][a-z0-9_-]{0,31}:[A-Za-z0-9._-]{1,64}")
 _TZ = re.compile(r"[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*")
 RUN_SCOPE_KIND = "run"
 USER_SCOPE_KIND = "user"
+MODEL_SCOPE_KIND = "model"
 # Scope kinds the ledger names budgets by itself, never an operator. Keyed by kind, the reason,
 # which a refusal quotes.
 RESERVED_SCOPE_KINDS: Mapping[str, str] = MappingProxyType({
@@ -49,11 +52,32 @@ RESERVED_SCOPE_KINDS: Mapping[str, str] = MappingProxyType({
     USER_SCOPE_KIND: "the ledger counts an end user of a budget with per_user limits as the "
                      "budget '<budget>/user:<user id>', so a budget of such an id would share "
                      "its counters with an end user",
+    # A budget's spend on one model of its per_model limits is counted as
+    # '<budget>/model:<model>' (BudgetId.model).
+    MODEL_SCOPE_KIND: "the ledger counts a budget's calls of one model of its per_model limits "
+                      "as the budget '<budget>/model:<model>', so a budget of such an id would "
+                      "share its counters with a model",
 })
 # An end user's id as a call names it (X-Ceiling-User, or the provider's user field): what the
 # OpenAI and Anthropic SDKs' user ids are made of (e-mail addresses, UUIDs, hashes), and none of
 # the characters the key layout gives meaning to ('/', '|', ' ', '{', '}').
 _USER = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
+# A model's one name as a budget names it (models.allow, per_model) and the ledger matches it: the
+# price table's name for it, lower case (PriceTable.model_name), of none of the characters the
+# ledger's fields give meaning to (' ', '|', '{', '}', and the tab of a record). '/' (a name
+# such as OpenRouter's 'anthropic/claude-3.5-sonnet') may be allowed, but not limited per model:
+# there it would be a scope of the counter's budget id.
+MODEL_NAME_LEN_MAX = 128
+# What a definition takes as a model's name before canonical_models gives it its one name: what
+# the price table takes (core/prices/rates.py MODEL_NAME_LEN_MAX).
+_MODEL_GIVEN_LEN_MAX = 200
+# What a call's model is sent to the ledger as when its one name is not one a budget can name:
+# no allow-list holds it, no per_model limit names it.
+UNLISTED_MODEL = "?"
+# What a status read names for the legs of every model a budget limits (core/ledger.py status).
+ALL_MODELS = "*"
+_MODEL_ALLOWED = re.compile(r"[a-z0-9._:@+/-]{1,128}")
+_MODEL_LIMITED = re.compile(r"[a-z0-9._:@+-]{1,128}")
 
 
 class Period(StrEnum):
@@ -118,6 +142,12 @@ class BudgetId:
         """The budget of one end user of this budget (its per_user limits). Not a scope an
         operator can name: a user id may hold ':' and '@', and be longer than a scope's name."""
         return BudgetId(f"{self.path}/{USER_SCOPE_KIND}:{check_user(user_id)}")
+
+    def model(self, model: str) -> BudgetId:
+        """The budget of this budget's calls of one model (its per_model limits): like a user's,
+        not a scope an operator can name (a model's name may hold ':', '@' and '+')."""
+        ensure(_MODEL_LIMITED.fullmatch(model) is not None, f"{model!r} is a model's one name")
+        return BudgetId(f"{self.path}/{MODEL_SCOPE_KIND}:{model}")
 
     def __str__(self) -> str:
         return self.path
@@ -202,6 +232,100 @@ class PerUser:
                 "rate": self.rate.json() if self.rate else None}
 
 
+@dataclass(frozen=True)
+class ModelLimits:
+    """Limits a budget's calls of one model are held to, as the budget '<budget>/model:<model>'
+    (BudgetId.model), in the same script as the budget's own: `model` is the priced model's one
+    name (PriceTable.model_name), so a dated or aliased name of it, or the name an upstream
+    routes it by, is counted here too. Its periods are in the budget's time zone; its `total`
+    never refills."""
+
+    model: str
+    limits: tuple[Limit, ...]
+
+    def __post_init__(self) -> None:
+        if not _given(self.model):
+            raise InvalidRequest(f"per_model: a model's name is 1 to {_MODEL_GIVEN_LEN_MAX} "
+                                 "characters", field="per_model")
+        check_limits(self.limits, f"per_model.{self.model}.limits")
+
+    def json(self) -> dict[str, object]:
+        return {"limits": [{"period": lim.period.value, "ceiling_micros": lim.ceiling_micros}
+                           for lim in self.limits]}
+
+
+def check_models_allow(models: tuple[str, ...]) -> None:
+    """An allow-list: 1 to MODELS_ALLOW_MAX distinct names."""
+    if not models:
+        raise InvalidRequest("models.allow must name at least one model: a budget's calls stop "
+                             "at a ceiling of 0", field="models.allow")
+    if len(models) > MODELS_ALLOW_MAX:
+        raise InvalidRequest(f"models.allow names at most {MODELS_ALLOW_MAX} models",
+                             field="models.allow")
+    for i, model in enumerate(models):
+        if not _given(model):
+            raise InvalidRequest(f"models.allow[{i}]: a model's name is 1 to "
+                                 f"{_MODEL_GIVEN_LEN_MAX} characters", field=f"models.allow[{i}]")
+
+
+def _given(model: object) -> bool:
+    return isinstance(model, str) and 0 < len(model) <= _MODEL_GIVEN_LEN_MAX
+
+
+def is_model_name(name: str, *, limited: bool) -> bool:
+    """Whether `name` is a model's one name as the ledger keeps it: in an allow-list, or (when
+    `limited`) in per_model, where it is a scope of its counter's budget id."""
+    return (_MODEL_LIMITED if limited else _MODEL_ALLOWED).fullmatch(name) is not None
+
+
+def check_per_model(per_model: tuple[ModelLimits, ...]) -> None:
+    if len(per_model) > PER_MODEL_MAX:
+        raise InvalidRequest(f"per_model limits at most {PER_MODEL_MAX} models",
+                             field="per_model")
+    if len({m.model for m in per_model}) != len(per_model):
+        raise InvalidRequest("per_model names a model twice", field="per_model")
+
+
+def canonical_models(definition: BudgetDef, name_of: Callable[[str], str | None]) -> BudgetDef:
+    """`definition` with each model it names (models.allow, per_model) as the priced model's one
+    name, `name_of`'s (PriceTable.model_name: None for a name no price table knows, refused
+    naming its field): one name, one price, one counter. Two names of one model are one entry
+    of an allow-list, and refused in per_model, whose limits they would split."""
+    if definition.models_allow is None and not definition.per_model:
+        return definition
+    allow = None
+    if definition.models_allow is not None:
+        names: dict[str, None] = {}
+        for i, model in enumerate(definition.models_allow):
+            names[_known(name_of, model, f"models.allow[{i}]")] = None
+        allow = tuple(sorted(names))
+    limited: dict[str, ModelLimits] = {}
+    for entry in definition.per_model:
+        name = _known(name_of, entry.model, f"per_model.{entry.model}")
+        if name in limited:
+            raise InvalidRequest(
+                f"per_model names {name!r} twice ({limited[name].model!r} and {entry.model!r} "
+                "are one model): give its limits once", field=f"per_model.{entry.model}")
+        limited[name] = ModelLimits(entry.model, entry.limits)
+    per_model = tuple(ModelLimits(name, limited[name].limits) for name in sorted(limited))
+    return replace(definition, models_allow=allow, per_model=per_model)
+
+
+def _known(name_of: Callable[[str], str | None], model: str, field: str) -> str:
+    name = name_of(model)
+    if name is None:
+        raise InvalidRequest(
+            f"{field}: no price table knows model {model!r}: name it as the price table does "
+            "(or price it in the prices file, CEILING_PRICES_FILE)", field=field)
+    if not _MODEL_ALLOWED.fullmatch(name) or (
+            field.startswith("per_model") and not _MODEL_LIMITED.fullmatch(name)):
+        raise InvalidRequest(
+            f"{field}: model {model!r} is priced as {name!r}, which a budget cannot name "
+            + ("per model ('/' would be a scope of its counter's id)"
+               if _MODEL_ALLOWED.fullmatch(name) else "(a-z0-9._:@+/- only)"), field=field)
+    return name
+
+
 def check_limits(limits: tuple[Limit, ...], field: str) -> None:
     if not limits:
         raise InvalidRequest("a budget needs at least one limit", field=field)
@@ -256,6 +380,11 @@ class BudgetDef:
     # Every gateway call under it is sent with the largest output cap that fits the room left,
     # as if it sent X-Ceiling-Clamp: 1 (core/gateway.py hold).
     clamp: bool = False
+    # The models its calls may name (the priced model's one name each, sorted; None: any model),
+    # and the limits of its calls of some models, by name: core/budgets.py canonical_models
+    # gives both their one names before a put.
+    models_allow: tuple[str, ...] | None = None
+    per_model: tuple[ModelLimits, ...] = ()
 
     @property
     def policy(self) -> OutagePolicy:
@@ -274,11 +403,17 @@ class BudgetDef:
     def from_ledger(cls, budget_id: BudgetId, limits: tuple[Limit, ...], timezone: str,
                     ledger_allowance_micros: int, alerts: AlertConfig | None = None,
                     paused_at_ms: int | None = None, rate: Rate | None = None,
-                    per_user: PerUser | None = None, clamp: bool = False) -> BudgetDef:
+                    per_user: PerUser | None = None, clamp: bool = False,
+                    models_allow: tuple[str, ...] | None = None,
+                    per_model: tuple[ModelLimits, ...] = ()) -> BudgetDef:
         policy, allowance = outage_policy_of(ledger_allowance_micros)
         return cls(budget_id, limits, timezone, allowance, policy,
                    alerts if alerts is not None else AlertConfig(), paused_at_ms, rate, per_user,
-                   clamp)
+                   clamp, models_allow, per_model)
+
+    def model_limits(self, model: str) -> ModelLimits | None:
+        """The per_model limits of `model` (its one name), if it has some."""
+        return next((m for m in self.per_model if m.model == model), None)
 
     def __post_init__(self) -> None:
         if self.outage_policy is None:
@@ -303,6 +438,9 @@ class BudgetDef:
             self.outage_allowance_micros, "outage_allowance_micros", CEILING_MICROS_MAX, minimum=0
         )
         check_timezone(self.timezone)
+        if self.models_allow is not None:
+            check_models_allow(self.models_allow)
+        check_per_model(self.per_model)
 
 
 def check_micros(value: object, field: str, maximum: int, *, minimum: int = 1) -> int:

@@ -21,6 +21,7 @@
     |   +-- LedgerNotEmpty          restore over a ledger that has data, without --force
     +-- UserRequired (InvalidRequest) a budget counts end users and the call named none
     +-- UsersExhausted              a new end user past the budget's users_max
+    +-- ModelNotAllowed             a budget's models.allow does not name the call's model
     +-- RateLimited                 a budget's requests in the last minute are at its rate
     +-- ConcurrencyLimited          a budget's open reservations are at its concurrent_max
     +-- CostReportFailed            a provider's cost report could not be read whole
@@ -158,6 +159,14 @@ class UsersExhausted(CeilingError):
     counts already are served as before."""
 
     code = "users_exhausted"
+
+
+class ModelNotAllowed(CeilingError):
+    """A budget on the key's path allows its calls only some models (models.allow), and the
+    call's model, by its one name (core/prices PriceTable.model_name), is not one of them:
+    nothing was held or forwarded. Names the budget and the model."""
+
+    code = "model_not_allowed"
 
 
 class RateLimited(CeilingError):

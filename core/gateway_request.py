@@ -53,11 +53,12 @@ def routed(wire: WireFormat, body: dict[str, Any], to: Routed,
     which the ledger records), and sent as the name the upstream knows it by (an Azure
     deployment, a Bedrock model id). The body is the one just parsed, so the name is set in
     it; Plan.content encodes it anew in any case."""
-    # A model named in the path is sent as Plan.model (the upstream's client puts it there).
+    # A model named in the path is sent as Plan.sent_model (the upstream's client puts it there).
     if not wire.model_in_path and to.sent_model != body["model"]:
         body["model"] = to.sent_model
     return replace(wire.plan(body, to.price_model, headers, output_tokens_default,
-                             betas_allowed), routed_to=to.upstream, bill=bill_of(to.upstream))
+                             betas_allowed), routed_to=to.upstream, sent_model=to.sent_model,
+                   priced_model=to.priced_model, bill=bill_of(to.upstream))
 
 
 def _checked(wire: WireFormat, raw: bytes, fields_allowed: frozenset[str],

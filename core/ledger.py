@@ -159,6 +159,9 @@ class ReserveRequest:
     run: RunLimit | None = None
     retention_ms: int = IDEMPOTENCY_WINDOW_MS
     user: str | None = None  # the call's end user (core/budgets.py check_user)
+    # The priced model's one name (core/prices PriceTable.model_name), which budgets' models.allow
+    # and per_model name; '' for a call priced by its caller, which names no model.
+    canonical_model: str = ""
     # Whose bill the call is on, the day counter its charges are counted in (None: none, as a
     # reservation made before reservations named one).
     bill: Upstream | None = None
@@ -462,9 +465,11 @@ class Ledger(Protocol):
 
     async def status(
         self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None,
-        user: str | None = None,
+        user: str | None = None, model: str | None = None,
     ) -> tuple[LegStatus, ...]:
-        """What the budgets of the path (with `user`, their end user's too) hold now."""
+        """What the budgets of the path (with `user`, their end user's too; with `model`, a
+        model's one name, the legs of their per_model limits of it, or of every model they
+        limit for core/budgets.py ALL_MODELS) hold now."""
         ...
 
     async def reserve(self, request: ReserveRequest) -> Reservation: ...

@@ -124,6 +124,14 @@ USERS_MAX_DEFAULT = 10_000
 # The most end users one budget may be given: deleting the budget deletes each user's counters
 # in one script, which stays short at this many.
 USERS_MAX_MAX = 100_000
+# Models one budget may limit each (per_model): a reserve finds the call's model among them by one
+# plain search of the definition's per_model field, a budget's status shows up to four legs per
+# model, and deleting the budget deletes each model's counters in one script; at this many, all
+# three stay as cheap as a budget's own.
+PER_MODEL_MAX = 32
+# Models one budget's allow-list may name: a reserve of a budget with one searches the list (one
+# plain search of a string of up to this many names) on every call.
+MODELS_ALLOW_MAX = 256
 # A rate is counted in a log of each admitted call's time, a sorted set of up to this many
 # members per budget (and per end user): within what one Redis key holds cheaply.
 REQUESTS_PER_MINUTE_MAX = 100_000

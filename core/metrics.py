@@ -2,13 +2,15 @@
 
 Serverless instances come and go and are not scraped one by one, so every figure but one is the
 ledger's, not the instance's: any instance answers for the whole ledger. Per budget and period,
-the ceiling, committed and reserved micro-dollars of its current window; the refusals the
+the ceiling, committed and reserved micro-dollars of its current window, and the same of each
+model its per_model limits name (core/budgets.py ModelLimits); the refusals the
 ledger's scripts decided, by code; whether the ledger answers. The one figure of this instance
 is the latency of its own ledger calls, which the caller keeps (api/routes/metrics.py); this
 module times the calls a scrape makes.
 
 Cardinality is bounded: at most `budgets_max` budgets are shown (CEILING_METRICS_BUDGETS_MAX),
-those with the largest committed spend in any of their periods, ties by id. Ranking them reads
+those with the largest committed spend in any of their periods, ties by id, each with its
+models' windows (at most PER_MODEL_MAX models of four periods each). Ranking them reads
 every budget's windows, up to BUDGETS_SCANNED_MAX budgets in id order; a ledger with more
 ranks the first of them only.
 
@@ -24,10 +26,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from core.budgets import BudgetId
+from core.budgets import ALL_MODELS, BudgetId
 from core.config import ConfigError
 from core.errors import CeilingError
 from core.ledger import Health, Ledger, LegStatus, Probe, Reconciliation
+from core.spend import by_model
 from core.text import whole_number
 
 # Budgets a scrape shows unless CEILING_METRICS_BUDGETS_MAX says otherwise: each is a handful
@@ -80,13 +83,15 @@ class LedgerReads(Ledger, Health, Reconciliation, Protocol):
 
 @dataclass(frozen=True)
 class BudgetPeriod:
-    """One budget's current window of one period."""
+    """One budget's current window of one period; with `model`, that of the budget's calls of
+    one model of its per_model limits (a model's spend is also its budget's)."""
 
     budget_id: str
     period: str
     ceiling_micros: int
     committed_micros: int
     reserved_micros: int
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,21 @@ class LedgerReading:
 
 
 def _ranked(legs: tuple[LegStatus, ...]) -> int:
-    return max((leg.committed_micros for leg in legs), default=0)
+    """A budget's rank: its own legs' (the first's budget id), not its models'."""
+    return max((leg.committed_micros for leg in legs if leg.budget_id == legs[0].budget_id),
+               default=0)
+
+
+def _periods(legs: tuple[LegStatus, ...]) -> list[BudgetPeriod]:
+    """A budget's windows, then its models' (a status read of ALL_MODELS, split by by_model)."""
+    if not legs:
+        return []
+    own, models = by_model(legs[0].budget_id, legs)
+    return [*(BudgetPeriod(leg.budget_id, str(leg.period), leg.ceiling_micros,
+                           leg.committed_micros, leg.reserved_micros) for leg in own),
+            *(BudgetPeriod(legs[0].budget_id, str(leg.period), leg.ceiling_micros,
+                           leg.committed_micros, leg.reserved_micros, m.model)
+              for m in models for leg in m.legs)]
 
 
 async def top_budgets(store: Ledger, index: BudgetIndex, budgets_max: int,
@@ -119,7 +138,8 @@ async def top_budgets(store: Ledger, index: BudgetIndex, budgets_max: int,
     async def status(budget_id: str) -> tuple[LegStatus, ...]:
         async with in_flight:
             started = time.perf_counter()
-            legs = await store.status((BudgetId(budget_id),))
+            # Its models' legs too: a budget without per_model reads nothing more for it.
+            legs = await store.status((BudgetId(budget_id),), model=ALL_MODELS)
             timed(time.perf_counter() - started)
             return legs
 
@@ -163,7 +183,5 @@ async def read_ledger(store: LedgerReads, index: BudgetIndex | None, instance_id
             store, index, budgets_max, latencies.append)
     except CeilingError as exc:
         return LedgerReading(probe, call_latencies_s=tuple(latencies), error=exc.code)
-    budgets = tuple(BudgetPeriod(leg.budget_id, str(leg.period), leg.ceiling_micros,
-                                 leg.committed_micros, leg.reserved_micros)
-                    for legs in tops for leg in legs)
+    budgets = tuple(p for legs in tops for p in _periods(legs))
     return LedgerReading(probe, budgets, seen, refusals, tuple(latencies))

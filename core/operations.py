@@ -272,7 +272,7 @@ class Operations:
     # -- budgets -------------------------------------------------------------------------
 
     async def put_budget(self, definition: BudgetDef, by: str) -> None:
-        await self.service.put_budget(definition)
+        definition = await self.service.put_budget(definition)
         await self.audit(by, "budget.put", definition.budget_id.path, **budget_json(definition))
 
     async def resume(self, budget_id: BudgetId, by: str) -> dict[str, Any]:

@@ -16,7 +16,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from core.budgets import BudgetDef, BudgetId, check_micros, check_user
+from core.budgets import (
+    ALL_MODELS,
+    UNLISTED_MODEL,
+    BudgetDef,
+    BudgetId,
+    canonical_models,
+    check_micros,
+    check_user,
+    is_model_name,
+)
 from core.content import NO_MEDIA, Media
 from core.errors import (
     Forbidden,
@@ -89,6 +98,9 @@ KEY_TRUST_MS = 1_000
 # reads it once), and at most this many budgets' are remembered (paths come from keys).
 CLAMP_CACHE_MS = 10_000
 CLAMP_CACHE_BUDGETS_MAX = 10_000
+# Calls' models by their one names (_canonical_model), remembered per process: a name is looked
+# up once, not on every call; bounded, as model names come from callers.
+MODEL_NAMES_CACHE_MAX = 4_096
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,11 @@ class CallSpec:
     # The genai-prices provider whose prices the model is held at (a gateway call's upstream);
     # None: the first that names it.
     provider: str | None = None
+    # The name the call's model is counted by in budgets' models.allow and per_model, before it
+    # is given its one name (PriceTable.model_name): a routed call's model as its upstream
+    # prices it (core/upstreams.py Routed.priced_model: an Azure deployment's model, a Bedrock
+    # id's), which `model` (the name its table's entry has) need not be. None: `model`.
+    model_name: str | None = None
     # Whose bill the call is on (a gateway call's, core/formats/base.py Plan.billed); None: a
     # sidecar's, the bill of the provider whose table prices its model, or UNATTRIBUTED for an
     # amount (CeilingService.bill_of).
@@ -257,6 +274,8 @@ class CeilingService:
         self._monotonic_ms = monotonic_ms
         self.outage = OutageAllowance()
         self._clamps: dict[str, tuple[int, bool]] = {}  # budget path -> (until_ms, clamp)
+        # (name counted by, model, provider) -> the one name sent to the ledger
+        self._model_names: dict[tuple[str | None, str, str | None], str] = {}
 
     # -- pricing -------------------------------------------------------------------------
 
@@ -342,6 +361,7 @@ class CeilingService:
             retention_ms=IDEMPOTENCY_WINDOW_MS if idempotency_key is not None
             else RESEND_WINDOW_MS if gateway else REPLAY_WINDOW_MS,
             user=caller.user,
+            canonical_model=self._canonical_model(spec, model),
             bill=spec.bill or self.bill_of(model),
         )
         try:
@@ -356,6 +376,23 @@ class CeilingService:
         self.outage.learn(request.budget_ids, reservation.legs)
         await self.flush_journal()
         return reservation
+
+    def _canonical_model(self, spec: CallSpec, model: str) -> str:
+        """The call's model by its one name (PriceTable.model_name), as budgets name models: ''
+        for an amount; UNLISTED_MODEL for a name that prices and that no budget can name (a
+        prices file entry with a space in it), so that an allow-list refuses it."""
+        if not model:
+            return ""
+        key = (spec.model_name, model, spec.provider)
+        found = self._model_names.get(key)
+        if found is None:
+            name = self.prices.model_name(spec.model_name or model, spec.provider) or (
+                self.prices.model_name(model, spec.provider))
+            found = name if name is not None and is_model_name(name, limited=False) else (
+                UNLISTED_MODEL)
+            if len(self._model_names) < MODEL_NAMES_CACHE_MAX:
+                self._model_names[key] = found
+        return found
 
     async def flush_journal(self) -> int:
         """Book what this instance admitted during an outage, once the ledger answers."""
@@ -417,8 +454,10 @@ class CeilingService:
         return await self.store.release(ref)
 
     async def my_budgets(self, caller: Caller) -> tuple[LegStatus, ...]:
+        """What holds the caller's calls: its path's budgets, its run's, its end user's, and
+        every model's per_model limits on its path ('<budget>/model:<name>')."""
         budget_ids = caller.key.budget_id.lineage
-        legs = await self.store.status(budget_ids, caller.run_limit(), caller.user)
+        legs = await self.store.status(budget_ids, caller.run_limit(), caller.user, ALL_MODELS)
         self.outage.learn(budget_ids, legs)
         return legs
 
@@ -517,8 +556,13 @@ class CeilingService:
             if record.key_id == key_id:
                 del self._keys[key_hash]
 
-    async def put_budget(self, budget: BudgetDef) -> None:
+    async def put_budget(self, budget: BudgetDef) -> BudgetDef:
+        """Put `budget`, each model it names given its one name (core/budgets.py
+        canonical_models; InvalidRequest naming the field of a model no price table knows,
+        before anything is written); the definition put."""
+        budget = canonical_models(budget, self.prices.model_name)
         await self.store.put_budget(budget)
+        return budget
 
     async def budget(self, budget_id: BudgetId) -> tuple[BudgetDef, tuple[LegStatus, ...]] | None:
         definition = await self.store.get_budget(budget_id)

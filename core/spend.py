@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from core.alerts import AlertEvent
-from core.budgets import BudgetDef, BudgetId, Period
+from core.budgets import ALL_MODELS, MODEL_SCOPE_KIND, BudgetDef, BudgetId, Period
 from core.errors import InvalidRequest
 from core.ledger import (
     AlertOutbox,
@@ -81,11 +81,24 @@ class SpendPoint:
 
 
 @dataclass(frozen=True)
+class ModelSpend:
+    """A budget's calls of one model of its per_model limits: the legs of
+    '<budget>/model:<model>' (BudgetId.model) in its current windows. A call of the model is
+    charged to both, so each figure here is also in its budget's."""
+
+    model: str
+    legs: tuple[LegStatus, ...]
+
+
+@dataclass(frozen=True)
 class BudgetReport:
     budget_id: str
     definition: BudgetDef | None
     legs: tuple[LegStatus, ...]
     series: tuple[SpendPoint, ...]
+    # Its per_model limits' legs, by model in the definition's order: read in the same status
+    # read as `legs`, so the figures are of one instant.
+    models: tuple[ModelSpend, ...] = ()
 
     @property
     def series_micros(self) -> int:
@@ -203,12 +216,59 @@ async def _series(store: AlertOutbox, budget_id: BudgetId, now_ms: int, hours: i
     return tuple(SpendPoint(h * SPEND_BUCKET_MS, m) for h, m in found)
 
 
+def by_model(budget_id: str, legs: Sequence[LegStatus]
+             ) -> tuple[tuple[LegStatus, ...], tuple[ModelSpend, ...]]:
+    """A status read of ALL_MODELS split in two: the legs of every budget but the models'
+    (in their order), and each model's legs of `budget_id` ('<budget_id>/model:<model>'), in
+    the order the read gave them (its definition's, which sorts them)."""
+    marker = f"{budget_id}/{MODEL_SCOPE_KIND}:"
+    own: list[LegStatus] = []
+    models: dict[str, list[LegStatus]] = {}
+    for leg in legs:
+        if leg.budget_id.startswith(marker):
+            models.setdefault(leg.budget_id.removeprefix(marker), []).append(leg)
+        else:
+            own.append(leg)
+    return tuple(own), tuple(ModelSpend(m, tuple(x)) for m, x in models.items())
+
+
+async def budget_now(store: Ledger, budget_id: BudgetId, definition: BudgetDef,
+                     run: RunLimit | None = None
+                     ) -> tuple[tuple[LegStatus, ...], tuple[ModelSpend, ...]]:
+    """A budget's legs in its current windows and those of each model its per_model limits
+    name, in one status read (so that a model's committed spend is within its budget's)."""
+    if not definition.per_model:
+        return await store.status((budget_id,), run), ()
+    return by_model(budget_id.path, await store.status((budget_id,), run, model=ALL_MODELS))
+
+
+class BudgetReads(Ledger, BudgetCatalogue, Protocol):
+    """What a budget's reading reads: its definition and its windows."""
+
+
+BudgetReading = tuple[BudgetDef, tuple[LegStatus, ...], tuple[ModelSpend, ...]]
+
+
+async def budget_reading(store: BudgetReads, budget_id: BudgetId) -> BudgetReading | None:
+    """What GET /v1/admin/budgets/{id} and `ceiling budgets show` show of a budget: its
+    definition, its legs and its models' (budget_now); None for no such budget."""
+    definition = await store.get_budget(budget_id)
+    if definition is None:
+        return None
+    return (definition, *await budget_now(store, budget_id, definition))
+
+
 async def budget_report(store: SpendReads, budget_id: BudgetId, now_ms: int, hours: int,
                         run: RunLimit | None = None) -> BudgetReport:
     definition = await store.get_budget(budget_id)
-    legs = await store.status((budget_id,), run) if definition or run else ()
+    legs: tuple[LegStatus, ...] = ()
+    models: tuple[ModelSpend, ...] = ()
+    if definition is not None:
+        legs, models = await budget_now(store, budget_id, definition, run)
+    elif run is not None:
+        legs = await store.status((budget_id,), run)
     return BudgetReport(budget_id.path, definition, legs,
-                        await _series(store, budget_id, now_ms, hours))
+                        await _series(store, budget_id, now_ms, hours), models)
 
 
 async def usage(store: SpendReads, budget_id: BudgetId, hours: int) -> list[BudgetReport]:

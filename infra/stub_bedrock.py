@@ -12,18 +12,21 @@ upstream.
 The body is Anthropic's Messages body as Bedrock takes it
 (https://docs.aws.amazon.com/bedrock/latest/userguide/model-parameters-anthropic-claude-messages.html):
 `anthropic_version` is required, "bedrock-2023-05-31" or an Anthropic API version date (the
-anthropic SDK's Bedrock client sends its own, 2026-10-21 in 2.17); the model is the path's and a
-body `model` or `stream` is refused, betas come as the body list `anthropic_beta` (a header names
-none). The model id is a base id (`anthropic.claude-sonnet-4-5-20250929-v1:0`), a geographic
-cross-region profile (`us.`, `eu.`, `apac.`, `jp.`, `au.`, `us-gov.` before it, billed as the
-base id: in-region prices), a global profile (`global.anthropic...`, its own, lower, prices), or
+anthropic SDK's Bedrock client sends its own, 2026-10-21 in 2.17); the model is the path's, and a
+field Bedrock's Claude body does not take (BODY_FIELDS: a body `model` or `stream`, Anthropic's
+`service_tier` or `speed`) is refused 400 as Bedrock refuses it; betas come as the body list
+`anthropic_beta` (a header names none), and one Bedrock does not take (BETAS) fails the call 400
+"invalid beta flag"; a server tool (web search, web fetch, code execution: Bedrock runs none of
+them) is refused 400. The model id is a base id (`anthropic.claude-sonnet-4-5-20250929-v1:0`), a
+geographic cross-region profile (`us.`, `eu.`, `apac.`, `jp.`, `au.`, `us-gov.` before it, billed as
+the base id: in-region prices), a global profile (`global.anthropic...`, its own, lower, prices), or
 an ARN whose last part is one of those; URL-encoded in the path as the SDKs send it. A call is
-counted, decided and billed by infra.stub_messages (its rules, its faults, its X-Stub-* headers),
-at the stub table's entry of that Bedrock id (infra/stub_prices.json, source "bedrock"): the
-bill logs that entry as the model and the id sent as `model_requested` when they differ.
-Headers that would bill at rates the table does not hold are refused (400): a service tier
-other than `default` (X-Amzn-Bedrock-Service-Tier: flex, priority, reserved), latency-optimized
-inference (X-Amzn-Bedrock-PerformanceConfig-Latency: optimized), a guardrail
+counted, decided and billed by infra.stub_messages (its rules, its faults, its X-Stub-* headers), at
+the stub table's entry of that Bedrock id (infra/stub_prices.json, source "bedrock"): the bill logs
+that entry as the model and the id sent as `model_requested` when they differ. Headers that would
+bill at rates the table does not hold are refused (400): a service tier other than `default`
+(X-Amzn-Bedrock-Service-Tier: flex, priority, reserved), latency-optimized inference
+(X-Amzn-Bedrock-PerformanceConfig-Latency: optimized), a guardrail
 (X-Amzn-Bedrock-GuardrailIdentifier).
 
 Authentication: SigV4 (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_sigv-create-signed-request.html),
@@ -103,6 +106,30 @@ PRICED_HEADERS = {"x-amzn-bedrock-service-tier": "default",
                   "x-amzn-bedrock-performanceconfig-latency": "standard",
                   "x-amzn-bedrock-guardrailidentifier": ""}
 BEDROCK_API_VERSION = "bedrock-2023-05-31"
+# The InvokeModel body's fields for Claude (model-parameters-anthropic-claude-messages-request-
+# response, its thinking, context management and structured-output pages): any other is refused
+# as Bedrock refuses it ("extraneous key [...] is not permitted"), Anthropic's own `model`,
+# `stream`, `service_tier`, `speed`, `inference_geo`, `container`, `mcp_servers` and a
+# top-level `cache_control` included (Bedrock names the model and the stream in the path and
+# takes its tier as a header).
+BODY_FIELDS = frozenset({"anthropic_version", "anthropic_beta", "max_tokens", "messages",
+                         "system", "temperature", "top_p", "top_k", "stop_sequences", "tools",
+                         "tool_choice", "thinking", "metadata", "context_management",
+                         "output_config"})
+# Anthropic's server tools (run and billed by the provider), by their type's prefix: Bedrock runs
+# none of them and refuses a call that declares one.
+SERVER_TOOLS_REFUSED = ("web_search_", "web_fetch_", "code_execution_")
+# The `anthropic_beta` values Bedrock takes for Claude (the request-response page's list, and
+# Claude Code's identification, which Bedrock accepts); any other fails the call 400 "invalid
+# beta flag", as Bedrock fails it. Anthropic's advanced-tool-use beta is Bedrock's tool search
+# and tool examples betas; Anthropic's later betas (prompt caching's scope, per-turn control,
+# thinking token counts) are not among them.
+BETAS = frozenset({"computer-use-2024-10-22", "computer-use-2025-01-24",
+                   "token-efficient-tools-2025-02-19", "interleaved-thinking-2025-05-14",
+                   "output-128k-2025-02-19", "dev-full-thinking-2025-05-14",
+                   "context-1m-2025-08-07", "context-management-2025-06-27",
+                   "effort-2025-11-24", "tool-search-tool-2025-10-19",
+                   "tool-examples-2025-10-29", "claude-code-20250219"})
 SIGNING_SERVICE = "bedrock"
 SIGNING_ALGORITHM = "AWS4-HMAC-SHA256"
 # AWS refuses a request signed more than 5 minutes from its own clock, either way
@@ -288,6 +315,18 @@ def exception_event(status: int, message: str) -> bytes:
                          json.dumps(doc, separators=(",", ":")).encode())
 
 
+def refuse_server_tools(body: dict[str, Any], refused: tuple[str, ...]) -> None:
+    """ApiError 400 for a declared tool whose type starts with one of `refused`: a server tool
+    the cloud does not run (and so never bills)."""
+    tools = body.get("tools")
+    for index, tool in enumerate(tools if isinstance(tools, list) else ()):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if isinstance(kind, str) and kind.startswith(refused):
+            label = kind.rsplit("_", 1)[0].replace("_", " ")
+            raise ApiError(400, f"tools.{index}: {label} is not available on this platform "
+                           f"({kind})")
+
+
 def invoke_body_of(raw: bytes) -> dict[str, Any]:
     """The InvokeModel body a CountTokens request holds: `input.invokeModel.body`, base64."""
     try:
@@ -469,8 +508,8 @@ class BedrockApi(Api[Reply]):
                                                                           set[str]]:
         """An InvokeModel body as infra.stub_messages takes it, and its betas (ApiError when
         Bedrock refuses it): the model the table entry of the path's id."""
-        for key in ("model", "stream"):
-            if key in body:
+        for key in body:
+            if key not in BODY_FIELDS:
                 raise ApiError(400, f"Malformed input request: #: extraneous key [{key}] is not "
                                "permitted, please reformat your input and try again.")
         version = body.get("anthropic_version")
@@ -484,6 +523,9 @@ class BedrockApi(Api[Reply]):
         if not isinstance(beta_list, list) or not all(isinstance(b, str) for b in beta_list):
             raise ApiError(400, "Malformed input request: #/anthropic_beta: expected type: "
                            "JSONArray of strings, please reformat your input and try again.")
+        if any(beta.strip() not in BETAS for beta in beta_list):
+            raise ApiError(400, "invalid beta flag")
+        refuse_server_tools(body, SERVER_TOOLS_REFUSED)
         entry, _ = self._model(model_id)
         messages_body = {k: v for k, v in body.items()
                          if k not in ("anthropic_version", "anthropic_beta")}

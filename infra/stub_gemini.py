@@ -16,12 +16,14 @@ the stub does not serve the JSON-array stream).
 Counting (the stub's own rule where Google documents none to the token): text by UTF-8 bytes over
 four, 4 tokens a content and 3 for the reply, function declarations, calls, responses and a response
 schema by their JSON; images 258 tokens when both sides are at most 384 px, else 258 a 768 x 768
-tile (https://ai.google.dev/gemini-api/docs/tokens, "multimodal tokens"); audio (WAV, MP3) 32 tokens
-a second; a PDF 258 a page (https://ai.google.dev/gemini-api/docs/document-processing); on Gemini 3
-(a table entry with `media_tokens`) an image or a PDF page costs its media resolution's tokens (the
-part's `mediaResolution.level`, else the request's `generationConfig.mediaResolution`, else high for
-an image and medium for a PDF; https://ai.google.dev/gemini-api/docs/media-resolution); `fileData`
-by its URI from /control's `files` registry (unknown: refused); `cachedContent` by its name from
+tile (https://ai.google.dev/gemini-api/docs/tokens, "multimodal tokens"), or where the request
+names a media resolution Google's Gemini 2.5 figure for it (IMAGE_TOKENS_BY_RESOLUTION); audio
+(WAV, MP3) 32 tokens a second; a PDF 258 a page
+(https://ai.google.dev/gemini-api/docs/document-processing); on Gemini 3 (a table entry with
+`media_tokens`) an image or a PDF page costs its media resolution's tokens (the part's
+`mediaResolution.level`, else the request's `generationConfig.mediaResolution`, else high for an
+image and medium for a PDF; https://ai.google.dev/gemini-api/docs/media-resolution); `fileData` by
+its URI from /control's `files` registry (unknown: refused); `cachedContent` by its name from
 /control's `cached_contents` {name: {"model", "tokens"}} (unknown: 403 PERMISSION_DENIED). Thought
 parts sent back are billed by their text; signatures are opaque and not billed. countTokens answers
 the promptTokenCount generateContent would.
@@ -44,9 +46,11 @@ once thoughts + candidates reach it: googleapis/python-genai #782, #2062), and s
 by default. /control's `thinking_outside_output_cap` (false) serves the other reading, the
 answer alone capped and thinking beside it up to the budget, to test a gateway against both.
 A call thinks half its answer (thinkingLevel: minimal 1/8, low 1/4, medium 1/2, high 3/4) at
-most its budget, or `X-Stub-Reasoning-Tokens: N` whatever the budget (Google documents that the
-model may overflow it); `includeThoughts` shows a summary (a word every four tokens); the first
-part after thinking carries a `thoughtSignature`.
+most its budget (a positive budget below the model's documented range raised to the range's
+least: https://ai.google.dev/gemini-api/docs/thinking gives the ranges, not what is done below
+one, and the stub bills the dearer reading), or `X-Stub-Reasoning-Tokens: N` whatever the budget
+(Google documents that the model may overflow it); `includeThoughts` shows a summary (a word
+every four tokens); the first part after thinking carries a `thoughtSignature`.
 
 A stream: a chunk a thought summary and a text piece; every chunk carries `usageMetadata` with
 the prompt's counts, and only the last the candidates and thoughts (read it, not the first).
@@ -67,7 +71,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -125,6 +129,15 @@ REQUEST_BYTES_MAX = 20 * 1024 * 1024
 IMAGE_TOKENS = 258
 IMAGE_SMALL_PX = 384
 IMAGE_TILE_PX = 768
+# An image on a tiled model (no `media_tokens` in its table entry) asked for at a media resolution:
+# Google's figures for Gemini 2.5 (https://ai.google.dev/gemini-api/docs/media-resolution, "Token
+# counts"): low 64, medium 256, high "256 + Pan & Scan (~2048)", read as 2,048 beyond the 256
+# (the dearer reading). Ultra high is Gemini 3's; on a tiled model it is billed as high, the most
+# Google names for one. With no level the image is billed by its tiles (/docs/tokens).
+IMAGE_PAN_AND_SCAN_TOKENS = 2_048
+IMAGE_TOKENS_BY_RESOLUTION = {"low": 64, "medium": 256, "high": 256 + IMAGE_PAN_AND_SCAN_TOKENS,
+                              "ultra_high": 256 + IMAGE_PAN_AND_SCAN_TOKENS}
+MEDIA_RESOLUTIONS = (*GEMINI_MEDIA_RESOLUTIONS, "ultra_high")
 AUDIO_TOKENS_PER_S = 32
 PDF_PAGE_TOKENS = 258
 AUDIO_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/wave": "wav",
@@ -215,13 +228,14 @@ def gemini_image_tokens(width: int, height: int) -> int:
 
 
 def media_resolution(raw: object, where: str) -> str | None:
-    """A mediaResolution (MEDIA_RESOLUTION_LOW, _MEDIUM, _HIGH) as the table's level; None:
+    """A mediaResolution (MEDIA_RESOLUTION_LOW, _MEDIUM, _HIGH, _ULTRA_HIGH) as a level; None:
     unspecified, the model's default."""
     if raw in (None, "MEDIA_RESOLUTION_UNSPECIFIED"):
         return None
     level = raw.removeprefix("MEDIA_RESOLUTION_").lower() if isinstance(raw, str) else None
-    if level not in GEMINI_MEDIA_RESOLUTIONS:
-        raise InputError(f"{where} must be MEDIA_RESOLUTION_LOW, _MEDIUM or _HIGH", where)
+    if level not in MEDIA_RESOLUTIONS:
+        raise InputError(f"{where} must be MEDIA_RESOLUTION_LOW, _MEDIUM, _HIGH or _ULTRA_HIGH",
+                         where)
     return level
 
 
@@ -260,8 +274,11 @@ class Counter:
                 width, height = ref.image
             else:
                 raise InputError(f"{where}: the file is not an image the stub knows", where)
-            self.prompt.image += (gemini_image_tokens(width, height) if by_level is None
-                                  else by_level[level or "high"])
+            if by_level is None:
+                self.prompt.image += (gemini_image_tokens(width, height) if level is None
+                                      else IMAGE_TOKENS_BY_RESOLUTION[level])
+            else:
+                self.prompt.image += self._by_level(by_level, level or "high", where)
         elif mime in AUDIO_FORMATS:
             if data is None:
                 raise InputError(f"{where}: audio by reference is not served; send it inline",
@@ -274,12 +291,20 @@ class Counter:
             if not pages:
                 raise InputError(f"{where}: the PDF has no pages", where)
             self.prompt.document += pages * (PDF_PAGE_TOKENS if by_level is None
-                                             else by_level[level or "medium"])
+                                             else self._by_level(by_level, level or "medium",
+                                                                 where))
         elif mime.startswith("text/"):
             size = len(data) if data is not None else (ref.size_bytes if ref else 0)
             self.prompt.text += text_tokens(size)
         else:
             raise InputError(f"{where}: Unsupported MIME type: {mime}", where)
+
+    @staticmethod
+    def _by_level(by_level: Mapping[str, int], level: str, where: str) -> int:
+        if level not in by_level:
+            raise InputError(f"{where}: the model's table entry has no tokens for media "
+                             f"resolution {level}", where)
+        return by_level[level]
 
     def part(self, part: object, where: str, role: str) -> None:
         if not isinstance(part, dict):
@@ -473,10 +498,12 @@ def thinking_of(model: GeminiModel, config: dict[str, Any], cap: int) -> Thinkin
         return Thinking(True, model.thinking_budget_max, THINKING_SHARE, shown)
     if budget == 0 and model.thinking_budget_min == 0:
         return Thinking(False, 0, THINKING_SHARE, False)
-    if not model.thinking_budget_min <= budget <= model.thinking_budget_max:
+    if not 1 <= budget <= model.thinking_budget_max:
         raise invalid(f"The thinking budget {budget} is invalid. Please choose a value between "
                       f"{model.thinking_budget_min} and {model.thinking_budget_max}.")
-    return Thinking(True, budget, THINKING_SHARE, shown)
+    # Below the range: Google does not document whether it refuses the budget or raises it to
+    # the range's least; the stub raises it, the reading that bills more.
+    return Thinking(True, max(budget, model.thinking_budget_min), THINKING_SHARE, shown)
 
 
 def _summary(thoughts: int) -> str:

@@ -12,8 +12,11 @@ paths, its authentication and its Claude envelope.
       Claude: Anthropic's Messages body with `anthropic_version` "vertex-2023-10-16" (or an API
       version date: the anthropic SDK 2.x sends its own, "2026-10-21") and no
       `model` (the path names it: `claude-sonnet-4-5@20250929`, billed as the table's
-      `claude-sonnet-4-5-20250929` or `claude-sonnet-4-5`); betas by `anthropic-beta` header or
-      the body's `anthropic_beta` list; served, priced and answered by the Messages API's own
+      `claude-sonnet-4-5-20250929` or `claude-sonnet-4-5`); betas by the `anthropic-beta`
+      header only, each one Vertex takes (BETAS; any other refused 400, unbilled), and no body
+      field Vertex refuses (FIELDS_REFUSED: `anthropic_beta`, `speed`, `inference_geo`) nor a
+      server tool it does not run (web fetch, code execution; web search it runs and bills);
+      served, priced and answered by the Messages API's own
       code (its prompt cache, thinking, tools, faults), in Anthropic's error shape but for a
       refused token (Google's); a regional endpoint bills Sonnet 4.5 and later models 10% above
       the global one (`locations/global`), as Anthropic documents
@@ -29,8 +32,9 @@ paths, its authentication and its Claude envelope.
 
 Every Vertex call needs `Authorization: Bearer <token from /token>`; a wrong or expired one
 (the app's clock: /control's clock_offset_s expires it) is refused 401 UNAUTHENTICATED, unbilled.
-The bill logs the APIs as `vertex.gemini` and `vertex.messages`. Not served: Claude's
-count-tokens:rawPredict.
+The bill logs the APIs as `vertex.gemini` and `vertex.messages`; Claude's
+`.../publishers/anthropic/models/count-tokens:rawPredict` (Anthropic's count_tokens body, its
+`model` a Vertex id; free) as `vertex.count_tokens`.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from infra.stub_faults import Api, ApiError, Fault
+from infra.stub_bedrock import refuse_server_tools
+from infra.stub_faults import Api, ApiError, Fault, read_body
 from infra.stub_gemini import (
     CONTROL_FIELDS,
     VERSIONS,
@@ -74,6 +79,27 @@ __all__ = ["CONTROL_FIELDS", "GoogleRoutes", "VertexAuth", "VertexClaudeApi"]
 API_VERTEX_CLAUDE = "vertex.messages"
 CLAUDE_ACTIONS = ("rawPredict", "streamRawPredict")
 VERTEX_ANTHROPIC_VERSION = "vertex-2023-10-16"
+API_VERTEX_COUNT_TOKENS = "vertex.count_tokens"
+# Claude's token count on Vertex: the `count-tokens` model's rawPredict, Anthropic's
+# count_tokens body (its `model` the Vertex id) in and its answer out; free.
+COUNT_TOKENS_TARGET = "count-tokens:rawPredict"
+# The `anthropic-beta` values Vertex takes for Claude (Anthropic's Claude on Vertex AI page and
+# the feature pages' Vertex notes: the tool search beta is Vertex's name for Anthropic's
+# advanced-tool-use, tool examples its second part; Claude Code's identification); any other is
+# refused 400 as Vertex refuses it, before anything is billed. Anthropic's later betas (prompt
+# caching's scope, per-turn control, thinking token counts, fast mode) are not among them.
+BETAS = frozenset({"computer-use-2024-10-22", "computer-use-2025-01-24",
+                   "token-efficient-tools-2025-02-19", "interleaved-thinking-2025-05-14",
+                   "output-128k-2025-02-19", "context-1m-2025-08-07",
+                   "context-management-2025-06-27", "effort-2025-11-24",
+                   "tool-search-tool-2025-10-19", "tool-examples-2025-10-29",
+                   "claude-code-20250219"})
+# Body fields of Anthropic's API that Vertex refuses: betas come as the header, and fast mode
+# and the inference geography are Anthropic's own API's.
+FIELDS_REFUSED = ("anthropic_beta", "speed", "inference_geo")
+# Anthropic's server tools Vertex does not run, by their type's prefix (it runs web search, billed
+# per search as Anthropic bills it): a call that declares one is refused.
+SERVER_TOOLS_REFUSED = ("web_fetch_", "code_execution_")
 # Vertex's API versions: v1, and v1beta1 (google-genai's default for Vertex).
 VERTEX_VERSIONS = ("v1", "v1beta1")
 # Claude on Vertex from Sonnet 4.5 on costs 10% more at a regional endpoint than at the global
@@ -225,8 +251,14 @@ class VertexClaudeApi(Api[Reply]):
         self.auth.check(request)
         if GeminiApi.target(request)[1] not in CLAUDE_ACTIONS:
             raise ApiError(404, "Claude on Vertex serves rawPredict and streamRawPredict")
-        return {beta.strip() for header in request.headers.getlist("anthropic-beta")
-                for beta in header.split(",") if beta.strip()}
+        betas = {beta.strip() for header in request.headers.getlist("anthropic-beta")
+                 for beta in header.split(",") if beta.strip()}
+        unknown = sorted(betas - BETAS)
+        if unknown:
+            raise invalid(f"Unexpected value(s) `{', '.join(unknown)}` for the `anthropic-beta` "
+                          "header. Please consult our documentation at docs.anthropic.com or "
+                          "try again without the header.")
+        return betas
 
     def model_of(self, body: dict[str, Any], request: Request) -> str | None:
         return GeminiApi.target(request)[0]
@@ -254,14 +286,14 @@ class VertexClaudeApi(Api[Reply]):
                           "version date")
         if "model" in body:
             raise invalid("model: Extra inputs are not permitted (Vertex names it in the path)")
-        given = body.get("anthropic_beta", [])
-        if not isinstance(given, list) or not all(isinstance(b, str) for b in given):
-            raise invalid("anthropic_beta must be a list of beta names")
-        messages_body = {k: v for k, v in body.items()
-                         if k not in ("anthropic_version", "anthropic_beta")}
+        for key in FIELDS_REFUSED:
+            if key in body:
+                raise invalid(f"{key}: Extra inputs are not permitted")
+        refuse_server_tools(body, SERVER_TOOLS_REFUSED)
+        messages_body = {k: v for k, v in body.items() if k != "anthropic_version"}
         messages_body["model"] = self.priced_name(GeminiApi.target(request)[0])
         messages_body["stream"] = self.streams(body, request)
-        reply = self.messages.decide(messages_body, request, fault, betas | set(given))
+        reply = self.messages.decide(messages_body, request, fault, betas)
         if request.path_params["region"] == GLOBAL_REGION or (
                 reply.prices.name not in REGIONAL_PREMIUM_MODELS):
             return reply
@@ -323,4 +355,30 @@ class GoogleRoutes:
     async def serve_claude(self, request: Request) -> Response:
         if request.path_params["version"] not in VERTEX_VERSIONS:
             return google_error(ApiError(404, "Not Found"))
+        if request.path_params["target"] == COUNT_TOKENS_TARGET:
+            return await self.count_claude(request)
         return await self.app.serve(self.claude, request)
+
+    async def count_claude(self, request: Request) -> Response:
+        """count-tokens:rawPredict: the Messages API's count_tokens of the body, its `model` a
+        Vertex id (priced_name), behind the token and the betas check; free, never billed."""
+        self.app.bill.requests += 1
+        claude = self.claude
+        headers = claude.headers()
+        model: str | None = None
+        try:
+            self.auth.check(request)
+            claude.check(request)
+            body = await read_body(request, REQUEST_BYTES_MAX)
+            if isinstance(body.get("model"), str):
+                model = body["model"]
+            for key in FIELDS_REFUSED:
+                if key in body:
+                    raise invalid(f"{key}: Extra inputs are not permitted")
+            managed = self.app.messages.counted({**body, "model": claude.priced_name(
+                str(body.get("model")))})
+        except ApiError as exc:
+            self.app.log(API_VERTEX_COUNT_TOKENS, model, exc.status, False, Fault())
+            return claude.error(exc, headers)
+        self.app.log(API_VERTEX_COUNT_TOKENS, model, 200, False, Fault())
+        return JSONResponse({"input_tokens": managed.prompt.tokens}, headers=headers)

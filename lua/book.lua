@@ -2,7 +2,8 @@
 --
 -- KEYS[1] meta hash   KEYS[2] reservation
 -- ARGV: wire.py BOOK_ARGS: ledger_id, admitted_at_ms, reserved_micros, actual_micros,
---   budget_ids, run, zones (of the admission's time), owner, record_tail, [now_ms]
+--   budget_ids, run, zones (of the admission's time), owner, record_tail, user, model (as
+--   reserve's: its per_model legs are booked too, whatever its models.allow says now), [now_ms]
 -- Returns {'ok', replayed 0|1} or {'ledger_reset'} / {'timezone', budget_id, timezone} /
 -- {'clock', admitted_at_ms} / {'no_budget'}.
 -- Why: nothing admitted during an outage may be lost. The spend is booked in the periods of the
@@ -63,7 +64,7 @@ for _, leg in ipairs(legs) do
   end
   local was_committed, was_reserved = counters(ck)
   hincr(ck, 'committed', committed)
-  if committed ~= 0 and not leg.run and not leg.user then
+  if committed ~= 0 and not leg.run and not leg.user and not leg.model then
     -- alerts: spend booked after an outage crosses thresholds like any other
     committed_moved(prefix, leg.budget_id, leg.window_key, leg.ceiling_micros,
                     tonumber(was_committed) + committed, istr(committed), now, seen, at_ms,

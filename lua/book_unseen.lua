@@ -25,6 +25,7 @@
 -- (DAILY_SPEND_RETENTION_MS from its last write): no run reaches further back.
 local a = book_unseen_args(ARGV)
 a.reading = true
+a.model = ''  -- the bill names no model: no budget's per_model counters are booked
 if not COST_REPORT_PROVIDERS[a.provider] then
   fail('BADARG', 'provider')
 end

@@ -85,13 +85,18 @@ end
 -- A leg is one (budget, period window) pair a reservation holds money in, stored on the
 -- reservation as 'budget_id|window_key|ceiling_micros|resets_at_ms|outage_allowance_micros',
 -- then '|run' for a run's leg, or '|' and the flags of a budget's leg, in this order: 'e' an end
--- user's budget (core/budgets.py BudgetId.user), whose spend raises no alerts; 'c' the leg that
--- holds one of its budget's concurrency slots (a budget's first leg, when it has concurrent_max);
+-- user's budget (core/budgets.py BudgetId.user), whose spend raises no alerts; 'm' a budget's
+-- calls of one model (BudgetId.model, its per_model limits), which raise none either; 'c' the
+-- leg that holds one of its budget's concurrency slots (a budget's first leg, when it has
+-- concurrent_max);
 -- 'v' a velocity alarm watched it when it was held (a settle reads the tag's velocity alarms only
 -- for a watched leg: an alarm watches the calls held while it is set). Ids never contain '|' or
 -- ' ' (core/budgets.py enforces it). The numeric parts are kept as the strings they arrived as,
 -- never re-formatted.
-local FLAGS = {user = 'e', slot = 'c', velocity = 'v'}
+local FLAGS = {user = 'e', model = 'm', slot = 'c', velocity = 'v'}
+
+-- The flags of a leg whose spend raises no alerts (an end user's, a model's): its budget's does.
+local QUIET_FLAGS = '[em]'
 
 -- A leg in a reservation's legs, for string.gmatch: its budget id, window key, ceiling and
 -- flags ('' for none, 'run' for a run's).
@@ -106,11 +111,11 @@ local function flags_of(leg)
   if leg.run then
     return '|run'
   end
-  if not (leg.user or leg.slot or leg.velocity) then
+  if not (leg.user or leg.model or leg.slot or leg.velocity) then
     return ''
   end
-  local f = (leg.user and FLAGS.user or '') .. (leg.slot and FLAGS.slot or '') ..
-            (leg.velocity and FLAGS.velocity or '')
+  local f = (leg.user and FLAGS.user or '') .. (leg.model and FLAGS.model or '') ..
+            (leg.slot and FLAGS.slot or '') .. (leg.velocity and FLAGS.velocity or '')
   return f ~= '' and '|' .. f or ''
 end
 
@@ -123,6 +128,7 @@ local function parse_legs(s)
     legs[#legs + 1] = {budget_id = budget_id, window_key = window_key, ceiling_micros = ceiling,
                        resets_at_ms = resets_at, outage_allowance_micros = allowance, run = run,
                        user = not run and string.find(mark, FLAGS.user, 1, true) ~= nil,
+                       model = not run and string.find(mark, FLAGS.model, 1, true) ~= nil,
                        slot = not run and string.find(mark, FLAGS.slot, 1, true) ~= nil,
                        velocity = not run and string.find(mark, FLAGS.velocity, 1, true) ~= nil}
   end
@@ -463,10 +469,11 @@ local function committed_moved(prefix, budget_id, window_key, ceiling_text, afte
 end
 
 -- The first refusal (budget_exceeded) of a budget in a window: budget.exceeded, once. A run's
--- leg has no budget to alert on; an end user's raises none (its budget's spend does). A counter
--- this makes exist goes when a held one would (keep_window).
+-- leg has no budget to alert on; an end user's or a model's raises none (its budget's spend
+-- does). A counter this makes exist goes when a held one would (keep_window).
 local function alert_refused(prefix, leg, now)
-  if leg.run or leg.user or redis.call('HSETNX', leg.key, 'alerted:exceeded', '1') == 0 then
+  if leg.run or leg.user or leg.model
+      or redis.call('HSETNX', leg.key, 'alerted:exceeded', '1') == 0 then
     return
   end
   if leg.committed == '0' and leg.reserved == '0' and leg.window_key ~= 'total' then
@@ -518,7 +525,7 @@ local function apply(prefix, legs, reserved, committed, overshoot, now, spent_at
       if reserved then redis.call('HINCRBY', ck, 'reserved', reserved) end
       if committed then
         local after = redis.call('HINCRBY', ck, 'committed', committed)
-        if not run and not string.find(flags, FLAGS.user, 1, true) then
+        if not run and not string.find(flags, QUIET_FLAGS) then
           now = committed_moved(prefix, budget_id, window_key, ceiling, after, committed, now,
                                 seen, spent_at_ms, watched(flags))
           seen = budget_id
@@ -574,7 +581,7 @@ local function resolve_gateway_call(prefix, keys, owner, step, actual, actual_te
     if reserved ~= '0' then redis.call('HINCRBY', ck, 'reserved', reserved) end
     if committed ~= '0' then
       local after = redis.call('HINCRBY', ck, 'committed', committed)
-      if flags == '' or not string.find(flags, FLAGS.user, 1, true) then  -- alerts
+      if flags == '' or not string.find(flags, QUIET_FLAGS) then  -- alerts
         now = committed_moved(prefix, budget_id, window_key, ceiling, after, committed, now,
                               seen, tonumber(created_ms), watched(flags))
         seen = budget_id
@@ -814,8 +821,51 @@ local function parse_rate(rpm, cmax)
   return rpm ~= 0 and rpm or nil, cmax ~= 0 and cmax or nil
 end
 
+-- A call's model as reserve and book take it: a model's one name (core/budgets.py
+-- is_model_name) or UNLISTED_MODEL (a status read's may be ALL_MODELS). Checked where a budget
+-- with models reads it, before anything is written: a call under no such budget pays nothing
+-- for it.
+local function check_model(a)
+  if a.model ~= UNLISTED_MODEL and not (a.reading and a.model == ALL_MODELS)
+      and (#a.model > 128 or not string.find(a.model, '^[%w._:@+/-]+$')) then
+    fail('BADARG', 'model')
+  end
+end
+
 local function ceiling_of(c)
   return c ~= '-' and c or nil
+end
+
+-- Whether a window of the periods given (a ceiling, or nil) does not hold `now`, in the zone's
+-- windows `z`: the caller's windows were made for another time.
+local function outside(z, now, day, week, month)
+  return (day and (now < z.day_start or now >= z.day_end))
+    or (week and (now < z.week_start or now >= z.week_end))
+    or (month and (now < z.month_start or now >= z.month_end))
+end
+
+-- A budget's per_model limits the call's model has (a.model: its one name), or every model's
+-- for a status read of ALL_MODELS, from the definition's per_model field (wire.py
+-- per_model_field: ' <model>|day|week|month|total' per model, '-' for a period it does not
+-- limit): {model, day, week, month, total} each, the ceilings nil where there are none; and
+-- whether any of them limits a windowed period. A model's entry is found by one plain search.
+local PER_MODEL_CEILINGS = '^ ([^|]+)|([%d-]+)|([%d-]+)|([%d-]+)|([%d-]+)'
+
+local function model_limits(per_model, model)
+  local out, windowed = {}, false
+  local at = model == ALL_MODELS and 1 or string.find(per_model, ' ' .. model .. '|', 1, true)
+  while at do
+    local name, day, week, month, total = string.match(per_model, PER_MODEL_CEILINGS, at)
+    if not name then
+      break
+    end
+    day, week, month = ceiling_of(day), ceiling_of(week), ceiling_of(month)
+    out[#out + 1] = {model = name, day = day, week = week, month = month,
+                     total = ceiling_of(total)}
+    windowed = windowed or (day or week or month) ~= nil
+    at = model == ALL_MODELS and string.find(per_model, ' ', at + 1, true) or nil
+  end
+  return out, windowed
 end
 
 -- The legs of a call at `now`: every period of every budget on its path that is defined
@@ -825,10 +875,15 @@ end
 -- Returns the legs, or a status table to return as is: {'ledger_reset'} when a definition was
 -- put under another ledger; {'timezone', budget_id, timezone} when the caller sent no windows for
 -- a zone a budget is in; {'clock', now} when the windows sent do not hold the ledger's now;
--- {'user_required', budget_id} when a budget needs a user and the call names none (unless
--- a.reading: a status read, a booking of what was admitted already). The run's ceiling is
--- checked here, before anything is written. The third value is the first budget on the path a
--- velocity alarm paused, or nil; reserve refuses it, a status read shows it.
+-- {'user_required', budget_id} when a budget needs a user and the call names none, and
+-- {'model_not_allowed', budget_id} when a budget's models.allow does not name the call's model
+-- (a.model; '' for a call its caller priced, which names none), unless a.reading (a status
+-- read, a booking of what was admitted already). After a budget's own legs and its user's, its
+-- calls of the model's ('<budget>/model:<model>') when its per_model limits name the model. A
+-- budget with either setting says so in its rate (wire.py MODELS_FLAG), and only then are they
+-- read. The run's ceiling is checked here, before anything is written. The third value is the
+-- first budget on the path a velocity alarm paused, or nil; reserve refuses it, a status read
+-- shows it.
 -- legs.limits lists the budgets (a user's too) with a rate: {budget_id, rpm, cmax}; legs.users
 -- the users this call would make: {key (the budget's users set), user, users_max, budget_id};
 -- each nil when there are none.
@@ -850,8 +905,26 @@ local function resolve_legs(prefix, a, now)
           string.match(per_user, '^(%d+) ([01]) (%d+) (%d+) ([%d-]+) ([%d-]+) ([%d-]+) ([%d-]+)$')
         u_day, u_week, u_month = ceiling_of(u_day), ceiling_of(u_week), ceiling_of(u_month)
       end
+      local rpm, cmax, models, windowed
+      if rate then
+        local flag
+        rpm, cmax, flag = string.match(rate, '^(%d+) (%d+)(.*)$')
+        rpm, cmax = parse_rate(rpm, cmax)
+        if flag ~= '' and a.model ~= '' then
+          check_model(a)
+          local allow, per_model = unpack(redis.call('HMGET', key, MODEL_DEFINITION_FIELDS[1],
+                                                     MODEL_DEFINITION_FIELDS[2]))
+          if allow and not a.reading and a.model ~= ALL_MODELS
+              and not string.find(allow, ' ' .. a.model .. ' ', 1, true) then
+            return nil, {'model_not_allowed', budget_id}
+          end
+          if per_model then
+            models, windowed = model_limits(per_model, a.model)
+          end
+        end
+      end
       local z
-      if day or week or month or (users_max and (u_day or u_week or u_month)) then
+      if day or week or month or (users_max and (u_day or u_week or u_month)) or windowed then
         zones = zones or zone_windows(a.zones)
         z = zones[timezone]
         if z == nil then
@@ -863,10 +936,6 @@ local function resolve_legs(prefix, a, now)
           return nil, {'clock', now}
         end
       end
-      local rpm, cmax
-      if rate then
-        rpm, cmax = parse_rate(string.match(rate, '^(%d+) (%d+)$'))
-      end
       add_legs(legs, z, budget_id, allowance, day, week, month, total, nil,
                velocity and velocity ~= '', rpm, cmax)
       if users_max then
@@ -876,9 +945,7 @@ local function resolve_legs(prefix, a, now)
           end
         else
           -- A user's windows are its budget's: checked above for the budget's own periods.
-          if z and ((u_day and (now < z.day_start or now >= z.day_end))
-              or (u_week and (now < z.week_start or now >= z.week_end))
-              or (u_month and (now < z.month_start or now >= z.month_end))) then
+          if z and outside(z, now, u_day, u_week, u_month) then
             return nil, {'clock', now}
           end
           u_rpm, u_cmax = parse_rate(u_rpm, u_cmax)
@@ -889,6 +956,19 @@ local function resolve_legs(prefix, a, now)
                                          pending = prefix .. PENDING_USERS_KEY .. budget_id,
                                          user = a.user, users_max = tonumber(users_max),
                                          budget_id = budget_id}
+        end
+      end
+      if models then
+        for _, m in ipairs(models) do
+          if z and outside(z, now, m.day, m.week, m.month) then
+            return nil, {'clock', now}
+          end
+          local first = #legs + 1
+          add_legs(legs, z, budget_id .. '/model:' .. m.model, allowance, m.day, m.week,
+                   m.month, m.total, nil, false, nil, nil)
+          for i = first, #legs do
+            legs[i].model = true
+          end
         end
       end
     end

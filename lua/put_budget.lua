@@ -10,8 +10,11 @@
 --   thresholds_pct (ascending whole percents, ' ' between, '' for none),
 --   velocity ('window_s,max_micros,max_rate_multiple_milli,pause', '' for none),
 --   then (period, ceiling_micros) pairs, then ('rate', wire.py rate_field) and
---   ('per_user', wire.py per_user_field) when given, and ('clamp', '1') for a budget whose
---   gateway calls are clamped to its room
+--   ('per_user', wire.py per_user_field), ('models_allow', wire.py models_allow_field) and
+--   ('per_model', wire.py per_model_field) when given, and ('clamp', '1') for a budget whose
+--   gateway calls are clamped to its room. A budget with models_allow or per_model carries
+--   the models flag in its rate (wire.py rate_field), which is how a reserve knows to read them,
+--   and one without carries none: checked here.
 -- Returns {'ok'} or {'ledger_reset'}.
 -- Why one script: a budget half put is enforced wrongly (new limits beside the old velocity
 -- alarm, or none of the alarm it asked for, which is what pauses it). Everything is checked before
@@ -27,8 +30,20 @@ local CEILING_FIELDS = {day = DEFINITION_FIELDS[4], month = DEFINITION_FIELDS[5]
                         total = DEFINITION_FIELDS[6], week = DEFINITION_FIELDS[8]}
 -- The shape of each: whole numbers ('-' for a period per_user does not limit), checked here as
 -- everything a script keeps is, since the reserve script reads them as they are.
+-- A model's name is wire.py's (core/budgets.py is_model_name); per_model's entries are checked
+-- by what is left once they are taken out (nothing), as Lua patterns repeat no group.
 local SETTINGS = {rate = '^%d+ %d+$',
-                  per_user = '^%d+ [01] %d+ %d+ [%d-]+ [%d-]+ [%d-]+ [%d-]+$'}
+                  per_user = '^%d+ [01] %d+ %d+ [%d-]+ [%d-]+ [%d-]+ [%d-]+$',
+                  models_allow = '^ [%w._:@+/ -]+ $', per_model = '^ '}
+local PER_MODEL_ENTRY = ' [%w._:@+-]+|[%d-]+|[%d-]+|[%d-]+|[%d-]+'
+local function settled(name, value)
+  if name == 'per_model' then
+    return string.gsub(value, PER_MODEL_ENTRY, '') == ''
+  elseif name == 'rate' and string.find(value, '^%d+ %d+ ' .. MODELS_FLAG .. '$') then
+    return true
+  end
+  return string.find(value, SETTINGS[name]) ~= nil
+end
 local ledger_id, budget_id, thresholds, velocity = ARGV[1], ARGV[2], ARGV[5], ARGV[6]
 if string.find(thresholds, '[^%d ]') or string.find(velocity, '[^%d,]') then
   fail('BADARG', 'alerts')
@@ -39,6 +54,7 @@ local fields = {DEFINITION_FIELDS[1], ledger_id, DEFINITION_FIELDS[2], ARGV[3],
                 'alert_thresholds_pct', thresholds, 'alert_velocity', velocity}
 local i = 7
 local limits = 0
+local flagged, models = false, false
 while ARGV[i] do
   local field, shape = CEILING_FIELDS[ARGV[i]], SETTINGS[ARGV[i]]
   if field then
@@ -49,15 +65,21 @@ while ARGV[i] do
     -- Read by the gateway on a refusal only; a script that does not know it loses nothing.
     fields[#fields + 1] = 'clamp'
     fields[#fields + 1] = '1'
-  elseif shape and string.find(ARGV[i + 1], shape) then
+  elseif shape and settled(ARGV[i], ARGV[i + 1]) then
     fields[#fields + 1] = ARGV[i]
     fields[#fields + 1] = ARGV[i + 1]
+    if ARGV[i] == 'rate' then
+      flagged = string.sub(ARGV[i + 1], -1) == MODELS_FLAG
+    elseif ARGV[i] == 'models_allow' or ARGV[i] == 'per_model' then
+      models = true
+    end
   else
     fail('BADARG', 'period')
   end
   i = i + 2
 end
 if limits == 0 then fail('BADARG', 'limits') end
+if flagged ~= models then fail('BADARG', 'models') end
 
 local stamped = redis.call('HGET', KEYS[1], 'ledger')
 if stamped and stamped ~= ledger_id then

@@ -6,7 +6,9 @@
 --   scope first, ' ' between), run (the run's budget id and ceiling, or ''), zones (lib:
 --   zone_windows), expire_policy ('charge'|'release'), retention_ms (how long the record
 --   answers repeats once resolved), owner, record_tail (fingerprint, price_version, model, kept
---   as they come), user (the call's end user, or ''), [now_ms].
+--   as they come), user (the call's end user, or ''), model (the priced model's one name, which
+--   models.allow and per_model name; '' for an amount, UNLISTED_MODEL for a name no budget can
+--   name), [now_ms].
 -- Returns one of:
 --   {'ok', now_ms, leg status..., seq}   the hold asked for, until now_ms + ttl_ms; seq the
 --     tag's reserve sequence after it (meta 'seq', only grows)
@@ -22,6 +24,8 @@
 --     this hold would make it keep (core/limits.py RECORDS_PER_KEY_PER_WINDOW_MAX,
 --     IDEMPOTENT_RECORDS_PER_KEY_MAX, RUNS_PER_KEY_MAX)
 --   {'user_required', budget_id}  a budget on the path counts end users, and the call names none
+--   {'model_not_allowed', budget_id}  a budget on the path allows only some models, and not the
+--     call's
 --   {'users_exhausted', budget_id}  the call's user would be one more than the budget's users_max
 --   {'rate_limited'|'concurrency_limited', budget_id, retry_after_s}  a budget's (or its user's)
 --     requests in the last minute, or its open reservations, are at its rate's limit
@@ -56,8 +60,8 @@ if a.user ~= '' and (#a.user > 128 or not string.find(a.user, '^[%w._:@-]+$')) t
 end
 local legs, status, paused = resolve_legs(prefix, a, now)
 if status then
-  if status[1] == 'user_required' then
-    count_refusal(prefix, 'user_required')
+  if status[1] == 'user_required' or status[1] == 'model_not_allowed' then
+    count_refusal(prefix, status[1])
   end
   return status
 end

@@ -1,7 +1,9 @@
 -- status: read budgets' limits and counters in the current period windows, in one snapshot.
 --
 -- KEYS[1] meta hash
--- ARGV: wire.py STATUS_ARGS: ledger_id, budget_ids, run, zones, [now_ms]
+-- ARGV: wire.py STATUS_ARGS: ledger_id, budget_ids, run, zones, user (an end user whose legs
+--   to show beside its budgets', or ''), model (a model's one name whose per_model legs to show,
+--   ALL_MODELS for every model's a budget limits, or ''), [now_ms]
 -- Returns {'ok', now_ms, leg status...} or {'ledger_reset'} / {'timezone', ...} /
 -- {'clock', now_ms}.
 -- Why: the answer a caller reads (remaining_micros, resets_at_ms) must come from the same

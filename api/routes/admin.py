@@ -11,11 +11,11 @@ from api.admin_models import BudgetBody, CorrectionBody, KeyBody, RotateBody
 from api.auth import admin
 from api.routing import HotRoute, Query, parsed, parsed_or_none, query_of
 from api.runtime import runtime
-from api.views import correction_json, leg_json, stored_reservation_json, users_json
-from core.budget_json import budget_json
+from api.views import budget_view_json, correction_json, stored_reservation_json, users_json
 from core.budgets import BudgetId
 from core.errors import BudgetNotFound, InvalidRequest
 from core.service import check_roles
+from core.spend import budget_reading
 
 # The pages' parameters: where a list starts, and how many it holds (core/operations.py bounds it).
 PREFIX = Query("prefix")
@@ -70,11 +70,10 @@ async def get_budget(request: Request) -> JSONResponse:
 
 
 async def _budget_json(budget_id: str) -> JSONResponse:
-    found = await runtime().enforcing().budget(BudgetId.parse(budget_id))
+    found = await budget_reading(runtime().enforcing().store, BudgetId.parse(budget_id))
     if found is None:
         raise BudgetNotFound(f"no budget {budget_id}", budget_id=budget_id)
-    definition, legs = found
-    return JSONResponse({**budget_json(definition), "periods": [leg_json(x) for x in legs]})
+    return JSONResponse(budget_view_json(*found))
 
 
 async def list_keys(request: Request) -> JSONResponse:

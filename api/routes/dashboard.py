@@ -204,16 +204,21 @@ def _money_cells(amounts: Sequence[tuple[str, int]], *, titled: bool = False) ->
         for name, micros in amounts)
 
 
-def _period_rows(r: spend.BudgetReport) -> str:
+def _period_rows(legs: Sequence[LegStatus], model: str | None = None) -> str:
+    """A row per period window, with its figures and a bar of how much is spent; with `model`,
+    the rows of a budget's calls of that model (per_model), which name it first."""
+    named = "" if model is None else f"data-model='{_attr(model)}' "
+    first = "" if model is None else f"<td><code>{escape(model)}</code></td>"
     rows = []
-    for leg in r.legs:
+    for leg in legs:
         period = period_of(leg.window_key).value
         cells = _money_cells((("ceiling_micros", leg.ceiling_micros),
                               ("committed_micros", leg.committed_micros),
                               ("reserved_micros", leg.reserved_micros),
                               ("remaining_micros", leg.remaining_micros)), titled=True)
         resets = "never" if leg.resets_at_ms is None else _when(leg.resets_at_ms)
-        rows.append(f"<tr data-period='{_attr(period)}' data-window='{_attr(leg.window_key)}'>"
+        rows.append(f"<tr {named}data-period='{_attr(period)}' "
+                    f"data-window='{_attr(leg.window_key)}'>{first}"
                     f"<th scope=row>{escape(period)}<small>{escape(leg.window_key)}</small></th>"
                     f"{cells}<td class=barcell>{_bar(leg)}<small>resets {resets}</small></td></tr>")
     return "".join(rows)
@@ -246,6 +251,23 @@ def chart(r: spend.BudgetReport, now_ms: int, hours: int) -> str:
             f"{_attr(r.budget_id)}'>{axis}{empty}{''.join(bars)}</svg>")
 
 
+def _models(r: spend.BudgetReport) -> str:
+    """The models a budget's calls may name (models.allow) and each model of its per_model
+    limits with its spend in its current windows: part of the budget's spend, not beside it."""
+    if r.definition is None or (r.definition.models_allow is None and not r.models):
+        return ""
+    allow = r.definition.models_allow
+    listed = ("<p class=muted data-models-allow='"
+              + ("*" if allow is None else _attr(" ".join(allow))) + "'>models: "
+              + ("any" if allow is None else ", ".join(f"<code>{escape(m)}</code>"
+                                                      for m in allow)) + "</p>")
+    rows = "".join(_period_rows(m.legs, m.model) for m in r.models)
+    table = ("<table class=per-model><thead><tr><th>model</th><th>period</th><th>ceiling</th>"
+             "<th>committed</th><th>reserved</th><th>remaining</th><th></th></tr></thead>"
+             f"<tbody>{rows}</tbody></table>") if rows else ""
+    return f"<div class=models>{listed}{table}</div>"
+
+
 def _budget_card(r: spend.BudgetReport, now_ms: int, hours: int) -> str:
     paused = r.definition is not None and r.definition.paused_at_ms is not None
     badge = (f"<span class='badge over'>paused {escape(_when(r.definition.paused_at_ms))}"
@@ -256,7 +278,8 @@ def _budget_card(r: spend.BudgetReport, now_ms: int, hours: int) -> str:
             f"{hours} h</span></header>"
             "<table class=periods><thead><tr><th>period</th><th>ceiling</th><th>committed</th>"
             "<th>reserved</th><th>remaining</th><th></th></tr></thead>"
-            f"<tbody>{_period_rows(r)}</tbody></table>{chart(r, now_ms, hours)}</section>")
+            f"<tbody>{_period_rows(r.legs)}</tbody></table>{_models(r)}{chart(r, now_ms, hours)}"
+            "</section>")
 
 
 def _list_table(table_id: str, heads: Sequence[str], rows: str) -> str:
@@ -549,7 +572,8 @@ padding:14px 16px}.stat b{display:block;font-size:22px}.stat span{color:var(--mu
 table{width:100%;border-collapse:collapse}th,td{text-align:left;padding:6px 8px;
 border-bottom:1px solid var(--line);vertical-align:top}th{font-weight:600;color:var(--muted);
 font-size:12px}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.periods th[scope=row]{color:var(--ink);font-size:13px}.barcell{width:28%}
+.periods th[scope=row],.per-model th[scope=row]{color:var(--ink);font-size:13px}
+.barcell{width:28%}.models{margin-top:10px}.models p{margin:0 0 4px}
 svg.bar{width:100%;height:8px;display:block;margin-top:5px}
 svg.bar .ok{fill:var(--ok)}svg.bar .high{fill:var(--high)}svg.bar .over{fill:var(--over)}
 svg.chart{width:100%;height:auto;margin-top:10px}svg.chart text{font-size:10px;fill:#6b7482}

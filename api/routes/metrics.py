@@ -93,18 +93,33 @@ class Reading:
                 ("reserved", "Held by open reservations in a budget's current period window, "
                              "micro-dollars"),
             )}
+        # A budget's calls of one model of its per_model limits: families of their own, so the
+        # budget families keep one label set. At most PER_MODEL_MAX models of the budgets shown.
+        model_families = {
+            name: GaugeMetricFamily(f"spend_ceiling_budget_model_{name}_micros", doc,
+                                    labels=("budget_id", "model", "period"))
+            for name, doc in (
+                ("ceiling", "A budget's per_model ceiling of one model in its current period "
+                            "window, micro-dollars"),
+                ("committed", "Committed spend of a budget's calls of one model in its current "
+                              "period window (also in the budget's), micro-dollars"),
+                ("reserved", "Held by open reservations of a budget's calls of one model in its "
+                             "current period window, micro-dollars"),
+            )}
         refusals = CounterMetricFamily("spend_ceiling_refusals",
                                        "Refusals the ledger decided, by error code",
                                        labels=("code",))
         if reading is not None:
             for b in reading.budgets:
-                labels = (b.budget_id, b.period)
-                families["ceiling"].add_metric(labels, b.ceiling_micros)
-                families["committed"].add_metric(labels, b.committed_micros)
-                families["reserved"].add_metric(labels, b.reserved_micros)
+                shown, labels = ((families, (b.budget_id, b.period)) if b.model is None else
+                                 (model_families, (b.budget_id, b.model, b.period)))
+                shown["ceiling"].add_metric(labels, b.ceiling_micros)
+                shown["committed"].add_metric(labels, b.committed_micros)
+                shown["reserved"].add_metric(labels, b.reserved_micros)
             for code, count in sorted(reading.refusals.items()):
                 refusals.add_metric((code,), count)
         yield from families.values()
+        yield from model_families.values()
         yield refusals
         for histogram in ledger_latency().collect():
             # Its creation time is the process's start: not a figure anyone scrapes for, and in

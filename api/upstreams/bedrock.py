@@ -5,7 +5,8 @@ A call's Messages body becomes an InvokeModel body (Bedrock's Claude parameters,
 https://docs.aws.amazon.com/bedrock/latest/userguide/model-parameters-anthropic-claude-messages.html):
 no `model` (the path names it) or `stream` (the path says it), `anthropic_version`
 "bedrock-2023-05-31", and the `anthropic-beta` header's betas in the body's `anthropic_beta`
-list (Bedrock reads no beta header). It goes to POST /model/{model id}/invoke, or
+list (Bedrock reads no beta header), each as Bedrock names it and only those it takes
+(api/upstreams/cloud_messages.py). It goes to POST /model/{model id}/invoke, or
 /invoke-with-response-stream, signed with SigV4 by botocore (service `bedrock`).
 
 The answers are turned back into Anthropic's: InvokeModel's body is a Messages answer already,
@@ -24,14 +25,18 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from api.upstreams.base import CloudUpstream
 from api.upstreams.cloud_messages import (
+    BEDROCK_BETAS,
     SSE_CONTENT_TYPE,
+    betas_taken,
     cloud_messages_body,
     error_as_anthropic,
+    headers_for,
 )
 from core.config import ConfigError
 from core.formats import Api, Plan
@@ -92,6 +97,7 @@ class BedrockUpstream(CloudUpstream):
             f"{self.base_url}/model/{quote(model_id, safe=':')}/{action}").url)
 
     async def open(self, call_plan: Plan) -> httpx.Response:
+        call_plan = replace(call_plan, headers=headers_for(call_plan.headers, BEDROCK_BETAS))
         model_id, content = cloud_messages_body(call_plan, BEDROCK_VERSION, betas_in_body=True)
         url = self.url(model_id, "invoke-with-response-stream" if call_plan.stream
                        else "invoke")
@@ -127,8 +133,8 @@ class BedrockUpstream(CloudUpstream):
             raise Unanswered("a count_tokens body names its model") from exc
         body.setdefault("max_tokens", COUNT_MAX_TOKENS)
         body["anthropic_version"] = BEDROCK_VERSION
-        betas = [b.strip() for k, v in headers if k.lower() == "anthropic-beta"
-                 for b in v.split(",") if b.strip()]
+        betas = betas_taken([b.strip() for k, v in headers if k.lower() == "anthropic-beta"
+                             for b in v.split(",") if b.strip()], BEDROCK_BETAS)
         if betas:
             body["anthropic_beta"] = betas
         counted = json.dumps({"input": {"invokeModel": {

@@ -1,5 +1,19 @@
-"""Claude's Messages API as the clouds serve it (Bedrock, Vertex): the body they take, and their
-errors given Anthropic's shape, so that the anthropic SDK raises them as it would Anthropic's."""
+"""Claude's Messages API as the clouds serve it (Bedrock, Vertex): the body they take, the betas
+they take, and their errors given Anthropic's shape, so that the anthropic SDK raises them as it
+would Anthropic's.
+
+Betas: the clouds serve Claude with fewer `anthropic-beta` flags than Anthropic, some under names
+of their own, and fail a call that names one they do not take (Bedrock: 400 "invalid beta
+flag"; Vertex: 400 "Unexpected value(s) ... for the anthropic-beta header"). Claude Code sends
+Anthropic's set, and pointed at the gateway as at Anthropic it does not trim them for a cloud as
+its own Bedrock and Vertex modes do; so the cloud's client sends the cloud's name of each beta
+the cloud takes (CLOUD_BETA_NAMES) and leaves the others out. Leaving one out costs nothing the
+hold does not cover: every beta a call reaches a cloud with passed the Messages format's check
+(core/formats/messages.py MESSAGES_BETAS, or the operator's CEILING_GATEWAY_BETAS_ALLOWED), which
+lets through only betas that bill nothing beyond what the body is held at, and the one that
+changes rates (the 1M context) is priced, and both clouds take it. A feature a left-out beta
+opens is then refused by the cloud, unbilled, which releases the hold.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from core.formats import Plan
-from core.upstream import Sent
+from core.upstream import Headers, Sent
 
 # Anthropic's error types by status, for a cloud's error turned into Anthropic's shape: the
 # anthropic SDK picks its exception class by status and shows `error.type` and `message`.
@@ -19,6 +33,22 @@ ANTHROPIC_ERROR_TYPES: Mapping[int, str] = {
 }
 # The content type of an Anthropic Messages stream, as Anthropic sends it.
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+BETA_HEADER = "anthropic-beta"
+# Anthropic's betas that the clouds name otherwise: advanced tool use is their tool search and
+# tool examples betas (Anthropic's tool search page, "on Amazon Bedrock and Google Cloud's
+# Vertex AI").
+CLOUD_BETA_NAMES: Mapping[str, tuple[str, ...]] = {
+    "advanced-tool-use-2025-11-20": ("tool-search-tool-2025-10-19", "tool-examples-2025-10-29"),
+}
+# The betas each cloud takes for Claude: Bedrock's request-and-response page's list, Vertex's
+# Claude page and the feature pages' notes on it; both take Claude Code's identification.
+BEDROCK_BETAS = frozenset({
+    "computer-use-2024-10-22", "computer-use-2025-01-24", "token-efficient-tools-2025-02-19",
+    "interleaved-thinking-2025-05-14", "output-128k-2025-02-19", "dev-full-thinking-2025-05-14",
+    "context-1m-2025-08-07", "context-management-2025-06-27", "effort-2025-11-24",
+    "tool-search-tool-2025-10-19", "tool-examples-2025-10-29", "claude-code-20250219",
+})
+VERTEX_BETAS = BEDROCK_BETAS - {"dev-full-thinking-2025-05-14"}
 
 
 def cloud_messages_body(call_plan: Plan, anthropic_version: str, *,
@@ -77,3 +107,20 @@ def error_as_anthropic(sent: Sent) -> Sent:
                or f"the provider answered {sent[0]}")
     headers = {**sent[1], "content-type": "application/json"}
     return (sent[0], headers, anthropic_error(sent[0], message))
+
+
+def betas_taken(betas: list[str], taken: frozenset[str]) -> list[str]:
+    """`betas` as a cloud that takes `taken` names them, in order, each once; the others left
+    out (the module docstring says why that is safe)."""
+    named = [cloud for beta in betas for cloud in CLOUD_BETA_NAMES.get(beta, (beta,))]
+    return [beta for beta in dict.fromkeys(named) if beta in taken]
+
+
+def headers_for(headers: Headers, taken: frozenset[str]) -> Headers:
+    """The client's forwarded headers with `anthropic-beta` holding the betas a cloud that
+    takes `taken` serves (betas_taken), and no such header when none is left."""
+    betas = [beta.strip() for name, value in headers if name.lower() == BETA_HEADER
+             for beta in value.split(",") if beta.strip()]
+    kept = tuple((name, value) for name, value in headers if name.lower() != BETA_HEADER)
+    served = betas_taken(betas, taken)
+    return (*kept, (BETA_HEADER, ",".join(served))) if served else kept

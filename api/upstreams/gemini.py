@@ -3,10 +3,11 @@ generateContent`, `:streamGenerateContent?alt=sse` and `:countTokens`, the key i
 `x-goog-api-key`. base_url is Google's host, `https://generativelanguage.googleapis.com`, as the
 google-genai SDK takes it (the API version is the path's).
 
-The body goes as the client sent it (the gateway only carries its bytes); answers, streams and
-errors are Google's, as the Gemini format reads them. The model is the one the call's route
-names in its path (Plan.model). Vertex AI serves the same API behind its own token
-(api/upstreams/vertex.py).
+The body goes as the gateway priced it, encoded anew (Plan.content): the client's fields, with
+any bound the gateway added (a default maxOutputTokens, a clamp) and snake_case thinkingConfig
+names in camelCase; answers, streams and errors are Google's, as the Gemini format reads them.
+The model is the one the call's route names in its path (Plan.model). Vertex AI serves the same
+API behind its own token (api/upstreams/vertex.py).
 """
 
 from __future__ import annotations

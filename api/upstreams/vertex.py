@@ -7,8 +7,9 @@
   Claude  POST .../publishers/anthropic/models/{model}:rawPredict | :streamRawPredict
           the Messages body without `model` (the path names it, `claude-sonnet-4-5@20250929`)
           or `stream`, `anthropic_version` "vertex-2023-10-16", betas in the `anthropic-beta`
-          header as Anthropic takes them; answers and streams are Anthropic's, and an error
-          in Google's shape (a refused token) is given Anthropic's, for the anthropic SDK
+          header as Anthropic takes them, those Vertex takes (api/upstreams/cloud_messages.py);
+          answers and streams are Anthropic's, and an error in Google's shape (a refused
+          token) is given Anthropic's, for the anthropic SDK
 
 The endpoint is `https://{region}-aiplatform.googleapis.com` (`https://aiplatform.googleapis.com`
 for region `global`) unless the upstream's base_url overrides it. Each call carries
@@ -23,11 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from api.upstreams.base import CloudUpstream
-from api.upstreams.cloud_messages import cloud_messages_body, error_as_anthropic
+from api.upstreams.cloud_messages import (
+    VERTEX_BETAS,
+    cloud_messages_body,
+    error_as_anthropic,
+    headers_for,
+)
 from api.upstreams.gemini import gemini_action
 from core.config import ConfigError
 from core.formats import Api, Plan
@@ -127,13 +134,14 @@ class VertexUpstream(CloudUpstream):
         token = await self.token()
         auth = ("authorization", f"Bearer {token}")
         if call_plan.api is Api.MESSAGES:
+            call_plan = replace(call_plan, headers=headers_for(call_plan.headers, VERTEX_BETAS))
             model, content = cloud_messages_body(call_plan, VERTEX_VERSION, betas_in_body=False)
             action = "streamRawPredict" if call_plan.stream else "rawPredict"
             url = f"{self.publishers_url}/anthropic/models/{model}:{action}"
             headers = (auth, *((k, v) for k, v in call_plan.headers
                                if k.lower() not in CLAUDE_HEADERS_NOT_FORWARDED))
         else:
-            url = (f"{self.publishers_url}/google/models/{call_plan.model}:"
+            url = (f"{self.publishers_url}/google/models/{sent_model(call_plan)}:"
                    f"{gemini_action(call_plan.stream)}")
             content = call_plan.content()
             headers = (auth, *call_plan.headers)
@@ -154,7 +162,7 @@ class VertexUpstream(CloudUpstream):
         if api is not Api.MESSAGES:
             return await self.count_gemini(model, content)
         return await self._count(f"{self.publishers_url}/anthropic/models/count-tokens:rawPredict",
-                                 content, headers)
+                                 content, headers_for(headers, VERTEX_BETAS))
 
     async def count_gemini(self, model: str, content: bytes) -> Sent:
         """Gemini's :countTokens for `model`, free; Unanswered for any failure."""
@@ -173,6 +181,12 @@ class VertexUpstream(CloudUpstream):
         if sent[0] == 401:
             self._token = None
         return sent
+
+
+def sent_model(call_plan: Plan) -> str:
+    """The name Vertex knows a call's model by: the routing's (Plan.sent_model), not the name
+    it is priced by (Plan.model: regional Claude as `regional.<dated name>`)."""
+    return call_plan.sent_model or call_plan.model
 
 
 client = VertexUpstream  # the vertex kind's (core/upstream_kinds/vertex.py)

@@ -270,6 +270,12 @@ class Plan:
     # The named upstream (CEILING_UPSTREAMS) the call goes to, whose prices table holds and
     # settles it; None: the format's provider (the one-upstream shorthands) and its table.
     routed_to: UpstreamDef | None = None
+    # A routed call's model as its upstream prices it (Routed.priced_model), which budgets count
+    # it by (CallSpec.model_name); None: `model`.
+    priced_model: str | None = None
+    # The name the upstream knows the model by (Routed.sent_model), where a format names it in
+    # its path (Gemini's) and `model` is the name it is priced by; None: `model`.
+    sent_model: str | None = None
     # Whose bill the call is on where it is sent, where that is not its provider's (`billed`).
     bill: Upstream | None = None
 
@@ -291,6 +297,7 @@ class Plan:
             # As prices_provider says, inline: spec() prices every call, at least once.
             provider=self.wire.provider.upstream.value if self.routed_to is None else (
                 self.routed_to.prices_provider),
+            model_name=self.priced_model,
         )
 
     @property

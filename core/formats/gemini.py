@@ -21,9 +21,10 @@ docs/tokens, /pricing, /thinking, /grounding):
   separate). Unknown means held: the cap and the budget are held side by side, which covers
   both readings (within the cap the sum is a double bound, never a short one); a budget
   overflowed beyond it is the one case neither reading bounds, settled above the hold and
-  recorded as overshoot. The budget is
-  the request's thinkingBudget, or where it is dynamic (-1), absent on a model that thinks by
-  default, or set by thinkingLevel, the model's documented maximum (GEMINI_THINKING);
+  recorded as overshoot. The budget is the request's thinkingBudget (a positive one at least
+  the least of the model's documented range, to which Google may raise one below it), or where
+  it is dynamic (-1), absent on a model that thinks by default, or set by thinkingLevel, the
+  model's documented maximum (GEMINI_THINKING);
 - candidateCount answers;
 - media by Google's rules: an image by its tiles (read from its header), audio at 32 tokens a
   second of the duration its bytes bound, text files by their bytes; a video, a PDF, other audio,
@@ -72,6 +73,7 @@ from core.formats.gemini_tokens import (
     REFERRED_IMAGE_TYPES,
     REFERRED_MIME_PREFIXES,
     TEXT_MIME_PREFIX,
+    THINKING_LEAST_MAX,
     image_size,
     image_tokens,
 )
@@ -341,24 +343,26 @@ def thinking_tokens(config: dict[str, Any], model: str) -> int:
         raise InvalidRequest(f"{BUDGET_PATH} must be -1 (dynamic), 0 or a token count",
                              field=BUDGET_PATH)
     if type(budget) is int and budget != DYNAMIC_BUDGET:
-        if rule is not None and budget > rule[0]:
+        if rule is None or budget == 0:
+            return budget
+        if budget > rule.most:
             raise InputUnbounded(
                 f"{BUDGET_PATH} ({budget}) is above model {model!r}'s documented most "
-                f"({rule[0]}): the gateway holds the thinking a model can bill, and this one "
+                f"({rule.most}): the gateway holds the thinking a model can bill, and this one "
                 "is not documented to stop there", field=BUDGET_PATH, model=model)
-        return budget
+        # Below the model's range, Google may raise it to the range's least.
+        return max(budget, rule.least)
     if rule is None:
         raise InputUnbounded(
             f"model {model!r} has no documented most thinking tokens the gateway knows, and "
             f"the request sets no {BUDGET_PATH}: send a budget (0 turns thinking off on models "
             "that allow it)", field=BUDGET_PATH, model=model)
-    most, thinks_by_default = rule
     # A model that does not think by default thinks when the request asks: by a level, a
     # dynamic budget, or for its thoughts (includeThoughts), which a model may take as asking.
     asked = thinking.get("thinkingLevel") is not None or thinking.get("includeThoughts") is True
-    if budget is None and not asked and not thinks_by_default:
+    if budget is None and not asked and not rule.by_default:
         return 0
-    return most
+    return rule.most
 
 
 def _camel_case(fields: dict[str, Any], where: str) -> None:
@@ -496,6 +500,7 @@ GOOGLE_STATUSES: dict[str, tuple[str, int]] = {
     "rate_limited": ("RESOURCE_EXHAUSTED", 429),
     "concurrency_limited": ("RESOURCE_EXHAUSTED", 429),
     "users_exhausted": ("PERMISSION_DENIED", 403),
+    "model_not_allowed": ("PERMISSION_DENIED", 403),
     "user_required": ("INVALID_ARGUMENT", 400),
     "budget_paused": ("FAILED_PRECONDITION", 400),
     "idempotency_conflict": ("ABORTED", 409),
@@ -579,7 +584,8 @@ GEMINI_BODY: Schema = object_of({
         "thinkingConfig": object_of({
             "thinkingBudget": {"type": "integer", "minimum": DYNAMIC_BUDGET,
                                "description": "held on top of maxOutputTokens; -1 (dynamic) "
-                               "and none are held at the model's documented most"},
+                               "and none are held at the model's documented most, a budget "
+                               "below its documented range at the range's least"},
             "thinkingLevel": {"type": "string", "enum": ["minimal", "low", "medium", "high"]},
             "includeThoughts": BOOLEAN,
         }, more=False),
@@ -704,8 +710,9 @@ class Gemini(WireFormat):
 
     def clamped_body(self, body: dict[str, Any], output_tokens_max: int) -> dict[str, Any]:
         """maxOutputTokens and the thinking together within `output_tokens_max`: thinking,
-        where the body lets the model think, set to a budget of at most half of it (a level
-        replaced by that budget, which Gemini 3 takes too), the answer's cap the rest. A body
+        where the body lets the model think, set to a budget of half of it or the body's own if
+        smaller, yet at least THINKING_LEAST_MAX (0 where that leaves no cap; a level replaced
+        by that budget, which Gemini 3 takes too), the answer's cap the rest. A body
         without thinkingConfig gets that budget too, since a model may think by default: on a
         model that thinks only when asked (Flash-Lite) it then thinks within it; one that cannot
         think (2.0) refuses it, unbilled, and the hold is released."""
@@ -717,6 +724,12 @@ class Gemini(WireFormat):
         else:
             half = output_tokens_max // 2
             new_budget = min(budget, half) if type(budget) is int and budget > 0 else half
+            # Not below any model's least (a model may raise it there, past the clamp); where
+            # that leaves no cap, thinking off: 0, which a model that cannot stop thinking
+            # (2.5 Pro) refuses unbilled.
+            new_budget = max(new_budget, THINKING_LEAST_MAX)
+            if new_budget >= output_tokens_max:
+                new_budget = 0
             thinking.pop("thinkingLevel", None)
             config["thinkingConfig"] = {**thinking, "thinkingBudget": new_budget}
             config[CAP_FIELD] = output_tokens_max - new_budget

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import binascii
 import struct
+from typing import NamedTuple
 
 from core.errors import InputUnbounded, InvalidRequest
 
@@ -38,8 +39,9 @@ IMAGE_TILE_PX_MIN, IMAGE_TILE_PX_MAX = 256, 768
 # Google names these levels (GenerationConfig.mediaResolution, https://ai.google.dev/api/
 # generate-content#MediaResolution; https://ai.google.dev/gemini-api/docs/media-resolution). On
 # the tiled models low is 64 tokens an image and medium 256, each within a tile's 258, so the
-# tiles bound them; high is "zoomed reframing with 256 tokens" and ultra high Gemini 3's, counts
-# the tiles do not bound: an image asked for at either is held at the window.
+# tiles bound them; high is "256 + Pan & Scan (~2048)" (the media resolution page's "Token
+# counts") and ultra high Gemini 3's, counts the tiles do not bound: an image asked for at
+# either is held at the window.
 MEDIA_RESOLUTIONS = frozenset({
     "MEDIA_RESOLUTION_UNSPECIFIED", "MEDIA_RESOLUTION_LOW", "MEDIA_RESOLUTION_MEDIUM",
     "MEDIA_RESOLUTION_HIGH", "MEDIA_RESOLUTION_ULTRA_HIGH",
@@ -126,20 +128,34 @@ def image_tokens(width: int, height: int) -> int:
 
 # -- thinking ---------------------------------------------------------------------------------
 
+class ThinkingRange(NamedTuple):
+    """A model's documented thinking: the budgets it takes and whether it thinks unasked."""
+
+    most: int  # the largest budget, and what dynamic thinking (-1) may spend
+    least: int  # the smallest positive budget; one below it may be raised to it
+    by_default: bool  # thinks, dynamically, when the request says nothing
+
+
 # Google, "Gemini thinking" (https://ai.google.dev/gemini-api/docs/thinking, "Set budgets"): each
-# model's most thinking tokens and whether it thinks when the request says nothing. 2.5 Pro:
-# 128 to 32,768, dynamic by default; 2.5 Flash: 0 to 24,576, dynamic by default; 2.5 Flash-Lite:
-# 512 to 24,576, no thinking by default. Gemini 3 takes thinkingLevel (high by default) and
-# publishes no token figure for a level: held at the model's output limit (65,536), the most one
-# call writes. 2.0 models do not think. A version of a model here (gemini-2.5-pro-preview-06-05)
-# takes its rule (gemini_family); any other model, whatever its name begins with, is held at the
-# budget its request gives, and refused without one.
-GEMINI_THINKING: dict[str, tuple[int, bool]] = {
-    "gemini-2.0-flash": (0, False),
-    "gemini-2.0-flash-lite": (0, False),
-    "gemini-2.5-pro": (32_768, True),
-    "gemini-2.5-flash": (24_576, True),
-    "gemini-2.5-flash-lite": (24_576, False),
-    "gemini-3-pro-preview": (65_536, True),
-    "gemini-3-flash-preview": (65_536, True),
+# model's range of thinkingBudget and whether it thinks when the request says nothing. 2.5 Pro:
+# 128 to 32,768, dynamic by default, cannot turn thinking off; 2.5 Flash: 0 to 24,576, dynamic by
+# default; 2.5 Flash-Lite: 512 to 24,576 (0 turns it off), no thinking by default; -1 is dynamic
+# thinking on each, the model deciding how much within its range. What a budget below the range
+# does Google does not document (refused, or raised to the range's least): unknown means held, so
+# a positive budget is held at least at the range's least. Gemini 3 takes thinkingLevel (high by
+# default) and publishes no token figure for a level: held at the model's output limit (65,536),
+# the most one call writes. 2.0 models do not think. A version of a model here
+# (gemini-2.5-pro-preview-06-05) takes its rule (gemini_family); any other model, whatever its
+# name begins with, is held at the budget its request gives, and refused without one.
+GEMINI_THINKING: dict[str, ThinkingRange] = {
+    "gemini-2.0-flash": ThinkingRange(0, 0, False),
+    "gemini-2.0-flash-lite": ThinkingRange(0, 0, False),
+    "gemini-2.5-pro": ThinkingRange(32_768, 128, True),
+    "gemini-2.5-flash": ThinkingRange(24_576, 0, True),
+    "gemini-2.5-flash-lite": ThinkingRange(24_576, 512, False),
+    "gemini-3-pro-preview": ThinkingRange(65_536, 0, True),
+    "gemini-3-flash-preview": ThinkingRange(65_536, 0, True),
 }
+# The largest least any known model has (Flash-Lite's 512): a clamp splits its cap without the
+# model at hand, so a budget it sets is 0 or at least this, never one a model may raise.
+THINKING_LEAST_MAX = max(rule.least for rule in GEMINI_THINKING.values())

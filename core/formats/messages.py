@@ -147,6 +147,7 @@ ANTHROPIC_TYPES = {
     "rate_limited": "rate_limit_error",
     "concurrency_limited": "rate_limit_error",
     "users_exhausted": "permission_error",
+    "model_not_allowed": "permission_error",
     "user_required": "invalid_request_error",
     "budget_paused": "billing_error",
     "idempotency_conflict": "invalid_request_error",

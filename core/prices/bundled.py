@@ -278,6 +278,16 @@ def _model_info(model: str, provider: str | None) -> Any:
         f"(it resembles {resembled!r}); name it in the prices file", model=model)
 
 
+def bundled_model_id(model: str, provider: str | None = None) -> str | None:
+    """The id of genai-prices' entry that names `model` (lower case), as the bundled table
+    prices it (_model_info: `provider`'s entry where it has one, else any provider's); None
+    for a name no entry gives."""
+    try:
+        return str(_model_info(model, provider).id).lower()
+    except ModelUnpriced:
+        return None
+
+
 @functools.lru_cache(maxsize=PROVIDER_OF_CACHE_MAX)
 def bundled_provider(model: str) -> str | None:
     """The genai-prices provider whose entry names `model` exactly (the first any provider

@@ -33,7 +33,12 @@ from core.content import NO_MEDIA, Media
 from core.errors import InputUnbounded, InvalidRequest, ModelUnbounded, ModelUnpriced
 from core.limits import AMOUNT_MICROS_MAX, CHOICES_MAX
 from core.money import charge_micros
-from core.prices.bundled import BUNDLED_WINDOW_S, _bundled_rates, bundled_provider
+from core.prices.bundled import (
+    BUNDLED_WINDOW_S,
+    _bundled_rates,
+    bundled_model_id,
+    bundled_provider,
+)
 from core.prices.prices_file import load_prices_file
 from core.prices.rates import (
     MODEL_NAME_LEN_MAX,
@@ -85,6 +90,8 @@ class PriceTable:
         # By (provider, model name); a str: why the model has no price.
         self._bundled: dict[tuple[str | None, str], Rates | str] = {}
         self._windows_filled: set[str] = set()  # prices file entries given a bundled window
+        # By (provider, model name): the priced model's one name (model_name), None for none.
+        self._names: dict[tuple[str | None, str], str | None] = {}
         self._package = package_version("genai-prices")
         self.version = self._version()
 
@@ -374,6 +381,33 @@ class PriceTable:
                 "known: set audio_input_tokens_per_s for it in the prices file",
                 field=media.audio_field, model=model)
         return -(-media.audio_ms * per_s // 1_000)
+
+    def model_name(self, model: str, provider: str | None = None) -> str | None:
+        """The priced model's one name for `model`: what budgets name it by (models.allow,
+        per_model), so that one model is one name, one price, one counter. The bundled table's
+        entry that names it, whichever provider's (a dated snapshot or alias of it: 'gpt-5-2025-
+        08-07' is 'gpt-5', 'claude-haiku-4-5-20251001' is 'claude-haiku-4-5'), whatever the
+        prices file says of the name: a prices file entry for a dated name would otherwise be a
+        model of its own, beside the family a budget limits. Else `provider`'s entry of it, else
+        the prices file's name. A snapshot dated with '@' (Vertex's claude-sonnet-4-5@20250929)
+        is the one dated with '-'. Lower case, as the table looks names up; None for a name no
+        table knows. Cached per process, as rates are."""
+        if not isinstance(model, str) or not 0 < len(model) <= MODEL_NAME_LEN_MAX:
+            return None
+        key = model.lower()
+        if (provider, key) in self._names:
+            return self._names[(provider, key)]
+        found = None
+        for name in dict.fromkeys((key, key.replace("@", "-"))):
+            found = bundled_model_id(name) or (
+                bundled_model_id(name, provider) if provider else None)
+            if found is not None:
+                break
+        if found is None and key in self._overrides:
+            found = key
+        if len(self._names) < RATES_CACHE_MAX:
+            self._names[(provider, key)] = found
+        return found
 
     def cost_micros(self, model: str, usage: Usage, provider: str | None = None) -> int:
         """What `usage` cost, at the tier the answer named (`auto`: the dearest it could be)."""

@@ -43,7 +43,15 @@ from typing import Any
 
 from core.audit import audit_entry_of_json, stream_position
 from core.budget_json import budget_json, definition_of_json
-from core.budgets import RUN_SCOPE_KIND, USER_SCOPE_KIND, BudgetDef, BudgetId, check_user
+from core.budgets import (
+    MODEL_SCOPE_KIND,
+    RUN_SCOPE_KIND,
+    USER_SCOPE_KIND,
+    BudgetDef,
+    BudgetId,
+    check_user,
+    is_model_name,
+)
 from core.errors import InvalidRequest
 from core.ledger import (
     ExpirePolicy,
@@ -296,9 +304,13 @@ def _reservation(r: dict[str, Any], tag: str) -> Reservation:
         slot, watched = leg.get("concurrency_slot"), leg.get("velocity_watched")
         if not isinstance(slot, bool) or not isinstance(watched, bool):
             raise invalid_export("a leg's flags")
+        # The flags lua/lib.lua gives a leg, in its order, from what its budget id says: an end
+        # user's ('e') and a model's ('m') raise no alerts of their own.
         user = f"/{USER_SCOPE_KIND}:" in owner
+        model = _model_of(owner) is not None
         flags = (RUN_SCOPE_KIND if f"/{RUN_SCOPE_KIND}:" in owner else
-                 ("e" if user else "") + ("c" if slot else "") + ("v" if watched else ""))
+                 ("e" if user else "") + ("m" if model else "") + ("c" if slot else "")
+                 + ("v" if watched else ""))
         legs.append(wire.PART_SEPARATOR.join(
             [owner, _window(leg.get("window")), *map(str, numbers), *filter(None, [flags])]))
     times = {name: str(_integer(r.get(name), f"a reservation's {name}"))
@@ -367,11 +379,23 @@ def _budget(raw: object, why: str) -> BudgetId:
         raise invalid_export(why) from exc
 
 
+def _model_of(budget_id: str) -> str | None:
+    """The model of a model's counter '<budget>/model:<model>' (BudgetId.model), else None."""
+    _, marker, model = budget_id.rpartition(f"/{MODEL_SCOPE_KIND}:")
+    return model if marker and is_model_name(model, limited=True) else None
+
+
 def _counter_owner(raw: object) -> BudgetId:
-    """The budget a counter is kept for: a budget's id (a run's too), or an end user's
-    '<budget>/user:<id>', which BudgetId.parse refuses (a user id may hold ':' and '@', be
-    longer than a scope's name, and make a path one scope longer than an operator's)."""
+    """The budget a counter is kept for: a budget's id (a run's too), an end user's
+    '<budget>/user:<id>', or a model's '<budget>/model:<model>', which BudgetId.parse refuses
+    (a user id or a model's name may hold ':' and '@', be longer than a scope's name, and make
+    a path one scope longer than an operator's)."""
     if isinstance(raw, str):
+        budget, marker, _ = raw.rpartition(f"/{MODEL_SCOPE_KIND}:")
+        if marker:
+            if _model_of(raw) is None:
+                raise invalid_export("a model's counter")
+            return _budget(budget, "a counter's budget id")
         budget, marker, user = raw.rpartition(f"/{USER_SCOPE_KIND}:")
         if marker and "/" not in user:
             try:

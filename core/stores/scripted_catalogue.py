@@ -49,8 +49,13 @@ class ScriptedCatalogue(ScriptedCore):
                 alerts.velocity.ledger_form if alerts.velocity else ""]
         for lim in budget.limits:
             args += [lim.period.value, str(lim.ceiling_micros)]
-        if budget.rate is not None:
-            args += ["rate", wire.rate_field(budget.rate)]
+        models = budget.models_allow is not None or bool(budget.per_model)
+        if budget.rate is not None or models:
+            args += ["rate", wire.rate_field(budget.rate, models)]
+        if budget.models_allow is not None:
+            args += ["models_allow", wire.models_allow_field(budget.models_allow)]
+        if budget.per_model:
+            args += ["per_model", wire.per_model_field(budget.per_model)]
         if budget.per_user is not None:
             args += ["per_user", wire.per_user_field(budget.per_user)]
         if budget.clamp:
@@ -91,7 +96,7 @@ class ScriptedCatalogue(ScriptedCore):
 
     async def status(
         self, budget_ids: tuple[BudgetId, ...], run: RunLimit | None = None,
-        user: str | None = None,
+        user: str | None = None, model: str | None = None,
     ) -> tuple[LegStatus, ...]:
         ledger_id = await self.open()
         if not budget_ids:
@@ -100,7 +105,7 @@ class ScriptedCatalogue(ScriptedCore):
         ensure(all(b.tag == tag for b in budget_ids), "one tag per status read")
         reply = await self._run_windowed(
             script("status"), (keys.meta(tag),),
-            {"ledger_id": ledger_id, "user": user or ""}, budget_ids, run,
+            {"ledger_id": ledger_id, "user": user or "", "model": model or ""}, budget_ids, run,
         )
         if reply[0] == "ok":
             now_ms, legs = wire.status(reply)
@@ -156,7 +161,7 @@ class ScriptedCatalogue(ScriptedCore):
 
 # Every field of a definition's hash that a definition is read from (definition_of).
 _STORED_FIELDS = (*wire.DEFINITION_FIELDS, *wire.ALERT_DEFINITION_FIELDS,
-                  wire.CLAMP_DEFINITION_FIELD)
+                  wire.CLAMP_DEFINITION_FIELD, *wire.MODEL_DEFINITION_FIELDS)
 
 
 def definition_of(budget_id: str, fields: Mapping[str, str]) -> BudgetDef:
@@ -171,7 +176,9 @@ def definition_of(budget_id: str, fields: Mapping[str, str]) -> BudgetDef:
                            fields[wire.VELOCITY_DEFINITION_FIELD]),
         int(fields.get("paused_at_ms") or 0) if paused else None,
         wire.rate_of(fields.get("rate")), wire.per_user_of(fields.get("per_user")),
-        fields.get(wire.CLAMP_DEFINITION_FIELD) == "1")
+        fields.get(wire.CLAMP_DEFINITION_FIELD) == "1",
+        wire.models_allow_of(fields.get("models_allow")),
+        wire.per_model_of(fields.get("per_model")))
 
 
 def definition_fields(definition: BudgetDef) -> dict[str, str]:
@@ -186,8 +193,13 @@ def definition_fields(definition: BudgetDef) -> dict[str, str]:
               if alerts.velocity else ""}
     for lim in definition.limits:
         fields[wire.CEILING_DEFINITION_FIELDS[lim.period]] = str(lim.ceiling_micros)
-    if definition.rate is not None:
-        fields["rate"] = wire.rate_field(definition.rate)
+    models = definition.models_allow is not None or bool(definition.per_model)
+    if definition.rate is not None or models:
+        fields["rate"] = wire.rate_field(definition.rate, models)
+    if definition.models_allow is not None:
+        fields["models_allow"] = wire.models_allow_field(definition.models_allow)
+    if definition.per_model:
+        fields["per_model"] = wire.per_model_field(definition.per_model)
     if definition.per_user is not None:
         fields["per_user"] = wire.per_user_field(definition.per_user)
     if definition.clamp:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from core.budgets import UNLISTED_MODEL
 from core.errors import (
     BudgetNotFound,
     BudgetPaused,
     CeilingError,
     ConcurrencyLimited,
     IdempotencyConflict,
+    ModelNotAllowed,
     RateLimited,
     ReservationNotFound,
     ReservationResolved,
@@ -88,6 +90,16 @@ def _limit_refusal(kind: str, reply: Sequence[Any], user: str | None) -> Ceiling
         budget_id=budget_id, retry_after_s=retry_after_s)
 
 
+def _model_not_allowed(budget_id: str, request: ReserveRequest) -> ModelNotAllowed:
+    model = request.canonical_model
+    if model == UNLISTED_MODEL:
+        model = request.model  # a name no allow-list can hold: as the call priced it
+    return ModelNotAllowed(
+        f"budget {budget_id!r} allows its calls only the models its models.allow names, and "
+        f"not {model!r}: nothing was held or forwarded. An operator adds the model to the "
+        "list (PUT /v1/admin/budgets/{id})", budget_id=budget_id, model=model)
+
+
 def _paused(budget_id: str) -> BudgetPaused:
     return BudgetPaused(
         f"budget {budget_id} was paused by its velocity alarm; an operator resumes it "
@@ -126,6 +138,7 @@ class ScriptedLedger(ScriptedCore):
                 "record_tail": wire.record_tail(request.fingerprint, request.price_version,
                                                 request.model, request.bill or ""),
                 "user": request.user or "",
+                "model": request.canonical_model,
             },
             request.budget_ids,
             request.run,
@@ -152,6 +165,8 @@ class ScriptedLedger(ScriptedCore):
             raise state_quota(str(reply[1]), int(reply[2]))
         if kind in _LIMIT_REFUSALS:
             raise _limit_refusal(kind, reply, request.user)
+        if kind == "model_not_allowed":
+            raise _model_not_allowed(str(reply[1]), request)
         if kind == "conflict":
             raise IdempotencyConflict(
                 "this reservation id was used with other parameters",
@@ -217,6 +232,7 @@ class ScriptedLedger(ScriptedCore):
                 "record_tail": wire.record_tail(request.fingerprint, request.price_version,
                                                 request.model, request.bill or ""),
                 "user": request.user or "",
+                "model": request.canonical_model,
             },
             request.budget_ids, request.run, now_ms=admitted_at_ms,
         )

@@ -26,7 +26,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from core.budgets import Limit, Period, PerUser, Rate, Window
+from core.budgets import (
+    ALL_MODELS,
+    UNLISTED_MODEL,
+    Limit,
+    ModelLimits,
+    Period,
+    PerUser,
+    Rate,
+    Window,
+    is_model_name,
+)
 from core.errors import InvariantBroken, ensure
 from core.ledger import (
     ExpirePolicy,
@@ -85,16 +95,20 @@ PART_SEPARATOR = "|"
 NOW = "now_ms"
 # `run`: a run's budget id and ceiling, ITEM_SEPARATOR between them, or ''. `record_tail`: the
 # record's RECORD_TAIL, packed: a script keeps it as it came, and reads it only on a replay.
-# `user`: the call's end user (core/budgets.py check_user), or ''.
+# `user`: the call's end user (core/budgets.py check_user), or ''. `model`: the priced model's
+# one name (core/prices PriceTable.model_name), which allow-lists and per_model limits name; ''
+# for a call priced by its caller (an amount), which names no model; UNLISTED_MODEL for a name
+# no budget can name. A status read's `model` is a model whose per_model legs it shows, or
+# ALL_MODELS for every model's a budget limits.
 RESERVE_ARGS = (
     "ledger_id", "reserved_micros", "ttl_ms", "budget_ids", "run", "zones", "expire_policy",
-    "retention_ms", "owner", "record_tail", "user", NOW,
+    "retention_ms", "owner", "record_tail", "user", "model", NOW,
 )
 BOOK_ARGS = (
     "ledger_id", "admitted_at_ms", "reserved_micros", "actual_micros", "budget_ids", "run",
-    "zones", "owner", "record_tail", "user", NOW,
+    "zones", "owner", "record_tail", "user", "model", NOW,
 )
-STATUS_ARGS = ("ledger_id", "budget_ids", "run", "zones", "user", NOW)
+STATUS_ARGS = ("ledger_id", "budget_ids", "run", "zones", "user", "model", NOW)
 # `upstream`: a gateway call's (core/ledger.py Upstream), whose day it is counted in; else ''.
 SETTLE_ARGS = ("owner", "actual_micros", "upstream", NOW)
 RELEASE_ARGS = ("owner", NOW)
@@ -171,6 +185,12 @@ CLAMP_DEFINITION_FIELD = "clamp"
 # watches it ('' or none: no), which the reservation's legs carry to its settle (lua/lib.lua
 # parse_legs), so that a settle reads the tag's alarms only for a budget that has one.
 HOLD_DEFINITION_FIELDS = (*DEFINITION_FIELDS, VELOCITY_DEFINITION_FIELD)
+# A budget's models (BudgetDef.models_allow, per_model) as models_allow_field and
+# per_model_field write them. Not among the fields every reserve reads: a definition that has
+# either says so in its `rate` field (rate_field's MODELS_FLAG), and a reserve reads them then
+# only, so that a budget without them costs a call nothing more.
+MODEL_DEFINITION_FIELDS = ("models_allow", "per_model")
+MODELS_FLAG = "m"
 
 _ESCAPES = {"%": "%25", SEPARATOR: "%09"}
 
@@ -210,16 +230,58 @@ NO_CEILING = "-"
 PER_USER_PERIODS = (Period.DAY, Period.WEEK, Period.MONTH, Period.TOTAL)
 
 
-def rate_field(rate: Rate | None) -> str:
-    """A rate as a definition keeps it: 'requests_per_minute concurrent_max', 0 for none."""
+def rate_field(rate: Rate | None, models: bool = False) -> str:
+    """A rate as a definition keeps it: 'requests_per_minute concurrent_max', 0 for none; then
+    ' m' (MODELS_FLAG) for a definition that has MODEL_DEFINITION_FIELDS."""
+    flag = ITEM_SEPARATOR + MODELS_FLAG if models else ""
     if rate is None:
-        return "0 0"
-    return f"{rate.requests_per_minute or 0} {rate.concurrent_max or 0}"
+        return "0 0" + flag
+    return f"{rate.requests_per_minute or 0} {rate.concurrent_max or 0}{flag}"
 
 
 def rate_of(field: str | None) -> Rate | None:
-    rpm, cmax = (int(v) for v in (field or "0 0").split())
+    rpm, cmax = (int(v) for v in (field or "0 0").split()[:2])
     return Rate(rpm or None, cmax or None) if rpm or cmax else None
+
+
+def models_allow_field(models: tuple[str, ...] | None) -> str:
+    """An allow-list as a definition keeps it: its names with ITEM_SEPARATOR before and after
+    each (' a b '), so a reserve finds ' <model> ' in it by one plain search; '' for none."""
+    if models is None:
+        return ""
+    ensure(all(is_model_name(m, limited=False) for m in models), "models given their one names")
+    return ITEM_SEPARATOR + ITEM_SEPARATOR.join(models) + ITEM_SEPARATOR
+
+
+def models_allow_of(field: str | None) -> tuple[str, ...] | None:
+    return tuple(field.split()) if field else None
+
+
+# The periods of per_model_field's ceilings, in its order (lua/lib.lua resolve_legs).
+PER_MODEL_PERIODS = (Period.DAY, Period.WEEK, Period.MONTH, Period.TOTAL)
+
+
+def per_model_field(per_model: tuple[ModelLimits, ...]) -> str:
+    """per_model as a definition keeps it: for each model, ITEM_SEPARATOR then
+    'model|day|week|month|total', each ceiling NO_CEILING for a period it does not limit, so a
+    reserve finds ' <model>|' by one plain search; '' for none."""
+    out = []
+    for entry in per_model:
+        ensure(is_model_name(entry.model, limited=True), "models given their one names")
+        ceilings = {lim.period: str(lim.ceiling_micros) for lim in entry.limits}
+        out.append(ITEM_SEPARATOR + PART_SEPARATOR.join(
+            (entry.model, *(ceilings.get(p, NO_CEILING) for p in PER_MODEL_PERIODS))))
+    return "".join(out)
+
+
+def per_model_of(field: str | None) -> tuple[ModelLimits, ...]:
+    out = []
+    for item in (field or "").split():
+        model, *ceilings = item.split(PART_SEPARATOR)
+        out.append(ModelLimits(model, tuple(
+            Limit(p, int(c)) for p, c in zip(PER_MODEL_PERIODS, ceilings, strict=True)
+            if c != NO_CEILING)))
+    return tuple(out)
 
 
 def per_user_field(per_user: PerUser | None) -> str:
@@ -645,6 +707,10 @@ def prelude() -> list[str]:
     # Compared with a record's field as it is stored: a gateway call's retention.
     out.append(f"local RESEND_WINDOW_MS_TEXT = '{RESEND_WINDOW_MS}'")
     out.append(f"local RECLAIM_SAMPLE_DIGITS = {_lua_string(RECLAIM_SAMPLE_DIGITS)}")
+    out.append(f"local MODELS_FLAG = {_lua_string(MODELS_FLAG)}")
+    out.append(f"local UNLISTED_MODEL = {_lua_string(UNLISTED_MODEL)}")
+    out.append(f"local ALL_MODELS = {_lua_string(ALL_MODELS)}")
+    out.append(f"local MODEL_DEFINITION_FIELDS = {_lua_list(MODEL_DEFINITION_FIELDS)}")
     out += [f"local {name} = {_lua_string(part)}" for name, part in KEY_PARTS.items()]
     out += [_argument_reader(name, shape) for name, shape in ARGUMENT_SHAPES.items()]
     out.append(_reader("unpack_record", RECORD_FIELDS, last_optional=True))

@@ -96,6 +96,20 @@ def test_the_page_in_chromium(page_service: Client, redis_server: RedisServer,
     lost = http.post("/v1/reservations", headers=key,
                      json={"amount_micros": 125_000, "ttl_ms": RESERVATION_TTL_MS_MIN})
     assert lost.status_code == 201
+    # A team whose calls may name two models, one of them limited on its own: settled, so the
+    # open reservations counted below stay the three above.
+    models_team = f"{tag}/team:models"
+    assert http.admin("PUT", f"/v1/admin/budgets/{models_team}", json={
+        "limits": [{"period": "day", "ceiling_micros": 5_000_000}],
+        "models": {"allow": ["gpt-4o", "claude-haiku-4-5"]},
+        "per_model": {"gpt-4o": {"limits": [{"period": "day", "ceiling_micros": 1_000_000}]}},
+    }).status_code == 200
+    models_key = http.sidecar_key(models_team)
+    by_model = http.post("/v1/reservations", headers=models_key, json={
+        "model": "gpt-4o", "input_tokens": 10, "max_output_tokens": 10})
+    assert by_model.status_code == 201, by_model.text
+    assert http.post(f"/v1/reservations/{by_model.json()['reservation_id']}/settle",
+                     headers=models_key, json={"actual_micros": 80_000}).status_code == 200
     # The ledger's hour (Redis TIME on this machine's clock), which the settles above used.
     hour = int(time.time() * 1000) // SPEND_BUCKET_MS
     history = {ago: 150_000 + (ago * 37_000) % 400_000 for ago in range(1, 40)}
@@ -104,7 +118,8 @@ def test_the_page_in_chromium(page_service: Client, redis_server: RedisServer,
     seed_hours(redis_server, tag, hour, {a: m * 3 for a, m in history.items()})
     assert http.admin("PUT", f"/v1/admin/budgets/{tag}/<script>alert(1)</script>", json={
         "limits": [{"period": "day", "ceiling_micros": 1}]}).status_code == 422
-    ledger = {b: http.admin("GET", f"/v1/admin/budgets/{b}").json() for b in (tag, team)}
+    ledger = {b: http.admin("GET", f"/v1/admin/budgets/{b}").json()
+              for b in (tag, team, models_team)}
     series = {b["budget_id"]: b["series"] for b in
               http.get("/v1/usage/me", headers=key, params={"hours": "48"}).json()["budgets"]}
     [run_leg] = [b for b in http.get("/v1/budgets/me", headers=run_key).json()["budgets"]
@@ -165,6 +180,17 @@ def test_the_page_in_chromium(page_service: Client, redis_server: RedisServer,
             assert drawn == {s["hour_start_ms"]: s["committed_micros"] for s in series[b]}
             assert len(drawn) >= 40
             assert all(points.nth(i).bounding_box() for i in range(3))  # rendered, with a size
+        card = page.locator(f"section.card[data-budget='{models_team}']")
+        assert card.locator("[data-models-allow]").inner_text() == (
+            "models: claude-haiku-4-5, gpt-4o")
+        [gpt_day] = ledger[models_team]["per_model_periods"]["gpt-4o"]
+        row = card.locator(f"tr[data-model='gpt-4o'][data-window='{gpt_day['period_key']}']")
+        for field in ("ceiling_micros", "committed_micros", "reserved_micros",
+                      "remaining_micros"):
+            shown = row.locator(f"td[data-field='{field}']").get_attribute("data-micros")
+            assert int(shown or "-1") == gpt_day[field], field
+        assert gpt_day["committed_micros"] == 80_000
+        assert row.bounding_box()  # rendered, with a size
         team_row = page.locator(f"section.card[data-budget='{team}'] tr[data-period='day']")
         assert team_row.locator("td[data-field='committed_micros']").inner_text() == "$3.40"
         see_lists(page, tag, stored, lost.json()["reservation_id"], run_leg, bound)

@@ -25,7 +25,6 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from core.content import json_bytes
 from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill, stub_control
@@ -138,6 +137,13 @@ def reason(error: errors.APIError) -> str:
     """The gateway's code, as Google's shape carries it: the ErrorInfo's reason."""
     details = error.details["error"]["details"]
     return str(details[0]["reason"])
+
+
+def json_text_bytes(value: object) -> int:
+    """The UTF-8 bytes of `value` as JSON text (docs/gateway.md: text is held by the bytes of
+    the JSON that carries it), written out by the standard library with its standard
+    separators rather than by the gateway's own helper."""
+    return len(json.dumps(value, ensure_ascii=False).encode())
 
 
 def body(text: str = "hello", **config: Any) -> dict[str, Any]:
@@ -316,12 +322,17 @@ HELD: dict[str, tuple[dict[str, Any], dict[str, Any], int]] = {
                            maxOutputTokens=50), "tools": [{"urlContext": {}}]},
                    {"files": {"https://example.com/a": {"bytes": 400_000, "pages": 0},
                               "https://example.com/b": {"bytes": 4_000, "pages": 3}}}, 10_177),
+    # A small image (one tile's 258 tokens) at each resolution: the stub bills Google's Gemini
+    # 2.5 figure for the level (64, 256, and 256 + 2,048 "Pan & Scan" at high, ultra high as
+    # high), at $0.10 a million; held below high at its tile, else at the window.
     **{f"mediaResolution-{level}": ({"contents": [{"role": "user", "parts": [
         {"text": "what is it?"}, {"inlineData": {"mimeType": "image/png",
-                                                 "data": png(2_000, 1_000)}}]}],
+                                                 "data": png(300, 200)}}]}],
         "generationConfig": {"maxOutputTokens": 50,
-                             "mediaResolution": f"MEDIA_RESOLUTION_{level}"}}, {}, 155)
-       for level in ("LOW", "MEDIUM", "HIGH")},  # 1,548 image tokens by the stub's tiles
+                             "mediaResolution": f"MEDIA_RESOLUTION_{level}"}}, {},
+        math.ceil(Fraction(image_tokens, 10)))
+       for level, image_tokens in (("LOW", 64), ("MEDIUM", 256), ("HIGH", 2_304),
+                                   ("ULTRA_HIGH", 2_304))},
 }
 
 
@@ -423,7 +434,7 @@ def test_the_hold_is_the_documented_worst_case_and_the_stubs_whole_spend_stays_w
     # The hold by hand: the forwarded body's text by its bytes (4 tokens a turn) at 2.5 Pro's
     # $1.25 a million, and every candidate's cap and budget at its $10 output rate.
     sent = spy.forwarded()
-    text = sum(4 + json_bytes(turn) for turn in sent["contents"]) + json_bytes(
+    text = sum(4 + json_text_bytes(turn) for turn in sent["contents"]) + json_text_bytes(
         {k: v for k, v in sent.items() if k != "contents"})
     hold = math.ceil(Fraction(text * 125, 100) + candidates * (cap + budget) * 10)
     assert int(r.headers["x-ceiling-reserved-micros"]) == hold
@@ -432,11 +443,44 @@ def test_the_hold_is_the_documented_worst_case_and_the_stubs_whole_spend_stays_w
     assert settled(admin, tag)["committed_micros"] == cost
 
 
-def test_generate_content_stream_passes_unchanged_and_is_charged_the_bill(
-        gw: ServiceProcess, admin: Client, stub: StubProvider) -> None:
+@pytest.mark.parametrize("outside", [False, True],
+                         ids=["thoughts-within-the-cap", "thoughts-beside-the-cap"])
+def test_a_budget_below_the_models_range_is_held_at_its_least_which_the_stub_thinks(
+        gw: ServiceProcess, admin: Client, stub: StubProvider, spy: FaultProxy,
+        outside: bool) -> None:
+    """2.5 Pro takes thinking budgets of 128 to 32,768 (https://ai.google.dev/gemini-api/docs/
+    thinking); Google does not say what it does with 1, and the stub raises it to 128, so the
+    call is held at 128 thoughts beside its cap: the stub, drawn far past both, bills within
+    the hold."""
+    stub_control(stub.url, {"thinking_outside_output_cap": outside})
     tag, key = account(admin, 10_000_000)
-    chunks = list(google(gw, key).models.generate_content_stream(
-        model=LITE, contents=LONG, config=types.GenerateContentConfig(max_output_tokens=200)))
+    cap = 100
+    spy.output_tokens = 100_000
+    try:
+        r = admin.post(f"/v1beta/models/{PRO}:generateContent", headers={"x-goog-api-key": key},
+                       json=body(maxOutputTokens=cap, thinkingConfig={"thinkingBudget": 1}))
+    finally:
+        spy.disarm()
+    assert r.status_code == 200, r.text
+    usage = r.json()["usageMetadata"]
+    assert usage["thoughtsTokenCount"] == (128 if outside else cap)
+    [cost] = costs(stub)
+    assert 0 < cost <= int(r.headers["x-ceiling-reserved-micros"])
+    assert settled(admin, tag)["committed_micros"] == cost
+
+
+def test_generate_content_stream_passes_unchanged_and_is_charged_the_bill(
+        gw: ServiceProcess, admin: Client, stub: StubProvider, spy: FaultProxy) -> None:
+    tag, key = account(admin, 10_000_000)
+    # 64 tokens written, whatever the stub's draw: 32 thought and 32 answered, two text chunks.
+    spy.output_tokens = 64
+    try:
+        chunks = list(google(gw, key).models.generate_content_stream(
+            model=PRO, contents=LONG, config=types.GenerateContentConfig(
+                max_output_tokens=200, thinking_config=types.ThinkingConfig(
+                    thinking_budget=128))))
+    finally:
+        spy.disarm()
     assert len(chunks) > 1
     last = chunks[-1].usage_metadata
     assert last is not None

@@ -27,7 +27,10 @@ BUDGETS_MAX = 3
 SPENDS = (500, 100, 400, 200, 300)
 FAMILIES = {"spend_ceiling_budget_ceiling_micros", "spend_ceiling_budget_committed_micros",
             "spend_ceiling_budget_reserved_micros", "spend_ceiling_refusals",
-            "spend_ceiling_ledger_up", "spend_ceiling_ledger_latency_seconds"}
+            "spend_ceiling_ledger_up", "spend_ceiling_ledger_latency_seconds",
+            "spend_ceiling_budget_model_ceiling_micros",
+            "spend_ceiling_budget_model_committed_micros",
+            "spend_ceiling_budget_model_reserved_micros"}
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +134,47 @@ def test_refusals_the_ledger_and_this_instances_latency(http: Client,
     assert later > count >= 1
 
 
+def test_a_budgets_models_are_shown_beside_it_and_only_for_the_budgets_shown(
+    http: Client, budgets: list[str]
+) -> None:
+    """Runs after the ranking above: the budget made here spends the most, so it is shown, with
+    its model's windows; one that spends the least is not, nor are its models."""
+    made = {}
+    for micros in (900, 50):
+        budget_id = f"org:p{uuid.uuid4().hex[:8]}"
+        r = http.admin("PUT", f"/v1/admin/budgets/{budget_id}", json={
+            "limits": [{"period": "total", "ceiling_micros": 10_000}],
+            "per_model": {"gpt-4o-2024-08-06": {"limits": [
+                {"period": "day", "ceiling_micros": 5_000},
+                {"period": "total", "ceiling_micros": 6_000}]}}})
+        assert r.status_code == 200, r.text
+        key = http.sidecar_key(budget_id)
+        held = http.post("/v1/reservations", headers=key, json={
+            "model": "gpt-4o", "input_tokens": 100, "max_output_tokens": 100})
+        assert held.status_code == 201, held.text
+        settled = http.post(f"/v1/reservations/{held.json()['reservation_id']}/settle",
+                            headers=key, json={"actual_micros": micros})
+        assert settled.status_code == 200, settled.text
+        made[micros] = budget_id
+    families = scrape(http)
+    series = {name: {(s.labels["budget_id"], s.labels["model"], s.labels["period"]): s.value
+                     for s in families[f"spend_ceiling_budget_model_{name}_micros"]}
+              for name in ("ceiling", "committed", "reserved")}
+    top = made[900]
+    assert set(series["committed"]) == {(top, "gpt-4o", "day"), (top, "gpt-4o", "total")}
+    periods = http.admin("GET", f"/v1/admin/budgets/{top}").json()["per_model_periods"]
+    for p in periods["gpt-4o"]:
+        at = (top, "gpt-4o", p["period"])
+        assert series["committed"][at] == p["committed_micros"] == 900
+        assert series["ceiling"][at] == p["ceiling_micros"]
+        assert series["reserved"][at] == p["reserved_micros"] == 0
+    # The budget families show the budget itself, without a model label.
+    committed = {(s.labels["budget_id"], s.labels["period"]): s.value
+                 for s in families["spend_ceiling_budget_committed_micros"]}
+    assert committed[(top, "total")] == 900
+    assert not any(b == made[50] for b, _ in committed)
+
+
 def test_a_ledger_that_does_not_answer_is_down_not_an_error(
     http: Client, ledger_redis: RedisServer, budgets: list[str]
 ) -> None:
@@ -139,3 +183,4 @@ def test_a_ledger_that_does_not_answer_is_down_not_an_error(
     [up] = families["spend_ceiling_ledger_up"]
     assert up.value == 0
     assert families["spend_ceiling_budget_committed_micros"] == []
+

@@ -9,7 +9,16 @@ import pytest
 
 from core.alerts import AlertConfig, VelocityAlarm
 from core.budget_json import budget_json, definition_of_json
-from core.budgets import BudgetDef, BudgetId, Limit, OutagePolicy, Period, PerUser, Rate
+from core.budgets import (
+    BudgetDef,
+    BudgetId,
+    Limit,
+    ModelLimits,
+    OutagePolicy,
+    Period,
+    PerUser,
+    Rate,
+)
 from core.errors import InvalidRequest
 
 BID = BudgetId("org:acme/team:a")
@@ -21,6 +30,12 @@ DEFINITIONS = [
               PerUser((Limit(Period.TOTAL, 50),), 7, True, Rate(None, 2)), clamp=True),
     BudgetDef(BID, (Limit(Period.TOTAL, 9_000),), outage_policy=OutagePolicy.OPEN,
               alerts=AlertConfig((100,), VelocityAlarm(300, 0, 1_500, False))),
+    BudgetDef(BID, (Limit(Period.DAY, 10**6),), rate=Rate(None, 3),
+              models_allow=("claude-haiku-4-5", "gpt-5"),
+              per_model=(ModelLimits("claude-haiku-4-5", (Limit(Period.TOTAL, 7),)),
+                         ModelLimits("gpt-5", (Limit(Period.DAY, 5), Limit(Period.WEEK, 6))))),
+    BudgetDef(BID, (Limit(Period.DAY, 10**6),),
+              per_model=(ModelLimits("gpt-5", (Limit(Period.MONTH, 5),)),)),
 ]
 
 

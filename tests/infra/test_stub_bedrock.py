@@ -374,6 +374,14 @@ def test_control_sets_the_credentials_a_session_token_included(
     # Bedrock does not run Anthropic's web search: its entries have no search fee.
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, GLOBAL_SONNET,
      "web search is not available"),
+    ({"tools": [{"type": "code_execution_20250825", "name": "code_execution"}]}, GLOBAL_SONNET,
+     "code execution is not available"),
+    # Anthropic's fields Bedrock's Claude body does not take, and betas it does not take.
+    ({"service_tier": "auto"}, GLOBAL_SONNET, "extraneous key [service_tier]"),
+    ({"speed": "fast"}, GLOBAL_SONNET, "extraneous key [speed]"),
+    ({"anthropic_beta": ["prompt-caching-scope-2026-01-05"]}, GLOBAL_SONNET,
+     "invalid beta flag"),
+    ({"anthropic_beta": ["advanced-tool-use-2025-11-20"]}, GLOBAL_SONNET, "invalid beta flag"),
 ])
 def test_a_bad_body_is_a_validation_exception(runtime: Any, http: httpx.Client,
                                               doc: dict[str, Any], model_id: str,

@@ -315,6 +315,23 @@ def test_gemini_3_bills_media_by_their_resolution(http: httpx.Client) -> None:
     assert bill_of(http).log[0].cost_micros == 5_734
 
 
+def test_gemini_25_bills_an_image_at_a_media_resolution_by_googles_figure(
+        http: httpx.Client) -> None:
+    image = {"inlineData": {"mimeType": "image/png", "data": b64(png(100, 100))}}
+
+    def image_tokens(level: str | None) -> int:
+        config = {} if level is None else {"generationConfig": {
+            "mediaResolution": f"MEDIA_RESOLUTION_{level}"}}
+        usage = generate(http, FLASH, {**user(image), **config},
+                         {"X-Stub-Output-Tokens": "10"}).json()["usageMetadata"]
+        return {d["modality"]: d["tokenCount"] for d in usage["promptTokensDetails"]}["IMAGE"]
+
+    # Its tiles with no level; low 64, medium 256, high 256 + 2,048 "Pan & Scan", ultra high
+    # (Gemini 3's) as high.
+    assert [image_tokens(level) for level in (None, "LOW", "MEDIUM", "HIGH", "ULTRA_HIGH")] == [
+        258, 64, 256, 2_304, 2_304]
+
+
 def test_unknown_fields_and_answers_in_other_media_are_refused(http: httpx.Client) -> None:
     refused = [generate(http, FLASH, {**user({"text": "hello"}), "priority": "high"}),
                generate(http, FLASH, {**user({"text": "hello"}), "generationConfig": {
@@ -405,6 +422,10 @@ def test_thinking_settings_follow_each_models_documented_range(http: httpx.Clien
     assert "thoughtsTokenCount" not in lite
     assert lite["candidatesTokenCount"] == 40
     assert bill_of(http).total.calls == 2
+    # A budget below the range is raised to its least (2.5 Pro's 128), the dearer reading.
+    raised = generate(http, PRO, {**user({"text": "hello"}), "generationConfig": {
+        "thinkingConfig": {"thinkingBudget": 1}}}, {"X-Stub-Output-Tokens": "1000"})
+    assert raised.json()["usageMetadata"]["thoughtsTokenCount"] == 128
 
 
 def test_control_refuses_a_bad_gemini_setting_whole(http: httpx.Client) -> None:

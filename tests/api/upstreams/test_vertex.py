@@ -19,10 +19,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from api.upstreams.vertex import VertexUpstream, endpoint
-from core.formats import Api, Plan
-from core.gateway_request import plan
+from core.formats import FORMATS, Api, Plan
+from core.gateway_request import plan, routed
 from core.upstream import NotSent, Sent, Unanswered
-from core.upstreams import UpstreamDef
+from core.upstreams import Routed, UpstreamDef
 from infra.stub_provider import StubProvider
 from tests.api.upstreams.conftest import (
     HANG_TIMEOUT_S,
@@ -235,3 +235,53 @@ async def test_calls_waiting_for_a_token_share_one_refresh(
     assert [s[0] for s in sent] == [200] * 5
     assert len(refreshes) == 1
     assert bill_of(http).total.calls == 5
+
+
+@pytest.mark.parametrize("api", [Api.GEMINI, Api.MESSAGES])
+async def test_the_url_names_the_model_as_sent_not_as_priced(
+        vertex: VertexUpstream, service_account: Path, http: httpx.Client, api: Api) -> None:
+    """A routed call is priced by one name (Routed.price_model: regional Vertex Claude as
+    `regional.<dated name>`) and sent by another (Routed.sent_model): Vertex's path names the
+    model it knows, whatever the call is priced as."""
+    model = FLASH if api is Api.GEMINI else CLAUDE
+    to = Routed(definition(vertex.base_url, service_account), model, model, f"regional.{model}")
+    body: dict[str, Any] = (
+        {"model": model, "max_tokens": 100, "messages": [{"role": "user", "content": "hello"}]}
+        if api is Api.MESSAGES else {**gemini().body, "generationConfig": {
+            "maxOutputTokens": 100, "thinkingConfig": {"thinkingBudget": 0}}})
+    call_plan = routed(FORMATS[api], body, to, (("anthropic-version", "2023-06-01"),), 100,
+                       frozenset())
+    assert call_plan.model == f"regional.{model}"
+    sent = await vertex.send(replace(call_plan, headers=(*call_plan.headers, *FORCED)),
+                             deadline())
+    assert sent[0] == 200, sent[2]
+    assert only_call(http).model in (model, model.replace("@", "-"))
+
+
+@pytest.mark.parametrize(("extra", "headers", "words"), [
+    ({}, {"anthropic-beta": "prompt-caching-scope-2026-01-05"}, "Unexpected value(s)"),
+    ({}, {"anthropic-beta": "advanced-tool-use-2025-11-20"}, "Unexpected value(s)"),
+    ({"anthropic_beta": ["context-1m-2025-08-07"]}, {}, "anthropic_beta"),
+    ({"speed": "fast"}, {}, "speed"),
+    ({"model": CLAUDE}, {}, "model"),
+    ({"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]}, {}, "web fetch"),
+])
+async def test_the_stub_refuses_what_vertex_refuses_unbilled(
+        vertex: VertexUpstream, http: httpx.Client, extra: dict[str, Any],
+        headers: dict[str, str], words: str) -> None:
+    """The witness: betas Vertex does not take (Anthropic's names of them included), the
+    betas in the body, fields of Anthropic's own API, a body `model`, server tools Vertex does
+    not run: each refused 400, nothing billed; counts are served, free."""
+    url = f"{vertex.publishers_url}/anthropic/models/{CLAUDE}:rawPredict"
+    auth = {"authorization": f"Bearer {await vertex.token()}"}
+    body = {"anthropic_version": "vertex-2023-10-16", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hello"}], **extra}
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(url, json=body, headers={**auth, **headers})
+        counted = await client.post(
+            url.replace(f"{CLAUDE}:rawPredict", "count-tokens:rawPredict"),
+            json={"model": CLAUDE, "messages": body["messages"]}, headers=auth)
+    assert answer.status_code == 400, answer.text
+    assert words in answer.json()["error"]["message"]
+    assert counted.json() == {"input_tokens": HELLO_TOKENS}
+    assert [(c.status, c.billed) for c in bill_of(http).log] == [(400, False), (200, False)]

@@ -290,6 +290,27 @@ def test_thinking_is_held_on_top_of_the_cap(model: str, thinking: dict[str, Any]
     assert plan(body(generationConfig=config), model).output_tokens_max == 100 + tokens
 
 
+@pytest.mark.parametrize(("model", "budget", "tokens"), [
+    (PRO, 1, 128),  # 2.5 Pro: 128 to 32,768
+    (PRO, 127, 128),
+    (PRO, 128, 128),
+    (PRO, 129, 129),
+    (LITE, 1, 512),  # 2.5 Flash-Lite: 512 to 24,576
+    (LITE, 511, 512),
+    (LITE, 513, 513),
+    ("gemini-2.5-flash-lite-preview-09-2025", 100, 512),  # a version: its family's least
+    (FLASH, 1, 1),  # 2.5 Flash: 0 to 24,576
+    (LITE, 0, 0),  # 0 turns thinking off where Google documents it
+])
+def test_a_budget_below_the_models_least_is_held_at_that_least(model: str, budget: int,
+                                                              tokens: int) -> None:
+    """A thinkingBudget Google documents a model as not taking (below its range) may be raised
+    to the range's least: held there, so the bill of a raised budget stays within the hold."""
+    given = body(generationConfig={"maxOutputTokens": 100,
+                                   "thinkingConfig": {"thinkingBudget": budget}})
+    assert plan(given, model).output_tokens_max == 100 + tokens
+
+
 def test_thinking_without_a_documented_bound_or_given_twice_is_refused() -> None:
     with pytest.raises(InputUnbounded) as refused:
         plan(body(), "gemini-9-ultra")
@@ -410,6 +431,23 @@ def test_a_clamped_body_keeps_the_cap_and_thinking_within_the_clamp() -> None:
     assert config["maxOutputTokens"] + config["thinkingConfig"]["thinkingBudget"] == 600
     off = plan(body(generationConfig={"thinkingConfig": {"thinkingBudget": 0}}), FLASH)
     assert off.clamped(300).body["generationConfig"]["maxOutputTokens"] == 300
+
+
+@pytest.mark.parametrize("clamp", [256, 400, 512, 513, 700, 1_023, 1_024, 5_000])
+@pytest.mark.parametrize("thinking", [None, {"thinkingBudget": 2_000}, {"thinkingBudget": -1}])
+def test_a_clamped_budget_is_off_or_at_least_any_known_models_least(
+        clamp: int, thinking: dict[str, Any] | None) -> None:
+    """The clamp splits its cap without knowing the model: a budget below Flash-Lite's least
+    (512) may be raised there, past the clamp. So the budget is 0 (thinking off, or refused
+    unbilled by a model that cannot turn it off) or at least 512, the cap the rest."""
+    config: dict[str, Any] = {"maxOutputTokens": 5_000}
+    if thinking is not None:
+        config["thinkingConfig"] = thinking
+    clamped = plan(body(generationConfig=config), LITE).clamped(clamp).body["generationConfig"]
+    budget = clamped["thinkingConfig"]["thinkingBudget"]
+    assert budget == 0 or budget >= 512
+    assert clamped["maxOutputTokens"] >= 1
+    assert clamped["maxOutputTokens"] + budget == clamp
 
 
 def test_a_count_request_names_only_known_fields() -> None:

@@ -12,7 +12,7 @@ from datetime import date, timedelta
 import pytest
 
 from core.alerts import UNSEEN_BOOKED, AlertConfig, VelocityAlarm
-from core.budgets import BudgetDef, BudgetId, Limit, Period
+from core.budgets import BudgetDef, BudgetId, Limit, ModelLimits, Period
 from core.errors import BudgetExceeded, BudgetNotFound, CeilingError
 from core.ledger import LedgerStore, LegStatus, Upstream
 from core.limits import DAILY_SPEND_RETENTION_MS, DAY_MS, INT_EXACT_MAX
@@ -189,3 +189,15 @@ async def test_a_day_is_booked_only_into_the_current_windows_that_hold_it(
     assert committed(await legs(store, team)) == {
         (tag, "total"): 321, (team, "day"): 1, (team, "week"): 21, (team, "month"): 21,
         (team, "total"): 321}
+
+
+async def test_a_budget_with_models_is_booked_as_any_other(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    """A bill names no model: the budget is booked, no model's counter is."""
+    await store.put_budget(BudgetDef(
+        BudgetId(tag), (Limit(Period.TOTAL, 50_000_000),), models_allow=("gpt-4o",),
+        per_model=(ModelLimits("gpt-4o", (Limit(Period.TOTAL, 1_000),)),)))
+    done = await store.book_unseen(BudgetId(tag), Upstream.OPENAI, today(clock), 5_000)
+    assert done.booked_now_micros == 5_000
+    assert committed(await legs(store, tag)) == {(tag, "total"): 5_000}

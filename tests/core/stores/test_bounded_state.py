@@ -344,7 +344,7 @@ async def test_a_busy_key_is_never_refused_and_keeps_its_rate_times_the_replay_w
                 wire.RESERVE_ARGS, ledger_id=ledger_id, reserved_micros="100", ttl_ms="60000",
                 budget_ids=tag, run="", zones="", expire_policy="charge",
                 retention_ms=str(REPLAY_WINDOW_MS), owner=owner, record_tail=tail, user="",
-                now_ms=now))
+                model="", now_ms=now))
             pipe.fcall(settle, 3, *record_keys, *wire.arguments(
                 wire.SETTLE_ARGS, owner=owner, actual_micros="40", upstream="", now_ms=now))
             clock.advance(CALL_INTERVAL_MS)
@@ -481,7 +481,7 @@ async def test_a_key_faster_than_its_records_rate_is_refused_until_the_window_en
                            ttl_ms="60000", budget_ids=tag, run="", zones="",
                            expire_policy="charge", retention_ms=str(REPLAY_WINDOW_MS),
                            owner=owner, record_tail=wire.record_tail("", "v", "m"), user="",
-                           now_ms=str(clock.now_ms)))
+                           model="", now_ms=str(clock.now_ms)))
         for reply in await pipe.execute():
             answers[str(reply[0])] = answers.get(str(reply[0]), 0) + 1
     assert answers == {"ok": RECORDS_PER_KEY_PER_WINDOW_MAX}

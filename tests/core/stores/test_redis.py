@@ -190,7 +190,8 @@ async def test_the_reserve_script_refuses_a_bad_amount_before_writing(
     args = wire.arguments(
         wire.RESERVE_ARGS, ledger_id=ledger_id, reserved_micros=bad, ttl_ms="60000",
         budget_ids=tag, run="", zones="", expire_policy="charge", retention_ms="1000",
-        owner=OWNER, record_tail=wire.record_tail("fp", "v", "m"), user="", now_ms="")
+        owner=OWNER, record_tail=wire.record_tail("fp", "v", "m"), user="", model="",
+        now_ms="")
     reserve = script("reserve")
     # As a script of its own, and as the library's function.
     with pytest.raises(ResponseError, match="BADARG reserved_micros"):

@@ -161,7 +161,8 @@ async def test_a_script_that_refuses_an_argument_is_a_programmer_error(
     args = wire.arguments(
         wire.RESERVE_ARGS, ledger_id=ledger_id, reserved_micros="-1", ttl_ms="60000",
         budget_ids=tag, run="", zones="", expire_policy="charge", retention_ms="1000",
-        owner=OWNER, record_tail=wire.record_tail("fp", "v", "m"), user="", now_ms="")
+        owner=OWNER, record_tail=wire.record_tail("fp", "v", "m"), user="", model="",
+        now_ms="")
     for functions in (True, False):
         transport = RedisTransport(redis_client(redis_server.url), functions=functions)
         with pytest.raises(InvariantBroken, match="refused an argument: BADARG reserved_micros"):

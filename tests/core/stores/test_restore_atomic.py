@@ -364,7 +364,7 @@ async def test_an_export_names_no_part_of_the_ledger_layout() -> None:
                         "users"}
     assert set(org["budgets"][0]) == {"budget_id", "limits", "timezone", "outage_policy",
                                       "outage_allowance_micros", "alerts", "paused_at_ms",
-                                      "rate", "per_user", "clamp"}
+                                      "rate", "per_user", "clamp", "models", "per_model"}
 
 
 @pytest.mark.parametrize("definition", DEFINITIONS)

@@ -1,0 +1,137 @@
+"""A budget's models (core/budgets.py ModelLimits, canonical_models): every name a budget gives
+a model is the priced model's one name, so that a dated, aliased or differently spelt name of
+one model is one entry and one counter; a name no price table knows is refused naming its field,
+and nothing is written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from core.budget_json import budget_json, definition_of_json
+from core.budgets import (
+    RESERVED_SCOPE_KINDS,
+    BudgetDef,
+    BudgetId,
+    Limit,
+    ModelLimits,
+    Period,
+    canonical_models,
+)
+from core.errors import InvalidRequest
+from core.limits import MODELS_ALLOW_MAX, PER_MODEL_MAX
+from core.prices import PriceTable
+from core.service import CeilingService
+from core.stores import wire
+from core.stores.memory import MemoryStore
+from core.stores.scripted_catalogue import definition_fields, definition_of
+
+BID = BudgetId("org:acme/team:a")
+DAY = [{"period": "day", "ceiling_micros": 1_000}]
+PRICES = PriceTable()
+
+
+def put_body(**fields: Any) -> BudgetDef:
+    return definition_of_json(BID, {"limits": DAY, **fields})
+
+
+def canonical(**fields: Any) -> BudgetDef:
+    return canonical_models(put_body(**fields), PRICES.model_name)
+
+
+@pytest.mark.parametrize(("given", "one_name"), [
+    ("gpt-5", "gpt-5"),
+    ("gpt-5-2025-08-07", "gpt-5"),  # a dated snapshot
+    ("GPT-5", "gpt-5"),  # the table looks names up in lower case
+    ("gpt-5-chat-latest", "gpt-5"),  # an alias genai-prices gives the same entry
+    ("claude-haiku-4-5-20251001", "claude-haiku-4-5"),
+    ("claude-sonnet-4-5@20250929", "claude-sonnet-4-5"),  # Vertex's dated spelling
+])
+def test_every_name_of_a_model_is_its_one_name(given: str, one_name: str) -> None:
+    assert PRICES.model_name(given) == one_name
+    found = canonical(models={"allow": [given]},
+                      per_model={given: {"limits": DAY}})
+    assert found.models_allow == (one_name,)
+    assert found.per_model == (ModelLimits(one_name, (Limit(Period.DAY, 1_000),)),)
+
+
+def test_two_names_of_one_model_are_one_entry_of_an_allow_list() -> None:
+    found = canonical(models={"allow": ["gpt-5-2025-08-07", "gpt-5", "claude-haiku-4-5"]})
+    assert found.models_allow == ("claude-haiku-4-5", "gpt-5")
+
+
+def test_two_names_of_one_model_in_per_model_are_refused() -> None:
+    """Each would be a counter of its own: a key would spend up to both limits on one model."""
+    with pytest.raises(InvalidRequest) as refused:
+        canonical(per_model={"gpt-5": {"limits": DAY}, "gpt-5-2025-08-07": {"limits": DAY}})
+    assert refused.value.details["field"] == "per_model.gpt-5-2025-08-07"
+
+
+@pytest.mark.parametrize(("fields", "field"), [
+    ({"models": {"allow": ["gpt-5", "gpt-5x"]}}, "models.allow[1]"),
+    ({"models": {"allow": ["gpt-5-2025-08-07-extra"]}}, "models.allow[0]"),
+    ({"per_model": {"no-such-model": {"limits": DAY}}}, "per_model.no-such-model"),
+    ({"per_model": {"us.anthropic.claude-haiku-4-5-20251001-v1:0": {"limits": DAY}}},
+     "per_model.us.anthropic.claude-haiku-4-5-20251001-v1:0"),
+])
+def test_a_name_no_price_table_knows_is_refused_naming_its_field(
+        fields: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        canonical(**fields)
+    assert refused.value.details["field"] == field
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"models": {"allow": []}}, "models.allow"),
+    ({"models": {"allow": "gpt-5"}}, "models.allow"),
+    ({"models": {"allow": [5]}}, "models.allow[0]"),
+    ({"models": {"deny": ["gpt-5"]}}, "models"),
+    ({"models": {"allow": [f"m{i}" for i in range(MODELS_ALLOW_MAX + 1)]}}, "models.allow"),
+    ({"per_model": ["gpt-5"]}, "per_model"),
+    ({"per_model": {"gpt-5": {"limits": []}}}, "per_model.gpt-5.limits"),
+    ({"per_model": {"gpt-5": {"limits": DAY, "users_max": 3}}}, "per_model.gpt-5"),
+    ({"per_model": {f"m{i}": {"limits": DAY} for i in range(PER_MODEL_MAX + 1)}}, "per_model"),
+])
+def test_a_malformed_models_setting_is_refused_naming_its_field(
+        body: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        put_body(**body)
+    assert refused.value.details["field"] == field
+
+
+def test_model_is_a_reserved_scope_kind() -> None:
+    assert "model" in RESERVED_SCOPE_KINDS
+    with pytest.raises(InvalidRequest) as refused:
+        BudgetId.operator("org:acme/model:gpt-5")
+    assert refused.value.details["field"] == "budget_id"
+    assert BID.model("gpt-5").path == "org:acme/team:a/model:gpt-5"
+
+
+def test_what_get_shows_reads_back_as_the_same_definition() -> None:
+    found = canonical(models={"allow": ["gpt-5", "claude-haiku-4-5"]},
+                      per_model={"gpt-5": {"limits": [*DAY, {"period": "total",
+                                                               "ceiling_micros": 9}]}})
+    assert definition_of_json(BID, budget_json(found), kept=True) == found
+    # and as the ledger keeps it (a restore writes definition_fields, get_budget reads it back)
+    stored = {**definition_fields(found), "alert_thresholds_pct": "50 80 100"}
+    assert definition_of(BID.path, stored) == found
+    assert stored["rate"] == "0 0 " + wire.MODELS_FLAG
+
+
+def test_a_budget_without_models_keeps_no_models_flag() -> None:
+    assert "rate" not in definition_fields(put_body())
+    assert budget_json(put_body())["models"] is None
+    assert budget_json(put_body())["per_model"] is None
+
+
+async def test_a_put_with_a_model_no_table_knows_writes_nothing() -> None:
+    store = MemoryStore()
+    service = CeilingService(store, PRICES)
+    with pytest.raises(InvalidRequest):
+        await service.put_budget(put_body(per_model={"gpt-5": {"limits": DAY},
+                                                     "nope-model": {"limits": DAY}}))
+    assert await store.get_budget(BID) is None
+    put = await service.put_budget(put_body(per_model={"GPT-5-2025-08-07": {"limits": DAY}}))
+    assert await store.get_budget(BID) == put
+    assert put.per_model[0].model == "gpt-5"
