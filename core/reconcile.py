@@ -31,15 +31,21 @@ is refused. The unseen amount of a day is `unseen_micros`: nothing while the day
 tolerance or the ledger saw more than the provider billed (a drift below zero books nothing and
 gives nothing back), otherwise the whole of drift_micros, not only the part past the tolerance:
 the tolerance decides whether the two sides disagree, and once they do, all that the provider
-billed and no settle counted is spend the ceiling did not see. The ledger keeps what it booked
-per provider and day (lua/book_unseen.lua) and books only `unseen - booked so far`, in one step
-that records the new total: a repeat books nothing, two instances at once book the day once, a
-later report with more spend books the difference. Booked spend is not "what the ledger saw":
-the comparison stays the provider against the settles (so the drift still shows, and its alert
+billed and no settle counted is spend the ceiling did not see, less the day's unattributed
+spend (sidecar reservations of an amount, which may be on any provider's bill: booked again,
+they would be charged twice). The ledger keeps what it booked per provider, day and
+organisation (lua/book_unseen.lua) and books only `unseen - booked so far` (what any
+organisation booked counts), in one step that records the new total, holding the ledger's one
+booking lease for the provider (a run that finds it held books nothing and says so): a repeat
+books nothing, two instances at once, into one organisation or two, book the day once, a later
+report with more spend books the difference. The day goes into the budgets' current windows
+that hold it (total always), as the day's spend, never as this hour's velocity. Booked spend is
+not "what the ledger saw": the comparison stays the provider against the settles (so the drift still shows, and its alert
 still says so), and what was booked is subtracted only from what is booked next. A settle that
 lands after a booking (a call whose settle came late) makes the next run's unseen smaller;
 nothing booked is taken back, since unknown means held. Each booking is a `ledger.unseen_booked`
-event (the budget's tag's outbox, written in the step that books) and an audit entry. A report
+event (the budget's tag's outbox, written in the step that books) and an audit entry, written
+once per total booked by any run that finds it missing (lua/audit_booked.lua). A report
 that cannot be read whole books nothing, as it compares nothing; a `book_into` that is not an
 operator's budget id, or names no budget, is refused before the report is read.
 
@@ -578,6 +584,9 @@ class Reconciled:
                 f"${micros_to_usd(d.booked_micros)} in all" for d in self.days if d.booked_micros)
             rows.append(f"booked into {self.book_into} by this run: "
                         f"${micros_to_usd(self.booked_now_micros)}")
+        rows.extend(f"unattributed on {d.day.isoformat()}: ${micros_to_usd(d.unattributed_micros)}"
+                    " (sidecar amounts, taken off what is booked)"
+                    for d in self.days if d.unattributed_micros)
         if self.booking_held:
             rows.append(f"booked nothing: another run is booking {self.provider}'s unseen spend")
         return rows

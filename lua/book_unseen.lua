@@ -5,8 +5,9 @@
 --   'sc:{TAG}:unseen:<provider>|<day>' (core/stores/keys.py unseen_booked)
 -- ARGV: wire.py BOOK_UNSEEN_ARGS: ledger_id, budget_ids (the named budget's lineage, top scope
 --   first, as a call's path), run (''), zones (of the ledger's now), user (''), provider
---   (one of COST_REPORT_PROVIDERS: core/reconcile.py COST_REPORTS), day (YYYY-MM-DD, UTC), unseen_micros (what the provider billed
---   that day beyond what the ledger saw, >= 0, decided by core/reconcile.py), [now_ms]
+--   (one of COST_REPORT_PROVIDERS: core/reconcile.py COST_REPORTS), day (YYYY-MM-DD, UTC),
+--   unseen_micros (what the provider billed that day beyond what the ledger saw and any other
+--   tag booked, >= 0, decided by core/reconcile.py), [now_ms]
 -- Returns {'ok', booked_now_micros, booked_micros}: what this call booked (0 when nothing is new)
 --   and what is booked for the day in this tag after it; or {'no_budget'} when the named budget
 --   (the last of budget_ids) has no definition; or {'ledger_reset'} / {'timezone', budget_id,
@@ -15,8 +16,9 @@
 -- reports that no settle counted (a direct call with the provider's key, its console, a tool
 -- that bypassed the gateway) is charged as committed spend into the named budget's current
 -- windows that hold the day (every budget on its path: total always, a day, week or month
--- window where it overlaps the day), so the next
--- call that no longer fits is refused. Booking only `unseen - booked so far`, in the step that
+-- window where it overlaps the day), so the next call that no longer fits is refused; as the
+-- day's spend, not this hour's: no velocity alarm watches it. Booking only `unseen - booked so
+-- far`, in the step that
 -- records the new total, makes it once per (provider, day) however many instances, cron runs and
 -- CLI runs find it, and however often: a later report with more spend books only the
 -- difference, a repeat books nothing, and nothing here ever lowers a counter. Nothing was held

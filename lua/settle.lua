@@ -1,7 +1,8 @@
 -- settle: book the actual cost of a call in the periods its reservation held, not today's.
 --
 -- KEYS[1] meta hash   KEYS[2] reservation   KEYS[3] open-lease zset
--- ARGV: wire.py SETTLE_ARGS: owner, actual_micros, upstream (a gateway call's, or ''), [now_ms]
+-- ARGV: wire.py SETTLE_ARGS: owner, actual_micros, upstream (a gateway call's bill, or ''),
+--   [now_ms]
 -- Returns one of:
 --   {'ok', state, expire_policy, reserved_micros}  what it settled: the caller works out what
 --     was booked from them by core/lifecycle.py's table, by which it was booked here
@@ -9,6 +10,8 @@
 --   {'not_found'}  {'conflict'} settled before at another actual  {'released'}
 -- Alerts: each leg's committed spend, as HINCRBY returns it, goes to lib's
 -- committed_moved, which emits a threshold event only on a crossing and keeps the hourly bucket.
+-- What it charges, or corrects, counts in the day of the reservation's bill (lib: count_day):
+-- the record's `bill`, else (a record kept before it had one) `upstream`.
 -- Why: settle and expiry race for one winner. An open lease is settled here in one step. A lease
 -- that expiry already resolved is corrected (lib: resolve, by the lifecycle's table). Overshoot
 -- is what a settle charged beyond what was held for it, so committed + reserved <= ceiling +
