@@ -40,14 +40,15 @@ booking lease for the provider (a run that finds it held books nothing and says 
 books nothing, two instances at once, into one organisation or two, book the day once, a later
 report with more spend books the difference. The day goes into the budgets' current windows
 that hold it (total always), as the day's spend, never as this hour's velocity. Booked spend is
-not "what the ledger saw": the comparison stays the provider against the settles (so the drift still shows, and its alert
-still says so), and what was booked is subtracted only from what is booked next. A settle that
-lands after a booking (a call whose settle came late) makes the next run's unseen smaller;
-nothing booked is taken back, since unknown means held. Each booking is a `ledger.unseen_booked`
-event (the budget's tag's outbox, written in the step that books) and an audit entry, written
-once per total booked by any run that finds it missing (lua/audit_booked.lua). A report
-that cannot be read whole books nothing, as it compares nothing; a `book_into` that is not an
-operator's budget id, or names no budget, is refused before the report is read.
+not "what the ledger saw": the comparison stays the provider against the settles (so the drift
+still shows, and its alert still says so), and what was booked is subtracted only from what is
+booked next. A settle that lands after a booking (a call whose settle came late) makes the next
+run's unseen smaller; nothing booked is taken back, since unknown means held. Each booking is a
+`ledger.unseen_booked` event (the budget's tag's outbox, written in the step that books) and an
+audit entry, written once per total booked by any run that finds it missing
+(lua/audit_booked.lua). A report that cannot be read whole books nothing, as it compares
+nothing; a `book_into` that is not an operator's budget id, or names no budget, is refused
+before the report is read.
 
 The HTTP request itself is given (api/routes/reconcile.py): core imports no HTTP client.
 """
