@@ -58,7 +58,7 @@ def cloud_messages_body(call_plan: Plan, anthropic_version: str, *,
     API version. `betas_in_body`: the `anthropic-beta` header's betas go in the body's
     `anthropic_beta` list (Bedrock reads no header)."""
     body = dict(call_plan.body)
-    model = str(body.pop("model", call_plan.model))
+    model = str(body.pop("model", call_plan.model_sent))
     body.pop("stream", None)
     body["anthropic_version"] = anthropic_version
     if betas_in_body:

@@ -6,7 +6,7 @@ google-genai SDK takes it (the API version is the path's).
 The body goes as the gateway priced it, encoded anew (Plan.content): the client's fields, with
 any bound the gateway added (a default maxOutputTokens, a clamp) and snake_case thinkingConfig
 names in camelCase; answers, streams and errors are Google's, as the Gemini format reads them.
-The model is the one the call's route names in its path (Plan.model). Vertex AI serves the same
+The model is sent by the name its upstream knows it by (Plan.model_sent). Vertex AI serves the same
 API behind its own token (api/upstreams/vertex.py).
 """
 
@@ -46,7 +46,7 @@ class GeminiUpstream(CloudUpstream):
         self.models_url = f"{self.base_url}/{API_VERSION}/models"
 
     async def open(self, call_plan: Plan) -> httpx.Response:
-        url = f"{self.models_url}/{call_plan.model}:{gemini_action(call_plan.stream)}"
+        url = f"{self.models_url}/{call_plan.model_sent}:{gemini_action(call_plan.stream)}"
         return await self.post(self.prepared_at(url), call_plan.content(), call_plan.headers)
 
     async def count(self, api: Api, content: bytes, headers: Headers, model: str = "") -> Sent:

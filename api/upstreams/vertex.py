@@ -2,7 +2,7 @@
 
   Gemini  POST {endpoint}/v1/projects/{project}/locations/{region}/publishers/google/models/
           {model}:generateContent | :streamGenerateContent?alt=sse | :countTokens
-          the Gemini API's body as the client sent it (the gateway only carries its bytes),
+          the Gemini API's body as the gateway priced it (Plan.content, with any cap it set),
           answers, streams and errors in Google's shapes, as the Gemini format reads them
   Claude  POST .../publishers/anthropic/models/{model}:rawPredict | :streamRawPredict
           the Messages body without `model` (the path names it, `claude-sonnet-4-5@20250929`)
@@ -141,7 +141,7 @@ class VertexUpstream(CloudUpstream):
             headers = (auth, *((k, v) for k, v in call_plan.headers
                                if k.lower() not in CLAUDE_HEADERS_NOT_FORWARDED))
         else:
-            url = (f"{self.publishers_url}/google/models/{sent_model(call_plan)}:"
+            url = (f"{self.publishers_url}/google/models/{call_plan.model_sent}:"
                    f"{gemini_action(call_plan.stream)}")
             content = call_plan.content()
             headers = (auth, *call_plan.headers)
@@ -181,12 +181,6 @@ class VertexUpstream(CloudUpstream):
         if sent[0] == 401:
             self._token = None
         return sent
-
-
-def sent_model(call_plan: Plan) -> str:
-    """The name Vertex knows a call's model by: the routing's (Plan.sent_model), not the name
-    it is priced by (Plan.model: regional Claude as `regional.<dated name>`)."""
-    return call_plan.sent_model or call_plan.model
 
 
 client = VertexUpstream  # the vertex kind's (core/upstream_kinds/vertex.py)

@@ -289,6 +289,12 @@ class Plan:
         (core/upstreams.py bill_of), else its provider's where the gateway sends it."""
         return self.bill or self.wire.provider.upstream
 
+    @property
+    def model_sent(self) -> str:
+        """The name the upstream is sent the model by: the routing's (sent_model), else the
+        name it is priced by (a Bedrock id or a regional Vertex name differ from the latter)."""
+        return self.sent_model or self.model
+
     def spec(self, output_tokens_max: int | None = None) -> CallSpec:
         return CallSpec(
             model=self.model, input_tokens=self.text_tokens_max,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -68,6 +69,16 @@ async def test_an_answer_reports_what_was_billed(google: GeminiUpstream,
     call = only_call(http)
     assert (call.api, call.model, call.billed) == ("gemini", FLASH, True)
     assert gemini_usage_is_billed(json.loads(sent[2])["usageMetadata"], call)
+
+
+async def test_the_url_names_the_model_as_sent_not_as_priced(google: GeminiUpstream,
+                                                              http: httpx.Client) -> None:
+    """A routed call priced by one name and sent by another (Plan.sent_model): the path names
+    the model the upstream knows, whatever the call is priced as."""
+    call_plan = replace(gemini_plan(FLASH), model="priced-as-another-name", sent_model=FLASH)
+    sent = await google.send(call_plan, deadline())
+    assert sent[0] == 200, sent[2]
+    assert only_call(http).model == FLASH
 
 
 async def test_a_stream_ends_on_the_billed_usage(google: GeminiUpstream,
