@@ -315,9 +315,10 @@ class Call:
             # A routed call's spend counts on its upstream's own bill (core/upstreams.py
             # bill_of): Bedrock's, Vertex's or Azure's spend is in no report reconcile reads,
             # and counted as OpenAI's or Anthropic's it would hide their unseen spend.
-            routed_to = call_plan.routed_to
             upstream = call_plan.billed
-            prices_provider = None if routed_to is None else routed_to.prices_provider
+            # Priced by the table the call was held by (Plan.prices_provider), whichever bill
+            # it is on: a shorthand's provider at another host is on the `other` bill.
+            prices_provider = call_plan.prices_provider
             spec = SettleSpec(
                 usage, upstream=upstream, prices_provider=prices_provider,
             ) if usage is not None else SettleSpec(
