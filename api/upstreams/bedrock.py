@@ -33,7 +33,7 @@ from api.upstreams.base import CloudUpstream
 from api.upstreams.cloud_messages import (
     BEDROCK_BETAS,
     SSE_CONTENT_TYPE,
-    betas_taken,
+    cloud_body,
     cloud_messages_body,
     error_as_anthropic,
     headers_for,
@@ -128,15 +128,12 @@ class BedrockUpstream(CloudUpstream):
         Anthropic answers it; Unanswered for any failure. The model id is the body's."""
         try:
             body = json.loads(content)
-            model_id = str(body.pop("model"))
+            model_id = str(body["model"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise Unanswered("a count_tokens body names its model") from exc
         body.setdefault("max_tokens", COUNT_MAX_TOKENS)
-        body["anthropic_version"] = BEDROCK_VERSION
-        betas = betas_taken([b.strip() for k, v in headers if k.lower() == "anthropic-beta"
-                             for b in v.split(",") if b.strip()], BEDROCK_BETAS)
-        if betas:
-            body["anthropic_beta"] = betas
+        body = cloud_body(body, headers_for(headers, BEDROCK_BETAS), BEDROCK_VERSION,
+                          betas_in_body=True)
         counted = json.dumps({"input": {"invokeModel": {
             "body": base64.b64encode(json.dumps(body).encode()).decode()}}}).encode()
         url = self.url(model_id, "count-tokens")
