@@ -288,7 +288,8 @@ def gw2(redis_server: RedisServer, stub: StubProvider,
     directory = tmp_path_factory.mktemp("hostile_cloud_gw2")
     prices = write_prices(tmp_path_factory, "hostile_cloud_gw2_prices", {"models": {}})
     upstreams = [bedrock(stub, "bedrock", {"claude-sonnet-4-5": US_SONNET}),
-                 vertex(stub, directory, "vertex", "global", [VERTEX_SONNET, VERTEX_GEMINI])]
+                 vertex(stub, directory, "vertex", "global",
+                        [VERTEX_SONNET, OPUS_55, VERTEX_GEMINI])]
     env = {"CEILING_UPSTREAM_TIMEOUT_S": "30", **HOSTILE_ENV, **ENVELOPE_ALLOWED}
     with cloud_gateway(redis_server, prices, directory, upstreams, env) as service:
         yield service
@@ -338,15 +339,18 @@ def test_vertex_serves_claude_on_messages_and_gemini_on_gemini_only(
     for model in (VERTEX_GEMINI, f"vertex/{VERTEX_GEMINI}"):
         error = refused(messages.create, "model_not_routed", 400, model=model, max_tokens=64,
                         messages=HELLO)
-        assert VERTEX_GEMINI in error["message"] and "gemini route" in error["message"], error
+        assert VERTEX_GEMINI in error["message"], error
+        assert "the gemini route" in error["message"], error
     with client_for(gw2) as client:
-        for model in (VERTEX_SONNET, f"vertex/{VERTEX_SONNET}"):
-            r = client.post(f"/v1beta/models/{model}:generateContent",
-                            headers={"x-goog-api-key": key}, json=GEMINI_HELLO)
-            error = r.json()["error"]
-            assert (r.status_code, error["details"][0]["reason"]) == (
-                400, "model_not_routed"), r.text
-            assert VERTEX_SONNET in error["message"] and "messages route" in error["message"]
+        # The Gemini route's model ids are Google's ([a-z0-9._-]): Claude by a name without a
+        # date (a Vertex name's `@` is refused by the route itself).
+        r = client.post(f"/v1beta/models/{OPUS_55}:generateContent",
+                        headers={"x-goog-api-key": key}, json=GEMINI_HELLO)
+        error = r.json()["error"]
+        assert r.status_code == 400, r.text
+        assert error["details"][0]["reason"] == "model_not_routed", r.text
+        assert OPUS_55 in error["message"], r.text
+        assert "the messages route" in error["message"], r.text
         nothing_reached_the_provider(stub)
         assert ledger(admin, tag)["reserved_micros"] == 0
         messages.create(model=VERTEX_SONNET, max_tokens=64, messages=HELLO)
