@@ -32,6 +32,7 @@ from urllib.parse import quote
 from api.upstreams.base import CloudUpstream
 from api.upstreams.cloud_messages import (
     BEDROCK_BETAS,
+    BETA_HEADER,
     SSE_CONTENT_TYPE,
     cloud_body,
     cloud_messages_body,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 BEDROCK_VERSION = "bedrock-2023-05-31"  # the InvokeModel body's `anthropic_version`
 SIGNING_SERVICE = "bedrock"  # SigV4's service name for bedrock-runtime
 # The client's headers that the body now carries or Bedrock does not read: not forwarded.
-HEADERS_NOT_FORWARDED = frozenset({"anthropic-version", "anthropic-beta"})
+HEADERS_NOT_FORWARDED = frozenset({"anthropic-version", BETA_HEADER})
 # Bedrock's answer headers the client gets beside the common ones: its token counts and its
 # error's name (x-amzn-requestid is relayed as Anthropic's request-id, which the SDK reads).
 BEDROCK_HEADERS_RELAYED = ("x-amzn-bedrock-", "x-amzn-errortype")
