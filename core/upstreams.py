@@ -102,6 +102,12 @@ class Upstreams:
                 f"model {model!r} is served by upstream {upstream.name!r}, a {upstream.api} "
                 f"upstream, which serves the {', '.join(sorted(served))} "
                 f"route(s), not {route}: nothing was held or forwarded")
+        served_on = kind_of(upstream).route_of(upstream.sent.get(model, model))
+        if served_on not in (None, route):
+            raise ModelNotRouted(
+                f"model {model!r} is served by upstream {upstream.name!r}, a {upstream.api} "
+                f"upstream, on the {served_on} route, not {route}: nothing was held or "
+                "forwarded")
         priced = upstream.priced[model]
         return Routed(upstream, priced, upstream.sent.get(model, model),
                       upstream.price_keys.get(priced, priced))

@@ -57,6 +57,9 @@ class UpstreamDef:
 Read = Callable[[str, Mapping[str, object], Mapping[str, str], UpstreamDef], UpstreamDef]
 # The name a model is priced by in the upstream's table: (upstream, priced name, sent name).
 PriceKey = Callable[[UpstreamDef, str, str], str]
+# The one route of a kind's that serves a model (by its sent name), for a kind whose routes
+# serve different models; None: any of its routes.
+RouteOf = Callable[[str], str | None]
 
 
 def _as_declared(where: str, entry: Mapping[str, object], env: Mapping[str, str],
@@ -68,6 +71,11 @@ def _as_declared(where: str, entry: Mapping[str, object], env: Mapping[str, str]
 def _priced_as_named(upstream: UpstreamDef, priced_model: str, sent_model: str) -> str:
     del upstream, sent_model
     return priced_model
+
+
+def _any_route(sent_model: str) -> str | None:
+    del sent_model
+    return None
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,7 @@ class UpstreamKind:
     base_url_optional: bool = False
     read: Read = _as_declared
     price_key: PriceKey = _priced_as_named
+    route_of: RouteOf = _any_route
 
 
 @functools.lru_cache(maxsize=64)
