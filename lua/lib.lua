@@ -895,7 +895,7 @@ local function resolve_legs(prefix, a, now)
       read_definition(key)
     paused_id = paused_id or (paused and budget_id)
     if timezone then
-      if ledger ~= a.ledger_id then
+      if ledger ~= a.ledger_id and ledger ~= a.ledger_id .. MODELS_LEDGER_SUFFIX then
         return nil, {'ledger_reset'}
       end
       allowance = allowance or '0'

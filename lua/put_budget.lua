@@ -14,7 +14,8 @@
 --   ('per_model', wire.py per_model_field) when given, and ('clamp', '1') for a budget whose
 --   gateway calls are clamped to its room. A budget with models_allow or per_model carries
 --   the models flag in its rate (wire.py rate_field), which is how a reserve knows to read them,
---   and one without carries none: checked here.
+--   and one without carries none: checked here. Its ledger id is followed by
+--   MODELS_LEDGER_SUFFIX, so that a version that does not know models refuses its calls.
 -- Returns {'ok'} or {'ledger_reset'}.
 -- Why one script: a budget half put is enforced wrongly (new limits beside the old velocity
 -- alarm, or none of the alarm it asked for, which is what pauses it). Everything is checked before
@@ -80,6 +81,9 @@ while ARGV[i] do
 end
 if limits == 0 then fail('BADARG', 'limits') end
 if flagged ~= models then fail('BADARG', 'models') end
+if models then
+  fields[2] = ledger_id .. MODELS_LEDGER_SUFFIX  -- wire.py MODELS_LEDGER_SUFFIX: why
+end
 
 local stamped = redis.call('HGET', KEYS[1], 'ledger')
 if stamped and stamped ~= ledger_id then

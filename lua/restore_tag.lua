@@ -155,7 +155,10 @@ for _, d in ipairs(definitions) do
     if #d[2] > 0 then redis.call('HSET', key, unpack(d[2])) end
   end
   if redis.call('HEXISTS', key, 'timezone') == 1 then
-    redis.call('HSET', key, 'ledger', ledger_id)
+    -- A definition with models keeps the suffix its rate's flag asks for (put_budget's).
+    local rate = redis.call('HGET', key, 'rate')
+    local flagged = rate and string.sub(rate, -#MODELS_LEDGER_SUFFIX) == MODELS_LEDGER_SUFFIX
+    redis.call('HSET', key, 'ledger', flagged and ledger_id .. MODELS_LEDGER_SUFFIX or ledger_id)
   end
 end
 -- A users set can hold USERS_MAX_MAX members: added a bounded batch a command.

@@ -191,6 +191,12 @@ HOLD_DEFINITION_FIELDS = (*DEFINITION_FIELDS, VELOCITY_DEFINITION_FIELD)
 # only, so that a budget without them costs a call nothing more.
 MODEL_DEFINITION_FIELDS = ("models_allow", "per_model")
 MODELS_FLAG = "m"
+# What follows the ledger id in the `ledger` field of a definition that has models, so that a
+# version of spend-ceiling before per-model budgets, which would read past the flag in `rate`
+# and enforce neither the allow-list nor the per-model limits (nor the rate), finds another
+# ledger's id and refuses the budget's calls (`ledger_reset`): it fails closed, in a fleet in
+# the middle of a deploy or after a rollback, rather than letting a disallowed model through.
+MODELS_LEDGER_SUFFIX = ITEM_SEPARATOR + MODELS_FLAG
 
 _ESCAPES = {"%": "%25", SEPARATOR: "%09"}
 
@@ -708,6 +714,7 @@ def prelude() -> list[str]:
     out.append(f"local RESEND_WINDOW_MS_TEXT = '{RESEND_WINDOW_MS}'")
     out.append(f"local RECLAIM_SAMPLE_DIGITS = {_lua_string(RECLAIM_SAMPLE_DIGITS)}")
     out.append(f"local MODELS_FLAG = {_lua_string(MODELS_FLAG)}")
+    out.append(f"local MODELS_LEDGER_SUFFIX = {_lua_string(MODELS_LEDGER_SUFFIX)}")
     out.append(f"local UNLISTED_MODEL = {_lua_string(UNLISTED_MODEL)}")
     out.append(f"local ALL_MODELS = {_lua_string(ALL_MODELS)}")
     out.append(f"local MODEL_DEFINITION_FIELDS = {_lua_list(MODEL_DEFINITION_FIELDS)}")
