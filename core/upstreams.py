@@ -28,7 +28,7 @@ from pathlib import Path
 from core.errors import InvalidRequest
 from core.ledger import Upstream
 from core.upstream_kinds import KINDS
-from core.upstream_kinds.kind import PLACE_FIELDS, UpstreamKind, names, text
+from core.upstream_kinds.kind import PLACE_FIELDS, UpstreamKind, bill_at, names, text
 from core.upstream_kinds.kind import UpstreamDef as UpstreamDef
 from core.upstream_kinds.kind import UpstreamsError as UpstreamsError
 
@@ -56,7 +56,7 @@ def bill_of(upstream: UpstreamDef) -> Upstream:
     kind = kind_of(upstream)
     if kind.bill_own_prices_only and upstream.prices_provider != kind.prices_provider:
         return Upstream.OTHER
-    return kind.bill
+    return bill_at(kind.bill, kind.bill_host, upstream.base_url)
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,12 @@ class Upstreams:
                 f"model {model!r} is served by upstream {upstream.name!r}, a {upstream.api} "
                 f"upstream, which serves the {', '.join(sorted(served))} "
                 f"route(s), not {route}: nothing was held or forwarded")
+        served_on = kind_of(upstream).route_of(upstream.sent.get(model, model))
+        if served_on not in (None, route):
+            raise ModelNotRouted(
+                f"model {model!r} is served by upstream {upstream.name!r}, a {upstream.api} "
+                f"upstream, on the {served_on} route, not {route}: nothing was held or "
+                "forwarded")
         priced = upstream.priced[model]
         return Routed(upstream, priced, upstream.sent.get(model, model),
                       upstream.price_keys.get(priced, priced))

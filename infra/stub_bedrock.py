@@ -119,11 +119,15 @@ BODY_FIELDS = frozenset({"anthropic_version", "anthropic_beta", "max_tokens", "m
 # Anthropic's server tools (run and billed by the provider), by their type's prefix: Bedrock runs
 # none of them and refuses a call that declares one.
 SERVER_TOOLS_REFUSED = ("web_search_", "web_fetch_", "code_execution_")
-# The `anthropic_beta` values Bedrock takes for Claude (the request-response page's list, and
-# Claude Code's identification, which Bedrock accepts); any other fails the call 400 "invalid
-# beta flag", as Bedrock fails it. Anthropic's advanced-tool-use beta is Bedrock's tool search
-# and tool examples betas; Anthropic's later betas (prompt caching's scope, per-turn control,
-# thinking token counts) are not among them.
+# The `anthropic_beta` values Bedrock takes for Claude: the list of Bedrock's Claude
+# request-response page,
+# https://docs.aws.amazon.com/bedrock/latest/userguide/model-parameters-anthropic-claude-messages-request-response.html
+# ("anthropic_beta"), and Claude Code's identification, which Bedrock accepts. Any other fails
+# the call 400 "invalid beta flag", as Bedrock fails it. Kept from that page, not from the
+# gateway's list (api/upstreams/cloud_messages.py BEDROCK_BETAS), which a test holds to be
+# within this one (tests/api/upstreams/test_cloud_betas.py). Anthropic's advanced-tool-use
+# beta is Bedrock's tool search and tool examples betas; Anthropic's later betas (prompt
+# caching's scope, per-turn control, thinking token counts) are not among them.
 BETAS = frozenset({"computer-use-2024-10-22", "computer-use-2025-01-24",
                    "token-efficient-tools-2025-02-19", "interleaved-thinking-2025-05-14",
                    "output-128k-2025-02-19", "dev-full-thinking-2025-05-14",

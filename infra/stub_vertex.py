@@ -83,10 +83,14 @@ API_VERTEX_COUNT_TOKENS = "vertex.count_tokens"
 # Claude's token count on Vertex: the `count-tokens` model's rawPredict, Anthropic's
 # count_tokens body (its `model` the Vertex id) in and its answer out; free.
 COUNT_TOKENS_TARGET = "count-tokens:rawPredict"
-# The `anthropic-beta` values Vertex takes for Claude (Anthropic's Claude on Vertex AI page and
-# the feature pages' Vertex notes: the tool search beta is Vertex's name for Anthropic's
-# advanced-tool-use, tool examples its second part; Claude Code's identification); any other is
-# refused 400 as Vertex refuses it, before anything is billed. Anthropic's later betas (prompt
+# The `anthropic-beta` values Vertex takes for Claude: Google's Claude page,
+# https://cloud.google.com/vertex-ai/generative-ai/docs/partner-models/claude, with Anthropic's
+# https://platform.claude.com/docs/en/build-with-claude/claude-on-vertex-ai and its feature
+# pages' Vertex notes (the tool search beta is Vertex's name for Anthropic's advanced-tool-use,
+# tool examples its second part), and Claude Code's identification. Any other is refused 400 as
+# Vertex refuses it, before anything is billed. Kept from those pages, not from the gateway's
+# list (api/upstreams/cloud_messages.py VERTEX_BETAS), which a test holds to be within this one
+# (tests/api/upstreams/test_cloud_betas.py). Anthropic's later betas (prompt
 # caching's scope, per-turn control, thinking token counts, fast mode) are not among them.
 BETAS = frozenset({"computer-use-2024-10-22", "computer-use-2025-01-24",
                    "token-efficient-tools-2025-02-19", "interleaved-thinking-2025-05-14",

@@ -205,7 +205,7 @@ REGISTRIES = {
 EXEMPT = {
     "core/config.py": dict.fromkeys(
         ("anthropic_url", "anthropic_api_key", "CEILING_ANTHROPIC_URL",
-         "CEILING_ANTHROPIC_API_KEY"),
+         "CEILING_ANTHROPIC_API_KEY", "CEILING_ANTHROPIC_BILL"),
         "the one-upstream shorthand's Anthropic settings (the contract's names)"),
     "api/cli.py": {"anthropic_url": "the shorthand's setting, shown by `ceiling serve`"},
     "core/ledger.py": {"Upstream": "the bill's day counters, one per provider's bill"},

@@ -32,8 +32,9 @@ from urllib.parse import quote
 from api.upstreams.base import CloudUpstream
 from api.upstreams.cloud_messages import (
     BEDROCK_BETAS,
+    BETA_HEADER,
     SSE_CONTENT_TYPE,
-    betas_taken,
+    cloud_body,
     cloud_messages_body,
     error_as_anthropic,
     headers_for,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 BEDROCK_VERSION = "bedrock-2023-05-31"  # the InvokeModel body's `anthropic_version`
 SIGNING_SERVICE = "bedrock"  # SigV4's service name for bedrock-runtime
 # The client's headers that the body now carries or Bedrock does not read: not forwarded.
-HEADERS_NOT_FORWARDED = frozenset({"anthropic-version", "anthropic-beta"})
+HEADERS_NOT_FORWARDED = frozenset({"anthropic-version", BETA_HEADER})
 # Bedrock's answer headers the client gets beside the common ones: its token counts and its
 # error's name (x-amzn-requestid is relayed as Anthropic's request-id, which the SDK reads).
 BEDROCK_HEADERS_RELAYED = ("x-amzn-bedrock-", "x-amzn-errortype")
@@ -128,15 +129,12 @@ class BedrockUpstream(CloudUpstream):
         Anthropic answers it; Unanswered for any failure. The model id is the body's."""
         try:
             body = json.loads(content)
-            model_id = str(body.pop("model"))
+            model_id = str(body["model"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise Unanswered("a count_tokens body names its model") from exc
         body.setdefault("max_tokens", COUNT_MAX_TOKENS)
-        body["anthropic_version"] = BEDROCK_VERSION
-        betas = betas_taken([b.strip() for k, v in headers if k.lower() == "anthropic-beta"
-                             for b in v.split(",") if b.strip()], BEDROCK_BETAS)
-        if betas:
-            body["anthropic_beta"] = betas
+        body = cloud_body(body, headers_for(headers, BEDROCK_BETAS), BEDROCK_VERSION,
+                          betas_in_body=True)
         counted = json.dumps({"input": {"invokeModel": {
             "body": base64.b64encode(json.dumps(body).encode()).decode()}}}).encode()
         url = self.url(model_id, "count-tokens")

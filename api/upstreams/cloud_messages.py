@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from core.formats import Plan
 from core.upstream import Headers, Sent
@@ -49,25 +50,41 @@ BEDROCK_BETAS = frozenset({
     "tool-search-tool-2025-10-19", "tool-examples-2025-10-29", "claude-code-20250219",
 })
 VERTEX_BETAS = BEDROCK_BETAS - {"dev-full-thinking-2025-05-14"}
+# A Messages body's fields that a cloud reads from elsewhere or that are the cloud client's to
+# set, never the client's: the model and the stream (the path names them), the API version, and
+# the betas. The gateway checks and prices the `anthropic-beta` header's betas only
+# (core/formats/messages.py); a body's `anthropic_beta` (which an operator may let through,
+# CEILING_GATEWAY_FIELDS_ALLOWED) was checked by nobody, and one such as the 1M context would
+# be billed at rates the hold does not cover: dropped, and the header's betas sent instead.
+ENVELOPE_FIELDS = frozenset({"model", "stream", "anthropic_version", "anthropic_beta"})
+
+
+def header_betas(headers: Headers) -> list[str]:
+    """The betas the `anthropic-beta` header (or headers) names, in order."""
+    return [beta.strip() for name, value in headers if name.lower() == BETA_HEADER
+            for beta in value.split(",") if beta.strip()]
+
+
+def cloud_body(body: Mapping[str, Any], headers: Headers, anthropic_version: str, *,
+               betas_in_body: bool) -> dict[str, Any]:
+    """A Messages body as a cloud takes it: without the fields of the cloud's envelope the
+    client sent (ENVELOPE_FIELDS), with the cloud's API version, and, `betas_in_body`, the
+    `headers`' betas in the body's `anthropic_beta` list (Bedrock reads no beta header)."""
+    sent = {key: value for key, value in body.items() if key not in ENVELOPE_FIELDS}
+    sent["anthropic_version"] = anthropic_version
+    betas = header_betas(headers)
+    if betas_in_body and betas:
+        sent["anthropic_beta"] = betas
+    return sent
 
 
 def cloud_messages_body(call_plan: Plan, anthropic_version: str, *,
                         betas_in_body: bool) -> tuple[str, bytes]:
-    """(the model, the body) of a Messages call as a cloud takes it: the model goes in the path,
-    so the body has no `model` (nor `stream`: the path says that too), and names the cloud's
-    API version. `betas_in_body`: the `anthropic-beta` header's betas go in the body's
-    `anthropic_beta` list (Bedrock reads no header)."""
-    body = dict(call_plan.body)
-    model = str(body.pop("model", call_plan.model_sent))
-    body.pop("stream", None)
-    body["anthropic_version"] = anthropic_version
-    if betas_in_body:
-        betas = [beta.strip() for name, value in call_plan.headers
-                 if name.lower() == "anthropic-beta" for beta in value.split(",")
-                 if beta.strip()]
-        if betas:
-            body["anthropic_beta"] = list(dict.fromkeys([*body.get("anthropic_beta", ()),
-                                                         *betas]))
+    """(the model, the body) of a Messages call as a cloud takes it (cloud_body): the model
+    goes in the path, as does the stream."""
+    model = str(call_plan.body.get("model", call_plan.model_sent))
+    body = cloud_body(call_plan.body, call_plan.headers, anthropic_version,
+                      betas_in_body=betas_in_body)
     return model, replace(call_plan, body=body).content()
 
 
@@ -119,8 +136,6 @@ def betas_taken(betas: list[str], taken: frozenset[str]) -> list[str]:
 def headers_for(headers: Headers, taken: frozenset[str]) -> Headers:
     """The client's forwarded headers with `anthropic-beta` holding the betas a cloud that
     takes `taken` serves (betas_taken), and no such header when none is left."""
-    betas = [beta.strip() for name, value in headers if name.lower() == BETA_HEADER
-             for beta in value.split(",") if beta.strip()]
     kept = tuple((name, value) for name, value in headers if name.lower() != BETA_HEADER)
-    served = betas_taken(betas, taken)
+    served = betas_taken(header_betas(headers), taken)
     return (*kept, (BETA_HEADER, ",".join(served))) if served else kept

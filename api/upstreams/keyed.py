@@ -8,6 +8,8 @@ from __future__ import annotations
 from api.upstream import Upstream
 from core.config import ConfigError
 from core.formats import FORMATS
+from core.formats.base import Provider
+from core.upstream_kinds.kind import UpstreamKind
 from core.upstreams import UpstreamDef, kind_of
 
 
@@ -16,8 +18,21 @@ def client(definition: UpstreamDef, timeout_s: float) -> Upstream:
     if definition.base_url is None:
         raise ConfigError(f"upstream {definition.name!r}: a {definition.api} upstream needs "
                           "its base_url")
-    routes = kind_of(definition).routes
-    # The kind speaks its formats' provider's API, so its key goes where that provider's does.
-    provider = next(wire.provider for wire in FORMATS.values() if wire.routed_as in routes)
+    provider = key_provider(kind_of(definition))
     key = definition.api_key
     return Upstream(definition.base_url, provider.auth(key) if key else None, timeout_s)
+
+
+def key_provider(kind: UpstreamKind) -> Provider:
+    """The provider whose API a keyed kind speaks, and so where its key goes: that of the formats
+    its routes serve. ConfigError for a kind whose routes' formats are of two providers: one
+    key has one place, and the other's calls would carry it where their provider does not
+    read it (or where it is read as something else)."""
+    providers = {wire.provider.upstream: wire.provider for wire in FORMATS.values()
+                 if wire.routed_as in kind.routes}
+    if len(providers) != 1:
+        raise ConfigError(
+            f"upstream kind {kind.name!r}: a keyed kind serves the formats of one provider, "
+            f"not of {', '.join(sorted(str(p) for p in providers)) or 'none'} (routes "
+            f"{', '.join(sorted(kind.routes))}): give each provider's routes a kind of its own")
+    return next(iter(providers.values()))

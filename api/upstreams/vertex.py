@@ -5,9 +5,10 @@
           the Gemini API's body as the gateway priced it (Plan.content, with any cap it set),
           answers, streams and errors in Google's shapes, as the Gemini format reads them
   Claude  POST .../publishers/anthropic/models/{model}:rawPredict | :streamRawPredict
-          the Messages body without `model` (the path names it, `claude-sonnet-4-5@20250929`)
-          or `stream`, `anthropic_version` "vertex-2023-10-16", betas in the `anthropic-beta`
-          header as Anthropic takes them, those Vertex takes (api/upstreams/cloud_messages.py);
+          the Messages body without `model` (the path names it, `claude-sonnet-4-5@20250929`),
+          `stream` or a client's `anthropic_beta`, `anthropic_version` "vertex-2023-10-16",
+          and in the `anthropic-beta` header the betas the gateway checked that Vertex takes,
+          by Vertex's names (api/upstreams/cloud_messages.py);
           answers and streams are Anthropic's, and an error in Google's shape (a refused
           token) is given Anthropic's, for the anthropic SDK
 

@@ -15,6 +15,8 @@ from core.upstream_kinds.kind import UpstreamDef, UpstreamKind, UpstreamsError
 VERTEX_GLOBAL_REGION = "global"
 VERTEX_REGIONAL_PREFIX = "regional."
 CLAUDE_PREFIX = "claude-"
+# The gateway routes it serves (WireFormat.routed_as): Claude's, and Gemini's.
+MESSAGES_ROUTE, GEMINI_ROUTE = "messages", "gemini"
 
 
 def _credentials_file(where: str, entry: Mapping[str, object], env: Mapping[str, str],
@@ -43,7 +45,15 @@ def _dated_and_placed(upstream: UpstreamDef, priced_model: str, sent_model: str)
     return VERTEX_REGIONAL_PREFIX + dated if regional else dated
 
 
-KIND = UpstreamKind("vertex", frozenset({"messages", "gemini"}), "google", Upstream.GOOGLE,
-                    "vertex", fields=frozenset({"project", "region", "credentials_file"}),
-                    keyed=False, base_url_optional=True, read=_credentials_file,
-                    price_key=_dated_and_placed)
+def _publishers_route(sent_model: str) -> str:
+    """Vertex serves Claude at Anthropic's publisher path (rawPredict: the Messages route) and
+    every other model at Google's (generateContent: the Gemini route); a model sent on the other
+    route would reach the other publisher's path, after its hold."""
+    return MESSAGES_ROUTE if sent_model.startswith(CLAUDE_PREFIX) else GEMINI_ROUTE
+
+
+KIND = UpstreamKind("vertex", frozenset({MESSAGES_ROUTE, GEMINI_ROUTE}), "google",
+                    Upstream.GOOGLE, "vertex",
+                    fields=frozenset({"project", "region", "credentials_file"}), keyed=False,
+                    base_url_optional=True, read=_credentials_file,
+                    price_key=_dated_and_placed, route_of=_publishers_route)

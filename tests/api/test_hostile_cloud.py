@@ -33,7 +33,7 @@ from infra.redis_server import RedisServer
 from infra.service import ServiceProcess
 from infra.stub_provider import StubProvider, fetch_bill, reset_bill
 from tests.api.clouds import bedrock, cloud_gateway, trust_the_key_pair, vertex
-from tests.api.conftest import Client, account, anthropic_sdk, ledger
+from tests.api.conftest import Client, account, anthropic_sdk, client_for, ledger
 from tests.api.hostile import Attack, control, judge, refusal_code, streamed
 from tests.support import write_prices
 
@@ -265,6 +265,100 @@ def test_unknown_fields_and_betas_are_refused_and_nothing_is_forwarded(
                     stream=i % 2 == 1)
     verdict = judge(attack, stub, redis_server, tag, ceiling, exact=True, per_call=True)
     assert [c.status for c in verdict.bill.log] == [200] * len(attack.forwarded) != []
+
+
+# -- a second gateway: the envelope let through, Gemini beside Claude on Vertex -----------------
+
+# An operator's setting that lets the cloud's own envelope fields through the Messages route's
+# allow-list (CEILING_GATEWAY_FIELDS_ALLOWED): they reach the cloud's client, which must still
+# send no beta the gateway did not check.
+ENVELOPE_ALLOWED = {"CEILING_GATEWAY_FIELDS_ALLOWED": "anthropic_beta,anthropic_version"}
+# Above the 200K tokens a Claude call is billed at its long-context rates past, by the stub's
+# count (UTF-8 bytes over four): ~210,000 tokens.
+LONG_PROMPT = "hello " * 140_000
+VERTEX_GEMINI = "gemini-2.5-flash"
+GEMINI_HELLO = {"contents": [{"role": "user", "parts": [{"text": "hello"}]}],
+                "generationConfig": {"maxOutputTokens": 64}}
+
+
+@pytest.fixture(scope="module")
+def gw2(redis_server: RedisServer, stub: StubProvider,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    """A gateway that lets the envelope fields through, its Vertex serving Gemini and Claude."""
+    directory = tmp_path_factory.mktemp("hostile_cloud_gw2")
+    prices = write_prices(tmp_path_factory, "hostile_cloud_gw2_prices", {"models": {}})
+    upstreams = [bedrock(stub, "bedrock", {"claude-sonnet-4-5": US_SONNET}),
+                 vertex(stub, directory, "vertex", "global",
+                        [VERTEX_SONNET, OPUS_55, VERTEX_GEMINI])]
+    env = {"CEILING_UPSTREAM_TIMEOUT_S": "30", **HOSTILE_ENV, **ENVELOPE_ALLOWED}
+    with cloud_gateway(redis_server, prices, directory, upstreams, env) as service:
+        yield service
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_betas_in_the_body_never_reach_the_cloud(
+    cloud: str, gw2: ServiceProcess, admin: Client, stub: StubProvider,
+    redis_server: RedisServer,
+) -> None:
+    """With `anthropic_beta` let through by the operator, a client's body list is still not
+    what the cloud gets: the gateway checks and prices betas from the `anthropic-beta` header
+    only. The 1M-context beta in the body with a prompt past 200K tokens (held at the flat
+    rates) reaches the cloud without it, which refuses the prompt unbilled rather than billing
+    it at its long-context rates (which, had the beta reached it, the stub's log would show as
+    a call billed); a beta the gateway never checked, in the body, reaches neither
+    cloud (Bedrock fails a call naming one it does not take, Vertex one with the body field)."""
+    # The long call is held at the gateway's bound on its input (a token a byte, up to $6 a
+    # million on Google's table: ~5,000,000), the small ones at ~1,100.
+    ceiling = 8_000_000
+    tag, key = account(admin, ceiling)
+    messages = anthropic_sdk(gw2, key).messages
+    attack = Attack(f"{cloud}: betas in the body")
+    attack.send(messages.with_raw_response.create, model=SONNET[cloud], max_tokens=64,
+                messages=[{"role": "user", "content": LONG_PROMPT}],
+                extra_body={"anthropic_beta": ["context-1m-2025-08-07"]})
+    for envelope in ({"anthropic_beta": ["betas-of-tomorrow"]},
+                     {"anthropic_beta": ["context-1m-2025-08-07"],
+                      "anthropic_version": "2023-01-01"}):
+        attack.send(messages.with_raw_response.create, model=SONNET[cloud], max_tokens=64,
+                    messages=HELLO, extra_body=envelope)
+    verdict = judge(attack, stub, redis_server, tag, ceiling, exact=True, per_call=True)
+    assert [(c.status, c.billed) for c in verdict.bill.log] == [
+        (400, False), (200, True), (200, True)]
+
+
+def test_vertex_serves_claude_on_messages_and_gemini_on_gemini_only(
+    gw2: ServiceProcess, admin: Client, stub: StubProvider,
+) -> None:
+    """One Vertex upstream serves Claude (Anthropic's publisher path) and Gemini (Google's):
+    a Gemini model on the Messages route, or Claude on Gemini's, is refused model_not_routed,
+    naming the model and the route that serves it, before anything is held or forwarded (else
+    it would be held, then sent to the other publisher's path). Each on its own route is
+    served."""
+    tag, key = account(admin, 1_000_000)
+    messages = anthropic_sdk(gw2, key).messages
+    for model in (VERTEX_GEMINI, f"vertex/{VERTEX_GEMINI}"):
+        error = refused(messages.create, "model_not_routed", 400, model=model, max_tokens=64,
+                        messages=HELLO)
+        assert VERTEX_GEMINI in error["message"], error
+        assert "the gemini route" in error["message"], error
+    with client_for(gw2) as client:
+        # The Gemini route's model ids are Google's ([a-z0-9._-]): Claude by a name without a
+        # date (a Vertex name's `@` is refused by the route itself).
+        r = client.post(f"/v1beta/models/{OPUS_55}:generateContent",
+                        headers={"x-goog-api-key": key}, json=GEMINI_HELLO)
+        error = r.json()["error"]
+        assert r.status_code == 400, r.text
+        assert error["details"][0]["reason"] == "model_not_routed", r.text
+        assert OPUS_55 in error["message"], r.text
+        assert "the messages route" in error["message"], r.text
+        nothing_reached_the_provider(stub)
+        assert ledger(admin, tag)["reserved_micros"] == 0
+        messages.create(model=VERTEX_SONNET, max_tokens=64, messages=HELLO)
+        r = client.post(f"/v1beta/models/{VERTEX_GEMINI}:generateContent",
+                        headers={"x-goog-api-key": key}, json=GEMINI_HELLO)
+        assert r.status_code == 200, r.text
+    assert [(c.api, c.status) for c in fetch_bill(stub.url).log] == [
+        ("vertex.messages", 200), ("vertex.gemini", 200)]
 
 
 # -- token counts ---------------------------------------------------------------------------------

@@ -148,6 +148,32 @@ def test_the_body_is_bedrocks_with_the_betas_in_it() -> None:
     assert body["anthropic_beta"] == ["context-1m-2025-08-07"]
 
 
+@pytest.mark.parametrize("betas_in_body", [True, False])
+def test_the_clients_envelope_in_the_body_is_never_sent(betas_in_body: bool) -> None:
+    """A body's `anthropic_beta` and `anthropic_version` (an operator may let them through the
+    route's allow-list) are replaced by the checked header's betas and the cloud's version:
+    on Bedrock (the betas in the body) and on Vertex (in the header, none in the body)."""
+    call_plan = messages(headers=(("anthropic-beta", "interleaved-thinking-2025-05-14"),))
+    call_plan = replace(call_plan, body={**call_plan.body, "anthropic_version": "2023-01-01",
+                                         "anthropic_beta": ["context-1m-2025-08-07"]})
+    _, content = cloud_messages_body(call_plan, "cloud-version", betas_in_body=betas_in_body)
+    body = json.loads(content)
+    assert body["anthropic_version"] == "cloud-version"
+    assert body.get("anthropic_beta") == (
+        ["interleaved-thinking-2025-05-14"] if betas_in_body else None)
+
+
+async def test_a_count_sends_no_beta_of_the_clients_body(bedrock: BedrockUpstream,
+                                                        http: httpx.Client) -> None:
+    """Counted as it is invoked (cloud_body): a beta in the count body that Bedrock does not
+    take would fail the count ("invalid beta flag"); it is dropped."""
+    counted = json.dumps({"model": GLOBAL_SONNET, "anthropic_beta": ["betas-of-tomorrow"],
+                          "messages": [{"role": "user", "content": "hello"}]}).encode()
+    sent = await bedrock.count(Api.MESSAGES, counted, ())
+    assert sent[0] == 200, sent[2]
+    assert json.loads(sent[2])["input_tokens"] > 0
+
+
 async def test_a_beta_reaches_bedrock_in_the_body(bedrock: BedrockUpstream,
                                                   http: httpx.Client) -> None:
     # A thinking budget at max_tokens is refused by the stub without interleaved thinking's

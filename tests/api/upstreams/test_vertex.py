@@ -22,7 +22,7 @@ from api.upstreams.vertex import VertexUpstream, endpoint
 from core.formats import FORMATS, Api, Plan
 from core.gateway_request import plan, routed
 from core.upstream import NotSent, Sent, Unanswered
-from core.upstreams import Routed, UpstreamDef
+from core.upstreams import ModelNotRouted, Routed, UpstreamDef, parse
 from infra.stub_provider import StubProvider
 from tests.api.upstreams.conftest import (
     HANG_TIMEOUT_S,
@@ -87,6 +87,24 @@ def test_the_endpoint_is_the_regions_or_the_global_one(service_account: Path) ->
     assert endpoint(definition("", service_account)) == "https://us-east5-aiplatform.googleapis.com"
     assert endpoint(definition("", service_account, "global")) == (
         "https://aiplatform.googleapis.com")
+
+
+def test_each_model_is_routed_on_its_publishers_route_only(service_account: Path) -> None:
+    """Claude is Anthropic's publisher path's (the Messages route), Gemini Google's: a model
+    named on the other route is refused before anything is held, naming the route that serves
+    it (core/upstream_kinds/vertex.py route_of)."""
+    upstreams = parse({"upstreams": [{
+        "name": "vertex", "api": "vertex", "project": "p", "region": "global",
+        "credentials_file": str(service_account),
+        "models": ["claude-opus-5-5", "claude-sonnet-4-5@20250929", "gemini-2.5-flash"]}]}, {})
+    for model, route in (("claude-opus-5-5", "messages"), ("gemini-2.5-flash", "gemini"),
+                         ("vertex/claude-sonnet-4-5@20250929", "messages")):
+        assert upstreams.resolve(model, route).upstream.name == "vertex"
+    for model, route, served_on in (("gemini-2.5-flash", "messages", "gemini"),
+                                    ("vertex/gemini-2.5-flash", "messages", "gemini"),
+                                    ("claude-opus-5-5", "gemini", "messages")):
+        with pytest.raises(ModelNotRouted, match=f"on the {served_on} route, not {route}"):
+            upstreams.resolve(model, route)
 
 
 async def test_gemini_answers_its_usage_as_billed(vertex: VertexUpstream,
