@@ -5,7 +5,9 @@ genai-prices provider its calls are priced by. A model resolves to exactly one u
 exact name in one upstream's models (an Azure deployment's name, a Bedrock model's priced name
 or its Bedrock id), or as `<upstream name>/<model>`. A model no upstream names is refused and
 forwarded nowhere; a name two upstreams serve is refused until the caller says which, so that a
-call is never priced by one provider's table and billed by another's.
+call is never priced by one provider's table and billed by another's. A file in which one name is
+both an exact name and `<name>/<model>` (a router's `anthropic/claude-sonnet-4-5` beside an
+upstream `anthropic` that serves `claude-sonnet-4-5`) is refused when it is read.
 
 What differs between kinds (the file's `api`: the routes each serves, its prices table and bill,
 the fields it takes and how it reads them, the name a model is priced by) is each kind's record,
@@ -142,6 +144,16 @@ def parse(doc: object, env: Mapping[str, str]) -> Upstreams:
         by_name[upstream.name] = upstream
         for model in upstream.priced:
             by_model.setdefault(model, []).append(upstream.name)
+    for model, exact in by_model.items():
+        prefix, _, rest = model.partition("/")
+        if prefix in by_name and rest in by_name[prefix].priced:
+            # resolve() would take the exact name and never reach the other: one name, two
+            # models, so the file is refused as a name two upstreams serve is at the call.
+            raise UpstreamsError(
+                f"CEILING_UPSTREAMS: model {model!r} is both upstream "
+                f"{' and '.join(map(repr, exact))}'s exact name and upstream {prefix!r}'s "
+                f"{rest!r} (as `<name>/<model>`): a name resolves to exactly one upstream; "
+                "rename or drop one of them")
     return Upstreams(by_name, {m: tuple(ns) for m, ns in by_model.items()})
 
 

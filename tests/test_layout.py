@@ -11,20 +11,22 @@
 Imports are read with `ast`, every one of them (inside functions and TYPE_CHECKING blocks too):
 a lazy import is still a dependency.
 
-And the layout docs/gateway.md "Adding a provider API" promises: a provider API is its format's
-module and its kind of upstream's modules, each registered by one entry; every other module of
-core/ and api/ is general and names no provider in its code (read by `ast`, so comments and
-docstrings, which may say whom they are about, are not code; an identifier by its words:
-`count_gemini`, `GeminiUpstream`, `ANTHROPIC_ERROR_TYPES` each name one); the upstream clients
-reach api/upstream.py's client through its public methods only; and every registered format and
-kind of upstream is served."""
+And the layout docs/gateway.md "Adding a provider API" promises: a provider API is one module
+(its format's, or its kind of upstream's and that kind's client, with the parts PROVIDER_PARTS
+lists) and its registry lines (REGISTRIES); every other module of core/ and api/ is general and
+names no provider in its code, but the units EXEMPT lists by name, each with its reason. Code is
+read by `ast`: comments, docstrings and prose strings, which may say whom they are about, are
+not code; an identifier or a string value is read by its words (`count_gemini`,
+`GeminiUpstream`, `ANTHROPIC_ERROR_TYPES`, `"bedrock"`, `OpenAIThing` each name one); the
+upstream clients reach api/upstream.py's client through its public methods only; and every
+registered format and kind of upstream is served."""
 
 from __future__ import annotations
 
 import ast
 import importlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -165,42 +167,101 @@ def test_lua_is_data() -> None:
 
 
 # -- the provider API layout ---------------------------------------------------------------
+#
+# The claim (docs/gateway.md "Adding a provider API"): a provider API is one module (its
+# format's, or its kind of upstream's and that kind's client) and its registry lines; nothing
+# else in core/ or api/ names a provider in its code, but the units listed below, each with
+# the reason it must.
 
 # The words that name a provider, its cloud or its models' families.
 PROVIDER_WORDS = frozenset({
-    "openai", "gpt", "anthropic", "claude", "gemini", "google", "goog", "vertex", "bedrock",
-    "aws", "amazon", "azure", "microsoft"})
-# The modules whose job is one provider's (or whose data is each provider's), by path: every
-# other module of core/ and api/ is general, a new one included, until it is listed here.
-PROVIDER_MODULES = {
-    # A format's module is its provider API's; the registries list the formats and kinds.
-    "core/formats/chat.py", "core/formats/responses.py", "core/formats/openai.py",
-    "core/formats/messages.py", "core/formats/embeddings.py", "core/formats/gemini.py",
-    "core/formats/gemini_tokens.py", "core/formats/__init__.py", "core/formats/names.py",
-    # A kind of upstream's record, its client, and what the clouds that serve Claude share.
-    "core/upstream_kinds/__init__.py", "core/upstream_kinds/openai.py",
-    "core/upstream_kinds/anthropic.py", "core/upstream_kinds/gemini.py",
-    "core/upstream_kinds/vertex.py", "core/upstream_kinds/bedrock.py",
-    "core/upstream_kinds/azure.py", "api/upstreams/azure.py", "api/upstreams/bedrock.py",
-    "api/upstreams/vertex.py", "api/upstreams/gemini.py", "api/upstreams/cloud_messages.py",
-    # Data kept per provider: the media rules each bills by (named by whose rule each is), the
-    # prices tables, the bills reconciliation reads and the cost reports it reads them from.
-    "core/content.py", "core/prices/__init__.py", "core/prices/bundled.py", "core/ledger.py",
-    "core/reconcile.py",
-    # The one-upstream shorthand's settings (CEILING_ANTHROPIC_URL), read and shown.
-    "core/config.py", "api/cli.py",
+    "openai", "openrouter", "gpt", "anthropic", "claude", "gemini", "google", "goog", "vertex",
+    "bedrock", "aws", "amazon", "azure", "microsoft"})
+# Providers' own spellings that a CamelCase split would cut into words no list holds
+# (`OpenAIUpstream` is open/ai/upstream): each is read as one word.
+PROVIDER_SPELLINGS = ("OpenAI", "OpenRouter")
+# A string constant is read as a value (a comparison's, a key's, a lookup's) when it has no
+# whitespace and is at most this long; a longer one or one with spaces is prose: an error
+# message may say whose rule refused a call.
+STRING_VALUE_CHARS_MAX = 64
+# The modules a provider API owns besides its registered format's and kind's own (own_modules),
+# each with whose part it is.
+PROVIDER_PARTS = {
+    "core/formats/openai.py": "what OpenAI's chat and Responses formats share",
+    "core/formats/gemini_tokens.py": "the Gemini format's token rules",
+    "api/upstreams/cloud_messages.py": "what the bedrock and vertex kinds' clients (the clouds "
+                                       "that serve Claude) share",
+}
+# The registries: the statements that register a provider API are their only mention of one
+# (a registry's import of a provider's own module is one of them: REGISTRY_IMPORTS).
+REGISTRIES = {
+    "core/formats/__init__.py": {"FORMATS": "the formats' registry"},
+    "core/formats/names.py": {"Api": "the formats' names: each its path below its provider's "
+                                     "base URL"},
+    "core/upstream_kinds/__init__.py": {"KINDS": "the kinds' registry"},
+}
+# The units of general modules that name a provider, by name: a top-level definition (its whole
+# body) or one identifier or string (wherever the module uses it). Nothing else in the module is.
+EXEMPT = {
+    "core/config.py": dict.fromkeys(
+        ("anthropic_url", "anthropic_api_key", "CEILING_ANTHROPIC_URL",
+         "CEILING_ANTHROPIC_API_KEY", "CEILING_ANTHROPIC_BILL"),
+        "the one-upstream shorthand's Anthropic settings (the contract's names)"),
+    "api/cli.py": {"anthropic_url": "the shorthand's setting, shown by `ceiling serve`"},
+    "core/ledger.py": {"Upstream": "the bill's day counters, one per provider's bill"},
+    "core/content.py": {
+        **dict.fromkeys(("CLAUDE_IMAGE_TOKENS_MAX", "_CLAUDE_AREA", "CLAUDE_AREA_MODELS",
+                         "CLAUDE_OUTPUT_TOKENS_MAX", "_GPT_4O_TILES",
+                         "OPENAI_AUDIO_INPUT_TOKENS_PER_S", "GEMINI_AUDIO_INPUT_TOKENS_PER_S",
+                         "IMAGE_BOUNDS", "AUDIO_INPUT_TOKENS_PER_S"),
+                        "the media and output rules each provider bills by: tables by model, "
+                        "named by whose rule each is"),
+        "audio_input_tokens_per_s": "Gemini's one audio rate for every model of its family"},
+    "core/prices/bundled.py": {
+        **dict.fromkeys(("gemini_family", "_GEMINI_VERSION", "_GEMINI_PREVIEW_DATE",
+                         "GEMINI_LIMITS_TOKENS", "gemini_limits"),
+                        "the Gemini models' versions and limits genai-prices lacks"),
+        **dict.fromkeys(("BEDROCK_GEO_PREFIXES", "bedrock_price_key"),
+                        "Bedrock's model ids, priced by where they run")},
+    "core/prices/__init__.py": {"bedrock_price_key": "re-exported from core/prices/bundled.py"},
+    "core/reconcile.py": dict.fromkeys(
+        ("OpenAICosts", "AnthropicCosts", "COST_REPORTS"),
+        "the cost reports reconciliation reads: each provider's admin API"),
+    "api/lambda_handler.py": {"SCHEDULE_SOURCE": "AWS Lambda's scheduled event, the platform "
+                                                 "the gateway runs on, not a provider it calls"},
+}
+
+# The general modules that import a provider API's own module, which a registry alone does
+# (a format named `chat` is no provider's word, so the import is read here, not by its words).
+OWN_IMPORTS = {
+    "core/service.py": {"core.formats.chat": "the sidecar's reserve takes `messages` in OpenAI's "
+                                             "chat shape (the contract's), bounded by that "
+                                             "format's walker"},
 }
 
 
 def words(identifier: str) -> set[str]:
-    """An identifier's words, lower case: snake_case and CamelCase split."""
-    return {w.lower() for part in identifier.split("_")
+    """An identifier's (or a string's) words, lower case: snake_case, CamelCase and any other
+    separator split; a provider's own spelling (PROVIDER_SPELLINGS) one word."""
+    for spelling in PROVIDER_SPELLINGS:
+        identifier = identifier.replace(spelling, spelling.capitalize())
+    return {w.lower() for part in re.split(r"[^A-Za-z0-9]+", identifier)
             for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+", part)}
 
 
-def identifiers(tree: ast.AST) -> Iterator[tuple[int, str]]:
+def docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstrings' nodes in `tree`: prose, which may say whom it is about."""
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef
+                          | ast.AsyncFunctionDef)
+            and ast.get_docstring(node, clean=False) is not None
+            and isinstance(node.body[0], ast.Expr)}
+
+
+def identifiers(tree: ast.AST, documented: set[int]) -> Iterator[tuple[int, str]]:
     """Every name the code binds or reads, with its line: names, attributes, definitions,
-    parameters, keywords, imports (module paths included)."""
+    parameters, keywords, imports (module paths included); and every string constant that is
+    a value (STRING_VALUE_CHARS_MAX), but `documented`'s (docstrings)."""
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
         if isinstance(node, ast.Name):
@@ -215,27 +276,93 @@ def identifiers(tree: ast.AST) -> Iterator[tuple[int, str]]:
             yield line, node.asname or node.name
         elif isinstance(node, ast.ImportFrom) and node.module:
             yield line, node.module
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in documented and len(node.value) <= STRING_VALUE_CHARS_MAX
+              and not re.search(r"\s", node.value)):
+            yield line, node.value
+
+
+def kind_modules() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "core" / "upstream_kinds").glob("*.py")
+                  if p.stem not in ("__init__", "kind"))
+
+
+def own_modules() -> dict[str, str]:
+    """The modules that are one provider API's, by path, with whose: each registered format's
+    (its class's module), each declared kind's, the client module of a kind that is its only
+    user, and PROVIDER_PARTS."""
+    owned = {f"{type(wire).__module__.replace('.', '/')}.py": f"the {wire.name} format"
+             for wire in FORMATS.values()}
+    owned |= {f"core/upstream_kinds/{module}.py": f"the {module} kind"
+              for module in kind_modules()}
+    clients = [kind.client for kind in KINDS.values()]
+    owned |= {f"api/upstreams/{client}.py": f"the {client} kind's client"
+              for client in clients if clients.count(client) == 1}
+    return owned | PROVIDER_PARTS
 
 
 def general_modules() -> list[str]:
     found = sorted(str(p.relative_to(ROOT)) for layer in ("core", "api")
                    for p in (ROOT / layer).rglob("*.py"))
-    return [path for path in found if path not in PROVIDER_MODULES]
+    owned = own_modules()
+    return [path for path in found if path not in owned]
 
 
-def provider_names(source: str) -> list[str]:
-    """The identifiers of `source` that name a provider, with their lines."""
-    return [f"{line}: {name}" for line, name in identifiers(ast.parse(source))
-            if any(words(part) & PROVIDER_WORDS for part in name.split("."))]
+def _defines(statement: ast.stmt) -> set[str]:
+    """The names a top-level statement defines."""
+    if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {statement.name}
+    targets = (statement.targets if isinstance(statement, ast.Assign)
+               else [statement.target] if isinstance(statement, ast.AnnAssign) else [])
+    return {t.id for t in targets if isinstance(t, ast.Name)}
 
 
-def test_the_words_are_read_from_identifiers_not_prose() -> None:
-    """The reader itself: a provider in an identifier is found, in a comment, a docstring or a
-    string it is not."""
-    source = ('"""Gemini\'s."""\n# openai\nx = "azure"\nasync def count_gemini(): ...\n'
-              "GeminiUpstream.send\nfrom core.formats.gemini import GEMINI\n")
-    assert sorted(provider_names(source)) == ["4: count_gemini", "5: GeminiUpstream",
-                                              "6: GEMINI", "6: core.formats.gemini"]
+def _imports_own(statement: ast.stmt, owned: set[str]) -> bool:
+    """Whether a statement imports only from provider APIs' own modules (a registry's import)."""
+    if not isinstance(statement, ast.ImportFrom) or not statement.module:
+        return False
+    path = statement.module.replace(".", "/")
+    return f"{path}.py" in owned or all(f"{path}/{alias.name}.py" in owned
+                                        for alias in statement.names)
+
+
+def provider_names(source: str, exempt: Mapping[str, str] | None = None,
+                   registry: bool = False) -> list[str]:
+    """The identifiers and string values of `source` that name a provider, with their lines;
+    but the top-level definitions and the names `exempt` lists, and in a registry its imports
+    of provider APIs' own modules."""
+    exempt = exempt or {}
+    owned = set(own_modules()) if registry else set()
+    found = []
+    module = ast.parse(source)
+    documented = docstrings(module)
+    for statement in module.body:
+        if _defines(statement) & set(exempt) or (registry and _imports_own(statement, owned)):
+            continue
+        found += [f"{line}: {name}" for line, name in identifiers(statement, documented)
+                  if name not in exempt
+                  and any(words(part) & PROVIDER_WORDS for part in name.split("."))]
+    return found
+
+
+def test_the_words_are_read_from_identifiers_and_values_not_prose() -> None:
+    """The reader itself: a provider in an identifier or a string value is found, in a comment,
+    a docstring or a message it is not; a provider's own spelling is one word."""
+    source = ('"""Gemini\'s."""\n# openai\nx = "the azure upstream refused it"\n'
+              "async def count_gemini(): ...\n"
+              "GeminiUpstream.send\nfrom core.formats.gemini import GEMINI\n"
+              'if getattr(d, "api", "") == "bedrock": pass\nOpenAIThing = OpenRouterThing\n'
+              'def f():\n    """Claude\'s."""\n    return {"x-goog-api-key": 1}\n')
+    assert sorted(provider_names(source)) == [
+        "11: x-goog-api-key", "4: count_gemini", "5: GeminiUpstream", "6: GEMINI",
+        "6: core.formats.gemini", "7: bedrock", "8: OpenAIThing", "8: OpenRouterThing"]
+    assert words("OpenAIUpstream") == {"openai", "upstream"}
+
+
+def test_an_exemption_is_its_unit_and_nothing_more() -> None:
+    source = ('AZURE_X = "azure"\ndef claude_rule():\n    return "claude"\n'
+              'def general(api):\n    return api == "bedrock" or claude_rule()\n')
+    assert provider_names(source, {"AZURE_X": "", "claude_rule": ""}) == ["5: bedrock"]
 
 
 def test_the_general_list_holds_the_modules_the_layout_names() -> None:
@@ -243,14 +370,58 @@ def test_the_general_list_holds_the_modules_the_layout_names() -> None:
     assert {"core/gateway.py", "core/gateway_request.py", "core/upstream.py",
             "core/upstreams.py", "core/upstream_kinds/kind.py", "core/formats/base.py",
             "api/routes/gateway.py", "api/auth.py", "api/refusals.py", "api/upstream.py",
-            "api/upstreams/base.py", "api/upstreams/__init__.py",
-            "api/upstreams/keyed.py"} <= general
-    assert all((ROOT / path).is_file() for path in PROVIDER_MODULES), "a listed module is gone"
+            "api/upstreams/base.py", "api/upstreams/__init__.py", "api/upstreams/keyed.py",
+            "core/config.py", "core/content.py", "core/ledger.py", "api/cli.py",
+            *REGISTRIES} <= general
+    listed = [*PROVIDER_PARTS, *REGISTRIES, *EXEMPT]
+    assert all((ROOT / path).is_file() for path in listed), "a listed module is gone"
+    assert not set(PROVIDER_PARTS) & general
 
 
 @pytest.mark.parametrize("module", general_modules())
 def test_a_general_module_names_no_provider_in_its_code(module: str) -> None:
-    assert provider_names((ROOT / module).read_text()) == []
+    exempt = {**REGISTRIES.get(module, {}), **EXEMPT.get(module, {})}
+    assert provider_names((ROOT / module).read_text(), exempt,
+                          registry=module in REGISTRIES) == []
+
+
+@pytest.mark.parametrize("module", general_modules())
+def test_a_general_module_imports_no_provider_apis_module_but_a_registry(module: str) -> None:
+    owned = {path.removesuffix(".py").replace("/", ".") for path in own_modules()}
+    imported = imported_modules(ast.parse((ROOT / module).read_text())) & owned
+    allowed = owned if module in REGISTRIES else set(OWN_IMPORTS.get(module, {}))
+    assert sorted(imported - allowed) == []
+    assert sorted(set(OWN_IMPORTS.get(module, {})) - imported) == [], "an unused exemption"
+
+
+def _exemption_used(module: str, name: str) -> bool:
+    """Whether `module` needs its exemption of `name`: the name itself names a provider, or its
+    top-level definition does."""
+    source = (ROOT / module).read_text()
+    if any(hit.split(": ", 1)[1] == name for hit in provider_names(source)):
+        return True
+    return any(name in _defines(statement) and provider_names(ast.unparse(statement))
+               for statement in ast.parse(source).body)
+
+
+@pytest.mark.parametrize("module", sorted({*REGISTRIES, *EXEMPT}))
+def test_every_exemption_is_used(module: str) -> None:
+    """An exempt unit that no longer names a provider is dropped from the list."""
+    exempt = {**REGISTRIES.get(module, {}), **EXEMPT.get(module, {})}
+    assert [name for name in exempt if not _exemption_used(module, name)] == []
+
+
+def test_a_provider_api_is_one_module_and_its_registry_lines() -> None:
+    """Each registered format's class is its own module's, and no other format's class shares
+    it; each registered kind is one module's KIND; that module is no general one."""
+    classes = {type(wire) for wire in FORMATS.values()}
+    modules = [cls.__module__ for cls in classes]
+    assert len(set(modules)) == len(classes), modules
+    declared = [importlib.import_module(f"core.upstream_kinds.{m}").KIND for m in kind_modules()]
+    assert sorted(k.name for k in declared) == sorted(KINDS), "a kind is not one module's"
+    general = set(general_modules())
+    assert not {f"{m.replace('.', '/')}.py" for m in modules} & general
+    assert not {f"core/upstream_kinds/{m}.py" for m in kind_modules()} & general
 
 
 def _defined_privately(tree: ast.AST) -> set[str]:
@@ -318,11 +489,6 @@ def test_every_registered_format_has_its_routes_and_an_upstream_kind(wire: WireF
     assert any(wire.routed_as in kind.routes for kind in KINDS.values()), (
         f"{wire.api}: no kind of upstream serves its route {wire.routed_as!r}")
     assert not UNROUTED
-
-
-def kind_modules() -> list[str]:
-    return sorted(p.stem for p in (ROOT / "core" / "upstream_kinds").glob("*.py")
-                  if p.stem not in ("__init__", "kind"))
 
 
 @pytest.mark.parametrize("module", kind_modules())

@@ -614,7 +614,9 @@ class Gemini(WireFormat):
     key_query = "key"
     model_in_path = True
     count_path = "v1beta/models/{model}:countTokens"
-    count_route = "/v1beta/models/{model}:countTokens"
+    # `:path`: the model may be `<upstream>/<model>` (core/upstreams.py), which the SDK sends
+    # with its slash as it is; the path's last `:countTokens` ends the model.
+    count_route = "/v1beta/models/{model:path}:countTokens"
     count_name = "gemini_count_tokens"
     routed_as = "gemini"
     # The google-genai SDK's default v1beta, and v1 (the upstream is called at its own:
@@ -631,7 +633,7 @@ class Gemini(WireFormat):
         self.stream = stream
         self.api = Api.GEMINI_STREAM if stream else Api.GEMINI
         verb = "streamGenerateContent" if stream else "generateContent"
-        self.route = f"/v1beta/models/{{model}}:{verb}"
+        self.route = f"/v1beta/models/{{model:path}}:{verb}"  # `:path`: as count_route's
         self.name = "gemini_stream_generate_content" if stream else "gemini_generate_content"
 
     def plan(self, body: dict[str, Any], model: str, headers: tuple[tuple[str, str], ...],

@@ -20,7 +20,12 @@ import anthropic
 import httpx
 import openai
 import pytest
+from google.genai import errors, types
+from starlette.routing import compile_path
 
+from api.app import HOT_ROUTES
+from api.routes.gateway import in_path_routes
+from core.formats import FORMATS
 from core.ledger import Upstream
 from core.stores.redis import RedisStore
 from infra.redis_server import RedisServer
@@ -38,6 +43,8 @@ from tests.api.conftest import (
     settled,
     trailer,
 )
+from tests.api.test_gateway_gemini import body as gemini_body
+from tests.api.test_gateway_gemini import google, reason
 from tests.support import write_prices
 
 AZURE_KEY = "azure-stub-key"
@@ -50,6 +57,8 @@ VERTEX_SONNET, VERTEX_HAIKU = "claude-sonnet-4-5@20250929", "claude-haiku-4-5@20
 REGIONAL_HAIKU_PRICES = {"input_usd_per_mtok": "1.10", "output_usd_per_mtok": "5.50",
                          "cached_input_usd_per_mtok": "0.11", "cache_write_usd_per_mtok": "1.375"}
 HELLO: list[Any] = [{"role": "user", "content": "hello"}]
+# Served by two Gemini API upstreams: a call names one as `<upstream>/<model>`.
+FLASH = "gemini-2.5-flash"
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +86,10 @@ def upstreams_file(stub: StubProvider, directory: Path) -> Path:
         {"name": "vertex", **vertex, "region": "global", "models": [VERTEX_SONNET]},
         {"name": "vertex-east", **vertex, "region": "us-east5",
          "models": [VERTEX_HAIKU, VERTEX_SONNET]},
+        {"name": "google", "api": "gemini", "base_url": stub.url, "api_key_env": "AZURE_KEY",
+         "models": [FLASH]},
+        {"name": "google2", "api": "gemini", "base_url": stub.url, "api_key_env": "AZURE_KEY",
+         "models": [FLASH]},
     ]}
     path = directory / "upstreams.json"
     path.write_text(json.dumps(doc))
@@ -376,3 +389,90 @@ def test_an_openai_compatible_upstream_elsewhere_is_counted_on_another_bill_than
     grew = {u: after[u] - before[u] for u in Upstream if after[u] != before[u]}
     assert billed > 0
     assert grew == {Upstream.OTHER: billed}
+
+
+# -- the Gemini API's routes: the model in the path, `<upstream>/<model>` included ----------------
+
+
+def test_a_gemini_model_two_upstreams_serve_is_named_as_upstream_slash_model_by_the_sdk(
+        gw: ServiceProcess, admin: Client, stub: StubProvider) -> None:
+    """The refusal tells the caller to name one as `google/...`; the google-genai SDK sends
+    that name as it is (models/google2/gemini-2.5-flash:generateContent, the slash unescaped),
+    and the call, its stream and its count reach the stub by the model's own name."""
+    tag, key = account(admin, 10_000_000)
+    client = google(gw, key)
+    with pytest.raises(errors.ClientError) as refused:
+        client.models.generate_content(model=FLASH, contents="hello")
+    assert reason(refused.value) == "model_not_routed"
+    assert f"google/{FLASH} or google2/{FLASH}" in str(refused.value.message)
+    nothing_reached(stub)
+    config = types.GenerateContentConfig(max_output_tokens=50)
+    assert client.models.generate_content(model=f"google2/{FLASH}", contents="hello",
+                                          config=config).text
+    chunks = list(client.models.generate_content_stream(model=f"google/{FLASH}",
+                                                        contents="hello", config=config))
+    assert chunks[-1].usage_metadata is not None
+    assert client.models.count_tokens(model=f"google2/{FLASH}",
+                                      contents="x" * 4_000).total_tokens == 1_007
+    log = fetch_bill(stub.url).log
+    assert [(c.model, c.billed) for c in log] == [(FLASH, True), (FLASH, True),
+                                                  (FLASH, False)], log
+    assert settled(admin, tag)["committed_micros"] == sum(
+        c.cost_micros for c in log if c.billed) > 0
+
+
+@pytest.mark.parametrize("path", [
+    f"/v1beta/models/google2%2F{FLASH}:generateContent",  # a client that escapes the slash
+    f"/v1/models/google2/{FLASH}:generateContent",
+    f"/v1/models/google%2F{FLASH}:streamGenerateContent?alt=sse",
+])
+def test_the_slash_form_escaped_or_not_and_under_v1_is_charged_the_bill(
+        gw: ServiceProcess, admin: Client, stub: StubProvider, path: str) -> None:
+    tag, key = account(admin, 10_000_000)
+    r = admin.post(path, headers={"x-goog-api-key": key}, json=gemini_body(maxOutputTokens=50))
+    assert r.status_code == 200, r.text
+    [call] = fetch_bill(stub.url).log
+    assert (call.model, call.billed) == (FLASH, True)
+    assert settled(admin, tag)["committed_micros"] == call.cost_micros > 0
+
+
+@pytest.mark.parametrize(("path", "code"), [
+    ("/v1beta/models/:generateContent", "invalid_request"),  # no model at all
+    ("/v1/models/:countTokens", "invalid_request"),
+    ("/v1beta/models/google2/:generateContent", "model_not_routed"),
+    (f"/v1beta/models/google2//{FLASH}:generateContent", "model_not_routed"),
+    (f"/v1beta/models/google2%2F%2E%2E%2F{FLASH}:generateContent", "model_not_routed"),
+    (f"/v1beta/models/%2E%2E/google2/{FLASH}:streamGenerateContent", "model_not_routed"),
+    (f"/v1beta/models/google/google2/{FLASH}:generateContent", "model_not_routed"),
+    (f"/v1beta/models/google2/{FLASH}:countTokens:generateContent", "model_not_routed"),
+    (f"/v1beta/models/nobody/{FLASH}:countTokens", "model_not_routed"),
+])
+def test_a_path_model_that_names_no_one_model_is_refused_in_googles_shape(
+        gw: ServiceProcess, admin: Client, stub: StubProvider, path: str, code: str) -> None:
+    """Empty, dotted, doubled or stacked names are refused as the model they are, typed and in
+    Google's shape; nothing is held and nothing reaches the stub."""
+    tag, key = account(admin, 1_000_000)
+    r = admin.post(path, headers={"x-goog-api-key": key}, json=gemini_body())
+    error = r.json()["error"]
+    assert (r.status_code, error["status"], error["details"][0]["reason"]) == (
+        400, "INVALID_ARGUMENT", code), r.text
+    nothing_reached(stub)
+    assert (ledger(admin, tag)["committed_micros"], ledger(admin, tag)["reserved_micros"]) == (
+        0, 0)
+
+
+def test_the_gemini_routes_whose_model_may_hold_a_slash_shadow_no_other_route() -> None:
+    """`{model:path}` matches any text up to its action: no other route's path (hot or an
+    operator's, its parameters filled in) is one of its paths, so none is served by it."""
+    from api.routes import admin, alerts, dashboard, reconcile
+
+    in_path = [compile_path(r.path)[0] for wire in FORMATS.values() if wire.model_in_path
+               for r in in_path_routes(wire)]
+    ours = {r.path for wire in FORMATS.values() if wire.model_in_path
+            for r in in_path_routes(wire)}
+    assert any(":path}" in path for path in ours)
+    routes = (*HOT_ROUTES, *admin.ROUTES, *alerts.ROUTES, *reconcile.ROUTES, *dashboard.ROUTES)
+    others = [r.path.replace("{", "").replace("}", "") for r in routes if r.path not in ours]
+    assert others
+    assert [(regex.pattern, path) for regex in in_path for path in others
+            if regex.match(path)] == []

@@ -22,7 +22,7 @@ def doc(*upstreams: dict[str, Any]) -> dict[str, Any]:
 OPENAI = {"name": "openai", "api": "openai", "base_url": "https://api.openai.com/v1",
           "api_key_env": "OPENAI_KEY", "models": ["gpt-5-mini", "gpt-5"]}
 ROUTER = {"name": "router", "api": "openai", "base_url": "https://openrouter.ai/api/v1",
-          "api_key_env": "ROUTER_KEY", "models": ["openai/gpt-5", "gpt-5"],
+          "api_key_env": "ROUTER_KEY", "models": ["anthropic/claude-sonnet-4-5", "gpt-5"],
           "prices_provider": "openrouter"}
 AZURE = {"name": "azure", "api": "azure", "base_url": "https://r.openai.azure.com/openai/v1",
          "api_key_env": "AZ_KEY", "deployments": {"prod-mini": "gpt-5-mini"}}
@@ -54,11 +54,34 @@ def test_a_name_two_upstreams_serve_needs_the_prefix_and_the_prefix_reaches_each
     assert ups.resolve("openai/gpt-5-mini", "responses").upstream.name == "openai"
 
 
-def test_a_provider_name_with_a_slash_is_an_exact_name_before_a_prefix() -> None:
+def test_a_name_with_a_slash_is_an_exact_name_where_no_upstream_has_its_prefix() -> None:
     ups = parse(doc(OPENAI, ROUTER), ENV)
-    routed = ups.resolve("openai/gpt-5", "chat")  # the exact name on the router wins
+    routed = ups.resolve("anthropic/claude-sonnet-4-5", "chat")
     assert routed.upstream.name == "router"
-    assert routed.sent_model == "openai/gpt-5"
+    assert routed.sent_model == "anthropic/claude-sonnet-4-5"
+
+
+ANTHROPIC = {"name": "anthropic", "api": "anthropic", "base_url": "https://api.anthropic.com",
+             "api_key_env": "OPENAI_KEY", "models": ["claude-sonnet-4-5"]}
+
+
+@pytest.mark.parametrize(("upstreams", "exact", "prefixed"), [
+    # The router's exact name is also the anthropic upstream's `<name>/<model>`.
+    ((ROUTER, ANTHROPIC), "router", "anthropic"),
+    ((ANTHROPIC, ROUTER), "router", "anthropic"),
+    # One upstream that lists a model both bare and under its own name: two priced names.
+    (({**OPENAI, "models": ["gpt-5", "openai/gpt-5"]},), "openai", "openai"),
+])
+def test_an_exact_name_that_is_also_an_upstream_slash_model_is_refused_at_parse(
+        upstreams: tuple[dict[str, Any], ...], exact: str, prefixed: str) -> None:
+    """The contract's "exactly one upstream": the name would be two models, so the file is
+    refused naming both upstreams and the model, as a name two upstreams serve is refused at
+    the call."""
+    with pytest.raises(UpstreamsError) as refused:
+        parse(doc(*upstreams), ENV)
+    message = str(refused.value)
+    assert f"is both upstream {exact!r}'s exact name and upstream {prefixed!r}'s " in message
+    assert message.startswith("CEILING_UPSTREAMS: model '"), message
 
 
 def test_a_prefix_reaches_only_what_that_upstream_serves() -> None:

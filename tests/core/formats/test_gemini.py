@@ -641,7 +641,7 @@ def test_the_gemini_formats_are_routed() -> None:
     assert GEMINI.model_in_path
     assert GEMINI.key_query == "key"
     assert GEMINI.key_header == "x-goog-api-key"
-    assert "{model}" in GEMINI.route
+    assert "{model:path}" in GEMINI.route  # `<upstream>/<model>` holds a slash
     assert "{model}" in str(GEMINI.count_path)
     assert GEMINI_STREAM.api.value.endswith(":streamGenerateContent?alt=sse")
     assert GEMINI.body_schema["type"] == "object"
