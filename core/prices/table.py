@@ -40,6 +40,7 @@ from core.prices.rates import (
     TIER_AUTO,
     ZERO,
     Rates,
+    Tiers,
     Usage,
     check_service_tier,
     check_tokens,
@@ -395,9 +396,25 @@ class PriceTable:
                 break
         if found is None and key in self._overrides:
             found = key
+        if provider is not None and "/" in key and found in (key, None):
+            found = self._as_vendors(key, provider) or found
         if len(self._names) < RATES_CACHE_MAX:
             self._names[(provider, key)] = found
         return found
+
+    def _as_vendors(self, key: str, provider: str) -> str | None:
+        """A router's name of a vendor's model (OpenRouter's 'openai/gpt-5') as the vendor's
+        model's one name ('gpt-5'), where `provider`'s table prices it at that model's token
+        rates: one model, one counter, whoever routes it. A router's entry priced otherwise is a
+        model of its own, as the router bills it."""
+        base = bundled_model_id(key.partition("/")[2])
+        if base is None:
+            return None
+        try:
+            routed, own = self.rates(key, provider), self.rates(base)
+        except (ModelUnpriced, ModelUnbounded):
+            return None
+        return base if _token_rates(routed) == _token_rates(own) else None
 
     def cost_micros(self, model: str, usage: Usage, provider: str | None = None) -> int:
         """What `usage` cost, at the tier the answer named (`auto`: the dearest it could be)."""
@@ -426,3 +443,8 @@ def _bounded(micros: int) -> int:
     if micros > AMOUNT_MICROS_MAX:
         raise InvalidRequest(f"cost {micros} micro-dollars is above the per-call limit")
     return micros
+
+
+def _token_rates(rates: Rates) -> tuple[Tiers | None, ...]:
+    """What a model's text tokens cost: two entries that agree on these price one model."""
+    return rates.input, rates.output, rates.cached_input, rates.cache_write
