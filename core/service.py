@@ -360,8 +360,19 @@ class CeilingService:
             return reservation
         self._remember_model(reservation_id, model)
         self.outage.learn(request.budget_ids, reservation.legs)
+        if self.outage.model_rules_due(request.budget_ids):
+            await self._read_model_rules(request.budget_ids)
         await self.flush_journal()
         return reservation
+
+    async def _read_model_rules(self, budget_ids: tuple[BudgetId, ...]) -> None:
+        """Read the path's definitions for the outage allowance's model rules; a path whose
+        read fails keeps what was read before (none: its allowance admits no model's call)."""
+        try:
+            definitions = [await self.store.get_budget(b) for b in budget_ids]
+        except LedgerUnavailable:
+            return
+        self.outage.learn_model_rules(budget_ids, definitions)
 
     def _canonical_model(self, spec: CallSpec, model: str) -> str:
         """The call's model by its one name (PriceTable.model_name), as budgets name models: ''
