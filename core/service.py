@@ -269,8 +269,10 @@ class CeilingService:
         self._monotonic_ms = monotonic_ms
         self.outage = OutageAllowance()
         self._clamps: dict[str, tuple[int, bool]] = {}  # budget path -> (until_ms, clamp)
-        # (name counted by, model, provider) -> the one name sent to the ledger
+        # (name counted by, model, provider), in lower case -> the one name sent to the
+        # ledger, under the prices version they were looked up in (_canonical_model)
         self._model_names: dict[tuple[str | None, str, str | None], str] = {}
+        self._model_names_version = ""
 
     # -- pricing -------------------------------------------------------------------------
 
@@ -380,7 +382,12 @@ class CeilingService:
         prices file entry with a space in it), so that an allow-list refuses it."""
         if not model:
             return ""
-        key = (spec.model_name, model, spec.provider)
+        if self._model_names_version != self.prices.version:
+            # The prices file was read again (or the bundled window moved): names anew.
+            self._model_names.clear()
+            self._model_names_version = self.prices.version
+        # Lower case, as the table looks names up: a caller's case variants are one entry.
+        key = (spec.model_name and spec.model_name.lower(), model.lower(), spec.provider)
         found = self._model_names.get(key)
         if found is None:
             name = self.prices.model_name(spec.model_name or model, spec.provider) or (

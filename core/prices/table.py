@@ -144,6 +144,7 @@ class PriceTable:
             return False
         self._overrides = {k.lower(): v for k, v in overrides.items()}
         self._windows_filled = set()
+        self._names.clear()  # a name the file adds, drops or re-prices may name another model
         self._digest, self._file_signature = digest, signature
         LOG.info("prices file %s read again: %d models, digest %s", path, len(overrides),
                  digest)
