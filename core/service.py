@@ -378,9 +378,11 @@ class CeilingService:
 
     def _canonical_model(self, spec: CallSpec, model: str) -> str:
         """The call's model by its one name (PriceTable.model_name), as budgets name models: ''
-        for an amount; UNLISTED_MODEL for a name that prices and that no budget can name (a
-        prices file entry with a space in it), so that an allow-list refuses it."""
-        if not model:
+        for an amount that names no model (`spec.model_name`: a token count names the one it
+        counts for); UNLISTED_MODEL for a name that no budget can name (a prices file entry
+        with a space in it, a count's model no table prices), so that an allow-list refuses
+        it."""
+        if not model and not spec.model_name:
             return ""
         if self._model_names_version != self.prices.version:
             # The prices file was read again (or the bundled window moved): names anew.

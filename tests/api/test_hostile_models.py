@@ -195,6 +195,13 @@ def call_of(route: str, key: str, model: str) -> tuple[str, dict[str, Any], dict
                 # Flash may think not at all (a hold of its output alone); Flash-Lite at least
                 # this much, as the stub has it.
                 "thinkingBudget": 512 if "lite" in model else 0}}}
+    if route == "count":
+        return "/v1/messages/count_tokens", {
+            "x-api-key": key, "anthropic-version": ANTHROPIC_VERSION}, {
+            "model": model, "messages": HELLO}
+    if route == "gemini_count":
+        return f"/v1beta/models/{model}:countTokens", {"x-goog-api-key": key}, {
+            "contents": [{"role": "user", "parts": [{"text": "hello"}]}]}
     assert route == "reserve"
     return "/v1/reservations", as_key(key), {
         "model": model, "input_tokens": 10, "max_output_tokens": MAX_OUTPUT_TOKENS}
@@ -312,7 +319,10 @@ def test_a_model_the_allow_list_does_not_name_is_refused_before_the_provider(
     refused_calls = [("chat", "gpt-4o-mini"), ("responses", "gpt-4o-mini"),
                      ("messages", "claude-haiku-4-5-20251001"), ("messages", GLOBAL_HAIKU),
                      ("messages", "bedrock/claude-haiku-4-5"), ("gemini", "gemini-2.5-flash"),
-                     ("reserve", "claude-haiku-4-5"), ("reserve", "gpt-4o-mini-2024-07-18")]
+                     ("reserve", "claude-haiku-4-5"), ("reserve", "gpt-4o-mini-2024-07-18"),
+                     # A token count names a model too, which the list does not allow.
+                     ("count", "claude-haiku-4-5-20251001"), ("count", GLOBAL_HAIKU),
+                     ("gemini_count", "gemini-2.5-flash")]
     before = unchanged_state(redis_server.url, org)
     for i, (route, model) in enumerate(refused_calls):
         answer = send(both[i % 2], call_of(route, key, model))
