@@ -31,12 +31,11 @@ from typing import Any
 
 from core.content import NO_MEDIA, Media
 from core.errors import InputUnbounded, InvalidRequest, ModelUnbounded, ModelUnpriced
-from core.limits import AMOUNT_MICROS_MAX, CHOICES_MAX
+from core.limits import AMOUNT_MICROS_MAX, CHOICES_MAX, MODEL_NAME_LEN_MAX
 from core.money import charge_micros
 from core.prices.bundled import BUNDLED_WINDOW_S, _bundled_rates, bundled_model_id
 from core.prices.prices_file import load_prices_file
 from core.prices.rates import (
-    MODEL_NAME_LEN_MAX,
     TIER_AUTO,
     ZERO,
     Rates,
@@ -386,6 +385,7 @@ class PriceTable:
         table knows. Cached per process, as rates are."""
         if not isinstance(model, str) or not 0 < len(model) <= MODEL_NAME_LEN_MAX:
             return None
+        # Looked up in lower case, as genai-prices looks names up.
         key = model.lower()
         if (provider, key) in self._names:
             return self._names[(provider, key)]

@@ -197,3 +197,22 @@ def test_a_calls_model_name_is_looked_up_again_after_the_prices_file_changes(
     prices.refresh()
     assert service._canonical_model(CallSpec(model="acme-1"), "acme-1") == "acme-1"
     assert len(looked_up) == 2, "a name of the prices file read before was not looked up again"
+
+
+def test_a_models_one_name_has_one_length_limit_in_python_and_lua() -> None:
+    """The ledger's check (lua/lib.lua check_model) takes its limit from the one constant the
+    Python check uses, and a definition takes the longer names the price table looks up."""
+    from core.budgets import is_model_name
+    from core.limits import MODEL_NAME_LEN_MAX, MODEL_ONE_NAME_LEN_MAX
+    from core.prices import rates
+
+    assert MODEL_NAME_LEN_MAX > MODEL_ONE_NAME_LEN_MAX
+    assert not hasattr(rates, "MODEL_NAME_LEN_MAX"), "one home: core/limits.py"
+    assert wire.CONSTANTS["MODEL_ONE_NAME_LEN_MAX"] == MODEL_ONE_NAME_LEN_MAX
+    assert is_model_name("a" * MODEL_ONE_NAME_LEN_MAX, limited=True)
+    assert not is_model_name("a" * (MODEL_ONE_NAME_LEN_MAX + 1), limited=False)
+    lua = Path("lua/lib.lua").read_text()
+    check = lua[lua.index("local function check_model"):]
+    check = check[:check.index("\nend\n")]
+    assert "MODEL_ONE_NAME_LEN_MAX" in check
+    assert str(MODEL_ONE_NAME_LEN_MAX) not in check
