@@ -352,6 +352,10 @@ def start_ours(stack: contextlib.ExitStack, directory: Path, stub: Server, key: 
         "CEILING_ACCEPT_NOT_DURABLE": "1",
         "CEILING_UPSTREAM_URL": f"{stub.url}/v1",
         "CEILING_ANTHROPIC_URL": stub.url,
+        # The stub stands in for the providers' own hosts, whose calls are on their own bills
+        # as in production (a proxy's go on `other`, with one more step per call).
+        "CEILING_UPSTREAM_BILL": "openai",
+        "CEILING_ANTHROPIC_BILL": "anthropic",
         "CEILING_PRICES_FILE": str(prices_file(directory / key, [model])),
     }, start_timeout_s=start_timeout_s))
     budget_id = f"org:bench{uuid.uuid4().hex[:8]}"

@@ -10,11 +10,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core import upstreams
 from core.errors import InvalidRequest
-from core.ledger import ExpirePolicy
+from core.ledger import ExpirePolicy, Upstream
 from core.limits import RESERVATION_TTL_MS_MAX, RESERVATION_TTL_MS_MIN, TOKENS_MAX
 from core.upstreams import Upstreams
 
@@ -91,6 +91,29 @@ class Config:
     # whose prices hold them. None: the one-upstream shorthands (CEILING_UPSTREAM_URL,
     # CEILING_ANTHROPIC_URL) carry every call, as they name no models.
     upstreams: Upstreams | None = None
+    # The bill an operator names for a one-upstream shorthand's provider, by its URL setting
+    # (SHORTHAND_BILL_SETTINGS): a proxy in front of the provider's own API. Without one, its
+    # calls are on the provider's bill only at the provider's own host (core/upstream_kinds/
+    # kind.py bill_at), else on Upstream.OTHER's.
+    shorthand_bills: Mapping[str, Upstream] = field(default_factory=dict)
+
+
+# The setting that names a shorthand's bill, by its URL setting (Config.shorthand_bills).
+SHORTHAND_BILL_SETTINGS = {"CEILING_UPSTREAM_URL": "CEILING_UPSTREAM_BILL",
+                           "CEILING_ANTHROPIC_URL": "CEILING_ANTHROPIC_BILL"}
+
+
+def _shorthand_bills(env: Mapping[str, str]) -> dict[str, Upstream]:
+    found = {}
+    bills = [u.value for u in Upstream if u is not Upstream.UNATTRIBUTED]
+    for url_setting, setting in SHORTHAND_BILL_SETTINGS.items():
+        value = env.get(setting, "").strip()
+        if not value:
+            continue
+        if value not in bills:
+            raise ConfigError(f"{setting} must be one of {', '.join(bills)}")
+        found[url_setting] = Upstream(value)
+    return found
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -204,6 +227,7 @@ def load(env: Mapping[str, str]) -> Config:
         accept_eviction=_flag(env, "CEILING_ACCEPT_EVICTION"),
         outage_journal_dir=env.get("CEILING_OUTAGE_JOURNAL_DIR", "").strip() or None,
         upstreams=_upstreams(env),
+        shorthand_bills=_shorthand_bills(env),
     )
 
 

@@ -54,7 +54,7 @@ from core.upstream import (
     Unanswered,
     Upstream,
 )
-from core.upstreams import UpstreamDef, bill_of
+from core.upstreams import UpstreamDef
 
 # With X-Ceiling-Clamp, a call that does not fit is sent with a smaller output cap only if at
 # least this many tokens still fit: fewer would cut most answers off mid-sentence.
@@ -318,10 +318,10 @@ class Call:
             # A routed call's spend counts on its upstream's own bill (core/upstreams.py
             # bill_of): Bedrock's, Vertex's or Azure's spend is in no report reconcile reads,
             # and counted as OpenAI's or Anthropic's it would hide their unseen spend.
-            routed_to = call_plan.routed_to
-            upstream = call_plan.wire.provider.upstream if routed_to is None else bill_of(
-                routed_to)
-            prices_provider = None if routed_to is None else routed_to.prices_provider
+            upstream = call_plan.billed
+            # Priced by the table the call was held by (Plan.prices_provider), whichever bill
+            # it is on: a shorthand's provider at another host is on the `other` bill.
+            prices_provider = call_plan.prices_provider
             spec = SettleSpec(
                 usage, upstream=upstream, prices_provider=prices_provider,
             ) if usage is not None else SettleSpec(
@@ -521,6 +521,11 @@ class Gateway:
                  path_model)
             if config else plan(wire.api, raw, headers=headers, path_model=path_model)
         )
+        if config and call_plan.routed_to is None:
+            # A one-upstream shorthand's provider at another host than its own: another bill.
+            bill = wire.provider.bill(config)
+            if bill is not call_plan.billed:
+                call_plan = replace(call_plan, bill=bill)
         # The body's user field is checked whether or not the header names the user; the
         # header wins.
         body_user = wire.end_user(call_plan.body)

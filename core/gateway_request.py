@@ -16,7 +16,7 @@ from core.formats import FORMATS, Plan, WireFormat
 from core.formats import Api as Api  # plan() and usage_of() take a format by its name
 from core.jsonbody import loads_answer, loads_object
 from core.prices import Usage
-from core.upstreams import Routed, UpstreamDef, Upstreams
+from core.upstreams import Routed, UpstreamDef, Upstreams, bill_of
 
 _COUNT_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
@@ -58,7 +58,7 @@ def routed(wire: WireFormat, body: dict[str, Any], to: Routed,
         body["model"] = to.sent_model
     return replace(wire.plan(body, to.price_model, headers, output_tokens_default,
                              betas_allowed), routed_to=to.upstream, sent_model=to.sent_model,
-                   priced_model=to.priced_model)
+                   priced_model=to.priced_model, bill=bill_of(to.upstream))
 
 
 def _checked(wire: WireFormat, raw: bytes, fields_allowed: frozenset[str],

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
 from enum import StrEnum
@@ -100,6 +101,19 @@ class Upstream(StrEnum):
     AWS = "aws"  # Bedrock
     AZURE = "azure"  # Azure OpenAI
     OTHER = "other"  # any other OpenAI-compatible provider (OpenRouter, Groq, a local vLLM)
+    # A sidecar reservation of an amount: no provider is known, so its spend may be on any bill,
+    # and reconcile takes it off every provider's unseen spend (core/reconcile.py).
+    UNATTRIBUTED = "unattributed"
+
+
+def bill_of_prices(provider: str | None) -> Upstream:
+    """The bill of a call priced by genai-prices' `provider` and no upstream: that provider's
+    where it is one of the bills, else OTHER (no report here reads it)."""
+    try:
+        bill = Upstream(provider or Upstream.OTHER)
+    except ValueError:
+        return Upstream.OTHER
+    return Upstream.OTHER if bill is Upstream.UNATTRIBUTED else bill
 
 
 class ExpirePolicy(StrEnum):
@@ -148,6 +162,9 @@ class ReserveRequest:
     # The priced model's one name (core/prices PriceTable.model_name), which budgets' models.allow
     # and per_model name; '' for a call priced by its caller, which names no model.
     canonical_model: str = ""
+    # Whose bill the call is on, the day counter its charges are counted in (None: none, as a
+    # reservation made before reservations named one).
+    bill: Upstream | None = None
 
     def __post_init__(self) -> None:
         ensure(self.retention_ms > RESEND_WINDOW_MS or not self.fingerprint,
@@ -673,10 +690,10 @@ class Reconciliation(LedgerTime, Protocol):
         """The refusals the ledger's scripts decided, by error code, over the whole ledger."""
         ...
 
-    async def unseen_booked_by_day(self, upstream: Upstream, first_day: date, last_day: date
-                                   ) -> dict[date, int]:
-        """What book_unseen booked so far for `upstream`, by UTC day, in every tag, for the
-        days in [first_day, last_day] that have any."""
+    async def unseen_booked_by_day(self, upstream: Upstream, first_day: date, last_day: date,
+                                   tag: str | None = None) -> dict[date, int]:
+        """What book_unseen booked so far for `upstream`, by UTC day, in every tag (or in
+        `tag`), for the days in [first_day, last_day] that have any."""
         ...
 
     async def book_unseen(self, budget_id: BudgetId, upstream: Upstream, day: date,
@@ -686,7 +703,29 @@ class Reconciliation(LedgerTime, Protocol):
         is booked for that day already, in one step that records the new total: once per
         provider and day, a later larger amount books only the difference, never less than
         nothing. A `ledger.unseen_booked` event goes with each booking. BudgetNotFound when the
-        budget has no definition."""
+        budget has no definition. What other tags booked is the caller's to subtract
+        (core/reconcile.py, under the booking lease)."""
+        ...
+
+    async def take_booking_lease(self, upstream: Upstream, token: str, ttl_ms: int) -> bool:
+        """Take the ledger's one lease for booking `upstream`'s unseen spend, for `ttl_ms`,
+        under `token`; False if another holds it."""
+        ...
+
+    async def end_booking_lease(self, upstream: Upstream, token: str) -> None:
+        """Give back the lease taken under `token` (nothing if it is no longer that)."""
+        ...
+
+    async def unseen_audited(self, tag: str, upstream: Upstream, days: Sequence[date]
+                             ) -> dict[date, int]:
+        """The booked total of `tag`'s day that the audit stream has an entry for, per day."""
+        ...
+
+    async def audit_unseen_booked(self, tag: str, upstream: Upstream, day: date, was_micros: int,
+                                  total_micros: int, fields: dict[str, str], retention_ms: int
+                                  ) -> bool:
+        """Append the audit entry `fields` for `tag`'s booked total of `day` reaching
+        `total_micros`, if the audited total is still `was_micros`: once per total."""
         ...
 
 

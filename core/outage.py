@@ -58,6 +58,7 @@ from core.ledger import (
     ReserveRequest,
     RunLimit,
     Settlement,
+    Upstream,
     resolved_replay,
 )
 from core.lifecycle import ABSENT, Effects, Event, effects
@@ -135,7 +136,8 @@ def _request_json(request: ReserveRequest) -> dict[str, Any]:
             "model": request.model, "expire_policy": request.expire_policy.value,
             "run": [request.run.budget_id.path, request.run.ceiling_micros] if request.run
             else None, "retention_ms": request.retention_ms, "user": request.user,
-            "canonical_model": request.canonical_model}
+            "canonical_model": request.canonical_model,
+            "bill": None if request.bill is None else request.bill.value}
 
 
 def _request_of(doc: dict[str, Any]) -> ReserveRequest:
@@ -149,7 +151,9 @@ def _request_of(doc: dict[str, Any]) -> ReserveRequest:
         run=RunLimit(BudgetId(run[0]), int(run[1])) if run else None,
         retention_ms=int(doc["retention_ms"]), user=doc["user"],
         # A journal written before budgets named models: its calls are booked as amounts.
-        canonical_model=doc.get("canonical_model", ""))
+        canonical_model=doc.get("canonical_model", ""),
+        # A journal written before reservations named their bill names none.
+        bill=Upstream(doc["bill"]) if doc.get("bill") else None)
 
 
 class JournalFile:

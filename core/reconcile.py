@@ -31,17 +31,24 @@ is refused. The unseen amount of a day is `unseen_micros`: nothing while the day
 tolerance or the ledger saw more than the provider billed (a drift below zero books nothing and
 gives nothing back), otherwise the whole of drift_micros, not only the part past the tolerance:
 the tolerance decides whether the two sides disagree, and once they do, all that the provider
-billed and no settle counted is spend the ceiling did not see. The ledger keeps what it booked
-per provider and day (lua/book_unseen.lua) and books only `unseen - booked so far`, in one step
-that records the new total: a repeat books nothing, two instances at once book the day once, a
-later report with more spend books the difference. Booked spend is not "what the ledger saw":
-the comparison stays the provider against the settles (so the drift still shows, and its alert
-still says so), and what was booked is subtracted only from what is booked next. A settle that
-lands after a booking (a call whose settle came late) makes the next run's unseen smaller;
-nothing booked is taken back, since unknown means held. Each booking is a `ledger.unseen_booked`
-event (the budget's tag's outbox, written in the step that books) and an audit entry. A report
-that cannot be read whole books nothing, as it compares nothing; a `book_into` that is not an
-operator's budget id, or names no budget, is refused before the report is read.
+billed and no settle counted is spend the ceiling did not see, less the day's unattributed
+spend (sidecar reservations of an amount, which may be on any provider's bill: booked again,
+they would be charged twice). The ledger keeps what it booked per provider, day and
+organisation (lua/book_unseen.lua) and books only `unseen - booked so far` (what any
+organisation booked counts), in one step that records the new total, holding the ledger's one
+booking lease for the provider (a run that finds it held books nothing and says so): a repeat
+books nothing, two instances at once, into one organisation or two, book the day once, a later
+report with more spend books the difference. The day goes into the budgets' current windows
+that hold it (total always), as the day's spend, never as this hour's velocity. Booked spend is
+not "what the ledger saw": the comparison stays the provider against the settles (so the drift
+still shows, and its alert still says so), and what was booked is subtracted only from what is
+booked next. A settle that lands after a booking (a call whose settle came late) makes the next
+run's unseen smaller; nothing booked is taken back, since unknown means held. Each booking is a
+`ledger.unseen_booked` event (the budget's tag's outbox, written in the step that books) and an
+audit entry, written once per total booked by any run that finds it missing
+(lua/audit_booked.lua). A report that cannot be read whole books nothing, as it compares
+nothing; a `book_into` that is not an operator's budget id, or names no budget, is refused
+before the report is read.
 
 The HTTP request itself is given (api/routes/reconcile.py): core imports no HTTP client.
 """
@@ -50,6 +57,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -57,13 +65,15 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, Protocol
 
-from core.alerts import UNSEEN_BOOKED
+from core.alerts import UNSEEN_BOOKED, event_id_of
+from core.audit import audit_fields
 from core.budgets import BudgetId
 from core.config import ConfigError
 from core.errors import BudgetNotFound, CostReportFailed, InvalidRequest
 from core.ledger import BudgetCatalogue, DriftEvent, Reconciliation, Upstream
 from core.limits import DAILY_SPEND_DAYS_MAX, INT_EXACT_MAX
 from core.money import MICROS_PER_USD, micros_to_usd
+from core.operations import AUDIT_RETENTION_MS
 
 __all__ = ["Booking", "CostReportFailed", "DayDrift", "Reconciled", "ReportSource", "reconcile"]
 
@@ -98,6 +108,10 @@ _PROJECT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _DECIMAL = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{1,20})?")
 _DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 SECONDS_PER_DAY = 86_400
+# How long a run holds a provider's booking lease at most: a booking is one script per day of at
+# most RECONCILE_DAYS_MAX, seconds in all; a run that dies holding it leaves it to expire, and
+# the next scheduled run (a day later) books what it did not.
+BOOKING_LEASE_MS = 120_000
 ONE_DAY = timedelta(days=1)
 
 
@@ -473,6 +487,10 @@ class DayDrift:
     # With `book_into`: what is booked for the day so far, and what this run booked of it.
     booked_micros: int = 0
     booked_now_micros: int = 0
+    # What the ledger counted that day for sidecar reservations of an amount, which name no
+    # provider (Upstream.UNATTRIBUTED): it may be on this provider's bill, so it is taken off
+    # what is booked (`unseen_micros`), never booked again.
+    unattributed_micros: int = 0
 
     @property
     def drift_micros(self) -> int:
@@ -489,13 +507,16 @@ class DayDrift:
     @property
     def unseen_micros(self) -> int:
         """What is to be booked for the day (module docstring): beyond the tolerance, all that
-        the provider billed beyond what the ledger saw; otherwise nothing."""
-        return 0 if self.within else max(0, self.drift_micros)
+        the provider billed beyond what the ledger saw, less the day's unattributed spend;
+        otherwise nothing."""
+        return 0 if self.within else max(0, self.drift_micros - self.unattributed_micros)
 
     def json(self, booking: bool = False) -> dict[str, Any]:
         found = {"day": self.day.isoformat(), "ledger_micros": self.ledger_micros,
                  "provider_micros": self.provider_micros, "drift_micros": self.drift_micros,
                  "drift_pct": float(self.drift_pct), "within": self.within}
+        if self.unattributed_micros:
+            found["unattributed_micros"] = self.unattributed_micros
         if booking:
             found.update(booked_micros=self.booked_micros,
                          booked_now_micros=self.booked_now_micros)
@@ -514,6 +535,8 @@ class Reconciled:
     tolerance_pct: Decimal
     days: tuple[DayDrift, ...]
     book_into: str | None = None  # the budget unseen spend was booked into, if any
+    # Another run held the provider's booking lease (BOOKING_LEASE_MS): this one booked nothing.
+    booking_held: bool = False
 
     @property
     def within(self) -> bool:
@@ -533,6 +556,8 @@ class Reconciled:
                  "days": [d.json(booking) for d in self.days], "within": self.within}
         if booking:
             found.update(book_into=self.book_into, booked_now_micros=self.booked_now_micros)
+        if self.booking_held:
+            found["booking_held"] = True
         return found
 
     def lines(self) -> list[str]:
@@ -560,18 +585,25 @@ class Reconciled:
                 f"${micros_to_usd(d.booked_micros)} in all" for d in self.days if d.booked_micros)
             rows.append(f"booked into {self.book_into} by this run: "
                         f"${micros_to_usd(self.booked_now_micros)}")
+        rows.extend(f"unattributed on {d.day.isoformat()}: ${micros_to_usd(d.unattributed_micros)}"
+                    " (sidecar amounts, taken off what is booked)"
+                    for d in self.days if d.unattributed_micros)
+        if self.booking_held:
+            rows.append(f"booked nothing: another run is booking {self.provider}'s unseen spend")
         return rows
 
 
 def compare(provider: Upstream, ledger: Mapping[date, int], report: Mapping[date, int],
-            first_day: date, last_day: date, tolerance_pct: Decimal) -> Reconciled:
+            first_day: date, last_day: date, tolerance_pct: Decimal,
+            unattributed: Mapping[date, int] | None = None) -> Reconciled:
     """Every day of the range, in order; a day absent from either side is a zero there."""
     days = []
     day = first_day
     while day <= last_day:
         ledger_micros, provider_micros = ledger.get(day, 0), report.get(day, 0)
         days.append(DayDrift(day, ledger_micros, provider_micros,
-                             within(ledger_micros, provider_micros, tolerance_pct)))
+                             within(ledger_micros, provider_micros, tolerance_pct),
+                             unattributed_micros=(unattributed or {}).get(day, 0)))
         day += ONE_DAY
     return Reconciled(provider, tolerance_pct, tuple(days))
 
@@ -666,12 +698,6 @@ def today_of(now_ms: int) -> date:
 # -- the whole of it ------------------------------------------------------------------------------
 
 
-class Auditor(Protocol):
-    """Where a booking is recorded (core/operations.py Operations.audit)."""
-
-    async def audit(self, by: str, what: str, target: str, **detail: Any) -> None: ...
-
-
 class ReconcileStore(Reconciliation, BudgetCatalogue, Protocol):
     """What a reconciliation reads and writes: the ledger's days, and the budget it books into."""
 
@@ -679,31 +705,72 @@ class ReconcileStore(Reconciliation, BudgetCatalogue, Protocol):
 @dataclass(frozen=True)
 class Booking:
     """Book unseen spend into `budget_id`; each booking is audited as made `by` (an operator's
-    fingerprint, the CLI's user, the schedule)."""
+    fingerprint, the CLI's user, the schedule) unless not `audited`."""
 
     budget_id: BudgetId
     by: str
-    auditor: Auditor | None = None
+    audited: bool = True
 
 
 async def _book(store: ReconcileStore, booking: Booking, result: Reconciled, first_day: date,
                 last_day: date) -> Reconciled:
-    provider = result.provider
-    booked = await store.unseen_booked_by_day(provider, first_day, last_day)
+    """Book each day's unseen spend, holding the provider's booking lease: a run that finds it
+    held books nothing and says so (`booking_held`)."""
+    provider, budget_id = result.provider, booking.budget_id
+    token = secrets.token_hex(16)
+    if not await store.take_booking_lease(provider, token, BOOKING_LEASE_MS):
+        return replace(result, book_into=budget_id.path, booking_held=True)
+    try:
+        return await _book_held(store, booking, result, first_day, last_day)
+    finally:
+        await store.end_booking_lease(provider, token)
+
+
+async def _book_held(store: ReconcileStore, booking: Booking, result: Reconciled,
+                     first_day: date, last_day: date) -> Reconciled:
+    provider, budget_id = result.provider, booking.budget_id
+    tag = budget_id.tag
+    # What is booked for a day in any organisation counts as booked here: an operator who names a
+    # budget of another organisation later does not book the day again. Read once, under the
+    # lease, so no run books between this read and this run's bookings.
+    everywhere = await store.unseen_booked_by_day(provider, first_day, last_day)
+    here = await store.unseen_booked_by_day(provider, first_day, last_day, tag)
     days = []
     for d in result.days:
-        so_far, now_micros = booked.get(d.day, 0), 0
+        mine = here.get(d.day, 0)
+        elsewhere = everywhere.get(d.day, 0) - mine
+        now_micros = 0
         # A day booked as far as its unseen spend goes has nothing new: no step to run.
-        if d.unseen_micros > so_far:
-            done = await store.book_unseen(booking.budget_id, provider, d.day, d.unseen_micros)
-            so_far, now_micros = done.booked_micros, done.booked_now_micros
-            if now_micros and booking.auditor is not None:
-                await booking.auditor.audit(
-                    booking.by, UNSEEN_BOOKED, booking.budget_id.path, provider=str(provider),
-                    day=d.day.isoformat(), booked_micros=now_micros, booked_total_micros=so_far,
-                    ledger_micros=d.ledger_micros, provider_micros=d.provider_micros)
-        days.append(replace(d, booked_micros=so_far, booked_now_micros=now_micros))
-    return replace(result, days=tuple(days), book_into=booking.budget_id.path)
+        if d.unseen_micros - elsewhere > mine:
+            done = await store.book_unseen(budget_id, provider, d.day, d.unseen_micros - elsewhere)
+            mine, now_micros = done.booked_micros, done.booked_now_micros
+        days.append(replace(d, booked_micros=mine + elsewhere, booked_now_micros=now_micros))
+    if booking.audited:
+        await _audit(store, booking, provider, days)
+    return replace(result, days=tuple(days), book_into=budget_id.path)
+
+
+async def _audit(store: ReconcileStore, booking: Booking, provider: Upstream,
+                 days: Sequence[DayDrift]) -> None:
+    """An audit entry for each day whose booked total in the booking's organisation is above
+    the one audited: this run's bookings, and any a run that died before its entry left
+    (lua/audit_booked.lua: once per total)."""
+    tag = booking.budget_id.tag
+    here = await store.unseen_booked_by_day(provider, days[0].day, days[-1].day, tag) if (
+        days) else {}
+    audited = await store.unseen_audited(tag, provider, [d for d in here])
+    for d in days:
+        total, was = here.get(d.day, 0), audited.get(d.day, 0)
+        if total <= was:
+            continue
+        event_id = event_id_of(UNSEEN_BOOKED, provider.value, d.day.isoformat(), str(total))
+        await store.audit_unseen_booked(
+            tag, provider, d.day, was, total, audit_fields(
+                booking.by, UNSEEN_BOOKED, booking.budget_id.path,
+                {"provider": str(provider), "day": d.day.isoformat(),
+                 "booked_micros": total - was, "booked_total_micros": total,
+                 "ledger_micros": d.ledger_micros, "provider_micros": d.provider_micros,
+                 "event_id": event_id}), AUDIT_RETENTION_MS)
 
 
 async def reconcile(store: ReconcileStore, source: ReportSource, first: str | None,
@@ -720,7 +787,9 @@ async def reconcile(store: ReconcileStore, source: ReportSource, first: str | No
                              budget_id=booking.budget_id.path, field="book_into")
     report = await provider_spend_by_day(source, first_day, last_day, fetch)
     ledger = await store.gateway_spend_by_day(source.provider, first_day, last_day)
-    result = compare(source.provider, ledger, report, first_day, last_day, tolerance_pct)
+    unattributed = await store.gateway_spend_by_day(Upstream.UNATTRIBUTED, first_day, last_day)
+    result = compare(source.provider, ledger, report, first_day, last_day, tolerance_pct,
+                     unattributed)
     for d in result.beyond:
         await store.emit_drift_alert(DriftEvent(source.provider, d.day, d.ledger_micros,
                                                 d.provider_micros))

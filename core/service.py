@@ -53,6 +53,7 @@ from core.ledger import (
     ServiceStore,
     Settlement,
     Upstream,
+    bill_of_prices,
     mint_reservation_id,
     tag_digest_of,
 )
@@ -163,6 +164,10 @@ class CallSpec:
     # prices it (core/upstreams.py Routed.priced_model: an Azure deployment's model, a Bedrock
     # id's), which `model` (the name its table's entry has) need not be. None: `model`.
     model_name: str | None = None
+    # Whose bill the call is on (a gateway call's, core/formats/base.py Plan.billed); None: a
+    # sidecar's, the bill of the provider whose table prices its model, or UNATTRIBUTED for an
+    # amount (CeilingService.bill_of).
+    bill: Upstream | None = None
 
 
 @dataclass(frozen=True)
@@ -305,6 +310,14 @@ class CeilingService:
         )
         return max(amount, 1), spec.model
 
+    def bill_of(self, model: str) -> Upstream:
+        """The bill of a sidecar's call priced as `model` ('' for an amount): the provider's
+        whose table prices it (core/ledger.py bill_of_prices), or UNATTRIBUTED for an amount,
+        which names no provider."""
+        if not model:
+            return Upstream.UNATTRIBUTED
+        return bill_of_prices(self.prices.provider_of(model))
+
     def _ttl_ms(self, ttl_ms: int | None) -> int:
         if ttl_ms is None:
             return self.lease_ttl_ms
@@ -351,6 +364,7 @@ class CeilingService:
             else RESEND_WINDOW_MS if gateway else REPLAY_WINDOW_MS,
             user=caller.user,
             canonical_model=self._canonical_model(spec, model),
+            bill=spec.bill or self.bill_of(model),
         )
         try:
             reservation = await self.store.reserve(request)

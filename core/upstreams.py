@@ -26,7 +26,7 @@ from pathlib import Path
 from core.errors import InvalidRequest
 from core.ledger import Upstream
 from core.upstream_kinds import KINDS
-from core.upstream_kinds.kind import PLACE_FIELDS, UpstreamKind, names, text
+from core.upstream_kinds.kind import PLACE_FIELDS, UpstreamKind, bill_at, names, text
 from core.upstream_kinds.kind import UpstreamDef as UpstreamDef
 from core.upstream_kinds.kind import UpstreamsError as UpstreamsError
 
@@ -54,7 +54,7 @@ def bill_of(upstream: UpstreamDef) -> Upstream:
     kind = kind_of(upstream)
     if kind.bill_own_prices_only and upstream.prices_provider != kind.prices_provider:
         return Upstream.OTHER
-    return kind.bill
+    return bill_at(kind.bill, kind.bill_host, upstream.base_url)
 
 
 @dataclass(frozen=True)

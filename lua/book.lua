@@ -10,7 +10,8 @@
 -- moment it was admitted (the instance's clock: the ledger's was unreachable), unconditionally,
 -- since the money is already spent; nothing was held for it, so all of it counts as overshoot
 -- (the lifecycle's 'book' row). Booking the same journal entry twice (a retried flush) books it
--- once: its record is kept for the idempotency window.
+-- once: its record is kept for the idempotency window. What it charged counts in its bill's day
+-- (record_tail's bill, lib: count_day), as a settle's does.
 local a = book_args(ARGV)
 a.reading = true
 local at_ms = int(a.admitted_at_ms, 'admitted_at_ms')
@@ -25,9 +26,13 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   return {'ok', 1}
 end
 local legs, status = resolve_legs(prefix, a, at_ms)
-local fingerprint, price_version, model = string.match(a.record_tail, '^([^\t]*)\t([^\t]*)\t(.*)$')
+local fingerprint, price_version, model, bill =
+  string.match(a.record_tail, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t?([^\t]*)$')
 if status then
   return status
+end
+if bill ~= '' and not UPSTREAMS[bill] then
+  fail('BADARG', 'record_tail')
 end
 if #legs == 0 then
   return {'no_budget'}
@@ -76,12 +81,14 @@ for _, leg in ipairs(legs) do
     keep_window(prefix, ck, leg.resets_at_ms)
   end
 end
+count_day(prefix, bill, istr(at_ms), committed)  -- the bill's day, as a settle counts it
 keep(KEYS[2], {state = state, reserved_micros = istr(held), expire_policy = 'charge',
                retention_ms = istr(IDEMPOTENCY_WINDOW_MS), owner = a.owner,
                expires_at_ms = istr(at_ms), created_ms = istr(at_ms),
                actual_micros = istr(actual),
                released_micros = istr(released), overshoot_micros = istr(overshoot),
                late = late and '1' or '0', outcome = outcome, resolved_ms = istr(now),
-               fingerprint = fingerprint, price_version = price_version, model = model},
+               fingerprint = fingerprint, price_version = price_version, model = model,
+               bill = bill},
      IDEMPOTENCY_WINDOW_MS)
 return {'ok', 0}

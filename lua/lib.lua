@@ -667,14 +667,38 @@ local function keep_resolved(key, rec)
   end
 end
 
+-- What a call's charge moved, `delta` micros of committed spend (a settle's, an expiry's charge,
+-- a late settle's or an operator's correction of it, up or down; an outage's booking), counted
+-- in the day counter of its bill on the UTC day it began (created_ms): what core/reconcile.py
+-- compares with that provider's cost report. A `bill` that names none ('': a record kept before
+-- reservations named their bill, settled by no gateway) counts nothing. A day's count never goes below zero
+-- (a correction of a charge counted before bills were recorded), and goes when it is zero.
+local function count_day(prefix, bill, created_text, delta)
+  if delta == 0 or not UPSTREAMS[bill] then
+    return
+  end
+  local day = math.floor(int(created_text, 'created_ms') / DAY_MS)
+  local key = prefix .. DAILY_SPEND_KEY .. bill .. '|' .. istr(day)
+  local after = redis.call('INCRBY', key, istr(delta))
+  if after <= 0 then
+    redis.call('DEL', key)
+  elseif after == delta then
+    redis.call('PEXPIREAT', key, istr((day + 1) * DAY_MS + DAILY_SPEND_RETENTION_MS))
+  end
+end
+
 -- One step that resolves a reservation (settle, release, expire, correct): booked in its legs
 -- as the lifecycle says, recorded on it, and its lease taken off the open set. `rec` needs only
 -- its head (wire.py RECORD_HEAD) for a record kept RESEND_WINDOW_MS, all of it otherwise.
 -- `actual` is what a settle or correction charges; `now` (nil to read it only if needed) is the
--- ledger's time. `rec` is left as it was kept.
-local function resolve(prefix, key, open_key, rec, event, actual, now, extra)
+-- ledger's time; `upstream` the bill a settle names, counted on for a record that names none.
+-- `rec` is left as it was kept.
+local function resolve(prefix, key, open_key, rec, event, actual, now, extra, upstream)
   local to, outcome, reserved, committed, overshoot, released, _, late =
     effects(event, rec.state, rec.expire_policy, tonumber(rec.reserved_micros), actual)
+  if rec.created_ms and rec.created_ms ~= '' then
+    count_day(prefix, (rec.bill ~= '' and rec.bill) or upstream or '', rec.created_ms, committed)
+  end
   if rec.state == 'open' then
     free_slots(prefix, rec.legs, id_of(prefix, key))
   end

@@ -1,7 +1,8 @@
 -- settle: book the actual cost of a call in the periods its reservation held, not today's.
 --
 -- KEYS[1] meta hash   KEYS[2] reservation   KEYS[3] open-lease zset
--- ARGV: wire.py SETTLE_ARGS: owner, actual_micros, upstream (a gateway call's, or ''), [now_ms]
+-- ARGV: wire.py SETTLE_ARGS: owner, actual_micros, upstream (a gateway call's bill, or ''),
+--   [now_ms]
 -- Returns one of:
 --   {'ok', state, expire_policy, reserved_micros}  what it settled: the caller works out what
 --     was booked from them by core/lifecycle.py's table, by which it was booked here
@@ -9,6 +10,8 @@
 --   {'not_found'}  {'conflict'} settled before at another actual  {'released'}
 -- Alerts: each leg's committed spend, as HINCRBY returns it, goes to lib's
 -- committed_moved, which emits a threshold event only on a crossing and keeps the hourly bucket.
+-- What it charges, or corrects, counts in the day of the reservation's bill (lib: count_day):
+-- the record's `bill`, else (a record kept before it had one) `upstream`.
 -- Why: settle and expiry race for one winner. An open lease is settled here in one step. A lease
 -- that expiry already resolved is corrected (lib: resolve, by the lifecycle's table). Overshoot
 -- is what a settle charged beyond what was held for it, so committed + reserved <= ceiling +
@@ -21,26 +24,8 @@ local a = settle_args(ARGV)
 local actual = int(a.actual_micros, 'actual_micros')
 local now = a.now_ms and ledger_now(a.now_ms)
 local prefix = prefix_of(KEYS[1])
--- The bills a gateway call can be on (core/ledger.py Upstream).
-local UPSTREAMS = {openai = true, anthropic = true, google = true, aws = true, azure = true,
-                   other = true}
 if a.upstream ~= '' and not UPSTREAMS[a.upstream] then
   fail('BADARG', 'upstream')
-end
-
--- What a settle of an open gateway call booked, added to its upstream's spend on the UTC day the
--- call began (the day a provider's cost report bills it in): what core/reconcile.py compares
--- with that report. A late settle of a lease that expired first is not counted: what it books
--- is a correction of the expiry's charge, not a call's cost.
-local function count_day(created_text)
-  if a.upstream == '' or actual == 0 then
-    return
-  end
-  local day = math.floor(int(created_text, 'created_ms') / DAY_MS)
-  local key = prefix .. DAILY_SPEND_KEY .. a.upstream .. '|' .. istr(day)
-  if redis.call('INCRBY', key, a.actual_micros) == actual then
-    redis.call('PEXPIREAT', key, istr((day + 1) * DAY_MS + DAILY_SPEND_RETENTION_MS))
-  end
 end
 
 -- The common case, an open gateway call resolved by its owner, is answered at once; the general
@@ -49,8 +34,9 @@ local answer, rec, created_ms
 answer, rec, now, created_ms = resolve_or_load(prefix, KEYS, a.owner, settle_effects, actual,
                                                a.actual_micros, now)
 if answer then
+  -- The common case is a gateway call's, whose settle names the bill its reserve recorded.
   if created_ms then
-    count_day(created_ms)
+    count_day(prefix, a.upstream, created_ms, actual)
   end
   return answer
 end
@@ -64,8 +50,5 @@ if rec.state == 'released' then
   return {'released'}
 end
 local state, policy = rec.state, rec.expire_policy
-resolve(prefix, KEYS[2], KEYS[3], rec, 'settle', actual, now)
-if state == 'open' then
-  count_day(rec.created_ms)
-end
+resolve(prefix, KEYS[2], KEYS[3], rec, 'settle', actual, now, nil, a.upstream)
 return {'ok', state, policy, rec.reserved_micros}

@@ -22,6 +22,7 @@ plan allows two, and alert delivery has the other.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -35,7 +36,8 @@ from api.auth import admin
 from api.routing import HotRoute, Query, query_of
 from api.runtime import runtime
 from core.budgets import BudgetId
-from core.errors import CeilingError
+from core.config import ConfigError
+from core.errors import BudgetNotFound, CeilingError
 from core.ledger import Upstream
 from core.reconcile import (
     COST_REPORTS,
@@ -59,6 +61,7 @@ PROVIDER, FIRST, LAST, TOLERANCE = Query("provider"), Query("from"), Query("to")
 BOOK_INTO = Query("book_into")
 # Who the scheduled run's bookings are audited as when no operator called it (Lambda's schedule).
 SCHEDULE_OPERATOR = "schedule"
+LOG = logging.getLogger(__name__)
 
 
 def http_fetch(client: httpx.AsyncClient, provider: Upstream) -> Fetch:
@@ -91,7 +94,7 @@ async def run_reconcile(provider: Upstream, first: str | None, last: str | None,
     """One reconciliation against the shared ledger: the route's, the CLI's, the schedule's;
     with `book_into`, booking unseen spend there, audited as made `by`."""
     source = ReportSource.from_env(provider, os.environ if env is None else env)
-    booking = None if book_into is None else Booking(book_into, by, runtime().operations())
+    booking = None if book_into is None else Booking(book_into, by)
     async with httpx.AsyncClient(timeout=REPORT_TIMEOUT_S) as client:
         return await reconcile(runtime().store(), source, first, last, tolerance_pct,
                                http_fetch(client, provider), booking)
@@ -105,19 +108,45 @@ async def reconcile_configured(env: Mapping[str, str] | None = None,
     without HTTP (Lambda's) calls."""
     env = os.environ if env is None else env
     outcomes: dict[str, Any] = {}
+    # A setting that names no budget an operator can book into fails the booking, never the
+    # drift check: each provider is compared (and its drift alerted) first.
+    book_into: BudgetId | None = None
+    setting_error: CeilingError | None = None
+    try:
+        book_into = scheduled_book_into(env)
+    except ConfigError as exc:
+        setting_error = exc
     for provider in COST_REPORTS:
         if not configured(provider, env):
             continue
+        booking_error = setting_error
         try:
-            done = await run_reconcile(provider, None, None, tolerance_of(None), env,
-                                       scheduled_book_into(env), by)
+            try:
+                done = await run_reconcile(provider, None, None, tolerance_of(None), env,
+                                           book_into, by)
+            except BudgetNotFound as exc:
+                if book_into is None:
+                    raise
+                # The budget went since the setting named it: refused before the report was
+                # read, so the comparison runs alone.
+                booking_error = exc
+                done = await run_reconcile(provider, None, None, tolerance_of(None), env,
+                                           None, by)
             outcomes[provider] = {"within": done.within,
                                   "days_beyond": [d.day.isoformat() for d in done.beyond]}
             if done.book_into is not None:
                 outcomes[provider].update(book_into=done.book_into,
                                           booked_now_micros=done.booked_now_micros)
+            if done.booking_held:
+                outcomes[provider]["booking_held"] = True
         except CeilingError as exc:
             outcomes[provider] = {"error": {"code": exc.code, "message": exc.message}}
+            continue
+        if booking_error is not None:
+            LOG.error("reconcile %s: unseen spend was not booked: %s", provider,
+                      booking_error.message)
+            outcomes[provider]["booking_error"] = {"code": booking_error.code,
+                                                   "message": booking_error.message}
     return outcomes
 
 
@@ -132,8 +161,11 @@ async def reconcile_route(request: Request) -> JSONResponse:
     if (provider is None and first is None and last is None and tolerance_pct is None
             and book_into is None):
         outcomes = await reconcile_configured(by=by)
-        return JSONResponse({"providers": outcomes, "within": all(
-            o.get("within") is True for o in outcomes.values())})
+        answer: dict[str, Any] = {"providers": outcomes, "within": all(
+            o.get("within") is True for o in outcomes.values())}
+        if any("booking_error" in o for o in outcomes.values()):
+            answer["booking_failed"] = True
+        return JSONResponse(answer)
     done = await run_reconcile(provider_of(provider), first, last, tolerance_of(tolerance_pct),
                                book_into=book_into_of(book_into), by=by)
     return JSONResponse(done.json())

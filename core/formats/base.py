@@ -32,6 +32,7 @@ from core.jsonbody import loads_answer
 from core.ledger import Upstream
 from core.prices import TIER_AUTO, Usage
 from core.service import CallSpec
+from core.upstream_kinds.kind import bill_at
 from core.upstreams import UpstreamDef
 
 # One encoder for every forwarded body: json.dumps with options builds a new one per call.
@@ -57,9 +58,18 @@ class Provider:
     # Its answers' headers the client gets besides the common ones (api/upstream.py
     # RELAYED_HEADERS): its request ids, rate limits and the like, by prefix.
     relayed_header_prefixes: tuple[str, ...] = ()
+    # The host of the provider's own API: its calls are on `upstream`'s bill only there
+    # (core/upstream_kinds/kind.py bill_at); None: wherever url_setting points.
+    bill_host: str | None = None
 
     def auth(self, key: str) -> tuple[str, str]:
         return self.auth_header[0], self.auth_header[1] + key
+
+    def bill(self, config: Config) -> Upstream:
+        """Whose bill its calls are on where `config` sends them: the one the operator names
+        for it (Config.shorthand_bills), else its own at its own host only."""
+        return config.shorthand_bills.get(self.url_setting) or bill_at(
+            self.upstream, self.bill_host, self.url(config))
 
     @property
     def unset(self) -> str:
@@ -266,10 +276,18 @@ class Plan:
     # The name the upstream knows the model by (Routed.sent_model), where a format names it in
     # its path (Gemini's) and `model` is the name it is priced by; None: `model`.
     sent_model: str | None = None
+    # Whose bill the call is on where it is sent, where that is not its provider's (`billed`).
+    bill: Upstream | None = None
 
     @property
     def api(self) -> Api:
         return self.wire.api
+
+    @property
+    def billed(self) -> Upstream:
+        """Whose bill the call is on (core/reconcile.py): a routed call's upstream's
+        (core/upstreams.py bill_of), else its provider's where the gateway sends it."""
+        return self.bill or self.wire.provider.upstream
 
     @property
     def model_sent(self) -> str:
@@ -281,7 +299,7 @@ class Plan:
         return CallSpec(
             model=self.model, input_tokens=self.text_tokens_max,
             output_tokens_max=output_tokens_max or self.output_tokens_max, choices=self.choices,
-            media=self.media, service_tier=self.service_tier,
+            media=self.media, service_tier=self.service_tier, bill=self.billed,
             # As prices_provider says, inline: spec() prices every call, at least once.
             provider=self.wire.provider.upstream.value if self.routed_to is None else (
                 self.routed_to.prices_provider),

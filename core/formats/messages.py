@@ -40,11 +40,12 @@ from core.formats.schema import (
 )
 from core.ledger import Upstream
 from core.prices import TIER_AUTO, TIER_DEFAULT, Usage, check_service_tier
+from core.upstream_kinds.anthropic import ANTHROPIC_API_HOST
 
 # The SDK's base URL, without /v1, is the setting's.
 ANTHROPIC = Provider(Upstream.ANTHROPIC, "CEILING_ANTHROPIC_URL", "https://api.anthropic.com",
                      lambda config: config.anthropic_url, lambda config: config.anthropic_api_key,
-                     ("x-api-key", ""), ("anthropic-ratelimit-",))
+                     ("x-api-key", ""), ("anthropic-ratelimit-",), ANTHROPIC_API_HOST)
 # The top-level fields whose cost the gateway knows: those the worst case reads, those that
 # change nothing it leaves out (sampling, stop sequences, metadata, effort, which spends within
 # max_tokens), and those it holds at a bound (output_config's and output_format's schema by its

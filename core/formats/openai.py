@@ -15,10 +15,11 @@ from core.formats.base import Plan, Provider, WireFormat, positive_int, text_tok
 from core.formats.schema import Schema
 from core.ledger import Upstream
 from core.prices import TIER_AUTO, check_service_tier
+from core.upstream_kinds.openai import OPENAI_API_HOST
 
 OPENAI = Provider(Upstream.OPENAI, "CEILING_UPSTREAM_URL", "https://api.openai.com/v1",
                   lambda config: config.upstream_url, lambda config: config.upstream_api_key,
-                  ("authorization", "Bearer "), ("openai-", "x-ratelimit-"))
+                  ("authorization", "Bearer "), ("openai-", "x-ratelimit-"), OPENAI_API_HOST)
 # The top-level fields both forward, each because its billing effect is known: the ones the
 # worst case reads (model, prompt, output cap, `n`, tier, tools), and the ones that change
 # nothing it leaves out (sampling, logprobs, which only lengthen the answer's body, caching

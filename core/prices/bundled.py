@@ -8,6 +8,7 @@ a serverless instance should not pay before it can answer /health.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -45,6 +46,10 @@ _SNAPSHOT_SUFFIX = re.compile(r"(-\d{8}|-\d{4}-\d{2}-\d{2})?")
 _GEMINI_VERSION = re.compile(
     r"(-\d{3}|-latest|-preview-(\d{2}-\d{2}|\d{2}-\d{4})|-exp(-\d{2}-\d{2}|-\d{4})?)?")
 _GEMINI_PREVIEW_DATE = re.compile(r"(-\d{2}-\d{2}|-\d{2}-\d{4})?")
+
+# Models whose bundled provider is remembered (bundled_provider): a sidecar's reserve names its
+# bill by it; a process sees few models.
+PROVIDER_OF_CACHE_MAX = 1024
 
 
 def gemini_family(model: str, names: Iterable[str]) -> str | None:
@@ -281,6 +286,20 @@ def bundled_model_id(model: str, provider: str | None = None) -> str | None:
         return str(_model_info(model, provider).id).lower()
     except ModelUnpriced:
         return None
+
+
+@functools.lru_cache(maxsize=PROVIDER_OF_CACHE_MAX)
+def bundled_provider(model: str) -> str | None:
+    """The genai-prices provider whose entry names `model` exactly (the first any provider
+    has: the one a call priced with no provider is priced by), or None where none does."""
+    from genai_prices import data_snapshot  # deferred: see the module docstring
+
+    key = model.lower()
+    try:
+        provider, info = data_snapshot.get_snapshot().find_provider_model(key, None, None, None)
+    except LookupError:
+        return None
+    return str(provider.id) if key == info.id.lower() or _named(info.match, key) else None
 
 
 def _entry_of(snapshot: Any, model: str, provider: str | None) -> Any:

@@ -33,7 +33,12 @@ from core.content import NO_MEDIA, Media
 from core.errors import InputUnbounded, InvalidRequest, ModelUnbounded, ModelUnpriced
 from core.limits import AMOUNT_MICROS_MAX, CHOICES_MAX, MODEL_NAME_LEN_MAX
 from core.money import charge_micros
-from core.prices.bundled import BUNDLED_WINDOW_S, _bundled_rates, bundled_model_id
+from core.prices.bundled import (
+    BUNDLED_WINDOW_S,
+    _bundled_rates,
+    bundled_model_id,
+    bundled_provider,
+)
 from core.prices.prices_file import load_prices_file
 from core.prices.rates import (
     TIER_AUTO,
@@ -186,6 +191,11 @@ class PriceTable:
                 "call, and no fee for a search is known for it: set usd_per_web_search for it "
                 "in the prices file", model=model, component="web_search")
         return found
+
+    def provider_of(self, model: str) -> str | None:
+        """The genai-prices provider whose bundled entry prices `model` when no provider is
+        named (a sidecar's call), or None where only the prices file names it."""
+        return bundled_provider(model)
 
     def _with_bundled_window(self, key: str, rates: Rates) -> Rates:
         """A prices file entry that names no context window takes the bundled table's for the

@@ -427,11 +427,11 @@ def _charged(record: wire.StoredRecord, now_ms: int) -> str:
     correction still corrects it."""
     fx = effects(Event.EXPIRE, ReservationState.OPEN, ExpirePolicy.CHARGE,
                  int(record.reserved_micros))
-    return wire.SEPARATOR.join(record._replace(
+    return record._replace(
         state=fx.to.value, expire_policy=ExpirePolicy.CHARGE.value, outcome=fx.outcome,
         resolved_ms=str(now_ms), released_micros=str(fx.released_micros),
         overshoot_micros=str(fx.overshoot_micros), late="1" if fx.late else "0",
-        actual_micros=""))
+        actual_micros="").packed()
 
 
 def _counter_kind(budget_id: str, window: str) -> str:

@@ -182,6 +182,21 @@ DRIFT_MARK = "drift:"
 # is booked into a budget of this tag so far, micro-dollars (lua/book_unseen.lua); kept as long as
 # a day's spend is, from its last write.
 UNSEEN_BOOKED = "unseen:"
+# + provider: the lease one reconcile run holds while it books that provider's unseen spend into
+# any organisation (core/reconcile.py BOOKING_LEASE_MS), a string (its holder's token). One fixed
+# key for the whole ledger, so that runs into budgets of two organisations book a day once.
+BOOKING_LEASE_KEY = CATALOGUE + "book_lease:"
+# + tag '|' provider '|' day (YYYY-MM-DD): the booked total of that tag's mark (UNSEEN_BOOKED) the
+# audit stream has an entry for (lua/audit_booked.lua); kept as long as the mark.
+UNSEEN_AUDITED_KEY = CATALOGUE + "unseen_audited:"
+
+
+def booking_lease(provider: str) -> str:
+    return BOOKING_LEASE_KEY + provider
+
+
+def unseen_audited(tag: str, provider: str, day: str) -> str:
+    return f"{UNSEEN_AUDITED_KEY}{tag}|{provider}|{day}"
 
 
 def alert(tag: str, event_id: str) -> str:

@@ -11,7 +11,7 @@ from core.budgets import USER_SCOPE_KIND, BudgetDef, BudgetId, Limit
 from core.errors import ensure
 from core.ledger import LegStatus, RunLimit, UsersPage, UserSpend, tag_digest
 from core.stores import keys, wire
-from core.stores.scripted_core import ScriptedCore, _ledger_reset
+from core.stores.scripted_core import ScriptedCore, ledger_reset
 from core.stores.scripts import script
 
 # A page of a budget's end users (users_of) reads each user's legs with a status script of its
@@ -41,7 +41,7 @@ class ScriptedCatalogue(ScriptedCore):
         ledger_id = await self.open()
         bid = budget.budget_id
         if await self._org_lost(bid.tag):
-            raise _ledger_reset(bid.tag)  # putting it again would refill what the shard lost
+            raise ledger_reset(bid.tag)  # putting it again would refill what the shard lost
         await self._map_tag(bid.tag)
         alerts = budget.alerts
         args = [ledger_id, bid.path, budget.timezone, str(budget.ledger_allowance_micros),
@@ -67,7 +67,7 @@ class ScriptedCatalogue(ScriptedCore):
             (keys.meta(bid.tag), keys.definition(bid.tag, bid.path), *catalogue), args)
         if reply[0] != "ok":
             self._reset = True
-            raise _ledger_reset()
+            raise ledger_reset()
         if one_slot:
             await self._t.execute("HSET", keys.ORGS_KEY, bid.tag, ledger_id)
             await self._t.execute("ZADD", keys.BUDGETS_KEY, "0", bid.path)
@@ -90,7 +90,7 @@ class ScriptedCatalogue(ScriptedCore):
             strict=True) if value is not None}
         if "timezone" not in found:
             if await self._org_lost(budget_id.tag):
-                raise _ledger_reset(budget_id.tag)
+                raise ledger_reset(budget_id.tag)
             return None
         return definition_of(budget_id.path, found)
 

@@ -72,7 +72,7 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
-def _ledger_reset(tag: str | None = None) -> LedgerUnavailable:
+def ledger_reset(tag: str | None = None) -> LedgerUnavailable:
     if tag is not None:
         return LedgerUnavailable(
             f"the ledger's data for {tag} is gone (its Redis Cluster shard was wiped or "
@@ -258,7 +258,7 @@ class ScriptedCore:
         """What a call is refused with once this instance stopped enforcing (`_reset`)."""
         if self._format_refused is not None:
             return _format_unknown(self._format_refused)
-        return _ledger_reset()
+        return ledger_reset()
 
     async def _adopt(self) -> bool:
         """Whether an operator confirmed a restored ledger since this instance found its own

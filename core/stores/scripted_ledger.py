@@ -38,7 +38,7 @@ from core.ledger import (
 )
 from core.lifecycle import Event
 from core.stores import keys, wire
-from core.stores.scripted_core import ScriptedCore, _ledger_reset
+from core.stores.scripted_core import ScriptedCore, ledger_reset
 from core.stores.scripts import script
 
 
@@ -136,7 +136,7 @@ class ScriptedLedger(ScriptedCore):
                 "expire_policy": request.expire_policy,  # a StrEnum is its value
                 "retention_ms": str(request.retention_ms),
                 "record_tail": wire.record_tail(request.fingerprint, request.price_version,
-                                                request.model),
+                                                request.model, request.bill or ""),
                 "user": request.user or "",
                 "model": request.canonical_model,
             },
@@ -230,7 +230,7 @@ class ScriptedLedger(ScriptedCore):
                 "reserved_micros": str(request.amount_micros),
                 "actual_micros": str(actual_micros),
                 "record_tail": wire.record_tail(request.fingerprint, request.price_version,
-                                                request.model),
+                                                request.model, request.bill or ""),
                 "user": request.user or "",
                 "model": request.canonical_model,
             },
@@ -302,7 +302,7 @@ class ScriptedLedger(ScriptedCore):
         if await self._identity_lost():
             raise self._refusal()
         if await self._org_lost(tag):
-            raise _ledger_reset(tag)
+            raise ledger_reset(tag)
 
     async def _not_found(self, reservation_id: str, tag: str) -> NoReturn:
         await self._lost_check(tag)

@@ -9,11 +9,11 @@ from typing import Any
 
 from core import alerts, output_stats
 from core.budgets import BudgetId
-from core.errors import BudgetNotFound, InvalidRequest
+from core.errors import BudgetNotFound, InvalidRequest, InvariantBroken
 from core.ledger import DriftEvent, UnseenBooked, Upstream, day_index, day_of_index
-from core.limits import DAILY_SPEND_DAYS_MAX
+from core.limits import DAILY_SPEND_DAYS_MAX, DAILY_SPEND_RETENTION_MS
 from core.stores import keys, wire
-from core.stores.scripted_core import ScriptedCore, _ledger_reset
+from core.stores.scripted_core import ScriptedCore, ledger_reset
 from core.stores.scripts import script
 
 
@@ -91,17 +91,17 @@ class ScriptedReports(ScriptedCore):
         await self.open()
         return sorted({str(t) for t in await self._t.execute("HVALS", keys.TAG_MAP_KEY)})
 
-    async def _by_day(self, first_day: date, last_day: date, key_of: Callable[[str, date], str]
-                      ) -> dict[date, int]:
-        """The sum over every tag of the integer under `key_of(tag, day)`, for each day in
-        [first_day, last_day] where it is not zero."""
+    async def _by_day(self, first_day: date, last_day: date, key_of: Callable[[str, date], str],
+                      tags: Sequence[str] | None = None) -> dict[date, int]:
+        """The sum over every tag (or `tags`) of the integer under `key_of(tag, day)`, for each
+        day in [first_day, last_day] where it is not zero."""
         days = [day_of_index(d) for d in range(day_index(first_day), day_index(last_day) + 1)]
         if len(days) > DAILY_SPEND_DAYS_MAX:
             raise InvalidRequest(
                 f"at most {DAILY_SPEND_DAYS_MAX} days at a time: the ledger keeps a day's spend "
                 "that long", field="from")
         total = dict.fromkeys(days, 0)
-        for tag in await self._budget_tags() if days else []:
+        for tag in (await self._budget_tags() if tags is None else tags) if days else []:
             found = await self._t.execute("MGET", *(key_of(tag, d) for d in days))
             for d, value in zip(days, found, strict=True):
                 if value is not None:
@@ -122,37 +122,58 @@ class ScriptedReports(ScriptedCore):
         )
         return int(reply) == 1
 
-    async def unseen_booked_by_day(self, upstream: Upstream, first_day: date, last_day: date
-                                   ) -> dict[date, int]:
-        return await self._by_day(first_day, last_day, lambda tag, day: keys.unseen_booked(
-            tag, upstream.value, day.isoformat()))
+    async def unseen_booked_by_day(self, upstream: Upstream, first_day: date, last_day: date,
+                                   tag: str | None = None) -> dict[date, int]:
+        tags = None if tag is None else [tag]
+        return await self._by_day(first_day, last_day, lambda t, day: keys.unseen_booked(
+            t, upstream.value, day.isoformat()), tags)
 
     async def book_unseen(self, budget_id: BudgetId, upstream: Upstream, day: date,
                           unseen_micros: int) -> UnseenBooked:
         ledger_id = await self.open()
         tag, day_text = budget_id.tag, day.isoformat()
-        # What the tags other than this one booked for the day counts as booked here too: an
-        # operator who names a budget of another organisation later does not book the day again.
-        # Each tag's own total is decided in its script; two runs at once into budgets of two
-        # tags are one operator's two settings, which docs/operations.md says not to do.
-        elsewhere = 0
-        for other in await self._budget_tags():
-            if other != tag:
-                found = await self._t.execute(
-                    "GET", keys.unseen_booked(other, upstream.value, day_text))
-                elsewhere += int(found) if found is not None else 0
         reply = await self._run_windowed(
             script("book_unseen"),
             (keys.meta(tag), keys.unseen_booked(tag, upstream.value, day_text)),
             {"ledger_id": ledger_id, "user": "", "provider": upstream.value, "day": day_text,
-             "unseen_micros": str(max(0, unseen_micros - elsewhere))},
+             "unseen_micros": str(unseen_micros)},
             budget_id.lineage, None)
         if reply[0] == "ok":
-            return UnseenBooked(int(reply[1]), int(reply[2]) + elsewhere)
+            return UnseenBooked(int(reply[1]), int(reply[2]))
         if reply[0] == "ledger_reset":
-            raise _ledger_reset(tag)
-        raise BudgetNotFound(f"no budget {budget_id.path} to book {upstream}'s unseen spend into",
-                             budget_id=budget_id.path, field="book_into")
+            raise ledger_reset(tag)
+        if reply[0] == "no_budget":
+            raise BudgetNotFound(
+                f"no budget {budget_id.path} to book {upstream}'s unseen spend into",
+                budget_id=budget_id.path, field="book_into")
+        raise InvariantBroken(f"book_unseen answered {reply[0]!r}")
+
+    async def take_booking_lease(self, upstream: Upstream, token: str, ttl_ms: int) -> bool:
+        await self.open()
+        taken = await self._t.execute("SET", keys.booking_lease(upstream.value), token, "NX",
+                                      "PX", str(ttl_ms))
+        return taken is not None and str(taken) in ("OK", "True", "1")
+
+    async def end_booking_lease(self, upstream: Upstream, token: str) -> None:
+        await self._t.run(script("lease_end"), (keys.booking_lease(upstream.value),), [token])
+
+    async def unseen_audited(self, tag: str, upstream: Upstream, days: Sequence[date]
+                             ) -> dict[date, int]:
+        if not days:
+            return {}
+        found = await self._t.execute("MGET", *(keys.unseen_audited(
+            tag, upstream.value, d.isoformat()) for d in days))
+        return {d: int(v) for d, v in zip(days, found, strict=True) if v is not None}
+
+    async def audit_unseen_booked(self, tag: str, upstream: Upstream, day: date, was_micros: int,
+                                  total_micros: int, fields: dict[str, str], retention_ms: int
+                                  ) -> bool:
+        written = await self._t.run(
+            script("audit_booked"),
+            (keys.AUDIT_KEY, keys.unseen_audited(tag, upstream.value, day.isoformat())),
+            [str(was_micros), str(total_micros), str(DAILY_SPEND_RETENTION_MS), str(retention_ms),
+             *(x for kv in fields.items() for x in kv)])
+        return int(written) == 1
 
     async def refusal_counts(self) -> dict[str, int]:
         total: dict[str, int] = {}

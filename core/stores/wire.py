@@ -46,6 +46,7 @@ from core.ledger import (
     ReservationState,
     ReservationView,
     Settlement,
+    Upstream,
 )
 from core.lifecycle import HOLDINGS, TRANSITIONS, Event, effects
 from core.limits import (
@@ -77,6 +78,7 @@ from core.limits import (
     VELOCITY_SLOTS,
     VELOCITY_TRAILING_HOURS,
 )
+from core.reconcile import COST_REPORTS
 from core.stores import keys
 
 # Between the fields of a record. None of the fields the scripts read can hold it (ids,
@@ -146,10 +148,13 @@ RECORD_FIELDS = (
     "state", "reserved_micros", "expire_policy", "retention_ms", "owner", "legs",
     "expires_at_ms", "created_ms", "actual_micros", "released_micros", "overshoot_micros",
     "late", "outcome", "resolved_ms", "corrected_by", "corrected_at_ms", "correction_reason",
-    "fingerprint", "price_version", "model",
+    "fingerprint", "price_version", "model", "bill",
 )
 RECORD_HEAD = 8
-RECORD_TAIL = RECORD_FIELDS[-3:]
+# `bill`: whose bill the call is on (core/ledger.py Upstream), the day counter every charge of it
+# is counted in (lua/lib.lua count_day); last and optional, so a record kept before it had one
+# reads with '' (its settle counts on the settle's `upstream`, as it did).
+RECORD_TAIL = RECORD_FIELDS[-4:]
 # What a reserve writes; what is kept of a gateway call once it is resolved (RESEND_WINDOW_MS):
 # all that a resend of its settle or release, or of its reserve, reads.
 OPENED_FIELDS = (
@@ -210,8 +215,10 @@ def arguments(shape: Sequence[str], **fields: str) -> list[str]:
     return values[:-1] if shape[-1] == NOW and not values[-1] else values
 
 
-def record_tail(fingerprint: str, price_version: str, model: str) -> str:
-    return SEPARATOR.join((fingerprint, escaped(price_version), escaped(model)))
+def record_tail(fingerprint: str, price_version: str, model: str, bill: str = "") -> str:
+    """RECORD_TAIL packed; without a bill, as a record was packed before it had one."""
+    tail = (fingerprint, escaped(price_version), escaped(model), *((bill,) if bill else ()))
+    return SEPARATOR.join(tail)
 
 
 def run_field(budget_id: str, ceiling_micros: int) -> str:
@@ -433,11 +440,17 @@ class StoredRecord(NamedTuple):
     fingerprint: str
     price_version: str
     model: str
+    bill: str = ""
+
+    def packed(self) -> str:
+        """As the scripts pack it (pack_record): an empty `bill` left out with its separator."""
+        return SEPARATOR.join(self if self.bill else self[:-1])
 
     @classmethod
     def unpacked(cls, packed_record: str) -> StoredRecord:
         fields = packed_record.split(SEPARATOR)
-        ensure(len(fields) == len(RECORD_FIELDS), "a record has every field of RECORD_FIELDS")
+        ensure(len(fields) in (len(RECORD_FIELDS), len(RECORD_FIELDS) - 1),
+               "a record has every field of RECORD_FIELDS (`bill` may be missing)")
         return cls(*fields)
 
     def view(self, reservation_id: str, *, full: bool) -> ReservationView:
@@ -513,6 +526,18 @@ KEY_PARTS = {
     "RATE_KEY": keys.RATE, "CONCURRENCY_KEY": keys.CONCURRENCY,
 }
 
+# Sets of names a script checks an argument or a record's field against, as Lua tables
+# ({name = true, ...}): the bills a call can be on (core/ledger.py Upstream), and the providers
+# whose cost report reconcile reads and books (core/reconcile.py COST_REPORTS).
+NAME_SETS = {
+    "UPSTREAMS": tuple(Upstream),
+    "COST_REPORT_PROVIDERS": tuple(COST_REPORTS),
+}
+
+
+def _lua_set(values: Iterable[str]) -> str:
+    return "{" + ", ".join(f"[{_lua_string(v)}] = true" for v in values) + "}"
+
 
 def _lua_string(text: str) -> str:
     ensure(all(c.isprintable() and c not in "'\\" for c in text), f"{text!r} is a plain name")
@@ -534,9 +559,14 @@ def _argument_reader(name: str, shape: Sequence[str]) -> str:
             "end")
 
 
-def _pattern(count: int, separator: str, *, whole: bool = True) -> str:
+def _pattern(count: int, separator: str, *, whole: bool = True, last_optional: bool = False
+             ) -> str:
+    """`last_optional`: a string without the last field (nor its separator) matches too, the
+    last field read as ''."""
     sep = "\\t" if separator == SEPARATOR else "%" + separator
     field = f"([^{sep}]*)"
+    if last_optional:
+        return "^" + sep.join([field] * (count - 1)) + sep + "?" + field + "$"
     return "^" + sep.join([field] * count) + ("$" if whole else sep)
 
 
@@ -549,23 +579,29 @@ def _values_reader(name: str, fields: Sequence[str]) -> str:
 
 
 def _reader(name: str, fields: Sequence[str], separator: str = SEPARATOR, *,
-            whole: bool = True) -> str:
+            whole: bool = True, last_optional: bool = False) -> str:
     """A function that reads the fields of a packed string (all of them, or the first ones when
     not `whole`) into a table by their names, in one match and one constructor (a table filled
     key by key grows five times over); nil for a string of another shape."""
     names = ", ".join(fields)
     return (
         f"local function {name}(s)\n"
-        f"  local {names} = string.match(s, '{_pattern(len(fields), separator, whole=whole)}')\n"
+        f"  local {names} = string.match(s, "
+        f"'{_pattern(len(fields), separator, whole=whole, last_optional=last_optional)}')\n"
         f"  if {fields[0]} == nil then\n    return nil\n  end\n"
         f"  return {_table(fields, fields)}\n"
         "end"
     )
 
 
-def _writer(name: str, fields: Sequence[str]) -> str:
-    """A function that packs a table keyed by `fields` (strings; a missing one is empty)."""
-    parts = " .. '\\t' .. ".join(f"(t.{f} or '')" for f in fields)
+def _writer(name: str, fields: Sequence[str], *, last_optional: bool = False) -> str:
+    """A function that packs a table keyed by `fields` (strings; a missing one is empty);
+    `last_optional`: an empty last field is left out with its separator (_pattern's)."""
+    head = fields[:-1] if last_optional else fields
+    parts = " .. '\\t' .. ".join(f"(t.{f} or '')" for f in head)
+    if last_optional:
+        last = fields[-1]
+        parts += f" .. ((t.{last} or '') ~= '' and '\\t' .. t.{last} or '')"
     return f"local function {name}(t)\n  return {parts}\nend"
 
 
@@ -577,6 +613,8 @@ def _positional_writer(name: str, given: Sequence[str]) -> str:
     packed_tail = set(RECORD_TAIL) <= set(given)
     fields = [f for f in RECORD_FIELDS if not (packed_tail and f in RECORD_TAIL)]
     fields += ["record_tail"] if packed_tail else []
+    if fields[-1] == RECORD_FIELDS[-1] not in given:
+        fields.pop()  # the optional last field (`bill`), left out with its separator
     pieces: list[str] = []  # the names, and the separators between them as one literal each
     literal = ""
     for i, field in enumerate(fields):
@@ -677,9 +715,9 @@ def prelude() -> list[str]:
     out.append(f"local MODEL_DEFINITION_FIELDS = {_lua_list(MODEL_DEFINITION_FIELDS)}")
     out += [f"local {name} = {_lua_string(part)}" for name, part in KEY_PARTS.items()]
     out += [_argument_reader(name, shape) for name, shape in ARGUMENT_SHAPES.items()]
-    out.append(_reader("unpack_record", RECORD_FIELDS))
+    out.append(_reader("unpack_record", RECORD_FIELDS, last_optional=True))
     out.append(_values_reader("record_head", RECORD_FIELDS[:RECORD_HEAD]))
-    out.append(_writer("pack_record", RECORD_FIELDS))
+    out.append(_writer("pack_record", RECORD_FIELDS, last_optional=True))
     out.append(_positional_writer("pack_opened", OPENED_FIELDS))
     out.append(_positional_writer("pack_resolved", RESOLVED_FIELDS))
     out.append(f"local RECORD_FIELDS = {_lua_list(RECORD_FIELDS)}")
@@ -688,4 +726,5 @@ def prelude() -> list[str]:
     out.append(f"local DEFINITION_FIELDS = {_lua_list(DEFINITION_FIELDS)}")
     out += _effects()
     out.append(_committed())
+    out += [f"local {name} = {_lua_set(values)}" for name, values in NAME_SETS.items()]
     return out

@@ -6,9 +6,11 @@ records and names no kind itself; api/upstreams/<UpstreamKind.client>.py makes a
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from core.errors import InvalidRequest
 from core.ledger import Upstream
@@ -88,6 +90,11 @@ class UpstreamKind:
     # (`prices_provider`); priced by any other, they are another provider's bill
     # (Upstream.OTHER), which its report lacks: an OpenAI-compatible router's.
     bill_own_prices_only: bool = False
+    # With `bill_host`, its calls are on `bill` only when its base URL's host is that one (the
+    # provider's own API); at any other host (a router, a proxy, a local server speaking the
+    # same API) they are Upstream.OTHER: counted on the provider's bill, their spend would hide
+    # spend made with the provider's own keys from what reconcile books (bill_at).
+    bill_host: str | None = None
     # The fields it takes beyond the common ones; any other is refused, so that a misspelt
     # setting is not silently ignored. Those of PLACE_FIELDS it names are required.
     fields: frozenset[str] = frozenset()
@@ -101,6 +108,16 @@ class UpstreamKind:
     base_url_optional: bool = False
     read: Read = _as_declared
     price_key: PriceKey = _priced_as_named
+
+
+@functools.lru_cache(maxsize=64)
+def bill_at(bill: Upstream, bill_host: str | None, base_url: str | None) -> Upstream:
+    """The bill of calls sent to `base_url` by a kind (or a one-upstream shorthand's provider)
+    whose calls are on `bill` at `bill_host`: `bill` where the host is that one (or none is
+    required, or no URL is set: the client's default is the provider's own), else OTHER."""
+    if bill_host is None or base_url is None:
+        return bill
+    return bill if urlsplit(base_url).hostname == bill_host else Upstream.OTHER
 
 
 def names(where: str, key: str, value: object) -> list[str]:

@@ -359,3 +359,20 @@ def test_a_routed_call_is_counted_on_its_upstreams_own_bill_not_the_routes_provi
     after = day_spend(redis_server)
     grew = {u: after[u] - before[u] for u in Upstream if after[u] != before[u]}
     assert grew == {Upstream.AWS: bedrock_cost, Upstream.AZURE: azure_cost}
+
+
+def test_an_openai_compatible_upstream_elsewhere_is_counted_on_another_bill_than_openais(
+        gw: ServiceProcess, admin: Client, stub: StubProvider,
+        redis_server: RedisServer) -> None:
+    """The router speaks OpenAI's API and is priced by OpenAI's table, but is not OpenAI's own
+    host: its spend counted as OpenAI's would hide spend made with an OpenAI key from
+    reconcile's booking."""
+    _, key = account(admin, 1_000_000)
+    before = day_spend(redis_server)
+    sdk(gw, key).chat.completions.create(model="router/gpt-4o-mini", max_tokens=50,
+                                         messages=HELLO)
+    [billed] = costs(stub)
+    after = day_spend(redis_server)
+    grew = {u: after[u] - before[u] for u in Upstream if after[u] != before[u]}
+    assert billed > 0
+    assert grew == {Upstream.OTHER: billed}

@@ -70,6 +70,8 @@ def gw(ledger_redis: RedisServer, stub: StubProvider,
     with ServiceProcess({
         "REDIS_URL": ledger_redis.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
         "CEILING_UPSTREAM_URL": f"{stub.url}/v1", "CEILING_ANTHROPIC_URL": stub.url,
+        # The stub stands in for the providers themselves: their bills.
+        "CEILING_UPSTREAM_BILL": "openai", "CEILING_ANTHROPIC_BILL": "anthropic",
         "CEILING_UPSTREAM_TIMEOUT_S": "30", "CEILING_ALERT_WEBHOOK_URL": receiver.url,
         "CEILING_ALERT_WEBHOOK_SECRET": SECRET, "CEILING_ALERT_DELIVERY_INTERVAL_S": "0.2",
         **report_env(stub),

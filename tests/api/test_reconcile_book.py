@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -68,6 +69,8 @@ def gw(ledger_redis: RedisServer, stub: StubProvider) -> Iterator[ServiceProcess
     with ServiceProcess({
         "REDIS_URL": ledger_redis.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
         "CEILING_UPSTREAM_URL": f"{stub.url}/v1", "CEILING_ANTHROPIC_URL": stub.url,
+        # The stub stands in for the providers themselves: their bills.
+        "CEILING_UPSTREAM_BILL": "openai", "CEILING_ANTHROPIC_BILL": "anthropic",
         "CEILING_UPSTREAM_TIMEOUT_S": "30", "CEILING_RECONCILE_BOOK_INTO": SCHEDULE_BUDGET,
         **report_env(stub),
     }) as service:
@@ -149,14 +152,18 @@ def test_unseen_spend_is_booked_once_then_the_difference_then_the_gateway_refuse
     ledger_redis: RedisServer
 ) -> None:
     budget_id, key = account(admin, CEILING_MICROS)
-    # A call through the gateway: the ledger sees it, and the provider bills it.
+    # A call through the gateway: the ledger sees it, and the provider bills it. The day's
+    # count is the whole ledger's (this module's other calls too): it grows by what the stub
+    # billed the call.
+    saw_before = route(admin, provider)["days"][0]["ledger_micros"]
     log_before = len(fetch_bill(stub.url).log)
     r = gateway_call(gw, provider, key)
     assert r.status_code == 200, r.text
     through = list(fetch_bill(stub.url).log)[log_before:]
     assert len(through) == 1
     settled(admin, provider, budget_id, through[0].cost_micros)
-    ledger_saw = route(admin, provider)["days"][0]["ledger_micros"]
+    ledger_saw = saw_before + through[0].cost_micros
+    assert route(admin, provider)["days"][0]["ledger_micros"] == ledger_saw
 
     # Spend the gateway never saw: booked, exactly as the stub billed it, once.
     unseen = direct_calls(stub, provider, 3)
@@ -286,3 +293,30 @@ def test_the_scheduled_run_books_into_its_setting_once(
                 "within": False, "days_beyond": [yesterday()], "book_into": SCHEDULE_BUDGET,
                 "booked_now_micros": micros}, providers
     assert committed(admin, SCHEDULE_BUDGET) == sum(billed.values())
+
+
+@pytest.mark.parametrize(("setting", "code"), [
+    ("org:x/run:r1", "invalid_configuration"),  # no budget an operator can name
+    ("org:never-put", "budget_not_found"),  # deleted, or never put
+])
+def test_a_bad_booking_setting_fails_the_booking_loudly_not_the_drift_check(
+    ledger_redis: RedisServer, stub: StubProvider, setting: str, code: str, tmp_path: Path
+) -> None:
+    """The daily drift check runs (and says what it found) whatever CEILING_RECONCILE_BOOK_INTO
+    says; the booking fails, and says so in the answer and the log."""
+    cost_control(stub.url, {"billed_elsewhere": [
+        {"provider": p, "day": yesterday(), "cost_micros": 5_555} for p in MODEL]})
+    log = tmp_path / "service.log"
+    with ServiceProcess({
+        "REDIS_URL": ledger_redis.url, "CEILING_ADMIN_TOKEN": ADMIN_TOKEN,
+        "CEILING_RECONCILE_BOOK_INTO": setting, **report_env(stub),
+    }, log_path=str(log)) as service, client_for(service) as c:
+        r = c.admin("GET", "/v1/admin/reconcile")
+    assert r.status_code == 200, r.text
+    assert r.json()["booking_failed"] is True
+    for provider in MODEL:
+        outcome = r.json()["providers"][provider]
+        assert (outcome["within"], outcome["days_beyond"]) == (False, [yesterday()]), outcome
+        assert outcome["booking_error"]["code"] == code, outcome
+        assert "book_into" not in outcome
+    assert "unseen spend was not booked" in log.read_text()

@@ -138,3 +138,40 @@ def test_each_upstream_is_on_its_own_bill() -> None:
     assert {name: bill_of(u) for name, u in ups.items()} == {
         "openai": Upstream.OPENAI, "router": Upstream.OTHER, "azure": Upstream.AZURE,
         "bedrock": Upstream.AWS}
+
+
+def test_an_openai_compatible_upstream_is_openais_bill_only_at_openais_own_host() -> None:
+    """Priced by OpenAI's table at another host (a router, a proxy, a local server), its spend
+    counted as OpenAI's would hide spend made with an OpenAI key directly from reconcile."""
+    elsewhere = {**OPENAI, "name": "groq", "base_url": "https://api.groq.com/openai/v1"}
+    claude = {"name": "claude", "api": "anthropic", "base_url": "https://api.anthropic.com",
+              "api_key_env": "OPENAI_KEY", "models": ["claude-sonnet-4-5"]}
+    proxy = {**claude, "name": "proxy", "base_url": "https://llm-proxy.example.com",
+             "models": ["claude-haiku-4-5"]}
+    ups = parse(doc(OPENAI, elsewhere, claude, proxy), ENV).by_name
+    assert {name: bill_of(u) for name, u in ups.items()} == {
+        "openai": Upstream.OPENAI, "groq": Upstream.OTHER, "claude": Upstream.ANTHROPIC,
+        "proxy": Upstream.OTHER}
+
+
+def test_a_shorthands_calls_are_its_providers_bill_only_at_its_own_host() -> None:
+    from core.config import ConfigError, load
+    from core.formats.messages import ANTHROPIC
+    from core.formats.openai import OPENAI as OPENAI_PROVIDER
+
+    def bills(**env: str) -> tuple[Upstream, Upstream]:
+        config = load({"REDIS_URL": "redis://localhost:1", **env})
+        return OPENAI_PROVIDER.bill(config), ANTHROPIC.bill(config)
+
+    assert bills() == (Upstream.OPENAI, Upstream.ANTHROPIC)  # the SDKs' own defaults
+    assert bills(CEILING_UPSTREAM_URL="https://api.openai.com/v1",
+                 CEILING_ANTHROPIC_URL="https://api.anthropic.com") == (
+        Upstream.OPENAI, Upstream.ANTHROPIC)
+    assert bills(CEILING_UPSTREAM_URL="https://openrouter.ai/api/v1",
+                 CEILING_ANTHROPIC_URL="http://127.0.0.1:9") == (Upstream.OTHER, Upstream.OTHER)
+    # An operator's proxy in front of the provider itself names its bill.
+    assert bills(CEILING_UPSTREAM_URL="https://egress.corp/v1", CEILING_UPSTREAM_BILL="openai",
+                 CEILING_ANTHROPIC_URL="https://egress.corp",
+                 CEILING_ANTHROPIC_BILL="anthropic") == (Upstream.OPENAI, Upstream.ANTHROPIC)
+    with pytest.raises(ConfigError, match="CEILING_UPSTREAM_BILL"):
+        bills(CEILING_UPSTREAM_BILL="unattributed")

@@ -11,19 +11,31 @@ from datetime import date, timedelta
 
 import pytest
 
-from core.alerts import UNSEEN_BOOKED
-from core.budgets import BudgetDef, BudgetId, Limit, Period
+from core.alerts import UNSEEN_BOOKED, AlertConfig, VelocityAlarm
+from core.budgets import BudgetDef, BudgetId, Limit, ModelLimits, Period
 from core.errors import BudgetExceeded, BudgetNotFound, CeilingError
 from core.ledger import LedgerStore, LegStatus, Upstream
-from core.limits import DAILY_SPEND_RETENTION_MS, INT_EXACT_MAX
+from core.limits import DAILY_SPEND_RETENTION_MS, DAY_MS, INT_EXACT_MAX
 from core.stores import keys
 from tests.core.stores.test_conformance import request
 from tests.support import ManualClock
 
 
 def a_day() -> date:
-    """A day of its own: what is booked is per provider and day, ledger-wide."""
+    """A day of its own: what is booked is per provider and day, ledger-wide. Not today (the
+    clock's): a day in no current window but total."""
     return date(2030, 1, 1) + timedelta(days=secrets.randbelow(10**6))
+
+
+@pytest.fixture
+def clock(clock: ManualClock) -> ManualClock:
+    """Today a day of its own too, at 01:00 UTC."""
+    clock.now_ms = (20_000 + secrets.randbelow(10**6)) * DAY_MS + 3_600_000
+    return clock
+
+
+def today(clock: ManualClock) -> date:
+    return date(1970, 1, 1) + timedelta(days=clock.now_ms // DAY_MS)
 
 
 async def legs(store: LedgerStore, path: str) -> dict[tuple[str, str], LegStatus]:
@@ -45,10 +57,10 @@ def committed(found: dict[tuple[str, str], LegStatus]) -> dict[tuple[str, str], 
 
 
 async def test_unseen_spend_is_booked_once_then_only_what_is_new(
-    store: LedgerStore, tag: str
+    store: LedgerStore, tag: str, clock: ManualClock
 ) -> None:
     team = await put_team(store, tag)
-    day = a_day()
+    day = today(clock)
     done = await store.book_unseen(BudgetId(team), Upstream.OPENAI, day, 1_250_000)
     assert (done.booked_now_micros, done.booked_micros) == (1_250_000, 1_250_000)
     # Every budget on the path, every window it limits, as a settle would charge; all overshoot,
@@ -79,9 +91,11 @@ async def test_unseen_spend_is_booked_once_then_only_what_is_new(
     assert {e.body()["booked_micros"] for e in events} == {1_250_000, 750_001, 5}
 
 
-async def test_two_at_once_book_a_day_once(store: LedgerStore, tag: str) -> None:
+async def test_two_at_once_book_a_day_once(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
     team = await put_team(store, tag)
-    day = a_day()
+    day = today(clock)
     done = await asyncio.gather(*(
         store.book_unseen(BudgetId(team), Upstream.ANTHROPIC, day, 900_000) for _ in range(8)))
     assert sorted(d.booked_now_micros for d in done) == [0] * 7 + [900_000]
@@ -89,10 +103,10 @@ async def test_two_at_once_book_a_day_once(store: LedgerStore, tag: str) -> None
 
 
 async def test_booked_spend_refuses_the_next_call_that_no_longer_fits(
-    store: LedgerStore, tag: str
+    store: LedgerStore, tag: str, clock: ManualClock
 ) -> None:
     team = await put_team(store, tag)
-    await store.book_unseen(BudgetId(team), Upstream.OPENAI, a_day(), 2_999_000)
+    await store.book_unseen(BudgetId(team), Upstream.OPENAI, today(clock), 2_999_000)
     with pytest.raises(BudgetExceeded):
         await store.reserve(request(tag, team, 1_001))
     await store.reserve(request(tag, team, 1_000))
@@ -118,19 +132,6 @@ async def test_nothing_unseen_books_nothing(store: LedgerStore, tag: str) -> Non
     assert [e for e in await store.alert_log(tag, 1_000) if e.type == UNSEEN_BOOKED] == []
 
 
-async def test_a_day_booked_into_another_organisation_is_not_booked_again(
-    store: LedgerStore, tag: str
-) -> None:
-    team = await put_team(store, tag)
-    other = tag + "x"
-    await store.put_budget(BudgetDef(BudgetId(other), (Limit(Period.TOTAL, 10_000_000),)))
-    day = a_day()
-    await store.book_unseen(BudgetId(team), Upstream.OPENAI, day, 400)
-    moved = await store.book_unseen(BudgetId(other), Upstream.OPENAI, day, 1_000)
-    assert (moved.booked_now_micros, moved.booked_micros) == (600, 1_000)
-    assert committed(await legs(store, other)) == {(other, "total"): 600}
-
-
 async def test_the_mark_is_kept_as_long_as_a_day_of_spend(
     store: LedgerStore, tag: str, clock: ManualClock
 ) -> None:
@@ -153,3 +154,50 @@ async def test_a_booking_that_would_pass_what_a_counter_holds_exactly_books_noth
         await store.book_unseen(BudgetId(team), Upstream.OPENAI, day, 11)
     assert await legs(store, team) == before
     assert await store.unseen_booked_by_day(Upstream.OPENAI, day, day) == {}
+
+
+async def test_a_booking_is_no_velocity_and_pauses_nothing(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    """A past day's spend is not this hour's: a budget whose velocity alarm pauses it above
+    $1 in five minutes is booked $10 and takes the next call."""
+    alarm = VelocityAlarm(window_s=300, max_micros=1_000_000, pause=True)
+    await store.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, 50_000_000),),
+                                     alerts=AlertConfig(thresholds_pct=(), velocity=alarm)))
+    for day in (today(clock), today(clock) - timedelta(days=1)):
+        done = await store.book_unseen(BudgetId(tag), Upstream.OPENAI, day, 10_000_000)
+        assert done.booked_now_micros == 10_000_000
+    await store.reserve(request(tag, tag, 1_000))  # not budget_paused
+    assert [e for e in await store.alert_log(tag, 1_000) if e.type == "budget.velocity"] == []
+
+
+async def test_a_day_is_booked_only_into_the_current_windows_that_hold_it(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    """Today: every window. Yesterday, in this month and week (the clock's today is chosen so):
+    not today's window. A day of an earlier month: total alone."""
+    # A Wednesday the 15th: yesterday is in the same week and month.
+    while (now := today(clock)).weekday() != 2 or now.day != 15:
+        clock.advance(DAY_MS)
+    team = f"{tag}/team:t"
+    await store.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, 50_000_000),)))
+    await store.put_budget(BudgetDef(BudgetId(team), tuple(
+        Limit(p, 40_000_000) for p in (Period.DAY, Period.WEEK, Period.MONTH, Period.TOTAL))))
+    await store.book_unseen(BudgetId(team), Upstream.OPENAI, now, 1)
+    await store.book_unseen(BudgetId(team), Upstream.OPENAI, now - timedelta(days=1), 20)
+    await store.book_unseen(BudgetId(team), Upstream.OPENAI, now - timedelta(days=40), 300)
+    assert committed(await legs(store, team)) == {
+        (tag, "total"): 321, (team, "day"): 1, (team, "week"): 21, (team, "month"): 21,
+        (team, "total"): 321}
+
+
+async def test_a_budget_with_models_is_booked_as_any_other(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    """A bill names no model: the budget is booked, no model's counter is."""
+    await store.put_budget(BudgetDef(
+        BudgetId(tag), (Limit(Period.TOTAL, 50_000_000),), models_allow=("gpt-4o",),
+        per_model=(ModelLimits("gpt-4o", (Limit(Period.TOTAL, 1_000),)),)))
+    done = await store.book_unseen(BudgetId(tag), Upstream.OPENAI, today(clock), 5_000)
+    assert done.booked_now_micros == 5_000
+    assert committed(await legs(store, tag)) == {(tag, "total"): 5_000}
