@@ -25,6 +25,8 @@ from core.limits import (
     CEILING_MICROS_MAX,
     CONCURRENT_MAX_MAX,
     INT_EXACT_MAX,
+    MODEL_NAME_LEN_MAX,
+    MODEL_ONE_NAME_LEN_MAX,
     MODELS_ALLOW_MAX,
     PER_MODEL_MAX,
     REQUESTS_PER_MINUTE_MAX,
@@ -67,17 +69,15 @@ _USER = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 # ledger's fields give meaning to (' ', '|', '{', '}', and the tab of a record). '/' (a name
 # such as OpenRouter's 'anthropic/claude-3.5-sonnet') may be allowed, but not limited per model:
 # there it would be a scope of the counter's budget id.
-MODEL_NAME_LEN_MAX = 128
-# What a definition takes as a model's name before canonical_models gives it its one name: what
-# the price table takes (core/prices/rates.py MODEL_NAME_LEN_MAX).
-_MODEL_GIVEN_LEN_MAX = 200
+# At most MODEL_ONE_NAME_LEN_MAX long; a definition takes a name of up to MODEL_NAME_LEN_MAX (what
+# the price table looks up) before canonical_models gives it its one name.
 # What a call's model is sent to the ledger as when its one name is not one a budget can name:
 # no allow-list holds it, no per_model limit names it.
 UNLISTED_MODEL = "?"
 # What a status read names for the legs of every model a budget limits (core/ledger.py status).
 ALL_MODELS = "*"
-_MODEL_ALLOWED = re.compile(r"[a-z0-9._:@+/-]{1,128}")
-_MODEL_LIMITED = re.compile(r"[a-z0-9._:@+-]{1,128}")
+_MODEL_ALLOWED = re.compile(rf"[a-z0-9._:@+/-]{{1,{MODEL_ONE_NAME_LEN_MAX}}}")
+_MODEL_LIMITED = re.compile(rf"[a-z0-9._:@+-]{{1,{MODEL_ONE_NAME_LEN_MAX}}}")
 
 
 class Period(StrEnum):
@@ -245,7 +245,7 @@ class ModelLimits:
 
     def __post_init__(self) -> None:
         if not _given(self.model):
-            raise InvalidRequest(f"per_model: a model's name is 1 to {_MODEL_GIVEN_LEN_MAX} "
+            raise InvalidRequest(f"per_model: a model's name is 1 to {MODEL_NAME_LEN_MAX} "
                                  "characters", field="per_model")
         check_limits(self.limits, f"per_model.{self.model}.limits")
 
@@ -265,11 +265,11 @@ def check_models_allow(models: tuple[str, ...]) -> None:
     for i, model in enumerate(models):
         if not _given(model):
             raise InvalidRequest(f"models.allow[{i}]: a model's name is 1 to "
-                                 f"{_MODEL_GIVEN_LEN_MAX} characters", field=f"models.allow[{i}]")
+                                 f"{MODEL_NAME_LEN_MAX} characters", field=f"models.allow[{i}]")
 
 
 def _given(model: object) -> bool:
-    return isinstance(model, str) and 0 < len(model) <= _MODEL_GIVEN_LEN_MAX
+    return isinstance(model, str) and 0 < len(model) <= MODEL_NAME_LEN_MAX
 
 
 def is_model_name(name: str, *, limited: bool) -> bool:

@@ -117,12 +117,15 @@ class Outcome(StrEnum):
     RELEASED = "released"  # the provider billed nothing; the reservation was released
 
 
-async def admit_count(svc: CeilingService, who: Caller) -> None:
+async def admit_count(svc: CeilingService, who: Caller, model_name: str,
+                      provider: str | None = None) -> None:
     """Count a token counting request against the caller's rate and concurrency limits: the
     provider bills nothing for it, so it holds the least amount the ledger takes (COUNT_HOLD_
     MICROS), released at once. A budget with no room at all refuses it, as it would the call
-    the count is for."""
-    reservation = await svc.reserve(who, CallSpec(amount_micros=COUNT_HOLD_MICROS))
+    the count is for; so does an allow-list that does not name `model_name`, the count's model
+    (priced by `provider`'s table), which a budget's model rules count it by."""
+    reservation = await svc.reserve(who, CallSpec(
+        amount_micros=COUNT_HOLD_MICROS, model_name=model_name, provider=provider))
     await svc.release(who, reservation.reservation_id)
 
 
@@ -625,12 +628,13 @@ class Gateway:
         call's body and headers are, admitted against the key's rate and concurrency limits,
         forwarded; nothing is held for it, as the provider bills nothing. `path_model`: as
         serve's."""
-        content, routed_to, model = count_request(
+        content, routed_to, model, priced_model = count_request(
             wire.api, raw, headers, config.gateway_fields_allowed if config else frozenset(),
             config.gateway_betas_allowed if config else frozenset(),
             config.upstreams if config else None, path_model)
         up = self.upstream_of(wire) if routed_to is None else self._client(routed_to)
-        await admit_count(svc, who)
+        await admit_count(svc, who, priced_model,
+                          None if routed_to is None else routed_to.prices_provider)
         try:
             status, relayed, body = await up.count(wire.api, content, headers, model)
         except Unanswered as exc:

@@ -78,23 +78,24 @@ def count_request(api: Api, raw: bytes, headers: Sequence[tuple[str, str]] = (),
                   fields_allowed: frozenset[str] = frozenset(),
                   betas_allowed: frozenset[str] = frozenset(),
                   upstreams: Upstreams | None = None,
-                  path_model: str | None = None) -> tuple[bytes, UpstreamDef | None, str]:
+                  path_model: str | None = None
+                  ) -> tuple[bytes, UpstreamDef | None, str, str]:
     """A token counting request in `api`'s format, checked as a call's fields and headers are
     (nothing unnamed is forwarded), re-encoded for the provider; InvalidRequest if it is not.
     With `upstreams`, its model is resolved as a call's is (ModelNotRouted), named as its
     upstream knows it (Routed.sent_model), and the upstream is returned beside it; last, the
-    model to count, by that name (core/upstream.py Upstream.count's `model`). `path_model`:
-    as plan's."""
+    model to count, by that name (core/upstream.py Upstream.count's `model`), and the name budgets
+    count it by (Routed.priced_model; the call's own unrouted). `path_model`: as plan's."""
     wire = FORMATS[api]
     body, model = _checked(wire, raw, fields_allowed, path_model)
     wire.count_checked(body, tuple(headers), betas_allowed)
-    to = None
+    to, priced = None, model
     if upstreams is not None:
         found = upstreams.resolve(model, wire.routed_as)
-        to, model = found.upstream, found.sent_model
+        to, model, priced = found.upstream, found.sent_model, found.priced_model
         if not wire.model_in_path:
             body["model"] = model
-    return _COUNT_ENCODER.encode(body).encode(), to, model
+    return _COUNT_ENCODER.encode(body).encode(), to, model, priced
 
 
 def usage_of(api: Api, usage: object, service_tier: object = None) -> Usage | None:

@@ -125,10 +125,18 @@ USERS_MAX_DEFAULT = 10_000
 # in one script, which stays short at this many.
 USERS_MAX_MAX = 100_000
 # Models one budget may limit each (per_model): a reserve finds the call's model among them by one
-# plain search of the definition's per_model field, a budget's status shows up to four legs per
-# model, and deleting the budget deletes each model's counters in one script; at this many, all
-# three stay as cheap as a budget's own.
+# plain search of the definition's per_model field, and a budget's status shows up to four legs
+# per model; at this many, both stay as cheap as a budget's own. Deleting the budget keeps its
+# models' counters, as it keeps its own (lua/delete_budget.lua says why).
 PER_MODEL_MAX = 32
+# A model's name as a call or a definition gives it: the longest the price table looks up
+# (genai-prices' and providers' names are far shorter; a caller's name is bounded before any
+# lookup or cache holds it).
+MODEL_NAME_LEN_MAX = 200
+# A model's one name as a budget names it and the ledger matches it (core/budgets.py
+# is_model_name, lua/lib.lua check_model): every priced name is far shorter, and a per_model
+# counter's budget id, which holds it, stays a short key.
+MODEL_ONE_NAME_LEN_MAX = 128
 # Models one budget's allow-list may name: a reserve of a budget with one searches the list (one
 # plain search of a string of up to this many names) on every call.
 MODELS_ALLOW_MAX = 256

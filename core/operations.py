@@ -29,6 +29,7 @@ import binascii
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -98,13 +99,15 @@ class Catalogue(KeyListing, Protocol):
         key's record (its secrets' hashes, never a secret): the body of an export."""
         ...
 
-    async def restore_body(self, body: object, force: bool, document_format: str) -> Restored:
+    async def restore_body(self, body: object, force: bool, document_format: str,
+                           name_of: Callable[[str], str | None]) -> Restored:
         """Check `body`, of an export of `document_format` (one of EXPORT_FORMATS_READ), whole
-        (invalid_export: nothing written), refuse a ledger with data unless `force`
-        (LedgerNotEmpty), then write it under a new ledger id, each organisation
-        in one step, and use that id from then on. Not stamped (stamp_restored): until then an
-        instance reads the old (or a fresh) id, finds these budgets under another one and
-        refuses them (`ledger_reset`), so none serves a budget half restored."""
+        (invalid_export: nothing written; each model a budget names by its one name, `name_of`'s
+        as a put's), refuse a ledger with data unless `force` (LedgerNotEmpty), then write it
+        under a new ledger id, each organisation in one step, and use that id from then on. Not
+        stamped (stamp_restored): until then an instance reads the old (or a fresh) id, finds
+        these budgets under another one and refuses them (`ledger_reset`), so none serves a
+        budget half restored."""
         ...
 
     async def stamp_restored(self, ledger_id: str) -> None:
@@ -406,7 +409,8 @@ class Operations:
         document_format, body = verify_export(document)
         entries = parse_bill(bill) if bill is not None else []
         assert isinstance(document, dict)
-        done = await catalogue.restore_body(body, force, document_format)
+        done = await catalogue.restore_body(body, force, document_format,
+                                            self.service.prices.model_name)
         # Under the restored id, before its stamp: the spend between the export and the wipe.
         booked = [await self._book_from_bill(e, done.ledger_id, by) for e in entries]
         await catalogue.stamp_restored(done.ledger_id)

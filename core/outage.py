@@ -10,6 +10,12 @@ A budget whose outage_policy is `open` has an allowance no spend reaches
 journaled and booked afterwards, and still bounded by JOURNAL_ENTRIES_MAX per instance, past
 which it fails closed. Health lists the budgets this instance knows as `open`.
 
+A model's rules are the ledger's, and an outage does not open them: the allowance admits a call
+that names a model only if every allow-list on its path (as this instance last read them, at
+most MODEL_RULES_READ_MS before) names the model and no budget on the path has per_model limits
+for it, which only the ledger can hold; a path whose rules it has not read admits no call that
+names a model. A call by amount is admitted as the ledger admits it (docs/models.md).
+
 The price: every instance has its own allowance, so during an outage spend can exceed the
 ceiling by up to allowance x instances.
 
@@ -33,12 +39,12 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from core.budgets import OUTAGE_OPEN_ALLOWANCE_MICROS, BudgetId
+from core.budgets import OUTAGE_OPEN_ALLOWANCE_MICROS, BudgetDef, BudgetId
 from core.errors import CeilingError, LedgerUnavailable
 from core.ledger import (
     OUTAGE_WINDOW_KEY,
@@ -59,9 +65,45 @@ from core.lifecycle import ABSENT, Effects, Event, effects
 
 # Budget paths whose allowances an instance remembers; bounded because paths come from keys.
 KNOWN_PATHS_MAX = 50_000
+# Paths whose model rules an instance remembers for its allowance (ModelRules): only paths with
+# an allowance on every budget, each some 300 names at most (MODELS_ALLOW_MAX + PER_MODEL_MAX);
+# bounded because paths come from keys. Past it they are forgotten, and read again on a call.
+MODEL_RULES_PATHS_MAX = 10_000
+# How often a path's model rules are read again while the ledger answers: a definition changes
+# rarely, and the read is one more round trip per budget on the path.
+MODEL_RULES_READ_MS = 10_000
 # Journal entries one instance keeps; past this it fails closed even within its allowance,
 # because an unbounded journal is unbounded memory.
 JOURNAL_ENTRIES_MAX = 100_000
+
+
+@dataclass(frozen=True)
+class ModelRules:
+    """A path's model rules as last read: the models every allow-list on it names (None: no
+    allow-list), and the models a budget on it has per_model limits for."""
+
+    read_at_ms: int
+    allowed: frozenset[str] | None
+    limited: frozenset[str]
+
+    @classmethod
+    def of(cls, read_at_ms: int, definitions: Sequence[BudgetDef | None]) -> ModelRules:
+        allowed: frozenset[str] | None = None
+        limited: set[str] = set()
+        for definition in definitions:
+            if definition is None:
+                continue
+            if definition.models_allow is not None:
+                names = frozenset(definition.models_allow)
+                allowed = names if allowed is None else allowed & names
+            limited.update(m.model for m in definition.per_model)
+        return cls(read_at_ms, allowed, frozenset(limited))
+
+    def admits(self, model: str) -> bool:
+        """Whether the ledger could not refuse `model` (a call's one name, '' for an amount)
+        for a model rule of the path, nor hold it by one."""
+        return not model or (
+            (self.allowed is None or model in self.allowed) and model not in self.limited)
 
 
 @dataclass
@@ -160,6 +202,7 @@ class OutageAllowance:
     def __init__(self, clock: Callable[[], int] = _wall_clock_ms) -> None:
         self._clock = clock
         self._allowances: dict[tuple[str, ...], dict[str, int]] = {}
+        self._model_rules: dict[tuple[str, ...], ModelRules] = {}
         # What each budget has admitted against its allowance: holds and spend alike.
         self._admitted: dict[str, int] = {}
         self._journal: dict[tuple[str, str], JournalEntry] = {}
@@ -219,6 +262,24 @@ class OutageAllowance:
             leg.budget_id: leg.outage_allowance_micros for leg in legs if leg.budget_id in path
         }
 
+    def model_rules_due(self, budget_ids: tuple[BudgetId, ...]) -> bool:
+        """Whether the path's model rules are to be read (learn_model_rules): it has an
+        allowance on every budget, and its rules were not read in MODEL_RULES_READ_MS."""
+        path = tuple(b.path for b in budget_ids)
+        allowances = self._allowances.get(path)
+        if not allowances or not all(a > 0 for a in allowances.values()):
+            return False
+        rules = self._model_rules.get(path)
+        return rules is None or self._clock() - rules.read_at_ms >= MODEL_RULES_READ_MS
+
+    def learn_model_rules(self, budget_ids: tuple[BudgetId, ...],
+                          definitions: Sequence[BudgetDef | None]) -> None:
+        """Remember the path's model rules from its budgets' definitions, as just read."""
+        path = tuple(b.path for b in budget_ids)
+        if path not in self._model_rules and len(self._model_rules) >= MODEL_RULES_PATHS_MAX:
+            self._model_rules.clear()
+        self._model_rules[path] = ModelRules.of(self._clock(), definitions)
+
     def _book(self, request: ReserveRequest, fx: Effects) -> None:
         """A step's effects on the allowances of the budgets its call was admitted under."""
         delta = fx.reserved_delta + fx.committed_delta
@@ -234,6 +295,10 @@ class OutageAllowance:
             or len(self._journal) >= JOURNAL_ENTRIES_MAX
             or any(self._admitted.get(b, 0) + amount > a for b, a in allowances.items())
         ):
+            raise cause
+        rules = self._model_rules.get(tuple(b.path for b in request.budget_ids))
+        if request.canonical_model and (rules is None or not rules.admits(
+                request.canonical_model)):
             raise cause
         key = (request.ref.tag, request.ref.reservation_id)
         now_ms = self._clock()

@@ -274,8 +274,10 @@ class CeilingService:
         self._monotonic_ms = monotonic_ms
         self.outage = OutageAllowance()
         self._clamps: dict[str, tuple[int, bool]] = {}  # budget path -> (until_ms, clamp)
-        # (name counted by, model, provider) -> the one name sent to the ledger
+        # (name counted by, model, provider), in lower case -> the one name sent to the
+        # ledger, under the prices version they were looked up in (_canonical_model)
         self._model_names: dict[tuple[str | None, str, str | None], str] = {}
+        self._model_names_version = ""
 
     # -- pricing -------------------------------------------------------------------------
 
@@ -374,16 +376,34 @@ class CeilingService:
             return reservation
         self._remember_model(reservation_id, model)
         self.outage.learn(request.budget_ids, reservation.legs)
+        if self.outage.model_rules_due(request.budget_ids):
+            await self._read_model_rules(request.budget_ids)
         await self.flush_journal()
         return reservation
 
+    async def _read_model_rules(self, budget_ids: tuple[BudgetId, ...]) -> None:
+        """Read the path's definitions for the outage allowance's model rules; a path whose
+        read fails keeps what was read before (none: its allowance admits no model's call)."""
+        try:
+            definitions = [await self.store.get_budget(b) for b in budget_ids]
+        except LedgerUnavailable:
+            return
+        self.outage.learn_model_rules(budget_ids, definitions)
+
     def _canonical_model(self, spec: CallSpec, model: str) -> str:
         """The call's model by its one name (PriceTable.model_name), as budgets name models: ''
-        for an amount; UNLISTED_MODEL for a name that prices and that no budget can name (a
-        prices file entry with a space in it), so that an allow-list refuses it."""
-        if not model:
+        for an amount that names no model (`spec.model_name`: a token count names the one it
+        counts for); UNLISTED_MODEL for a name that no budget can name (a prices file entry
+        with a space in it, a count's model no table prices), so that an allow-list refuses
+        it."""
+        if not model and not spec.model_name:
             return ""
-        key = (spec.model_name, model, spec.provider)
+        if self._model_names_version != self.prices.version:
+            # The prices file was read again (or the bundled window moved): names anew.
+            self._model_names.clear()
+            self._model_names_version = self.prices.version
+        # Lower case, as the table looks names up: a caller's case variants are one entry.
+        key = (spec.model_name and spec.model_name.lower(), model.lower(), spec.provider)
         found = self._model_names.get(key)
         if found is None:
             name = self.prices.model_name(spec.model_name or model, spec.provider) or (

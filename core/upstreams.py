@@ -112,7 +112,7 @@ class Upstreams:
                 "forwarded")
         priced = upstream.priced[model]
         return Routed(upstream, priced, upstream.sent.get(model, model),
-                      upstream.price_keys.get(priced, priced))
+                      upstream.price_keys.get(model, priced))
 
 
 def load(path: str, env: Mapping[str, str]) -> Upstreams:
@@ -187,8 +187,10 @@ def _upstream(index: int, entry: object, env: Mapping[str, str]) -> UpstreamDef:
     if not definition.priced:
         raise UpstreamsError(f"{where} serves no model: list them in `models`"
                              + "".join(f" or `{key}`" for key in kind.model_fields))
-    keys = {model: key for model in set(definition.priced.values())
-            if (key := kind.price_key(definition, model, definition.sent.get(model, model)))
+    # By the name a call names, as what is sent (and so the price: Bedrock's by where it runs)
+    # may differ between two names of one priced model.
+    keys = {named: key for named, model in definition.priced.items()
+            if (key := kind.price_key(definition, model, definition.sent.get(named, named)))
             != model}
     return replace(definition, price_keys=keys) if keys else definition
 

@@ -827,7 +827,7 @@ end
 -- for it.
 local function check_model(a)
   if a.model ~= UNLISTED_MODEL and not (a.reading and a.model == ALL_MODELS)
-      and (#a.model > 128 or not string.find(a.model, '^[%w._:@+/-]+$')) then
+      and (#a.model > MODEL_ONE_NAME_LEN_MAX or not string.find(a.model, '^[%w._:@+/-]+$')) then
     fail('BADARG', 'model')
   end
 end

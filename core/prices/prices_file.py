@@ -13,10 +13,9 @@ from typing import Any
 
 from core.content import ImageBound, audio_input_tokens_per_s, image_bound, output_tokens_max
 from core.errors import InvalidRequest
-from core.limits import AMOUNT_MICROS_MAX
+from core.limits import AMOUNT_MICROS_MAX, MODEL_NAME_LEN_MAX
 from core.money import MICROS_PER_USD
 from core.prices.rates import (
-    MODEL_NAME_LEN_MAX,
     SERVICE_TIER_LEN_MAX,
     TIER_AUTO,
     TIER_DEFAULT,

@@ -17,8 +17,6 @@ from core.content import ImageBound
 from core.errors import InvalidRequest
 from core.limits import TOKENS_MAX
 
-# Model names are looked up case-insensitively, as genai-prices does.
-MODEL_NAME_LEN_MAX = 200
 # Service tiers, as OpenAI names them: `default` is the standard rates; `auto` (and a request
 # that names none) lets the provider pick, which a project's settings can make a dearer tier.
 TIER_DEFAULT = "default"

@@ -31,7 +31,7 @@ from typing import Any
 
 from core.content import NO_MEDIA, Media
 from core.errors import InputUnbounded, InvalidRequest, ModelUnbounded, ModelUnpriced
-from core.limits import AMOUNT_MICROS_MAX, CHOICES_MAX
+from core.limits import AMOUNT_MICROS_MAX, CHOICES_MAX, MODEL_NAME_LEN_MAX
 from core.money import charge_micros
 from core.prices.bundled import (
     BUNDLED_WINDOW_S,
@@ -41,10 +41,10 @@ from core.prices.bundled import (
 )
 from core.prices.prices_file import load_prices_file
 from core.prices.rates import (
-    MODEL_NAME_LEN_MAX,
     TIER_AUTO,
     ZERO,
     Rates,
+    Tiers,
     Usage,
     check_service_tier,
     check_tokens,
@@ -148,6 +148,7 @@ class PriceTable:
             return False
         self._overrides = {k.lower(): v for k, v in overrides.items()}
         self._windows_filled = set()
+        self._names.clear()  # a name the file adds, drops or re-prices may name another model
         self._digest, self._file_signature = digest, signature
         LOG.info("prices file %s read again: %d models, digest %s", path, len(overrides),
                  digest)
@@ -394,6 +395,7 @@ class PriceTable:
         table knows. Cached per process, as rates are."""
         if not isinstance(model, str) or not 0 < len(model) <= MODEL_NAME_LEN_MAX:
             return None
+        # Looked up in lower case, as genai-prices looks names up.
         key = model.lower()
         if (provider, key) in self._names:
             return self._names[(provider, key)]
@@ -405,9 +407,25 @@ class PriceTable:
                 break
         if found is None and key in self._overrides:
             found = key
+        if provider is not None and "/" in key and found in (key, None):
+            found = self._as_vendors(key, provider) or found
         if len(self._names) < RATES_CACHE_MAX:
             self._names[(provider, key)] = found
         return found
+
+    def _as_vendors(self, key: str, provider: str) -> str | None:
+        """A router's name of a vendor's model (OpenRouter's 'openai/gpt-5') as the vendor's
+        model's one name ('gpt-5'), where `provider`'s table prices it at that model's token
+        rates: one model, one counter, whoever routes it. A router's entry priced otherwise is a
+        model of its own, as the router bills it."""
+        base = bundled_model_id(key.partition("/")[2])
+        if base is None:
+            return None
+        try:
+            routed, own = self.rates(key, provider), self.rates(base)
+        except (ModelUnpriced, ModelUnbounded):
+            return None
+        return base if _token_rates(routed) == _token_rates(own) else None
 
     def cost_micros(self, model: str, usage: Usage, provider: str | None = None) -> int:
         """What `usage` cost, at the tier the answer named (`auto`: the dearest it could be)."""
@@ -436,3 +454,8 @@ def _bounded(micros: int) -> int:
     if micros > AMOUNT_MICROS_MAX:
         raise InvalidRequest(f"cost {micros} micro-dollars is above the per-call limit")
     return micros
+
+
+def _token_rates(rates: Rates) -> tuple[Tiers | None, ...]:
+    """What a model's text tokens cost: two entries that agree on these price one model."""
+    return rates.input, rates.output, rates.cached_input, rates.cache_write

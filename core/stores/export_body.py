@@ -37,7 +37,7 @@ operator's correction still lowers it.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,7 @@ from core.budgets import (
     USER_SCOPE_KIND,
     BudgetDef,
     BudgetId,
+    canonical_models,
     check_user,
     is_model_name,
 )
@@ -187,14 +188,18 @@ class Key:
     rotated_at_ms: int | None
 
 
-def checked(body: object
+def checked(body: object, name_of: Callable[[str], str | None]
             ) -> tuple[list[Organisation], list[Key], list[tuple[str, dict[str, str]]]]:
     """The organisations, keys and audit entries (id, fields) of a /2 body, once every field is
-    what an export writes (invalid_export otherwise): nothing malformed reaches a script."""
+    what an export writes (invalid_export otherwise): nothing malformed reaches a script. Each
+    model a budget names is given its one name, `name_of`'s (PriceTable.model_name), as a put
+    gives it (core/budgets.py canonical_models): a name a restore kept otherwise would be a
+    counter no call is counted in."""
     if not isinstance(body, dict):
         raise invalid_export("no body")
     _fields(body, "a body", {"organisations", "keys", "audit"})
-    orgs = [_organisation(o) for o in _list(body.get("organisations"), "no organisations")]
+    orgs = [_organisation(o, name_of)
+            for o in _list(body.get("organisations"), "no organisations")]
     if len({o.tag for o in orgs}) != len(orgs):
         raise invalid_export("an organisation given twice")
     audit = []
@@ -208,7 +213,7 @@ def checked(body: object
     return orgs, [_key(k) for k in _list(body.get("keys"), "no keys")], audit
 
 
-def _organisation(org: dict[str, Any]) -> Organisation:
+def _organisation(org: dict[str, Any], name_of: Callable[[str], str | None]) -> Organisation:
     _fields(org, "an organisation", {"tag", "reserve_sequence", "budgets", "counters",
                                      "reservations", "users"})
     tag = _budget(org.get("tag"), "an organisation's tag").path
@@ -220,7 +225,7 @@ def _organisation(org: dict[str, Any]) -> Organisation:
         if bid.tag != tag:
             raise invalid_export(f"{bid} is not under {tag}")
         try:
-            budgets.append(definition_of_json(bid, b, kept=True))
+            budgets.append(canonical_models(definition_of_json(bid, b, kept=True), name_of))
         except InvalidRequest as exc:
             raise invalid_export(f"the definition of {bid}: {exc}") from exc
     counters = tuple(_counter(c, tag) for c in _list(org.get("counters", []), "counters"))

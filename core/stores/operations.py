@@ -17,7 +17,7 @@ master; what belongs to an organisation is read and written under its own hash t
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,13 +284,14 @@ class ScriptedCatalogue:
 
     # -- restore -----------------------------------------------------------------------------
 
-    async def restore_body(self, body: object, force: bool, document_format: str) -> Restored:
+    async def restore_body(self, body: object, force: bool, document_format: str,
+                           name_of: Callable[[str], str | None]) -> Restored:
         """core/operations.py Catalogue.restore_body: checked whole first (a /1 body read as
         the /2 body it means: core/stores/export_v1.py), then each organisation in one script,
         then the keys."""
         if document_format == EXPORT_FORMAT_1:
             body = body_of_format_1(body)
-        orgs, key_records, audit = document.checked(body)
+        orgs, key_records, audit = document.checked(body, name_of)
         tags = [o.tag for o in orgs]
         live_tags = await self._tags()
         found = await self._has_data(tags)

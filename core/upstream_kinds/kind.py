@@ -40,8 +40,8 @@ class UpstreamDef:
     priced: Mapping[str, str]
     # What a call names -> what is sent upstream: a Bedrock model's priced name -> its id.
     sent: Mapping[str, str] = field(default_factory=dict)
-    # A priced name -> the name `prices_provider`'s table prices it by, where they differ
-    # (UpstreamKind.price_key): made once at load, so a call only looks it up.
+    # What a call names -> the name `prices_provider`'s table prices it by, where that is not
+    # the priced name (UpstreamKind.price_key): made once at load, so a call only looks it up.
     price_keys: Mapping[str, str] = field(default_factory=dict)
     api_key: str | None = field(default=None, repr=False)
     region: str | None = None

@@ -53,8 +53,11 @@ def test_the_admin_api_shows_each_models_limits_and_spend_beside_its_budgets(
     assert put.json()["per_model"] == {GPT: {"limits": [
         {"period": "day", "ceiling_micros": GPT_DAY_MICROS},
         {"period": "total", "ceiling_micros": GPT_TOTAL_MICROS}]}}
-    assert put.json()["per_model_periods"] == {GPT: [
-        {**p, "budget_id": f"{tag}/model:{GPT}"} for p in put.json()["per_model_periods"][GPT]]}
+    # Each model's periods: its counter's id, its limits' ceilings, nothing spent yet.
+    assert [(p["budget_id"], p["period"], p["ceiling_micros"], p["committed_micros"])
+            for p in put.json()["per_model_periods"][GPT]] == [
+        (f"{tag}/model:{GPT}", "day", GPT_DAY_MICROS, 0),
+        (f"{tag}/model:{GPT}", "total", GPT_TOTAL_MICROS, 0)]
     key = http.sidecar_key(tag)
     spent = _reserve(http, key, GPT_DATED)
     settled = http.post(f"/v1/reservations/{spent}/settle", headers=key,

@@ -7,8 +7,10 @@ gateway counts a call by the same name: each attack below tries to spend past a 
 or call a model the budget does not allow, under another name of it.
 - Name variants: a dated snapshot (`gpt-4o-2024-08-06`), an alias genai-prices gives the same
   entry (`gpt-4o-2024-11-20`, `gemini-2.5-flash-latest`), another case (`GPT-4o`), the routed
-  forms (`openai/gpt-4o`), an Azure deployment of it (`prod-4o`), and Claude through Bedrock
-  by its model id (`global.anthropic.claude-haiku-4-5-...`) or prefix (`bedrock/...`): all count
+  forms (`openai/gpt-4o`, which an OpenRouter-priced upstream lists and prices as gpt-4o),
+  an Azure deployment of it (`prod-4o`), and Claude through Bedrock by its model id
+  (`global.anthropic.claude-haiku-4-5-...` by `model_ids`, `us.anthropic...` listed in
+  `models`) or prefix (`bedrock/...`): all count
   in one counter, `<budget>/model:<one name>`, and none passes an allow-list that does not name
   the model. A name with a suffix of its own (`gpt-4o-x`) is not routed or priced: refused
   before anything is held.
@@ -57,6 +59,8 @@ pytestmark = pytest.mark.slow
 STUB_KEY = "models-stub-key"
 ACCESS_KEY, SECRET_KEY, REGION = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMIEXAMPLEKEY", "us-east-1"
 GLOBAL_HAIKU = "global.anthropic.claude-haiku-4-5-20251001-v1:0"
+# A geographic profile's id listed in a Bedrock upstream's `models` (no `model_ids` entry).
+US_HAIKU = "us.anthropic.claude-haiku-4-5-20251001-v1:0"
 ANTHROPIC_VERSION = "2023-06-01"
 HELLO: list[Any] = [{"role": "user", "content": "hello"}]
 MAX_OUTPUT_TOKENS = 100
@@ -71,7 +75,7 @@ CALLS_MAX = 30
 GPT4O_NAMES = ("gpt-4o", "gpt-4o-2024-08-06", "GPT-4o", "openai/gpt-4o", "prod-4o",
                "gpt-4o-2024-11-20")
 HAIKU_NAMES = ("anthropic/claude-haiku-4-5", "claude-haiku-4-5-20251001", GLOBAL_HAIKU,
-               "bedrock/claude-haiku-4-5")
+               "bedrock/claude-haiku-4-5", US_HAIKU)
 FLASH_NAMES = ("gemini-2.5-flash", "gemini-2.5-flash-latest")
 ONE_NAME = {"chat": "gpt-4o", "responses": "gpt-4o", "messages": "claude-haiku-4-5",
             "gemini": "gemini-2.5-flash"}
@@ -88,7 +92,9 @@ def stub() -> Iterator[StubProvider]:
     # them): OpenAI bills a snapshot at its model's price.
     table = json.loads(Path("infra/stub_prices.json").read_text())
     models = table.get("models", table)
-    gpt4o = {**models["gpt-4o"], "aliases": ["gpt-4o-2024-08-06", "gpt-4o-2024-11-20"]}
+    # OpenRouter bills `openai/gpt-4o` at OpenAI's price too.
+    gpt4o = {**models["gpt-4o"], "aliases": ["gpt-4o-2024-08-06", "gpt-4o-2024-11-20",
+                                             "openai/gpt-4o"]}
     with StubProvider(seed=43, latency_ms_min=0, latency_ms_max=2,
                       output_tokens_mean=OUTPUT_TOKENS_MEAN, api_key=STUB_KEY,
                       prices={"models": {"gpt-4o": gpt4o}}) as provider:
@@ -107,6 +113,12 @@ def _upstreams(stub: StubProvider, directory: Path) -> Path:
          "models": ["claude-haiku-4-5", "claude-haiku-4-5-20251001", "claude-sonnet-4-5"]},
         {"name": "bedrock", "api": "bedrock", "region": REGION, "base_url": stub.url,
          "model_ids": {"claude-haiku-4-5": GLOBAL_HAIKU}},
+        {"name": "bedrock-us", "api": "bedrock", "region": REGION, "base_url": stub.url,
+         "models": [US_HAIKU]},
+        # An OpenAI-compatible router priced by OpenRouter's table, which names gpt-4o
+        # `openai/gpt-4o`: the exact name routes here, before the `openai/` prefix would.
+        {"name": "router", "api": "openai", **keyed, "base_url": f"{stub.url}/v1",
+         "prices_provider": "openrouter", "models": ["openai/gpt-4o"]},
         {"name": "google", "api": "gemini", **keyed,
          "models": ["gemini-2.5-flash", "gemini-2.5-flash-latest", "gemini-2.5-flash-lite"]},
     ]}
@@ -183,6 +195,13 @@ def call_of(route: str, key: str, model: str) -> tuple[str, dict[str, Any], dict
                 # Flash may think not at all (a hold of its output alone); Flash-Lite at least
                 # this much, as the stub has it.
                 "thinkingBudget": 512 if "lite" in model else 0}}}
+    if route == "count":
+        return "/v1/messages/count_tokens", {
+            "x-api-key": key, "anthropic-version": ANTHROPIC_VERSION}, {
+            "model": model, "messages": HELLO}
+    if route == "gemini_count":
+        return f"/v1beta/models/{model}:countTokens", {"x-goog-api-key": key}, {
+            "contents": [{"role": "user", "parts": [{"text": "hello"}]}]}
     assert route == "reserve"
     return "/v1/reservations", as_key(key), {
         "model": model, "input_tokens": 10, "max_output_tokens": MAX_OUTPUT_TOKENS}
@@ -300,7 +319,10 @@ def test_a_model_the_allow_list_does_not_name_is_refused_before_the_provider(
     refused_calls = [("chat", "gpt-4o-mini"), ("responses", "gpt-4o-mini"),
                      ("messages", "claude-haiku-4-5-20251001"), ("messages", GLOBAL_HAIKU),
                      ("messages", "bedrock/claude-haiku-4-5"), ("gemini", "gemini-2.5-flash"),
-                     ("reserve", "claude-haiku-4-5"), ("reserve", "gpt-4o-mini-2024-07-18")]
+                     ("reserve", "claude-haiku-4-5"), ("reserve", "gpt-4o-mini-2024-07-18"),
+                     # A token count names a model too, which the list does not allow.
+                     ("count", "claude-haiku-4-5-20251001"), ("count", GLOBAL_HAIKU),
+                     ("gemini_count", "gemini-2.5-flash")]
     before = unchanged_state(redis_server.url, org)
     for i, (route, model) in enumerate(refused_calls):
         answer = send(both[i % 2], call_of(route, key, model))

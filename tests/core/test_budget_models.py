@@ -5,6 +5,9 @@ and nothing is written."""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +25,7 @@ from core.budgets import (
 from core.errors import InvalidRequest
 from core.limits import MODELS_ALLOW_MAX, PER_MODEL_MAX
 from core.prices import PriceTable
-from core.service import CeilingService
+from core.service import CallSpec, CeilingService
 from core.stores import wire
 from core.stores.memory import MemoryStore
 from core.stores.scripted_catalogue import definition_fields, definition_of
@@ -135,3 +138,81 @@ async def test_a_put_with_a_model_no_table_knows_writes_nothing() -> None:
     put = await service.put_budget(put_body(per_model={"GPT-5-2025-08-07": {"limits": DAY}}))
     assert await store.get_budget(BID) == put
     assert put.per_model[0].model == "gpt-5"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.s = 1_000.0
+
+    def __call__(self) -> float:
+        return self.s
+
+
+def _write_prices(path: Path, models: list[str], mtime_s: int) -> None:
+    path.write_text(json.dumps({"models": {
+        m: {"input_usd_per_mtok": "1", "output_usd_per_mtok": "1"} for m in models}}))
+    os.utime(path, ns=(1, mtime_s * 10**9))
+
+
+async def test_a_model_the_prices_file_adds_can_be_named_once_it_is_read_again(
+        tmp_path: Path) -> None:
+    """A name no table knew is refused; once the prices file names it and is read again, a
+    budget can name it: no answer of the file read before is remembered past it."""
+    path = tmp_path / "prices.json"
+    _write_prices(path, ["acme-1"], 1)
+    clock = Clock()
+    prices = PriceTable.from_file(str(path), monotonic_s=clock)
+    service = CeilingService(MemoryStore(), prices)
+    with pytest.raises(InvalidRequest):
+        await service.put_budget(put_body(per_model={"acme-2": {"limits": DAY}}))
+    _write_prices(path, ["acme-1", "acme-2"], 2)
+    clock.s += 2
+    prices.refresh()
+    put = await service.put_budget(put_body(per_model={"acme-2": {"limits": DAY}}))
+    assert put.per_model[0].model == "acme-2"
+
+
+def test_a_calls_model_name_is_looked_up_again_after_the_prices_file_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service's names follow the prices file's version, and a name in another case is the
+    same entry of its cache, so callers cannot fill it with case variants."""
+    path = tmp_path / "prices.json"
+    _write_prices(path, ["acme-1"], 1)
+    clock = Clock()
+    prices = PriceTable.from_file(str(path), monotonic_s=clock)
+    service = CeilingService(MemoryStore(), prices)
+    looked_up: list[str] = []
+    model_name = prices.model_name
+
+    def counted(model: str, provider: str | None = None) -> str | None:
+        looked_up.append(model)
+        return model_name(model, provider)
+
+    monkeypatch.setattr(prices, "model_name", counted)
+    variants = ["acme-1", "ACME-1", "Acme-1", "aCme-1", "acME-1"]
+    assert {service._canonical_model(CallSpec(model=m), m) for m in variants} == {"acme-1"}
+    assert len(looked_up) == 1
+    _write_prices(path, ["acme-1", "acme-2"], 2)
+    clock.s += 2
+    prices.refresh()
+    assert service._canonical_model(CallSpec(model="acme-1"), "acme-1") == "acme-1"
+    assert len(looked_up) == 2, "a name of the prices file read before was not looked up again"
+
+
+def test_a_models_one_name_has_one_length_limit_in_python_and_lua() -> None:
+    """The ledger's check (lua/lib.lua check_model) takes its limit from the one constant the
+    Python check uses, and a definition takes the longer names the price table looks up."""
+    from core.budgets import is_model_name
+    from core.limits import MODEL_NAME_LEN_MAX, MODEL_ONE_NAME_LEN_MAX
+    from core.prices import rates
+
+    assert MODEL_NAME_LEN_MAX > MODEL_ONE_NAME_LEN_MAX
+    assert not hasattr(rates, "MODEL_NAME_LEN_MAX"), "one home: core/limits.py"
+    assert wire.CONSTANTS["MODEL_ONE_NAME_LEN_MAX"] == MODEL_ONE_NAME_LEN_MAX
+    assert is_model_name("a" * MODEL_ONE_NAME_LEN_MAX, limited=True)
+    assert not is_model_name("a" * (MODEL_ONE_NAME_LEN_MAX + 1), limited=False)
+    lua = Path("lua/lib.lua").read_text()
+    check = lua[lua.index("local function check_model"):]
+    check = check[:check.index("\nend\n")]
+    assert "MODEL_ONE_NAME_LEN_MAX" in check
+    assert str(MODEL_ONE_NAME_LEN_MAX) not in check

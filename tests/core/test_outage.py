@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from core.budgets import BudgetDef, BudgetId, Limit, Period
+from core.budgets import BudgetDef, BudgetId, Limit, ModelLimits, Period
 from core.errors import LedgerUnavailable, ReservationResolved
 from core.ledger import LegStatus, ReservationRef, ReserveRequest
-from core.outage import OutageAllowance
+from core.outage import MODEL_RULES_PATHS_MAX, MODEL_RULES_READ_MS, OutageAllowance
 from core.stores.memory import MemoryStore
 from tests.support import ManualClock
 
@@ -117,3 +119,32 @@ def test_a_policy_and_an_allowance_that_contradict_are_refused() -> None:
             BudgetDef(BudgetId(TAG), limits, "UTC", allowance, policy)
     assert BudgetDef(BudgetId(TAG), limits, "UTC", 5).policy is OutagePolicy.ALLOWANCE
     assert BudgetDef(BudgetId(TAG), limits).policy is OutagePolicy.CLOSED
+
+
+def test_an_outage_admits_only_the_models_the_ledger_would() -> None:
+    """Allowed by every list on the path and limited by no per_model: admitted; any other model
+    refused as the outage itself; an amount admitted by budget; a path whose rules were never
+    read admits no model's call. The rules are read again after MODEL_RULES_READ_MS and the
+    paths remembered are bounded."""
+    clock = ManualClock()
+    outage = journal(clock)
+    path = (BudgetId(TAG),)
+    assert outage.model_rules_due(path)
+    model_call = dataclasses.replace(call("m1"), canonical_model="gpt-4o-mini")
+    with pytest.raises(LedgerUnavailable):
+        outage.admit(model_call, DOWN)  # never read: no model's call
+    outage.admit(call("amount"), DOWN)  # an amount names no model
+    definition = BudgetDef(BudgetId(TAG), (Limit(Period.TOTAL, 10_000),),
+                           models_allow=("gpt-4o", "gpt-4o-mini"),
+                           per_model=(ModelLimits("gpt-4o", (Limit(Period.DAY, 10),)),))
+    outage.learn_model_rules(path, [definition])
+    assert not outage.model_rules_due(path)
+    outage.admit(model_call, DOWN)
+    for model in ("gpt-4o", "gpt-4.1", "?"):
+        with pytest.raises(LedgerUnavailable):
+            outage.admit(dataclasses.replace(call(f"r-{model}"), canonical_model=model), DOWN)
+    clock.advance(MODEL_RULES_READ_MS)
+    assert outage.model_rules_due(path)
+    for i in range(MODEL_RULES_PATHS_MAX + 1):
+        outage.learn_model_rules((BudgetId(f"org:o{i}"),), [None])
+    assert len(outage._model_rules) <= MODEL_RULES_PATHS_MAX

@@ -79,3 +79,28 @@ def test_other_upstreams_price_the_priced_model() -> None:
          "models": ["openai/gpt-5"]}]}, {})
     assert upstreams.resolve("prod-mini", "chat").price_model == "gpt-5-mini"
     assert upstreams.resolve("openai/gpt-5", "chat").price_model == "openai/gpt-5"
+
+
+def test_a_claude_id_listed_in_models_is_its_model_and_each_profile_prices_apart() -> None:
+    """Listed in `models` (no model_ids), a Claude id is priced (and counted) as its model, and
+    two profiles of that one model keep their own rates: the key is the name the call named."""
+    upstreams = parse({"upstreams": [{
+        "name": "bedrock", "api": "bedrock", "region": "us-east-1",
+        "models": [f"us.{SONNET_ID}", GLOBAL, "amazon.nova-pro-v1:0"]}]}, ENV)
+    regional, global_ = (upstreams.resolve(f"us.{SONNET_ID}", "messages"),
+                         upstreams.resolve(GLOBAL, "messages"))
+    assert (regional.priced_model, regional.sent_model, regional.price_model) == (
+        "claude-sonnet-4-5-20250929", f"us.{SONNET_ID}", REGIONAL)
+    assert (global_.priced_model, global_.sent_model, global_.price_model) == (
+        "claude-sonnet-4-5-20250929", GLOBAL, GLOBAL)
+    assert PriceTable().model_name(regional.priced_model, "aws") == "claude-sonnet-4-5"
+    nova = upstreams.resolve("amazon.nova-pro-v1:0", "messages")
+    assert (nova.priced_model, nova.price_model) == ("amazon.nova-pro-v1:0",) * 2
+
+
+def test_a_routers_name_is_the_vendors_model_only_where_it_prices_it_so() -> None:
+    table = PriceTable()
+    assert table.model_name("openai/gpt-5", "openrouter") == "gpt-5"
+    assert table.model_name("openai/gpt-4o", "openrouter") == "gpt-4o"
+    # Not by its table's word alone: no provider, no router.
+    assert table.model_name("openai/gpt-5") is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -16,12 +17,14 @@ from core.budgets import ALL_MODELS, BudgetDef, BudgetId, Limit, ModelLimits, Pe
 from core.errors import BudgetRefused, InvalidRequest
 from core.ledger import LedgerStore, ReservationRef, ReserveRequest
 from core.operations import Operations, checksum
+from core.prices import PriceTable, Rates
+from core.service import CeilingService
 from core.stores import keys, wire
 from core.stores.memory import MemoryStore
+from core.stores.operations import ScriptedCatalogue
 from tests.core.stores.test_conformance import OWNER, request
 from tests.core.stores.test_restore_atomic import (
     BY,
-    _operations,
     assert_restored_as_exported,
     assert_same_but_the_restores_audit,
 )
@@ -35,10 +38,19 @@ GPT_DAY_MICROS = 1_000
 NOVA_TOTAL_MICROS = 900
 DEFINITION = BudgetDef(
     BudgetId(f"{TAG}/team:a"), (Limit(Period.DAY, 10**6),),
-    models_allow=(GPT, NOVA),
+    models_allow=(NOVA, GPT),  # in order, as a put (and a restore) gives them
     per_model=(ModelLimits(NOVA, (Limit(Period.TOTAL, NOVA_TOTAL_MICROS),)),
                ModelLimits(GPT, (Limit(Period.DAY, GPT_DAY_MICROS),
                                  Limit(Period.TOTAL, 5 * GPT_DAY_MICROS)))))
+
+
+# NOVA's price is the 'aws' table's alone, which a budget's names are not looked up in: the
+# prices file names it, so that a budget (and a restore) can.
+PRICES = PriceTable({NOVA: Rates(((0, Decimal(1)),), ((0, Decimal(1)),))})
+
+
+def _operations(store: MemoryStore) -> Operations:
+    return Operations(CeilingService(store, PRICES), ScriptedCatalogue(store))
 
 
 def call(micros: int, model: str) -> ReserveRequest:
@@ -80,7 +92,7 @@ async def test_a_budgets_models_and_their_counters_come_back_as_they_were() -> N
     [org] = exported["body"]["organisations"]
     [budget] = org["budgets"]
     assert (budget["models"], budget["per_model"]) == (
-        {"allow": [GPT, NOVA]},
+        {"allow": [NOVA, GPT]},
         {GPT: {"limits": [{"period": "day", "ceiling_micros": GPT_DAY_MICROS},
                           {"period": "total", "ceiling_micros": 5 * GPT_DAY_MICROS}]},
          NOVA: {"limits": [{"period": "total", "ceiling_micros": NOVA_TOTAL_MICROS}]}})
@@ -130,3 +142,33 @@ async def test_a_model_counter_that_is_not_one_is_refused_whole(budget_id: str) 
     document = _tampered(await ops.export(BY), budget_id)
     with pytest.raises(InvalidRequest):
         await ops.restore(document, None, False, BY)
+
+
+def _renamed(document: dict[str, Any], per_model: dict[str, Any]) -> dict[str, Any]:
+    out = json.loads(json.dumps(document))
+    out["body"]["organisations"][0]["budgets"][0]["per_model"] = per_model
+    out["checksum"] = checksum(out)
+    return out
+
+
+async def test_a_restored_budget_names_each_model_by_its_one_name() -> None:
+    """An export that names a model otherwise (a dated snapshot) restores it by its one name,
+    whose counter the ledger holds; one naming a model no table knows, or one model twice, is
+    refused as an export, nothing written."""
+    store = MemoryStore(clock=ManualClock())
+    ops = _operations(store)
+    await fill(store)
+    exported = await ops.export(BY)
+    limits = {"limits": [{"period": "day", "ceiling_micros": GPT_DAY_MICROS}]}
+    second = MemoryStore(clock=ManualClock())
+    await _operations(second).restore(
+        _renamed(exported, {"GPT-4o-2024-08-06": limits}), None, False, BY)
+    restored = await second.get_budget(DEFINITION.budget_id)
+    assert restored is not None
+    assert [m.model for m in restored.per_model] == [GPT]
+    for per_model in ({"nope-model-x": limits}, {GPT: limits, "gpt-4o-2024-08-06": limits}):
+        third = MemoryStore(clock=ManualClock())
+        with pytest.raises(InvalidRequest) as refused:
+            await _operations(third).restore(_renamed(exported, per_model), None, False, BY)
+        assert refused.value.details.get("field") == "export", refused.value
+        assert await third.get_budget(DEFINITION.budget_id) is None

@@ -405,7 +405,8 @@ async def test_any_value_anywhere_in_a_body_is_read_or_refused_as_an_export(sour
     body = (await _exported())["body"] if source == "format 2" else json.loads(
         FORMAT_1.read_text())["body"]
     def read(raw: object) -> object:
-        return checked(raw if source == "format 2" else body_of_format_1(raw))
+        return checked(raw if source == "format 2" else body_of_format_1(raw),
+                       PriceTable().model_name)
 
     places = [p for p in _places(body) if p]
     chance = random.Random(36)
