@@ -5,7 +5,7 @@ table.py the PriceTable that looks a model up, keeps the prices fresh and prices
 case and its cost; prices_file.py reads CEILING_PRICES_FILE; bundled.py reads genai-prices.
 """
 
-from core.prices.bundled import BEDROCK_GEO_PREFIXES, BUNDLED_WINDOW_S, bedrock_price_key
+from core.prices.bundled import BUNDLED_WINDOW_S, bedrock_price_key
 from core.prices.prices_file import load_prices_file
 from core.prices.rates import (
     SEARCH_EVERY_CALL_FAMILY,
@@ -20,7 +20,6 @@ from core.prices.rates import (
 from core.prices.table import PriceTable
 
 __all__ = [
-    "BEDROCK_GEO_PREFIXES",
     "BUNDLED_WINDOW_S",
     "SEARCH_EVERY_CALL_FAMILY",
     "TIER_AUTO",

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from core.ledger import Upstream
-from core.prices import BEDROCK_GEO_PREFIXES, bedrock_price_key
+from core.prices import bedrock_price_key
+from core.prices.bundled import BEDROCK_GEO_PREFIXES
 from core.upstream_kinds.kind import UpstreamDef, UpstreamKind, UpstreamsError, name_mapping
 
 # A Bedrock model id's version suffix (`-v1:0`), which Anthropic's names of the model lack.

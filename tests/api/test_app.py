@@ -197,7 +197,8 @@ async def test_the_schema_documents_the_hot_routes_with_their_bodies(
     paths = schema["paths"]
     for route in HOT_ROUTES:
         for method in route.methods:
-            operation = paths[route.path][method.lower()]
+            # The schema names a path parameter without its converter ({model:path}: {model}).
+            operation = paths[re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)][method.lower()]
             headers = {p["name"] for p in operation["parameters"] if p["in"] == "header"}
             assert ({"Authorization", "X-Ceiling-Run-Id"} <= headers) == route.keyed, route.path
             if route.body is not None:

@@ -7,7 +7,8 @@ gateway counts a call by the same name: each attack below tries to spend past a 
 or call a model the budget does not allow, under another name of it.
 - Name variants: a dated snapshot (`gpt-4o-2024-08-06`), an alias genai-prices gives the same
   entry (`gpt-4o-2024-11-20`, `gemini-2.5-flash-latest`), another case (`GPT-4o`), the routed
-  forms (`openai/gpt-4o`, which an OpenRouter-priced upstream lists and prices as gpt-4o),
+  forms (`oai/gpt-4o`, `<upstream>/<model>`; `openai/gpt-4o`, which an OpenRouter-priced
+  upstream lists and prices as gpt-4o),
   an Azure deployment of it (`prod-4o`), and Claude through Bedrock by its model id
   (`global.anthropic.claude-haiku-4-5-...` by `model_ids`, `us.anthropic...` listed in
   `models`) or prefix (`bedrock/...`): all count
@@ -73,7 +74,7 @@ CALLS_MAX = 30
 
 # The names of one model a call may use, each routed (CEILING_UPSTREAMS below), by route.
 GPT4O_NAMES = ("gpt-4o", "gpt-4o-2024-08-06", "GPT-4o", "openai/gpt-4o", "prod-4o",
-               "gpt-4o-2024-11-20")
+               "gpt-4o-2024-11-20", "oai/gpt-4o")
 HAIKU_NAMES = ("anthropic/claude-haiku-4-5", "claude-haiku-4-5-20251001", GLOBAL_HAIKU,
                "bedrock/claude-haiku-4-5", US_HAIKU)
 FLASH_NAMES = ("gemini-2.5-flash", "gemini-2.5-flash-latest")
@@ -104,7 +105,9 @@ def stub() -> Iterator[StubProvider]:
 def _upstreams(stub: StubProvider, directory: Path) -> Path:
     keyed = {"base_url": stub.url, "api_key_env": "STUB_KEY"}
     doc = {"upstreams": [
-        {"name": "openai", "api": "openai", **keyed, "base_url": f"{stub.url}/v1",
+        # Not named `openai`: `openai/gpt-4o` is the router's own name of the model, and a
+        # name may mean one upstream's model only (core/upstreams.py parse).
+        {"name": "oai", "api": "openai", **keyed, "base_url": f"{stub.url}/v1",
          "models": ["gpt-4o", "gpt-4o-2024-08-06", "gpt-4o-2024-11-20", "GPT-4o",
                     "gpt-4o-mini"]},
         {"name": "azure-east", "api": "azure", **keyed, "base_url": f"{stub.url}/openai/v1",
@@ -116,7 +119,7 @@ def _upstreams(stub: StubProvider, directory: Path) -> Path:
         {"name": "bedrock-us", "api": "bedrock", "region": REGION, "base_url": stub.url,
          "models": [US_HAIKU]},
         # An OpenAI-compatible router priced by OpenRouter's table, which names gpt-4o
-        # `openai/gpt-4o`: the exact name routes here, before the `openai/` prefix would.
+        # `openai/gpt-4o`.
         {"name": "router", "api": "openai", **keyed, "base_url": f"{stub.url}/v1",
          "prices_provider": "openrouter", "models": ["openai/gpt-4o"]},
         {"name": "google", "api": "gemini", **keyed,

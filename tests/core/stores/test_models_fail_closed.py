@@ -15,8 +15,6 @@ from core.ledger import LedgerStore
 from core.stores import keys
 from core.stores.memory import MemoryStore
 from core.stores.scripted import ScriptedStore
-from tests.core.stores.test_export_models import DEFINITION, GPT, TAG
-from tests.core.stores.test_export_models import call as export_call
 from tests.core.stores.test_per_model import GPT5, HAIKU, call
 from tests.core.stores.test_restore_atomic import BY, _operations
 from tests.support import ManualClock
@@ -67,12 +65,15 @@ async def test_a_restored_budget_with_models_is_refused_by_an_older_version_too(
     models keeps its suffix, one without gets none."""
     clock = ManualClock()
     store = MemoryStore(clock=clock)
-    await store.put_budget(DEFINITION)
-    plain = await put(store, f"{TAG}/team:plain")
+    tag = "org:restored"
+    models = await put(store, f"{tag}/team:models", models_allow=(HAIKU,))
+    plain = await put(store, f"{tag}/team:plain")
     exported = await _operations(store).export(BY)
     restored = MemoryStore(clock=clock)
     await _operations(restored).restore(exported, None, False, BY)
-    assert not await older_version_enforces(restored, DEFINITION.budget_id)
+    assert not await older_version_enforces(restored, models)
     assert await older_version_enforces(restored, plain)
-    held = await restored.reserve(export_call(1, GPT))
+    with pytest.raises(ModelNotAllowed):
+        await restored.reserve(call(tag, models.path, 1, GPT5))
+    held = await restored.reserve(call(tag, models.path, 1, HAIKU))
     assert held.reserved_micros == 1
