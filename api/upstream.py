@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from api.runtime import VERSION, runtime
 from core.config import ConfigError
@@ -169,10 +169,12 @@ class Upstream:
                     await self.error_body(response))
         return response.status_code, relayed_headers(response), self.chunks(response)
 
-    async def open(self, call_plan: Plan) -> httpx.Response:
-        """Send the call and return the provider's answer once its headers arrive."""
-        return await self.post(self._prepared[call_plan.wire.api], call_plan.content(),
-                               call_plan.headers)
+    def open(self, call_plan: Plan) -> Coroutine[Any, Any, httpx.Response]:
+        """Send the call and return the provider's answer once its headers arrive: post's own
+        coroutine, not one more awaited around it (each resume of the call passes through every
+        coroutine it is awaited through)."""
+        return self.post(self._prepared[call_plan.wire.api], call_plan.content(),
+                         call_plan.headers)
 
     # What a subclass that makes its own paths and headers (api/upstreams/base.py) sends
     # through: the client's transport, prepared requests and failure sorting, and no more.
