@@ -251,23 +251,29 @@ class OutageAllowance:
                         for b, a in allowances.items() if a >= OUTAGE_OPEN_ALLOWANCE_MICROS})
         return found[:count_max]
 
-    def learn(self, budget_ids: tuple[BudgetId, ...], legs: tuple[LegStatus, ...]) -> None:
-        """Remember which budgets applied to this path and their allowances, as last read."""
+    def learn(self, budget_ids: tuple[BudgetId, ...], legs: tuple[LegStatus, ...]) -> bool:
+        """Remember which budgets applied to this path and their allowances, as last read;
+        whether the path's model rules are due to be read (model_rules_due), told here from
+        the path this made, as a reserve asks right after."""
         path = tuple(b.path for b in budget_ids)
         if path not in self._allowances and len(self._allowances) >= KNOWN_PATHS_MAX:
             self._allowances.clear()
         # A run budget has no allowance of its own: during an outage the allowances of the
         # budgets above it bound the run's spend.
-        self._allowances[path] = {
+        allowances = self._allowances[path] = {
             leg.budget_id: leg.outage_allowance_micros for leg in legs if leg.budget_id in path
         }
+        return self._rules_due(path, allowances)
 
     def model_rules_due(self, budget_ids: tuple[BudgetId, ...]) -> bool:
         """Whether the path's model rules are to be read (learn_model_rules): it has an
         allowance on every budget, and its rules were not read in MODEL_RULES_READ_MS."""
         path = tuple(b.path for b in budget_ids)
-        allowances = self._allowances.get(path)
-        if not allowances or not all(a > 0 for a in allowances.values()):
+        return self._rules_due(path, self._allowances.get(path))
+
+    def _rules_due(self, path: tuple[str, ...], allowances: dict[str, int] | None) -> bool:
+        # min > 0: every budget on the path has an allowance.
+        if not allowances or min(allowances.values()) <= 0:
             return False
         rules = self._model_rules.get(path)
         return rules is None or self._clock() - rules.read_at_ms >= MODEL_RULES_READ_MS

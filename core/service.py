@@ -375,8 +375,7 @@ class CeilingService:
             self._remember_model(reservation_id, model)
             return reservation
         self._remember_model(reservation_id, model)
-        self.outage.learn(request.budget_ids, reservation.legs)
-        if self.outage.model_rules_due(request.budget_ids):
+        if self.outage.learn(request.budget_ids, reservation.legs):  # model rules due
             await self._read_model_rules(request.budget_ids)
         await self.flush_journal()
         return reservation
