@@ -239,7 +239,8 @@ async def _clamped_or_refused(
 ) -> Hold:
     if not clamp and not await svc.clamps(who):
         raise refusal
-    room_micros = _room_micros(await svc.my_budgets(who))
+    # The room of this call's model: another model's per_model limit does not bind it.
+    room_micros = _room_micros(await svc.my_budgets(who, call_plan.spec()))
     # The largest cap whose worst case fits the room; the worst case grows with the cap.
     low, high = 0, call_plan.output_tokens_max - 1
     while low < high:

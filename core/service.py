@@ -472,11 +472,14 @@ class CeilingService:
             return journaled
         return await self.store.release(ref)
 
-    async def my_budgets(self, caller: Caller) -> tuple[LegStatus, ...]:
+    async def my_budgets(self, caller: Caller, spec: CallSpec | None = None
+                         ) -> tuple[LegStatus, ...]:
         """What holds the caller's calls: its path's budgets, its run's, its end user's, and
-        every model's per_model limits on its path ('<budget>/model:<name>')."""
+        every model's per_model limits on its path ('<budget>/model:<name>'); with `spec`, only
+        that call's model's, so that another model's spent limit is not read as its room."""
         budget_ids = caller.key.budget_id.lineage
-        legs = await self.store.status(budget_ids, caller.run_limit(), caller.user, ALL_MODELS)
+        model = ALL_MODELS if spec is None else self._canonical_model(spec, spec.model or "")
+        legs = await self.store.status(budget_ids, caller.run_limit(), caller.user, model)
         self.outage.learn(budget_ids, legs)
         return legs
 

@@ -695,6 +695,31 @@ def test_a_budget_that_says_clamp_clamps_every_call_under_it(
     assert proxy.forwarded()["max_tokens"] == 500
 
 
+def test_a_clamped_call_is_not_bound_by_another_models_limit(
+    gw_faulty: ServiceProcess, admin: Client, proxy: FaultProxy, model: str
+) -> None:
+    """A clamp fits the call to its own room: another model's per_model limit on the path
+    (here one micro-dollar, all but spent) is not this call's room, so the call is clamped to
+    what the budget has left, not refused."""
+    _, probe_key = account(admin, 10_000_000)
+    cap = 2_000
+    request: dict[str, Any] = {"model": model, "messages": MESSAGES, "max_tokens": cap}
+    worst = header(sdk(gw_faulty, probe_key).chat.completions.with_raw_response.create(
+        **request), "x-ceiling-reserved-micros")
+    input_micros = worst - cap * OUTPUT_MICROS
+    tag = f"org:c{uuid.uuid4().hex[:10]}"
+    r = admin.admin("PUT", f"/v1/admin/budgets/{tag}", json={
+        "limits": [{"period": "total", "ceiling_micros": input_micros + 500 * OUTPUT_MICROS}],
+        "clamp": True,
+        "per_model": {"claude-haiku-4-5": {"limits": [{"period": "total",
+                                                       "ceiling_micros": 1}]}}})
+    assert r.status_code == 200, r.text
+    key = admin.key(tag)["Authorization"].removeprefix("Bearer ")
+    raw = sdk(gw_faulty, key).chat.completions.with_raw_response.create(**request)
+    assert header(raw, "x-ceiling-clamped-output-tokens") == 500
+    assert proxy.forwarded()["max_tokens"] == 500
+
+
 def test_a_run_has_its_remaining_budget_in_every_answer(
     gw: ServiceProcess, admin: Client, model: str
 ) -> None:
