@@ -28,6 +28,7 @@ from core.budgets import (
 )
 from core.content import NO_MEDIA, Media
 from core.errors import (
+    CeilingError,
     Forbidden,
     InvalidRequest,
     LedgerUnavailable,
@@ -382,10 +383,11 @@ class CeilingService:
 
     async def _read_model_rules(self, budget_ids: tuple[BudgetId, ...]) -> None:
         """Read the path's definitions for the outage allowance's model rules; a path whose
-        read fails keeps what was read before (none: its allowance admits no model's call)."""
+        read fails keeps what was read before (none: its allowance admits no model's call).
+        It runs after the call's hold is made, so no failure of it fails the call."""
         try:
             definitions = [await self.store.get_budget(b) for b in budget_ids]
-        except LedgerUnavailable:
+        except CeilingError:
             return
         self.outage.learn_model_rules(budget_ids, definitions)
 

@@ -71,7 +71,15 @@ for _, leg in ipairs(found) do
 end
 local before = redis.call('GET', KEYS[2]) or '0'
 local booked = unseen - tonumber(before)
-if booked <= 0 then
+-- The named budget itself must have a window the day is in (its total, or a current window
+-- that holds the day): one with only a day limit cannot hold yesterday's spend, and marking the
+-- day booked while no counter of it moved would lose the spend for good. Nothing is booked, the
+-- mark stays, and the drift keeps showing it.
+local holds_day = false
+for _, leg in ipairs(legs) do
+  holds_day = holds_day or leg.budget_id == named
+end
+if booked <= 0 or not holds_day then
   return {'ok', '0', before}
 end
 -- Every counter's committed spend and overshoot stay within INT_MAX, as every other script's

@@ -697,7 +697,10 @@ local function resolve(prefix, key, open_key, rec, event, actual, now, extra, up
   local to, outcome, reserved, committed, overshoot, released, _, late =
     effects(event, rec.state, rec.expire_policy, tonumber(rec.reserved_micros), actual)
   if rec.created_ms and rec.created_ms ~= '' then
-    count_day(prefix, (rec.bill ~= '' and rec.bill) or upstream or '', rec.created_ms, committed)
+    -- A record without a bill (kept from before reservations recorded one) counts on the
+    -- settle's upstream only while open: what resolves it later corrects a charge never counted.
+    count_day(prefix, (rec.bill ~= '' and rec.bill) or (rec.state == 'open' and upstream) or '',
+              rec.created_ms, committed)
   end
   if rec.state == 'open' then
     free_slots(prefix, rec.legs, id_of(prefix, key))
@@ -838,6 +841,12 @@ end
 
 -- Whether a window of the periods given (a ceiling, or nil) does not hold `now`, in the zone's
 -- windows `z`: the caller's windows were made for another time.
+-- Whether a definition's rate field carries the models flag (wire.py rate_field): what a put,
+-- a restore and a reserve read a definition's models by.
+local function has_models(rate)
+  return rate ~= nil and string.sub(rate, -#MODELS_FLAG - 1) == ' ' .. MODELS_FLAG
+end
+
 local function outside(z, now, day, week, month)
   return (day and (now < z.day_start or now >= z.day_end))
     or (week and (now < z.week_start or now >= z.week_end))
@@ -930,9 +939,7 @@ local function resolve_legs(prefix, a, now)
         if z == nil then
           return nil, {'timezone', budget_id, timezone}
         end
-        if (day and (now < z.day_start or now >= z.day_end))
-            or (week and (now < z.week_start or now >= z.week_end))
-            or (month and (now < z.month_start or now >= z.month_end)) then
+        if outside(z, now, day, week, month) then
           return nil, {'clock', now}
         end
       end

@@ -70,7 +70,7 @@ while ARGV[i] do
     fields[#fields + 1] = ARGV[i]
     fields[#fields + 1] = ARGV[i + 1]
     if ARGV[i] == 'rate' then
-      flagged = string.sub(ARGV[i + 1], -1) == MODELS_FLAG
+      flagged = has_models(ARGV[i + 1])
     elseif ARGV[i] == 'models_allow' or ARGV[i] == 'per_model' then
       models = true
     end

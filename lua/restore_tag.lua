@@ -156,8 +156,7 @@ for _, d in ipairs(definitions) do
   end
   if redis.call('HEXISTS', key, 'timezone') == 1 then
     -- A definition with models keeps the suffix its rate's flag asks for (put_budget's).
-    local rate = redis.call('HGET', key, 'rate')
-    local flagged = rate and string.sub(rate, -#MODELS_LEDGER_SUFFIX) == MODELS_LEDGER_SUFFIX
+    local flagged = has_models(redis.call('HGET', key, 'rate') or nil)
     redis.call('HSET', key, 'ledger', flagged and ledger_id .. MODELS_LEDGER_SUFFIX or ledger_id)
   end
 end

@@ -191,6 +191,25 @@ async def test_a_day_is_booked_only_into_the_current_windows_that_hold_it(
         (team, "total"): 321}
 
 
+async def test_a_day_the_named_budget_has_no_window_for_is_not_marked_booked(
+    store: LedgerStore, tag: str, clock: ManualClock
+) -> None:
+    """A team limited by the day alone cannot hold another day's spend: nothing is booked
+    (its organisation's total neither), and the day is not marked, so the booking is not lost:
+    once the team has a total, the same day books in full."""
+    team = f"{tag}/team:t"
+    await store.put_budget(BudgetDef(BudgetId(tag), (Limit(Period.TOTAL, 50_000_000),)))
+    await store.put_budget(BudgetDef(BudgetId(team), (Limit(Period.DAY, 40_000_000),)))
+    day = a_day()
+    await store.book_unseen(BudgetId(team), Upstream.OPENAI, day, 700)
+    assert committed(await legs(store, team)) == {(tag, "total"): 0, (team, "day"): 0}
+    await store.put_budget(BudgetDef(BudgetId(team), (Limit(Period.DAY, 40_000_000),
+                                                      Limit(Period.TOTAL, 40_000_000))))
+    await store.book_unseen(BudgetId(team), Upstream.OPENAI, day, 700)
+    assert committed(await legs(store, team)) == {
+        (tag, "total"): 700, (team, "day"): 0, (team, "total"): 700}
+
+
 async def test_a_budget_with_models_is_booked_as_any_other(
     store: LedgerStore, tag: str, clock: ManualClock
 ) -> None:
